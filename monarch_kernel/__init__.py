@@ -1,0 +1,39 @@
+"""monarch-kernel: a single controller for meshes of Python processes.
+
+Names follow ``monarch.actor``, so Monarch code ports by changing one import.  Layers, top
+to bottom: ``actor`` and ``mesh`` (public), ``runtime`` (internal engine).  This module only
+re-exports.
+"""
+
+from .actor.actor import Actor as Actor
+from .actor.actor import context as context
+from .actor.actor import current_rank as current_rank
+from .actor.actor import current_size as current_size
+from .actor.actor_mesh import ActorMesh as ActorMesh
+from .actor.endpoint import Endpoint as Endpoint
+from .actor.endpoint import endpoint as endpoint
+from .actor.errors import ActorError as ActorError
+from .actor.errors import MeshFailure as MeshFailure
+from .actor.errors import MeshStopped as MeshStopped
+from .actor.errors import ProcessDied as ProcessDied
+from .actor.future import Future as Future
+from .actor.supervision import _dispatch as _dispatch_fault
+from .actor.supervision import unhandled_fault_hook as unhandled_fault_hook
+from .actor.value_mesh import ValueMesh as ValueMesh
+from .mesh.host_mesh import HostMesh as HostMesh
+from .mesh.host_mesh import this_host as this_host
+from .mesh.host_mesh import this_proc as this_proc
+from .mesh.proc_mesh import ProcMesh as ProcMesh
+from .mesh.shape import Extent as Extent
+from .mesh.shape import Point as Point
+from .mesh.shape import Shape as Shape
+from .runtime.process import Runtime as _Runtime
+
+_Runtime.unhandled_hook = staticmethod(_dispatch_fault)
+
+__all__ = [
+    "Actor", "ActorError", "ActorMesh", "Endpoint", "Extent", "Future", "HostMesh",
+    "MeshFailure", "MeshStopped", "Point", "ProcMesh", "ProcessDied", "Shape", "ValueMesh",
+    "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
+    "unhandled_fault_hook",
+]

@@ -1,0 +1,1 @@
+"""Actors, endpoints and what calling them returns (public layer above the runtime)."""

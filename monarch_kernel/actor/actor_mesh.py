@@ -1,0 +1,79 @@
+"""``ActorMesh``: one actor per rank of a proc mesh, called through its endpoints.
+
+It is a small picklable reference: pass it to another actor and that actor calls it
+directly, rank to rank, without the controller.
+"""
+
+from __future__ import annotations
+
+from ..mesh.shape import Extent, Shape
+from ..runtime.context import MeshRef
+from ..runtime.failure import MeshStopped
+from ..runtime.process import Runtime
+from .endpoint import ENDPOINT_MARK, Endpoint
+
+
+def endpoint_names(cls) -> tuple[str, ...]:
+    return tuple(sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)))
+
+
+class ActorMesh:
+    def __init__(self, proc_ref: MeshRef, actor_id: str, name: str, class_name: str,
+                 endpoints: tuple[str, ...], shape: Shape, proc_mesh=None):
+        self._proc_ref = proc_ref
+        self._actor_id = actor_id
+        self._name = name
+        self._class_name = class_name
+        self._endpoints = endpoints
+        self._shape = shape
+        self._proc_mesh = proc_mesh  # the owner's ProcMesh, for stop state; None in copies
+
+    def __getattr__(self, name: str) -> Endpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._endpoints:
+            return Endpoint(self, name)
+        raise AttributeError(
+            f"{self._class_name} has no endpoint {name!r}; its endpoints are: "
+            f"{', '.join(self._endpoints) or '(none)'}. Mark methods with @endpoint."
+        )
+
+    def __dir__(self):
+        return [*super().__dir__(), *self._endpoints]
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def slice(self, **dims) -> "ActorMesh":
+        """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
+        return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
+                         self._endpoints, self._shape.slice(**dims), self._proc_mesh)
+
+    def _check_running(self) -> None:
+        pm = self._proc_mesh
+        if pm is not None and pm._stopped:
+            raise MeshStopped(f"mesh '{self._proc_ref.name}' was stopped; {self._class_name} "
+                              f"'{self._name}' cannot be called. Spawn a new mesh.")
+        rt = Runtime.current()
+        if all((self._proc_ref.id, r) in rt.dead and rt.dead[(self._proc_ref.id, r)].stopped
+               for r in self._shape.ranks):
+            raise MeshStopped(f"mesh '{self._proc_ref.name}' was stopped; spawn a new mesh.")
+
+    def __reduce__(self):
+        return (ActorMesh, (self._proc_ref, self._actor_id, self._name, self._class_name,
+                            self._endpoints, self._shape))
+
+    def __repr__(self) -> str:
+        return f"ActorMesh<{self._class_name} '{self._name}' {self.extent!r}>"

@@ -1,0 +1,188 @@
+"""``@endpoint`` and the adverbs that call it on a mesh: ``call``, ``call_one``,
+``broadcast``, ``choose``, ``stream``.
+
+Example::
+
+    class Trainer(Actor):
+        @endpoint
+        def step(self, batch: int) -> float: ...
+
+    trainers.step.call(3).get()      # ValueMesh, one value per rank
+    trainers.slice(gpus=0).step.call_one(3).get()
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ..runtime.envelope import Kind, Mode, Part, Status
+from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied
+from ..runtime.process import Runtime
+from ..runtime.serialize import describe_unpicklable, dumps
+from .future import Future
+from .value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from .actor_mesh import ActorMesh
+
+from ..runtime.actors import ENDPOINT_MARK
+
+
+def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None):
+    """Mark an actor method as callable from other processes (sync or async)."""
+
+    def mark(f):
+        setattr(f, ENDPOINT_MARK, True)
+        f.__monarch_port__ = explicit_response_port
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def part_value(part: Part, actor: str, method: str) -> Any:
+    """Turn one rank's encoded answer into its value, or raise what happened there."""
+    if part.status == Status.OK:
+        return part.load()
+    if part.status == Status.RAISED:
+        failure = part.load()
+        err = ActorError(failure)
+        cause = failure.exception()
+        if cause is not None:
+            err.__cause__ = cause
+        raise err
+    info = part.load()
+    if part.status == Status.STOPPED or info.stopped:
+        raise MeshStopped(f"mesh '{info.mesh}' was stopped; rank {info.rank} cannot answer {actor}.{method}. Spawn a new mesh.")
+    raise ProcessDied(info, actor, method)
+
+
+def encode_args(what: str, args, kwargs) -> list:
+    try:
+        return dumps((args, kwargs))
+    except Exception as e:
+        bad = next((a for a in (*args, *kwargs.values()) if not _picklable(a)), (args, kwargs))
+        raise TypeError(f"an argument to {what} cannot be sent to the ranks: {describe_unpicklable(bad, e)}") from e
+
+
+def _picklable(obj) -> bool:
+    try:
+        dumps(obj)
+        return True
+    except Exception:
+        return False
+
+
+class Endpoint:
+    """One endpoint of an actor mesh; its adverbs send the call."""
+
+    def __init__(self, mesh: "ActorMesh", name: str):
+        self._mesh = mesh
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._mesh._class_name}.{self._name} on {self._mesh.extent!r}>"
+
+    def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None):
+        m = self._mesh
+        m._check_running()
+        body = encode_args(f"{m._class_name}.{self._name}", args, kwargs)
+        rt = Runtime.current()
+        return rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body,
+                       mode=mode, on_part=on_part, slice_info=slice_info)
+
+    def _slice_info(self):
+        s = self._mesh._shape
+        return [[[l, n] for l, n in zip(s.extent.labels, s.extent.sizes)], list(s.ranks)]
+
+    def call(self, *args, **kwargs) -> Future[ValueMesh]:
+        """Run on every rank of the mesh; a ``ValueMesh`` of the answers.  If a rank fails,
+        ``.get()`` raises its error; ``err.results`` holds every rank's value or exception."""
+        shape = self._mesh._shape
+        pending = self._send(args, kwargs, shape.ranks, slice_info=self._slice_info())
+        actor, name = self._mesh._class_name, self._name
+
+        def gather(parts):
+            values, first = [], None
+            for r in shape.ranks:
+                try:
+                    values.append(part_value(parts[r], actor, name))
+                except (ActorError, MeshStopped) as e:
+                    values.append(e)
+                    first = first or e
+            if first is not None:
+                first.results = ValueMesh(shape, values)
+                raise first
+            return ValueMesh(shape, values)
+
+        return Future(pending.completion, gather)
+
+    def call_one(self, *args, **kwargs) -> Future:
+        """Run on the mesh's only rank; an error unless the mesh has exactly one."""
+        shape = self._mesh._shape
+        if len(shape) != 1:
+            first = shape.extent.labels[0] if shape.extent.labels else "dim"
+            raise ValueError(
+                f"call_one needs a mesh of exactly one rank; this one has {len(shape)} "
+                f"({shape.extent.describe()}). Slice it first, e.g. "
+                f"mesh.slice({first}=0).{self._name}.call_one(...)"
+            )
+        return self._one(shape.ranks[0], args, kwargs)
+
+    def _one(self, rank: int, args, kwargs) -> Future:
+        pending = self._send(args, kwargs, [rank], slice_info=None if len(self._mesh._shape) == 1 else self._slice_info())
+        actor, name = self._mesh._class_name, self._name
+        return Future(pending.completion, lambda parts: part_value(parts[rank], actor, name))
+
+    def choose(self, *args, **kwargs) -> Future:
+        """Run on one rank: the one with the fewest of this process's calls in flight."""
+        m = self._mesh
+        rt = Runtime.current()
+        busy = {c_rank: 0 for c_rank in m._shape.ranks}
+        for call in list(rt.calls.values()):
+            if call.mesh.id == m._proc_ref.id:
+                for r in call.remaining:
+                    if r in busy:
+                        busy[r] += 1
+        alive = [r for r in m._shape.ranks if (m._proc_ref.id, r) not in rt.dead] or list(m._shape.ranks)
+        rank = min(alive, key=lambda r: busy[r])
+        return self._one(rank, args, kwargs)
+
+    def broadcast(self, *args, **kwargs) -> None:
+        """Run on every rank without waiting.  Failures go to supervision, not to you."""
+        m = self._mesh
+        pending = self._send(args, kwargs, m._shape.ranks, slice_info=self._slice_info())
+        actor, name, mesh_id = m._class_name, self._name, m._proc_ref.id
+
+        def check(c):
+            for rank, part in c.result().items():
+                if part.status == Status.RAISED:
+                    try:
+                        part_value(part, actor, name)
+                    except ActorError as e:
+                        Runtime.current().report_failure(mesh_id, MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure))
+                    return
+
+        pending.completion.add_done_callback(check)
+
+    def stream(self, *args, **kwargs) -> Iterator[Future]:
+        """Run on every rank; yield one Future per rank, in the order they answer."""
+        shape = self._mesh._shape
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        actor, name = self._mesh._class_name, self._name
+
+        def on_part(part: Part):
+            q.put(part)
+
+        self._send(args, kwargs, shape.ranks, mode=Mode.DIRECT, on_part=on_part, slice_info=self._slice_info())
+        for _ in range(len(shape)):
+            part = q.get()
+            yield _settled(lambda part=part: part_value(part, actor, name))
+
+
+def _settled(fn) -> Future:
+    from ..runtime.completion import Completion
+
+    c = Completion()
+    c.set_result(None)
+    return Future(c, lambda _none: fn())

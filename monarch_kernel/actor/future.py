@@ -1,0 +1,94 @@
+"""``Future``: the answer to a call.  ``.get(timeout=)`` blocks any thread; ``await`` works
+in any asyncio loop (ipykernel cells, async endpoints, ``asyncio.run``).
+
+Example::
+
+    fut = trainers.step.call(3)
+    meshed = fut.get(timeout=10)      # or: meshed = await fut
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+from ..runtime.completion import Completion
+from ..runtime.process import Runtime
+
+R = TypeVar("R")
+_UNSET = object()
+
+
+class Future(Generic[R]):
+    __slots__ = ("_completion", "_transform", "_value", "_error", "_lock")
+
+    def __init__(self, completion: Completion, transform: Callable[[Any], R] | None = None):
+        self._completion = completion
+        self._transform = transform
+        self._value: Any = _UNSET
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def ready(cls, value: R) -> "Future[R]":
+        c = Completion()
+        c.set_result(value)
+        return cls(c)
+
+    def done(self) -> bool:
+        return self._completion.done()
+
+    def _finish(self) -> R:
+        with self._lock:
+            if self._value is _UNSET and self._error is None:
+                try:
+                    raw = self._completion.result()
+                    self._value = self._transform(raw) if self._transform else raw
+                except BaseException as e:
+                    self._error = e
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        return self._value
+
+    def get(self, timeout: float | None = None) -> R:
+        """Wait for the value (or raise the rank's error); ``TimeoutError`` after ``timeout`` s."""
+        c = self._completion
+        if not c.done():
+            rt = Runtime._current
+            if rt is not None and rt.io.is_current():
+                raise RuntimeError(
+                    "cannot block on .get() inside an async endpoint or on the IO loop: "
+                    "use `await fut` instead"
+                )
+            if not c.wait(timeout):
+                raise TimeoutError(f"no answer within {timeout} s (the call is still running; .get() again to keep waiting)")
+        return self._finish()
+
+    result = get
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def __await__(self):
+        if not self._completion.done():
+            yield from self._await().__await__()
+        return self._finish()
+
+    async def _await(self):
+        try:
+            await self._completion
+        except BaseException:
+            pass  # raised again, transformed, by _finish
+
+    def then(self, fn: Callable[["Future[R]"], None]) -> None:
+        """Run ``fn(self)`` once done, on whichever thread finishes it."""
+        self._completion.add_done_callback(lambda _c: fn(self))
+
+    def __repr__(self) -> str:
+        return f"<Future {'done' if self.done() else 'pending'}>"

@@ -1,0 +1,26 @@
+"""What happens to a failure nobody handled: ``unhandled_fault_hook``.
+
+The default reports and carries on: a controller inside a notebook kernel must never exit
+because a rank did.  Replace it (``monarch_kernel.unhandled_fault_hook = fn``) to do more.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..runtime.failure import MeshFailure
+
+
+def unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Default: print the failure to stderr; never exit the process."""
+    print(f"monarch_kernel: unhandled failure on mesh '{failure.mesh}':\n{failure}", file=sys.stderr, flush=True)
+
+
+def _dispatch(failure: MeshFailure) -> None:
+    """Call whatever ``monarch_kernel.unhandled_fault_hook`` is now (users may replace it)."""
+    pkg = sys.modules.get("monarch_kernel")
+    hook = getattr(pkg, "unhandled_fault_hook", unhandled_fault_hook)
+    try:
+        hook(failure)
+    except Exception as e:  # a broken hook must not take the IO thread down
+        print(f"monarch_kernel: unhandled_fault_hook raised {e!r}", file=sys.stderr, flush=True)

@@ -1,0 +1,72 @@
+"""``ValueMesh``: one value per point of a mesh, keeping the mesh's shape.
+
+Example::
+
+    vm = trainers.loss.call().get()
+    vm[{"gpus": 1}], vm.slice(gpus=0), list(vm.values())
+    for point, value in vm.items(): ...
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Iterator, TypeVar
+
+from ..mesh.shape import Extent, Point, Shape
+
+R = TypeVar("R")
+
+
+class ValueMesh(Generic[R]):
+    __slots__ = ("_shape", "_values")
+
+    def __init__(self, shape: Shape, values: list):
+        if len(values) != len(shape):
+            raise ValueError(f"{len(values)} values for a mesh of {len(shape)} points")
+        self._shape = Shape(shape.extent, range(len(shape)))
+        self._values = list(values)
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def items(self) -> Iterator[tuple[Point, R]]:
+        return zip(self._shape.points(), self._values)
+
+    def values(self) -> Iterator[R]:
+        return iter(self._values)
+
+    def __iter__(self) -> Iterator[tuple[Point, R]]:
+        return self.items()
+
+    def __getitem__(self, where) -> R:
+        return self._values[self._shape.index(where)]
+
+    def item(self, **dims) -> R:
+        """The value at the point named by ``dims`` (``vm.item(gpus=2)``)."""
+        return self[dims] if dims else self._single()
+
+    def _single(self):
+        if len(self._values) != 1:
+            raise ValueError(f"item() without dims needs a single value; this mesh has {len(self._values)} ({self.extent.describe()})")
+        return self._values[0]
+
+    def slice(self, **dims) -> "ValueMesh[R]":
+        sub = self._shape.slice(**dims)
+        return ValueMesh(sub, [self._values[i] for i in sub.ranks])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ValueMesh) and self.extent == other.extent and self._values == other._values
+
+    def __repr__(self) -> str:
+        body = ", ".join(
+            f"{{{', '.join(f'{l}={c}' for l, c in zip(self.extent.labels, p.coords))}}}: {v!r}"
+            for p, v in self.items()
+        )
+        return f"ValueMesh({self.extent!r}, {{{body}}})"

@@ -1,0 +1,1 @@
+"""The data plane (RDMABuffer and its transports) lands here with the data-plane issue."""

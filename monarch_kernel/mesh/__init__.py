@@ -1,0 +1,1 @@
+"""Shapes, hosts and proc meshes (public layer above the runtime)."""

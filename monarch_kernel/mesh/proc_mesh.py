@@ -1,0 +1,113 @@
+"""``ProcMesh``: a set of rank processes with named dims; actors are spawned onto it.
+
+Example::
+
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        counters = procs.spawn("counters", Counter, 0)
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from ..actor.actor_mesh import ActorMesh, endpoint_names
+from ..actor.endpoint import encode_args, part_value
+from ..actor.future import Future
+from ..runtime.envelope import Kind
+from ..runtime.failure import MeshStopped
+from ..runtime.process import Runtime
+from .shape import Extent, Shape
+
+
+class ProcMesh:
+    def __init__(self, ref, shape: Shape, owned=None):
+        self._ref = ref
+        self._shape = shape
+        self._owned = owned  # OwnedMesh when this process spawned it
+        self._stopped = False
+        self._stop_future: Future | None = None
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
+    def name(self) -> str:
+        return self._ref.name
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def slice(self, **dims) -> "ProcMesh":
+        pm = ProcMesh(self._ref, self._shape.slice(**dims), self._owned)
+        pm._stopped = self._stopped
+        return pm
+
+    def spawn(self, name: str, cls: type, *args, **kwargs) -> ActorMesh:
+        """Construct ``cls(*args, **kwargs)`` on every rank; raises what ``__init__`` raised."""
+        if self._stopped:
+            raise MeshStopped(f"mesh '{self.name}' was stopped; spawn a new mesh to host {name!r}")
+        if not isinstance(cls, type):
+            raise TypeError(f"spawn takes an Actor class, not {type(cls).__name__}")
+        actor_id = f"{name}-{secrets.token_hex(3)}"
+        body = _spawn_body(cls, args, kwargs)
+        rt = Runtime.current()
+        pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN)
+        mesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self)
+        if rt.io.is_current():
+            return mesh  # inside an async endpoint: calls queue behind the spawn on each rank
+        ranks = self._shape.ranks
+
+        def check(parts):
+            for r in ranks:
+                part_value(parts[r], name, "__init__")
+
+        Future(pending.completion, check).get()
+        return mesh
+
+    def stop(self) -> Future:
+        """End every rank; the Future resolves once they have exited.  Ranks are ended even
+        if nobody waits."""
+        if self._stop_future is None:
+            self._stopped = True
+            if self._owned is None:
+                raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
+            rt = Runtime.current()
+            self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
+        return self._stop_future
+
+    def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3) -> Future:
+        """Ranks' output always streams to the controller here; kept for Monarch code."""
+        return Future.ready(None)
+
+    def __enter__(self) -> "ProcMesh":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop().get(timeout=30)
+
+    async def __aenter__(self) -> "ProcMesh":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    def __reduce__(self):
+        return (ProcMesh, (self._ref, self._shape))
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "running"
+        return f"ProcMesh<'{self.name}' {self.extent!r} {state}>"
+
+
+def _spawn_body(cls, args, kwargs) -> list:
+    from ..runtime.serialize import describe_unpicklable, dumps
+
+    try:
+        return dumps((cls, args, kwargs))
+    except Exception as e:
+        raise TypeError(f"{cls.__qualname__}(...) cannot be sent to the ranks: {describe_unpicklable((cls, args, kwargs), e)}") from e

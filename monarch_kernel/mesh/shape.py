@@ -1,0 +1,200 @@
+"""Named dimensions: ``Extent`` (dim -> size), ``Point`` (a coordinate in one), and
+``Shape`` (an extent plus which proc-mesh rank sits at each of its points, so slices of
+slices keep pointing at the right processes).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Iterator
+
+
+class Extent(Mapping):
+    """Ordered ``dim -> size``; ``Extent({"hosts": 2, "gpus": 4})``."""
+
+    __slots__ = ("labels", "sizes")
+
+    def __init__(self, dims):
+        items = list(dims.items() if isinstance(dims, Mapping) else dims)
+        self.labels = tuple(str(k) for k, _ in items)
+        self.sizes = tuple(int(v) for _, v in items)
+
+    def __getitem__(self, label: str) -> int:
+        try:
+            return self.sizes[self.labels.index(label)]
+        except ValueError:
+            raise KeyError(label) from None
+
+    def __iter__(self):
+        return iter(self.labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def nelem(self) -> int:
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n
+
+    def describe(self) -> str:
+        return ", ".join(f"{l}={s}" for l, s in zip(self.labels, self.sizes)) or "(no dims)"
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"'{l}': {s}" for l, s in zip(self.labels, self.sizes)) + "}"
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Extent):
+            return self.labels == other.labels and self.sizes == other.sizes
+        return Mapping.__eq__(self, other)
+
+    def __hash__(self):
+        return hash((self.labels, self.sizes))
+
+
+class Point(Mapping):
+    """A coordinate in an extent; a mapping ``dim -> index`` whose ``.rank`` is the flat
+    row-major index, so ``mesh.slice(**point)`` selects it."""
+
+    __slots__ = ("coords", "extent")
+
+    def __init__(self, coords, extent: Extent):
+        self.coords = tuple(coords)
+        self.extent = extent
+
+    @classmethod
+    def from_rank(cls, rank: int, extent: Extent) -> "Point":
+        coords = []
+        for size in reversed(extent.sizes):
+            coords.append(rank % size if size else 0)
+            rank = rank // size if size else 0
+        return cls(reversed(coords), extent)
+
+    @property
+    def rank(self) -> int:
+        r = 0
+        for c, s in zip(self.coords, self.extent.sizes):
+            r = r * s + c
+        return r
+
+    def __getitem__(self, label: str) -> int:
+        try:
+            return self.coords[self.extent.labels.index(label)]
+        except ValueError:
+            raise KeyError(label) from None
+
+    def __iter__(self):
+        return iter(self.extent.labels)
+
+    def __len__(self) -> int:
+        return len(self.coords)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{l}={c}" for l, c in zip(self.extent.labels, self.coords))
+        return f"Point({inner or 'rank=' + str(self.rank)})"
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Point):
+            return self.coords == other.coords and self.extent == other.extent
+        return Mapping.__eq__(self, other)
+
+    def __hash__(self):
+        return hash((self.coords, self.extent))
+
+
+class Shape:
+    """An extent and the proc-mesh rank at each of its points (row-major)."""
+
+    __slots__ = ("extent", "ranks")
+
+    def __init__(self, extent: Extent, ranks):
+        self.extent = extent
+        self.ranks = tuple(ranks)
+        if len(self.ranks) != extent.nelem:
+            raise ValueError(f"{len(self.ranks)} ranks do not fill extent {extent!r}")
+
+    @classmethod
+    def full(cls, dims) -> "Shape":
+        e = Extent(dims)
+        return cls(e, range(e.nelem))
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def points(self) -> Iterator[Point]:
+        for i in range(len(self.ranks)):
+            yield Point.from_rank(i, self.extent)
+
+    def index(self, where) -> int:
+        """Flat index of a ``Point``, a ``{dim: index}`` mapping, or an int."""
+        if isinstance(where, int):
+            if not 0 <= where < len(self.ranks):
+                raise IndexError(f"index {where} is out of range for a mesh of {len(self.ranks)} ranks")
+            return where
+        if isinstance(where, Mapping):
+            unknown = set(where) - set(self.extent.labels)
+            missing = set(self.extent.labels) - set(where)
+            if unknown or missing:
+                raise KeyError(
+                    f"a point needs exactly the dims {self.extent.describe()}; "
+                    f"got {dict(where)!r}"
+                )
+            flat = 0
+            for label, size in zip(self.extent.labels, self.extent.sizes):
+                c = where[label]
+                if not 0 <= c < size:
+                    raise IndexError(f"{label}={c} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
+                flat = flat * size + c
+            return flat
+        raise TypeError(f"index a mesh with a Point, a dict of dims or an int, not {type(where).__name__}")
+
+    def slice(self, **dims) -> "Shape":
+        labels, sizes = self.extent.labels, self.extent.sizes
+        for k in dims:
+            if k not in labels:
+                raise ValueError(
+                    f"mesh has no dimension {k!r}; its dimensions are {self.extent.describe()} "
+                    f"(slice with one of: {', '.join(labels) or 'none: it has a single rank'})"
+                )
+        axes = []
+        new_labels, new_sizes = [], []
+        for label, size in zip(labels, sizes):
+            sel = dims.get(label)
+            if sel is None:
+                idx = list(range(size))
+                new_labels.append(label)
+                new_sizes.append(size)
+            elif isinstance(sel, int):
+                if not -size <= sel < size:
+                    raise IndexError(f"{label}={sel} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
+                idx = [sel % size]
+            elif isinstance(sel, (slice, range)):
+                s = sel if isinstance(sel, slice) else slice(sel.start, sel.stop, sel.step)
+                if (s.start is not None and not -size <= s.start <= size) or (
+                    s.stop is not None and not -size - 1 <= s.stop <= size
+                ):
+                    raise IndexError(f"{label}={s.start}:{s.stop} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
+                idx = list(range(size))[s]
+                if not idx:
+                    raise IndexError(f"{label}={sel!r} selects nothing; dimension '{label}' has size {size}")
+                new_labels.append(label)
+                new_sizes.append(len(idx))
+            else:
+                raise TypeError(f"slice {label}= takes an int, a slice or a range, not {type(sel).__name__}")
+            axes.append(idx)
+        strides = []
+        acc = 1
+        for size in reversed(sizes):
+            strides.append(acc)
+            acc *= size
+        strides.reverse()
+        ranks = [
+            self.ranks[sum(c * st for c, st in zip(combo, strides))]
+            for combo in itertools.product(*axes)
+        ]
+        return Shape(Extent(zip(new_labels, new_sizes)), ranks)
+
+    def __repr__(self) -> str:
+        return f"Shape({self.extent!r}, ranks={list(self.ranks)})"

@@ -1,0 +1,89 @@
+"""Calls this process has made and is waiting on, and how they are repaired when a rank of
+the tree dies (the caller knows the whole tree, so it alone decides what is lost).
+
+Parts are kept encoded; the actor layer unpickles them in the caller's thread.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Callable
+
+from .completion import Completion
+from .context import MeshRef
+from .envelope import Header, Kind, Part, Status
+from .failure import DeathInfo
+from .tree import children, locate, split
+
+
+def synthetic_part(rank: int, status: int, obj) -> Part:
+    return Part(rank, status, [pickle.dumps(obj)])
+
+
+class PendingCall:
+    def __init__(self, runtime, header: Header, mesh: MeshRef, ranks: list[int], body: list,
+                 on_part: Callable[[Part], None] | None):
+        self.runtime = runtime
+        self.header = header
+        self.mesh = mesh
+        self.ranks = ranks  # ranks the tree was built over (alive when sent)
+        self.body = body  # kept to re-send subtrees whose forwarder died before forwarding
+        self.on_part = on_part
+        self.remaining = set(ranks)
+        self.parts: dict[int, Part] = {}
+        self.resent: set[int] = set()
+        self.completion = Completion()
+        self._lock = threading.Lock()
+
+    def add(self, parts: list[Part]) -> None:
+        new = []
+        with self._lock:
+            for p in parts:
+                if p.rank in self.remaining:  # first answer wins; repairs may repeat some
+                    self.remaining.discard(p.rank)
+                    self.parts[p.rank] = p
+                    new.append(p)
+            finished = not self.remaining
+        if self.on_part is not None:
+            for p in new:
+                self.on_part(p)
+        if finished and new:
+            self.runtime.calls.pop(self.header.call_id, None)
+            self.body = None
+            self.completion.set_result(self.parts)
+
+    def rank_died(self, rank: int, info: DeathInfo) -> None:
+        """Called on the IO thread: fail ``rank`` and reroute the replies it was carrying."""
+        with self._lock:
+            pending = rank in self.remaining
+        if not pending:
+            return
+        found = locate(self.ranks, self.header.fanout, rank)
+        self.add([synthetic_part(rank, Status.DIED, info)])
+        if found is None:
+            return
+        parent, subtree = found
+        rt, h = self.runtime, self.header
+        for child in children(subtree, h.fanout):
+            rt.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id)
+        if parent is not None and h.mode == 0:
+            rt.send_control(self.mesh, parent, Kind.PRUNE, h.call_id, extra=rank)
+
+    def not_received(self, rank: int) -> None:
+        """``rank`` never got the call (its forwarder died first): send its subtree again."""
+        if self.body is None:
+            return
+        found = locate(self.ranks, self.header.fanout, rank)
+        if found is None:
+            return
+        with self._lock:
+            todo = [r for r in found[1] if r in self.remaining and r not in self.resent]
+            self.resent.update(todo)
+        rt = self.runtime
+        for sub in split(todo, self.header.fanout):
+            h = self.header
+            again = Header(h.kind, h.call_id, h.origin, h.origin, h.mesh, h.actor, h.method,
+                           sub, h.fanout, h.mode, True, 0, [], h.extra)
+            again.parts = h.parts
+            rt.transport.send(self.mesh.addresses[sub[0]], again, self.body)

@@ -1,0 +1,150 @@
+"""Plain records of what went wrong on a rank; the actor layer turns them into exceptions.
+
+They are pickled across processes, so they hold only builtins, strings and (when it pickles)
+the original exception.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import traceback
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RemoteFailure:
+    """An endpoint (or an actor's ``__init__``) raised on a rank."""
+
+    rank: int
+    actor: str
+    method: str
+    type_name: str
+    message: str
+    traceback: str
+    host: str
+    pid: int
+    exc_bytes: bytes | None = None  # the exception itself, when it pickles
+
+    @classmethod
+    def capture(cls, rank: int, actor: str, method: str, exc: BaseException, frames_to_skip=1):
+        tb = exc.__traceback__
+        for _ in range(frames_to_skip):
+            if tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        try:
+            exc_bytes = pickle.dumps(exc.with_traceback(None))
+            pickle.loads(exc_bytes)
+        except Exception:
+            exc_bytes = None
+        return cls(rank, actor, method, type(exc).__qualname__, str(exc), text,
+                   socket.gethostname(), os.getpid(), exc_bytes)
+
+    def exception(self) -> BaseException | None:
+        if self.exc_bytes is None:
+            return None
+        try:
+            return pickle.loads(self.exc_bytes)
+        except Exception:
+            return None
+
+
+@dataclass
+class DeathInfo:
+    """A rank's process ended: how, where, and the last lines it wrote to stderr."""
+
+    mesh: str  # the mesh's name
+    rank: int
+    pid: int
+    host: str
+    exitcode: int | None = None
+    signal: int | None = None
+    stderr_tail: list[str] = field(default_factory=list)
+    stopped: bool = False  # ended by stop(), not by a failure
+
+    @classmethod
+    def from_status(cls, mesh, rank, pid, host, status: int, tail):
+        if os.WIFSIGNALED(status):
+            return cls(mesh, rank, pid, host, None, os.WTERMSIG(status), list(tail))
+        return cls(mesh, rank, pid, host, os.WEXITSTATUS(status), None, list(tail))
+
+    def how(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = str(self.signal)
+            return f"killed by signal {self.signal} ({name})"
+        if self.exitcode is None:
+            return "lost (no exit status)"
+        return f"exited with code {self.exitcode}"
+
+    def describe(self) -> str:
+        s = f"rank {self.rank} of mesh '{self.mesh}' (pid {self.pid} on {self.host}) {self.how()}"
+        if self.stderr_tail:
+            s += "\nlast lines of its stderr:\n" + "\n".join("    " + l for l in self.stderr_tail)
+        return s
+
+
+@dataclass
+class MeshFailure:
+    """A supervision event: something failed on a mesh and nobody was waiting for it."""
+
+    mesh: str
+    rank: int
+    report: str  # human-readable, names mesh, rank, host and cause
+    death: DeathInfo | None = None
+    remote: RemoteFailure | None = None
+    chain: list[str] = field(default_factory=list)  # supervisors that did not handle it
+
+    def __str__(self) -> str:
+        s = self.report
+        for c in self.chain:
+            s += f"\n  (not handled by {c})"
+        return s
+
+
+# ---------------------------------------------------------------- exceptions users catch
+
+
+class ActorError(Exception):
+    """An endpoint raised on a rank.  ``__cause__`` is the original exception when it
+    could be carried over; ``remote_traceback`` is the rank's traceback as text."""
+
+    def __init__(self, failure: RemoteFailure, message: str | None = None):
+        self.failure = failure
+        self.rank = failure.rank
+        self.actor = failure.actor
+        self.method = failure.method
+        self.remote_traceback = failure.traceback
+        super().__init__(message or self._message(failure))
+
+    @staticmethod
+    def _message(f: RemoteFailure) -> str:
+        where = f"{f.actor}.{f.method}" if f.method else f.actor
+        return (
+            f"{where} raised on rank {f.rank} (pid {f.pid} on {f.host}): {f.type_name}: {f.message}\n"
+            f"\nTraceback from rank {f.rank}:\n{f.traceback.rstrip()}"
+        )
+
+
+class ProcessDied(ActorError):
+    """A rank's process exited (or was killed) before it answered."""
+
+    def __init__(self, death: DeathInfo, actor: str = "", method: str = ""):
+        self.death = death
+        self.exitcode = death.exitcode
+        self.signal = death.signal
+        self.pid = death.pid
+        self.host = death.host
+        self.stderr_tail = death.stderr_tail
+        rf = RemoteFailure(death.rank, actor, method, "ProcessDied", death.how(), "",
+                           death.host, death.pid)
+        super().__init__(rf, death.describe())
+
+
+class MeshStopped(Exception):
+    """The mesh was stopped; spawn a new one to keep working."""

@@ -1,0 +1,45 @@
+"""The rank process: a runtime built from its launch config, serving until told to stop.
+
+Entered in a child forked by the template.  It never imports the user's ``__main__`` or
+torch; what a call needs arrives pickled.  It exits when its template (and so its
+controller) is gone: the parent-death signal, checked again by a one-second watchdog.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .context import MeshRef, process_mesh
+from .envelope import Header, Kind
+from .io_thread import IOThread
+from .process import Runtime
+
+WATCHDOG_S = 1.0
+
+
+def run_rank(cfg: dict, template_pid: int) -> None:
+    sys.path[:] = cfg["sys_path"]
+    try:
+        os.chdir(cfg["cwd"])
+    except OSError:
+        pass
+    os.environ.update(cfg.get("env") or {})
+    mesh_id, name, dims, addresses, owner, hosts = cfg["mesh"]
+    ref = MeshRef(mesh_id, name, tuple(tuple(d) for d in dims), tuple(addresses), owner, tuple(hosts))
+    rank = cfg["rank"]
+    io = IOThread.in_this_thread()
+    rt = Runtime(cfg["key"], cfg["rundir"], f"{mesh_id}.{rank}", io, owner=cfg["owner"])
+    rt.fanout = cfg.get("fanout", rt.fanout)
+    Runtime._current = rt
+    rt.memberships[ref.id] = (ref, rank)
+    process_mesh[0], process_mesh[1] = ref, rank
+    rt.transport.send(cfg["owner"], Header(Kind.HELLO, mesh=ref.id, ranks=[rank], extra=os.getpid()), [])
+
+    def watchdog():
+        if os.getppid() != template_pid:
+            os._exit(1)
+        io.loop.call_later(WATCHDOG_S, watchdog)
+
+    io.loop.call_later(WATCHDOG_S, watchdog)
+    io.loop.run_forever()

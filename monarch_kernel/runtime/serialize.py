@@ -1,0 +1,70 @@
+"""Pickling with out-of-band buffers: arrays and tensors travel as their own frames.
+
+cloudpickle pickles classes and functions from ``__main__`` or a notebook cell by value, so
+ranks never import the user's main module.  torch is only touched when a tensor is being
+pickled (it is then already imported by the caller); this module never imports it itself.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+
+import cloudpickle
+
+# Buffers smaller than this are cheaper to copy than to send as their own frame.
+_OOB_MIN = 4096
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) is torch.Tensor:
+            r = _reduce_tensor(torch, obj)
+            if r is not None:
+                return r
+        return super().reducer_override(obj)
+
+
+def _reduce_tensor(torch, t):
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+        return None
+    if t.numel() * t.element_size() < _OOB_MIN:
+        return None
+    try:
+        import numpy  # noqa: F401  (tensor.numpy() needs it)
+    except ImportError:
+        return None
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).numpy()
+    dtype = str(t.dtype).removeprefix("torch.")
+    return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(t.shape), t.requires_grad)
+
+
+def _rebuild_tensor(buf, dtype, shape, requires_grad):
+    import torch
+
+    mv = memoryview(buf)
+    if mv.nbytes == 0:
+        t = torch.empty(shape, dtype=getattr(torch, dtype))
+    else:
+        t = torch.frombuffer(mv, dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def dumps(obj) -> list:
+    """Pickle ``obj``; returns ``[pickle_bytes, buffer, ...]`` ready to be zmq frames."""
+    bufs: list = []
+    f = io.BytesIO()
+    _Pickler(f, protocol=5, buffer_callback=bufs.append).dump(obj)
+    frames = [f.getbuffer()]
+    for b in bufs:
+        frames.append(b.raw())
+    return frames
+
+
+def describe_unpicklable(obj, err: BaseException) -> str:
+    return f"{type(err).__name__}: {err} (while pickling a {type(obj).__module__}.{type(obj).__qualname__})"

@@ -1,0 +1,228 @@
+"""Meshes this process spawned: launching their ranks, hearing them come up and die, and
+deciding who is told about a failure.
+
+A death is learnt from the process exit (the template reaps its children and says so), never
+by polling.  The caller's pending calls fail at once; every other process that might be
+calling the dead rank is told; then the failure goes to the spawning actor's
+``__supervise__``, or up the chain of owners to the controller's unhandled-fault hook.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+
+from .completion import Completion
+from .context import MeshRef, current_actor, process_mesh
+from .envelope import Kind
+from .failure import DeathInfo, MeshFailure, ProcessDied
+from .output import PipeReader
+from .template import TemplateClient
+
+STOP_GRACE_S = 2.0
+
+
+class OwnedMesh:
+    def __init__(self, ref: MeshRef, owner_actor):
+        n = ref.size
+        self.ref = ref
+        self.owner_actor = owner_actor  # ActorContext of the actor that spawned it, if any
+        self.pids: list[int | None] = [None] * n
+        self.readers: list[list[PipeReader]] = [[] for _ in range(n)]
+        self.up: set[int] = set()
+        self.alive: set[int] = set(range(n))
+        self.ready = Completion()
+        self.exited = Completion()
+        self.stopping = False
+
+    def rank_info(self, rank: int) -> dict:
+        return {"rank": rank, "pid": self.pids[rank], "host": self.ref.hosts[rank],
+                "alive": rank in self.alive, "up": rank in self.up}
+
+
+class Supervisor:
+    def __init__(self, runtime):
+        self.rt = runtime
+        self.template: TemplateClient | None = None
+        self.pid_index: dict[int, tuple[OwnedMesh, int]] = {}
+
+    # ------------------------------------------------------------ spawning
+
+    def spawn(self, name: str, dims: tuple, env: dict | None = None) -> OwnedMesh:
+        rt = self.rt
+        mesh_id = "m" + secrets.token_hex(4)
+        n = 1
+        for _, size in dims:
+            n *= size
+        addresses = tuple(f"ipc://{rt.rundir}/{mesh_id}.{r}" for r in range(n))
+        ref = MeshRef(mesh_id, name, dims, addresses, rt.address, (rt.host,) * n)
+        om = OwnedMesh(ref, current_actor.get())
+        rt.meshes[mesh_id] = om
+        if n == 0:
+            om.ready.set_result(True)
+            om.exited.set_result(True)
+            return om
+        rt.io.run(self._launch, om, dict(env or {}))
+        return om
+
+    def _launch(self, om: OwnedMesh, env: dict) -> None:
+        rt = self.rt
+        if self.template is None or not self.template.alive:
+            self.template = TemplateClient(rt.io.loop, self._on_exit)
+        ref = om.ref
+        for r in range(ref.size):
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            sink = lambda: rt.output_sink  # noqa: E731  (the kernel may swap it later)
+            om.readers[r] = [
+                PipeReader(rt.io.loop, out_r, ref.name, r, "stdout", sink, lambda: None),
+                PipeReader(rt.io.loop, err_r, ref.name, r, "stderr", sink, lambda: None),
+            ]
+            cfg = {
+                "key": rt.key, "rundir": rt.rundir, "owner": rt.address, "rank": r,
+                "mesh": [ref.id, ref.name, [list(d) for d in ref.dims], list(ref.addresses), ref.owner, list(ref.hosts)],
+                "sys_path": list(sys.path), "cwd": os.getcwd(), "env": env, "fanout": rt.fanout,
+            }
+            self.template.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
+            os.close(out_w)
+            os.close(err_w)
+
+    def _forked(self, om: OwnedMesh, rank: int, pid: int) -> None:
+        om.pids[rank] = pid
+        self.pid_index[pid] = (om, rank)
+
+    def on_hello(self, mesh_id: str, rank: int, _pid) -> None:
+        om = self.rt.meshes.get(mesh_id)
+        if om is None or rank in om.up or rank not in om.alive:
+            return
+        om.up.add(rank)
+        if len(om.up) == om.ref.size:
+            om.ready.set_result(True)
+
+    # ------------------------------------------------------------ deaths
+
+    def _on_exit(self, pid: int | None, status: int | None) -> None:
+        if pid is None:  # the template itself is gone, and its ranks with it
+            for om, r in list(self.pid_index.values()):
+                self._died(om, r, DeathInfo(om.ref.name, r, om.pids[r] or 0, om.ref.hosts[r], None, signal.SIGKILL,
+                                            ["(its host process, the template, exited)"], om.stopping))
+            self.pid_index.clear()
+            return
+        entry = self.pid_index.pop(pid, None)
+        if entry is None:
+            return
+        om, r = entry
+        for reader in om.readers[r]:
+            reader.drain()
+        self.rt._drain_inbox()  # answers it sent just before dying still count
+        info = DeathInfo.from_status(om.ref.name, r, pid, om.ref.hosts[r], status, om.readers[r][1].tail)
+        info.stopped = om.stopping
+        self._died(om, r, info)
+
+    def _died(self, om: OwnedMesh, rank: int, info: DeathInfo) -> None:
+        rt = self.rt
+        om.alive.discard(rank)
+        rt.rank_died(om.ref.id, rank, info)
+        for other in list(rt.meshes.values()):
+            for r in other.up & other.alive:
+                rt.send_object(other.ref.addresses[r], Kind.DEATH, om.ref.id, info)
+        if not om.ready.done():
+            om.ready.set_exception(ProcessDied(info))
+        if not om.stopping:
+            self.supervise(om, MeshFailure(om.ref.name, rank, info.describe(), death=info))
+        if not om.alive:
+            om.exited.set_result(True)
+
+    def supervise(self, om: OwnedMesh, failure: MeshFailure) -> None:
+        """On the IO thread: offer the failure to the spawning actor, else pass it up."""
+        owner = om.owner_actor
+        handler = getattr(owner.instance, "__supervise__", None) if owner is not None else None
+        if handler is None:
+            self._propagate(failure, owner)
+            return
+        rt = self.rt
+
+        def decided(handled: bool, error: BaseException | None = None):
+            if error is not None:
+                failure.chain.append(f"__supervise__ raised {error!r}")
+            if not handled:
+                rt.io.call_soon(self._propagate, failure, owner)
+
+        import inspect
+
+        if inspect.iscoroutinefunction(handler):
+            async def run():
+                try:
+                    decided(bool(await handler(failure)))
+                except Exception as e:
+                    decided(False, e)
+
+            rt.io.loop.create_task(run())
+        else:
+            def run_sync():
+                try:
+                    decided(bool(handler(failure)))
+                except Exception as e:
+                    decided(False, e)
+
+            slot = rt.actors.get(owner.actor)
+            if slot is not None:
+                slot.submit(run_sync)
+            else:
+                run_sync()
+
+    def _propagate(self, failure: MeshFailure, owner) -> None:
+        rt = self.rt
+        if owner is not None:
+            failure.chain.append(f"{type(owner.instance).__qualname__} on rank {owner.rank} of mesh '{owner.mesh.name}'")
+        if rt.owner is None:
+            rt.on_unhandled(failure)
+        else:
+            my_mesh = process_mesh[0]
+            rt.send_object(rt.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
+
+    def on_failure_report(self, mesh_id: str, failure: MeshFailure) -> None:
+        om = self.rt.meshes.get(mesh_id)
+        if om is not None:
+            self.supervise(om, failure)
+        else:
+            self.rt.on_unhandled(failure)
+
+    # ------------------------------------------------------------ stopping
+
+    def stop(self, om: OwnedMesh) -> Completion:
+        self.rt.io.call_soon(self._stop, om)
+        return om.exited
+
+    def _stop(self, om: OwnedMesh) -> None:
+        if om.stopping:
+            return
+        om.stopping = True
+        rt = self.rt
+        for r in list(om.alive):
+            if r in om.up:
+                rt.send_control(om.ref, r, Kind.STOP)
+            elif om.pids[r] is not None:
+                self._kill(om.pids[r])
+        rt.io.loop.call_later(STOP_GRACE_S, self._kill_rest, om)
+
+    def _kill_rest(self, om: OwnedMesh) -> None:
+        for r in list(om.alive):
+            if om.pids[r] is not None:
+                self._kill(om.pids[r])
+
+    @staticmethod
+    def _kill(pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        """At exit: every rank we spawned is killed, then the template."""
+        for pid in list(self.pid_index):
+            self._kill(pid)
+        if self.template is not None:
+            self.template.close()

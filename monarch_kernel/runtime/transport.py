@@ -1,0 +1,73 @@
+"""ZeroMQ plumbing: one bound inbox per process, one outgoing socket per (thread, peer).
+
+Every thread sends on sockets of its own, so no send ever waits for another thread; only
+the IO thread reads the inbox.  Signing happens here, on the sending thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import zmq
+
+from .auth import Signer
+from .envelope import Header
+
+
+class _ThreadSockets(dict):
+    """Outgoing sockets of one thread; closed when the thread's locals are freed."""
+
+    def __del__(self):
+        for s in self.values():
+            try:
+                s.close(linger=0)
+            except Exception:  # interpreter shutdown: the context may already be gone
+                pass
+
+
+class Transport:
+    def __init__(self, ctx: zmq.Context, address: str, signer: Signer):
+        self.ctx = ctx
+        self.signer = signer
+        self.inbox = ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.setsockopt(zmq.RCVHWM, 0)
+        self.inbox.bind(address)
+        self.address = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.received = 0
+        self.send_failures = 0
+
+    def _socket(self, addr: str) -> zmq.Socket:
+        socks = getattr(self._local, "socks", None)
+        if socks is None:
+            socks = self._local.socks = _ThreadSockets()
+        s = socks.get(addr)
+        if s is None:
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 2000)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.RECONNECT_IVL, 10)
+            s.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
+            s.connect(addr)
+            socks[addr] = s
+        return s
+
+    def send(self, addr: str, header: Header, body: list) -> bool:
+        """Sign and send; False when the peer is unreachable (the caller handles death)."""
+        frames = self.signer.sign(header, body)
+        try:
+            self._socket(addr).send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            self.send_failures += 1
+            return False
+        self.sent += 1
+        return True
+
+    def forget(self, addr: str) -> None:
+        """Close this thread's socket to a peer that is gone."""
+        socks = getattr(self._local, "socks", None)
+        if socks and addr in socks:
+            socks.pop(addr).close(linger=0)
