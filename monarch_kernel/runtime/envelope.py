@@ -18,6 +18,8 @@ import msgpack
 # A header bigger than this is not a header we wrote.
 MAX_HEADER = 64 * 1024
 
+_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
 
 class Kind(enum.IntEnum):
     HELLO = 1  # rank -> owner: I am up (payload: pid)
@@ -71,7 +73,9 @@ class Header:
     )
 
     def encode(self) -> bytes:
-        return msgpack.packb([getattr(self, f) for f in self._FIELDS], use_bin_type=True)
+        return _pack((self.kind, self.call_id, self.origin, self.reply_to, self.mesh, self.actor,
+                      self.method, self.ranks, self.fanout, self.mode, self.resend, self.hop,
+                      self.parts, self.extra))
 
     @classmethod
     def decode(cls, data) -> "Header":

@@ -18,6 +18,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 
 import zmq
 
@@ -37,6 +38,7 @@ from .transport import Transport
 from .tree import NodeTable, split
 
 
+LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
 PARK_S = 30.0  # how long a call waits for its actor's SPAWN to arrive
 
 
@@ -101,6 +103,8 @@ class Runtime:
         if process_mesh[0] is None:
             process_mesh[0], process_mesh[1] = self.self_mesh, 0
         self._closed = False
+        self._lease = threading.Lock()
+        self._missed = False
         io.call_soon(self._watch_inbox)
 
     # ------------------------------------------------------------ inbox
@@ -109,29 +113,90 @@ class Runtime:
         self.io.loop.add_reader(self.transport.inbox.getsockopt(zmq.FD), self._drain_inbox)
         self._drain_inbox()
 
+    # The inbox is read by whoever holds the lease: normally the IO thread, but a thread
+    # blocked in Future.get() takes it and reads replies itself, which saves two thread
+    # wake-ups per call.  ``_missed`` records an IO-thread wake-up that found the lease
+    # taken, so the reader hands the inbox back to the IO thread when it is done.
+
     def _drain_inbox(self) -> None:
+        self._missed = True
+        if not self._lease.acquire(blocking=False):
+            return
+        self._missed = False
+        try:
+            more = self._read_inbox(10000, inline=None)
+        finally:
+            self._lease.release()
+        if more:
+            self.io.loop.call_soon(self._drain_inbox)  # let other callbacks run first
+
+    def _read_inbox(self, limit: int, inline) -> bool:
+        """Read and handle up to ``limit`` messages; True if more may be waiting.
+
+        With ``inline`` set (a reader other than the IO thread), replies to this process
+        are handled here and everything else is passed to the IO thread.
+        """
         inbox = self.transport.inbox
-        for _ in range(10000):
+        for _ in range(limit):
             try:
                 frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return False
             except zmq.ZMQError:
-                return
+                return False
             self.transport.received += 1
             try:
                 header, body = self.signer.verify(frames)
             except Dropped as d:
                 self.drops.count(d.reason)
                 continue
-            try:
-                self._dispatch(header, body)
-            except Exception as e:  # a bug in handling one message must not stop the loop
-                print(f"monarch_kernel: error handling {Kind(header.kind).name}: {e!r}", file=sys.stderr)
-                import traceback
+            if inline is not None and not (header.kind == Kind.REPLY and header.hop == 0):
+                self.io.call_soon(self._dispatch_safely, header, body)
+            else:
+                self._dispatch_safely(header, body)
+        return True
 
-                traceback.print_exc()
-        self.io.loop.call_soon(self._drain_inbox)  # more left; let other callbacks run
+    def _dispatch_safely(self, header: Header, body: list) -> None:
+        try:
+            self._dispatch(header, body)
+        except Exception as e:  # a bug in handling one message must not stop the loop
+            print(f"monarch_kernel: error handling {Kind(header.kind).name}: {e!r}", file=sys.stderr)
+            import traceback
+
+            traceback.print_exc()
+
+    def wait(self, completion: Completion, timeout: float | None) -> bool:
+        """Block until ``completion`` is done, reading the inbox meanwhile if nobody is."""
+        if completion.done():
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        inbox = self.transport.inbox
+        while not completion.done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return completion.done()
+            if not self._lease.acquire(blocking=False):
+                completion.wait(LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S))
+                continue
+            try:
+                while not completion.done():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    ms = int(LEASE_RECHECK_S * 1000) if left is None else max(0, min(int(left * 1000), int(LEASE_RECHECK_S * 1000)))
+                    if inbox.poll(ms, zmq.POLLIN):
+                        self._read_inbox(64, inline=True)
+                    elif self._missed_elsewhere():
+                        break
+            finally:
+                self._lease.release()
+                if self._missed:
+                    self.io.call_soon(self._drain_inbox)
+        return True
+
+    def _missed_elsewhere(self) -> bool:
+        """Something other than the inbox may need the IO thread (never the case today)."""
+        return False
 
     def _dispatch(self, h: Header, body: list) -> None:
         k = h.kind
