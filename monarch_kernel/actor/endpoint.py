@@ -83,13 +83,13 @@ class Endpoint:
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._class_name}.{self._name} on {self._mesh.extent!r}>"
 
-    def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None):
+    def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None, callbacks=False):
         m = self._mesh
         m._check_running()
         body = encode_args(f"{m._class_name}.{self._name}", args, kwargs)
         rt = Runtime.current()
         return rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body,
-                       mode=mode, on_part=on_part, slice_info=slice_info)
+                       mode=mode, on_part=on_part, slice_info=slice_info, callbacks=callbacks)
 
     def _slice_info(self):
         s = self._mesh._shape
@@ -115,7 +115,7 @@ class Endpoint:
                 raise first
             return ValueMesh(shape, values)
 
-        return Future(pending.completion, gather)
+        return Future(pending.completion, gather, pending.inbox)
 
     def call_one(self, *args, **kwargs) -> Future:
         """Run on the mesh's only rank; an error unless the mesh has exactly one."""
@@ -132,7 +132,7 @@ class Endpoint:
     def _one(self, rank: int, args, kwargs) -> Future:
         pending = self._send(args, kwargs, [rank], slice_info=None if len(self._mesh._shape) == 1 else self._slice_info())
         actor, name = self._mesh._class_name, self._name
-        return Future(pending.completion, lambda parts: part_value(parts[rank], actor, name))
+        return Future(pending.completion, lambda parts: part_value(parts[rank], actor, name), pending.inbox)
 
     def choose(self, *args, **kwargs) -> Future:
         """Run on one rank: the one with the fewest of this process's calls in flight."""
@@ -151,7 +151,7 @@ class Endpoint:
     def broadcast(self, *args, **kwargs) -> None:
         """Run on every rank without waiting.  Failures go to supervision, not to you."""
         m = self._mesh
-        pending = self._send(args, kwargs, m._shape.ranks, slice_info=self._slice_info())
+        pending = self._send(args, kwargs, m._shape.ranks, slice_info=self._slice_info(), callbacks=True)
         actor, name, mesh_id = m._class_name, self._name, m._proc_ref.id
 
         def check(c):

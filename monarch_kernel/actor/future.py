@@ -20,10 +20,12 @@ _UNSET = object()
 
 
 class Future(Generic[R]):
-    __slots__ = ("_completion", "_transform", "_value", "_error", "_lock")
+    __slots__ = ("_completion", "_transform", "_value", "_error", "_lock", "_inbox")
 
-    def __init__(self, completion: Completion, transform: Callable[[Any], R] | None = None):
+    def __init__(self, completion: Completion, transform: Callable[[Any], R] | None = None,
+                 inbox=None):
         self._completion = completion
+        self._inbox = inbox  # where the answer arrives; read by whoever waits
         self._transform = transform
         self._value: Any = _UNSET
         self._error: BaseException | None = None
@@ -60,7 +62,7 @@ class Future(Generic[R]):
                     "cannot block on .get() inside an async endpoint or on the IO loop: "
                     "use `await fut` instead"
                 )
-            if not (rt.wait(c, timeout) if rt is not None else c.wait(timeout)):
+            if not (rt.wait(c, timeout, self._inbox) if rt is not None else c.wait(timeout)):
                 raise TimeoutError(f"no answer within {timeout} s (the call is still running; .get() again to keep waiting)")
         return self._finish()
 
@@ -75,8 +77,14 @@ class Future(Generic[R]):
             return e
         return None
 
+    def _watched(self) -> None:
+        """Nobody will block on the inbox: let the IO thread read it."""
+        if self._inbox is not None and not self._completion.done():
+            Runtime.current().watch(self._inbox)
+
     def __await__(self):
         if not self._completion.done():
+            self._watched()
             yield from self._await().__await__()
         return self._finish()
 
@@ -89,6 +97,7 @@ class Future(Generic[R]):
     def then(self, fn: Callable[["Future[R]"], None]) -> None:
         """Run ``fn(self)`` once done, on whichever thread finishes it."""
         self._completion.add_done_callback(lambda _c: fn(self))
+        self._watched()
 
     def __repr__(self) -> str:
         return f"<Future {'done' if self.done() else 'pending'}>"

@@ -66,7 +66,7 @@ class ProcMesh:
             for r in ranks:
                 part_value(parts[r], name, "__init__")
 
-        Future(pending.completion, check).get()
+        Future(pending.completion, check, pending.inbox).get()
         return mesh
 
     def stop(self) -> Future:

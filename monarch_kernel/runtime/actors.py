@@ -1,25 +1,34 @@
-"""Actors hosted in this process: one worker thread each for sync endpoints (so they never
-block the IO loop), async endpoints on the IO loop.  Messages to one actor's sync endpoints
-run one at a time, in arrival order.
+"""Actors hosted in this process: one worker thread each, which reads the actor's own
+inbox and runs its sync endpoints (so they never block the IO loop, and a call reaches
+them without passing through another thread); async endpoints run on the IO loop.
+Messages to one actor's sync endpoints run one at a time, in arrival order.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import queue
 import threading
 
+import zmq
+
 from .completion import Completion
 from .context import MeshRef
+from .inbox import Inbox, actor_address
 
 ENDPOINT_MARK = "__monarch_endpoint__"
 
 
 class ActorSlot:
-    def __init__(self, actor_id: str, mesh: MeshRef, rank: int):
+    def __init__(self, actor_id: str, mesh: MeshRef, rank: int, runtime):
         self.actor_id = actor_id
         self.mesh = mesh
         self.rank = rank
+        self.runtime = runtime
+        self.inbox: Inbox | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self.instance = None
         self.constructed = Completion()  # result: None, or the failure raised by __init__
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -28,22 +37,46 @@ class ActorSlot:
         self.stopped = False
 
     def submit(self, fn) -> None:
+        """Run ``fn`` on this actor's worker, after what is already queued."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=f"actor-{self.actor_id}", daemon=True)
             self._thread.start()
         self._queue.put(fn)
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # already signalled, or stopping
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
 
     def _work(self) -> None:
+        rt = self.runtime
+        self.inbox = Inbox(rt.ctx, actor_address(self.mesh.addresses[self.rank], self.actor_id))
+        poller = zmq.Poller()
+        poller.register(self.inbox.sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while True:
-            fn = self._queue.get()
-            if fn is None:
-                return
-            fn()
+            while True:
+                try:
+                    fn = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if fn is None:
+                    self.inbox.close()
+                    return
+                fn()
+            events = dict(poller.poll())
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+            if self.inbox.sock in events:
+                with self.inbox.lease:
+                    rt._read(self.inbox, 64, inline=True)
 
     def stop(self) -> None:
         self.stopped = True
         if self._thread is not None:
-            self._queue.put(None)
+            self.submit(None)
 
     def endpoint(self, method: str):
         """Return ``(bound method, is_async)``; raises AttributeError naming the endpoints."""

@@ -34,6 +34,7 @@ class PendingCall:
         self.parts: dict[int, Part] = {}
         self.resent: set[int] = set()
         self.completion = Completion()
+        self.inbox = None  # where its replies arrive (set by the runtime)
         self._lock = threading.Lock()
 
     def add(self, parts: list[Part]) -> None:
@@ -86,4 +87,4 @@ class PendingCall:
             again = Header(h.kind, h.call_id, h.origin, h.origin, h.mesh, h.actor, h.method,
                            sub, h.fanout, h.mode, True, 0, [], h.extra)
             again.parts = h.parts
-            rt.transport.send(self.mesh.addresses[sub[0]], again, self.body)
+            rt.transport.send(rt.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)

@@ -30,6 +30,7 @@ from .completion import Completion
 from .context import ActorContext, MeshRef, current_actor, process_mesh
 from .envelope import Header, Kind, Mode, Part, Status, split_parts, join_parts
 from .failure import DeathInfo, MeshFailure, RemoteFailure
+from .inbox import Inbox, actor_address
 from .io_thread import IOThread
 from .output import print_sink
 from .serialize import describe_unpicklable, dumps
@@ -39,7 +40,6 @@ from .tree import NodeTable, split
 
 
 LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
-PARK_S = 30.0  # how long a call waits for its actor's SPAWN to arrive
 
 
 def _default_unhandled(failure: MeshFailure) -> None:
@@ -79,8 +79,12 @@ class Runtime:
         self.host = socket.gethostname()
         self.ctx = zmq.Context()
         self.signer = Signer(key, max_frame=config.max_frame())
-        self.transport = Transport(self.ctx, f"ipc://{rundir}/{name}", self.signer)
-        self.address = self.transport.address
+        self.transport = Transport(self.ctx, self.signer)
+        self.inbox = Inbox(self.ctx, f"ipc://{rundir}/{name}")
+        self.transport.inbox = self.inbox.sock  # the main inbox, for tools that poke at it
+        self.address = self.inbox.address
+        self._local = threading.local()
+        self._thread_inboxes = itertools.count()
         self.io = io
         self.owner = owner  # the process that supervises this one (None: the root)
         self.fanout = config.fanout()
@@ -96,53 +100,55 @@ class Runtime:
         self.output_sink = print_sink
         self.on_unhandled = lambda failure: Runtime.unhandled_hook(failure)
         self.launcher = Supervisor(self)
-        self._parked: dict[str, list] = {}  # actor id -> calls that arrived before its SPAWN
-        self._parked_expired: set[str] = set()
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address, (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
         if process_mesh[0] is None:
             process_mesh[0], process_mesh[1] = self.self_mesh, 0
         self._closed = False
-        self._lease = threading.Lock()
-        self._missed = False
-        io.call_soon(self._watch_inbox)
+        io.call_soon(self.watch, self.inbox)
 
     # ------------------------------------------------------------ inbox
 
-    def _watch_inbox(self) -> None:
-        self.io.loop.add_reader(self.transport.inbox.getsockopt(zmq.FD), self._drain_inbox)
-        self._drain_inbox()
+    # Whoever holds an inbox's lease reads it: the thread blocked on it, or else the IO
+    # thread.  ``missed`` records an IO-thread wake-up that found the lease taken, so the
+    # reader hands the inbox back when it stops reading.
 
-    # The inbox is read by whoever holds the lease: normally the IO thread, but a thread
-    # blocked in Future.get() takes it and reads replies itself, which saves two thread
-    # wake-ups per call.  ``_missed`` records an IO-thread wake-up that found the lease
-    # taken, so the reader hands the inbox back to the IO thread when it is done.
+    def watch(self, inbox: Inbox) -> None:
+        """Have the IO thread read ``inbox`` too (from now on); any thread may ask."""
+        if inbox.watched:
+            return
+        inbox.watched = True
+
+        def register():
+            self.io.loop.add_reader(inbox.sock.getsockopt(zmq.FD), self._drain, inbox)
+            self._drain(inbox)
+
+        self.io.call_soon(register)
+
+    def _drain(self, inbox: Inbox) -> None:
+        inbox.missed = True
+        if not inbox.lease.acquire(blocking=False):
+            return
+        inbox.missed = False
+        try:
+            more = self._read(inbox, 10000, inline=False)
+        finally:
+            inbox.lease.release()
+        if more:
+            self.io.loop.call_soon(self._drain, inbox)  # let other callbacks run first
 
     def _drain_inbox(self) -> None:
-        self._missed = True
-        if not self._lease.acquire(blocking=False):
-            return
-        self._missed = False
-        try:
-            more = self._read_inbox(10000, inline=None)
-        finally:
-            self._lease.release()
-        if more:
-            self.io.loop.call_soon(self._drain_inbox)  # let other callbacks run first
+        self._drain(self.inbox)
 
-    def _read_inbox(self, limit: int, inline) -> bool:
+    def _read(self, inbox: Inbox, limit: int, inline: bool) -> bool:
         """Read and handle up to ``limit`` messages; True if more may be waiting.
 
-        With ``inline`` set (a reader other than the IO thread), replies to this process
-        are handled here and everything else is passed to the IO thread.
+        ``inline`` readers (threads other than the IO thread) handle replies to their own
+        calls and CALLs to their own actor themselves and pass anything else on.
         """
-        inbox = self.transport.inbox
         for _ in range(limit):
-            try:
-                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return False
-            except zmq.ZMQError:
+            frames = inbox.recv()
+            if frames is None:
                 return False
             self.transport.received += 1
             try:
@@ -150,10 +156,11 @@ class Runtime:
             except Dropped as d:
                 self.drops.count(d.reason)
                 continue
-            if inline is not None and not (header.kind == Kind.REPLY and header.hop == 0):
-                self.io.call_soon(self._dispatch_safely, header, body)
-            else:
+            k = header.kind
+            if not inline or (k == Kind.REPLY and header.hop == 0) or k == Kind.CALL:
                 self._dispatch_safely(header, body)
+            else:
+                self.io.call_soon(self._dispatch_safely, header, body)
         return True
 
     def _dispatch_safely(self, header: Header, body: list) -> None:
@@ -165,38 +172,44 @@ class Runtime:
 
             traceback.print_exc()
 
-    def wait(self, completion: Completion, timeout: float | None) -> bool:
-        """Block until ``completion`` is done, reading the inbox meanwhile if nobody is."""
+    def reply_inbox(self) -> Inbox:
+        """The inbox replies to the calling thread's calls come back to."""
+        if self.io.is_current():
+            return self.inbox
+        holder = getattr(self._local, "holder", None)
+        if holder is None:
+            inbox = Inbox(self.ctx, f"{self.address}.t{next(self._thread_inboxes)}")
+            holder = self._local.holder = _ThreadInbox(self, inbox)
+        return holder.inbox
+
+    def wait(self, completion: Completion, timeout: float | None, inbox: Inbox | None = None) -> bool:
+        """Block until ``completion`` is done, reading ``inbox`` meanwhile if nobody is."""
         if completion.done():
             return True
+        if inbox is None or self.io.is_current():
+            return completion.wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        inbox = self.transport.inbox
         while not completion.done():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                return completion.done()
-            if not self._lease.acquire(blocking=False):
-                completion.wait(LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S))
+                return False
+            slice_s = LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S)
+            if not inbox.lease.acquire(blocking=False):
+                completion.wait(slice_s)  # another thread is reading it for us
                 continue
             try:
                 while not completion.done():
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    ms = int(LEASE_RECHECK_S * 1000) if left is None else max(0, min(int(left * 1000), int(LEASE_RECHECK_S * 1000)))
-                    if inbox.poll(ms, zmq.POLLIN):
-                        self._read_inbox(64, inline=True)
-                    elif self._missed_elsewhere():
-                        break
+                    ms = int(1000 * (LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S)))
+                    if inbox.sock.poll(max(ms, 1), zmq.POLLIN):
+                        self._read(inbox, 64, inline=True)
             finally:
-                self._lease.release()
-                if self._missed:
-                    self.io.call_soon(self._drain_inbox)
+                inbox.lease.release()
+                if inbox.missed:
+                    self.io.call_soon(self._drain, inbox)
         return True
-
-    def _missed_elsewhere(self) -> bool:
-        """Something other than the inbox may need the IO thread (never the case today)."""
-        return False
 
     def _dispatch(self, h: Header, body: list) -> None:
         k = h.kind
@@ -231,14 +244,20 @@ class Runtime:
 
     def call(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list,
              *, kind: int = Kind.CALL, mode: int = Mode.GATHER, slice_info=None,
-             on_part=None, fanout: int | None = None) -> PendingCall:
-        """Send ``body`` (an encoded part) to ``ranks`` of ``mesh`` through the tree."""
+             on_part=None, fanout: int | None = None, callbacks: bool = False) -> PendingCall:
+        """Send ``body`` (an encoded part) to ``ranks`` of ``mesh`` through the tree.
+
+        Replies come back to the calling thread's own inbox, unless they are consumed by
+        callbacks (``on_part``, or ``callbacks=True``), which run on the IO thread.
+        """
         fanout = fanout or self.fanout
         alive = [r for r in ranks if (mesh.id, r) not in self.dead]
-        h = Header(kind, next(self._ids), self.address, self.address, mesh.id, actor, method,
+        inbox = self.inbox if (on_part is not None or callbacks) else self.reply_inbox()
+        h = Header(kind, next(self._ids), inbox.address, inbox.address, mesh.id, actor, method,
                    [], fanout, mode, False, 0, [], slice_info)
         h.parts = [[-1, Status.OK, len(body) - 1]]
         call = PendingCall(self, h, mesh, alive, body, on_part)
+        call.inbox = inbox
         call.remaining.update(ranks)
         self.calls[h.call_id] = call
         for r in ranks:
@@ -246,12 +265,18 @@ class Runtime:
                 call.add([synthetic_part(r, Status.DIED, self.dead[(mesh.id, r)])])
         for sub in split(alive, fanout):
             h.ranks = sub
-            self.transport.send(mesh.addresses[sub[0]], h, body)
+            self.transport.send(self.target(mesh, sub[0], kind, actor), h, body)
         h.ranks = []
         late = [r for r in alive if (mesh.id, r) in self.dead]
         if late:  # died while we were sending; the death handler may have missed this call
             self.io.call_soon(lambda: [call.rank_died(r, self.dead[(mesh.id, r)]) for r in late])
         return call
+
+    @staticmethod
+    def target(mesh: MeshRef, rank: int, kind: int, actor: str) -> str:
+        """CALLs go to the actor's own inbox on the rank; everything else to the rank's."""
+        base = mesh.addresses[rank]
+        return actor_address(base, actor) if kind == Kind.CALL else base
 
     def send_control(self, mesh: MeshRef, rank: int, kind: int, call_id: int = 0, extra=None) -> None:
         h = Header(kind, call_id, self.address, self.address, mesh.id, ranks=[rank], extra=extra)
@@ -267,7 +292,7 @@ class Runtime:
         parts = split_parts(h, body)
         if h.hop == 0:
             call = self.calls.get(h.call_id)
-            if call is not None and h.origin == self.address:
+            if call is not None and h.origin == call.inbox.address:
                 call.add(parts)
             return
         st = self.nodes.add((h.origin, h.call_id), h.ranks[0], parts)
@@ -303,7 +328,7 @@ class Runtime:
                          1 if gather else 0, h.parts, h.extra)
             for s in subs:
                 fwd.ranks = s
-                self.transport.send(mesh.addresses[s[0]], fwd, body)
+                self.transport.send(self.target(mesh, s[0], h.kind, h.actor), fwd, body)
         if h.kind == Kind.SPAWN:
             self._spawn_actor(h, body, mesh, me)
         else:
@@ -326,17 +351,9 @@ class Runtime:
                             f"{describe_unpicklable(value, e)}")
             return self._failure_part(me, actor, method, err)
 
-    def _unpark(self, actor: str, expired: bool) -> None:
-        if expired and actor not in self.actors:
-            self._parked_expired.add(actor)
-        for args in self._parked.pop(actor, []):
-            self._run_endpoint(*args)
-
     def _spawn_actor(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
-        slot = ActorSlot(h.actor, mesh, me)
+        slot = ActorSlot(h.actor, mesh, me, self)
         self.actors[h.actor] = slot
-        if h.actor in self._parked:
-            self.io.call_soon(self._unpark, h.actor, False)
 
         def construct():
             token = None
@@ -360,19 +377,12 @@ class Runtime:
 
     def _run_endpoint(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
         slot = self.actors.get(h.actor)
-        if slot is None and h.actor not in self._parked_expired:
-            # A SPAWN sent through another branch of the tree may still be on its way.
-            parked = self._parked.setdefault(h.actor, [])
-            parked.append((h, body, mesh, me))
-            if len(parked) == 1:
-                self.io.loop.call_later(PARK_S, self._unpark, h.actor, True)
-            return
         if slot is None:
             err = LookupError(f"no actor {h.actor!r} on rank {me} of mesh '{mesh.name}' (it failed to spawn or was stopped)")
             self._complete(h, me, self._failure_part(me, h.actor, h.method, err))
             return
         if not slot.constructed.done():
-            slot.constructed.add_done_callback(lambda _c: self.io.call_soon(self._run_endpoint, h, body, mesh, me))
+            slot.constructed.add_done_callback(lambda _c: slot.submit(lambda: self._run_endpoint(h, body, mesh, me)))
             return
         if slot.instance is None:
             err = LookupError(f"actor {h.actor!r} on rank {me} failed in __init__; spawn it again")
@@ -386,7 +396,9 @@ class Runtime:
         msg_rank, msg_dims = _message_point(h, me)
         ctx = ActorContext(mesh, me, h.actor, slot.instance, msg_rank, msg_dims)
         if is_async:
-            self.io.loop.create_task(self._run_async(fn, ctx, h, body, me))
+            self.io.call_soon(lambda: self.io.loop.create_task(self._run_async(fn, ctx, h, body, me)))
+        elif slot.is_current():
+            self._run_sync(fn, ctx, h, body, me)
         else:
             slot.submit(lambda: self._run_sync(fn, ctx, h, body, me))
 
@@ -483,3 +495,18 @@ def _message_point(h: Header, me: int):
         return ranks.index(me), tuple(tuple(d) for d in dims)
     except ValueError:
         return me, ()
+
+
+class _ThreadInbox:
+    """Thread-local owner of a thread's reply inbox: when the thread ends, the IO thread
+    adopts the inbox so replies to calls it left behind are still read."""
+
+    def __init__(self, runtime: Runtime, inbox: Inbox):
+        self.runtime = runtime
+        self.inbox = inbox
+
+    def __del__(self):
+        try:
+            self.runtime.watch(self.inbox)
+        except Exception:  # interpreter shutdown
+            pass

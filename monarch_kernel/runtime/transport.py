@@ -1,7 +1,7 @@
-"""ZeroMQ plumbing: one bound inbox per process, one outgoing socket per (thread, peer).
+"""ZeroMQ sending: one outgoing socket per (thread, peer), signing on the sending thread.
 
-Every thread sends on sockets of its own, so no send ever waits for another thread; only
-the IO thread reads the inbox.  Signing happens here, on the sending thread.
+Every thread sends on sockets of its own, so no send ever waits for another thread.
+Inboxes (the receiving side) are in ``inbox.py``.
 """
 
 from __future__ import annotations
@@ -26,14 +26,9 @@ class _ThreadSockets(dict):
 
 
 class Transport:
-    def __init__(self, ctx: zmq.Context, address: str, signer: Signer):
+    def __init__(self, ctx: zmq.Context, signer: Signer):
         self.ctx = ctx
         self.signer = signer
-        self.inbox = ctx.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.LINGER, 0)
-        self.inbox.setsockopt(zmq.RCVHWM, 0)
-        self.inbox.bind(address)
-        self.address = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         self._local = threading.local()
         self._lock = threading.Lock()
         self.sent = 0

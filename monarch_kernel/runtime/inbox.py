@@ -1,0 +1,44 @@
+"""Inboxes: PULL sockets read directly by the thread that waits on them.
+
+A process has one main inbox (read by the IO thread), one per thread that makes calls (its
+replies come straight back to that thread, so a blocking ``.get()`` wakes exactly one
+thread), and one per hosted actor (read by the actor's worker, so a call to a sync endpoint
+never passes through the IO thread).  A lease lock lets the IO thread take over a thread's
+inbox when nobody is blocked on it (``await``, callbacks, a thread that exited).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import zmq
+
+
+class Inbox:
+    __slots__ = ("sock", "address", "lease", "missed", "watched", "__weakref__")
+
+    def __init__(self, ctx: zmq.Context, address: str):
+        self.sock = ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.bind(address)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.lease = threading.Lock()
+        self.missed = False  # the IO thread found it readable while someone else held it
+        self.watched = False  # the IO thread polls it too
+
+    def recv(self):
+        """One message's frames, or None when nothing is waiting."""
+        try:
+            return self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def actor_address(base: str, actor: str) -> str:
+    """Where an actor's inbox on the rank whose main inbox is ``base`` listens."""
+    return f"{base}.{hashlib.blake2b(actor.encode(), digest_size=5).hexdigest()}"
