@@ -70,7 +70,7 @@ def context() -> Context:
         return Context(ActorInstance(p, "", mesh.id if mesh else "", None), p)
     extent = _extent(ctx.mesh.dims)
     rank = Point.from_rank(ctx.rank, extent)
-    if ctx.message_dims:
+    if ctx.message_dims is not None:
         msg = Point.from_rank(ctx.message_rank, _extent(ctx.message_dims))
     else:
         msg = rank

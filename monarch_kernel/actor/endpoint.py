@@ -130,7 +130,7 @@ class Endpoint:
         return self._one(shape.ranks[0], args, kwargs)
 
     def _one(self, rank: int, args, kwargs) -> Future:
-        pending = self._send(args, kwargs, [rank], slice_info=None if len(self._mesh._shape) == 1 else self._slice_info())
+        pending = self._send(args, kwargs, [rank], slice_info=self._slice_info())
         actor, name = self._mesh._class_name, self._name
         return Future(pending.completion, lambda parts: part_value(parts[rank], actor, name), pending.inbox)
 

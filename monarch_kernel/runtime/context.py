@@ -35,7 +35,7 @@ class ActorContext:
     actor: str
     instance: object
     message_rank: int | None = None  # rank index of the message within the called slice
-    message_dims: tuple = ()
+    message_dims: tuple | None = None  # dims of the called slice; None: unknown
 
 
 # Set for the whole process in ranks; the controller's own mesh otherwise.

@@ -489,12 +489,12 @@ def _message_point(h: Header, me: int):
     """The called slice's (flat index of this rank, dims), from the CALL's slice info."""
     info = h.extra
     if not info:
-        return me, ()
+        return me, None
     dims, ranks = info
     try:
         return ranks.index(me), tuple(tuple(d) for d in dims)
     except ValueError:
-        return me, ()
+        return me, None
 
 
 class _ThreadInbox:

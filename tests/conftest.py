@@ -1,0 +1,90 @@
+"""Shared fixtures.  Every process a test starts must be gone when it ends: a per-test
+check waits a few seconds for new rank processes to exit, and a session-wide check fails
+the run if any process of this test session (marked through the environment) is left."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import psutil
+import pytest
+
+SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
+os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+_MARK = os.environ[SESSION_MARK]
+
+
+def _marked_processes() -> list[psutil.Process]:
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get(SESSION_MARK) == _MARK and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _is_template(p: psutil.Process) -> bool:
+    try:
+        return "template import serve" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _describe(procs) -> str:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"pid {p.pid}: {' '.join(p.cmdline())[:160]}")
+        except psutil.Error:
+            out.append(f"pid {p.pid}")
+    return "\n".join(out)
+
+
+def _wait_gone(procs, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if alive:
+            time.sleep(0.05)
+    return alive
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_ranks():
+    """Rank processes (and controllers) a test started must end with the test."""
+    before = {p.pid for p in _marked_processes()}
+    yield
+    new = [p for p in _marked_processes() if p.pid not in before and not _is_template(p)]
+    left = _wait_gone(new, 10.0)
+    if left:
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        pytest.fail("processes started by this test outlived it:\n" + _describe(left))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_processes():
+    yield
+    from monarch_kernel.runtime.process import Runtime
+
+    if Runtime._current is not None:
+        Runtime._current.shutdown()
+    left = _wait_gone(_marked_processes(), 10.0)
+    if left:
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        pytest.fail("processes outlived the test session:\n" + _describe(left), pytrace=False)

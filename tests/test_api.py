@@ -1,0 +1,310 @@
+"""The public API against real rank processes: adverbs, ValueMesh, slicing, futures in
+threads and event loops, actors calling actors, and the names the package exports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import monarch_kernel
+from monarch_kernel import (
+    Actor,
+    ActorError,
+    Point,
+    ValueMesh,
+    context,
+    current_rank,
+    current_size,
+    endpoint,
+    this_host,
+    this_proc,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+PUBLIC = {
+    "Actor", "ActorError", "ActorMesh", "Endpoint", "Extent", "Future", "HostMesh",
+    "MeshFailure", "MeshStopped", "Point", "ProcMesh", "ProcessDied", "Shape", "ValueMesh",
+    "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
+    "unhandled_fault_hook",
+}
+
+
+class Counter(Actor):
+    def __init__(self, start: int):
+        self.value = start
+
+    @endpoint
+    def incr(self, by: int = 1) -> int:
+        self.value += by
+        return self.value
+
+    @endpoint
+    async def get(self) -> int:
+        await asyncio.sleep(0)
+        return self.value
+
+    @endpoint
+    def where(self) -> tuple:
+        p = current_rank()
+        return p.rank, dict(p), current_size(), context().message_rank.rank
+
+    @endpoint
+    def slow(self, s: float) -> int:
+        time.sleep(s)
+        return current_rank().rank
+
+
+class Relay(Actor):
+    """Holds a reference to another mesh and calls it directly, rank to rank."""
+
+    @endpoint
+    def init(self, other) -> None:
+        self.other = other
+
+    @endpoint
+    def forward_sync(self, x: int) -> list:
+        # A sync endpoint may block on a call to another mesh without deadlocking.
+        return list(self.other.incr.call(x).get(timeout=20).values())
+
+    @endpoint
+    async def forward_async(self, x: int) -> list:
+        vm = await self.other.incr.call(x)
+        return list(vm.values())
+
+
+@pytest.fixture
+def procs():
+    pm = this_host().spawn_procs(per_host={"gpus": 4})
+    yield pm
+    pm.stop().get(timeout=20)
+
+
+def test_public_names_are_pinned():
+    assert set(monarch_kernel.__all__) == PUBLIC
+    for name in PUBLIC:
+        assert hasattr(monarch_kernel, name), name
+
+
+def test_call_returns_value_mesh(procs):
+    counters = procs.spawn("counters", Counter, 10)
+    vm = counters.incr.call(5).get(timeout=20)
+    assert isinstance(vm, ValueMesh)
+    assert len(vm) == 4
+    assert list(vm.values()) == [15, 15, 15, 15]
+    assert vm[{"gpus": 2}] == 15
+    points = [p for p, _ in vm.items()]
+    assert points[3] == Point((3,), counters.extent)
+    assert points[3].rank == 3 and points[3]["gpus"] == 3
+    assert "ValueMesh({'gpus': 4}" in repr(vm) and "{gpus=3}: 15" in repr(vm)
+    assert vm.slice(gpus=slice(0, 2)).extent == {"gpus": 2}
+
+
+def test_call_one_choose_broadcast_stream(procs):
+    counters = procs.spawn("counters", Counter, 0)
+    one = counters.slice(gpus=1)
+    assert one.incr.call_one(2).get(timeout=20) == 2
+    assert one.get.call_one().get(timeout=20) == 2  # async endpoint
+    counters.incr.broadcast(1)
+    # Messages to one actor run in order, so the broadcast lands before this call.
+    assert list(counters.get.call().get(timeout=20).values()) == [1, 3, 1, 1]
+    assert counters.incr.choose(0).get(timeout=20) in (1, 3)
+    order = [f.get() for f in counters.slow.stream(0.0)]
+    assert sorted(order) == [0, 1, 2, 3]
+
+
+def test_stream_yields_in_answer_order(procs):
+    counters = procs.spawn("counters", Counter, 0)
+    # rank 0 is slowest, rank 3 fastest: the stream must not wait for rank 0.
+    futs = []
+    start = time.monotonic()
+    for fut in counters.slice(gpus=slice(2, 4)).slow.stream(0.0):
+        futs.append(fut.get())
+    slow = counters.slice(gpus=0).slow.call_one(1.0)
+    fast = [f.get() for f in counters.slice(gpus=slice(1, 4)).slow.stream(0.0)]
+    assert sorted(fast) == [1, 2, 3]
+    assert not slow.done() or time.monotonic() - start > 1.0
+    assert slow.get(timeout=20) == 0
+
+
+def test_slicing_and_points(procs):
+    counters = procs.spawn("counters", Counter, 0)
+    rank, coords, size, msg_rank = counters.slice(gpus=2).where.call_one().get(timeout=20)
+    assert (rank, coords, size, msg_rank) == (2, {"gpus": 2}, {"gpus": 4}, 0)
+    sub = counters.slice(gpus=slice(1, 4, 2))
+    assert sub.extent == {"gpus": 2}
+    assert [v[0] for v in sub.where.call().get(timeout=20).values()] == [1, 3]
+    assert [v[3] for v in sub.where.call().get(timeout=20).values()] == [0, 1]
+
+
+def test_two_dim_mesh_slices():
+    with this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2}) as pm:
+        counters = pm.spawn("counters", Counter, 0)
+        vm = counters.where.call().get(timeout=20)
+        assert vm.extent == {"hosts": 2, "gpus": 2}
+        assert vm[{"hosts": 1, "gpus": 0}][1] == {"hosts": 1, "gpus": 0}
+        col = counters.slice(gpus=1)
+        assert col.extent == {"hosts": 2}
+        assert [v[0] for v in col.where.call().get(timeout=20).values()] == [1, 3]
+        me = counters.slice(**{"hosts": 1, "gpus": 1})
+        assert me.where.call_one().get(timeout=20)[0] == 3
+
+
+def test_await_in_running_loop_and_get_in_threads(procs):
+    counters = procs.spawn("counters", Counter, 0)
+
+    async def main():
+        vm = await counters.incr.call(1)
+        one = await counters.slice(gpus=0).get.call_one()
+        # .get() also works inside a running loop (it blocks that thread, as documented).
+        blocked = counters.slice(gpus=1).get.call_one().get(timeout=20)
+        return list(vm.values()), one, blocked
+
+    assert asyncio.run(main()) == ([1, 1, 1, 1], 1, 1)
+
+    results, errors = [], []
+
+    def worker(i):
+        try:
+            results.append(counters.slice(gpus=i).incr.call_one(10).get(timeout=20))
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and sorted(results) == [11, 11, 11, 11]
+
+
+def test_future_timeout_then_result(procs):
+    counters = procs.spawn("counters", Counter, 0)
+    fut = counters.slice(gpus=0).slow.call_one(1.5)
+    with pytest.raises(TimeoutError, match="no answer within 0.2 s"):
+        fut.get(timeout=0.2)
+    assert fut.get(timeout=20) == 0
+
+
+def test_actor_mesh_passed_to_another_actor_calls_rank_to_rank(procs):
+    counters = procs.spawn("counters", Counter, 0)
+    with this_host().spawn_procs(per_host={"gpus": 2}) as other:
+        relays = other.spawn("relays", Relay)
+        relays.init.call(counters).get(timeout=20)
+        assert relays.slice(gpus=0).forward_sync.call_one(1).get(timeout=20) == [1, 1, 1, 1]
+        assert relays.slice(gpus=1).forward_async.call_one(1).get(timeout=20) == [2, 2, 2, 2]
+
+
+def test_this_proc_hosts_actor_in_calling_process():
+    c = this_proc().spawn("local", Counter, 5)
+    assert c.incr.call_one(1).get(timeout=10) == 6
+    assert c.extent == {}
+
+
+def test_endpoint_error_is_actor_error_with_cause(procs):
+    counters = procs.spawn("counters", Counter, 0)
+    with pytest.raises(ActorError) as info:
+        counters.incr.call("not an int").get(timeout=20)
+    err = info.value
+    assert isinstance(err.__cause__, TypeError)
+    assert "Traceback from rank 0" in str(err) and "self.value += by" in str(err)
+    assert all(isinstance(v, ActorError) for v in err.results.values())
+
+
+def test_unknown_endpoint_names_the_endpoints(procs):
+    counters = procs.spawn("counters", Counter, 0)
+    with pytest.raises(AttributeError, match="Counter has no endpoint 'nope'; its endpoints are: get, incr, slow, where"):
+        counters.nope
+
+
+def test_main_module_actor_and_monarch_getting_started(tmp_path):
+    """Classes defined in __main__ travel by value; the Monarch getting-started and
+    ping-pong examples run with only the import changed."""
+    script = tmp_path / "example.py"
+    script.write_text(textwrap.dedent('''
+        from monarch_kernel import Actor, endpoint, this_host, context, current_rank
+
+        class Counter(Actor):
+            def __init__(self, initial_value: int):
+                self.value = initial_value
+
+            @endpoint
+            def incr(self) -> None:
+                self.value += 1
+
+            @endpoint
+            def get_value(self) -> int:
+                return self.value
+
+        class Example(Actor):
+            @endpoint
+            def init(self, other):
+                self.other = other
+                self.identity = context().actor_instance.rank
+
+            @endpoint
+            def send(self, message):
+                self.other.slice(**self.identity).recv.call(message).get()
+
+            @endpoint
+            def recv(self, message):
+                print("recv", message, "on", current_rank().rank, flush=True)
+
+        if __name__ == "__main__":
+            procs = this_host().spawn_procs(per_host={"gpus": 4})
+            counters = procs.spawn("counters", Counter, 0)
+            counters.incr.broadcast()
+            print("values", list(counters.get_value.call().get().values()), flush=True)
+            print("one", counters.slice(gpus=0).get_value.call_one().get(), flush=True)
+            ping = procs.spawn("ping", Example)
+            pong = procs.spawn("pong", Example)
+            ping.init.call(pong).get()
+            pong.init.call(ping).get()
+            ping.send.call("hello").get()
+            procs.stop().get()
+            print("done", flush=True)
+    '''))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 0, out.stderr
+    assert "values [1, 1, 1, 1]" in out.stdout
+    assert "one 1" in out.stdout
+    for r in range(4):
+        assert f"[rank {r}] recv hello on {r}" in out.stdout
+    assert out.stdout.strip().endswith("done")
+
+
+def test_fanout_keeps_controller_messages_constant(tmp_path):
+    """A call to 16 ranks with fanout 4 costs the controller 4 sends and 4 receives."""
+    script = tmp_path / "fanout.py"
+    script.write_text(textwrap.dedent('''
+        from monarch_kernel import Actor, endpoint, this_host
+        from monarch_kernel.runtime.process import Runtime
+
+        class E(Actor):
+            @endpoint
+            def echo(self, x):
+                return x
+
+        procs = this_host().spawn_procs(per_host={"gpus": 16})
+        m = procs.spawn("e", E)
+        rt = Runtime.current()
+        m.echo.call(0).get()
+        s, r = rt.transport.sent, rt.transport.received
+        for i in range(10):
+            assert list(m.echo.call(i).get(timeout=30).values()) == [i] * 16
+        print("per call", (rt.transport.sent - s) / 10, (rt.transport.received - r) / 10)
+        procs.stop().get()
+    '''))
+    for fanout, expect in (("4", "per call 4.0 4.0"), ("2", "per call 2.0 2.0")):
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90,
+                             env={**os.environ, "MONARCH_KERNEL_FANOUT": fanout})
+        assert out.returncode == 0, out.stderr
+        assert expect in out.stdout
