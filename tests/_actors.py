@@ -1,0 +1,192 @@
+"""Actor classes and helpers shared by test_bad_input.py and test_lifecycle.py.
+
+They live in an importable module (not in a test's ``__main__``), so ranks import them by
+reference, the way library code reaches ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import zmq
+
+from monarch_kernel import Actor, current_rank, endpoint, this_host
+from monarch_kernel.runtime.process import Runtime
+
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x):
+        return x
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def stats(self) -> dict:
+        return Runtime.current().stats()
+
+    @endpoint
+    def make_lock(self):
+        return threading.Lock()
+
+    @endpoint
+    def fail_on(self, bad_rank: int, value):
+        if current_rank().rank == bad_rank:
+            raise ValueError(f"bad value {value!r} on rank {bad_rank}")
+        return value * 10
+
+    @endpoint
+    def sleep(self, s: float) -> int:
+        time.sleep(s)
+        return current_rank().rank
+
+    @endpoint
+    async def nap(self, s: float, marker_dir: str | None = None) -> int:
+        """Sleep ``s`` on the IO loop (so sync endpoints still run meanwhile); drops a
+        marker file first so the test knows the endpoint is running."""
+        rank = current_rank().rank
+        if marker_dir is not None:
+            with open(os.path.join(marker_dir, f"started.{rank}"), "w") as f:
+                f.write(str(os.getpid()))
+        await asyncio.sleep(s)
+        return rank
+
+    @endpoint
+    def exit_with(self, code: int, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+        os._exit(code)
+
+    @endpoint
+    def chatter(self, tag: str) -> int:
+        rank = current_rank().rank
+        print(f"{tag} print from rank {rank}", flush=True)
+        print(f"{tag} stderr from rank {rank}", file=sys.stderr, flush=True)
+        os.write(1, f"{tag} os.write from rank {rank}\n".encode())
+        subprocess.run(["echo", f"{tag} child process of rank {rank}"], check=True)
+        return rank
+
+    @endpoint
+    def modules(self) -> dict:
+        main = sys.modules.get("__main__")
+        return {"torch": "torch" in sys.modules, "main_file": getattr(main, "__file__", None)}
+
+
+class BadInit(Actor):
+    def __init__(self, reason: str):
+        self.reason = reason
+        raise KeyError(f"cannot start actor: {reason}")  # the line the test looks for
+
+    @endpoint
+    def echo(self, x):
+        return x
+
+
+class Parent(Actor):
+    """Spawns a child mesh of its own.  ``handle`` decides what ``__supervise__`` does:
+    "handle" (returns True), "decline" (returns False), "raise"; None: no handler at all
+    (see ``UnsupervisedParent``)."""
+
+    def __init__(self, handle: str = "handle"):
+        self.handle = handle
+        self.seen: list[str] = []
+        self.children = None
+        self.child_procs = None
+
+    def __supervise__(self, failure):
+        self.seen.append(str(failure))
+        if self.handle == "raise":
+            raise RuntimeError("supervisor broke")
+        return self.handle == "handle"
+
+    @endpoint
+    def start_children(self, n: int = 2) -> list[int]:
+        self.child_procs = this_host().spawn_procs(per_host={"g": n}, name="child")
+        self.children = self.child_procs.spawn("kids", Echo)
+        return list(self.children.pid.call().get(timeout=30).values())
+
+    @endpoint
+    def kill_child(self, rank: int) -> int:
+        pid = self.children.slice(g=rank).pid.call_one().get(timeout=30)
+        os.kill(pid, 9)
+        return pid
+
+    @endpoint
+    def wait_seen(self, timeout: float) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while not self.seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return list(self.seen)
+
+    @endpoint
+    def seen_now(self) -> list[str]:
+        return list(self.seen)
+
+    @endpoint
+    def stop_children(self) -> None:
+        if self.child_procs is not None:
+            self.child_procs.stop().get(timeout=20)
+
+
+class UnsupervisedParent(Parent):
+    __supervise__ = None  # getattr(..., "__supervise__") finds None: no handler
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def inject(address: str, *messages: list) -> None:
+    """Send raw multipart messages to a ZeroMQ inbox, as any local process could."""
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.connect(address)
+        for frames in messages:
+            s.send_multipart(frames)
+        s.close(linger=10_000)  # blocks until delivered (or 10 s)
+    finally:
+        ctx.term()
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def alive(pids) -> list[int]:
+    """The pids still running (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(pids, timeout: float) -> list[int]:
+    """Wait until every pid has exited; returns those still alive at the deadline."""
+    wait_for(lambda: not alive(pids), timeout)
+    return alive(pids)
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
