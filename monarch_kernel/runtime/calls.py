@@ -62,10 +62,13 @@ class PendingCall:
             return
         found = locate(self.ranks, self.header.fanout, rank)
         self.add([synthetic_part(rank, Status.DIED, info)])
+        rt, h = self.runtime, self.header
+        if self.inbox is not None and self.inbox is not rt.inbox:
+            # The calling thread may be blocked reading its own inbox: nudge it.
+            rt.transport.send(self.inbox.address, Header(Kind.WAKE), [])
         if found is None:
             return
         parent, subtree = found
-        rt, h = self.runtime, self.header
         for child in children(subtree, h.fanout):
             rt.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id)
         if parent is not None and h.mode == 0:

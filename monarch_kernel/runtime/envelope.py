@@ -32,6 +32,7 @@ class Kind(enum.IntEnum):
     DEATH = 8  # owner -> ranks: a rank of a mesh you may call has died
     FAILURE = 9  # rank -> mesh owner: an unobserved failure (supervision)
     PRUNE = 10  # caller -> rank: stop waiting for a child subtree whose root died
+    WAKE = 11  # any -> a thread's inbox: an answer arrived another way; look again
 
 
 class Mode(enum.IntEnum):

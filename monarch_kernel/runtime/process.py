@@ -237,6 +237,8 @@ class Runtime:
             self.launcher.on_failure_report(h.mesh, failure)
         elif k == Kind.STOP:
             self._stop_process()
+        elif k == Kind.WAKE:
+            pass
         else:
             self.drops.count("malformed")
 
