@@ -17,6 +17,9 @@ from .actor.errors import MeshFailure as MeshFailure
 from .actor.errors import MeshStopped as MeshStopped
 from .actor.errors import ProcessDied as ProcessDied
 from .actor.future import Future as Future
+from .actor.port import Channel as Channel
+from .actor.port import Port as Port
+from .actor.port import PortReceiver as PortReceiver
 from .actor.supervision import _dispatch as _dispatch_fault
 from .actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from .actor.value_mesh import ValueMesh as ValueMesh
@@ -32,8 +35,9 @@ from .runtime.process import Runtime as _Runtime
 _Runtime.unhandled_hook = staticmethod(_dispatch_fault)
 
 __all__ = [
-    "Actor", "ActorError", "ActorMesh", "Endpoint", "Extent", "Future", "HostMesh",
-    "MeshFailure", "MeshStopped", "Point", "ProcMesh", "ProcessDied", "Shape", "ValueMesh",
+    "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
+    "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
+    "Shape", "ValueMesh",
     "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
     "unhandled_fault_hook",
 ]

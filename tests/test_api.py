@@ -17,6 +17,8 @@ import monarch_kernel
 from monarch_kernel import (
     Actor,
     ActorError,
+    Channel,
+    Port,
     Point,
     ValueMesh,
     context,
@@ -30,8 +32,9 @@ from monarch_kernel import (
 pytestmark = pytest.mark.timeout(60)
 
 PUBLIC = {
-    "Actor", "ActorError", "ActorMesh", "Endpoint", "Extent", "Future", "HostMesh",
-    "MeshFailure", "MeshStopped", "Point", "ProcMesh", "ProcessDied", "Shape", "ValueMesh",
+    "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
+    "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
+    "Shape", "ValueMesh",
     "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
     "unhandled_fault_hook",
 }
@@ -308,3 +311,28 @@ def test_fanout_keeps_controller_messages_constant(tmp_path):
                              env={**os.environ, "MONARCH_KERNEL_FANOUT": fanout})
         assert out.returncode == 0, out.stderr
         assert expect in out.stdout
+
+
+class Answerer(Actor):
+    @endpoint(explicit_response_port=True)
+    def later(self, port: Port, x: int) -> None:
+        threading.Timer(0.05, port.send, args=(x * 2,)).start()
+
+    @endpoint(explicit_response_port=True)
+    async def fails(self, port: Port, x: int) -> None:
+        port.exception(ValueError(f"bad {x}"))
+
+    @endpoint
+    def report(self, port: Port) -> None:
+        port.send(current_rank().rank)
+
+
+def test_explicit_response_port_and_channel(procs):
+    answerers = procs.spawn("answerers", Answerer)
+    assert list(answerers.later.call(4).get(timeout=20).values()) == [8, 8, 8, 8]
+    with pytest.raises(ActorError, match="bad 3"):
+        answerers.slice(gpus=0).fails.call_one(3).get(timeout=20)
+    port, receiver = Channel.open()
+    answerers.report.broadcast(port)
+    got = sorted(receiver.recv().get(timeout=20) for _ in range(4))
+    assert got == [0, 1, 2, 3]

@@ -33,6 +33,7 @@ class Kind(enum.IntEnum):
     FAILURE = 9  # rank -> mesh owner: an unobserved failure (supervision)
     PRUNE = 10  # caller -> rank: stop waiting for a child subtree whose root died
     WAKE = 11  # any -> a thread's inbox: an answer arrived another way; look again
+    PORT = 12  # any -> the process that opened a port: one value for it
 
 
 class Mode(enum.IntEnum):

@@ -33,6 +33,7 @@ from .failure import DeathInfo, MeshFailure, RemoteFailure
 from .inbox import Inbox, actor_address
 from .io_thread import IOThread
 from .output import print_sink
+from .ports import PortTable
 from .serialize import describe_unpicklable, dumps
 from .supervision import Supervisor
 from .transport import Transport
@@ -48,6 +49,7 @@ def _default_unhandled(failure: MeshFailure) -> None:
 
 class Runtime:
     unhandled_hook = staticmethod(_default_unhandled)  # the actor layer installs the public hook
+    make_port = staticmethod(lambda address, port_id, rank: (address, port_id, rank))  # actor layer: Port
     _current: "Runtime | None" = None
     _create_lock = threading.Lock()
 
@@ -92,6 +94,7 @@ class Runtime:
         self.calls: dict[int, PendingCall] = {}
         self._ids = itertools.count(1)
         self.nodes = NodeTable()
+        self.ports = PortTable()
         self.actors: dict[str, ActorSlot] = {}
         self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
@@ -239,6 +242,10 @@ class Runtime:
             self._stop_process()
         elif k == Kind.WAKE:
             pass
+        elif k == Kind.PORT:
+            parts = split_parts(h, body)
+            if parts and not self.ports.deliver(h.call_id, parts[0]):
+                self.drops.count("malformed")
         else:
             self.drops.count("malformed")
 
@@ -404,12 +411,32 @@ class Runtime:
         else:
             slot.submit(lambda: self._run_sync(fn, ctx, h, body, me))
 
+    def send_port(self, address: str, port_id: int, part: Part) -> None:
+        """Deliver one value to a port opened by the process at ``address``."""
+        if address == self.address:
+            self.io.call_soon(self.ports.deliver, port_id, part)
+            return
+        h = Header(Kind.PORT, port_id, self.address, address)
+        self.transport.send(address, h, join_parts(h, [part]))
+
+    def _response_port(self, h: Header, me: int) -> tuple[int, tuple]:
+        """For ``@endpoint(explicit_response_port=True)``: a port that answers this call."""
+        port_id = self.ports.open(lambda part: self._complete(h, me, Part(me, part.status, part.frames)), once=True)
+        return port_id, (self.address, port_id, me)
+
     def _run_sync(self, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
         token = current_actor.set(ctx)
+        port_id = None
         try:
             args, kwargs = Part(me, 0, body).load()
+            if getattr(fn, "__monarch_port__", False):
+                port_id, port = self._response_port(h, me)
+                fn(self.make_port(*port), *args, **kwargs)
+                return
             part = self._ok_part(me, h.actor, h.method, fn(*args, **kwargs))
         except BaseException as e:
+            if port_id is not None and not self.ports.close(port_id):
+                return  # it already answered through the port
             part = self._failure_part(me, h.actor, h.method, e)
         finally:
             current_actor.reset(token)
@@ -417,10 +444,17 @@ class Runtime:
 
     async def _run_async(self, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
         current_actor.set(ctx)  # this task's own context copy
+        port_id = None
         try:
             args, kwargs = Part(me, 0, body).load()
+            if getattr(fn, "__monarch_port__", False):
+                port_id, port = self._response_port(h, me)
+                await fn(self.make_port(*port), *args, **kwargs)
+                return
             part = self._ok_part(me, h.actor, h.method, await fn(*args, **kwargs))
         except BaseException as e:
+            if port_id is not None and not self.ports.close(port_id):
+                return
             part = self._failure_part(me, h.actor, h.method, e)
         self._complete(h, me, part)
 
