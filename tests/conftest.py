@@ -47,6 +47,14 @@ def _describe(procs) -> str:
     return "\n".join(out)
 
 
+def _kill(procs) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 def _wait_gone(procs, timeout: float) -> list:
     deadline = time.monotonic() + timeout
     alive = list(procs)
@@ -65,11 +73,7 @@ def no_leftover_ranks():
     new = [p for p in _marked_processes() if p.pid not in before and not _is_template(p)]
     left = _wait_gone(new, 10.0)
     if left:
-        for p in left:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _kill(left)
         pytest.fail("processes started by this test outlived it:\n" + _describe(left))
 
 
@@ -82,9 +86,5 @@ def no_leftover_processes():
         Runtime._current.shutdown()
     left = _wait_gone(_marked_processes(), 10.0)
     if left:
-        for p in left:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _kill(left)
         pytest.fail("processes outlived the test session:\n" + _describe(left), pytrace=False)

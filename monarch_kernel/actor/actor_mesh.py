@@ -6,7 +6,7 @@ directly, rank to rank, without the controller.
 
 from __future__ import annotations
 
-from ..mesh.shape import Extent, Shape
+from ..mesh.shape import Shape, Shaped
 from ..runtime.context import MeshRef
 from ..runtime.failure import MeshStopped
 from ..runtime.process import Runtime
@@ -17,7 +17,7 @@ def endpoint_names(cls) -> tuple[str, ...]:
     return tuple(sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)))
 
 
-class ActorMesh:
+class ActorMesh(Shaped):
     def __init__(self, proc_ref: MeshRef, actor_id: str, name: str, class_name: str,
                  endpoints: tuple[str, ...], shape: Shape, proc_mesh=None):
         self._proc_ref = proc_ref
@@ -42,19 +42,8 @@ class ActorMesh:
         return [*super().__dir__(), *self._endpoints]
 
     @property
-    def extent(self) -> Extent:
-        return self._shape.extent
-
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
     def name(self) -> str:
         return self._name
-
-    def __len__(self) -> int:
-        return len(self._shape)
 
     def slice(self, **dims) -> "ActorMesh":
         """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""

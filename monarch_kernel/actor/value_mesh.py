@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Generic, Iterator, TypeVar
 
-from ..mesh.shape import Extent, Point, Shape
+from ..mesh.shape import Point, Shape, Shaped
 
 R = TypeVar("R")
 
 
-class ValueMesh(Generic[R]):
+class ValueMesh(Shaped, Generic[R]):
     __slots__ = ("_shape", "_values")
 
     def __init__(self, shape: Shape, values: list):
@@ -25,16 +25,6 @@ class ValueMesh(Generic[R]):
         self._shape = Shape(shape.extent, range(len(shape)))
         self._values = list(values)
 
-    @property
-    def extent(self) -> Extent:
-        return self._shape.extent
-
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    def __len__(self) -> int:
-        return len(self._values)
 
     def items(self) -> Iterator[tuple[Point, R]]:
         return zip(self._shape.points(), self._values)

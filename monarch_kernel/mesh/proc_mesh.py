@@ -16,10 +16,10 @@ from ..actor.future import Future
 from ..runtime.envelope import Kind
 from ..runtime.failure import MeshStopped
 from ..runtime.process import Runtime
-from .shape import Extent, Shape
+from .shape import Shape, Shaped
 
 
-class ProcMesh:
+class ProcMesh(Shaped):
     def __init__(self, ref, shape: Shape, owned=None):
         self._ref = ref
         self._shape = shape
@@ -28,19 +28,8 @@ class ProcMesh:
         self._stop_future: Future | None = None
 
     @property
-    def extent(self) -> Extent:
-        return self._shape.extent
-
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
     def name(self) -> str:
         return self._ref.name
-
-    def __len__(self) -> int:
-        return len(self._shape)
 
     def slice(self, **dims) -> "ProcMesh":
         pm = ProcMesh(self._ref, self._shape.slice(**dims), self._owned)

@@ -198,3 +198,20 @@ class Shape:
 
     def __repr__(self) -> str:
         return f"Shape({self.extent!r}, ranks={list(self.ranks)})"
+
+
+class Shaped:
+    """Mixin for things laid out over a ``Shape`` held in ``self._shape``."""
+
+    __slots__ = ()
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    def __len__(self) -> int:
+        return len(self._shape)
