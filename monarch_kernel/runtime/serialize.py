@@ -27,6 +27,18 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+class _TensorPickler(pickle.Pickler):
+    """The plain (C) pickler plus zero-copy tensors, for when torch is loaded."""
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) is torch.Tensor:
+            r = _reduce_tensor(torch, obj)
+            if r is not None:
+                return r
+        return NotImplemented
+
+
 def _reduce_tensor(torch, t):
     if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
         return None
@@ -56,10 +68,25 @@ def _rebuild_tensor(buf, dtype, shape, requires_grad):
 
 
 def dumps(obj) -> list:
-    """Pickle ``obj``; returns ``[pickle_bytes, buffer, ...]`` ready to be zmq frames."""
+    """Pickle ``obj``; returns ``[pickle_bytes, buffer, ...]`` ready to be zmq frames.
+
+    The C pickler goes first (several times cheaper to start); anything it cannot do, or
+    any reference to ``__main__`` (which the receiver does not share), goes to cloudpickle,
+    which pickles such classes and functions by value.
+    """
     bufs: list = []
     f = io.BytesIO()
-    _Pickler(f, protocol=5, buffer_callback=bufs.append).dump(obj)
+    try:
+        (_TensorPickler if "torch" in sys.modules else pickle.Pickler)(
+            f, protocol=5, buffer_callback=bufs.append
+        ).dump(obj)
+        plain = b"__main__" not in f.getvalue()
+    except Exception:
+        plain = False
+    if not plain:
+        bufs.clear()
+        f = io.BytesIO()
+        _Pickler(f, protocol=5, buffer_callback=bufs.append).dump(obj)
     frames = [f.getbuffer()]
     for b in bufs:
         frames.append(b.raw())
