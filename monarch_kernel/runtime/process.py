@@ -473,14 +473,20 @@ class Runtime:
 
     # ------------------------------------------------------------ deaths and supervision
 
-    def rank_died(self, mesh_id: str, rank: int, info: DeathInfo) -> None:
-        """On the IO thread: fail this process's calls to the rank and repair their trees."""
+    def rank_died(self, mesh_id: str, rank: int, info: DeathInfo) -> int:
+        """On the IO thread: fail this process's calls to the rank and repair their trees.
+
+        Returns how many calls were waiting on it (and so now hold a ``ProcessDied``).
+        """
         if (mesh_id, rank) in self.dead:
-            return
+            return 0
         self.dead[(mesh_id, rank)] = info
+        observed = 0
         for call in list(self.calls.values()):
-            if call.mesh.id == mesh_id:
+            if call.mesh.id == mesh_id and rank in call.remaining:
+                observed += 1
                 call.rank_died(rank, info)
+        return observed
 
     def report_failure(self, mesh_id: str, failure: MeshFailure) -> None:
         """An unobserved failure on a mesh: give it to the mesh's supervisor."""

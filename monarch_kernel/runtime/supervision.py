@@ -124,13 +124,15 @@ class Supervisor:
     def _died(self, om: OwnedMesh, rank: int, info: DeathInfo) -> None:
         rt = self.rt
         om.alive.discard(rank)
-        rt.rank_died(om.ref.id, rank, info)
+        observed = rt.rank_died(om.ref.id, rank, info)
         for other in list(rt.meshes.values()):
             for r in other.up & other.alive:
                 rt.send_object(other.ref.addresses[r], Kind.DEATH, om.ref.id, info)
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
-        if not om.stopping:
+        if not om.stopping and not observed:
+            # A death some call of ours was waiting on has already reached its caller as
+            # ProcessDied; only deaths nobody saw become supervision events.
             self.supervise(om, MeshFailure(om.ref.name, rank, info.describe(), death=info))
         if not om.alive:
             om.exited.set_result(True)

@@ -1,0 +1,103 @@
+"""``python -m benchmarks [IDS...]``: run the selected workloads (all by default), each job
+in a fresh controller process, and print one JSON object (indent=1) on stdout.
+IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W8.  Progress and ranks' output go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+from ._util import ROOT, kill_group, log
+
+# id -> [(job, extra env, timeout s)]; a job runs as ``python -m benchmarks._run JOB``.
+WORKLOADS = {
+    "floors": [("floors", {}, 60)],
+    "W1": [("W1", {}, 150)],
+    "W2": [("W2", {}, 120)],
+    "W3": [("W3", {}, 120)],
+    "W4": [("W4", {}, 120)],
+    "W5": [("W5", {}, 150)],
+    "W6": [("W6", {}, 60)],
+    "W8": [("W8", {"MONARCH_KERNEL_FANOUT": "8"}, 180), ("W8flat", {"MONARCH_KERNEL_FANOUT": "64"}, 180)],
+}
+ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors"}
+
+
+def _merge(into: dict, new: dict) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def _run_job(job: str, env: dict, timeout: float) -> dict:
+    fd, out = tempfile.mkstemp(prefix=f"mkbench-{job}-", suffix=".json")
+    os.close(fd)
+    t = time.perf_counter()
+    log(f"--- {job} ---")
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "benchmarks._run", job, out], cwd=ROOT,
+                             env={**os.environ, **env}, stdout=sys.stderr, stderr=sys.stderr,
+                             start_new_session=True)
+        try:
+            rc = p.wait(timeout=timeout)
+        except BaseException:
+            kill_group(p)
+            raise
+        if rc != 0:
+            return {f"{job}_error": f"exited with code {rc} (see stderr)"}
+        with open(out) as f:
+            return json.load(f)
+    except subprocess.TimeoutExpired:
+        return {f"{job}_error": f"timed out after {timeout} s"}
+    finally:
+        os.unlink(out)
+        log(f"--- {job}: {time.perf_counter() - t:.1f} s ---")
+
+
+def _version(dist: str):
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks",
+                                 description="Run monarch_kernel benchmarks; print one JSON object on stdout.")
+    ap.add_argument("ids", nargs="*", help="workloads to run (default: all): " + " ".join(WORKLOADS))
+    args = ap.parse_args(argv)
+    ids = []
+    for raw in args.ids or list(WORKLOADS):
+        key = ALIASES.get(raw.upper(), raw.upper() if raw.upper() in WORKLOADS else raw)
+        if key not in WORKLOADS:
+            ap.error(f"unknown workload {raw!r}; choose from {', '.join(WORKLOADS)}")
+        if key not in ids:
+            ids.append(key)
+    t0 = time.perf_counter()
+    results: dict = {}
+    for wid in ids:
+        for job, env, timeout in WORKLOADS[wid]:
+            _merge(results, _run_job(job, env, timeout))
+    import zmq
+
+    results["meta"] = {"workloads": ids, "elapsed_s": round(time.perf_counter() - t0, 1),
+                       "cpus": os.cpu_count(), "python": platform.python_version(),
+                       "torch": _version("torch"), "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
+                       "platform": platform.platform()}
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

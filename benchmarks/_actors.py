@@ -1,0 +1,47 @@
+"""The actor every benchmark spawns.  It lives in an importable module, so ranks import it
+by reference (the way library code reaches ranks) rather than receiving it by value.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from monarch_kernel import Actor, endpoint
+
+
+class Bench(Actor):
+    @endpoint
+    def noop(self) -> None:
+        return None
+
+    @endpoint
+    def echo(self, x: int) -> int:
+        return x
+
+    @endpoint
+    async def aecho(self, x: int) -> int:
+        return x
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def numel(self, t) -> int:
+        return t.numel()
+
+    @endpoint
+    def exit_now(self, stamp_path: str) -> None:
+        """Write the wall-clock time, then die with exit code 1 (no cleanup)."""
+        with open(stamp_path, "w") as f:
+            f.write(repr(time.time()))
+        os._exit(1)
+
+    @endpoint
+    def sleep(self, seconds: float, started_path: str) -> int:
+        """Mark the file ``started_path``, then sleep: a call that stays pending."""
+        with open(started_path, "w") as f:
+            f.write("started")
+        time.sleep(seconds)
+        return os.getpid()

@@ -1,0 +1,33 @@
+"""Runs one benchmark job in this (fresh) process and writes its results as JSON to a file:
+``python -m benchmarks._run JOB OUTFILE``.  Stdout is left to the ranks' forwarded output.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+JOBS = {
+    "floors": ("floors", "floors"),
+    "W1": ("spawn", "w1"),
+    "W2": ("calls", "w2"),
+    "W3": ("calls", "w3"),
+    "W4": ("data", "w4"),
+    "W5": ("failure", "w5"),
+    "W6": ("spawn", "w6"),
+    "W8": ("calls", "w8"),
+    "W8flat": ("calls", "w8_flat"),
+}
+
+
+def main() -> None:
+    job, outfile = sys.argv[1], sys.argv[2]
+    module, fn = JOBS[job]
+    result = getattr(importlib.import_module(f"benchmarks.{module}"), fn)()
+    with open(outfile, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
