@@ -60,6 +60,27 @@ class Echo(Actor):
         return rank
 
     @endpoint
+    async def nap_on(self, slow_rank: int, s: float, marker_dir: str) -> int:
+        """Only ``slow_rank`` naps (after dropping its marker); the others answer at once."""
+        rank = current_rank().rank
+        if rank == slow_rank:
+            with open(os.path.join(marker_dir, f"started.{rank}"), "w") as f:
+                f.write(str(os.getpid()))
+            await asyncio.sleep(s)
+        return rank
+
+    @endpoint
+    async def block_loop(self, s: float, marker_dir: str) -> None:
+        """Blocks the rank's IO loop itself, so it cannot even read a STOP."""
+        with open(os.path.join(marker_dir, f"blocked.{current_rank().rank}"), "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(s)
+
+    @endpoint
+    def raise_unpicklable(self) -> None:
+        raise LockedError("holds a lock")
+
+    @endpoint
     def exit_with(self, code: int, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
         os._exit(code)
@@ -77,6 +98,14 @@ class Echo(Actor):
     def modules(self) -> dict:
         main = sys.modules.get("__main__")
         return {"torch": "torch" in sys.modules, "main_file": getattr(main, "__file__", None)}
+
+
+class LockedError(Exception):
+    """An exception that cannot be pickled (it carries a lock)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.lock = threading.Lock()
 
 
 class BadInit(Actor):

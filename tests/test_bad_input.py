@@ -15,13 +15,13 @@ import traceback
 
 import pytest
 
-from monarch_kernel import ActorError, MeshStopped, this_host
+from monarch_kernel import ActorError, MeshStopped, ProcessDied, this_host
 from monarch_kernel.runtime.auth import Signer
 from monarch_kernel.runtime.envelope import Header, Kind
 from monarch_kernel.runtime.inbox import actor_address
 from monarch_kernel.runtime.process import Runtime
 
-from _actors import BadInit, Echo, inject, wait_for
+from _actors import BadInit, Echo, inject, wait_for  # noqa: I001  (tests/ is on sys.path)
 
 SMALL_FRAME = 1_000_000
 REASONS = ("unsigned", "forged", "truncated", "oversized", "malformed")
@@ -270,6 +270,15 @@ def test_unpicklable_result_is_an_actor_error_naming_the_type():
         assert list(m.echo.call(6).get(timeout=30).values()) == [6, 6]
         assert m.slice(gpus=1).echo.call_one(7).get(timeout=30) == 7
 
+        # An exception that does not pickle still arrives, as text, without a __cause__.
+        with pytest.raises(ActorError) as info:
+            m.slice(gpus=0).raise_unpicklable.call_one().get(timeout=30)
+        err = info.value
+        assert err.__cause__ is None
+        assert "raised on rank 0" in str(err) and "LockedError: holds a lock" in str(err)
+        assert 'raise LockedError("holds a lock")' in err.remote_traceback
+        assert m.slice(gpus=0).echo.call_one(8).get(timeout=30) == 8
+
 
 # ---------------------------------------------------------------- misuse of the API
 
@@ -281,6 +290,7 @@ def test_call_to_stopped_mesh_raises_mesh_stopped():
         m = procs.spawn("echo", Echo)
         one = m.slice(gpus=1)
         copy = pickle.loads(pickle.dumps(m))  # a reference without the owner's ProcMesh
+        sub = procs.slice(gpus=0)
         inflight = m.sleep.call(30)
     finally:
         procs.stop().get(timeout=20)
@@ -292,6 +302,9 @@ def test_call_to_stopped_mesh_raises_mesh_stopped():
         copy.echo.call(1)
     with pytest.raises(MeshStopped, match=re.escape("mesh 'stopme' was stopped; spawn a new mesh to host 'again'")):
         procs.spawn("again", Echo)
+    # A slice of the procs taken before the stop cannot host new actors either.
+    with pytest.raises(MeshStopped, match="mesh 'stopme' was stopped"):
+        sub.spawn("again", Echo)
     # A call that was running when the mesh stopped ends with MeshStopped, not a hang.
     with pytest.raises(MeshStopped, match=re.escape("mesh 'stopme' was stopped; rank 0 cannot answer Echo.sleep")):
         inflight.get(timeout=20)
@@ -329,6 +342,31 @@ def test_bad_slices():
             m.slice(hosts=0).slice(hosts=0)
         # The bad slices changed nothing.
         assert m.slice(hosts=1, gpus=1).echo.call_one("ok").get(timeout=30) == "ok"
+
+
+@pytest.mark.timeout(60)
+def test_bad_spawn_arguments():
+    for bad in ({"gpus": 0}, {"gpus": -1}, {"gpus": True}, {"gpus": "4"}):
+        with pytest.raises(ValueError, match=re.escape(
+                f"per_host={{'gpus': {bad['gpus']!r}}}: sizes must be positive ints, e.g. per_host={{'gpus': 4}}")):
+            this_host().spawn_procs(per_host=bad)
+    with this_host().spawn_procs(per_host={"gpus": 1}) as procs:
+        with pytest.raises(TypeError, match="^spawn takes an Actor class, not function$"):
+            procs.spawn("f", lambda: None)
+        assert procs.spawn("echo", Echo).echo.call_one(1).get(timeout=30) == 1
+
+
+@pytest.mark.timeout(60)
+def test_rank_that_cannot_start_fails_spawn_promptly():
+    """A bad setting kills the ranks at start-up: spawn_procs raises the death, with the
+    rank's stderr, instead of waiting out the spawn timeout."""
+    with pytest.raises(ProcessDied) as info:
+        this_host().spawn_procs(per_host={"gpus": 2}, name="badenv", env={"MONARCH_KERNEL_MAX_FRAME": "lots"},
+                                timeout=45)
+    err = info.value
+    assert err.exitcode == 1 and err.rank in (0, 1)
+    assert f"rank {err.rank} of mesh 'badenv'" in str(err) and "exited with code 1" in str(err)
+    assert err.stderr_tail[-1] == "ValueError: invalid literal for int() with base 10: 'lots'"
 
 
 # ---------------------------------------------------------------- errors raised on ranks

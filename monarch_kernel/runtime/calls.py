@@ -70,9 +70,9 @@ class PendingCall:
             return
         parent, subtree = found
         for child in children(subtree, h.fanout):
-            rt.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id)
+            rt.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
         if parent is not None and h.mode == 0:
-            rt.send_control(self.mesh, parent, Kind.PRUNE, h.call_id, extra=rank)
+            rt.send_control(self.mesh, parent, Kind.PRUNE, h.call_id, extra=rank, origin=h.origin)
 
     def not_received(self, rank: int) -> None:
         """``rank`` never got the call (its forwarder died first): send its subtree again."""

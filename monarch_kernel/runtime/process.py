@@ -260,6 +260,7 @@ class Runtime:
         callbacks (``on_part``, or ``callbacks=True``), which run on the IO thread.
         """
         fanout = fanout or self.fanout
+        self._check_size(body, f"the arguments of {method}")
         alive = [r for r in ranks if (mesh.id, r) not in self.dead]
         inbox = self.inbox if (on_part is not None or callbacks) else self.reply_inbox()
         h = Header(kind, next(self._ids), inbox.address, inbox.address, mesh.id, actor, method,
@@ -287,8 +288,12 @@ class Runtime:
         base = mesh.addresses[rank]
         return actor_address(base, actor) if kind == Kind.CALL else base
 
-    def send_control(self, mesh: MeshRef, rank: int, kind: int, call_id: int = 0, extra=None) -> None:
-        h = Header(kind, call_id, self.address, self.address, mesh.id, ranks=[rank], extra=extra)
+    def send_control(self, mesh: MeshRef, rank: int, kind: int, call_id: int = 0, extra=None,
+                     origin: str | None = None) -> None:
+        """A small message to a rank; ``origin`` names the inbox a call was made from, which
+        is how ranks file the calls they serve."""
+        origin = origin or self.address
+        h = Header(kind, call_id, origin, origin, mesh.id, ranks=[rank], extra=extra)
         self.transport.send(mesh.addresses[rank], h, [])
 
     def send_object(self, address: str, kind: int, mesh_id: str, obj) -> None:
@@ -352,9 +357,23 @@ class Runtime:
         f = RemoteFailure.capture(me, actor, method, exc)
         return Part(me, Status.RAISED, dumps(f))
 
+    def _check_size(self, frames: list, what: str) -> None:
+        limit = self.signer.max_frame
+        for f in frames:
+            n = f.nbytes if isinstance(f, memoryview) else len(f)
+            if n > limit:
+                raise ValueError(
+                    f"{what} need a {n}-byte frame, over the {limit}-byte limit the receiver "
+                    f"would drop; raise MONARCH_KERNEL_MAX_FRAME (bytes) before spawning"
+                )
+
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
-            return Part(me, Status.OK, dumps(value))
+            frames = dumps(value)
+            self._check_size(frames, f"the result of {actor}.{method} on rank {me} would")
+            return Part(me, Status.OK, frames)
+        except ValueError as e:
+            return self._failure_part(me, actor, method, e)
         except Exception as e:
             err = TypeError(f"the result of {actor}.{method} on rank {me} could not be pickled: "
                             f"{describe_unpicklable(value, e)}")

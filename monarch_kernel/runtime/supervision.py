@@ -84,6 +84,8 @@ class Supervisor:
                 "key": rt.key, "rundir": rt.rundir, "owner": rt.address, "rank": r,
                 "mesh": [ref.id, ref.name, [list(d) for d in ref.dims], list(ref.addresses), ref.owner, list(ref.hosts)],
                 "sys_path": list(sys.path), "cwd": os.getcwd(), "env": env, "fanout": rt.fanout,
+                # The root controller's template removes the run directory if it is killed.
+                "cleanup_dir": rt.rundir if rt._owns_rundir else None,
             }
             self.template.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
             os.close(out_w)
@@ -124,7 +126,7 @@ class Supervisor:
     def _died(self, om: OwnedMesh, rank: int, info: DeathInfo) -> None:
         rt = self.rt
         om.alive.discard(rank)
-        observed = rt.rank_died(om.ref.id, rank, info)
+        observed = rt.rank_died(om.ref.id, rank, info) or not om.ready.done()
         for other in list(rt.meshes.values()):
             for r in other.up & other.alive:
                 rt.send_object(other.ref.addresses[r], Kind.DEATH, om.ref.id, info)

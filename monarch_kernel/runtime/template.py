@@ -77,6 +77,7 @@ def serve() -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: set[int] = set()
     stdin = sys.stdin.fileno()
+    cleanup: list[str] = []  # the controller's run directory, if it is ours to remove
 
     def reap():
         while True:
@@ -98,6 +99,10 @@ def serve() -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        for d in cleanup:
+            import shutil
+
+            shutil.rmtree(d, ignore_errors=True)
         os._exit(0)
 
     while True:
@@ -122,6 +127,8 @@ def serve() -> None:
             if msg is None:
                 shutdown()
             if msg.get("op") == "fork":
+                if msg["config"].get("cleanup_dir") and not cleanup:
+                    cleanup.append(msg["config"]["cleanup_dir"])
                 pid = os.fork()
                 if pid == 0:
                     os.close(wake_r)

@@ -1,0 +1,471 @@
+"""Process lifecycle: ranks killed or exiting mid-call, controllers killed or exiting,
+stopping meshes, rank output, what ranks import, and supervision of failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import monarch_kernel
+from monarch_kernel import ActorError, MeshStopped, ProcessDied, this_host
+from monarch_kernel.runtime.output import print_sink
+from monarch_kernel.runtime.process import Runtime
+
+from _actors import Echo, Parent, UnsupervisedParent, alive, kill_all, wait_for, wait_gone  # noqa: I001
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+PRELUDE = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def write_script(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(PRELUDE + textwrap.dedent(body))
+    return str(path)
+
+
+def run_script(path: str, *args, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+class Controller:
+    """A controller script running in a subprocess; its first stdout line is JSON."""
+
+    def __init__(self, path: str, *args):
+        self.proc = subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self._lines: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.pids: list[int] = []
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def first_json(self, timeout: float) -> dict:
+        while True:
+            try:
+                line = self._lines.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"controller printed nothing within {timeout} s") from None
+            if line is None:
+                raise AssertionError(f"controller exited (rc {self.proc.wait()}): {self.proc.stderr.read()}")
+            if line.startswith("{"):
+                info = json.loads(line)
+                self.pids = [*info["ranks"], info["template"]]
+                return info
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        kill_all(alive(self.pids))  # only if the test already failed
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def results_summary(vm) -> list:
+    return [type(v).__name__ if isinstance(v, BaseException) else v for v in vm.values()]
+
+
+# ---------------------------------------------------------------- ranks dying mid-call
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_rank_mid_call(tmp_path):
+    with this_host().spawn_procs(per_host={"gpus": 4}, name="victims") as procs:
+        m = procs.spawn("echo", Echo)
+        pids = list(m.pid.call().get(timeout=30).values())
+        fut = m.nap.call(6, str(tmp_path))
+        assert wait_for(lambda: all((tmp_path / f"started.{r}").exists() for r in range(4)), 20)
+        os.kill(pids[2], signal.SIGKILL)
+
+        # The other ranks answer other calls while the nap runs.
+        assert list(m.slice(gpus=slice(0, 2)).echo.call("a").get(timeout=20).values()) == ["a", "a"]
+        assert m.slice(gpus=3).echo.call_one("b").get(timeout=20) == "b"
+
+        with pytest.raises(ProcessDied) as info:
+            fut.get(timeout=30)
+        err = info.value
+        assert (err.rank, err.signal, err.exitcode, err.pid) == (2, 9, None, pids[2])
+        assert f"rank 2 of mesh 'victims' (pid {pids[2]} on {err.host}) killed by signal 9 (SIGKILL)" in str(err)
+        assert results_summary(err.results) == [0, 1, "ProcessDied", 3]
+        assert err.results[2] is err
+
+        # Later calls: the slice without rank 2 works; the whole mesh reports rank 2 at once.
+        assert list(m.slice(gpus=slice(0, 2)).echo.call("c").get(timeout=20).values()) == ["c", "c"]
+        with pytest.raises(ProcessDied, match="rank 2 of mesh 'victims'") as info:
+            m.echo.call("d").get(timeout=20)
+        assert results_summary(info.value.results) == ["d", "d", "ProcessDied", "d"]
+    assert alive(pids) == []
+
+
+@pytest.mark.timeout(60)
+def test_stream_reports_killed_rank_while_others_still_run(tmp_path):
+    with this_host().spawn_procs(per_host={"gpus": 4}, name="victims") as procs:
+        m = procs.spawn("echo", Echo)
+        pids = list(m.pid.call().get(timeout=30).values())
+
+        def killer():
+            if wait_for(lambda: all((tmp_path / f"started.{r}").exists() for r in range(4)), 20):
+                os.kill(pids[2], signal.SIGKILL)
+
+        t = threading.Thread(target=killer)
+        t.start()
+        try:
+            # The naps outlast the test's timeout: only the dead rank can answer first.
+            first = next(iter(m.nap.stream(600, str(tmp_path))))
+        finally:
+            t.join(30)
+        with pytest.raises(ProcessDied, match="rank 2 of mesh 'victims'"):
+            first.get(timeout=1)
+
+
+FANOUT_SCRIPT = """
+import json, os, sys, time
+from monarch_kernel import ProcessDied, this_host
+from monarch_kernel.runtime.process import Runtime
+from _actors import Echo, wait_for
+
+def outcome(fut):
+    try:
+        return {"values": list(fut.get(timeout=15).values())}
+    except ProcessDied as e:
+        return {"died": e.rank, "signal": e.signal,
+                "values": [type(v).__name__ if isinstance(v, BaseException) else v for v in e.results.values()]}
+    except TimeoutError:
+        return {"timeout": True}
+
+marker = sys.argv[1]
+assert Runtime.current().fanout == 2
+procs = this_host().spawn_procs(per_host={"gpus": 16}, name="tree")
+try:
+    m = procs.spawn("echo", Echo)
+    pids = list(m.pid.call().get(timeout=30).values())
+    out = {}
+
+    # Rank 1 forwards to ranks 2..4; kill it while its whole subtree is still running.
+    os.mkdir(marker + "/a")
+    fut = m.nap.call(4, marker + "/a")
+    wait_for(lambda: len(os.listdir(marker + "/a")) == 16, 20)
+    os.kill(pids[1], 9)
+    out["a"] = outcome(fut)
+
+    # With rank 1 gone the tree is built over the 15 live ranks: rank 9 roots the
+    # subtree 9..15 and forwards to ranks 10 and 13.  They answer at once and rank 9
+    # holds their answers while it naps; then it is killed.
+    os.mkdir(marker + "/b")
+    fut = m.nap_on.call(9, 600, marker + "/b")
+    wait_for(lambda: os.path.exists(marker + "/b/started.9"), 20)
+    time.sleep(1)  # likely lets ranks 10..15 answer to rank 9 first (either order must work)
+    os.kill(pids[9], 9)
+    out["b"] = outcome(fut)
+
+    out["after"] = outcome(m.echo.call("x"))
+    print("RESULT " + json.dumps(out), flush=True)
+finally:
+    procs.stop().get(timeout=20)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_sigkill_interior_tree_node_mid_call(tmp_path):
+    """16 ranks, fanout 2: ranks 1 and 9 forward the call to others.  Killing one fails
+    only that rank; the ranks below it still answer, within the timeout."""
+    path = write_script(tmp_path, "tree.py", FANOUT_SCRIPT)
+    out = run_script(path, str(tmp_path), env={"MONARCH_KERNEL_FANOUT": "2"}, timeout=80)
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    res = json.loads(line.removeprefix("RESULT "))
+    expect_a = list(range(16))
+    expect_a[1] = "ProcessDied"
+    assert res["a"] == {"died": 1, "signal": 9, "values": expect_a}, out.stderr
+    expect_b = list(range(16))
+    expect_b[1] = expect_b[9] = "ProcessDied"
+    assert res["b"] == {"died": 1, "signal": 9, "values": expect_b}, out.stderr
+    expect_after = ["x"] * 16
+    expect_after[1] = expect_after[9] = "ProcessDied"
+    assert res["after"] == {"died": 1, "signal": 9, "values": expect_after}
+
+
+@pytest.mark.timeout(60)
+def test_os_exit_in_endpoint_reports_exit_code_and_stderr():
+    with this_host().spawn_procs(per_host={"gpus": 2}, name="exiters") as procs:
+        m = procs.spawn("echo", Echo)
+        pids = list(m.pid.call().get(timeout=30).values())
+        with pytest.raises(ProcessDied) as info:
+            m.slice(gpus=1).exit_with.call_one(3, "about to exit: goodbye").get(timeout=30)
+        err = info.value
+        assert (err.rank, err.exitcode, err.signal, err.pid) == (1, 3, None, pids[1])
+        assert err.stderr_tail[-1] == "about to exit: goodbye"
+        assert str(err).startswith(f"rank 1 of mesh 'exiters' (pid {pids[1]} on {err.host}) exited with code 3\n")
+        assert str(err).endswith("last lines of its stderr:\n    about to exit: goodbye")
+        assert err.method == "exit_with"
+        assert m.slice(gpus=0).echo.call_one("still here").get(timeout=20) == "still here"
+
+
+# ---------------------------------------------------------------- the controller going away
+
+
+CONTROLLER_SCRIPT = """
+import json, sys, time
+from monarch_kernel import this_host
+from monarch_kernel.runtime.process import Runtime
+from _actors import Echo
+
+procs = this_host().spawn_procs(per_host={"gpus": 4})
+m = procs.spawn("echo", Echo)
+pids = list(m.pid.call().get(timeout=30).values())
+rt = Runtime.current()
+print(json.dumps({"ranks": pids, "template": rt.launcher.template.proc.pid, "rundir": rt.rundir}), flush=True)
+how = sys.argv[1]
+if how == "sleep":
+    time.sleep(600)
+elif how == "exit":
+    sys.exit(4)
+elif how == "raise":
+    raise RuntimeError("controller script failed")
+# "end": fall off the end without stopping the mesh
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_controller_takes_ranks_and_template_with_it(tmp_path, sig):
+    path = write_script(tmp_path, "controller.py", CONTROLLER_SCRIPT)
+    c = Controller(path, "sleep")
+    try:
+        info = c.first_json(timeout=40)
+        assert alive(c.pids) == c.pids
+        os.kill(c.proc.pid, sig)
+        assert c.proc.wait(timeout=20) == -sig
+        assert wait_gone(c.pids, 3.0) == [], "ranks or template outlived their controller by 3 s"
+        assert len(info["ranks"]) == 4
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how, rc", [("end", 0), ("exit", 4), ("raise", 1)])
+def test_controller_exit_without_stop_ends_ranks(tmp_path, how, rc):
+    path = write_script(tmp_path, "controller.py", CONTROLLER_SCRIPT)
+    c = Controller(path, how)
+    try:
+        info = c.first_json(timeout=40)
+        assert c.proc.wait(timeout=30) == rc
+        assert wait_gone(c.pids, 3.0) == [], "ranks or template outlived their controller by 3 s"
+        assert not os.path.exists(info["rundir"])
+        err = c.proc.stderr.read()
+        if how == "raise":
+            assert "RuntimeError: controller script failed" in err
+        else:
+            assert "Traceback" not in err, err
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------- stopping
+
+
+@pytest.mark.timeout(60)
+def test_stop_resolves_once_ranks_are_gone():
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    try:
+        m = procs.spawn("echo", Echo)
+        pids = list(m.pid.call().get(timeout=30).values())
+        busy = m.sleep.call(30)  # a sync endpoint running does not delay the stop
+    finally:
+        fut = procs.stop()
+    assert fut.get(timeout=20) is None
+    assert alive(pids) == []  # reaped before the future resolved
+    assert procs.stop() is fut
+    assert "stopped" in repr(procs)
+    with pytest.raises(MeshStopped):
+        busy.get(timeout=20)
+
+
+@pytest.mark.timeout(60)
+def test_stop_kills_a_rank_whose_loop_is_blocked(tmp_path):
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        m = procs.spawn("echo", Echo)
+        pids = list(m.pid.call().get(timeout=30).values())
+        m.slice(gpus=0).block_loop.call_one(600, str(tmp_path))  # rank 0 cannot even read the STOP
+        assert wait_for(lambda: (tmp_path / "blocked.0").exists(), 20)
+        assert m.slice(gpus=1).echo.call_one(1).get(timeout=20) == 1
+    finally:
+        fut = procs.stop()
+    assert fut.get(timeout=20) is None
+    assert alive(pids) == []
+
+
+@pytest.mark.timeout(60)
+def test_context_manager_stops_on_exit_and_on_error():
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        pids = list(procs.spawn("echo", Echo).pid.call().get(timeout=30).values())
+        assert alive(pids) == pids
+    assert alive(pids) == []
+    assert "stopped" in repr(procs)
+
+    with pytest.raises(RuntimeError, match="user code failed"):
+        with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+            pids = list(procs.spawn("echo", Echo).pid.call().get(timeout=30).values())
+            raise RuntimeError("user code failed")
+    assert alive(pids) == []
+
+
+# ---------------------------------------------------------------- rank output
+
+
+@pytest.mark.timeout(60)
+def test_rank_output_is_forwarded_with_its_rank():
+    rt = Runtime.current()
+    lines: list[tuple] = []
+    rt.output_sink = lambda mesh, rank, stream, line: lines.append((mesh, rank, stream, line))
+    try:
+        with this_host().spawn_procs(per_host={"gpus": 2}, name="talkers") as procs:
+            m = procs.spawn("echo", Echo)
+            assert list(m.chatter.call("T1").get(timeout=30).values()) == [0, 1]
+            expected = set()
+            for r in range(2):
+                expected |= {
+                    ("talkers", r, "stdout", f"T1 print from rank {r}"),
+                    ("talkers", r, "stderr", f"T1 stderr from rank {r}"),
+                    ("talkers", r, "stdout", f"T1 os.write from rank {r}"),
+                    ("talkers", r, "stdout", f"T1 child process of rank {r}"),
+                }
+            wait_for(lambda: expected <= set(lines), 20)
+            assert sorted(expected - set(lines)) == []
+            # Per rank and stream, lines arrive in the order they were written.
+            rank0 = [l for (_, r, s, l) in list(lines) if r == 0 and s == "stdout" and l.startswith("T1")]
+            assert rank0 == ["T1 print from rank 0", "T1 os.write from rank 0", "T1 child process of rank 0"]
+    finally:
+        rt.output_sink = print_sink
+
+
+# ---------------------------------------------------------------- what ranks import
+
+
+MAIN_SCRIPT = """
+import json
+print("MAIN IMPORTED", flush=True)
+import torch  # the controller uses torch; ranks must not import it for it
+
+from monarch_kernel import Actor, endpoint, this_host
+
+class Probe(Actor):
+    @endpoint
+    def modules(self):
+        import sys
+        main = sys.modules.get("__main__")
+        print("probe ran", flush=True)
+        return {"torch": "torch" in sys.modules, "main_file": getattr(main, "__file__", None)}
+
+if __name__ == "__main__":
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        m = procs.spawn("probe", Probe)
+        print("RESULT " + json.dumps(list(m.modules.call().get(timeout=30).values())), flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_ranks_import_neither_torch_nor_main(tmp_path):
+    path = write_script(tmp_path, "main_script.py", MAIN_SCRIPT)
+    out = run_script(path, timeout=50)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines.count("MAIN IMPORTED") == 1
+    assert "MAIN IMPORTED" not in out.stdout.replace("MAIN IMPORTED", "", 1)
+    assert sorted(l for l in lines if "probe ran" in l) == ["[rank 0] probe ran", "[rank 1] probe ran"]
+    res = json.loads(next(l for l in lines if l.startswith("RESULT ")).removeprefix("RESULT "))
+    assert [r["torch"] for r in res] == [False, False]
+    assert all(r["main_file"] != path for r in res)
+
+    # The same holds for ranks of this test process.
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        vm = procs.spawn("echo", Echo).modules.call().get(timeout=30)
+        assert [v["torch"] for v in vm.values()] == [False, False]
+
+
+# ---------------------------------------------------------------- supervision
+
+
+@pytest.fixture
+def faults():
+    seen: list = []
+    saved = monarch_kernel.unhandled_fault_hook
+    monarch_kernel.unhandled_fault_hook = seen.append
+    try:
+        yield seen
+    finally:
+        monarch_kernel.unhandled_fault_hook = saved
+
+
+@pytest.mark.timeout(60)
+def test_supervise_handles_child_mesh_failure(faults):
+    with this_host().spawn_procs(per_host={"p": 1}, name="parents") as procs:
+        parent = procs.spawn("parent", Parent, "handle")
+        child_pids = parent.start_children.call_one(2).get(timeout=40)
+        assert len(child_pids) == 2
+        killed = parent.kill_child.call_one(1).get(timeout=30)
+        assert killed == child_pids[1]
+        seen = wait_for(lambda: parent.seen_now.call_one().get(timeout=30), 30)
+        assert len(seen) == 1, seen
+        assert seen[0].startswith(f"rank 1 of mesh 'child' (pid {killed} on ")
+        assert "killed by signal 9 (SIGKILL)" in seen[0]
+        parent.stop_children.call_one().get(timeout=30)
+        # Handled: nothing reached the controller's hook.
+        assert parent.seen_now.call_one().get(timeout=30) == seen
+        assert [f for f in faults if f.mesh == "child"] == []
+    assert wait_gone(child_pids, 10) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("handle", ["no handler", "decline", "raise"])
+def test_unhandled_child_failure_reaches_controller_hook(faults, handle):
+    cls = UnsupervisedParent if handle == "no handler" else Parent
+    with this_host().spawn_procs(per_host={"p": 1}, name="parents") as procs:
+        parent = procs.spawn("parent", cls, handle)
+        child_pids = parent.start_children.call_one(2).get(timeout=40)
+        killed = parent.kill_child.call_one(1).get(timeout=30)
+        got = wait_for(lambda: [f for f in list(faults) if f.mesh == "child"], 30)
+        assert len(got) == 1, got
+        f = got[0]
+        text = str(f)
+        assert f.rank == 1 and f.death is not None and f.death.signal == 9
+        assert text.startswith(f"rank 1 of mesh 'child' (pid {killed} on ")
+        assert "killed by signal 9 (SIGKILL)" in text
+        assert f"(not handled by {cls.__qualname__} on rank 0 of mesh 'parents')" in text
+        if handle == "raise":
+            assert "__supervise__ raised RuntimeError('supervisor broke')" in text
+        expected_seen = 0 if handle == "no handler" else 1
+        assert len(parent.seen_now.call_one().get(timeout=30)) == expected_seen
+        parent.stop_children.call_one().get(timeout=30)
+    assert wait_gone(child_pids, 10) == []
+
+
+@pytest.mark.timeout(60)
+def test_rank_death_with_no_call_in_flight_reaches_hook(faults):
+    with this_host().spawn_procs(per_host={"gpus": 2}, name="lonely") as procs:
+        m = procs.spawn("echo", Echo)
+        pids = list(m.pid.call().get(timeout=30).values())
+        os.kill(pids[1], signal.SIGKILL)
+        got = wait_for(lambda: [f for f in list(faults) if f.mesh == "lonely"], 30)
+        assert len(got) == 1
+        assert str(got[0]).startswith(f"rank 1 of mesh 'lonely' (pid {pids[1]} on ")
+        assert m.slice(gpus=0).echo.call_one(1).get(timeout=20) == 1
+    # Stopping the mesh is not a failure.
+    assert [f for f in faults if f.mesh == "lonely"] == got
+
