@@ -17,26 +17,24 @@ import cloudpickle
 _OOB_MIN = 4096
 
 
+def _tensor_reducer(obj):
+    """A zero-copy reduction if ``obj`` is a plain CPU tensor, else None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor:
+        return _reduce_tensor(torch, obj)
+    return None
+
+
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj):
-        torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor:
-            r = _reduce_tensor(torch, obj)
-            if r is not None:
-                return r
-        return super().reducer_override(obj)
+        return _tensor_reducer(obj) or super().reducer_override(obj)
 
 
 class _TensorPickler(pickle.Pickler):
     """The plain (C) pickler plus zero-copy tensors, for when torch is loaded."""
 
     def reducer_override(self, obj):
-        torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor:
-            r = _reduce_tensor(torch, obj)
-            if r is not None:
-                return r
-        return NotImplemented
+        return _tensor_reducer(obj) or NotImplemented
 
 
 def _reduce_tensor(torch, t):
