@@ -9,6 +9,7 @@ inbox when nobody is blocked on it (``await``, callbacks, a thread that exited).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 
@@ -39,6 +40,7 @@ class Inbox:
         self.sock.close(linger=0)
 
 
+@functools.lru_cache(maxsize=4096)
 def actor_address(base: str, actor: str) -> str:
     """Where an actor's inbox on the rank whose main inbox is ``base`` listens."""
     return f"{base}.{hashlib.blake2b(actor.encode(), digest_size=5).hexdigest()}"
