@@ -58,13 +58,13 @@ class Echo(Actor):
 
 procs = this_host().spawn_procs(per_host={"gpus": 2})
 m = procs.spawn("echo", Echo)
-print("get", list(m.echo.call(5).get(timeout=30).values()))
+print(f"get {list(m.echo.call(5).get(timeout=30).values())}")
 """)
     assert reply["status"] == "ok", out
     text = "".join(out)
     assert "get [5, 5]" in text
 
-    out, reply = run(kernel, "vm = await m.aecho.call(6)\nprint('await', list(vm.values()))")
+    out, reply = run(kernel, "vm = await m.aecho.call(6)\nprint(f'await {list(vm.values())}')")
     assert reply["status"] == "ok", out
     assert "await [6, 6]" in "".join(out)
 
@@ -72,8 +72,8 @@ print("get", list(m.echo.call(5).get(timeout=30).values()))
 try:
     m.slice(gpus=1).die.call_one().get(timeout=30)
 except ProcessDied as e:
-    print("died", e.exitcode)
-print("still", await m.slice(gpus=0).aecho.call_one(7))
+    print(f"died {e.exitcode}")
+print(f"still {await m.slice(gpus=0).aecho.call_one(7)}")
 """)
     assert reply["status"] == "ok", out
     text = "".join(out)

@@ -26,11 +26,11 @@ PR_SET_PDEATHSIG = 1
 _MAX_MSG = 1 << 20
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL us when our parent goes; exit if it already has."""
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` when our parent goes; exit if it already has."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the heartbeat still covers us
         pass
     if os.getppid() != parent_pid:
@@ -63,7 +63,10 @@ def _recv(sock: socket.socket):
 
 def serve() -> None:
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
-    die_with_parent(parent_pid)
+    # SIGTERM, not SIGKILL: the template still has to kill its ranks and clean up.
+    pending_term: list = []
+    signal.signal(signal.SIGTERM, lambda *_: pending_term.append(1))
+    die_with_parent(parent_pid, signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     # Import what ranks need before forking, so each fork starts warm.
@@ -105,6 +108,10 @@ def serve() -> None:
             shutil.rmtree(d, ignore_errors=True)
         os._exit(0)
 
+    signal.signal(signal.SIGTERM, lambda *_: shutdown())
+    if pending_term:
+        shutdown()
+
     while True:
         try:
             ready, _, _ = select.select([sock, wake_r, stdin], [], [])
@@ -135,6 +142,7 @@ def serve() -> None:
                     os.close(wake_w)
                     signal.set_wakeup_fd(-1)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
                     signal.signal(signal.SIGINT, signal.default_int_handler)
                     sock.close()
                     _become_rank(msg["config"], fds, os.getppid())
