@@ -253,6 +253,7 @@ def test_killed_controller_takes_ranks_and_template_with_it(tmp_path, sig):
         assert c.proc.wait(timeout=20) == -sig
         assert wait_gone(c.pids, 3.0) == [], "ranks or template outlived their controller by 3 s"
         assert len(info["ranks"]) == 4
+        assert not os.path.exists(info["rundir"]), "the template leaves no run directory behind"
     finally:
         c.close()
 
