@@ -12,6 +12,9 @@ import queue
 import threading
 
 import zmq
+from zmq.backend import zmq_poll
+
+POLLIN = int(zmq.POLLIN)
 
 from .completion import Completion
 from .context import MeshRef
@@ -53,9 +56,7 @@ class ActorSlot:
     def _work(self) -> None:
         rt = self.runtime
         self.inbox = Inbox(rt.ctx, actor_address(self.mesh.addresses[self.rank], self.actor_id))
-        poller = zmq.Poller()
-        poller.register(self.inbox.sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        watch = [(self.inbox.sock, POLLIN), (self._wake_r, POLLIN)]
         while True:
             while True:
                 try:
@@ -66,12 +67,12 @@ class ActorSlot:
                     self.inbox.close()
                     return
                 fn()
-            events = dict(poller.poll())
-            if self._wake_r in events:
-                os.read(self._wake_r, 4096)
-            if self.inbox.sock in events:
-                with self.inbox.lease:
-                    rt._read(self.inbox, 64, inline=True)
+            for what, _ev in zmq_poll(watch, -1):
+                if what is self._wake_r:
+                    os.read(self._wake_r, 4096)
+                else:
+                    with self.inbox.lease:
+                        rt._read(self.inbox, 64, inline=True)
 
     def stop(self) -> None:
         self.stopped = True

@@ -9,16 +9,24 @@ cross-host links get CurveZMQ for in-path integrity.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
+
+import zmq
 
 from .envelope import MAX_HEADER, Header
 
 BULK = 1 << 20
 SMALL = 1 << 16  # below this, join and hash once
 MAC_LEN = 32
+
+
+@functools.lru_cache(maxsize=64)
+def _lengths(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}Q")
 
 
 class Dropped(Exception):
@@ -43,7 +51,7 @@ class DropCounts:
 
 
 def _len(f) -> int:
-    return f.nbytes if isinstance(f, memoryview) else len(f)
+    return f.nbytes if type(f) is memoryview else len(f)
 
 
 class Signer:
@@ -61,17 +69,17 @@ class Signer:
         self.max_frames = max_frames
 
     def _mac(self, header_bytes, header: Header, body: list) -> bytes:
-        covered = [header_bytes, struct.pack(f"<{len(body)}Q", *map(_len, body))]
+        lens = [f.nbytes if type(f) is memoryview else len(f) for f in body]
+        covered = [header_bytes, _lengths(len(lens)).pack(*lens)]
         total = 0
         i = 0
         for _rank, _status, nbufs in header.parts:
             covered.append(body[i])  # the pickle stream, always
-            total += _len(body[i])
-            for b in body[i + 1 : i + 1 + nbufs]:
-                n = _len(b)
-                if n < BULK:
-                    covered.append(b)
-                    total += n
+            total += lens[i]
+            for j in range(i + 1, i + 1 + nbufs):
+                if lens[j] < BULK:
+                    covered.append(body[j])
+                    total += lens[j]
             i += 1 + nbufs
         inner = self._inner.copy()
         if total < SMALL:
@@ -93,7 +101,7 @@ class Signer:
             raise Dropped("unsigned")
         if len(frames) > self.max_frames:
             raise Dropped("oversized")
-        bufs = [f.buffer if hasattr(f, "buffer") else f for f in frames]
+        bufs = [f.buffer if type(f) is zmq.Frame else f for f in frames]
         mac, hb, body = bufs[0], bufs[1], bufs[2:]
         if _len(mac) != MAC_LEN:
             raise Dropped("unsigned")

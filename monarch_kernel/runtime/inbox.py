@@ -14,6 +14,11 @@ import hashlib
 import threading
 
 import zmq
+from zmq.backend import zmq_poll
+
+# Plain ints: pyzmq's flag enums cost more to combine than the calls they modify.
+_NOBLOCK = int(zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
 
 
 class Inbox:
@@ -31,10 +36,20 @@ class Inbox:
 
     def recv(self):
         """One message's frames, or None when nothing is waiting."""
+        sock = self.sock
         try:
-            return self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            f = sock.recv(_NOBLOCK, copy=False)
         except zmq.Again:
             return None
+        frames = [f]
+        while f.more:
+            f = sock.recv(0, copy=False)
+            frames.append(f)
+        return frames
+
+    def ready(self, timeout_ms: int = 0) -> bool:
+        """Whether a message is waiting (after up to ``timeout_ms``; -1 waits forever)."""
+        return bool(zmq_poll([(self.sock, _POLLIN)], timeout_ms))
 
     def close(self) -> None:
         self.sock.close(linger=0)

@@ -14,6 +14,15 @@ from .auth import Signer
 from .envelope import Header
 
 
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_COPY_BELOW = 1 << 16  # smaller frames are cheaper to copy than to share
+
+
+def _size(f) -> int:
+    return f.nbytes if type(f) is memoryview else len(f)
+
+
 class _ThreadSockets(dict):
     """Outgoing sockets of one thread; closed when the thread's locals are freed."""
 
@@ -54,7 +63,10 @@ class Transport:
         """Sign and send; False when the peer is unreachable (the caller handles death)."""
         frames = self.signer.sign(header, body)
         try:
-            self._socket(addr).send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            send = self._socket(addr).send
+            last = len(frames) - 1
+            for i, f in enumerate(frames):
+                send(f, _MORE_NOBLOCK if i < last else _NOBLOCK, copy=_size(f) < _COPY_BELOW)
         except zmq.ZMQError:
             self.send_failures += 1
             return False
