@@ -163,7 +163,7 @@ class Runtime:
                 self.drops.count(d.reason)
                 continue
             k = header.kind
-            if not inline or (k == Kind.REPLY and header.hop == 0) or k == Kind.CALL:
+            if not inline or k == Kind.REPLY or k == Kind.CALL:
                 self._dispatch_safely(header, body)
             else:
                 self.io.call_soon(self._dispatch_safely, header, body)
@@ -340,7 +340,10 @@ class Runtime:
         if not self.nodes.start(key, h.reply_to, h.hop > 0, waiting, h.resend):
             return
         if subs:
-            fwd = Header(h.kind, h.call_id, h.origin, self.address if gather else h.origin, h.mesh,
+            # Children's answers come back to whoever serves this call here: the actor's
+            # worker for CALLs (it cannot finish before its own part anyway), else the IO thread.
+            back = self.target(mesh, me, h.kind, h.actor) if gather else h.origin
+            fwd = Header(h.kind, h.call_id, h.origin, back, h.mesh,
                          h.actor, h.method, [], h.fanout, h.mode, h.resend,
                          1 if gather else 0, h.parts, h.extra)
             for s in subs:
