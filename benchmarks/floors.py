@@ -6,7 +6,6 @@ of 64 MiB, and 64 MiB over loopback TCP (sendall/recv_into).
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import statistics

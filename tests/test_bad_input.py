@@ -11,7 +11,6 @@ import re
 import secrets
 import socket
 import threading
-import traceback
 
 import pytest
 

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 import monarch_kernel
-from monarch_kernel import ActorError, MeshStopped, ProcessDied, this_host
+from monarch_kernel import MeshStopped, ProcessDied, this_host
 from monarch_kernel.runtime.output import print_sink
 from monarch_kernel.runtime.process import Runtime
 

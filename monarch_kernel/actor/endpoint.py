@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ..runtime.envelope import Kind, Mode, Part, Status
+from ..runtime.envelope import Mode, Part, Status
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied
 from ..runtime.process import Runtime
 from ..runtime.serialize import describe_unpicklable, dumps

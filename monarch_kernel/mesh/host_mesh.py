@@ -5,7 +5,6 @@ forked from a pre-started template); ``this_proc()`` is the calling process itse
 from __future__ import annotations
 
 from ..runtime import config
-from ..runtime.context import process_mesh
 from ..runtime.failure import ProcessDied
 from ..runtime.process import Runtime
 from .proc_mesh import ProcMesh

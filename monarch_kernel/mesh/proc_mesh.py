@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 
 from ..actor.actor_mesh import ActorMesh, endpoint_names
-from ..actor.endpoint import encode_args, part_value
+from ..actor.endpoint import part_value
 from ..actor.future import Future
 from ..runtime.envelope import Kind
 from ..runtime.failure import MeshStopped

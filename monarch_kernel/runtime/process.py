@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
-import pickle
 import secrets
 import shutil
 import socket
@@ -37,7 +36,7 @@ from .ports import PortTable
 from .serialize import describe_unpicklable, dumps
 from .supervision import Supervisor
 from .transport import Transport
-from .tree import NodeTable, split
+from .tree import NodeState, NodeTable, split
 
 
 LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
@@ -489,9 +488,7 @@ class Runtime:
         member = self.memberships.get(h.mesh)
         me = member[1] if member else -1
         if isinstance(outcome, tuple):
-            st = type("S", (), {})()
-            st.reply_to, st.to_node, st.parts = h.origin, False, outcome[1]
-            self._send_reply(st, h.origin, h.call_id, me, h.mesh)
+            self._send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
         elif outcome == "lost":
             back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[me])
             self.transport.send(h.origin, back, [])
