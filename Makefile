@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: the local CPU wheel, never a multi-GB CUDA download.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/python -m monarch_kernel install --sys-prefix
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -41,3 +41,10 @@ __all__ = [
     "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
     "unhandled_fault_hook",
 ]
+
+
+def load_ipython_extension(ip) -> None:
+    """``%load_ext monarch_kernel``: the ``%mesh`` magics in any IPython."""
+    from .kernel import load_magics
+
+    load_magics(ip)

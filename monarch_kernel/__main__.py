@@ -1,0 +1,5 @@
+import sys
+
+from .kernel.kernelspec import main
+
+sys.exit(main())

@@ -1,0 +1,11 @@
+"""The Jupyter face: ``MeshKernel``, its kernelspec, the ``%mesh`` magics and the console
+actor that gives each rank a persistent namespace.  It uses only the public API and the
+runtime's output-sink hook."""
+
+
+def load_magics(shell) -> None:
+    """Register ``%mesh`` on an IPython shell (once)."""
+    from .magics import MeshMagics
+
+    if "mesh" not in shell.magics_manager.magics["line"]:
+        shell.register_magics(MeshMagics)

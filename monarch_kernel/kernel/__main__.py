@@ -1,0 +1,3 @@
+from .kernel import main
+
+main()

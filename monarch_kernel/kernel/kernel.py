@@ -1,0 +1,32 @@
+"""``MeshKernel``: ipykernel's IPythonKernel with the ``%mesh`` magics loaded.
+
+Kept thin on purpose: the controller is the runtime, usable without Jupyter; the kernel
+only adds magics and sends rank output into the running cell.
+"""
+
+from __future__ import annotations
+
+from ipykernel.ipkernel import IPythonKernel
+from ipykernel.kernelapp import IPKernelApp
+from traitlets import Type
+
+
+class MeshKernel(IPythonKernel):
+    implementation = "monarch_kernel"
+    implementation_version = "0.1.0"
+    banner = "monarch-kernel: Python 3 as the single controller of a mesh (try  %mesh spawn -n 4)"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        from . import load_magics
+
+        load_magics(self.shell)
+
+
+class MeshKernelApp(IPKernelApp):
+    name = "monarch-kernel"
+    kernel_class = Type(MeshKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+
+
+def main() -> None:
+    MeshKernelApp.launch_instance()

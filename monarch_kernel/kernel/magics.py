@@ -1,0 +1,286 @@
+"""``%mesh`` and ``%%mesh``: drive meshes from notebook cells.
+
+One ``Magics`` class; every mistake is a ``UsageError`` that says what to type instead.
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
+
+from ..actor.errors import ActorError
+from ..mesh.host_mesh import this_host
+from ..runtime.process import Runtime
+from .console import Console
+from .output import CollapsingSink
+
+USAGE = """\
+%mesh spawn -n N [--name M]      start N ranks (returns the ProcMesh; it becomes current)
+%mesh list | use M | stop [M]    list meshes, switch, or end one
+%mesh status                     each rank's pid and state
+%mesh push name=expr ...         set names on every rank
+%mesh pull name                  a ValueMesh of name from every rank
+%mesh auto on|off                run every following cell on the mesh
+%%mesh [--ranks SPEC] [--timeout S]   run the cell on the ranks (SPEC: 0 | 0-3 | 0,2 | ::2)"""
+
+
+def parse_ranks(spec: str, n: int) -> list[int]:
+    """``0``, ``0-3``, ``0,2``, ``::2`` -> rank list within ``range(n)``."""
+    out: list[int] = []
+    for piece in spec.split(","):
+        piece = piece.strip()
+        try:
+            if ":" in piece:
+                parts = [int(p) if p else None for p in piece.split(":")]
+                out.extend(range(n)[slice(*parts)])
+            elif "-" in piece:
+                a, b = (int(p) for p in piece.split("-", 1))
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(piece))
+        except ValueError:
+            raise UsageError(f"--ranks {spec!r}: write ranks like 0, 0-3, 0,2 or ::2") from None
+    bad = [r for r in out if not 0 <= r < n]
+    if bad or not out:
+        raise UsageError(f"--ranks {spec!r}: the mesh has ranks 0-{n - 1}")
+    return sorted(set(out))
+
+
+class MeshSession:
+    """The meshes this kernel spawned and which one is current."""
+
+    def __init__(self, shell):
+        self.meshes: dict[str, tuple] = {}  # name -> (ProcMesh, console ActorMesh)
+        self.current: str | None = None
+        self.auto = False
+        rt = Runtime.current()
+        self.sink = CollapsingSink(rt.io.loop)
+        rt.output_sink = self.sink
+        shell.events.register("pre_run_cell", self.sink.follow_cell)
+
+    def get(self, name: str | None = None):
+        name = name or self.current
+        if name is None:
+            raise UsageError("no mesh yet: start one with  procs = %mesh spawn -n 4")
+        if name not in self.meshes:
+            raise UsageError(f"no mesh named {name!r}; %mesh list shows: {', '.join(self.meshes) or 'none'}")
+        return self.meshes[name]
+
+
+@magics_class
+class MeshMagics(Magics):
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.session = MeshSession(shell)
+
+    # ------------------------------------------------------------ %mesh
+
+    @needs_local_scope
+    @line_cell_magic
+    def mesh(self, line: str, cell: str | None = None, local_ns=None):
+        if cell is not None:
+            return self._run_cell(line, cell)
+        try:
+            words = shlex.split(line)
+        except ValueError as e:
+            raise UsageError(f"%mesh: {e}") from None
+        if not words:
+            raise UsageError(USAGE)
+        cmd, args = words[0], words[1:]
+        handler = getattr(self, f"_cmd_{cmd}", None)
+        if handler is None:
+            raise UsageError(f"%mesh {cmd}: unknown command.\n{USAGE}")
+        return handler(args, local_ns or {})
+
+    def _cmd_spawn(self, args, _ns):
+        n, name = 1, None
+        it = iter(args)
+        for a in it:
+            if a in ("-n", "--n"):
+                n = self._int(next(it, None), "-n", "%mesh spawn -n 4")
+            elif a == "--name":
+                name = next(it, None)
+                if not name:
+                    raise UsageError("--name needs a value: %mesh spawn -n 4 --name trainers")
+            else:
+                raise UsageError(f"%mesh spawn: unexpected {a!r}; type  %mesh spawn -n 4 [--name M]")
+        if n < 1:
+            raise UsageError("-n must be at least 1: %mesh spawn -n 4")
+        s = self.session
+        if name in s.meshes:
+            raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
+        procs = this_host().spawn_procs(per_host={"ranks": n}, name=name)
+        consoles = procs.spawn("console", Console)
+        s.meshes[procs.name] = (procs, consoles)
+        s.current = procs.name
+        return procs
+
+    @staticmethod
+    def _int(value, flag: str, example: str) -> int:
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise UsageError(f"{flag} takes a number: {example}") from None
+
+    def _cmd_list(self, _args, _ns):
+        s = self.session
+        if not s.meshes:
+            print("no meshes; start one with  procs = %mesh spawn -n 4")
+        for name, (procs, _c) in s.meshes.items():
+            mark = "*" if name == s.current else " "
+            print(f"{mark} {name}: {len(procs)} ranks, {'stopped' if procs._stopped else 'running'}")
+
+    def _cmd_use(self, args, _ns):
+        if len(args) != 1:
+            raise UsageError("type  %mesh use NAME  (see %mesh list)")
+        self.session.get(args[0])
+        self.session.current = args[0]
+
+    def _cmd_stop(self, args, _ns):
+        s = self.session
+        name = args[0] if args else None
+        procs, _c = s.get(name)
+        procs.stop().get(timeout=30)
+        del s.meshes[procs.name]
+        if s.current == procs.name:
+            s.current = next(iter(s.meshes), None)
+
+    def _cmd_status(self, _args, _ns):
+        procs, consoles = self.session.get()
+        rt = Runtime.current()
+        om = procs._owned
+        print(f"mesh {procs.name}: {len(procs)} ranks")
+        for r in range(len(procs)):
+            info = om.rank_info(r)
+            state = "alive" if info["alive"] else "dead"
+            death = rt.dead.get((procs._ref.id, r))
+            extra = f" ({death.how()})" if death else ""
+            print(f"  rank {r}: pid {info['pid']} on {info['host']}, {state}{extra}")
+
+    def _cmd_auto(self, args, _ns):
+        if args not in (["on"], ["off"]):
+            raise UsageError("type  %mesh auto on  or  %mesh auto off")
+        self.session.get()
+        self.session.auto = args[0] == "on"
+        transformers = self.shell.input_transformers_cleanup  # before %% magics are parsed
+        if self.session.auto and _auto_transform not in transformers:
+            transformers.append(_auto_transform)
+        elif not self.session.auto and _auto_transform in transformers:
+            transformers.remove(_auto_transform)
+
+    def _cmd_push(self, args, ns):
+        if not args:
+            raise UsageError("type  %mesh push name=expr [name=expr ...]")
+        values = {}
+        for a in args:
+            name, eq, expr = a.partition("=")
+            if not eq or not name.isidentifier():
+                raise UsageError(f"%mesh push {a!r}: write name=expr, e.g. %mesh push lr=0.1")
+            values[name] = self.shell.ev(expr) if expr else None
+        _procs, consoles = self.session.get()
+        consoles.push.call(values).get(timeout=60)
+
+    def _cmd_pull(self, args, _ns):
+        if len(args) != 1 or not args[0].isidentifier():
+            raise UsageError("type  %mesh pull name")
+        _procs, consoles = self.session.get()
+        return consoles.pull.call(args[0]).get(timeout=60)
+
+    # ------------------------------------------------------------ %%mesh
+
+    def _run_cell(self, line: str, cell: str):
+        ranks_spec, timeout = None, None
+        words = shlex.split(line)
+        it = iter(words)
+        for a in it:
+            if a == "--ranks":
+                ranks_spec = next(it, None)
+                if ranks_spec is None:
+                    raise UsageError("--ranks needs a value, e.g. %%mesh --ranks 0-3")
+            elif a == "--timeout":
+                timeout = float(self._int(next(it, None), "--timeout", "%%mesh --timeout 30"))
+            else:
+                raise UsageError(f"%%mesh: unexpected {a!r}; type  %%mesh [--ranks 0-3] [--timeout S]")
+        return run_on_mesh(self.session, cell, ranks_spec, timeout)
+
+
+def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout: float | None):
+    procs, consoles = session.get()
+    n = len(procs)
+    ranks = parse_ranks(ranks_spec, n) if ranks_spec else list(range(n))
+    target = consoles if len(ranks) == n else _select(consoles, ranks)
+    token = uuid.uuid4().hex
+    filename = f"<mesh-cell-{token[:8]}>"
+    fut = target.run.call(cell, filename, token)
+    try:
+        results = fut.get(timeout=timeout)
+        failed = None
+    except ActorError as e:
+        results, failed = getattr(e, "results", None), e
+    mesh_name = procs.name
+    expected = {(mesh_name, r, s) for r in ranks for s in ("stdout", "stderr")
+                if (procs._ref.id, r) not in Runtime.current().dead}
+    session.sink.wait_synced(token, expected, 5.0)
+    errors = {}
+    if results is not None:
+        for (_point, value), r in zip(results.items(), ranks):
+            if isinstance(value, BaseException):
+                errors[r] = value
+            elif value is not None:
+                print(f"[rank {r}] {value}")
+    if failed is not None:
+        raise MeshCellError(errors or {ranks[0]: failed}) from None
+    return None
+
+
+class MeshCellError(Exception):
+    """A ``%%mesh`` cell failed on some ranks; shows each rank's traceback, cell lines only."""
+
+    def __init__(self, errors: dict):
+        self.errors = errors
+        first = next(iter(errors.values()))
+        super().__init__(f"the cell failed on {len(errors)} rank(s): {', '.join(map(str, errors))}")
+        self.__cause__ = first
+
+    def _render_traceback_(self) -> list[str]:
+        lines = []
+        for r, err in self.errors.items():
+            text = getattr(err, "remote_traceback", "") or f"{type(err).__name__}: {err}"
+            if not getattr(err, "remote_traceback", ""):
+                text = str(err)
+            lines.append(f"[rank {r}] {clean_traceback(text)}")
+        return lines
+
+
+def clean_traceback(text: str) -> str:
+    """Drop the console actor's own frames from a rank's traceback."""
+    out, skip = [], False
+    for line in text.splitlines():
+        if line.startswith("  File "):
+            skip = "monarch_kernel" in line and "console.py" in line
+        elif not line.startswith("    "):
+            skip = False
+        if not skip:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _select(consoles, ranks):
+    """The console actors of the given ranks, as one mesh (contiguous or stepped)."""
+    if len(ranks) == 1:
+        return consoles.slice(ranks=ranks[0])
+    step = ranks[1] - ranks[0]
+    if step > 0 and ranks == list(range(ranks[0], ranks[-1] + 1, step)):
+        return consoles.slice(ranks=slice(ranks[0], ranks[-1] + 1, step))
+    raise UsageError(f"--ranks selects {ranks}: use a range (0-3), a stride (::2) or a single rank")
+
+
+def _auto_transform(lines: list[str]) -> list[str]:
+    """With ``%mesh auto on``, send each cell to the mesh (``%mesh`` lines stay local)."""
+    text = "".join(lines)
+    if not text.strip() or text.lstrip().startswith(("%mesh", "%%mesh")):
+        return lines
+    return ["%%mesh\n", *lines]

@@ -1,0 +1,177 @@
+"""The monarch kernel through a real Jupyter client: %mesh magics, live rank output, per-rank
+errors, and the magics in a plain IPython kernel via %load_ext."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_client.manager import start_new_kernel
+
+from monarch_kernel.kernel.kernelspec import KERNEL_NAME, install
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run(kc, code: str, timeout: float = 60):
+    """Execute ``code``; return [(arrival time, text)] of its outputs and the reply content."""
+    msg_id = kc.execute(code)
+    out = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out.append((time.monotonic(), content["text"]))
+        elif kind in ("execute_result", "display_data"):
+            out.append((time.monotonic(), content["data"].get("text/plain", "")))
+        elif kind == "error":
+            out.append((time.monotonic(), "\n".join(content["traceback"])))
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    return out, kc.get_shell_msg(timeout=timeout)["content"]
+
+
+def text(out) -> str:
+    return "".join(t for _, t in out)
+
+
+@pytest.fixture(scope="module")
+def kernelspec():
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    except NoSuchKernel:
+        install(prefix=sys.prefix)
+    return KERNEL_NAME
+
+
+@pytest.fixture
+def kc(kernelspec):
+    km, client = start_new_kernel(kernel_name=kernelspec, startup_timeout=60)
+    try:
+        yield client
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=False)
+
+
+def test_kernelspec_is_installed_with_display_name(kernelspec):
+    spec = KernelSpecManager().get_kernel_spec(kernelspec)
+    assert spec.display_name == "Python 3 (monarch mesh)"
+    assert spec.metadata.get("debugger") is True
+
+
+def test_cells_on_ranks_keep_namespaces_and_show_values(kc):
+    out, reply = run(kc, "procs = %mesh spawn -n 4\nprint(type(procs).__name__, len(procs))")
+    assert reply["status"] == "ok", text(out)
+    assert "ProcMesh 4" in text(out)
+
+    out, reply = run(kc, "%%mesh\nfrom monarch_kernel import current_rank\nx = current_rank().rank\nx * 10")
+    assert reply["status"] == "ok", text(out)
+    assert all(f"[rank {r}] {r * 10}" in text(out) for r in range(4))
+
+    out, reply = run(kc, "%%mesh --ranks 1-2\nx + 100")
+    assert "[rank 1] 101" in text(out) and "[rank 2] 102" in text(out) and "[rank 0]" not in text(out)
+
+    out, reply = run(kc, "%mesh push y=41\nvm = %mesh pull y\nprint(list(vm.values()))")
+    assert "[41, 41, 41, 41]" in text(out)
+
+
+def test_output_streams_while_cell_runs_and_collapses(kc):
+    run(kc, "procs = %mesh spawn -n 4")
+    out, reply = run(kc, "%%mesh\nimport time\nprint('same on every rank', flush=True)\ntime.sleep(2)\nprint('late', flush=True)")
+    assert reply["status"] == "ok"
+    early = [t for t, s in out if "same on every rank" in s]
+    late = [t for t, s in out if "late" in s]
+    assert early and late and late[0] - early[0] > 1.0, "the first line arrived only at the end"
+    assert "[ranks 0-3] same on every rank" in text(out)
+
+
+def test_rank_error_shows_its_traceback_and_others_still_answer(kc):
+    run(kc, "procs = %mesh spawn -n 3")
+    out, reply = run(kc, "%%mesh\nfrom monarch_kernel import current_rank\nx = current_rank().rank\n"
+                         "def f(v):\n    return 1 / (v - 1)\nf(x)")
+    assert reply["status"] == "error"
+    t = text(out)
+    assert "[rank 0] -1.0" in t and "[rank 2] 1.0" in t
+    assert "[rank 1] Traceback" in t and "ZeroDivisionError" in t
+    assert "return 1 / (v - 1)" in t  # the cell's own line, quoted
+    assert "console.py" not in t
+    out, reply = run(kc, "%%mesh\nx")  # the kernel and every namespace live on
+    assert reply["status"] == "ok" and "[rank 1] 1" in text(out)
+
+
+def test_rank_death_is_reported_and_kernel_survives(kc):
+    run(kc, "procs = %mesh spawn -n 2")
+    out, reply = run(kc, "%%mesh --ranks 1\nimport os\nos._exit(5)")
+    assert reply["status"] == "error"
+    assert "exited with code 5" in text(out)
+    out, reply = run(kc, "%mesh status")
+    assert "rank 1: pid" in text(out) and "dead (exited with code 5)" in text(out)
+    out, reply = run(kc, "%%mesh --ranks 0\n'alive'")
+    assert reply["status"] == "ok" and "[rank 0] 'alive'" in text(out)
+
+
+@pytest.mark.parametrize("line, hint", [
+    ("%mesh", "%mesh spawn -n N"),
+    ("%mesh frobnicate", "unknown command"),
+    ("%mesh spawn -n four", "-n takes a number: %mesh spawn -n 4"),
+    ("%mesh use nope", "no mesh named 'nope'; %mesh list shows: none"),
+    ("%mesh auto maybe", "%mesh auto on"),
+    ("%%mesh --ranks 9\n1", "no mesh yet"),
+])
+def test_bad_arguments_raise_usage_error_with_a_hint(kc, line, hint):
+    out, reply = run(kc, line)
+    assert reply["status"] == "error"
+    assert reply["ename"] == "UsageError"
+    assert hint in reply["evalue"]
+
+
+def test_bad_rank_spec_after_spawn(kc):
+    run(kc, "procs = %mesh spawn -n 2")
+    out, reply = run(kc, "%%mesh --ranks 5\n1")
+    assert reply["ename"] == "UsageError" and "the mesh has ranks 0-1" in reply["evalue"]
+
+
+def test_auto_mode_runs_plain_cells_on_the_mesh(kc):
+    run(kc, "procs = %mesh spawn -n 2\n%mesh auto on")
+    out, reply = run(kc, "import os\nos.getpid() != __import__('psutil').Process().ppid()")
+    assert "[rank 0] True" in text(out) and "[rank 1] True" in text(out)
+    run(kc, "%mesh auto off")
+    out, reply = run(kc, "1 + 1")
+    assert "[rank" not in text(out) and "2" in text(out)
+
+
+def test_load_ext_in_plain_ipykernel():
+    km, client = start_new_kernel(kernel_name="python3", startup_timeout=60)
+    try:
+        out, reply = run(client, "%load_ext monarch_kernel\nprocs = %mesh spawn -n 2")
+        assert reply["status"] == "ok", text(out)
+        out, reply = run(client, "%%mesh\n6 * 7")
+        assert "[rank 0] 42" in text(out) and "[rank 1] 42" in text(out)
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=False)
+
+
+def test_no_rank_outlives_its_kernel(kernelspec):
+    import psutil
+
+    km, client = start_new_kernel(kernel_name=kernelspec, startup_timeout=60)
+    try:
+        out, reply = run(client, "procs = %mesh spawn -n 3\nvm = %mesh pull os\n")
+        out, reply = run(client, "%%mesh\nimport os\nos.getpid()")
+        pids = [int(line.split()[-1]) for line in text(out).splitlines() if line.startswith("[rank")]
+        assert len(pids) == 3
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=False)
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, "ranks outlived their kernel"
+        time.sleep(0.05)
+    assert os.getpid()
