@@ -175,3 +175,24 @@ def test_no_rank_outlives_its_kernel(kernelspec):
         assert time.monotonic() < deadline, "ranks outlived their kernel"
         time.sleep(0.05)
     assert os.getpid()
+
+
+def test_interrupt_stops_rank_code_and_keeps_namespaces(kc, kernelspec):
+    run(kc, "procs = %mesh spawn -n 2")
+    run(kc, "%%mesh\nkept = 'still here'")
+    msg_id = kc.execute("%%mesh\nimport time\nfor i in range(600):\n    time.sleep(0.05)")
+    time.sleep(1.5)
+    kc_km = kc.parent  # the KernelManager that started this kernel
+    kc_km.interrupt_kernel()
+    start = time.monotonic()
+    reply = kc.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=30)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - start < 10
+    out, reply = run(kc, "%%mesh\nkept, i < 599")
+    assert reply["status"] == "ok"
+    assert "[rank 0] ('still here', True)" in text(out)
+    out, reply = run(kc, "print(type(_mesh).__name__, len(_mesh))")
+    assert "ValueMesh 2" in text(out)

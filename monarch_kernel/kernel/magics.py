@@ -17,6 +17,8 @@ from ..runtime.process import Runtime
 from .console import Console
 from .output import CollapsingSink
 
+INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
+
 USAGE = """\
 %mesh spawn -n N [--name M]      start N ranks (returns the ProcMesh; it becomes current)
 %mesh list | use M | stop [M]    list meshes, switch, or end one
@@ -53,6 +55,7 @@ class MeshSession:
     """The meshes this kernel spawned and which one is current."""
 
     def __init__(self, shell):
+        self.shell = shell
         self.meshes: dict[str, tuple] = {}  # name -> (ProcMesh, console ActorMesh)
         self.current: str | None = None
         self.auto = False
@@ -215,8 +218,15 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     token = uuid.uuid4().hex
     filename = f"<mesh-cell-{token[:8]}>"
     fut = target.run.call(cell, filename, token)
+    interrupted = False
     try:
-        results = fut.get(timeout=timeout)
+        try:
+            results = fut.get(timeout=timeout)
+        except KeyboardInterrupt:
+            # The stop button: interrupt the ranks' code, keep their namespaces.
+            interrupted = True
+            Runtime.current().interrupt(procs._ref, ranks, consoles._actor_id)
+            results = fut.get(timeout=INTERRUPT_GRACE_S)
         failed = None
     except ActorError as e:
         results, failed = getattr(e, "results", None), e
@@ -226,11 +236,14 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     session.sink.wait_synced(token, expected, 5.0)
     errors = {}
     if results is not None:
+        session.shell.user_ns["_mesh"] = results
         for (_point, value), r in zip(results.items(), ranks):
             if isinstance(value, BaseException):
                 errors[r] = value
             elif value is not None:
                 print(f"[rank {r}] {value}")
+    if interrupted:
+        raise KeyboardInterrupt(f"interrupted on ranks {', '.join(map(str, ranks))}; their namespaces are kept")
     if failed is not None:
         raise MeshCellError(errors or {ranks[0]: failed}) from None
     return None

@@ -6,6 +6,8 @@ Messages to one actor's sync endpoints run one at a time, in arrival order.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import inspect
 import os
 import queue
@@ -38,6 +40,8 @@ class ActorSlot:
         self._thread: threading.Thread | None = None
         self._kinds: dict[str, bool] = {}
         self.stopped = False
+        self._busy = 0  # > 0 while user code of a sync endpoint runs on the worker
+        self._busy_lock = threading.Lock()
 
     def submit(self, fn) -> None:
         """Run ``fn`` on this actor's worker, after what is already queued."""
@@ -73,6 +77,29 @@ class ActorSlot:
                 else:
                     with self.inbox.lease:
                         rt._read(self.inbox, 64, inline=True)
+
+    @contextlib.contextmanager
+    def running(self):
+        """Marks the worker as running user code (the only time it may be interrupted)."""
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+
+    def interrupt(self) -> bool:
+        """Raise KeyboardInterrupt in the user code running on the worker, if any.
+
+        Delivered at the next bytecode boundary: a call blocked in C (``time.sleep``)
+        sees it when that call returns.
+        """
+        with self._busy_lock:
+            if not self._busy or self._thread is None:
+                return False
+            return ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)) == 1
 
     def stop(self) -> None:
         self.stopped = True

@@ -34,6 +34,7 @@ class Kind(enum.IntEnum):
     PRUNE = 10  # caller -> rank: stop waiting for a child subtree whose root died
     WAKE = 11  # any -> a thread's inbox: an answer arrived another way; look again
     PORT = 12  # any -> the process that opened a port: one value for it
+    INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
 
 
 class Mode(enum.IntEnum):

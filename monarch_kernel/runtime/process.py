@@ -244,6 +244,10 @@ class Runtime:
             self._stop_process()
         elif k == Kind.WAKE:
             pass
+        elif k == Kind.INTERRUPT:
+            for actor_id, slot in list(self.actors.items()):
+                if not h.actor or actor_id == h.actor:
+                    slot.interrupt()
         elif k == Kind.PORT:
             parts = split_parts(h, body)
             if parts and not self.ports.deliver(h.call_id, parts[0]):
@@ -435,6 +439,13 @@ class Runtime:
         else:
             slot.submit(lambda: self._run_sync(fn, ctx, h, body, me))
 
+    def interrupt(self, mesh: MeshRef, ranks, actor: str = "") -> None:
+        """KeyboardInterrupt in whatever ``actor`` (or every actor) runs on those ranks."""
+        for r in ranks:
+            if (mesh.id, r) not in self.dead:
+                h = Header(Kind.INTERRUPT, 0, self.address, self.address, mesh.id, actor, ranks=[r])
+                self.transport.send(mesh.addresses[r], h, [])
+
     def send_port(self, address: str, port_id: int, part: Part) -> None:
         """Deliver one value to a port opened by the process at ``address``."""
         if address == self.address:
@@ -453,11 +464,15 @@ class Runtime:
         port_id = None
         try:
             args, kwargs = Part(me, 0, body).load()
+            slot = self.actors[h.actor]
             if getattr(fn, "__monarch_port__", False):
                 port_id, port = self._response_port(h, me)
-                fn(self.make_port(*port), *args, **kwargs)
+                with slot.running():
+                    fn(self.make_port(*port), *args, **kwargs)
                 return
-            part = self._ok_part(me, h.actor, h.method, fn(*args, **kwargs))
+            with slot.running():
+                value = fn(*args, **kwargs)
+            part = self._ok_part(me, h.actor, h.method, value)
         except BaseException as e:
             if port_id is not None and not self.ports.close(port_id):
                 return  # it already answered through the port
