@@ -1,11 +1,12 @@
-# Two commands matter: `make demo` (set up, then run the example) and `make test`
-# (set up, then the whole suite).  Both create .venv on first use.
+# Two commands matter: `make lab` (set up, then JupyterLab with the monarch kernel) and
+# `make test` (set up, then the whole suite).  `make demo` is the headless variant of the
+# first: it runs the quickstart notebook and prints its outputs.  All create .venv first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup lab demo test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +19,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+lab: setup
+	$(BIN)/pip install -q 'jupyterlab>=4.2'
+	@echo "JupyterLab with the 'Python 3 (monarch mesh)' kernel; open the URL it prints below."
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --notebook-dir=notebooks
+
 demo: setup
+	$(BIN)/python examples/run_notebook.py notebooks/quickstart.ipynb
 	$(BIN)/python examples/demo.py
 
 test: setup

@@ -16,6 +16,7 @@ JOBS = {
     "W4": ("data", "w4"),
     "W5": ("failure", "w5"),
     "W6": ("spawn", "w6"),
+    "W7": ("kernel", "w7"),
     "W8": ("calls", "w8"),
     "W8flat": ("calls", "w8_flat"),
 }

@@ -15,7 +15,7 @@ from ..actor.errors import ActorError
 from ..mesh.host_mesh import this_host
 from ..runtime.process import Runtime
 from .console import Console
-from .output import CollapsingSink
+from .output import CollapsingSink, rank_label
 
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
 
@@ -237,11 +237,14 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     errors = {}
     if results is not None:
         session.shell.user_ns["_mesh"] = results
+        shown: dict[str, list[int]] = {}  # the same value from several ranks prints once
         for (_point, value), r in zip(results.items(), ranks):
             if isinstance(value, BaseException):
                 errors[r] = value
             elif value is not None:
-                print(f"[rank {r}] {value}")
+                shown.setdefault(value, []).append(r)
+        for value, rs in shown.items():
+            print(f"{rank_label(rs)} {value}")
     if interrupted:
         raise KeyboardInterrupt(f"interrupted on ranks {', '.join(map(str, ranks))}; their namespaces are kept")
     if failed is not None:

@@ -11,7 +11,7 @@ import threading
 
 from .console import SYNC
 
-WINDOW_S = 0.05
+WINDOW_S = 0.15  # how long a line waits for the same line from other ranks
 
 
 def rank_label(ranks) -> str:
@@ -31,16 +31,20 @@ def rank_label(ranks) -> str:
 
 
 class CollapsingSink:
-    """A ``Runtime.output_sink`` for notebooks."""
+    """A ``Runtime.output_sink`` for notebooks.
+
+    Each distinct line waits ``WINDOW_S`` after it first arrives for the same line from
+    other ranks, then prints once with every rank that sent it; lines print in the order
+    they first arrived.
+    """
 
     def __init__(self, loop):
         self._loop = loop
-        self._pending: dict[tuple[str, str, str], set[int]] = {}
-        self._order: list[tuple[str, str, str]] = []
+        self._pending: dict[tuple[str, str, str], tuple[set, float]] = {}  # insertion-ordered
         self._lock = threading.Lock()
         self._synced: dict[str, set] = {}
         self._sync_cv = threading.Condition(self._lock)
-        self._flush_scheduled = False
+        self._tick_scheduled = False
         # The running cell's context: ipykernel keeps the cell's parent header in a
         # context variable, so output written under it lands in that cell.
         self.context: contextvars.Context | None = None
@@ -51,41 +55,60 @@ class CollapsingSink:
 
     def __call__(self, mesh: str, rank: int, stream: str, line: str) -> None:
         if line.startswith(SYNC):
-            self.flush()
             with self._sync_cv:
                 self._synced.setdefault(line[len(SYNC):], set()).add((mesh, rank, stream))
                 self._sync_cv.notify_all()
             return
         key = (mesh, stream, line)
         with self._lock:
-            if key not in self._pending:
-                self._pending[key] = set()
-                self._order.append(key)
-            self._pending[key].add(rank)
-            schedule = not self._flush_scheduled
-            self._flush_scheduled = True
+            entry = self._pending.get(key)
+            if entry is None:
+                self._pending[key] = ({rank}, self._loop.time() + WINDOW_S)
+            else:
+                entry[0].add(rank)
+            schedule = not self._tick_scheduled
+            self._tick_scheduled = True
         if schedule:
-            self._loop.call_later(WINDOW_S, self.flush)
+            self._loop.call_later(WINDOW_S, self._tick)
+
+    def _tick(self) -> None:
+        """On the IO thread: print the lines whose window has closed."""
+        now = self._loop.time()
+        with self._lock:
+            due = []
+            for key, (ranks, deadline) in self._pending.items():
+                if deadline > now:
+                    break
+                due.append((key, ranks))
+            for key, _ in due:
+                del self._pending[key]
+            nxt = next(iter(self._pending.values()), None)
+            self._tick_scheduled = nxt is not None
+        if nxt is not None:
+            self._loop.call_later(max(nxt[1] - now, 0.001), self._tick)
+        self._emit(due)
 
     def flush(self) -> None:
+        """Print everything pending now (any thread)."""
         with self._lock:
-            order, pending = self._order, self._pending
-            self._order, self._pending = [], {}
-            self._flush_scheduled = False
-        if not order:
+            due = [(k, ranks) for k, (ranks, _d) in self._pending.items()]
+            self._pending.clear()
+        self._emit(due)
+
+    def _emit(self, due) -> None:
+        if not due:
             return
         if self.context is not None:
-            self.context.run(self._write, order, pending)
+            self.context.run(self._write, due)
         else:
-            self._write(order, pending)
+            self._write(due)
 
     @staticmethod
-    def _write(order, pending) -> None:
-        for key in order:
-            _mesh, stream, line = key
+    def _write(due) -> None:
+        for (_mesh, stream, line), ranks in due:
             out = sys.stderr if stream == "stderr" else sys.stdout
             try:
-                out.write(f"{rank_label(pending[key])} {line}\n")
+                out.write(f"{rank_label(ranks)} {line}\n")
                 out.flush()
             except (ValueError, OSError):
                 pass

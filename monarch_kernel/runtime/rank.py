@@ -20,14 +20,21 @@ WATCHDOG_S = 1.0
 
 def run_rank(cfg: dict, template_pid: int) -> None:
     sys.path[:] = cfg["sys_path"]
+    rank = cfg["rank"]
     try:
         os.chdir(cfg["cwd"])
     except OSError:
         pass
     os.environ.update(cfg.get("env") or {})
+    # torchrun's variables, so torch.distributed.init_process_group() works unchanged.
+    size = len(cfg["mesh"][3])
+    for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", size), ("LOCAL_WORLD_SIZE", size)):
+        os.environ.setdefault(name, str(value))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if cfg.get("master_port"):
+        os.environ.setdefault("MASTER_PORT", str(cfg["master_port"]))
     mesh_id, name, dims, addresses, owner, hosts = cfg["mesh"]
     ref = MeshRef(mesh_id, name, tuple(tuple(d) for d in dims), tuple(addresses), owner, tuple(hosts))
-    rank = cfg["rank"]
     io = IOThread.in_this_thread()
     rt = Runtime(cfg["key"], cfg["rundir"], f"{mesh_id}.{rank}", io, owner=cfg["owner"])
     rt.fanout = cfg.get("fanout", rt.fanout)

@@ -24,6 +24,15 @@ from .template import TemplateClient
 STOP_GRACE_S = 2.0
 
 
+def _free_port() -> int:
+    """A loopback port for the mesh's torch.distributed rendezvous (MASTER_PORT)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class OwnedMesh:
     def __init__(self, ref: MeshRef, owner_actor):
         n = ref.size
@@ -72,6 +81,7 @@ class Supervisor:
         if self.template is None or not self.template.alive:
             self.template = TemplateClient(rt.io.loop, self._on_exit)
         ref = om.ref
+        master_port = _free_port()
         for r in range(ref.size):
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
@@ -84,6 +94,7 @@ class Supervisor:
                 "key": rt.key, "rundir": rt.rundir, "owner": rt.address, "rank": r,
                 "mesh": [ref.id, ref.name, [list(d) for d in ref.dims], list(ref.addresses), ref.owner, list(ref.hosts)],
                 "sys_path": list(sys.path), "cwd": os.getcwd(), "env": env, "fanout": rt.fanout,
+                "master_port": master_port,
                 # The root controller's template removes the run directory if it is killed.
                 "cleanup_dir": rt.rundir if rt._owns_rundir else None,
             }
