@@ -196,3 +196,22 @@ def test_interrupt_stops_rank_code_and_keeps_namespaces(kc, kernelspec):
     assert "[ranks 0-1] ('still here', True)" in text(out)
     out, reply = run(kc, "print(type(_mesh).__name__, len(_mesh))")
     assert "ValueMesh 2" in text(out)
+
+
+def test_restart_replaces_a_dead_rank_in_place(kc):
+    run(kc, "procs = %mesh spawn -n 3")
+    run(kc, "%%mesh\nkept = 'yes'")
+    out, reply = run(kc, "%%mesh --ranks 1\nimport os\nos._exit(9)")
+    assert reply["status"] == "error"
+    out, reply = run(kc, "%mesh restart --ranks 0")
+    assert reply["ename"] == "UsageError" and "are alive" in reply["evalue"]
+    out, reply = run(kc, "%mesh restart")
+    assert reply["status"] == "ok", text(out)
+    assert "restarted [rank 1] with fresh namespaces" in text(out)
+    out, reply = run(kc, "%mesh status")
+    assert "dead" not in text(out)
+    out, reply = run(kc, "%%mesh\n'kept' in globals()")
+    t = text(out)
+    assert "[ranks 0,2] True" in t and "[rank 1] False" in t
+    out, reply = run(kc, "%%mesh --ranks 1\nfrom monarch_kernel import current_rank\ncurrent_rank().rank")
+    assert "[rank 1] 1" in text(out)

@@ -53,6 +53,7 @@ def test_notebook_runs(path):
         assert "[rank 1] Traceback" in text and "ZeroDivisionError" in text
         assert "rank 3 died: exited with code 3" in text
         assert "dead (exited with code 3)" in text
+        assert "restarted [rank 3] with fresh namespaces" in text and "[rank 3] 3" in text
     if path.stem == "training":
         losses = [float(m) for m in re.findall(r"\[ranks 0-3\] epoch \d: loss ([0-9.]+)", text)]
         assert len(losses) == 8 and losses[-1] < losses[0] / 5

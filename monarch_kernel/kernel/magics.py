@@ -23,6 +23,7 @@ USAGE = """\
 %mesh spawn -n N [--name M]      start N ranks (returns the ProcMesh; it becomes current)
 %mesh list | use M | stop [M]    list meshes, switch, or end one
 %mesh status                     each rank's pid and state
+%mesh restart [--ranks R]        replace dead ranks (same numbers, fresh namespaces)
 %mesh push name=expr ...         set names on every rank
 %mesh pull name                  a ValueMesh of name from every rank
 %mesh auto on|off                run every following cell on the mesh
@@ -162,6 +163,27 @@ class MeshMagics(Magics):
             death = rt.dead.get((procs._ref.id, r))
             extra = f" ({death.how()})" if death else ""
             print(f"  rank {r}: pid {info['pid']} on {info['host']}, {state}{extra}")
+
+    def _cmd_restart(self, args, _ns):
+        procs, consoles = self.session.get()
+        rt = Runtime.current()
+        dead = [r for r in range(len(procs)) if (procs._ref.id, r) in rt.dead]
+        if args[:1] == ["--ranks"]:
+            if len(args) != 2:
+                raise UsageError("type  %mesh restart [--ranks 0-3]")
+            ranks = parse_ranks(args[1], len(procs))
+            alive = [r for r in ranks if r not in dead]
+            if alive:
+                raise UsageError(f"ranks {alive} are alive; %mesh restart only replaces dead ranks ({dead or 'none are dead'})")
+        elif args:
+            raise UsageError("type  %mesh restart [--ranks 0-3]")
+        else:
+            ranks = dead
+        if not ranks:
+            print("no dead ranks to restart")
+            return
+        procs._restart(ranks, [(consoles, Console, (), {})])
+        print(f"restarted {rank_label(ranks)} with fresh namespaces")
 
     def _cmd_auto(self, args, _ns):
         if args not in (["on"], ["off"]):

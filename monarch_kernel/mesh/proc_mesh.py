@@ -58,6 +58,26 @@ class ProcMesh(Shaped):
         Future(pending.completion, check, pending.inbox).get()
         return mesh
 
+    def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
+        """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn
+        ``actors`` (``(ActorMesh, cls, args, kwargs)``) on them again, with fresh state."""
+        if self._owned is None:
+            raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can restart it")
+        rt = Runtime.current()
+        for c in rt.launcher.restart(self._owned, ranks):
+            if not c.wait(timeout):
+                raise TimeoutError(f"timed out after {timeout:g} s waiting for restarted ranks of '{self.name}' to connect")
+            c.result()
+        for mesh, cls, args, kwargs in actors:
+            body = _spawn_body(cls, args, kwargs)
+            pending = rt.call(self._ref, mesh._actor_id, "__init__", list(ranks), body, kind=Kind.SPAWN)
+
+            def check(parts, name=mesh.name):
+                for r in ranks:
+                    part_value(parts[r], name, "__init__")
+
+            Future(pending.completion, check, pending.inbox).get(timeout=timeout)
+
     def stop(self) -> Future:
         """End every rank; the Future resolves once they have exited.  Ranks are ended even
         if nobody waits."""

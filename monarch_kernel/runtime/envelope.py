@@ -35,6 +35,7 @@ class Kind(enum.IntEnum):
     WAKE = 11  # any -> a thread's inbox: an answer arrived another way; look again
     PORT = 12  # any -> the process that opened a port: one value for it
     INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
+    REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
 
 
 class Mode(enum.IntEnum):

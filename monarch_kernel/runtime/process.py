@@ -244,6 +244,9 @@ class Runtime:
             self._stop_process()
         elif k == Kind.WAKE:
             pass
+        elif k == Kind.REVIVE:
+            mesh_id, rank = h.extra
+            self.dead.pop((mesh_id, rank), None)
         elif k == Kind.INTERRUPT:
             for actor_id, slot in list(self.actors.items()):
                 if not h.actor or actor_id == h.actor:

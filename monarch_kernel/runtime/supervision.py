@@ -45,6 +45,8 @@ class OwnedMesh:
         self.ready = Completion()
         self.exited = Completion()
         self.stopping = False
+        self.restarting: dict[int, Completion] = {}  # rank -> connected again
+        self.env: dict = {}
 
     def rank_info(self, rank: int) -> dict:
         return {"rank": rank, "pid": self.pids[rank], "host": self.ref.hosts[rank],
@@ -76,13 +78,15 @@ class Supervisor:
         rt.io.run(self._launch, om, dict(env or {}))
         return om
 
-    def _launch(self, om: OwnedMesh, env: dict) -> None:
+    def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
         rt = self.rt
         if self.template is None or not self.template.alive:
             self.template = TemplateClient(rt.io.loop, self._on_exit)
         ref = om.ref
-        master_port = _free_port()
-        for r in range(ref.size):
+        om.env = env
+        om.master_port = getattr(om, "master_port", None) or _free_port()
+        master_port = om.master_port
+        for r in (range(ref.size) if ranks is None else ranks):
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
             sink = lambda: rt.output_sink  # noqa: E731  (the kernel may swap it later)
@@ -111,8 +115,39 @@ class Supervisor:
         if om is None or rank in om.up or rank not in om.alive:
             return
         om.up.add(rank)
-        if len(om.up) == om.ref.size:
+        if len(om.up) == om.ref.size and not om.ready.done():
             om.ready.set_result(True)
+        back = om.restarting.pop(rank, None)
+        if back is not None:
+            back.set_result(True)
+
+    def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
+        """Start dead ``ranks`` again in place: same rank numbers and addresses, fresh
+        processes.  Returns one completion per rank, done when it has connected."""
+        rt = self.rt
+        if om.stopping:
+            raise RuntimeError(f"mesh '{om.ref.name}' was stopped; spawn a new one")
+        alive = [r for r in ranks if r in om.alive]
+        if alive:
+            raise ValueError(f"ranks {alive} of mesh '{om.ref.name}' are alive; only dead ranks can be restarted")
+        done = []
+        for r in ranks:
+            om.restarting[r] = c = Completion()
+            done.append(c)
+        rt.io.run(self._revive, om, list(ranks))
+        return done
+
+    def _revive(self, om: OwnedMesh, ranks: list[int]) -> None:
+        rt = self.rt
+        for r in ranks:
+            om.alive.add(r)
+            om.up.discard(r)
+            rt.dead.pop((om.ref.id, r), None)
+        for other in list(rt.meshes.values()):  # let callers that heard of the death forget it
+            for rr in other.up & other.alive:
+                for r in ranks:
+                    rt.send_control(other.ref, rr, Kind.REVIVE, extra=[om.ref.id, r])
+        self._launch(om, om.env, ranks)
 
     # ------------------------------------------------------------ deaths
 
@@ -143,6 +178,9 @@ class Supervisor:
                 rt.send_object(other.ref.addresses[r], Kind.DEATH, om.ref.id, info)
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
+        back = om.restarting.pop(rank, None)
+        if back is not None:
+            back.set_exception(ProcessDied(info))
         if not om.stopping and not observed:
             # A death some call of ours was waiting on has already reached its caller as
             # ProcessDied; only deaths nobody saw become supervision events.
