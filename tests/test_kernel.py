@@ -215,3 +215,23 @@ def test_restart_replaces_a_dead_rank_in_place(kc):
     assert "[ranks 0,2] True" in t and "[rank 1] False" in t
     out, reply = run(kc, "%%mesh --ranks 1\nfrom monarch_kernel import current_rank\ncurrent_rank().rank")
     assert "[rank 1] 1" in text(out)
+
+
+def test_env_scatter_and_gather(kc):
+    out, reply = run(kc, "procs = %mesh spawn -n 3 --env GREETING=hi")
+    assert reply["status"] == "ok", text(out)
+    out, reply = run(kc, "%%mesh\nimport os\nos.environ['GREETING']")
+    assert "[ranks 0-2] 'hi'" in text(out)
+    out, reply = run(kc, "%mesh scatter xs=list(range(10))")
+    assert reply["status"] == "ok", text(out)
+    out, reply = run(kc, "%%mesh\nxs")
+    t = text(out)
+    assert "[rank 0] [0, 1, 2, 3]" in t and "[rank 1] [4, 5, 6]" in t and "[rank 2] [7, 8, 9]" in t
+    out, reply = run(kc, "%%mesh\nys = [x * 2 for x in xs]")
+    out, reply = run(kc, "joined = %mesh gather ys\nprint(joined)")
+    assert "[0, 2, 4, 6, 8, 10, 12, 14, 16, 18]" in text(out)
+    out, reply = run(kc, "import torch\n%mesh scatter t=torch.arange(6.0)")
+    out, reply = run(kc, "back = %mesh gather t\nprint(back.tolist())")
+    assert "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in text(out)
+    out, reply = run(kc, "%mesh scatter n=5")
+    assert reply["ename"] == "UsageError" and "use %mesh push" in reply["evalue"]

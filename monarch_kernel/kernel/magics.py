@@ -20,12 +20,14 @@ from .output import CollapsingSink, rank_label
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
 
 USAGE = """\
-%mesh spawn -n N [--name M]      start N ranks (returns the ProcMesh; it becomes current)
+%mesh spawn -n N [--name M] [--env K=V]   start N ranks (returns the ProcMesh; it becomes current)
 %mesh list | use M | stop [M]    list meshes, switch, or end one
 %mesh status                     each rank's pid and state
 %mesh restart [--ranks R]        replace dead ranks (same numbers, fresh namespaces)
 %mesh push name=expr ...         set names on every rank
 %mesh pull name                  a ValueMesh of name from every rank
+%mesh scatter name=expr          split a list/array/tensor across the ranks
+%mesh gather name                join name's pieces from every rank
 %mesh auto on|off                run every following cell on the mesh
 %%mesh [--ranks SPEC] [--timeout S]   run the cell on the ranks (SPEC: 0 | 0-3 | 0,2 | ::2)"""
 
@@ -100,7 +102,7 @@ class MeshMagics(Magics):
         return handler(args, local_ns or {})
 
     def _cmd_spawn(self, args, _ns):
-        n, name = 1, None
+        n, name, env = 1, None, {}
         it = iter(args)
         for a in it:
             if a in ("-n", "--n"):
@@ -109,14 +111,19 @@ class MeshMagics(Magics):
                 name = next(it, None)
                 if not name:
                     raise UsageError("--name needs a value: %mesh spawn -n 4 --name trainers")
+            elif a == "--env":
+                k, eq, v = (next(it, None) or "").partition("=")
+                if not eq or not k:
+                    raise UsageError("--env takes NAME=VALUE: %mesh spawn -n 4 --env OMP_NUM_THREADS=1")
+                env[k] = v
             else:
-                raise UsageError(f"%mesh spawn: unexpected {a!r}; type  %mesh spawn -n 4 [--name M]")
+                raise UsageError(f"%mesh spawn: unexpected {a!r}; type  %mesh spawn -n 4 [--name M] [--env K=V ...]")
         if n < 1:
             raise UsageError("-n must be at least 1: %mesh spawn -n 4")
         s = self.session
         if name in s.meshes:
             raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
-        procs = this_host().spawn_procs(per_host={"ranks": n}, name=name)
+        procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
         consoles = procs.spawn("console", Console)
         s.meshes[procs.name] = (procs, consoles)
         s.current = procs.name
@@ -214,6 +221,24 @@ class MeshMagics(Magics):
         _procs, consoles = self.session.get()
         return consoles.pull.call(args[0]).get(timeout=60)
 
+    def _cmd_scatter(self, args, _ns):
+        if len(args) != 1 or "=" not in args[0]:
+            raise UsageError("type  %mesh scatter name=expr  (a list, array or tensor, split along its first dim)")
+        name, _, expr = args[0].partition("=")
+        if not name.isidentifier():
+            raise UsageError(f"%mesh scatter {args[0]!r}: write name=expr")
+        _procs, consoles = self.session.get()
+        chunks = split_along_ranks(self.shell.ev(expr), len(consoles))
+        futs = [consoles.slice(ranks=r).push.call_one({name: c}) for r, c in enumerate(chunks)]
+        for f in futs:
+            f.get(timeout=60)
+
+    def _cmd_gather(self, args, _ns):
+        if len(args) != 1 or not args[0].isidentifier():
+            raise UsageError("type  %mesh gather name")
+        _procs, consoles = self.session.get()
+        return join_along_ranks(list(consoles.pull.call(args[0]).get(timeout=60).values()))
+
     # ------------------------------------------------------------ %%mesh
 
     def _run_cell(self, line: str, cell: str):
@@ -304,6 +329,48 @@ def clean_traceback(text: str) -> str:
         if not skip:
             out.append(line)
     return "\n".join(out)
+
+
+def split_along_ranks(value, n: int) -> list:
+    """Contiguous, nearly equal chunks of ``value`` along its first dim, one per rank."""
+    mod = type(value).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        return list(torch.tensor_split(value, n))
+    if mod == "numpy":
+        import numpy
+
+        return list(numpy.array_split(value, n))
+    if isinstance(value, (list, tuple, range)):
+        k, extra = divmod(len(value), n)
+        out, start = [], 0
+        for i in range(n):
+            end = start + k + (1 if i < extra else 0)
+            out.append(value[start:end])
+            start = end
+        return out
+    raise UsageError(f"%mesh scatter needs a list, tuple, numpy array or torch tensor, not {type(value).__name__}; "
+                     f"use %mesh push to send the same value to every rank")
+
+
+def join_along_ranks(parts: list):
+    """The inverse of ``split_along_ranks``."""
+    mod = type(parts[0]).__module__.split(".")[0] if parts else ""
+    if mod == "torch":
+        import torch
+
+        return torch.cat(parts)
+    if mod == "numpy":
+        import numpy
+
+        return numpy.concatenate(parts)
+    if all(isinstance(p, (list, tuple, range)) for p in parts):
+        out = []
+        for p in parts:
+            out.extend(p)
+        return out
+    return parts
 
 
 def _select(consoles, ranks):
