@@ -235,3 +235,25 @@ def test_env_scatter_and_gather(kc):
     assert "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in text(out)
     out, reply = run(kc, "%mesh scatter n=5")
     assert reply["ename"] == "UsageError" and "use %mesh push" in reply["evalue"]
+
+
+def test_rich_output_from_ranks_renders_in_the_cell(kc):
+    run(kc, "procs = %mesh spawn -n 2")
+    msg_id = kc.execute("%%mesh\nfrom IPython.display import display, HTML\n"
+                        "from monarch_kernel import current_rank\n"
+                        "display(HTML(f'<b>rank {current_rank().rank}</b>'))\n"
+                        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nNone")
+    bundles = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "display_data":
+            bundles.append(msg["content"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert kc.get_shell_msg(timeout=30)["content"]["status"] == "ok"
+    html = {b["metadata"]["monarch_kernel"]["rank"]: b["data"]["text/html"] for b in bundles if "text/html" in b["data"]}
+    assert html == {0: "<b>rank 0</b>", 1: "<b>rank 1</b>"}
+    pngs = [b for b in bundles if "image/png" in b["data"]]
+    assert sorted(b["metadata"]["monarch_kernel"]["rank"] for b in pngs) == [0, 1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 import uuid
 
+from IPython.core.display_functions import publish_display_data
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 
@@ -123,6 +124,7 @@ class MeshMagics(Magics):
         s = self.session
         if name in s.meshes:
             raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
+        env.setdefault("MPLBACKEND", "Agg")  # figures are collected and shown in the cell
         procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
         consoles = procs.spawn("console", Console)
         s.meshes[procs.name] = (procs, consoles)
@@ -283,13 +285,20 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     session.sink.wait_synced(token, expected, 5.0)
     errors = {}
     if results is not None:
-        session.shell.user_ns["_mesh"] = results
         shown: dict[str, list[int]] = {}  # the same value from several ranks prints once
+        displays = []
         for (_point, value), r in zip(results.items(), ranks):
             if isinstance(value, BaseException):
                 errors[r] = value
-            elif value is not None:
-                shown.setdefault(value, []).append(r)
+                continue
+            if value["value"] is not None:
+                shown.setdefault(value["value"], []).append(r)
+            displays.extend((r, data, md) for data, md in value["displays"])
+        session.shell.user_ns["_mesh"] = results.__class__(
+            results.shape, [v if isinstance(v, BaseException) else v["value"] for v in results.values()])
+        for r, data, md in displays:
+            print(f"[rank {r}]", flush=True)
+            publish_display_data(data, {**md, "monarch_kernel": {"rank": r}})
         for value, rs in shown.items():
             print(f"{rank_label(rs)} {value}")
     if interrupted:
