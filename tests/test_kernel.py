@@ -257,3 +257,19 @@ def test_rich_output_from_ranks_renders_in_the_cell(kc):
     assert html == {0: "<b>rank 0</b>", 1: "<b>rank 1</b>"}
     pngs = [b for b in bundles if "image/png" in b["data"]]
     assert sorted(b["metadata"]["monarch_kernel"]["rank"] for b in pngs) == [0, 1]
+
+
+def test_no_stream_groups_output_by_rank(kc):
+    run(kc, "procs = %mesh spawn -n 3")
+    out, reply = run(kc, "%%mesh --no-stream --group-outputs rank\nimport time\n"
+                         "from monarch_kernel import current_rank\nr = current_rank().rank\n"
+                         "time.sleep(0.3 * (2 - r))\nprint(f'first {r}', flush=True)\n"
+                         "time.sleep(0.3)\nprint(f'second {r}', flush=True)")
+    assert reply["status"] == "ok"
+    lines = [l for l in text(out).splitlines() if l.startswith("[rank")]
+    assert lines == ["[rank 0] first 0", "[rank 0] second 0", "[rank 1] first 1", "[rank 1] second 1",
+                     "[rank 2] first 2", "[rank 2] second 2"]
+    arrived = [t for t, s in out if "first" in s or "second" in s]
+    assert max(arrived) - min(arrived) < 0.25, "held lines arrive together at the end"
+    out, reply = run(kc, "%%mesh --group-outputs rank\n1")
+    assert reply["ename"] == "UsageError" and "add --no-stream" in reply["evalue"]

@@ -30,7 +30,8 @@ USAGE = """\
 %mesh scatter name=expr          split a list/array/tensor across the ranks
 %mesh gather name                join name's pieces from every rank
 %mesh auto on|off                run every following cell on the mesh
-%%mesh [--ranks SPEC] [--timeout S]   run the cell on the ranks (SPEC: 0 | 0-3 | 0,2 | ::2)"""
+%%mesh [--ranks SPEC] [--timeout S] [--no-stream] [--group-outputs rank|order]
+                                 run the cell on the ranks (SPEC: 0 | 0-3 | 0,2 | ::2)"""
 
 
 def parse_ranks(spec: str, n: int) -> list[int]:
@@ -244,7 +245,7 @@ class MeshMagics(Magics):
     # ------------------------------------------------------------ %%mesh
 
     def _run_cell(self, line: str, cell: str):
-        ranks_spec, timeout = None, None
+        ranks_spec, timeout, stream, group = None, None, True, "order"
         words = shlex.split(line)
         it = iter(words)
         for a in it:
@@ -254,18 +255,29 @@ class MeshMagics(Magics):
                     raise UsageError("--ranks needs a value, e.g. %%mesh --ranks 0-3")
             elif a == "--timeout":
                 timeout = float(self._int(next(it, None), "--timeout", "%%mesh --timeout 30"))
+            elif a == "--no-stream":
+                stream = False
+            elif a == "--group-outputs":
+                group = next(it, None)
+                if group not in ("rank", "order"):
+                    raise UsageError("--group-outputs takes rank or order: %%mesh --no-stream --group-outputs rank")
             else:
-                raise UsageError(f"%%mesh: unexpected {a!r}; type  %%mesh [--ranks 0-3] [--timeout S]")
-        return run_on_mesh(self.session, cell, ranks_spec, timeout)
+                raise UsageError(f"%%mesh: unexpected {a!r}; type  %%mesh [--ranks 0-3] [--timeout S] "
+                                 "[--no-stream] [--group-outputs rank|order]")
+        if group == "rank" and stream:
+            raise UsageError("--group-outputs rank needs the whole output first: add --no-stream")
+        return run_on_mesh(self.session, cell, ranks_spec, timeout, stream=stream, by_rank=group == "rank")
 
 
-def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout: float | None):
+def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout: float | None,
+                stream: bool = True, by_rank: bool = False):
     procs, consoles = session.get()
     n = len(procs)
     ranks = parse_ranks(ranks_spec, n) if ranks_spec else list(range(n))
     target = consoles if len(ranks) == n else _select(consoles, ranks)
     token = uuid.uuid4().hex
     filename = f"<mesh-cell-{token[:8]}>"
+    session.sink.hold = not stream
     fut = target.run.call(cell, filename, token)
     interrupted = False
     try:
@@ -282,7 +294,8 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     mesh_name = procs.name
     expected = {(mesh_name, r, s) for r in ranks for s in ("stdout", "stderr")
                 if (procs._ref.id, r) not in Runtime.current().dead}
-    session.sink.wait_synced(token, expected, 5.0)
+    session.sink.wait_synced(token, expected, 5.0, by_rank)
+    session.sink.hold = False
     errors = {}
     if results is not None:
         shown: dict[str, list[int]] = {}  # the same value from several ranks prints once

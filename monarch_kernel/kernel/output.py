@@ -48,6 +48,8 @@ class CollapsingSink:
         # The running cell's context: ipykernel keeps the cell's parent header in a
         # context variable, so output written under it lands in that cell.
         self.context: contextvars.Context | None = None
+        self.hold = False  # --no-stream: keep lines until the cell ends
+        self._held: list = []
 
     def follow_cell(self, *_args) -> None:
         """Called at the start of each cell, on the kernel's main thread."""
@@ -84,15 +86,22 @@ class CollapsingSink:
                 del self._pending[key]
             nxt = next(iter(self._pending.values()), None)
             self._tick_scheduled = nxt is not None
+            if self.hold:
+                self._held.extend(due)
+                due = []
         if nxt is not None:
             self._loop.call_later(max(nxt[1] - now, 0.001), self._tick)
         self._emit(due)
 
-    def flush(self) -> None:
-        """Print everything pending now (any thread)."""
+    def flush(self, by_rank: bool = False) -> None:
+        """Print everything pending or held now (any thread); ``by_rank`` groups the lines
+        by the first rank that printed them instead of by arrival."""
         with self._lock:
-            due = [(k, ranks) for k, (ranks, _d) in self._pending.items()]
+            due = self._held + [(k, ranks) for k, (ranks, _d) in self._pending.items()]
+            self._held = []
             self._pending.clear()
+        if by_rank:
+            due.sort(key=lambda item: min(item[1]))
         self._emit(due)
 
     def _emit(self, due) -> None:
@@ -113,10 +122,10 @@ class CollapsingSink:
             except (ValueError, OSError):
                 pass
 
-    def wait_synced(self, token: str, expected: set, timeout: float) -> bool:
+    def wait_synced(self, token: str, expected: set, timeout: float, by_rank: bool = False) -> bool:
         """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker."""
         with self._sync_cv:
             ok = self._sync_cv.wait_for(lambda: expected <= self._synced.get(token, set()), timeout)
             self._synced.pop(token, None)
-        self.flush()
+        self.flush(by_rank)
         return ok
