@@ -273,3 +273,33 @@ def test_no_stream_groups_output_by_rank(kc):
     assert max(arrived) - min(arrived) < 0.25, "held lines arrive together at the end"
     out, reply = run(kc, "%%mesh --group-outputs rank\n1")
     assert reply["ename"] == "UsageError" and "add --no-stream" in reply["evalue"]
+
+
+def test_status_is_a_table_and_a_live_widget(kc):
+    run(kc, "procs = %mesh spawn -n 2")
+    run(kc, "%%mesh\nprint('working on it', flush=True)")
+    msg_id = kc.execute("%mesh status")
+    widget_ids, texts = [], []
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "display_data":
+            widget_ids.append(msg["content"]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"])
+        elif msg["msg_type"] == "stream":
+            texts.append(msg["content"]["text"])
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    t = "".join(texts)
+    assert "rank 0: pid" in t and "idle" in t and "MiB" in t and "working on it" in t
+    assert len(widget_ids) == 1
+    # While a cell runs on the ranks, the widget shows them busy, without being asked again.
+    kc.execute("%%mesh\nimport time\ntime.sleep(3)")
+    deadline = time.monotonic() + 30
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["msg_type"] == "comm_msg":
+            state = msg["content"]["data"].get("state", {})
+            if "busy" in state.get("value", ""):
+                break
+        assert time.monotonic() < deadline, "the status widget never showed a busy rank"

@@ -8,13 +8,14 @@ from __future__ import annotations
 import shlex
 import uuid
 
-from IPython.core.display_functions import publish_display_data
+from IPython.core.display_functions import display, publish_display_data
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 
 from ..actor.errors import ActorError
 from ..mesh.host_mesh import this_host
 from ..runtime.process import Runtime
+from . import status
 from .console import Console
 from .output import CollapsingSink, rank_label
 
@@ -64,6 +65,7 @@ class MeshSession:
         self.meshes: dict[str, tuple] = {}  # name -> (ProcMesh, console ActorMesh)
         self.current: str | None = None
         self.auto = False
+        self.live = None  # the %mesh status widget that is refreshing, if any
         rt = Runtime.current()
         self.sink = CollapsingSink(rt.io.loop)
         rt.output_sink = self.sink
@@ -164,15 +166,15 @@ class MeshMagics(Magics):
 
     def _cmd_status(self, _args, _ns):
         procs, consoles = self.session.get()
-        rt = Runtime.current()
-        om = procs._owned
-        print(f"mesh {procs.name}: {len(procs)} ranks")
-        for r in range(len(procs)):
-            info = om.rank_info(r)
-            state = "alive" if info["alive"] else "dead"
-            death = rt.dead.get((procs._ref.id, r))
-            extra = f" ({death.how()})" if death else ""
-            print(f"  rank {r}: pid {info['pid']} on {info['host']}, {state}{extra}")
+        print(status.as_text(procs.name, status.snapshot(procs, consoles, self.session.sink.last_lines)))
+        try:
+            live = status.LiveStatus(self.session)
+        except ImportError:  # no ipywidgets: the text table is all there is
+            return None
+        if self.session.live is not None:
+            self.session.live.close()
+        self.session.live = live
+        display(live.widget)
 
     def _cmd_restart(self, args, _ns):
         procs, consoles = self.session.get()

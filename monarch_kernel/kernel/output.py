@@ -48,6 +48,7 @@ class CollapsingSink:
         # The running cell's context: ipykernel keeps the cell's parent header in a
         # context variable, so output written under it lands in that cell.
         self.context: contextvars.Context | None = None
+        self.last_lines: dict[tuple[str, int], str] = {}  # (mesh, rank) -> last line, for status
         self.hold = False  # --no-stream: keep lines until the cell ends
         self._held: list = []
 
@@ -62,6 +63,7 @@ class CollapsingSink:
                 self._sync_cv.notify_all()
             return
         key = (mesh, stream, line)
+        self.last_lines[(mesh, rank)] = line
         with self._lock:
             entry = self._pending.get(key)
             if entry is None:

@@ -1,0 +1,93 @@
+"""``%mesh status``: each rank's host, pid, state (idle/busy/dead), memory and last output
+line, as a text table and, where widgets render, a live grid that keeps updating while
+cells run."""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+
+from ..runtime.process import Runtime
+
+REFRESH_S = 1.0
+
+
+def rss_mib(pid: int | None) -> float | None:
+    """Resident memory of a local process, from /proc (no extra dependency)."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def snapshot(procs, consoles, last_lines: dict) -> list[dict]:
+    rt = Runtime.current()
+    om = procs._owned
+    busy = set()
+    for call in list(rt.calls.values()):
+        if call.mesh.id == procs._ref.id:
+            busy.update(call.remaining)
+    rows = []
+    for r in range(len(procs)):
+        info = om.rank_info(r)
+        death = rt.dead.get((procs._ref.id, r))
+        state = f"dead ({death.how()})" if death else ("busy" if r in busy else "idle")
+        rss = None if death else rss_mib(info["pid"])
+        rows.append({"rank": r, "host": info["host"], "pid": info["pid"], "state": state,
+                     "rss": "" if rss is None else f"{rss:.0f} MiB",
+                     "last": last_lines.get((procs.name, r), "")})
+    return rows
+
+
+def as_text(name: str, rows: list[dict]) -> str:
+    out = [f"mesh {name}: {len(rows)} ranks"]
+    for row in rows:
+        last = f"  | {row['last'][:60]}" if row["last"] else ""
+        out.append(f"  rank {row['rank']}: pid {row['pid']} on {row['host']}, {row['state']}"
+                   f"{', ' + row['rss'] if row['rss'] else ''}{last}")
+    return "\n".join(out)
+
+
+def as_html(name: str, rows: list[dict]) -> str:
+    colour = {"idle": "#2e7d32", "busy": "#f9a825"}
+    cells = "".join(
+        f"<tr><td>{row['rank']}</td><td>{html.escape(str(row['host']))}</td><td>{row['pid']}</td>"
+        f"<td style='color:{colour.get(row['state'], '#c62828')}'>{html.escape(row['state'])}</td>"
+        f"<td>{row['rss']}</td><td><code>{html.escape(row['last'][:80])}</code></td></tr>"
+        for row in rows
+    )
+    return (f"<b>mesh {html.escape(name)}</b><table><tr><th>rank</th><th>host</th><th>pid</th>"
+            f"<th>state</th><th>memory</th><th>last line</th></tr>{cells}</table>")
+
+
+class LiveStatus:
+    """A widget that refreshes itself every second from a background thread."""
+
+    def __init__(self, session):
+        import ipywidgets
+
+        self.session = session
+        self.widget = ipywidgets.HTML()
+        self._stop = threading.Event()
+        self.refresh()
+        threading.Thread(target=self._loop, name="mesh-status", daemon=True).start()
+
+    def refresh(self) -> bool:
+        try:
+            procs, consoles = self.session.get()
+        except Exception:
+            return False
+        self.widget.value = as_html(procs.name, snapshot(procs, consoles, self.session.sink.last_lines))
+        return not procs._stopped
+
+    def _loop(self) -> None:
+        while not self._stop.wait(REFRESH_S):
+            if not self.refresh():
+                return
+
+    def close(self) -> None:
+        self._stop.set()
