@@ -303,3 +303,20 @@ def test_status_is_a_table_and_a_live_widget(kc):
             if "busy" in state.get("value", ""):
                 break
         assert time.monotonic() < deadline, "the status widget never showed a busy rank"
+
+
+def test_long_cell_shows_progress(kc):
+    run(kc, "procs = %mesh spawn -n 2")
+    msg_id = kc.execute("%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"
+                        "time.sleep(1.0 if current_rank().rank == 0 else 3.5)")
+    shown = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in ("display_data", "update_display_data"):
+            shown.append(msg["content"]["data"]["text/plain"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert shown and shown[0].startswith("[mesh] 1 of 2 ranks finished")
+    assert shown[-1].startswith("[mesh] 2 of 2 ranks finished")

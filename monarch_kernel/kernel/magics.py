@@ -6,6 +6,7 @@ One ``Magics`` class; every mistake is a ``UsageError`` that says what to type i
 from __future__ import annotations
 
 import shlex
+import time
 import uuid
 
 from IPython.core.display_functions import display, publish_display_data
@@ -284,7 +285,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     interrupted = False
     try:
         try:
-            results = fut.get(timeout=timeout)
+            results = _wait_with_progress(fut, session.sink, token, len(ranks), timeout)
         except KeyboardInterrupt:
             # The stop button: interrupt the ranks' code, keep their namespaces.
             interrupted = True
@@ -321,6 +322,48 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     if failed is not None:
         raise MeshCellError(errors or {ranks[0]: failed}) from None
     return None
+
+
+PROGRESS_AFTER_S = 2.0
+
+
+def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None):
+    """``fut.get(timeout)``, showing "k of n ranks finished" once the cell runs past 2 s."""
+    start = time.monotonic()
+    handle, shown = None, -1
+    while True:
+        elapsed = time.monotonic() - start
+        step = 0.25 if timeout is None else max(0.0, min(0.25, timeout - elapsed))
+        try:
+            result = fut.get(timeout=step)
+            done = True
+        except TimeoutError:
+            if timeout is not None and time.monotonic() - start >= timeout:
+                raise TimeoutError(f"the cell did not finish on every rank within {timeout:g} s "
+                                   "(it is still running there; interrupt the kernel to stop it)") from None
+            done = False
+        except ActorError:
+            done = True
+            result = None
+            if handle is not None:
+                handle.update(_progress(n, n, time.monotonic() - start), raw=True)
+            raise
+        elapsed = time.monotonic() - start
+        finished = n if done else sink.finished(token)
+        if handle is None and not done and elapsed >= PROGRESS_AFTER_S:
+            handle = display(_progress(finished, n, elapsed), display_id=True, raw=True)
+            shown = finished
+        elif handle is not None and (finished != shown or done):
+            handle.update(_progress(finished, n, elapsed), raw=True)
+            shown = finished
+        if done:
+            return result
+
+
+def _progress(finished: int, n: int, elapsed: float) -> dict:
+    label = f"{finished} of {n} ranks finished ({elapsed:.1f} s)"
+    return {"text/plain": f"[mesh] {label}",
+            "text/html": f"<progress value='{finished}' max='{n}'></progress> {label}"}
 
 
 class MeshCellError(Exception):

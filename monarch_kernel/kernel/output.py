@@ -124,6 +124,11 @@ class CollapsingSink:
             except (ValueError, OSError):
                 pass
 
+    def finished(self, token: str) -> int:
+        """How many ranks have finished the cell marked ``token`` (their stdout marker)."""
+        with self._lock:
+            return sum(1 for _m, _r, stream in self._synced.get(token, ()) if stream == "stdout")
+
     def wait_synced(self, token: str, expected: set, timeout: float, by_rank: bool = False) -> bool:
         """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker."""
         with self._sync_cv:
