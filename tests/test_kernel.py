@@ -4,59 +4,24 @@ errors, and the magics in a plain IPython kernel via %load_ext."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-from jupyter_client.manager import start_new_kernel
-
-from monarch_kernel.kernel.kernelspec import KERNEL_NAME, install
+from _kernels import ensure_kernelspec, kernel, run, text
+from jupyter_client.kernelspec import KernelSpecManager
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def run(kc, code: str, timeout: float = 60):
-    """Execute ``code``; return [(arrival time, text)] of its outputs and the reply content."""
-    msg_id = kc.execute(code)
-    out = []
-    while True:
-        msg = kc.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            out.append((time.monotonic(), content["text"]))
-        elif kind in ("execute_result", "display_data"):
-            out.append((time.monotonic(), content["data"].get("text/plain", "")))
-        elif kind == "error":
-            out.append((time.monotonic(), "\n".join(content["traceback"])))
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    return out, kc.get_shell_msg(timeout=timeout)["content"]
-
-
-def text(out) -> str:
-    return "".join(t for _, t in out)
-
-
 @pytest.fixture(scope="module")
 def kernelspec():
-    try:
-        KernelSpecManager().get_kernel_spec(KERNEL_NAME)
-    except NoSuchKernel:
-        install(prefix=sys.prefix)
-    return KERNEL_NAME
+    return ensure_kernelspec()
 
 
 @pytest.fixture
 def kc(kernelspec):
-    km, client = start_new_kernel(kernel_name=kernelspec, startup_timeout=60)
-    try:
+    with kernel(kernelspec) as client:
         yield client
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=False)
 
 
 def test_kernelspec_is_installed_with_display_name(kernelspec):
@@ -147,29 +112,21 @@ def test_auto_mode_runs_plain_cells_on_the_mesh(kc):
 
 
 def test_load_ext_in_plain_ipykernel():
-    km, client = start_new_kernel(kernel_name="python3", startup_timeout=60)
-    try:
+    with kernel("python3") as client:
         out, reply = run(client, "%load_ext monarch_kernel\nprocs = %mesh spawn -n 2")
         assert reply["status"] == "ok", text(out)
         out, reply = run(client, "%%mesh\n6 * 7")
         assert "[ranks 0-1] 42" in text(out)
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=False)
 
 
 def test_no_rank_outlives_its_kernel(kernelspec):
     import psutil
 
-    km, client = start_new_kernel(kernel_name=kernelspec, startup_timeout=60)
-    try:
-        out, reply = run(client, "procs = %mesh spawn -n 3\nvm = %mesh pull os\n")
+    with kernel(kernelspec) as client:
+        run(client, "procs = %mesh spawn -n 3")
         out, reply = run(client, "%%mesh\nimport os\nos.getpid()")
         pids = [int(line.split()[-1]) for line in text(out).splitlines() if line.startswith("[rank")]
         assert len(pids) == 3
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=False)
     deadline = time.monotonic() + 5
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
         assert time.monotonic() < deadline, "ranks outlived their kernel"

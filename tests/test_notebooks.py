@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pathlib
 import re
-import sys
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from _kernels import ensure_kernelspec
 from nbclient import NotebookClient
 
-from monarch_kernel.kernel.kernelspec import KERNEL_NAME, install
+from monarch_kernel.kernel.kernelspec import KERNEL_NAME
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -32,10 +31,7 @@ def outputs(nb) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def kernelspec():
-    try:
-        KernelSpecManager().get_kernel_spec(KERNEL_NAME)
-    except NoSuchKernel:
-        install(prefix=sys.prefix)
+    ensure_kernelspec()
 
 
 def test_there_are_notebooks():

@@ -343,8 +343,6 @@ def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None):
                                    "(it is still running there; interrupt the kernel to stop it)") from None
             done = False
         except ActorError:
-            done = True
-            result = None
             if handle is not None:
                 handle.update(_progress(n, n, time.monotonic() - start), raw=True)
             raise
