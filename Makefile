@@ -22,7 +22,7 @@ setup: $(STAMP)
 lab: setup
 	$(BIN)/pip install -q 'jupyterlab>=4.2'
 	@echo "JupyterLab with the 'Python 3 (monarch mesh)' kernel; open the URL it prints below."
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --notebook-dir=notebooks
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 demo: setup
 	$(BIN)/python examples/run_notebook.py notebooks/quickstart.ipynb
