@@ -339,6 +339,13 @@ class Runtime:
         if h.ranks[0] != me:
             self.drops.count("malformed")
             return
+        if _lone(h):
+            # Sent by the caller to this rank alone: nothing to forward, gather or repair.
+            if h.kind == Kind.SPAWN:
+                self._spawn_actor(h, body, mesh, me)
+            else:
+                self._run_endpoint(h, body, mesh, me)
+            return
         subs = split(h.ranks[1:], h.fanout)
         gather = h.mode == Mode.GATHER
         waiting = {me} | ({s[0] for s in subs} if gather else set())
@@ -361,6 +368,9 @@ class Runtime:
             self._run_endpoint(h, body, mesh, me)
 
     def _complete(self, h: Header, me: int, part: Part) -> None:
+        if _lone(h):
+            self._send_reply(NodeState(h.reply_to, False, set(), [part]), h.origin, h.call_id, me, h.mesh)
+            return
         st = self.nodes.add((h.origin, h.call_id), me, [part])
         if st is not None:
             self._send_reply(st, h.origin, h.call_id, me, h.mesh)
@@ -565,6 +575,12 @@ class Runtime:
         self.launcher.close()
         if self._owns_rundir:
             shutil.rmtree(self.rundir, ignore_errors=True)
+
+
+def _lone(h: Header) -> bool:
+    """A call the caller sent straight to one rank (in GATHER mode forwarded calls have
+    hop 1): no tree state is needed for it, since nothing can be redirected to it."""
+    return h.hop == 0 and h.mode == Mode.GATHER and len(h.ranks) == 1 and not h.resend
 
 
 def _message_point(h: Header, me: int):
