@@ -1,0 +1,202 @@
+"""Serving calls on this process: taking a CALL or SPAWN off an inbox, forwarding it down
+the tree, running the endpoint (sync on the actor's worker, async on the IO loop) and
+sending the answer, merged with its subtree's, up the tree.
+
+A mixin of ``Runtime``; it uses the runtime's transport, node table, actors and ports.
+"""
+
+from __future__ import annotations
+
+from .actors import ActorSlot
+from .context import ActorContext, MeshRef, current_actor
+from .envelope import Header, Kind, Mode, Part, Status
+from .failure import RemoteFailure
+from .serialize import describe_unpicklable, dumps
+from .tree import NodeState, split
+
+
+class Serving:
+    """How a process serves the calls that reach it (mixed into ``Runtime``)."""
+
+    def _on_call(self, h: Header, body: list) -> None:
+        member = self.memberships.get(h.mesh)
+        if member is None or not h.ranks:
+            self.drops.count("malformed")
+            return
+        mesh, me = member
+        if h.ranks[0] != me:
+            self.drops.count("malformed")
+            return
+        if _lone(h):
+            # Sent by the caller to this rank alone: nothing to forward, gather or repair.
+            if h.kind == Kind.SPAWN:
+                self._spawn_actor(h, body, mesh, me)
+            else:
+                self._run_endpoint(h, body, mesh, me)
+            return
+        subs = split(h.ranks[1:], h.fanout)
+        gather = h.mode == Mode.GATHER
+        waiting = {me} | ({s[0] for s in subs} if gather else set())
+        key = (h.origin, h.call_id)
+        if not self.nodes.start(key, h.reply_to, h.hop > 0, waiting, h.resend):
+            return
+        if subs:
+            # Children's answers come back to whoever serves this call here: the actor's
+            # worker for CALLs (it cannot finish before its own part anyway), else the IO thread.
+            back = self.target(mesh, me, h.kind, h.actor) if gather else h.origin
+            fwd = Header(h.kind, h.call_id, h.origin, back, h.mesh,
+                         h.actor, h.method, [], h.fanout, h.mode, h.resend,
+                         1 if gather else 0, h.parts, h.extra)
+            for s in subs:
+                fwd.ranks = s
+                self.transport.send(self.target(mesh, s[0], h.kind, h.actor), fwd, body)
+        if h.kind == Kind.SPAWN:
+            self._spawn_actor(h, body, mesh, me)
+        else:
+            self._run_endpoint(h, body, mesh, me)
+
+    def _complete(self, h: Header, me: int, part: Part) -> None:
+        if _lone(h):
+            self._send_reply(NodeState(h.reply_to, False, set(), [part]), h.origin, h.call_id, me, h.mesh)
+            return
+        st = self.nodes.add((h.origin, h.call_id), me, [part])
+        if st is not None:
+            self._send_reply(st, h.origin, h.call_id, me, h.mesh)
+
+    def _failure_part(self, me: int, actor: str, method: str, exc: BaseException) -> Part:
+        f = RemoteFailure.capture(me, actor, method, exc)
+        return Part(me, Status.RAISED, dumps(f))
+
+    def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
+        try:
+            frames = dumps(value)
+            self._check_size(frames, f"the result of {actor}.{method} on rank {me} would")
+            return Part(me, Status.OK, frames)
+        except ValueError as e:
+            return self._failure_part(me, actor, method, e)
+        except Exception as e:
+            err = TypeError(f"the result of {actor}.{method} on rank {me} could not be pickled: "
+                            f"{describe_unpicklable(value, e)}")
+            return self._failure_part(me, actor, method, err)
+
+    def _spawn_actor(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
+        slot = ActorSlot(h.actor, mesh, me, self)
+        self.actors[h.actor] = slot
+
+        def construct():
+            token = None
+            try:
+                cls, args, kwargs = Part(me, 0, body).load()
+                obj = cls.__new__(cls)
+                slot.instance = obj
+                token = current_actor.set(ActorContext(mesh, me, h.actor, obj, me, mesh.dims))
+                obj.__init__(*args, **kwargs)
+                part = Part(me, Status.OK, dumps(None))
+            except BaseException as e:
+                part = self._failure_part(me, h.actor, "__init__", e)
+                slot.instance = None
+            finally:
+                if token is not None:
+                    current_actor.reset(token)
+            slot.constructed.set_result(part.status == Status.OK)
+            self._complete(h, me, part)
+
+        slot.submit(construct)
+
+    def _run_endpoint(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
+        slot = self.actors.get(h.actor)
+        if slot is None:
+            err = LookupError(f"no actor {h.actor!r} on rank {me} of mesh '{mesh.name}' (it failed to spawn or was stopped)")
+            self._complete(h, me, self._failure_part(me, h.actor, h.method, err))
+            return
+        if not slot.constructed.done():
+            slot.constructed.add_done_callback(lambda _c: slot.submit(lambda: self._run_endpoint(h, body, mesh, me)))
+            return
+        if slot.instance is None:
+            err = LookupError(f"actor {h.actor!r} on rank {me} failed in __init__; spawn it again")
+            self._complete(h, me, self._failure_part(me, h.actor, h.method, err))
+            return
+        try:
+            fn, is_async = slot.endpoint(h.method)
+        except AttributeError as e:
+            self._complete(h, me, self._failure_part(me, h.actor, h.method, e))
+            return
+        msg_rank, msg_dims = _message_point(h, me)
+        ctx = ActorContext(mesh, me, h.actor, slot.instance, msg_rank, msg_dims)
+        if is_async:
+            self.io.call_soon(lambda: self.io.loop.create_task(self._run_async(fn, ctx, h, body, me)))
+        elif slot.is_current():
+            self._run_sync(fn, ctx, h, body, me)
+        else:
+            slot.submit(lambda: self._run_sync(fn, ctx, h, body, me))
+
+    def _response_port(self, h: Header, me: int) -> tuple[int, tuple]:
+        """For ``@endpoint(explicit_response_port=True)``: a port that answers this call."""
+        port_id = self.ports.open(lambda part: self._complete(h, me, Part(me, part.status, part.frames)), once=True)
+        return port_id, (self.address, port_id, me)
+
+    def _run_sync(self, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
+        token = current_actor.set(ctx)
+        port_id = None
+        try:
+            args, kwargs = Part(me, 0, body).load()
+            slot = self.actors[h.actor]
+            if getattr(fn, "__monarch_port__", False):
+                port_id, port = self._response_port(h, me)
+                with slot.running():
+                    fn(self.make_port(*port), *args, **kwargs)
+                return
+            with slot.running():
+                value = fn(*args, **kwargs)
+            part = self._ok_part(me, h.actor, h.method, value)
+        except BaseException as e:
+            if port_id is not None and not self.ports.close(port_id):
+                return  # it already answered through the port
+            part = self._failure_part(me, h.actor, h.method, e)
+        finally:
+            current_actor.reset(token)
+        self._complete(h, me, part)
+
+    async def _run_async(self, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
+        current_actor.set(ctx)  # this task's own context copy
+        port_id = None
+        try:
+            args, kwargs = Part(me, 0, body).load()
+            if getattr(fn, "__monarch_port__", False):
+                port_id, port = self._response_port(h, me)
+                await fn(self.make_port(*port), *args, **kwargs)
+                return
+            part = self._ok_part(me, h.actor, h.method, await fn(*args, **kwargs))
+        except BaseException as e:
+            if port_id is not None and not self.ports.close(port_id):
+                return
+            part = self._failure_part(me, h.actor, h.method, e)
+        self._complete(h, me, part)
+
+    def _on_redirect(self, h: Header) -> None:
+        key = (h.origin, h.call_id)
+        outcome = self.nodes.redirect(key, h.origin)
+        member = self.memberships.get(h.mesh)
+        me = member[1] if member else -1
+        if isinstance(outcome, tuple):
+            self._send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
+        elif outcome == "lost":
+            back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[me])
+            self.transport.send(h.origin, back, [])
+
+
+def _lone(h: Header) -> bool:
+    """A call the caller sent straight to one rank (in GATHER mode forwarded calls have
+    hop 1): no tree state is needed for it, since nothing can be redirected to it."""
+    return h.hop == 0 and h.mode == Mode.GATHER and len(h.ranks) == 1 and not h.resend
+
+def _message_point(h: Header, me: int):
+    """The called slice's (flat index of this rank, dims), from the CALL's slice info."""
+    info = h.extra
+    if not info:
+        return me, None
+    dims, ranks = info
+    try:
+        return ranks.index(me), tuple(tuple(d) for d in dims)
+    except ValueError:
+        return me, None
