@@ -277,3 +277,38 @@ def test_long_cell_shows_progress(kc):
             break
     assert shown and shown[0].startswith("[mesh] 1 of 2 ranks finished")
     assert shown[-1].startswith("[mesh] 2 of 2 ranks finished")
+
+
+def test_detached_mesh_survives_a_kernel_restart(kernelspec):
+    import psutil
+
+    from monarch_kernel.kernel.meshhost import info_path
+
+    with kernel(kernelspec) as client:
+        out, reply = run(client, "procs = %mesh spawn -n 2 --detach keepme")
+        assert reply["status"] == "ok", text(out)
+        out, reply = run(client, "%%mesh\nfrom monarch_kernel import current_rank\nstate = current_rank().rank * 7\nprint('set', flush=True)")
+        assert "[ranks 0-1] set" in text(out)
+        out, reply = run(client, "%%mesh\nimport os\nos.getpid()")
+        pids = [int(line.split()[-1]) for line in text(out).splitlines() if line.startswith("[rank")]
+    path = info_path("keepme")
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    assert all(psutil.pid_exists(p) for p in pids), "a detached mesh outlives its kernel"
+    with kernel(kernelspec) as client:
+        out, reply = run(client, "procs = %mesh attach keepme")
+        assert reply["status"] == "ok", text(out)
+        out, reply = run(client, "%%mesh\nprint('back', flush=True)\nstate")
+        t = text(out)
+        assert "[ranks 0-1] back" in t and "[rank 0] 0" in t and "[rank 1] 7" in t
+        out, reply = run(client, "%mesh status")
+        assert "(detached)" in text(out) and "alive" in text(out)
+        out, reply = run(client, "%mesh stop keepme")
+        assert reply["status"] == "ok", text(out)
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, "%mesh stop left ranks of the detached mesh running"
+        time.sleep(0.05)
+    assert not os.path.exists(path)
+    with kernel(kernelspec) as client:
+        out, reply = run(client, "%mesh attach keepme")
+        assert reply["ename"] == "UsageError" and "no detached mesh named 'keepme'" in reply["evalue"]

@@ -16,14 +16,17 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_loca
 from ..actor.errors import ActorError
 from ..mesh.host_mesh import this_host
 from ..runtime.process import Runtime
-from . import status
+from . import detached, status
 from .console import Console
 from .output import CollapsingSink, rank_label
 
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
 
 USAGE = """\
-%mesh spawn -n N [--name M] [--env K=V]   start N ranks (returns the ProcMesh; it becomes current)
+%mesh spawn -n N [--name M] [--env K=V] [--detach M]
+                                 start N ranks (returns the ProcMesh; it becomes current);
+                                 --detach keeps them running after the kernel ends
+%mesh attach M                   reconnect to a detached mesh (after a kernel restart)
 %mesh list | use M | stop [M]    list meshes, switch, or end one
 %mesh status                     each rank's pid and state
 %mesh restart [--ranks R]        replace dead ranks (same numbers, fresh namespaces)
@@ -67,6 +70,7 @@ class MeshSession:
         self.current: str | None = None
         self.auto = False
         self.live = None  # the %mesh status widget that is refreshing, if any
+        self.hosts: dict = {}  # name -> MeshHost ActorMesh, for detached meshes
         rt = Runtime.current()
         self.sink = CollapsingSink(rt.io.loop)
         rt.output_sink = self.sink
@@ -107,7 +111,7 @@ class MeshMagics(Magics):
         return handler(args, local_ns or {})
 
     def _cmd_spawn(self, args, _ns):
-        n, name, env = 1, None, {}
+        n, name, env, detach = 1, None, {}, None
         it = iter(args)
         for a in it:
             if a in ("-n", "--n"):
@@ -116,6 +120,10 @@ class MeshMagics(Magics):
                 name = next(it, None)
                 if not name:
                     raise UsageError("--name needs a value: %mesh spawn -n 4 --name trainers")
+            elif a == "--detach":
+                detach = next(it, None)
+                if not detach or not detach.replace("-", "_").isidentifier():
+                    raise UsageError("--detach needs a name: %mesh spawn -n 4 --detach trainers")
             elif a == "--env":
                 k, eq, v = (next(it, None) or "").partition("=")
                 if not eq or not k:
@@ -126,9 +134,13 @@ class MeshMagics(Magics):
         if n < 1:
             raise UsageError("-n must be at least 1: %mesh spawn -n 4")
         s = self.session
+        if detach:
+            name = detach
         if name in s.meshes:
             raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
         env.setdefault("MPLBACKEND", "Agg")  # figures are collected and shown in the cell
+        if detach:
+            return detached.spawn(s, detach, n, env)
         procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
         consoles = procs.spawn("console", Console)
         s.meshes[procs.name] = (procs, consoles)
@@ -141,6 +153,13 @@ class MeshMagics(Magics):
             return int(value)
         except (TypeError, ValueError):
             raise UsageError(f"{flag} takes a number: {example}") from None
+
+    def _cmd_attach(self, args, _ns):
+        if len(args) != 1:
+            raise UsageError("type  %mesh attach NAME  (the name given to --detach)")
+        if args[0] in self.session.meshes:
+            raise UsageError(f"mesh {args[0]!r} is already attached; %mesh use {args[0]} makes it current")
+        return detached.attach(self.session, args[0])
 
     def _cmd_list(self, _args, _ns):
         s = self.session
@@ -160,13 +179,21 @@ class MeshMagics(Magics):
         s = self.session
         name = args[0] if args else None
         procs, _c = s.get(name)
-        procs.stop().get(timeout=30)
+        host = s.hosts.pop(procs.name, None)
+        if host is not None:
+            host.stop.call_one().get(timeout=60)
+        else:
+            procs.stop().get(timeout=30)
         del s.meshes[procs.name]
         if s.current == procs.name:
             s.current = next(iter(s.meshes), None)
 
     def _cmd_status(self, _args, _ns):
         procs, consoles = self.session.get()
+        host = self.session.hosts.get(procs.name)
+        if host is not None:
+            print(detached.status_text(procs.name, host.status.call_one().get(timeout=30), self.session.sink.last_lines))
+            return None
         print(status.as_text(procs.name, status.snapshot(procs, consoles, self.session.sink.last_lines)))
         try:
             live = status.LiveStatus(self.session)
@@ -195,7 +222,11 @@ class MeshMagics(Magics):
         if not ranks:
             print("no dead ranks to restart")
             return
-        procs._restart(ranks, [(consoles, Console, (), {})])
+        host = self.session.hosts.get(procs.name)
+        if host is not None:
+            host.restart.call_one(ranks).get(timeout=120)
+        else:
+            procs._restart(ranks, [(consoles, Console, (), {})])
         print(f"restarted {rank_label(ranks)} with fresh namespaces")
 
     def _cmd_auto(self, args, _ns):

@@ -65,6 +65,7 @@ class Signer:
         padded = key.ljust(64, b"\0") if len(key) <= 64 else hashlib.sha256(key).digest().ljust(64, b"\0")
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
+        self.keyring: dict[str, Signer] = {}  # mesh id -> signer, for meshes of another job
         self.max_frame = max_frame
         self.max_frames = max_frames
 
@@ -91,9 +92,16 @@ class Signer:
         outer.update(inner.digest())
         return outer.digest()
 
+    def add_key(self, mesh_ids, key: bytes) -> None:
+        """Speak to (and accept messages about) these meshes with their own job's key."""
+        other = Signer(key, self.max_frame, self.max_frames)
+        for m in mesh_ids:
+            self.keyring[m] = other
+
     def sign(self, header: Header, body: list) -> list:
         hb = header.encode()
-        return [self._mac(hb, header, body), hb, *body]
+        signer = self.keyring.get(header.mesh, self) if self.keyring else self
+        return [signer._mac(hb, header, body), hb, *body]
 
     def verify(self, frames: list) -> tuple[Header, list]:
         """Return ``(header, body)`` of an authentic message or raise ``Dropped``."""
@@ -114,6 +122,7 @@ class Signer:
         if header.frame_count() != len(body):
             # Either forged layout or a message cut short; the MAC cannot be checked.
             raise Dropped("truncated")
-        if not hmac.compare_digest(self._mac(hb, header, body), mac):
+        signer = self.keyring.get(header.mesh, self) if self.keyring else self
+        if not hmac.compare_digest(signer._mac(hb, header, body), mac):
             raise Dropped("forged")
         return header, frames[2:]

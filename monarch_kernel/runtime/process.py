@@ -102,6 +102,7 @@ class Runtime(Serving):
         self.inflight: dict[tuple[str, int], int] = {}
         self.output_sink = print_sink
         self.on_unhandled = lambda failure: Runtime.unhandled_hook(failure)
+        self.death_hooks: list = []  # fn(mesh_id, rank, DeathInfo), called for owned meshes
         self.launcher = Supervisor(self)
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address, (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
@@ -351,7 +352,7 @@ class Runtime(Serving):
         if address == self.address:
             self.io.call_soon(self.ports.deliver, port_id, part)
             return
-        h = Header(Kind.PORT, port_id, self.address, address)
+        h = Header(Kind.PORT, port_id, self.address, address, self.self_mesh.id)
         self.transport.send(address, h, join_parts(h, [part]))
 
     # ------------------------------------------------------------ deaths and supervision

@@ -173,6 +173,8 @@ class Supervisor:
         rt = self.rt
         om.alive.discard(rank)
         observed = rt.rank_died(om.ref.id, rank, info) or not om.ready.done()
+        for hook in rt.death_hooks:
+            hook(om.ref.id, rank, info)
         for other in list(rt.meshes.values()):
             for r in other.up & other.alive:
                 rt.send_object(other.ref.addresses[r], Kind.DEATH, om.ref.id, info)
