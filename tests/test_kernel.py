@@ -4,6 +4,7 @@ errors, and the magics in a plain IPython kernel via %load_ext."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -312,3 +313,13 @@ def test_detached_mesh_survives_a_kernel_restart(kernelspec):
     with kernel(kernelspec) as client:
         out, reply = run(client, "%mesh attach keepme")
         assert reply["ename"] == "UsageError" and "no detached mesh named 'keepme'" in reply["evalue"]
+
+
+def test_jupyter_console_drives_the_kernel(kernelspec):
+    import subprocess
+
+    script = "procs = %mesh spawn -n 2\n%mesh auto on\nimport os; os.getpid() > 0\n%mesh auto off\n%mesh stop\nexit\n"
+    out = subprocess.run([sys.executable, "-m", "jupyter_console", "--kernel", kernelspec, "--simple-prompt"],
+                         input=script, capture_output=True, text=True, timeout=90)
+    assert "[ranks 0-1] True" in out.stdout, out.stdout + out.stderr
+    assert "frozen modules" not in out.stdout + out.stderr

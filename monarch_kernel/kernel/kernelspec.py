@@ -14,7 +14,7 @@ DISPLAY_NAME = "Python 3 (monarch mesh)"
 
 def spec() -> dict:
     return {
-        "argv": [sys.executable, "-m", "monarch_kernel.kernel", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-Xfrozen_modules=off", "-m", "monarch_kernel.kernel", "-f", "{connection_file}"],
         "display_name": DISPLAY_NAME,
         "language": "python",
         "interrupt_mode": "signal",
