@@ -86,10 +86,22 @@ class Endpoint:
     def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None, callbacks=False):
         m = self._mesh
         m._check_running()
-        body = encode_args(f"{m._class_name}.{self._name}", args, kwargs)
         rt = Runtime.current()
-        return rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body,
-                       mode=mode, on_part=on_part, slice_info=slice_info, callbacks=callbacks)
+        what = f"{m._class_name}.{self._name}"
+        hosts = m._proc_ref.hosts
+        if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
+            # Same host: large arrays and tensors go through shared memory.
+            with rt.segments.track() as created:
+                body = encode_args(what, args, kwargs)
+        else:
+            body, created = encode_args(what, args, kwargs), None
+        try:
+            return rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
+                           on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
+        except BaseException:
+            if created:
+                rt.segments.unlink(created)
+            raise
 
     def _slice_info(self):
         s = self._mesh._shape

@@ -35,6 +35,7 @@ class PendingCall:
         self.resent: set[int] = set()
         self.completion = Completion()
         self.inbox = None  # where its replies arrive (set by the runtime)
+        self.segments = None  # shared-memory files holding its arguments, unlinked when done
         self._lock = threading.Lock()
 
     def add(self, parts: list[Part]) -> None:
@@ -52,6 +53,11 @@ class PendingCall:
         if finished and new:
             self.runtime.calls.pop(self.header.call_id, None)
             self.body = None
+            if self.segments:
+                from .shm import Segments
+
+                # Freeing the pages takes a while: not on the caller's critical path.
+                self.runtime.io.call_soon(Segments.unlink, self.segments)
             self.completion.set_result(self.parts)
 
     def rank_died(self, rank: int, info: DeathInfo) -> None:

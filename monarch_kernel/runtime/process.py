@@ -21,7 +21,7 @@ import time
 
 import zmq
 
-from . import config
+from . import config, serialize, shm
 from .actors import ActorSlot
 from .auth import DropCounts, Dropped, Signer
 from .calls import PendingCall, synthetic_part
@@ -103,6 +103,9 @@ class Runtime(Serving):
         self.output_sink = print_sink
         self.on_unhandled = lambda failure: Runtime.unhandled_hook(failure)
         self.death_hooks: list = []  # fn(mesh_id, rank, DeathInfo), called for owned meshes
+        self.segments = shm.Segments() if shm.available() else None
+        if serialize.segments is None:
+            serialize.segments = self.segments
         self.launcher = Supervisor(self)
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address, (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
@@ -264,7 +267,8 @@ class Runtime(Serving):
 
     def call(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list,
              *, kind: int = Kind.CALL, mode: int = Mode.GATHER, slice_info=None,
-             on_part=None, fanout: int | None = None, callbacks: bool = False) -> PendingCall:
+             on_part=None, fanout: int | None = None, callbacks: bool = False,
+             segments: list | None = None) -> PendingCall:
         """Send ``body`` (an encoded part) to ``ranks`` of ``mesh`` through the tree.
 
         Replies come back to the calling thread's own inbox, unless they are consumed by
@@ -279,6 +283,7 @@ class Runtime(Serving):
         h.parts = [[-1, Status.OK, len(body) - 1]]
         call = PendingCall(self, h, mesh, alive, body, on_part)
         call.inbox = inbox
+        call.segments = segments
         call.remaining.update(ranks)
         self.calls[h.call_id] = call
         for r in ranks:
@@ -407,6 +412,8 @@ class Runtime(Serving):
             return
         self._closed = True
         self.launcher.close()
+        if self.segments is not None:
+            self.segments.close()
         if self._owns_rundir:
             shutil.rmtree(self.rundir, ignore_errors=True)
 

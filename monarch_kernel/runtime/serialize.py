@@ -13,15 +13,28 @@ import sys
 
 import cloudpickle
 
+from . import shm as _shm
+
 # Buffers smaller than this are cheaper to copy than to send as their own frame.
 _OOB_MIN = 4096
 
 
+# Set by the runtime while pickling arguments for ranks on this host (see shm.py).
+segments = None
+
+
 def _tensor_reducer(obj):
-    """A zero-copy reduction if ``obj`` is a plain CPU tensor, else None."""
+    """A zero-copy reduction if ``obj`` is a plain CPU tensor (or, with shared memory on
+    offer, a large numpy array), else None."""
     torch = sys.modules.get("torch")
     if torch is not None and type(obj) is torch.Tensor:
         return _reduce_tensor(torch, obj)
+    if segments is not None and segments.tracking():
+        np = sys.modules.get("numpy")
+        if np is not None and type(obj) is np.ndarray and obj.nbytes >= _shm.SHM_MIN and obj.dtype.hasobject is False:
+            a = np.ascontiguousarray(obj)
+            path = segments.write(memoryview(a.reshape(-1).view(np.uint8)))
+            return _rebuild_array_shm, (path, a.nbytes, a.dtype.str, a.shape)
     return None
 
 
@@ -49,6 +62,9 @@ def _reduce_tensor(torch, t):
     flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
     raw = flat.view(torch.uint8).numpy()
     dtype = str(t.dtype).removeprefix("torch.")
+    if segments is not None and segments.tracking() and raw.nbytes >= _shm.SHM_MIN:
+        path = segments.write(memoryview(raw))
+        return _rebuild_tensor_shm, (path, raw.nbytes, dtype, tuple(t.shape), t.requires_grad)
     return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(t.shape), t.requires_grad)
 
 
@@ -65,6 +81,26 @@ def _rebuild_tensor(buf, dtype, shape, requires_grad):
     return t
 
 
+def _rebuild_tensor_shm(path, nbytes, dtype, shape, requires_grad):
+    try:
+        buf = _shm.map_private(path, nbytes)
+    except FileNotFoundError:
+        raise RuntimeError(f"the shared-memory segment {path} for a tensor argument is gone: "
+                           "its sender finished the call or exited") from None
+    return _rebuild_tensor(buf, dtype, shape, requires_grad)
+
+
+def _rebuild_array_shm(path, nbytes, dtype, shape):
+    import numpy as np
+
+    try:
+        buf = _shm.map_private(path, nbytes)
+    except FileNotFoundError:
+        raise RuntimeError(f"the shared-memory segment {path} for an array argument is gone: "
+                           "its sender finished the call or exited") from None
+    return np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
+
+
 def dumps(obj) -> list:
     """Pickle ``obj``; returns ``[pickle_bytes, buffer, ...]`` ready to be zmq frames.
 
@@ -75,7 +111,8 @@ def dumps(obj) -> list:
     bufs: list = []
     f = io.BytesIO()
     try:
-        (_TensorPickler if "torch" in sys.modules else pickle.Pickler)(
+        override = "torch" in sys.modules or (segments is not None and segments.tracking())
+        (_TensorPickler if override else pickle.Pickler)(
             f, protocol=5, buffer_callback=bufs.append
         ).dump(obj)
         plain = b"__main__" not in f.getvalue()

@@ -100,7 +100,7 @@ class Supervisor:
                 "sys_path": list(sys.path), "cwd": os.getcwd(), "env": env, "fanout": rt.fanout,
                 "master_port": master_port,
                 # The root controller's template removes the run directory if it is killed.
-                "cleanup_dir": rt.rundir if rt._owns_rundir else None,
+                "cleanup_dirs": [rt.rundir] + ([rt.segments.dir] if rt.segments else []) if rt._owns_rundir else [],
             }
             self.template.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
             os.close(out_w)

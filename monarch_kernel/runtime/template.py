@@ -134,8 +134,8 @@ def serve() -> None:
             if msg is None:
                 shutdown()
             if msg.get("op") == "fork":
-                if msg["config"].get("cleanup_dir") and not cleanup:
-                    cleanup.append(msg["config"]["cleanup_dir"])
+                if not cleanup:
+                    cleanup.extend(msg["config"].get("cleanup_dirs") or [])
                 pid = os.fork()
                 if pid == 0:
                     os.close(wake_r)
