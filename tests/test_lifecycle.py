@@ -361,6 +361,7 @@ def test_rank_output_is_forwarded_with_its_rank():
 
 MAIN_SCRIPT = """
 import json
+import sys
 print("MAIN IMPORTED", flush=True)
 import torch  # the controller uses torch; ranks must not import it for it
 
@@ -377,7 +378,10 @@ class Probe(Actor):
 if __name__ == "__main__":
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         m = procs.spawn("probe", Probe)
-        print("RESULT " + json.dumps(list(m.modules.call().get(timeout=30).values())), flush=True)
+        # One write: print() writes the text and the newline separately, and a rank's line
+        # forwarded by the IO thread could land between them.
+        sys.stdout.write("RESULT " + json.dumps(list(m.modules.call().get(timeout=30).values())) + "\n")
+        sys.stdout.flush()
 """
 
 
