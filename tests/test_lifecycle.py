@@ -380,7 +380,7 @@ if __name__ == "__main__":
         m = procs.spawn("probe", Probe)
         # One write: print() writes the text and the newline separately, and a rank's line
         # forwarded by the IO thread could land between them.
-        sys.stdout.write("RESULT " + json.dumps(list(m.modules.call().get(timeout=30).values())) + "\n")
+        sys.stdout.write("RESULT " + json.dumps(list(m.modules.call().get(timeout=30).values())) + "\\n")
         sys.stdout.flush()
 """
 
