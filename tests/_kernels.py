@@ -29,7 +29,10 @@ def run(kc, code: str, timeout: float = 60):
             out.append((time.monotonic(), "\n".join(content["traceback"])))
         elif kind == "status" and content["execution_state"] == "idle":
             break
-    return out, kc.get_shell_msg(timeout=timeout)["content"]
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:  # a late reply to an earlier request
+        reply = kc.get_shell_msg(timeout=timeout)
+    return out, reply["content"]
 
 
 def text(out) -> str:

@@ -98,8 +98,10 @@ def test_bad_arguments_raise_usage_error_with_a_hint(kc, line, hint):
 
 
 def test_bad_rank_spec_after_spawn(kc):
-    run(kc, "procs = %mesh spawn -n 2")
+    out, reply = run(kc, "procs = %mesh spawn -n 2")
+    assert reply["status"] == "ok", text(out)
     out, reply = run(kc, "%%mesh --ranks 5\n1")
+    assert reply["status"] == "error", (reply, text(out))
     assert reply["ename"] == "UsageError" and "the mesh has ranks 0-1" in reply["evalue"]
 
 
