@@ -56,3 +56,19 @@ def kernel(name: str):
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=False)
+
+
+def assert_gone(pids, timeout: float, message: str) -> None:
+    """Wait up to ``timeout`` s for every pid to exit (zombies count as gone)."""
+    import psutil
+
+    def running(p):
+        try:
+            return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in pids):
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)

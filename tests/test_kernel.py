@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from _kernels import ensure_kernelspec, kernel, run, text
+from _kernels import assert_gone, ensure_kernelspec, kernel, run, text
 from jupyter_client.kernelspec import KernelSpecManager
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,18 +123,13 @@ def test_load_ext_in_plain_ipykernel():
 
 
 def test_no_rank_outlives_its_kernel(kernelspec):
-    import psutil
 
     with kernel(kernelspec) as client:
         run(client, "procs = %mesh spawn -n 3")
         out, reply = run(client, "%%mesh\nimport os\nos.getpid()")
         pids = [int(line.split()[-1]) for line in text(out).splitlines() if line.startswith("[rank")]
         assert len(pids) == 3
-    deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-        assert time.monotonic() < deadline, "ranks outlived their kernel"
-        time.sleep(0.05)
-    assert os.getpid()
+    assert_gone(pids, 5, "ranks outlived their kernel")
 
 
 def test_interrupt_stops_rank_code_and_keeps_namespaces(kc, kernelspec):
@@ -307,10 +302,7 @@ def test_detached_mesh_survives_a_kernel_restart(kernelspec):
         assert "(detached)" in text(out) and "alive" in text(out)
         out, reply = run(client, "%mesh stop keepme")
         assert reply["status"] == "ok", text(out)
-    deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-        assert time.monotonic() < deadline, "%mesh stop left ranks of the detached mesh running"
-        time.sleep(0.05)
+    assert_gone(pids, 10, "%mesh stop left ranks of the detached mesh running")
     assert not os.path.exists(path)
     with kernel(kernelspec) as client:
         out, reply = run(client, "%mesh attach keepme")
