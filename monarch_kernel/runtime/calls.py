@@ -14,6 +14,7 @@ from .completion import Completion
 from .context import MeshRef
 from .envelope import Header, Kind, Part, Status
 from .failure import DeathInfo
+from .shm import Segments
 from .tree import children, locate, split
 
 
@@ -54,8 +55,6 @@ class PendingCall:
             self.runtime.calls.pop(self.header.call_id, None)
             self.body = None
             if self.segments:
-                from .shm import Segments
-
                 # Freeing the pages takes a while: not on the caller's critical path.
                 self.runtime.io.call_soon(Segments.unlink, self.segments)
             self.completion.set_result(self.parts)

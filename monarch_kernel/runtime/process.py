@@ -99,7 +99,6 @@ class Runtime(Serving):
         self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.dead: dict[tuple[str, int], DeathInfo] = {}
-        self.inflight: dict[tuple[str, int], int] = {}
         self.output_sink = print_sink
         self.on_unhandled = lambda failure: Runtime.unhandled_hook(failure)
         self.death_hooks: list = []  # fn(mesh_id, rank, DeathInfo), called for owned meshes
