@@ -37,10 +37,19 @@ _Runtime.unhandled_hook = staticmethod(_dispatch_fault)
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
-    "Shape", "ValueMesh",
+    "RDMABuffer", "Shape", "ValueMesh",
     "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
     "unhandled_fault_hook",
 ]
+
+
+def __getattr__(name: str):
+    # The data plane loads on first use: most ranks never touch it.
+    if name == "RDMABuffer":
+        from .data import RDMABuffer
+
+        return RDMABuffer
+    raise AttributeError(f"module 'monarch_kernel' has no attribute {name!r}")
 
 
 def load_ipython_extension(ip) -> None:

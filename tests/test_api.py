@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(60)
 PUBLIC = {
     "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
-    "Shape", "ValueMesh",
+    "RDMABuffer", "Shape", "ValueMesh",
     "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
     "unhandled_fault_hook",
 }

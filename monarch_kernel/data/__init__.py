@@ -1,1 +1,13 @@
-"""The data plane (RDMABuffer and its transports) lands here with the data-plane issue."""
+"""The data plane: ``RDMABuffer`` moves bytes rank to rank without the controller in the path.
+
+``transports()`` says which transports this process can use and why the others are not.
+"""
+
+from .buffer import RDMABuffer as RDMABuffer
+from .errors import BufferDropped as BufferDropped
+from .errors import ForgedHandle as ForgedHandle
+from .errors import OwnerGone as OwnerGone
+from .errors import TransferError as TransferError
+from .transports import transports as transports
+
+__all__ = ["BufferDropped", "ForgedHandle", "OwnerGone", "RDMABuffer", "TransferError", "transports"]

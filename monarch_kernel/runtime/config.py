@@ -18,3 +18,21 @@ def max_frame() -> int:
 def spawn_timeout() -> float:
     """MONARCH_KERNEL_SPAWN_TIMEOUT: seconds to wait for ranks to come up (default 60)."""
     return float(os.environ.get("MONARCH_KERNEL_SPAWN_TIMEOUT", "60"))
+
+
+def data_transport() -> str | None:
+    """MONARCH_KERNEL_DATA_TRANSPORT: force one data-plane transport (ibverbs, cuda_ipc, shm
+    or tcp) instead of the best usable one per pair of ranks."""
+    return os.environ.get("MONARCH_KERNEL_DATA_TRANSPORT") or None
+
+
+def data_bind() -> str:
+    """MONARCH_KERNEL_DATA_BIND: the address data servers listen on for other hosts
+    (default 0.0.0.0; every connection must prove it holds the job key)."""
+    return os.environ.get("MONARCH_KERNEL_DATA_BIND", "0.0.0.0")
+
+
+def netns() -> str | None:
+    """MONARCH_KERNEL_NETNS: a network namespace (name under /run/netns, or a path) that
+    ranks enter before they start, to place them on separate simulated hosts."""
+    return os.environ.get("MONARCH_KERNEL_NETNS") or None

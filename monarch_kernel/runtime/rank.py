@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
+from . import config
 from .context import MeshRef, process_mesh
 from .envelope import Header, Kind
+from .hosts import enter_netns
 from .io_thread import IOThread
 from .process import Runtime
 
@@ -26,6 +28,8 @@ def run_rank(cfg: dict, template_pid: int) -> None:
     except OSError:
         pass
     os.environ.update(cfg.get("env") or {})
+    if config.netns():
+        enter_netns(config.netns())  # before any thread or socket exists
     # torchrun's variables, so torch.distributed.init_process_group() works unchanged.
     size = len(cfg["mesh"][3])
     for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", size), ("LOCAL_WORLD_SIZE", size)):

@@ -1,0 +1,271 @@
+"""``RDMABuffer``: memory on one rank that any other rank reads or writes directly.
+
+The owner registers contiguous memory; the object is a small signed handle that pickles into
+endpoint arguments and results.  ``read_into``/``write_from`` on any process move the bytes
+between that process and the owner over the best transport for the pair (``transports.py``);
+the controller is never on the path.  Registration lasts until ``drop()`` or the owner's exit,
+as with Monarch: a handle returned from an endpoint stays readable after the endpoint ends.
+
+Example::
+
+    class Weights(Actor):
+        def __init__(self):
+            self.w = torch.randn(1 << 20)
+
+        @endpoint
+        def handle(self) -> RDMABuffer:
+            return RDMABuffer(self.w)
+
+    buf = weights.handle.call_one().get()
+    dst = torch.empty(1 << 20)
+    await buf.read_into(dst)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import astuple, dataclass
+
+import msgpack
+
+from ..actor.future import Future
+from ..runtime.completion import Completion
+from ..runtime.process import Runtime
+from . import client, wire
+from .errors import ForgedHandle, TransferError
+from .memory import Memory, as_memory
+from .server import DataServer
+from .transports import choose
+
+
+@dataclass(frozen=True)
+class Handle:
+    """Everything a peer needs to reach a registered buffer; signed with the job key."""
+
+    instance: bytes  # the owner's data server; a restarted owner has another
+    id: int
+    token: bytes  # secret per buffer: knowing the id is not enough
+    size: int
+    name: str
+    owner: str
+    pid: int
+    host: str
+    unix_path: str
+    addresses: tuple
+    port: int
+    device: str
+    shared: bool
+    ib: object = None
+    mac: bytes = b""
+
+    def _fields(self) -> bytes:
+        return msgpack.packb(list(astuple(self))[:-1], use_bin_type=True)
+
+    def sign(self, key: bytes) -> "Handle":
+        return Handle(*astuple(self)[:-1], hmac.new(key, self._fields(), hashlib.sha256).digest())
+
+    def verify(self, key: bytes) -> None:
+        good = hmac.new(key, self._fields(), hashlib.sha256).digest()
+        if not hmac.compare_digest(good, self.mac):
+            raise ForgedHandle(f"the handle of buffer {self.name!r} does not carry a valid "
+                               "signature from this job: it was altered or forged")
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._shutdown:  # noqa: SLF001 - recreated after fork
+            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mk-data")
+        return _pool
+
+
+def _forked():
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+class RDMABuffer:
+    """Registered memory on its owning rank; a handle to it everywhere else."""
+
+    __slots__ = ("_h", "_local", "_server")
+
+    def __init__(self, data, *, name: str | None = None):
+        mem = as_memory(data, writable=False, what="RDMABuffer(data)")
+        server = DataServer.get()
+        reg = server.register(mem, name)
+        h = Handle(server.instance, reg.id, reg.token, mem.nbytes, reg.name, server.owner,
+                   server.pid, server.host, server.unix_path, server.addresses, server.tcp_port,
+                   mem.device, reg.shared is not None)
+        self._h = h.sign(server.key)
+        self._local = reg
+        self._server = server
+
+    @classmethod
+    def _from_handle(cls, h: Handle) -> "RDMABuffer":
+        self = cls.__new__(cls)
+        self._h, self._local, self._server = h, None, None
+        server = DataServer._current
+        if server is not None and server.instance == h.instance and server.pid == os.getpid():
+            # Back home: serve from the registration itself.
+            self._local, self._server = server.buffers.get(h.id), server
+        return self
+
+    def __reduce__(self):
+        return _rebuild, (astuple(self._h),)
+
+    # ------------------------------------------------------------ facts
+
+    @property
+    def size(self) -> int:
+        """Bytes registered."""
+        return self._h.size
+
+    @property
+    def name(self) -> str:
+        return self._h.name
+
+    @property
+    def owner(self) -> str:
+        return self._h.owner
+
+    def transport(self, device: str = "cpu") -> str:
+        """The transport a transfer from this process would take (local: same process)."""
+        if self._server is not None and self._server.pid == os.getpid():
+            return "local"
+        return choose(self._h, device)
+
+    def __repr__(self) -> str:
+        return f"RDMABuffer<{self._h.name!r} {_human(self._h.size)} on {self._h.owner}>"
+
+    # ------------------------------------------------------------ transfers
+
+    def read_into(self, dst, offset: int = 0, *, timeout: float | None = None) -> Future[int]:
+        """Copy ``dst.nbytes`` bytes starting at ``offset`` of this buffer into ``dst``."""
+        mem = as_memory(dst, writable=True, what="read_into's destination")
+        if mem.readonly:
+            raise TypeError("read_into's destination is read-only; pass a writable tensor, array or bytearray")
+        return self._start(wire.READ, mem, offset, timeout)
+
+    def write_from(self, src, offset: int = 0, *, timeout: float | None = None) -> Future[int]:
+        """Copy all of ``src`` into this buffer starting at ``offset``."""
+        mem = as_memory(src, writable=False, what="write_from's source")
+        return self._start(wire.WRITE, mem, offset, timeout)
+
+    def drop(self) -> None:
+        """Release the registration; later transfers by any holder raise ``BufferDropped``."""
+        if self._server is not None and self._server.pid == os.getpid():
+            self._server.drop(self._h.id)
+            return
+        key = self._key()
+        self._h.verify(key)
+        with client.Connection(self._h, "unix" if choose(self._h) != "tcp" else "tcp", key, 10.0) as sock:
+            client._request(sock, self._h, wire.DROP, 0, 0)
+        client.forget(self._h)
+
+    def _start(self, op: int, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
+        h = self._h
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, not {offset!r}")
+        if offset + mem.nbytes > h.size:
+            verb = "read" if op == wire.READ else "write"
+            raise ValueError(f"cannot {verb} {mem.nbytes} bytes at offset {offset} of buffer {h.name!r}, "
+                             f"which holds {h.size} bytes (at most {max(h.size - offset, 0)} fit there)")
+        if self._server is not None and self._server.pid == os.getpid():
+            self._local_copy(op, mem, offset)
+            return Future.ready(mem.nbytes)
+        key = self._key()
+        h.verify(key)
+        c = Completion()
+
+        def run():
+            try:
+                _transfer(h, key, op, mem, offset, timeout)
+                c.set_result(mem.nbytes)
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                c.set_exception(e)
+
+        _executor().submit(run)
+        return Future(c)
+
+    def _local_copy(self, op: int, mem: Memory, offset: int) -> None:
+        status, why, reg = self._server.check(op, self._h.id, self._h.token, offset, mem.nbytes)
+        client._raise_for(self._h, status, why.encode())
+        if reg.mem.device != "cpu" or mem.device != "cpu":
+            _device_copy(op, reg.mem, mem, offset)
+        elif op == wire.READ:
+            client.copy(mem.view, reg.mem.view[offset:offset + mem.nbytes])
+        else:
+            client.copy(reg.mem.view[offset:offset + mem.nbytes], mem.view)
+
+    @staticmethod
+    def _key() -> bytes:
+        return Runtime.current().key
+
+
+def _transfer(h: Handle, key: bytes, op: int, mem: Memory, offset: int, timeout: float | None) -> None:
+    via = choose(h, mem.device)
+    if via == "cuda_ipc":
+        client.cuda_ipc(h, key, op, mem.tensor.reshape(-1).view(_torch().uint8), offset, mem.nbytes, timeout)
+        return
+    if mem.device != "cpu":
+        # GPU memory over a CPU transport: stage through host memory.
+        staging = bytearray(mem.nbytes)
+        if op == wire.WRITE:
+            staging[:] = memoryview(mem.tensor.reshape(-1).view(_torch().uint8).cpu().numpy())
+        _transfer(h, key, op, as_memory(staging, writable=True, what="staging"), offset, timeout)
+        if op == wire.READ:
+            mem.tensor.reshape(-1).view(_torch().uint8).copy_(_torch().frombuffer(staging, dtype=_torch().uint8))
+        return
+    if via == "ibverbs":
+        from . import ibverbs
+
+        ibverbs.transfer(h, key, op, mem, offset, timeout)
+    elif via == "shm" and h.shared:
+        client.shm(h, key, op, mem.view, offset, timeout)
+    else:
+        client.stream(h, key, "unix" if via == "shm" else "tcp", op, mem.view, offset, timeout)
+
+
+def _device_copy(op: int, remote: Memory, local: Memory, offset: int) -> None:
+    torch = _torch()
+
+    def as_bytes(m: Memory):
+        return m.tensor.reshape(-1).view(torch.uint8) if m.tensor is not None else torch.frombuffer(m.view, dtype=torch.uint8)
+
+    window = as_bytes(remote)[offset:offset + local.nbytes]
+    if op == wire.READ:
+        as_bytes(local).copy_(window)
+    else:
+        window.copy_(as_bytes(local))
+
+
+def _torch():
+    return sys.modules.get("torch") or __import__("torch")
+
+
+def _rebuild(fields) -> RDMABuffer:
+    try:
+        h = Handle(*fields)
+    except TypeError:
+        raise TransferError("a malformed RDMABuffer handle arrived (wrong number of fields)") from None
+    return RDMABuffer._from_handle(h)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

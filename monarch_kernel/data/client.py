@@ -1,0 +1,231 @@
+"""The reader's side of the data plane: connections to owners, and one function per transport.
+
+Connections are pooled per owner and transport; a transfer takes one for its whole duration,
+so concurrent transfers from one process use separate sockets and run in parallel.  A
+connection that fails is thrown away; the next transfer opens a new one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import socket
+import threading
+
+from . import wire
+from .errors import BufferDropped, ForgedHandle, OwnerGone, TransferError
+
+CONNECT_TIMEOUT_S = 2.0
+SOCKBUF = 4 << 20
+
+_pool: dict[tuple, list[socket.socket]] = {}
+_maps: dict[tuple, tuple[mmap.mmap, int]] = {}
+_lock = threading.Lock()
+
+
+def _connect(h, via: str, key: bytes) -> socket.socket:
+    if via == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(h.unix_path)
+        except OSError as e:
+            sock.close()
+            raise OwnerGone(h, f"cannot connect: {e.strerror or e}") from None
+    else:
+        sock, last = None, None
+        for addr in h.addresses:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # Larger windows than the default: fewer wake-ups per megabyte.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKBUF)
+            s.settimeout(CONNECT_TIMEOUT_S)
+            try:
+                s.connect((addr, h.port))
+                sock = s
+                break
+            except OSError as e:
+                last = e
+                s.close()
+        if sock is None:
+            raise OwnerGone(h, f"cannot reach it at {', '.join(h.addresses)} port {h.port}: {last}")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    try:
+        wire.client_handshake(sock, key)
+    except ConnectionError as e:
+        sock.close()
+        raise OwnerGone(h, f"the connection closed during the handshake ({e})") from None
+    except wire.HandshakeFailed as e:
+        sock.close()
+        raise TransferError(f"buffer {h.name!r}: {e}") from None
+    return sock
+
+
+class Connection:
+    """A pooled connection, returned to the pool only if the transfer completed cleanly."""
+
+    def __init__(self, h, via: str, key: bytes, timeout: float | None):
+        self.h, self.key_ = h, (h.instance, via)
+        with _lock:
+            free = _pool.get(self.key_)
+            self.sock = free.pop() if free else None
+        if self.sock is None:
+            self.sock = _connect(h, via, key)
+        self.sock.settimeout(timeout)
+
+    def __enter__(self) -> socket.socket:
+        return self.sock
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            with _lock:
+                _pool.setdefault(self.key_, []).append(self.sock)
+        else:
+            self.sock.close()
+        return False
+
+
+def _request(sock, h, op: int, offset: int, nbytes: int) -> bytes:
+    sock.sendall(wire.REQUEST.pack(op, h.id, h.token, offset, nbytes))
+    status, msg = wire.recv_reply(sock)
+    _raise_for(h, status, msg)
+    return msg
+
+
+def _raise_for(h, status: int, msg: bytes) -> None:
+    if status == wire.OK:
+        return
+    text = msg.decode(errors="replace")
+    if status == wire.GONE:
+        raise BufferDropped(text)
+    if status in (wire.FORGED, wire.STALE):
+        raise ForgedHandle(text)
+    if status == wire.RANGE:
+        raise ValueError(text)
+    raise TransferError(text)
+
+
+def _guard(h, fn):
+    """Run ``fn`` turning a dead connection into the owner's death."""
+    try:
+        return fn()
+    except (ConnectionError, BrokenPipeError) as e:
+        raise OwnerGone(h, f"the connection broke mid-transfer ({e})") from None
+    except socket.timeout:
+        raise TimeoutError(f"buffer {h.name!r}: no progress from its owner within the timeout") from None
+
+
+# ---------------------------------------------------------------- stream (tcp, or unix on one host)
+
+
+def stream(h, key: bytes, via: str, op: int, view: memoryview, offset: int, timeout: float | None) -> None:
+    def run():
+        with Connection(h, via, key, timeout) as sock:
+            _request(sock, h, op, offset, view.nbytes)
+            if op == wire.READ:
+                wire.recv_into_all(sock, view)
+            else:
+                sock.sendall(view)
+                _raise_for(h, *wire.recv_reply(sock))
+
+    _guard(h, run)
+
+
+# ---------------------------------------------------------------- shm (one host, mapped segment)
+
+
+def _mapping(h, sock) -> tuple[mmap.mmap, int]:
+    k = (h.instance, h.id)
+    with _lock:
+        got = _maps.get(k)
+    if got is not None:
+        return got
+    sock.sendall(wire.REQUEST.pack(wire.MAP, h.id, h.token, 0, 0))
+    head, fds, _flags, _addr = socket.recv_fds(sock, wire.REPLY.size, 1)
+    if len(head) < wire.REPLY.size:
+        raise ConnectionResetError("closed while mapping")
+    status, n = wire.REPLY.unpack(head)
+    msg = wire.recv_exact(sock, n) if n else b""
+    if status != wire.OK:
+        for fd in fds:
+            socket.close(fd)
+        _raise_for(h, status, msg)
+    info = json.loads(msg)
+    try:
+        mm = mmap.mmap(fds[0], info["size"], flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    finally:
+        socket.close(fds[0])
+    got = (mm, info["offset"])
+    with _lock:
+        _maps[k] = got
+    return got
+
+
+def forget(h) -> None:
+    with _lock:
+        got = _maps.pop((h.instance, h.id), None)
+    if got is not None:
+        try:
+            got[0].close()
+        except BufferError:
+            pass  # a view of it is still alive; the mapping goes with it
+
+
+def shm(h, key: bytes, op: int, view: memoryview, offset: int, timeout: float | None) -> None:
+    def run():
+        with Connection(h, "unix", key, timeout) as sock:
+            mm, base = _mapping(h, sock)
+            _request(sock, h, wire.CHECK, offset, view.nbytes)  # alive, not dropped, in range
+            start = base + offset
+            if op == wire.READ:
+                copy(view, memoryview(mm)[start:start + view.nbytes])
+            else:
+                copy(memoryview(mm)[start:start + view.nbytes], view)
+
+    try:
+        _guard(h, run)
+    except (BufferDropped, OwnerGone, ForgedHandle):
+        forget(h)
+        raise
+
+
+def copy(dst: memoryview, src: memoryview) -> None:
+    """memcpy without the GIL where both buffers allow it, so concurrent copies overlap."""
+    n = dst.nbytes
+    if n == 0:
+        return
+    if not dst.readonly and not src.readonly:
+        d = ctypes.addressof(ctypes.c_char.from_buffer(dst))
+        s = ctypes.addressof(ctypes.c_char.from_buffer(src))
+        ctypes.memmove(d, s, n)
+    else:
+        dst[:] = src
+
+
+# ---------------------------------------------------------------- cuda_ipc (one host, GPU)
+
+
+def cuda_ipc(h, key: bytes, op: int, target, offset: int, nbytes: int, timeout: float | None) -> None:
+    """Open the owner's CUDA storage through its IPC handle and copy on the device."""
+    import torch
+
+    def run():
+        with Connection(h, "unix", key, timeout) as sock:
+            info = json.loads(_request(sock, h, wire.CHECK, offset, nbytes) or b"{}")
+        return info.get("cuda")
+
+    got = _guard(h, run)
+    if not got:
+        raise TransferError(f"buffer {h.name!r} has no CUDA IPC handle (it is not CUDA memory)")
+    handle, base = got
+    args = [bytes.fromhex(x["b"]) if isinstance(x, dict) else x for x in handle]
+    storage = torch.UntypedStorage._new_shared_cuda(*args)
+    remote = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, base, (h.size,))
+    window = remote[offset:offset + nbytes]
+    if op == wire.READ:
+        target.copy_(window)
+    else:
+        window.copy_(target)
+    torch.cuda.current_stream(storage.device).synchronize()

@@ -1,0 +1,237 @@
+"""The owner's side of the data plane: registered buffers and the server that serves them.
+
+Started the first time a process registers a buffer.  It listens on a Unix socket (peers on
+this host) and on TCP (peers elsewhere); every connection first proves it holds the job key
+(``wire.py``), then asks for ranges of a buffer by id and secret token.  Each connection has
+its own thread, so concurrent readers are served in parallel and a slow peer holds up nobody.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hmac
+import json
+import os
+import secrets
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from ..runtime import config, hosts
+from ..runtime.context import process_mesh
+from . import wire
+from .memory import Memory, move_to_shared
+
+HANDSHAKE_TIMEOUT_S = 5.0
+NOT_SHARED = 6
+SOCKBUF = 4 << 20
+
+
+@dataclass
+class Registered:
+    id: int
+    name: str
+    mem: Memory
+    token: bytes
+    shared: tuple[int, int, int] | None  # (fd, storage bytes, offset) for the shm transport
+    cuda: tuple | None = None  # torch's CUDA IPC handle of the storage, and the byte offset
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class DataServer:
+    _current: "DataServer | None" = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> "DataServer":
+        with cls._lock:
+            if cls._current is None or cls._current.pid != os.getpid():
+                from ..runtime.process import Runtime
+
+                cls._current = cls(Runtime.current())
+            return cls._current
+
+    def __init__(self, rt):
+        self.pid = os.getpid()
+        self.key = rt.key
+        self.instance = secrets.token_bytes(8)
+        self.host = hosts.host_key()
+        mesh, rank = process_mesh
+        self.owner = (f"rank {rank} of mesh {mesh.name!r}" if mesh is not None and mesh.name != "this_proc"
+                      else "the controller") + f" (pid {self.pid})"
+        self.buffers: dict[int, Registered] = {}
+        self.dropped: dict[int, str] = {}
+        self._ids = iter(range(1, 1 << 62))
+        self._closed = False
+        self.unix_path = os.path.join(rt.rundir, f"d{self.pid}-{self.instance.hex()[:8]}.sock")
+        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._unix.bind(self.unix_path)
+        self._unix.listen(64)
+        self._tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._tcp.bind((config.data_bind(), 0))
+        self._tcp.listen(64)
+        self.tcp_port = self._tcp.getsockname()[1]
+        self.addresses = hosts.ipv4_addresses()
+        for sock, via in ((self._unix, "unix"), (self._tcp, "tcp")):
+            threading.Thread(target=self._accept, args=(sock, via), daemon=True,
+                             name=f"mk-data-{via}").start()
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------ registry
+
+    def register(self, mem: Memory, name: str | None) -> Registered:
+        bid = next(self._ids)
+        shared = cuda = None
+        if mem.device == "cpu":
+            shared = move_to_shared(mem)
+        else:
+            cuda = _cuda_handle(mem)
+        reg = Registered(bid, name or f"buffer-{bid}", mem, secrets.token_bytes(16), shared, cuda)
+        self.buffers[bid] = reg
+        return reg
+
+    def drop(self, bid: int) -> None:
+        reg = self.buffers.pop(bid, None)
+        if reg is not None:
+            self.dropped[bid] = reg.name
+            if reg.shared is not None:
+                # torch keeps its own descriptor for the storage; the segment is freed
+                # with the tensor, and no name of it exists in /dev/shm.
+                reg.shared = None
+
+    def check(self, op: int, bid: int, token: bytes, offset: int, nbytes: int) -> tuple[int, str, Registered | None]:
+        reg = self.buffers.get(bid)
+        if reg is None:
+            if bid in self.dropped:
+                return wire.GONE, f"buffer {self.dropped[bid]!r} was dropped by its owner, {self.owner}", None
+            return wire.FORGED, f"{self.owner} has no buffer #{bid}: the handle is forged or from another process", None
+        if not hmac.compare_digest(token, reg.token):
+            return wire.FORGED, f"wrong token for buffer {reg.name!r}: the handle is forged", None
+        if offset < 0 or nbytes < 0 or offset + nbytes > reg.mem.nbytes:
+            return (wire.RANGE, f"bytes {offset}..{offset + nbytes} are outside buffer {reg.name!r} "
+                                f"of {reg.mem.nbytes} bytes", None)
+        if op == wire.WRITE and reg.mem.readonly:
+            return wire.READONLY, f"buffer {reg.name!r} was registered read-only", None
+        return wire.OK, "", reg
+
+    # ------------------------------------------------------------ serving
+
+    def _accept(self, listener: socket.socket, via: str) -> None:
+        while not self._closed:
+            try:
+                sock, _addr = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock, via), daemon=True,
+                             name="mk-data-conn").start()
+
+    def _serve(self, sock: socket.socket, via: str) -> None:
+        try:
+            if via == "tcp":
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKBUF)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
+            sock.settimeout(HANDSHAKE_TIMEOUT_S)
+            wire.server_handshake(sock, self.key)
+            sock.settimeout(None)
+            while True:
+                try:
+                    head = wire.recv_exact(sock, wire.REQUEST.size)
+                except ConnectionError:
+                    return
+                self._handle(sock, via, *wire.REQUEST.unpack(head))
+        except (OSError, wire.HandshakeFailed):
+            return
+        finally:
+            sock.close()
+
+    def _handle(self, sock: socket.socket, via: str, op: int, bid: int, token: bytes,
+                offset: int, nbytes: int) -> None:
+        status, why, reg = self.check(op, bid, token, offset, nbytes)
+        if status != wire.OK:
+            wire.send_reply(sock, status, why.encode())
+            return
+        if op == wire.READ:
+            wire.send_reply(sock, wire.OK)
+            if nbytes:
+                if reg.mem.device == "cpu":
+                    sock.sendall(reg.mem.view[offset:offset + nbytes])
+                else:
+                    sock.sendall(_cuda_to_host(reg.mem, offset, nbytes))
+        elif op == wire.WRITE:
+            wire.send_reply(sock, wire.OK)
+            if nbytes:
+                if reg.mem.device == "cpu":
+                    wire.recv_into_all(sock, reg.mem.view[offset:offset + nbytes])
+                else:
+                    staging = bytearray(nbytes)
+                    wire.recv_into_all(sock, memoryview(staging))
+                    _host_to_cuda(reg.mem, offset, staging)
+            wire.send_reply(sock, wire.OK)
+        elif op == wire.MAP:
+            if via != "unix" or reg.shared is None:
+                wire.send_reply(sock, NOT_SHARED, b"not in shared memory")
+                return
+            fd, size, base = reg.shared
+            msg = json.dumps({"size": size, "offset": base}).encode()
+            socket.send_fds(sock, [wire.REPLY.pack(wire.OK, len(msg)) + msg], [fd])
+        elif op == wire.CHECK:
+            extra = json.dumps({"cuda": reg.cuda}).encode() if reg.cuda is not None else b""
+            wire.send_reply(sock, wire.OK, extra)
+        elif op == wire.DROP:
+            self.drop(bid)
+            wire.send_reply(sock, wire.OK)
+        else:
+            wire.send_reply(sock, wire.RANGE, f"unknown operation {op}".encode())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for s in (self._unix, self._tcp):
+            try:
+                s.close()
+            except OSError:
+                pass
+        try:
+            os.unlink(self.unix_path)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------- CUDA helpers
+
+
+def _cuda_handle(mem: Memory):
+    """torch's CUDA IPC handle for the tensor's storage, for peers on this host."""
+    t = mem.tensor
+    storage = t.untyped_storage()
+    try:
+        handle = storage._share_cuda_()
+    except RuntimeError:
+        return None
+    offset = t.data_ptr() - storage.data_ptr()
+    return [_jsonable(x) for x in handle], offset
+
+
+def _jsonable(x):
+    return {"b": x.hex()} if isinstance(x, bytes) else x
+
+
+def _cuda_bytes(mem: Memory):
+    import torch
+
+    return mem.tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _cuda_to_host(mem: Memory, offset: int, nbytes: int) -> memoryview:
+    host = _cuda_bytes(mem)[offset:offset + nbytes].cpu()
+    return memoryview(host.numpy())
+
+
+def _host_to_cuda(mem: Memory, offset: int, data: bytearray) -> None:
+    import torch
+
+    src = torch.frombuffer(data, dtype=torch.uint8)
+    _cuda_bytes(mem)[offset:offset + len(data)].copy_(src)
