@@ -1,0 +1,292 @@
+"""RDMABuffer between real rank processes: bytes arrive intact over every transport usable
+here, sizes and handles are checked, and an owner's drop or death is an error, never a hang."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import time
+import zlib
+from dataclasses import astuple, replace
+
+import numpy as np
+import pytest
+import torch
+
+from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
+from monarch_kernel.data import BufferDropped, ForgedHandle, OwnerGone, TransferError, transports
+from monarch_kernel.data import wire
+from monarch_kernel.data.buffer import _rebuild
+from monarch_kernel.runtime.process import Runtime
+
+pytestmark = pytest.mark.timeout(120)
+
+MiB = 1 << 20
+
+
+def pattern(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+
+
+def crc(t) -> int:
+    return zlib.crc32(memoryview(t.numpy() if isinstance(t, torch.Tensor) else t).cast("B"))
+
+
+class Owner(Actor):
+    def __init__(self):
+        self.kept: dict = {}
+
+    @endpoint
+    def make(self, name: str, n: int, seed: int = 0) -> tuple:
+        t = pattern(n, seed)
+        self.kept[name] = t
+        return RDMABuffer(t, name=name), crc(t)
+
+    @endpoint
+    def share(self, name: str, obj) -> RDMABuffer:
+        self.kept[name] = obj
+        return RDMABuffer(obj, name=name)
+
+    @endpoint
+    def make_gpu(self, n: int) -> RDMABuffer:
+        self.kept["gpu"] = torch.arange(n, dtype=torch.float32, device="cuda")
+        return RDMABuffer(self.kept["gpu"], name="gpu")
+
+    @endpoint
+    def get(self, name: str):
+        return self.kept[name]
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def drop(self, buf: RDMABuffer) -> None:
+        buf.drop()
+
+
+class Reader(Actor):
+    @endpoint
+    def read_crc(self, buf: RDMABuffer, n: int | None = None, offset: int = 0) -> tuple:
+        dst = torch.empty(buf.size - offset if n is None else n, dtype=torch.uint8)
+        buf.read_into(dst, offset).get(timeout=60)
+        return buf.transport(), crc(dst)
+
+    @endpoint
+    def read_gpu(self, buf: RDMABuffer) -> tuple:
+        dst = torch.empty(buf.size // 4, dtype=torch.float32, device="cuda")
+        buf.read_into(dst).get(timeout=60)
+        return buf.transport("cuda"), dst.cpu()
+
+    @endpoint
+    def read_like(self, buf: RDMABuffer, like):
+        dst = torch.empty_like(like) if isinstance(like, torch.Tensor) else np.empty_like(like)
+        buf.read_into(dst).get(timeout=30)
+        return dst
+
+    @endpoint
+    def write(self, buf: RDMABuffer, src, offset: int = 0) -> int:
+        return buf.write_from(src, offset).get(timeout=60)
+
+    @endpoint
+    def concurrent(self, buf: RDMABuffer, k: int) -> list:
+        dsts = [torch.empty(buf.size, dtype=torch.uint8) for _ in range(k)]
+        futs = [buf.read_into(d) for d in dsts]
+        for f in futs:
+            f.get(timeout=60)
+        return [crc(d) for d in dsts]
+
+    @endpoint
+    def try_read(self, buf: RDMABuffer, timeout: float = 30) -> tuple:
+        t0 = time.monotonic()
+        try:
+            buf.read_into(torch.empty(buf.size, dtype=torch.uint8)).get(timeout=timeout)
+            return "ok", "", time.monotonic() - t0
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            return type(e).__name__, str(e), time.monotonic() - t0
+
+
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def pair(request):
+    """An owner rank and two reader ranks, all told to use one transport."""
+    with this_host().spawn_procs(per_host={"ranks": 3}, env={"MONARCH_KERNEL_DATA_TRANSPORT": request.param}) as procs:
+        owner = procs.slice(ranks=0).spawn("owner", Owner)
+        readers = procs.slice(ranks=slice(1, 3)).spawn("readers", Reader)
+        yield request.param, owner, readers
+
+
+@pytest.mark.parametrize("n", [0, 1, 4093, 64 * MiB, 512 * MiB], ids=["0", "1", "4093", "64MiB", "512MiB"])
+def test_read_checksums(pair, n):
+    transport, owner, readers = pair
+    buf, expect = owner.make.call_one(f"b{n}", n, seed=n).get(timeout=60)
+    assert buf.size == n
+    got = readers.read_crc.call(buf).get(timeout=90)
+    assert list(got.values()) == [(transport, expect)] * 2
+    owner.drop.call_one(buf).get(timeout=10)
+
+
+def test_write_from_with_offset_reaches_every_view_of_the_owners_tensor(pair):
+    transport, owner, readers = pair
+    base = torch.zeros(8 * MiB, dtype=torch.uint8)
+    buf = owner.share.call_one("w", base).get(timeout=30)
+    src = pattern(MiB, seed=7)
+    assert readers.slice(ranks=0).write.call_one(buf, src, 3 * MiB).get(timeout=60) == MiB
+    back = owner.get.call_one("w").get(timeout=30)
+    assert torch.equal(back[3 * MiB:4 * MiB], src)
+    assert int(back[:3 * MiB].sum()) == 0 and int(back[4 * MiB:].sum()) == 0
+    # A read at an offset sees the write.
+    assert readers.slice(ranks=1).read_crc.call_one(buf, MiB, 3 * MiB).get(timeout=30) == (transport, crc(src))
+
+
+def test_dtypes_arrays_and_bytearrays(pair):
+    _transport, owner, readers = pair
+    r = readers.slice(ranks=0)
+    for t in (torch.randn(1000, 3, dtype=torch.float16), torch.randn(4097).to(torch.bfloat16),
+              torch.arange(-5000, 5000, dtype=torch.int64), torch.rand(999) > 0.5,
+              torch.randn(513, dtype=torch.complex64), torch.tensor(3.5, dtype=torch.float64)):
+        buf = owner.share.call_one(str(t.dtype), t).get(timeout=30)
+        assert buf.size == t.numel() * t.element_size()
+        assert torch.equal(r.read_like.call_one(buf, t).get(timeout=30), t), t.dtype
+    arr = np.linspace(0, 1, 3 * MiB // 8)
+    buf = owner.share.call_one("array", arr).get(timeout=30)
+    assert np.array_equal(r.read_like.call_one(buf, arr).get(timeout=30), arr)
+    ba = bytearray(os.urandom(10007))
+    buf = owner.share.call_one("bytes", ba).get(timeout=30)
+    assert r.read_crc.call_one(buf).get(timeout=30)[1] == zlib.crc32(ba)
+    r.write.call_one(buf, b"\x00" * 7, 10000).get(timeout=30)
+    assert owner.get.call_one("bytes").get(timeout=30) == ba[:10000] + b"\x00" * 7
+
+
+def test_concurrent_readers(pair):
+    transport, owner, readers = pair
+    buf, expect = owner.make.call_one("shared", 16 * MiB, seed=3).get(timeout=30)
+    got = readers.concurrent.call(buf, 4).get(timeout=90)
+    assert list(got.values()) == [[expect] * 4] * 2
+
+
+def test_sizes_and_layouts_are_checked():
+    buf = RDMABuffer(torch.zeros(100, dtype=torch.uint8), name="small")
+    with pytest.raises(ValueError, match=r"cannot read 101 bytes at offset 0 of buffer 'small', which holds 100"):
+        buf.read_into(torch.empty(101, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"at most 10 fit"):
+        buf.write_from(bytearray(11), offset=90)
+    with pytest.raises(ValueError, match=r"t\.contiguous\(\)"):
+        RDMABuffer(torch.zeros(10, 10).t())
+    with pytest.raises(ValueError, match="ascontiguousarray"):
+        RDMABuffer(np.zeros((10, 10))[:, ::2])
+    with pytest.raises(TypeError, match="read-only"):
+        buf.read_into(b"x" * 10)
+    with pytest.raises(TypeError, match="not str"):
+        RDMABuffer("text")
+    # In the owner's own process a transfer is a local copy.
+    buf.write_from(bytearray(b"\x07" * 10), offset=5).get(timeout=5)
+    out = bytearray(20)
+    buf.read_into(out).get(timeout=5)
+    assert out == b"\x00" * 5 + b"\x07" * 10 + b"\x00" * 5
+    buf.drop()
+
+
+def test_transports_say_why():
+    listed = {t["name"]: t for t in transports()}
+    assert list(listed) == ["ibverbs", "cuda_ipc", "shm", "tcp"]
+    assert listed["tcp"]["available"] and listed["shm"]["available"]
+    for t in listed.values():
+        assert t["reason"]
+    if not torch.cuda.is_available():
+        assert not listed["cuda_ipc"]["available"] and "CUDA" in listed["cuda_ipc"]["reason"]
+    from monarch_kernel.rdma import RDMABuffer as alias
+
+    assert alias is RDMABuffer
+
+
+def test_a_forced_transport_that_cannot_serve_is_an_error(monkeypatch):
+    with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
+        owner = procs.spawn("owner", Owner)
+        buf, _ = owner.make.call_one("x", 10).get(timeout=30)
+        monkeypatch.setenv("MONARCH_KERNEL_DATA_TRANSPORT", "carrier-pigeon")
+        with pytest.raises(TransferError, match="use one of ibverbs, cuda_ipc, shm, tcp"):
+            buf.read_into(bytearray(10)).get(timeout=10)
+        monkeypatch.setenv("MONARCH_KERNEL_DATA_TRANSPORT", "cuda_ipc")
+        with pytest.raises(TransferError, match="CPU memory"):
+            buf.read_into(bytearray(10)).get(timeout=10)
+
+
+def test_dropped_forged_and_replayed_handles_are_refused():
+    key = Runtime.current().key
+    with this_host().spawn_procs(per_host={"ranks": 2}) as procs:
+        owner = procs.slice(ranks=0).spawn("owner", Owner)
+        reader = procs.slice(ranks=1).spawn("reader", Reader)
+        buf, expect = owner.make.call_one("weights", 4096).get(timeout=30)
+        captured = pickle.dumps(buf)
+        assert reader.read_crc.call_one(buf).get(timeout=30)[1] == expect
+
+        # Altered fields break the signature; the reader refuses before connecting.
+        h = buf._h
+        bigger = _rebuild(astuple(replace(h, size=h.size * 2)))
+        with pytest.raises(ForgedHandle, match="altered or forged"):
+            bigger.read_into(bytearray(h.size * 2)).get(timeout=10)
+        # Even signed with the job's key, a guessed token is refused by the owner.
+        guessed = _rebuild(astuple(replace(h, token=b"\x00" * 16).sign(key)))
+        kind, msg, _ = reader.try_read.call_one(guessed).get(timeout=30)
+        assert kind == "ForgedHandle" and "wrong token for buffer 'weights'" in msg
+
+        # A connection that cannot prove the key is closed before any request.
+        with socket.create_connection((h.addresses[0], h.port), timeout=5) as s:
+            with pytest.raises((wire.HandshakeFailed, ConnectionError)):
+                wire.client_handshake(s, b"k" * 32)
+
+        owner.drop.call_one(buf).get(timeout=10)
+        kind, msg, _ = reader.try_read.call_one(buf).get(timeout=30)
+        assert kind == "BufferDropped" and "buffer 'weights' was dropped by its owner" in msg
+        replayed = pickle.loads(captured)  # the handle as it was before the drop
+        with pytest.raises(BufferDropped, match="'weights' was dropped"):
+            replayed.read_into(bytearray(4096)).get(timeout=10)
+
+
+def _shm_entries() -> set:
+    return {e for e in os.listdir("/dev/shm") if e.startswith(("mk-", "torch_"))}
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport):
+    before = _shm_entries()
+    env = {"MONARCH_KERNEL_DATA_TRANSPORT": transport}
+    with this_host().spawn_procs(per_host={"ranks": 2}, env=env) as procs:
+        owner = procs.slice(ranks=0).spawn("owner", Owner)
+        reader = procs.slice(ranks=1).spawn("reader", Reader)
+        buf, expect = owner.make.call_one("doomed", 32 * MiB).get(timeout=30)
+        assert reader.read_crc.call_one(buf).get(timeout=30) == (transport, expect)
+        pid = owner.pid.call_one().get(timeout=10)
+        assert _shm_entries() <= before, "registered memory must not have a name in /dev/shm"
+
+        # Pending: the owner is frozen, so the read waits; then it is killed.
+        os.kill(pid, signal.SIGSTOP)
+        pending = reader.try_read.call_one(buf)
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        kind, msg, _ = pending.get(timeout=30)
+        assert kind == "OwnerGone" and "buffer 'doomed': its owner, rank 0 of mesh" in msg, (kind, msg)
+
+        # Later: refused at once, from the reader and from the controller.
+        kind, msg, took = reader.try_read.call_one(buf).get(timeout=30)
+        assert kind == "OwnerGone" and took < 1.0, (kind, msg, took)
+        t0 = time.monotonic()
+        with pytest.raises(OwnerGone, match="is gone"):
+            buf.read_into(bytearray(buf.size)).get(timeout=10)
+        assert time.monotonic() - t0 < 1.0
+    assert _shm_entries() <= before
+
+
+def test_cuda_ipc_between_gpu_ranks():
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        pytest.skip("no CUDA device here: the cuda_ipc transport needs a GPU")
+    with this_host().spawn_procs(per_host={"ranks": 2}) as procs:
+        owner = procs.slice(ranks=0).spawn("owner", Owner)
+        reader = procs.slice(ranks=1).spawn("reader", Reader)
+        buf = owner.make_gpu.call_one(1 << 20).get(timeout=60)
+        transport, got = reader.read_gpu.call_one(buf).get(timeout=60)
+        assert transport == "cuda_ipc"
+        assert torch.equal(got, torch.arange(1 << 20, dtype=torch.float32))
