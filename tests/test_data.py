@@ -290,3 +290,49 @@ def test_cuda_ipc_between_gpu_ranks():
         transport, got = reader.read_gpu.call_one(buf).get(timeout=60)
         assert transport == "cuda_ipc"
         assert torch.equal(got, torch.arange(1 << 20, dtype=torch.float32))
+
+
+def _ip(*args: str) -> None:
+    import subprocess
+
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: two hosts, as far as sockets can tell."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create network namespaces (`make test` installs iproute2)")
+    tag = os.urandom(3).hex()
+    a, b = f"mk-a-{tag}", f"mk-b-{tag}"
+    net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
+    made = []
+    try:
+        for ns in (a, b):
+            _ip("netns", "add", ns)
+            made.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("link", "add", f"va{tag}", "netns", a, "type", "veth", "peer", "name", f"vb{tag}", "netns", b)
+        for ns, dev, addr in ((a, f"va{tag}", f"{net}.1"), (b, f"vb{tag}", f"{net}.2")):
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+        yield a, b, f"{net}.1"
+    finally:
+        for ns in made:
+            _ip("netns", "delete", ns)  # takes the veth pair with it
+
+
+def test_ranks_on_two_hosts_pick_tcp_and_move_64_mib(two_hosts):
+    ns_a, ns_b, addr_a = two_hosts
+    with this_host().spawn_procs(per_host={"ranks": 2}, name="host_a", env={"MONARCH_KERNEL_NETNS": ns_a}) as pa, \
+         this_host().spawn_procs(per_host={"ranks": 1}, name="host_b", env={"MONARCH_KERNEL_NETNS": ns_b}) as pb:
+        owner = pa.slice(ranks=0).spawn("owner", Owner)
+        reader = pb.spawn("reader", Reader)
+        buf, expect = owner.make.call_one("across", 64 * MiB, seed=11).get(timeout=60)
+        assert buf._h.addresses[0] == addr_a  # advertised from inside host A's namespace
+        assert reader.read_crc.call_one(buf).get(timeout=90) == ("tcp", expect)
+        # A neighbour in host A's namespace uses shared memory.
+        local = pa.slice(ranks=1).spawn("local_reader", Reader)
+        assert local.read_crc.call_one(buf).get(timeout=90) == ("shm", expect)
