@@ -4,11 +4,21 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+# System packages: rdma-core and libibverbs' headers (so pip builds the ibverbs extension),
+# Debian's pyverbs, and iproute2 (network namespaces as simulated hosts in the tests).
+SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs
 
 .PHONY: setup lab demo test bench clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.sysdeps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install $(SYSDEPS)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSDEPS)) >/dev/null; \
+	else echo "note: not root: skipping apt-get install $(SYSDEPS) (ibverbs and network-namespace tests will skip)"; fi
+	mkdir -p $(VENV) && touch $@
+
+$(STAMP): pyproject.toml setup.py $(VENV)/.sysdeps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel, never a multi-GB CUDA download.
 	$(BIN)/pip install -q torch==2.13.0

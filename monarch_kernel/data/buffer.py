@@ -107,7 +107,7 @@ class RDMABuffer:
         reg = server.register(mem, name)
         h = Handle(server.instance, reg.id, reg.token, mem.nbytes, reg.name, server.owner,
                    server.pid, server.host, server.unix_path, server.addresses, server.tcp_port,
-                   mem.device, reg.shared is not None)
+                   mem.device, reg.shared is not None, server.rdma)
         self._h = h.sign(server.key)
         self._local = reg
         self._server = server

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..runtime import config, hosts
 from ..runtime.context import process_mesh
-from . import wire
+from . import ibverbs, wire
 from .memory import Memory, move_to_shared
 
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -73,6 +73,8 @@ class DataServer:
         self._tcp.listen(64)
         self.tcp_port = self._tcp.getsockname()[1]
         self.addresses = hosts.ipv4_addresses()
+        # Whether peers may ask for a queue pair (CPU memory only; GPU memory needs dmabuf).
+        self.rdma = ibverbs.is_available()[0]
         for sock, via in ((self._unix, "unix"), (self._tcp, "tcp")):
             threading.Thread(target=self._accept, args=(sock, via), daemon=True,
                              name=f"mk-data-{via}").start()
@@ -135,20 +137,28 @@ class DataServer:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             wire.server_handshake(sock, self.key)
             sock.settimeout(None)
+            rdma: dict = {}  # this connection's queue pair and registered regions, if any
             while True:
                 try:
                     head = wire.recv_exact(sock, wire.REQUEST.size)
                 except ConnectionError:
                     return
-                self._handle(sock, via, *wire.REQUEST.unpack(head))
+                self._handle(sock, via, rdma, *wire.REQUEST.unpack(head))
         except (OSError, wire.HandshakeFailed):
             return
         finally:
             sock.close()
 
-    def _handle(self, sock: socket.socket, via: str, op: int, bid: int, token: bytes,
+    def _handle(self, sock: socket.socket, via: str, rdma: dict, op: int, bid: int, token: bytes,
                 offset: int, nbytes: int) -> None:
         status, why, reg = self.check(op, bid, token, offset, nbytes)
+        if op == ibverbs.IB_CONNECT:
+            if status != wire.OK:
+                n = int.from_bytes(wire.recv_exact(sock, 4), "little")
+                wire.recv_exact(sock, n)  # the peer's queue-pair details, unused
+            else:
+                ibverbs.serve_connect(sock, reg, rdma)
+                return
         if status != wire.OK:
             wire.send_reply(sock, status, why.encode())
             return

@@ -1,7 +1,9 @@
 """Which transports this process can use, why not, and which one a transfer takes.
 
-Best first: ``ibverbs`` (an RDMA NIC), ``cuda_ipc`` (GPU memory on one host), ``shm`` (one
-host), ``tcp`` (anywhere).  ``MONARCH_KERNEL_DATA_TRANSPORT`` forces one; a forced transport
+Listed best first: ``ibverbs`` (an RDMA NIC), ``cuda_ipc`` (GPU memory on one host), ``shm``
+(one host), ``tcp`` (anywhere).  Per pair, one host prefers ``cuda_ipc`` for GPU memory and
+``shm`` otherwise (a memcpy beats a loop through the NIC); across hosts ``ibverbs`` where both
+ends have a device, else ``tcp``.  ``MONARCH_KERNEL_DATA_TRANSPORT`` forces one; a forced transport
 that cannot serve a pair is an error rather than a silent fallback.
 """
 
@@ -73,8 +75,8 @@ def choose(h, local_device: str = "cpu") -> str:
         return forced
     if same_host and h.device.startswith("cuda") and "torch" in sys.modules and _cuda()[0]:
         return "cuda_ipc"
-    if h.ib and _ibverbs()[0]:
-        return "ibverbs"
     if same_host and _shm()[0]:
-        return "shm"
+        return "shm"  # a memcpy beats a loop through the NIC
+    if h.ib and h.device == "cpu" and _ibverbs()[0]:
+        return "ibverbs"
     return "tcp"
