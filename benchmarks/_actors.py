@@ -45,3 +45,30 @@ class Bench(Actor):
             f.write("started")
         time.sleep(seconds)
         return os.getpid()
+
+
+class DataBench(Actor):
+    """Owner and reader of W4b's RDMABuffer."""
+
+    @endpoint
+    def register(self, nbytes: int):
+        import torch
+
+        from monarch_kernel import RDMABuffer
+
+        self.t = torch.ones(nbytes // 4, dtype=torch.float32)
+        return RDMABuffer(self.t, name="w4b")
+
+    @endpoint
+    def read_times(self, buf, warmup: int, runs: int) -> tuple:
+        import torch
+
+        dst = torch.zeros(buf.size, dtype=torch.uint8)  # touched: no page faults while timed
+        out = []
+        for i in range(warmup + runs):
+            t0 = time.perf_counter()
+            buf.read_into(dst).get(timeout=60)
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+        assert float(dst.view(torch.float32)[:1000].sum()) == 1000.0
+        return buf.transport(), out

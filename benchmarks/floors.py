@@ -36,8 +36,10 @@ ctx.term()
 
 _TCP_SINK = """
 import socket, sys
-n, runs = int(sys.argv[1]), int(sys.argv[2])
+n, runs, sockbuf = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 ls = socket.socket()
+if sockbuf:
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, sockbuf)
 ls.bind(("127.0.0.1", 0))
 ls.listen(1)
 print(ls.getsockname()[1], flush=True)
@@ -110,12 +112,17 @@ def memcpy() -> float:
     return round(NBYTES / 1e6 / statistics.median(time_calls(copy, 2, 10)), 1)
 
 
-def tcp_loopback(runs: int = 8, warmup: int = 2) -> float:
-    p = _child(_TCP_SINK, str(NBYTES), str(runs + warmup))
+def tcp_loopback(runs: int = 8, warmup: int = 2, sockbuf: int = 0) -> float:
+    """64 MiB ``sendall``/``recv_into`` over loopback; ``sockbuf``: socket buffer sizes
+    (0: the kernel's defaults)."""
+    p = _child(_TCP_SINK, str(NBYTES), str(runs + warmup), str(sockbuf))
     c = None
     try:
         port = int(p.stdout.readline())
-        c = socket.create_connection(("127.0.0.1", port))
+        c = socket.socket()
+        if sockbuf:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sockbuf)
+        c.connect(("127.0.0.1", port))
         data = memoryview(bytearray(b"\1" * NBYTES))
 
         def send(_i):

@@ -45,10 +45,50 @@ def test_large_tensor_and_array_arguments_are_private_and_cleaned_up():
         sums = list(holders.scribble_and_sum.call(t).get(timeout=30).values())
         assert sums == [expect + (1 << 20)] * 2  # each rank saw the original, not the other's +1
         assert float(t.double().sum()) == expect  # the controller's tensor is untouched
+        # What is left is only the pool of warm segments that no rank maps any more.
         deadline = time.monotonic() + 5
-        while os.listdir(rt.segments.dir):
+        while set(os.listdir(rt.segments.dir)) != {os.path.basename(e[1]) for e in rt.segments._pool}:
             assert time.monotonic() < deadline, "segments outlived their call"
             time.sleep(0.05)
+
+
+class Keeper(Actor):
+    def __init__(self):
+        self.kept = []
+
+    @endpoint
+    def keep(self, t) -> None:
+        self.kept.append(t[10:])  # a view keeps the whole mapping alive
+
+    @endpoint
+    def sums(self) -> list:
+        return [float(k.double().sum()) for k in self.kept]
+
+    @endpoint
+    def forget(self) -> None:
+        self.kept.clear()
+
+
+def test_a_segment_is_reused_only_once_no_rank_maps_it():
+    rt = Runtime.current()
+    with this_host().spawn_procs(per_host={"gpus": 1}) as procs:
+        keeper = procs.spawn("keeper", Keeper)
+        n = 1 << 20
+        keeper.keep.call(torch.full((n,), 1.0)).get(timeout=30)
+        keeper.keep.call(torch.full((n,), 2.0)).get(timeout=30)  # must not overwrite the first
+        assert keeper.sums.call_one().get(timeout=30) == [n - 10.0, 2.0 * (n - 10)]
+        time.sleep(0.2)
+        assert rt.segments._pool == [], "kept arguments are still mapped: nothing to reuse"
+        keeper.forget.call().get(timeout=30)
+        holder = procs.spawn("holder", Holder)
+        t = torch.arange(n, dtype=torch.float32)
+        for _ in range(3):
+            assert holder.checksum.call_one(t).get(timeout=30) == float(t.double().sum())
+        deadline = time.monotonic() + 5
+        while not rt.segments._pool:
+            assert time.monotonic() < deadline, "a released segment should be pooled for reuse"
+            time.sleep(0.05)
+        assert len(os.listdir(rt.segments.dir)) <= 2, "reuse must keep the segment count flat"
 
 
 def test_segments_are_removed_when_the_controller_is_killed(tmp_path):

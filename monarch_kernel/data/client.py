@@ -17,7 +17,6 @@ from . import wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone, TransferError
 
 CONNECT_TIMEOUT_S = 2.0
-SOCKBUF = 4 << 20
 
 _pool: dict[tuple, list[socket.socket]] = {}
 _maps: dict[tuple, tuple[mmap.mmap, int]] = {}
@@ -37,9 +36,6 @@ def _connect(h, via: str, key: bytes) -> socket.socket:
         sock, last = None, None
         for addr in h.addresses:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            # Larger windows than the default: fewer wake-ups per megabyte.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKBUF)
             s.settimeout(CONNECT_TIMEOUT_S)
             try:
                 s.connect((addr, h.port))

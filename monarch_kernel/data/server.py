@@ -24,7 +24,6 @@ from .memory import Memory, move_to_shared
 
 HANDSHAKE_TIMEOUT_S = 5.0
 NOT_SHARED = 6
-SOCKBUF = 4 << 20
 
 
 @dataclass
@@ -132,8 +131,6 @@ class DataServer:
         try:
             if via == "tcp":
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKBUF)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKBUF)
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             wire.server_handshake(sock, self.key)
             sock.settimeout(None)

@@ -14,7 +14,6 @@ from .completion import Completion
 from .context import MeshRef
 from .envelope import Header, Kind, Part, Status
 from .failure import DeathInfo
-from .shm import Segments
 from .tree import children, locate, split
 
 
@@ -55,8 +54,10 @@ class PendingCall:
             self.runtime.calls.pop(self.header.call_id, None)
             self.body = None
             if self.segments:
-                # Freeing the pages takes a while: not on the caller's critical path.
-                self.runtime.io.call_soon(Segments.unlink, self.segments)
+                # Every rank that answered has mapped its arguments; one that died never
+                # will.  Off the caller's critical path: freeing pages takes a while.
+                reuse = all(p.status != Status.DIED for p in self.parts.values())
+                self.runtime.io.call_soon(self.runtime.segments.release, self.segments, reuse)
             self.completion.set_result(self.parts)
 
     def rank_died(self, rank: int, info: DeathInfo) -> None:

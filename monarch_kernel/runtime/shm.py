@@ -2,22 +2,30 @@
 
 The sender copies the bytes once into a file under ``/dev/shm``; each receiving rank maps
 it copy-on-write (its own writes stay private) instead of receiving the bytes through a
-socket.  The sender unlinks a call's segments when every rank has answered, by which time
-each rank has mapped what it needed; the template removes the whole directory if the
-controller dies first.  Never used across hosts.
+socket.  When every rank has answered, each has mapped what it needed; the template removes
+the whole directory if the controller dies first.  Never used across hosts.
+
+Filling fresh tmpfs pages costs far more than copying into pages that exist, so a finished
+call's segments are kept for reuse when no rank still maps them.  A rank holds a shared
+``flock`` on a segment for as long as its mapping lives (an argument it keeps, or a view of
+one); the sender reuses a segment only if it can take the lock exclusively, and unlinks it
+otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import secrets
 import shutil
 import threading
+import weakref
 
 SHM_MIN = 1 << 20  # smaller buffers go through the socket
 ROOT = "/dev/shm"
+POOL_BYTES = 1 << 30  # warm segments kept for reuse, at most
 
 
 def available() -> bool:
@@ -31,6 +39,8 @@ class Segments:
         self.dir = os.path.join(ROOT, f"mk-{os.getpid()}-{secrets.token_hex(4)}")
         self._made = False
         self._local = threading.local()
+        self._pool: list[tuple[int, str]] = []  # (bytes, path) of free warm segments, oldest first
+        self._pool_lock = threading.Lock()
 
     def _ensure_dir(self) -> None:
         if not self._made:
@@ -50,10 +60,23 @@ class Segments:
     def tracking(self) -> bool:
         return getattr(self._local, "created", None) is not None
 
+    def _take(self, nbytes: int) -> tuple[int, str] | None:
+        """A pooled segment of at least ``nbytes`` and at most twice that, or None."""
+        with self._pool_lock:
+            fits = [(entry[0], i) for i, entry in enumerate(self._pool) if nbytes <= entry[0] <= 2 * nbytes]
+            if not fits:
+                return None
+            return self._pool.pop(min(fits)[1])
+
     def write(self, buf: memoryview) -> str:
         self._ensure_dir()
-        path = os.path.join(self.dir, secrets.token_hex(8))
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        pooled = self._take(buf.nbytes)
+        if pooled is not None:
+            path = pooled[1]
+            fd = os.open(path, os.O_WRONLY)  # its pages exist: pwrite is a plain copy now
+        else:
+            path = os.path.join(self.dir, secrets.token_hex(8))
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             # write(), not a mapping: the kernel fills fresh tmpfs pages without a page
             # fault per 4 KiB, which is most of the cost of a large segment.
@@ -73,15 +96,47 @@ class Segments:
             except FileNotFoundError:
                 pass
 
+    def release(self, paths, reuse: bool) -> None:
+        """A call is over: keep its segments that no rank maps any more, unlink the rest."""
+        gone = []
+        for p in paths:
+            if not reuse:
+                gone.append(p)
+                continue
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a rank maps it
+                size = os.fstat(fd).st_size
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                gone.append(p)
+                continue
+            finally:
+                os.close(fd)
+            with self._pool_lock:
+                self._pool.append((size, p))
+                while sum(e[0] for e in self._pool) > POOL_BYTES:
+                    gone.append(self._pool.pop(0)[1])
+        self.unlink(gone)
+
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def map_private(path: str, nbytes: int) -> memoryview:
-    """Map a segment copy-on-write: reads share the sender's pages, writes stay private."""
+    """Map a segment copy-on-write: reads share the sender's pages, writes stay private.
+
+    The shared lock lasts as long as the mapping, telling the sender not to reuse the file.
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
         mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    weakref.finalize(mm, os.close, fd)
     return memoryview(mm)
