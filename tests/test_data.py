@@ -88,6 +88,14 @@ class Reader(Actor):
         return dst
 
     @endpoint
+    def path_kind(self, buf: RDMABuffer) -> str:
+        """How this rank reached the owner's memory last time (shm: mapped or cross-memory)."""
+        from monarch_kernel.data import client
+
+        got = client._maps.get((buf._h.instance, buf._h.id))
+        return type(got).__name__ if got is not None else "socket"
+
+    @endpoint
     def write(self, buf: RDMABuffer, src, offset: int = 0) -> int:
         return buf.write_from(src, offset).get(timeout=60)
 
@@ -142,7 +150,7 @@ def test_write_from_with_offset_reaches_every_view_of_the_owners_tensor(pair):
 
 
 def test_dtypes_arrays_and_bytearrays(pair):
-    _transport, owner, readers = pair
+    transport, owner, readers = pair
     r = readers.slice(ranks=0)
     for t in (torch.randn(1000, 3, dtype=torch.float16), torch.randn(4097).to(torch.bfloat16),
               torch.arange(-5000, 5000, dtype=torch.int64), torch.rand(999) > 0.5,
@@ -150,14 +158,26 @@ def test_dtypes_arrays_and_bytearrays(pair):
         buf = owner.share.call_one(str(t.dtype), t).get(timeout=30)
         assert buf.size == t.numel() * t.element_size()
         assert torch.equal(r.read_like.call_one(buf, t).get(timeout=30), t), t.dtype
+    t = torch.randn(MiB)
+    buf = owner.share.call_one("tensor", t).get(timeout=30)
+    assert torch.equal(r.read_like.call_one(buf, t).get(timeout=30), t)
+    assert r.path_kind.call_one(buf).get(timeout=30) == ("_Mapped" if transport == "shm" else "socket")
     arr = np.linspace(0, 1, 3 * MiB // 8)
     buf = owner.share.call_one("array", arr).get(timeout=30)
     assert np.array_equal(r.read_like.call_one(buf, arr).get(timeout=30), arr)
+    # An array cannot move into shared memory; on one host it is read across address spaces.
+    assert r.path_kind.call_one(buf).get(timeout=30) == ("_CrossMemory" if transport == "shm" else "socket")
     ba = bytearray(os.urandom(10007))
     buf = owner.share.call_one("bytes", ba).get(timeout=30)
     assert r.read_crc.call_one(buf).get(timeout=30)[1] == zlib.crc32(ba)
     r.write.call_one(buf, b"\x00" * 7, 10000).get(timeout=30)
     assert owner.get.call_one("bytes").get(timeout=30) == ba[:10000] + b"\x00" * 7
+    # Read-only memory is readable (streamed: it cannot be mapped for writing) and refuses writes.
+    ro = os.urandom(3 * MiB + 5)
+    buf = owner.share.call_one("readonly", ro).get(timeout=30)
+    assert r.read_crc.call_one(buf).get(timeout=30)[1] == zlib.crc32(ro)
+    with pytest.raises(Exception, match="registered read-only"):
+        r.write.call_one(buf, b"x").get(timeout=30)
 
 
 def test_concurrent_readers(pair):

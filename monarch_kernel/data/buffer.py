@@ -232,10 +232,10 @@ def _transfer(h: Handle, key: bytes, op: int, mem: Memory, offset: int, timeout:
         from . import ibverbs
 
         ibverbs.transfer(h, key, op, mem, offset, timeout)
-    elif via == "shm" and h.shared:
+    elif via == "shm":
         client.shm(h, key, op, mem.view, offset, timeout)
     else:
-        client.stream(h, key, "unix" if via == "shm" else "tcp", op, mem.view, offset, timeout)
+        client.stream(h, key, "tcp", op, mem.view, offset, timeout)
 
 
 def _device_copy(op: int, remote: Memory, local: Memory, offset: int) -> None:

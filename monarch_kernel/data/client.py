@@ -8,12 +8,14 @@ connection that fails is thrown away; the next transfer opens a new one.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import mmap
 import socket
 import threading
 
 from . import wire
+from .server import NOT_SHARED
 from .errors import BufferDropped, ForgedHandle, OwnerGone, TransferError
 
 CONNECT_TIMEOUT_S = 2.0
@@ -129,10 +131,76 @@ def stream(h, key: bytes, via: str, op: int, view: memoryview, offset: int, time
     _guard(h, run)
 
 
-# ---------------------------------------------------------------- shm (one host, mapped segment)
+# ---------------------------------------------------------------- shm (one host, one copy)
+#
+# The owner answers MAP with either a descriptor of the shared segment its memory lives in
+# (mapped here once, then each transfer is a memcpy), or, for memory that could not move
+# there (numpy arrays, bytearrays), its pid and the address, which this process reads or
+# writes with process_vm_readv/writev: still one copy, straight between the two address
+# spaces.  Where the kernel forbids that (ptrace rules), the bytes stream over the socket.
 
 
-def _mapping(h, sock) -> tuple[mmap.mmap, int]:
+class _Mapped:
+    def __init__(self, mm: mmap.mmap, base: int):
+        self.mm, self.base = mm, base
+
+    def transfer(self, op: int, view: memoryview, offset: int) -> None:
+        start = self.base + offset
+        window = memoryview(self.mm)[start:start + view.nbytes]
+        if op == wire.READ:
+            copy(view, window)
+        else:
+            copy(window, view)
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a view of it is still alive; the mapping goes with it
+
+
+class _CrossMemory:
+    def __init__(self, pid: int, addr: int):
+        self.pid, self.addr = pid, addr
+
+    def transfer(self, op: int, view: memoryview, offset: int) -> None:
+        n = view.nbytes
+        if n == 0:
+            return
+        local = _iovec(ctypes.addressof(ctypes.c_char.from_buffer(view)), n)
+        done = 0
+        fn = _libc.process_vm_readv if op == wire.READ else _libc.process_vm_writev
+        while done < n:
+            loc = _iovec(local.base + done, n - done)
+            rem = _iovec(self.addr + offset + done, n - done)
+            got = fn(self.pid, ctypes.byref(loc), 1, ctypes.byref(rem), 1, 0)
+            if got <= 0:
+                err = ctypes.get_errno()
+                if err == errno.ESRCH:
+                    raise ConnectionResetError("the owner process has exited")
+                raise _NoCrossMemory(err)
+            done += got
+
+    def close(self) -> None:
+        pass
+
+
+class _NoCrossMemory(Exception):
+    pass
+
+
+class _iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_size_t), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+for _f in (_libc.process_vm_readv, _libc.process_vm_writev):
+    _f.restype = ctypes.c_ssize_t
+    _f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+_no_cma: set = set()  # owners whose memory this process may not access directly
+
+
+def _mapping(h, sock):
     k = (h.instance, h.id)
     with _lock:
         got = _maps.get(k)
@@ -147,13 +215,19 @@ def _mapping(h, sock) -> tuple[mmap.mmap, int]:
     if status != wire.OK:
         for fd in fds:
             socket.close(fd)
+        if status == NOT_SHARED:
+            return None
         _raise_for(h, status, msg)
     info = json.loads(msg)
-    try:
-        mm = mmap.mmap(fds[0], info["size"], flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
-    finally:
-        socket.close(fds[0])
-    got = (mm, info["offset"])
+    if fds:
+        try:
+            mm = mmap.mmap(fds[0], info["size"], flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        finally:
+            for fd in fds:
+                socket.close(fd)
+        got = _Mapped(mm, info["offset"])
+    else:
+        got = _CrossMemory(info["pid"], info["addr"])
     with _lock:
         _maps[k] = got
     return got
@@ -163,25 +237,27 @@ def forget(h) -> None:
     with _lock:
         got = _maps.pop((h.instance, h.id), None)
     if got is not None:
-        try:
-            got[0].close()
-        except BufferError:
-            pass  # a view of it is still alive; the mapping goes with it
+        got.close()
 
 
 def shm(h, key: bytes, op: int, view: memoryview, offset: int, timeout: float | None) -> None:
-    def run():
+    def run() -> bool:
         with Connection(h, "unix", key, timeout) as sock:
-            mm, base = _mapping(h, sock)
+            path = None if h.instance in _no_cma and not h.shared else _mapping(h, sock)
+            if path is None or (view.readonly and isinstance(path, _CrossMemory)):
+                return False
             _request(sock, h, wire.CHECK, offset, view.nbytes)  # alive, not dropped, in range
-            start = base + offset
-            if op == wire.READ:
-                copy(view, memoryview(mm)[start:start + view.nbytes])
-            else:
-                copy(memoryview(mm)[start:start + view.nbytes], view)
+            try:
+                path.transfer(op, view, offset)
+            except _NoCrossMemory:
+                _no_cma.add(h.instance)
+                forget(h)
+                return False
+            return True
 
     try:
-        _guard(h, run)
+        if not _guard(h, run):
+            stream(h, key, "unix", op, view, offset, timeout)
     except (BufferDropped, OwnerGone, ForgedHandle):
         forget(h)
         raise

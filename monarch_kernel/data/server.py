@@ -9,6 +9,7 @@ its own thread, so concurrent readers are served in parallel and a slow peer hol
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hmac
 import json
 import os
@@ -72,6 +73,7 @@ class DataServer:
         self._tcp.listen(64)
         self.tcp_port = self._tcp.getsockname()[1]
         self.addresses = hosts.ipv4_addresses()
+        _allow_peers_to_read()
         # Whether peers may ask for a queue pair (CPU memory only; GPU memory needs dmabuf).
         self.rdma = ibverbs.is_available()[0]
         for sock, via in ((self._unix, "unix"), (self._tcp, "tcp")):
@@ -177,12 +179,15 @@ class DataServer:
                     _host_to_cuda(reg.mem, offset, staging)
             wire.send_reply(sock, wire.OK)
         elif op == wire.MAP:
-            if via != "unix" or reg.shared is None:
+            if via != "unix" or reg.mem.device != "cpu" or (reg.shared is None and reg.mem.readonly):
                 wire.send_reply(sock, NOT_SHARED, b"not in shared memory")
-                return
-            fd, size, base = reg.shared
-            msg = json.dumps({"size": size, "offset": base}).encode()
-            socket.send_fds(sock, [wire.REPLY.pack(wire.OK, len(msg)) + msg], [fd])
+            elif reg.shared is not None:
+                fd, size, base = reg.shared
+                msg = json.dumps({"size": size, "offset": base}).encode()
+                socket.send_fds(sock, [wire.REPLY.pack(wire.OK, len(msg)) + msg], [fd])
+            else:
+                addr = ctypes.addressof(ctypes.c_char.from_buffer(reg.mem.view)) if reg.mem.nbytes else 0
+                wire.send_reply(sock, wire.OK, json.dumps({"pid": self.pid, "addr": addr}).encode())
         elif op == wire.CHECK:
             extra = json.dumps({"cuda": reg.cuda}).encode() if reg.cuda is not None else b""
             wire.send_reply(sock, wire.OK, extra)
@@ -205,6 +210,16 @@ class DataServer:
             os.unlink(self.unix_path)
         except OSError:
             pass
+
+
+def _allow_peers_to_read() -> None:
+    """Under Yama's ptrace_scope=1, let peers on this host read registered memory directly
+    (process_vm_readv); they still need the buffer's token from this server first."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER, ANY
+    except (OSError, AttributeError):
+        pass
 
 
 # ---------------------------------------------------------------- CUDA helpers
