@@ -9,3 +9,8 @@ def load_magics(shell) -> None:
 
     if "mesh" not in shell.magics_manager.magics["line"]:
         shell.register_magics(MeshMagics)
+    try:
+        from .cell_code import keep_cell_filenames
+    except ImportError:  # no ipykernel: cells have no file names to keep
+        return
+    keep_cell_filenames()

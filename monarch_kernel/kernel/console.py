@@ -5,11 +5,16 @@ A cell's last expression is evaluated and its repr returned, as IPython does; ri
 notebook to show under the rank's label.  After each cell the rank writes a sync marker to
 stdout and stderr, so the controller knows every line the cell printed has reached it
 before the cell ends.
+
+A cell is compiled under the file name the kernel gives it (the one JupyterLab's debugger
+uses for the whole cell) with its line numbers shifted to match the cell as shown, magic
+line included, so breakpoints and tracebacks name the lines the user sees.
 """
 
 from __future__ import annotations
 
 import ast
+import bdb
 import base64
 import io
 import linecache
@@ -17,8 +22,10 @@ import sys
 
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
+from . import rank_debug, rank_pdb
 
 SYNC = "\x1emonarch-sync "
+LAST = "__mesh_last_value__"  # holds a cell's last expression for a moment
 
 
 class Console(Actor):
@@ -26,6 +33,8 @@ class Console(Actor):
         self.ns: dict = {"__name__": "__mesh__", "__builtins__": __builtins__}
         self.displays: list[tuple[dict, dict]] = []
         self._hook_display()
+        self._view: rank_debug.NamespaceView | None = None
+        rank_pdb.install()
 
     def _hook_display(self) -> None:
         """Make IPython's ``display()`` on this rank collect mime bundles for the notebook."""
@@ -61,30 +70,83 @@ class Console(Actor):
             plt.close(fig)
 
     @endpoint
-    def run(self, code: str, filename: str, token: str) -> dict:
-        """Run ``code``: ``{"value": repr of its last expression or None, "displays": [...]}``."""
-        # Let tracebacks on this rank quote the cell's lines.
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    def run(self, code: str, filename: str, token: str, opts: dict | None = None) -> dict:
+        """Run ``code``: ``{"value": repr of its last expression or None, "displays": [...]}``.
+
+        ``opts``: ``cell`` (the whole cell as shown), ``line_offset`` (lines of the cell
+        before ``code``), ``pdb_port`` and ``post_mortem`` (distributed pdb settings).
+        """
+        opts = opts or {}
+        offset = opts.get("line_offset", 0)
+        cell = opts.get("cell", code)
+        rank_pdb.configure(opts.get("pdb_port"), opts.get("post_mortem"))
+        rank_pdb.config.cell_files.add(filename)
+        # Let tracebacks and debuggers on this rank quote the cell's lines.
+        linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+        if rank_debug.listening() is not None:
+            rank_debug.write_source(filename, cell)
         self.displays = []
         try:
             tree = ast.parse(code, filename, "exec")
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
+            ast.increment_lineno(tree, offset)
+            shows = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
+            if shows:
+                # One code object for the whole cell, so a debugger steps onto its last line.
+                last = tree.body[-1]
+                tree.body[-1] = ast.copy_location(
+                    ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
+                ast.fix_missing_locations(tree)
             exec(compile(tree, filename, "exec"), self.ns)
             value = None
-            if last is not None:
-                result = eval(compile(last, filename, "eval"), self.ns)
+            if shows:
+                result = self.ns.pop(LAST, None)
                 if result is not None:
                     self.ns["_"] = result
                     value = repr(result)
             self._collect_figures()
             return {"value": value, "displays": self.displays}
+        except BaseException as e:
+            if rank_pdb.config.post_mortem and not isinstance(e, (KeyboardInterrupt, bdb.BdbQuit, SyntaxError)):
+                tb = e.__traceback__
+                while tb is not None and tb.tb_frame.f_code is sys._getframe().f_code:
+                    tb = tb.tb_next  # start at the cell, not here
+                if tb is not None:
+                    rank_pdb.post_mortem(tb, e)
+            raise
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             print(SYNC + token, flush=True)
             print(SYNC + token, file=sys.stderr, flush=True)
+
+    @endpoint
+    def debug_listen(self, host: str = "127.0.0.1") -> tuple[str, int]:
+        """Start debugpy here; runs on the console's own thread so cells are traced."""
+        return rank_debug.listen(host)
+
+    @endpoint
+    async def debug_setup(self, pdb_port=None, post_mortem: bool | None = None) -> None:
+        """Where this rank's pdb sessions report, and whether errors stop in pdb."""
+        rank_pdb.configure(pdb_port, post_mortem)
+
+    @endpoint
+    async def debug_variables(self, ref: int | None = None) -> list[dict]:
+        """The namespace as JupyterLab's variable panel shows it (``ref``: expand one)."""
+        if ref is None or self._view is None:
+            if self._view is not None:
+                self._view.close()
+            self._view = rank_debug.NamespaceView(self.ns)
+        return self._view.variables(ref)
+
+    @endpoint
+    async def debug_rich(self, name: str) -> tuple[dict, dict]:
+        if name not in self.ns:
+            raise NameError(f"name {name!r} is not defined on this rank")
+        return rank_debug.rich(self.ns[name])
+
+    @endpoint
+    async def debug_write_source(self, path: str, text: str) -> None:
+        rank_debug.write_source(path, text)
 
     @endpoint
     def push(self, values: dict) -> None:

@@ -14,6 +14,8 @@ from traitlets import Type
 class MeshKernel(IPythonKernel):
     implementation = "monarch_kernel"
     implementation_version = "0.1.0"
+    # JupyterLab's debugger: the kernel itself, or the rank chosen with %mesh debug R.
+    debugger_class = Type("monarch_kernel.kernel.debugger.MeshDebugger")
     banner = "monarch-kernel: Python 3 as the single controller of a mesh (try  %mesh spawn -n 4)"
 
     def __init__(self, **kwargs):

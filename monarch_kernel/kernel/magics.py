@@ -16,8 +16,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_loca
 from ..actor.errors import ActorError
 from ..mesh.host_mesh import this_host
 from ..runtime.process import Runtime
-from . import detached, status
+from . import debugger, detached, status
 from .console import Console
+from .mesh_pdb import PdbHub
 from .output import CollapsingSink, rank_label
 
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
@@ -35,6 +36,10 @@ USAGE = """\
 %mesh scatter name=expr          split a list/array/tensor across the ranks
 %mesh gather name                join name's pieces from every rank
 %mesh auto on|off                run every following cell on the mesh
+%mesh debug R [--listen]         JupyterLab's debugger on rank R (--listen: a VS Code attach
+                                 config instead);  %mesh debug off  debugs the kernel again
+%mesh pdb [attach R | cast RANKS CMD | continue | --post-mortem on|off]
+                                 ranks stopped in breakpoint(), and talking to them
 %%mesh [--ranks SPEC] [--timeout S] [--no-stream] [--group-outputs rank|order]
                                  run the cell on the ranks (SPEC: 0 | 0-3 | 0,2 | ::2)"""
 
@@ -75,6 +80,28 @@ class MeshSession:
         self.sink = CollapsingSink(rt.io.loop)
         rt.output_sink = self.sink
         shell.events.register("pre_run_cell", self.sink.follow_cell)
+        shell.events.register("pre_run_cell", self._remember_cell)
+        self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
+        self.pdb = PdbHub(self)
+
+    def _remember_cell(self, info=None) -> None:
+        self.raw_cell = getattr(info, "raw_cell", "") or ""
+
+    def cell_file(self, line: str, body: str) -> tuple[str, str, int]:
+        """(the whole cell, the file name it compiles under, lines before ``body``).
+
+        The name is the one JupyterLab's ``dumpCell`` gives the cell, so breakpoints set in
+        the notebook land on the rank; line numbers count the ``%%mesh`` line.
+        """
+        raw, stripped = self.raw_cell, body.rstrip()
+        start = raw.rfind(stripped) if stripped else -1
+        if start < 0 or raw[start:].rstrip() != stripped:
+            raw, start = f"%%mesh {line}".rstrip() + "\n" + body, len(f"%%mesh {line}".rstrip()) + 1
+        try:
+            from ipykernel.compiler import get_file_name
+        except ImportError:  # IPython without ipykernel: no debugger to agree with
+            return raw, f"<mesh-cell-{abs(hash(raw)):x}>", raw.count("\n", 0, start)
+        return raw, get_file_name(raw), raw.count("\n", 0, start)
 
     def get(self, name: str | None = None):
         name = name or self.current
@@ -143,6 +170,7 @@ class MeshMagics(Magics):
             return detached.spawn(s, detach, n, env)
         procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
         consoles = procs.spawn("console", Console)
+        consoles.debug_setup.broadcast(s.pdb.port, s.pdb.post_mortem)
         s.meshes[procs.name] = (procs, consoles)
         s.current = procs.name
         return procs
@@ -240,6 +268,12 @@ class MeshMagics(Magics):
         elif not self.session.auto and _auto_transform in transformers:
             transformers.remove(_auto_transform)
 
+    def _cmd_debug(self, args, _ns):
+        debugger.command(self.session, self.shell, args)
+
+    def _cmd_pdb(self, args, _ns):
+        self.session.pdb.magic(args)
+
     def _cmd_push(self, args, ns):
         if not args:
             raise UsageError("type  %mesh push name=expr [name=expr ...]")
@@ -300,23 +334,26 @@ class MeshMagics(Magics):
                                  "[--no-stream] [--group-outputs rank|order]")
         if group == "rank" and stream:
             raise UsageError("--group-outputs rank needs the whole output first: add --no-stream")
-        return run_on_mesh(self.session, cell, ranks_spec, timeout, stream=stream, by_rank=group == "rank")
+        return run_on_mesh(self.session, cell, ranks_spec, timeout, stream=stream, by_rank=group == "rank", line=line)
 
 
 def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout: float | None,
-                stream: bool = True, by_rank: bool = False):
+                stream: bool = True, by_rank: bool = False, line: str = ""):
     procs, consoles = session.get()
     n = len(procs)
     ranks = parse_ranks(ranks_spec, n) if ranks_spec else list(range(n))
     target = consoles if len(ranks) == n else _select(consoles, ranks)
     token = uuid.uuid4().hex
-    filename = f"<mesh-cell-{token[:8]}>"
+    whole, filename, offset = session.cell_file(line, cell)
     session.sink.hold = not stream
-    fut = target.run.call(cell, filename, token)
+    opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
+    fut = target.run.call(cell, filename, token, opts)
     interrupted = False
+    session.pdb.cell_running = True
     try:
         try:
-            results = _wait_with_progress(fut, session.sink, token, len(ranks), timeout)
+            results = _wait_with_progress(fut, session.sink, token, len(ranks), timeout, session.pdb)
+            session.pdb.announce()
         except KeyboardInterrupt:
             # The stop button: interrupt the ranks' code, keep their namespaces.
             interrupted = True
@@ -325,6 +362,8 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
         failed = None
     except ActorError as e:
         results, failed = getattr(e, "results", None), e
+    finally:
+        session.pdb.cell_running = False
     mesh_name = procs.name
     expected = {(mesh_name, r, s) for r in ranks for s in ("stdout", "stderr")
                 if (procs._ref.id, r) not in Runtime.current().dead}
@@ -358,11 +397,15 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
 PROGRESS_AFTER_S = 2.0
 
 
-def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None):
-    """``fut.get(timeout)``, showing "k of n ranks finished" once the cell runs past 2 s."""
+def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pdb=None):
+    """``fut.get(timeout)``, showing "k of n ranks finished" once the cell runs past 2 s,
+    and serving ranks that stop in pdb meanwhile."""
     start = time.monotonic()
     handle, shown = None, -1
     while True:
+        if pdb is not None and pdb.waiting():
+            sink.flush()
+            pdb.serve(done=fut.done, auto_attach=n == 1)
         elapsed = time.monotonic() - start
         step = 0.25 if timeout is None else max(0.0, min(0.25, timeout - elapsed))
         try:

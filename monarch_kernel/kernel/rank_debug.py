@@ -1,0 +1,110 @@
+"""The rank side of debugging: debugpy started on demand, and the namespace views that
+JupyterLab's debugger asks for when the rank is not stopped.
+
+Runs inside rank processes (imported by the console actor).  It never starts debugpy
+unless asked, and never listens beyond loopback unless the user named another host.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+_listen_lock = threading.Lock()
+_listening: tuple[str, int] | None = None
+
+# Names JupyterLab's variable panel should not show: the console's own plumbing.
+HIDDEN = frozenset({"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
+                    "__builtins__", "__builtin__", "display", "_"})
+
+
+def listening() -> tuple[str, int] | None:
+    return _listening
+
+
+def listen(host: str = "127.0.0.1") -> tuple[str, int]:
+    """Start debugpy in this rank (once); the (host, port) a DAP client connects to."""
+    global _listening
+    with _listen_lock:
+        if _listening is not None:
+            return _listening
+        os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        import debugpy
+
+        # Ranks are not meant to spawn debugged children of their own.
+        debugpy.configure(subProcess=False)
+        got = debugpy.listen((host, 0))
+        _listening = (str(got[0]), int(got[1]))
+        return _listening
+
+
+def write_source(path: str, text: str) -> None:
+    """Put a cell's text where the debugger will look for it (same path on every host)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+class NamespaceView:
+    """pydevd's variable tree over a namespace, for ``inspectVariables`` while not stopped.
+
+    Variable references are pydevd's own, so JupyterLab can expand them with ``variables``.
+    """
+
+    def __init__(self, ns: dict):
+        # Importing debugpy.server first sets up the pydevd import paths.
+        from debugpy.server import api  # noqa: F401
+        from _pydevd_bundle import pydevd_frame_utils
+        from _pydevd_bundle.pydevd_api import PyDevdAPI
+        from _pydevd_bundle.pydevd_suspended_frames import SuspendedFramesManager, _FramesTracker
+
+        class _PyDB:
+            variable_presentation = PyDevdAPI.VariablePresentation()
+
+        class _Code:
+            co_filename = "<mesh namespace>"
+            co_name = "<module>"
+
+        class _Frame:
+            f_code = _Code()
+            f_globals = f_locals = ns
+            f_back = None
+            f_lineno = 0
+
+        self.manager = SuspendedFramesManager()
+        self._tracker = _FramesTracker(self.manager, _PyDB())
+        self._frame = _Frame()
+        self._tracker.track("mesh-namespace", pydevd_frame_utils.create_frames_list_from_frame(self._frame))
+
+    def variables(self, ref: int | None = None) -> list[dict]:
+        var = self.manager.get_variable(ref or id(self._frame))
+        return [v.get_var_data() for v in var.get_children_variables() if visible(v.get_var_data()["name"])]
+
+    def close(self) -> None:
+        self._tracker.untrack_all()
+
+
+def visible(name: str) -> bool:
+    return name not in HIDDEN and not (name.startswith("_") and name[1:].isdigit())
+
+
+def rich(value) -> tuple[dict, dict]:
+    """The mime bundle of ``value``, as IPython would display it (plain repr without IPython)."""
+    try:
+        from IPython.core.formatters import DisplayFormatter
+    except ImportError:
+        return {"text/plain": repr(value)}, {}
+    data, md = DisplayFormatter().format(value)
+    return data, {k: v for k, v in md.items() if k in data}
+
+
+def package_dir() -> str:
+    """The monarch_kernel package folder: its frames are skipped when stepping."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
