@@ -119,8 +119,10 @@ class Reader(Actor):
 
 @pytest.fixture(scope="module", params=["shm", "tcp"])
 def pair(request):
-    """An owner rank and two reader ranks, all told to use one transport."""
-    with this_host().spawn_procs(per_host={"ranks": 3}, env={"MONARCH_KERNEL_DATA_TRANSPORT": request.param}) as procs:
+    """An owner rank and two reader ranks, all told to use one transport (tcp: split over
+    three connections, so transfers also cross stream boundaries)."""
+    env = {"MONARCH_KERNEL_DATA_TRANSPORT": request.param, "MONARCH_KERNEL_TCP_STREAMS": "3"}
+    with this_host().spawn_procs(per_host={"ranks": 3}, env=env) as procs:
         owner = procs.slice(ranks=0).spawn("owner", Owner)
         readers = procs.slice(ranks=slice(1, 3)).spawn("readers", Reader)
         yield request.param, owner, readers
@@ -266,13 +268,14 @@ def test_dropped_forged_and_replayed_handles_are_refused():
             replayed.read_into(bytearray(4096)).get(timeout=10)
 
 
-def _shm_entries() -> set:
-    return {e for e in os.listdir("/dev/shm") if e.startswith(("mk-", "torch_"))}
+def _shm_entries(pids) -> set:
+    """What the given processes have under /dev/shm (runtime segments, torch's files)."""
+    mine = tuple(f"{prefix}{pid}{sep}" for pid in pids for prefix, sep in (("mk-", "-"), ("torch_", "_")))
+    return {e for e in os.listdir("/dev/shm") if e.startswith(mine)}
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport):
-    before = _shm_entries()
     env = {"MONARCH_KERNEL_DATA_TRANSPORT": transport}
     with this_host().spawn_procs(per_host={"ranks": 2}, env=env) as procs:
         owner = procs.slice(ranks=0).spawn("owner", Owner)
@@ -280,7 +283,7 @@ def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport
         buf, expect = owner.make.call_one("doomed", 32 * MiB).get(timeout=30)
         assert reader.read_crc.call_one(buf).get(timeout=30) == (transport, expect)
         pid = owner.pid.call_one().get(timeout=10)
-        assert _shm_entries() <= before, "registered memory must not have a name in /dev/shm"
+        assert not _shm_entries([pid]), "registered memory must not have a name in /dev/shm"
 
         # Pending: the owner is frozen, so the read waits; then it is killed.
         os.kill(pid, signal.SIGSTOP)
@@ -297,7 +300,7 @@ def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport
         with pytest.raises(OwnerGone, match="is gone"):
             buf.read_into(bytearray(buf.size)).get(timeout=10)
         assert time.monotonic() - t0 < 1.0
-    assert _shm_entries() <= before
+        assert not _shm_entries([pid])
 
 
 def test_cuda_ipc_between_gpu_ranks():

@@ -35,6 +35,7 @@ import msgpack
 
 from ..actor.future import Future
 from ..runtime.completion import Completion
+from ..runtime import config
 from ..runtime.process import Runtime
 from . import client, wire
 from .errors import ForgedHandle, TransferError
@@ -235,7 +236,7 @@ def _transfer(h: Handle, key: bytes, op: int, mem: Memory, offset: int, timeout:
     elif via == "shm":
         client.shm(h, key, op, mem.view, offset, timeout)
     else:
-        client.stream(h, key, "tcp", op, mem.view, offset, timeout)
+        client.parallel_streams(h, key, op, mem.view, offset, timeout, config.tcp_streams())
 
 
 def _device_copy(op: int, remote: Memory, local: Memory, offset: int) -> None:

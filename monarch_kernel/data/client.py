@@ -131,6 +131,35 @@ def stream(h, key: bytes, via: str, op: int, view: memoryview, offset: int, time
     _guard(h, run)
 
 
+STREAM_MIN = 8 << 20  # below this, one connection is as fast as several
+
+
+def parallel_streams(h, key: bytes, op: int, view: memoryview, offset: int, timeout: float | None,
+                     streams: int) -> None:
+    """Split a large TCP transfer over ``streams`` connections, one thread each."""
+    n = view.nbytes
+    if streams <= 1 or n < STREAM_MIN:
+        stream(h, key, "tcp", op, view, offset, timeout)
+        return
+    step = -(-n // streams)
+    errors: list[BaseException] = []
+
+    def part(start: int) -> None:
+        try:
+            stream(h, key, "tcp", op, view[start:start + step], offset + start, timeout)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=part, args=(s,), daemon=True) for s in range(step, n, step)]
+    for t in threads:
+        t.start()
+    part(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 # ---------------------------------------------------------------- shm (one host, one copy)
 #
 # The owner answers MAP with either a descriptor of the shared segment its memory lives in

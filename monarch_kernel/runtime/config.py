@@ -36,3 +36,9 @@ def netns() -> str | None:
     """MONARCH_KERNEL_NETNS: a network namespace (name under /run/netns, or a path) that
     ranks enter before they start, to place them on separate simulated hosts."""
     return os.environ.get("MONARCH_KERNEL_NETNS") or None
+
+
+def tcp_streams() -> int:
+    """MONARCH_KERNEL_TCP_STREAMS: connections a large tcp transfer is split over (default 1;
+    2-4 can help on many-core hosts with fast NICs)."""
+    return max(1, int(os.environ.get("MONARCH_KERNEL_TCP_STREAMS", "1")))

@@ -122,6 +122,12 @@ class Segments:
                     gone.append(self._pool.pop(0)[1])
         self.unlink(gone)
 
+    def trim(self) -> None:
+        """Give the pooled segments' memory back."""
+        with self._pool_lock:
+            pooled, self._pool = self._pool, []
+        self.unlink(p for _s, p in pooled)
+
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
