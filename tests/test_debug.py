@@ -243,3 +243,125 @@ def test_pdb_in_an_endpoint_of_a_notebook_class(kc):
     assert "'hi bob'" in out
     assert "'HI BOB'" in s.cell("fut.get(timeout=30)")
     assert "no rank is stopped in pdb" in s.cell("%mesh pdb")
+
+
+def _stop_at_breakpoint(s: Session, cell: str, line: int) -> tuple[str, int]:
+    """Set a breakpoint on ``line`` of ``cell`` as the panel does, run it, wait for the stop."""
+    path = s.dap("dumpCell", {"code": cell})["body"]["sourcePath"]
+    assert s.dap("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": line}]})["success"]
+    assert s.dap("configurationDone")["success"]
+    count = len(s.events("stopped"))
+    msg_id = s.execute(cell)
+    s.wait_event("stopped", count + 1)
+    return msg_id, s.events("stopped")[-1]["body"]["threadId"]
+
+
+def test_disconnect_while_stopped_leaves_the_rank_running(kc):
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 2\n%mesh debug 0")
+    start_debugger(s)
+    msg_id, _thread = _stop_at_breakpoint(s, "%%mesh --ranks 0\na = 1\nb = a + 1\nprint('b', b)", 3)
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    assert "[rank 0] b 2" in s.wait_done(msg_id, timeout=30)
+    # Interrupt while stopped: the stop button still ends the cell and keeps the namespace.
+    start_debugger(s)
+    msg_id, _thread = _stop_at_breakpoint(s, "%%mesh --ranks 0\nc = 3\nd = c + 1", 3)
+    start = time.monotonic()
+    kc.parent.interrupt_kernel()
+    assert "interrupted on ranks 0; their namespaces are kept" in s.wait_done(msg_id, timeout=30)
+    assert time.monotonic() - start < 8, "the interrupt waited out its grace period"
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    assert "[rank 0] (2, 3, False)" in s.cell("%%mesh --ranks 0\nb, c, 'd' in globals()")
+
+
+def test_switching_ranks_with_the_debugger_on(kc):
+    s = Session(kc)
+    start_debugger(s)  # the panel is on before any mesh: it debugs the kernel itself
+    actor_cell = ("from monarch_kernel import Actor, endpoint\n"
+                  "class Worker(Actor):\n"
+                  "    @endpoint\n"
+                  "    def work(self, v):\n"
+                  "        w = v * 3\n"
+                  "        return w + 1")
+    path = s.dap("dumpCell", {"code": actor_cell})["body"]["sourcePath"]
+    assert s.dap("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 6}]})["success"]
+    assert s.dap("configurationDone")["success"]
+    assert "now debugs rank 1" in s.cell("procs = %mesh spawn -n 2\n%mesh debug 1")
+    s.cell(actor_cell)
+    s.cell("workers = procs.spawn('workers', Worker)\nfut = workers.slice(ranks=1).work.call_one(5)")
+    stopped = s.wait_event("stopped")  # the breakpoint set before the switch, in a notebook class
+    frames = s.dap("stackTrace", {"threadId": stopped["body"]["threadId"]})["body"]["stackFrames"]
+    assert (frames[0]["source"]["path"], frames[0]["line"], frames[0]["name"]) == (path, 6, "work")
+    out = s.cell("%mesh debug 0")
+    assert "rank 1 of mesh 'procs' is stopped in the debugger: continue it" in out, out
+    assert s.dap("continue", {"threadId": stopped["body"]["threadId"]})["success"]
+    assert "16" in s.cell("fut.get(timeout=30)")
+    assert "debugs the kernel itself" in s.cell("%mesh debug off")
+    # Back on the kernel: its own cells stop again.
+    msg_id, thread = _stop_at_breakpoint(s, "k = 7\nk2 = k * 2\nprint(k2)", 2)
+    frames = s.dap("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+    assert frames[0]["line"] == 2
+    assert s.dap("continue", {"threadId": thread})["success"]
+    assert "14" in s.wait_done(msg_id)
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+
+
+def test_listen_prints_a_vscode_attach_config_on_loopback(kc):
+    import psutil
+
+    from monarch_kernel.kernel.dap import DapConnection
+
+    s = Session(kc)
+    out = s.cell("procs = %mesh spawn -n 2\n%mesh debug 1 --listen")
+    entry = json.loads(out[out.index("{"):])
+    assert entry["request"] == "attach" and entry["type"] == "debugpy"
+    host, port = entry["connect"]["host"], entry["connect"]["port"]
+    assert host == "127.0.0.1"
+    rank_pid = int(s.cell("%%mesh --ranks 1\nimport os\nos.getpid()").split()[-1])
+    listeners = [c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                 and c.laddr.port == port]
+    assert listeners and all(a.ip == "127.0.0.1" for a in listeners), listeners
+    # Any DAP client can attach with it, as VS Code would.
+    inited = []
+    conn = DapConnection(host, port, lambda m: inited.append(m["event"]))
+    try:
+        assert conn.request("initialize", {"adapterID": "python"}).result(30)["success"]
+        pending = conn.request("attach", {"connect": entry["connect"], "justMyCode": False})
+        deadline = time.monotonic() + 30
+        while "initialized" not in inited:
+            assert time.monotonic() < deadline, "timed out after 30 s waiting for debugpy's initialized event"
+            time.sleep(0.05)
+        assert conn.request("configurationDone").result(30)["success"]
+        assert pending.result(30)["success"]
+        processes = [e for e in inited if e == "process"]
+        assert processes
+        conn.request("disconnect", {"terminateDebuggee": False}).result(30)
+    finally:
+        conn.close()
+    assert rank_pid > 0
+
+
+@pytest.mark.parametrize("line, hint", [
+    ("%mesh debug x", "%mesh debug R"),
+    ("%mesh debug 5", "the mesh has ranks 0-1"),
+    ("%mesh debug 0 --host 0.0.0.0", "--host goes with --listen"),
+    ("%mesh pdb attach 0", "rank 0 is not stopped in pdb"),
+    ("%mesh pdb --post-mortem maybe", "%mesh pdb --post-mortem on"),
+    ("%mesh pdb frob", "%mesh pdb [list | attach R"),
+])
+def test_bad_debug_arguments_say_what_to_type(kc, line, hint):
+    run(kc, "procs = %mesh spawn -n 2")
+    out, reply = run(kc, line)
+    assert reply["status"] == "error" and reply["ename"] == "UsageError", text(out)
+    assert hint in reply["evalue"]
+
+
+def test_interrupt_while_a_rank_waits_in_pdb(kc):
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 1")
+    msg_id = s.execute("%%mesh\nkept = 'yes'\nbreakpoint()\nkept = 'no'")
+    assert s.wait_prompt(msg_id) == "(Pdb rank 0) "
+    kc.parent.interrupt_kernel()
+    out = s.wait_done(msg_id, timeout=30)
+    assert "KeyboardInterrupt" in out, out
+    assert "[rank 0] 'yes'" in s.cell("%%mesh\nkept")

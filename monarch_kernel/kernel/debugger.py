@@ -278,6 +278,11 @@ class MeshDebugger(Debugger):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        import debugpy
+
+        # Rank processes start from the kernel: debugpy must not hook into their launch
+        # (they would wait for a debugger); ranks get their own debugpy on demand.
+        debugpy.configure(subProcess=False)
         self.target: RankTarget | None = None
         self.frontend = FrontendState()
         # One worker keeps the frontend's requests in order while they block on a rank.
@@ -414,6 +419,20 @@ def command(session, shell, args: list[str]) -> None:
     dbg.switch(RankTarget(one, procs.name, rank, (got_host, port), dbg.event_callback))
     print(f"JupyterLab's debugger now debugs rank {rank} (its debugpy listens on {got_host}:{port}): "
           f"set breakpoints in %%mesh cells and run them.  %mesh debug off goes back to the kernel.")
+
+
+def release_for_interrupt(shell, mesh: str, ranks) -> None:
+    """Resume a rank stopped in JupyterLab's debugger so the interrupt sent to it lands:
+    a thread suspended by debugpy takes a pending KeyboardInterrupt only once it runs."""
+    dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+    target = getattr(dbg, "target", None)
+    if not isinstance(target, RankTarget) or target.mesh != mesh or target.rank not in ranks:
+        return
+    for thread in list(target.stopped_threads):
+        try:
+            target._request("continue", {"threadId": thread})
+        except (ConnectionError, concurrent.futures.TimeoutError):
+            pass
 
 
 def launch_config(mesh: str, rank: int, host: str, port: int) -> str:

@@ -358,6 +358,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
             # The stop button: interrupt the ranks' code, keep their namespaces.
             interrupted = True
             Runtime.current().interrupt(procs._ref, ranks, consoles._actor_id)
+            debugger.release_for_interrupt(session.shell, procs.name, ranks)
             results = fut.get(timeout=INTERRUPT_GRACE_S)
         failed = None
     except ActorError as e:

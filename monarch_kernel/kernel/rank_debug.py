@@ -11,6 +11,8 @@ import os
 import sys
 import threading
 
+# Ranks run without -Xfrozen_modules=off; breakpoints in cells do not need it.
+os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 _listen_lock = threading.Lock()
 _listening: tuple[str, int] | None = None
 
@@ -29,7 +31,6 @@ def listen(host: str = "127.0.0.1") -> tuple[str, int]:
     with _listen_lock:
         if _listening is not None:
             return _listening
-        os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
         import debugpy
 
         # Ranks are not meant to spawn debugged children of their own.
