@@ -267,6 +267,12 @@ def test_dropped_forged_and_replayed_handles_are_refused():
         with pytest.raises(BufferDropped, match="'weights' was dropped"):
             replayed.read_into(bytearray(4096)).get(timeout=10)
 
+        # Any holder may drop a buffer, not only its owner.
+        other, _ = owner.make.call_one("other", 10).get(timeout=30)
+        other.drop()
+        kind, msg, _ = reader.try_read.call_one(other).get(timeout=30)
+        assert kind == "BufferDropped" and "'other' was dropped" in msg
+
 
 def _shm_entries(pids) -> set:
     """What the given processes have under /dev/shm (runtime segments, torch's files)."""

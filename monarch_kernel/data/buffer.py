@@ -35,7 +35,7 @@ import msgpack
 
 from ..actor.future import Future
 from ..runtime.completion import Completion
-from ..runtime import config
+from ..runtime import config, hosts
 from ..runtime.process import Runtime
 from . import client, wire
 from .errors import ForgedHandle, TransferError
@@ -152,14 +152,18 @@ class RDMABuffer:
 
     # ------------------------------------------------------------ transfers
 
-    def read_into(self, dst, offset: int = 0, *, timeout: float | None = None) -> Future[int]:
-        """Copy ``dst.nbytes`` bytes starting at ``offset`` of this buffer into ``dst``."""
+    def read_into(self, dst, offset: int = 0, timeout: float | None = None) -> Future[int]:
+        """Copy ``dst.nbytes`` bytes starting at ``offset`` of this buffer into ``dst``.
+
+        ``timeout``: seconds the owner may go without progress before ``TimeoutError``
+        (None: as long as the owner lives; its death is always an error at once).
+        """
         mem = as_memory(dst, writable=True, what="read_into's destination")
         if mem.readonly:
             raise TypeError("read_into's destination is read-only; pass a writable tensor, array or bytearray")
         return self._start(wire.READ, mem, offset, timeout)
 
-    def write_from(self, src, offset: int = 0, *, timeout: float | None = None) -> Future[int]:
+    def write_from(self, src, offset: int = 0, timeout: float | None = None) -> Future[int]:
         """Copy all of ``src`` into this buffer starting at ``offset``."""
         mem = as_memory(src, writable=False, what="write_from's source")
         return self._start(wire.WRITE, mem, offset, timeout)
@@ -171,7 +175,8 @@ class RDMABuffer:
             return
         key = self._key()
         self._h.verify(key)
-        with client.Connection(self._h, "unix" if choose(self._h) != "tcp" else "tcp", key, 10.0) as sock:
+        via = "unix" if self._h.host == hosts.host_key() else "tcp"
+        with client.Connection(self._h, via, key, 10.0) as sock:
             client._request(sock, self._h, wire.DROP, 0, 0)
         client.forget(self._h)
 
