@@ -1,9 +1,11 @@
-"""The `make demo` walk-through: spawn a mesh, call endpoints, survive a rank's crash."""
+"""The `make demo` walk-through: spawn a mesh, call endpoints, move a tensor rank to rank,
+survive a rank's crash."""
 
 import os
 import time
 
-from monarch_kernel import Actor, ActorError, ProcessDied, current_rank, endpoint, this_host
+from monarch_kernel import Actor, ActorError, ProcessDied, RDMABuffer, current_rank, endpoint, this_host
+from monarch_kernel.data import transports
 
 
 class Trainer(Actor):
@@ -23,6 +25,23 @@ class Trainer(Actor):
         return {"lr": self.lr, "steps": self.steps, "pid": os.getpid()}
 
     @endpoint
+    def share_weights(self) -> RDMABuffer:
+        import torch
+
+        self.weights = torch.full((16 << 20,), float(current_rank().rank))  # 64 MiB
+        return RDMABuffer(self.weights, name=f"weights of rank {current_rank().rank}")
+
+    @endpoint
+    async def pull(self, buf: RDMABuffer) -> str:
+        import torch
+
+        dst = torch.empty(buf.size // 4)
+        t0 = time.perf_counter()
+        await buf.read_into(dst)
+        took = time.perf_counter() - t0
+        return f"read {buf.size >> 20} MiB over {buf.transport()} in {took * 1e3:.1f} ms, mean {dst.mean():.1f}"
+
+    @endpoint
     def crash(self) -> None:
         os._exit(3)
 
@@ -40,6 +59,10 @@ def main() -> None:
         losses = trainers.step.call(8).get()
         print("losses per rank:", losses)
         print("rank 2's params:", trainers.slice(gpus=2).params.call_one().get())
+
+        print("transports here:", ", ".join(f"{t['name']} ({'yes' if t['available'] else 'no'})" for t in transports()))
+        buf = trainers.slice(gpus=0).share_weights.call_one().get()
+        print(buf, "->", trainers.slice(gpus=2).pull.call_one(buf).get())
 
         try:
             trainers.slice(gpus=1).divide.call_one(0).get()
