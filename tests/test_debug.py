@@ -123,6 +123,35 @@ class Session:
         return self.wait_done(self.execute(code), answers, timeout)
 
 
+def test_pdb_messages_round_trip_through_the_wire_codec():
+    from monarch_kernel.actor.port import Port
+    from monarch_kernel.kernel.rank_pdb import Ended, Prompt, Resumed, Stopped
+    from monarch_kernel.runtime.envelope import Part
+    from monarch_kernel.runtime.serialize import dumps
+
+    messages = [Stopped("m", 3, 1, "/tmp/cell.py", 4, "<module>", "breakpoint", True, "", ("/x.py",),
+                        Port("ipc:///tmp/a", 7, 3)),
+                Prompt("m", 3, 1, "> here\n", 4, "/tmp/cell.py"), Resumed("m", 3, 1, "", True), Ended("m", 3, 1)]
+    for msg in messages:
+        back = Part(0, 0, dumps(msg)).load()
+        assert type(back) is type(msg)
+        if isinstance(msg, Stopped):
+            assert (back.reply.address, back.reply.port_id) == ("ipc:///tmp/a", 7)
+            back.reply = msg.reply
+        assert back == msg
+
+
+def test_dap_frames_split_across_reads():
+    from monarch_kernel.kernel.dap import FrameReader, encode
+
+    wire = encode({"seq": 1, "type": "event", "event": "stopped"}) + encode({"seq": 2, "body": "é" * 3})
+    reader = FrameReader()
+    got = []
+    for i in range(0, len(wire), 7):
+        got.extend(reader.feed(wire[i:i + 7]))
+    assert got == [{"seq": 1, "type": "event", "event": "stopped"}, {"seq": 2, "body": "ééé"}]
+
+
 INITIALIZE = {"clientID": "jupyterlab", "clientName": "JupyterLab", "adapterID": "python", "pathFormat": "path",
               "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True,
               "supportsVariablePaging": True, "supportsRunInTerminalRequest": True, "locale": "en-us"}
@@ -365,3 +394,31 @@ def test_interrupt_while_a_rank_waits_in_pdb(kc):
     out = s.wait_done(msg_id, timeout=30)
     assert "KeyboardInterrupt" in out, out
     assert "[rank 0] 'yes'" in s.cell("%%mesh\nkept")
+
+
+def test_a_rank_left_in_pdb_by_a_gone_kernel_runs_on(kernelspec, tmp_path):
+    """A detached mesh outlives its kernel: a rank it left stopped must not stay hung."""
+    done = tmp_path / "done"
+    name = "pdbleft"
+    with kernel(kernelspec) as client:
+        s = Session(client)
+        s.cell(f"procs = %mesh spawn -n 1 --detach {name}\nfrom monarch_kernel import Actor, endpoint\n"
+               "class Stopper(Actor):\n"
+               "    @endpoint\n"
+               "    def stop(self, path):\n"
+               "        breakpoint()\n"
+               "        open(path, 'w').write('ran on')\n"
+               "stoppers = procs.spawn('stoppers', Stopper)")
+        out = s.cell(f"fut = stoppers.stop.call_one({str(done)!r})\nimport time; time.sleep(1)")
+        assert "rank 0 stopped at" in out, out
+    assert not done.exists()
+    with kernel(kernelspec) as client:
+        try:
+            out, reply = run(client, f"procs = %mesh attach {name}")
+            assert reply["status"] == "ok", text(out)
+            deadline = time.monotonic() + 30
+            while not done.exists():
+                assert time.monotonic() < deadline, "timed out after 30 s waiting for the rank left in pdb to run on"
+                time.sleep(0.1)
+        finally:
+            run(client, f"%mesh stop {name}")

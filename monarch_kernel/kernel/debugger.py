@@ -210,7 +210,10 @@ class RankTarget:
         code = args["code"]
         path = get_file_name(code)
         rank_debug.write_source(path, code)
-        self.consoles.debug_write_source.call_one(path, code).get(timeout=REPLY_TIMEOUT_S)
+        if self.address[0] not in ("127.0.0.1", "localhost", "::1") and not self.stopped_threads:
+            # Another host: put the file there too (a stopped console cannot take the call;
+            # the rank writes each cell it runs itself anyway).
+            self.consoles.debug_write_source.call_one(path, code).get(timeout=REPLY_TIMEOUT_S)
         return response(msg, body={"sourcePath": path})
 
     def _do_debugInfo(self, msg, _args, _state):

@@ -167,12 +167,12 @@ class MeshMagics(Magics):
             raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
         env.setdefault("MPLBACKEND", "Agg")  # figures are collected and shown in the cell
         if detach:
-            return detached.spawn(s, detach, n, env)
-        procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
-        consoles = procs.spawn("console", Console)
-        consoles.debug_setup.broadcast(s.pdb.port, s.pdb.post_mortem)
-        s.meshes[procs.name] = (procs, consoles)
-        s.current = procs.name
+            procs = detached.spawn(s, detach, n, env)
+        else:
+            procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
+            s.meshes[procs.name] = (procs, procs.spawn("console", Console))
+            s.current = procs.name
+        s.pdb.tell_ranks(procs.name)
         return procs
 
     @staticmethod
@@ -187,7 +187,10 @@ class MeshMagics(Magics):
             raise UsageError("type  %mesh attach NAME  (the name given to --detach)")
         if args[0] in self.session.meshes:
             raise UsageError(f"mesh {args[0]!r} is already attached; %mesh use {args[0]} makes it current")
-        return detached.attach(self.session, args[0])
+        procs = detached.attach(self.session, args[0])
+        # Ranks report pdb stops to this kernel now; sessions left by the old one run on.
+        self.session.pdb.tell_ranks(procs.name)
+        return procs
 
     def _cmd_list(self, _args, _ns):
         s = self.session

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from IPython.core.error import StdinNotImplementedError, UsageError
 
 from ..actor.port import Channel
+from ..runtime.envelope import Part, Status
 from ..runtime.process import Runtime
+from ..runtime.serialize import dumps
 from .output import rank_label
-from .rank_pdb import Ended, Prompt, Resumed, Stopped
+from .rank_pdb import Prompt, Resumed, Stopped
 
 ANNOUNCE_WINDOW_S = 0.2  # ranks stopping within this window are announced together
 
@@ -109,7 +111,7 @@ class PdbHub:
             elif isinstance(msg, Resumed):
                 again = False
                 stop.state = "stepping" if msg.stepping else "running"
-            else:
+            else:  # Ended
                 again = False
                 stop.state = "ended"
                 self.stops.pop(key, None)
@@ -169,8 +171,14 @@ class PdbHub:
         ctx.run(write) if ctx is not None else write()
 
     def _send(self, stop: RankStop, line: str | None, sources: dict | None = None) -> None:
+        entry = self.session.meshes.get(stop.where.mesh)
+        port = stop.where.reply
         try:
-            stop.where.reply.send((line, sources or {}))
+            if entry is None:
+                raise LookupError(f"mesh '{stop.where.mesh}' is no longer attached")
+            # Signed with the mesh's key: a detached mesh's ranks know no other.
+            Runtime.current().send_port(port.address, port.port_id, Part(0, Status.OK, dumps((line, sources or {}))),
+                                        mesh_id=entry[0]._ref.id)
         except Exception as e:  # the mesh is gone: so is the session
             stop.output.append(f"pdb on rank {stop.rank}: {e}\n")
             self._drop(stop)
@@ -364,8 +372,8 @@ class PdbHub:
             if rest not in (["on"], ["off"]):
                 raise UsageError("type  %mesh pdb --post-mortem on  or  %mesh pdb --post-mortem off")
             self.post_mortem = rest[0] == "on"
-            for _procs, consoles in list(self.session.meshes.values()):
-                consoles.debug_setup.broadcast(self.port, self.post_mortem)
+            for mesh in list(self.session.meshes):
+                self.tell_ranks(mesh)
             print(f"post-mortem pdb {'on: a rank whose %%mesh cell raises stops in pdb' if self.post_mortem else 'off'}")
             return
         waiting = self.waiting()
@@ -391,6 +399,10 @@ class PdbHub:
             self.cast(waiting, "c")
         else:
             raise UsageError("type  %mesh pdb [list | attach R | cast RANKS CMD | continue | --post-mortem on|off]")
+
+    def tell_ranks(self, mesh: str) -> None:
+        """Where the mesh's ranks report pdb stops (this kernel), and the post-mortem setting."""
+        self.session.meshes[mesh][1].debug_setup.broadcast(self.port, self.post_mortem)
 
     def cell_options(self) -> dict:
         return {"pdb_port": self.port, "post_mortem": self.post_mortem}

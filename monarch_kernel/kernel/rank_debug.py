@@ -8,7 +8,6 @@ unless asked, and never listens beyond loopback unless the user named another ho
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 # Ranks run without -Xfrozen_modules=off; breakpoints in cells do not need it.

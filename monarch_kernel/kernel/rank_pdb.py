@@ -15,8 +15,10 @@ import itertools
 import linecache
 import pdb
 import sys
+import threading
 from dataclasses import dataclass, field
 
+RELEASE = "\x00release"  # in place of a typed line: nobody will answer, run on
 POLL_S = 0.1  # how often a waiting rank checks for input (and lets an interrupt in)
 
 
@@ -79,13 +81,24 @@ class _Config:
 
 config = _Config()
 _ids = itertools.count(1)
+_active: set = set()  # sessions that have not ended
 
 
 def configure(port=None, post_mortem: bool | None = None) -> None:
     if port is not None:
+        old = config.port
         config.port = port
+        if old is not None and (old.address, old.port_id) != (port.address, port.port_id):
+            # Another kernel took over (a detached mesh re-attached): the one these
+            # sessions talked to is gone, so nobody would ever answer them.  Run on.
+            threading.Thread(target=_release_all, name="pdb-release", daemon=True).start()
     if post_mortem is not None:
         config.post_mortem = post_mortem
+
+
+def _release_all() -> None:
+    for p in list(_active):
+        p._reply_port.send((RELEASE, {}))
 
 
 def install() -> None:
@@ -191,6 +204,7 @@ class RankPdb(pdb.Pdb):
 
         mesh, rank = process_mesh
         self.mesh_name, self.rank = (mesh.name if mesh is not None else ""), rank
+        _active.add(self)
 
     # -- where the session starts and ends
 
@@ -215,6 +229,7 @@ class RankPdb(pdb.Pdb):
         if self._ended:
             return
         self._ended = True
+        _active.discard(self)
         if self.reason != "post-mortem":
             sys.settrace(None)
             self._set_stopinfo(self.botframe, None, -1)
@@ -255,7 +270,11 @@ class RankPdb(pdb.Pdb):
                                f.f_lineno if frame is not None else _last_lineno(traceback),
                                f.f_code.co_name, self.reason, f.f_code.co_filename in config.cell_files,
                                self.error, missing, self._reply_port))
-            _line, sources = self._wait()  # the controller answers with the sources we lacked
+            line, sources = self._wait()  # the controller answers with the sources we lacked
+            if line == RELEASE:
+                self.set_continue()
+                self._end()
+                return
             for name, text in sources.items():
                 linecache.cache[name] = (len(text), None, text.splitlines(True), name)
         super().interaction(frame, traceback)
@@ -277,7 +296,7 @@ class RankPdb(pdb.Pdb):
                           frame.f_lineno if frame is not None else 0,
                           frame.f_code.co_filename if frame is not None else ""))
         line, _sources = self._wait()
-        return "EOF\n" if line is None else line + "\n"
+        return "EOF\n" if line in (None, RELEASE) else line + "\n"
 
     def postloop(self):
         if self.reason == "post-mortem":
