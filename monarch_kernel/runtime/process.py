@@ -351,12 +351,15 @@ class Runtime(Serving):
                 h = Header(Kind.INTERRUPT, 0, self.address, self.address, mesh.id, actor, ranks=[r])
                 self.transport.send(mesh.addresses[r], h, [])
 
-    def send_port(self, address: str, port_id: int, part: Part) -> None:
-        """Deliver one value to a port opened by the process at ``address``."""
+    def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
+        """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
+        a mesh that process belongs to, whose key signs the message (default: our own)."""
         if address == self.address:
             self.io.call_soon(self.ports.deliver, port_id, part)
             return
-        h = Header(Kind.PORT, port_id, self.address, address, self.self_mesh.id)
+        # By default sign as a member of this process's mesh: whoever opened the port talks
+        # to that mesh, so it holds its key even when the mesh is another job's (detached).
+        h = Header(Kind.PORT, port_id, self.address, address, mesh_id or (process_mesh[0] or self.self_mesh).id)
         self.transport.send(address, h, join_parts(h, [part]))
 
     # ------------------------------------------------------------ deaths and supervision
