@@ -223,16 +223,17 @@ class RDMABuffer:
 def _transfer(h: Handle, key: bytes, op: int, mem: Memory, offset: int, timeout: float | None) -> None:
     via = choose(h, mem.device)
     if via == "cuda_ipc":
-        client.cuda_ipc(h, key, op, mem.tensor.reshape(-1).view(_torch().uint8), offset, mem.nbytes, timeout)
+        if mem.nbytes:
+            client.cuda_ipc(h, key, op, _as_uint8(mem), offset, mem.nbytes, timeout)
         return
     if mem.device != "cpu":
         # GPU memory over a CPU transport: stage through host memory.
-        staging = bytearray(mem.nbytes)
+        staging = _torch().empty(mem.nbytes, dtype=_torch().uint8, pin_memory=False)
         if op == wire.WRITE:
-            staging[:] = memoryview(mem.tensor.reshape(-1).view(_torch().uint8).cpu().numpy())
+            staging.copy_(_as_uint8(mem))
         _transfer(h, key, op, as_memory(staging, writable=True, what="staging"), offset, timeout)
         if op == wire.READ:
-            mem.tensor.reshape(-1).view(_torch().uint8).copy_(_torch().frombuffer(staging, dtype=_torch().uint8))
+            _as_uint8(mem).copy_(staging)
         return
     if via == "ibverbs":
         from . import ibverbs
@@ -244,17 +245,20 @@ def _transfer(h: Handle, key: bytes, op: int, mem: Memory, offset: int, timeout:
         client.parallel_streams(h, key, op, mem.view, offset, timeout, config.tcp_streams())
 
 
-def _device_copy(op: int, remote: Memory, local: Memory, offset: int) -> None:
+def _as_uint8(m: Memory):
+    """A flat uint8 tensor over the memory (a view, never a copy)."""
     torch = _torch()
+    if m.tensor is not None:
+        return m.tensor.reshape(-1).view(torch.uint8)
+    return torch.frombuffer(m.view, dtype=torch.uint8) if m.nbytes else torch.empty(0, dtype=torch.uint8)
 
-    def as_bytes(m: Memory):
-        return m.tensor.reshape(-1).view(torch.uint8) if m.tensor is not None else torch.frombuffer(m.view, dtype=torch.uint8)
 
-    window = as_bytes(remote)[offset:offset + local.nbytes]
+def _device_copy(op: int, remote: Memory, local: Memory, offset: int) -> None:
+    window = _as_uint8(remote)[offset:offset + local.nbytes]
     if op == wire.READ:
-        as_bytes(local).copy_(window)
+        _as_uint8(local).copy_(window)
     else:
-        window.copy_(as_bytes(local))
+        window.copy_(_as_uint8(local))
 
 
 def _torch():

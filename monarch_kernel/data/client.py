@@ -264,6 +264,7 @@ def _mapping(h, sock):
 
 def forget(h) -> None:
     with _lock:
+        _cuda.pop((h.instance, h.id), None)
         got = _maps.pop((h.instance, h.id), None)
     if got is not None:
         got.close()
@@ -308,25 +309,36 @@ def copy(dst: memoryview, src: memoryview) -> None:
 # ---------------------------------------------------------------- cuda_ipc (one host, GPU)
 
 
+_cuda: dict[tuple, object] = {}  # (owner, buffer) -> the owner's storage, opened once
+
+
 def cuda_ipc(h, key: bytes, op: int, target, offset: int, nbytes: int, timeout: float | None) -> None:
-    """Open the owner's CUDA storage through its IPC handle and copy on the device."""
+    """Open the owner's CUDA storage through its IPC handle (once), then copy on the device."""
     import torch
+
+    k = (h.instance, h.id)
 
     def run():
         with Connection(h, "unix", key, timeout) as sock:
-            info = json.loads(_request(sock, h, wire.CHECK, offset, nbytes) or b"{}")
-        return info.get("cuda")
+            if k not in _cuda:
+                info = json.loads(_request(sock, h, wire.MAP, 0, 0) or b"{}")
+                if not info.get("cuda"):
+                    raise TransferError(f"buffer {h.name!r} has no CUDA IPC handle (it is not CUDA memory)")
+                handle, base = info["cuda"]
+                args = [bytes.fromhex(x["b"]) if isinstance(x, dict) else x for x in handle]
+                storage = torch.UntypedStorage._new_shared_cuda(*args)
+                remote = torch.empty(0, dtype=torch.uint8, device=storage.device)
+                _cuda[k] = remote.set_(storage, base, (h.size,))
+            _request(sock, h, wire.CHECK, offset, nbytes)  # alive, not dropped, in range
 
-    got = _guard(h, run)
-    if not got:
-        raise TransferError(f"buffer {h.name!r} has no CUDA IPC handle (it is not CUDA memory)")
-    handle, base = got
-    args = [bytes.fromhex(x["b"]) if isinstance(x, dict) else x for x in handle]
-    storage = torch.UntypedStorage._new_shared_cuda(*args)
-    remote = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, base, (h.size,))
-    window = remote[offset:offset + nbytes]
+    try:
+        _guard(h, run)
+    except (BufferDropped, OwnerGone, ForgedHandle):
+        forget(h)
+        raise
+    window = _cuda[k][offset:offset + nbytes]
     if op == wire.READ:
         target.copy_(window)
     else:
         window.copy_(target)
-    torch.cuda.current_stream(storage.device).synchronize()
+    torch.cuda.synchronize(window.device)

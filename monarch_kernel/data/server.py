@@ -34,7 +34,6 @@ class Registered:
     mem: Memory
     token: bytes
     shared: tuple[int, int, int] | None  # (fd, storage bytes, offset) for the shm transport
-    cuda: tuple | None = None  # torch's CUDA IPC handle of the storage, and the byte offset
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -85,12 +84,8 @@ class DataServer:
 
     def register(self, mem: Memory, name: str | None) -> Registered:
         bid = next(self._ids)
-        shared = cuda = None
-        if mem.device == "cpu":
-            shared = move_to_shared(mem)
-        else:
-            cuda = _cuda_handle(mem)
-        reg = Registered(bid, name or f"buffer-{bid}", mem, secrets.token_bytes(16), shared, cuda)
+        shared = move_to_shared(mem) if mem.device == "cpu" else None
+        reg = Registered(bid, name or f"buffer-{bid}", mem, secrets.token_bytes(16), shared)
         self.buffers[bid] = reg
         return reg
 
@@ -178,8 +173,12 @@ class DataServer:
                     wire.recv_into_all(sock, memoryview(staging))
                     _host_to_cuda(reg.mem, offset, staging)
             wire.send_reply(sock, wire.OK)
+        elif op == wire.MAP and reg.mem.device != "cpu":
+            # A fresh IPC handle per peer: torch counts the processes using the storage.
+            handle = _cuda_handle(reg.mem) if via == "unix" else None
+            wire.send_reply(sock, wire.OK if handle else NOT_SHARED, json.dumps({"cuda": handle}).encode())
         elif op == wire.MAP:
-            if via != "unix" or reg.mem.device != "cpu" or (reg.shared is None and reg.mem.readonly):
+            if via != "unix" or (reg.shared is None and reg.mem.readonly):
                 wire.send_reply(sock, NOT_SHARED, b"not in shared memory")
             elif reg.shared is not None:
                 fd, size, base = reg.shared
@@ -189,8 +188,7 @@ class DataServer:
                 addr = ctypes.addressof(ctypes.c_char.from_buffer(reg.mem.view)) if reg.mem.nbytes else 0
                 wire.send_reply(sock, wire.OK, json.dumps({"pid": self.pid, "addr": addr}).encode())
         elif op == wire.CHECK:
-            extra = json.dumps({"cuda": reg.cuda}).encode() if reg.cuda is not None else b""
-            wire.send_reply(sock, wire.OK, extra)
+            wire.send_reply(sock, wire.OK)
         elif op == wire.DROP:
             self.drop(bid)
             wire.send_reply(sock, wire.OK)
