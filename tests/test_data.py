@@ -108,6 +108,15 @@ class Reader(Actor):
         return [crc(d) for d in dsts]
 
     @endpoint
+    async def read_many_async(self, bufs: list) -> list:
+        """Await several reads at once from an async endpoint (the IO loop must stay free)."""
+        import asyncio
+
+        dsts = [torch.empty(b.size, dtype=torch.uint8) for b in bufs]
+        await asyncio.gather(*(b.read_into(d) for b, d in zip(bufs, dsts)))
+        return [crc(d) for d in dsts]
+
+    @endpoint
     def try_read(self, buf: RDMABuffer, timeout: float = 30) -> tuple:
         t0 = time.monotonic()
         try:
@@ -187,6 +196,9 @@ def test_concurrent_readers(pair):
     buf, expect = owner.make.call_one("shared", 16 * MiB, seed=3).get(timeout=30)
     got = readers.concurrent.call(buf, 4).get(timeout=90)
     assert list(got.values()) == [[expect] * 4] * 2
+    made = [owner.make.call_one(f"a{i}", (i + 1) * MiB, seed=20 + i).get(timeout=30) for i in range(3)]
+    got = readers.read_many_async.call([b for b, _ in made]).get(timeout=90)
+    assert list(got.values()) == [[c for _, c in made]] * 2
 
 
 def test_sizes_and_layouts_are_checked():
