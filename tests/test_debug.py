@@ -212,6 +212,10 @@ def test_jupyterlab_debugger_stops_on_a_rank(kc):
     names = {v["name"]: v["value"] for v in s.dap("inspectVariables")["body"]["variables"]}
     assert names.get("x") == "10" and names.get("y") == "11" and "procs" not in names
     assert s.dap("richInspectVariables", {"variableName": "x"})["body"]["data"]["text/plain"] == "10"
+    # Stopping the mesh gives the panel back to the kernel, still attached.
+    assert "it now debugs the kernel itself" in s.cell("%mesh stop")
+    assert "on the kernel itself" in s.cell("%mesh debug")
+    assert s.dap("debugInfo")["body"]["isStarted"]
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
 
 

@@ -424,6 +424,16 @@ def command(session, shell, args: list[str]) -> None:
           f"set breakpoints in %%mesh cells and run them.  %mesh debug off goes back to the kernel.")
 
 
+def forget_mesh(shell, mesh: str) -> None:
+    """Before a mesh stops: if the debugger is on one of its ranks, give it back to the kernel."""
+    dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+    target = getattr(dbg, "target", None)
+    if isinstance(target, RankTarget) and target.mesh == mesh:
+        target.stopped_threads.clear()  # the rank is about to end; nothing to resume
+        dbg.switch(None)
+        print(f"JupyterLab's debugger was on {target.label}; it now debugs the kernel itself")
+
+
 def release_for_interrupt(shell, mesh: str, ranks) -> None:
     """Resume a rank stopped in JupyterLab's debugger so the interrupt sent to it lands:
     a thread suspended by debugpy takes a pending KeyboardInterrupt only once it runs."""

@@ -210,6 +210,7 @@ class MeshMagics(Magics):
         s = self.session
         name = args[0] if args else None
         procs, _c = s.get(name)
+        debugger.forget_mesh(self.shell, procs.name)
         host = s.hosts.pop(procs.name, None)
         if host is not None:
             host.stop.call_one().get(timeout=60)
