@@ -148,7 +148,11 @@ class Serving:
                 return
             with slot.running():
                 value = fn(*args, **kwargs)
+            # Let go of the arguments before answering: an argument mapped from shared
+            # memory must be unmapped by the time the caller may reuse its segment.
+            args = kwargs = None
             part = self._ok_part(me, h.actor, h.method, value)
+            value = None
         except BaseException as e:
             if port_id is not None and not self.ports.close(port_id):
                 return  # it already answered through the port
@@ -166,7 +170,10 @@ class Serving:
                 port_id, port = self._response_port(h, me)
                 await fn(self.make_port(*port), *args, **kwargs)
                 return
-            part = self._ok_part(me, h.actor, h.method, await fn(*args, **kwargs))
+            value = await fn(*args, **kwargs)
+            args = kwargs = None  # see _run_sync
+            part = self._ok_part(me, h.actor, h.method, value)
+            value = None
         except BaseException as e:
             if port_id is not None and not self.ports.close(port_id):
                 return
