@@ -278,6 +278,41 @@ def test_pdb_in_an_endpoint_of_a_notebook_class(kc):
     assert "no rank is stopped in pdb" in s.cell("%mesh pdb")
 
 
+def test_a_plain_cell_waiting_on_an_actor_serves_its_breakpoint(kc):
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 2\nfrom monarch_kernel import Actor, endpoint\n"
+           "class Stepper(Actor):\n"
+           "    @endpoint\n"
+           "    def step(self, k):\n"
+           "        loss = k * 0.5\n"
+           "        breakpoint()\n"
+           "        return loss + 1\n"
+           "steppers = procs.spawn('steppers', Stepper)")
+    # The cell blocks in .get(); the rank's pdb prompt comes to this cell, not a hint.
+    out = s.cell("steppers.slice(ranks=1).step.call_one(4).get(timeout=60)", ["p loss", "n", "c"])
+    assert "rank 1 stopped at" in out and "%mesh pdb attach" not in out, out
+    assert "2.0" in out and "3.0" in out, out
+    assert any("Pdb rank 1" in p for p in s.prompts), s.prompts
+
+
+def test_post_mortem_in_an_actor_endpoint(kc):
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 2\nfrom monarch_kernel import Actor, endpoint\n"
+           "class Divider(Actor):\n"
+           "    @endpoint\n"
+           "    def divide(self, a, b):\n"
+           "        ratio = a / b\n"
+           "        return ratio\n"
+           "divs = procs.spawn('divs', Divider)\n"
+           "%mesh pdb --post-mortem on")
+    out = s.cell("divs.slice(ranks=0).divide.call_one(7, 0).get(timeout=60)", ["p a, b", "c"])
+    assert "rank 0 stopped after ZeroDivisionError" in out and "post-mortem" in out, out
+    assert "(7, 0)" in out and "ZeroDivisionError" in out, out
+    s.cell("%mesh pdb --post-mortem off")
+    out = s.cell("divs.slice(ranks=0).divide.call_one(1, 0).get(timeout=60)")
+    assert "ZeroDivisionError" in out and "stopped" not in out, out
+
+
 def _stop_at_breakpoint(s: Session, cell: str, line: int) -> tuple[str, int]:
     """Set a breakpoint on ``line`` of ``cell`` as the panel does, run it, wait for the stop."""
     path = s.dap("dumpCell", {"code": cell})["body"]["sourcePath"]

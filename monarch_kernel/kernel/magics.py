@@ -18,7 +18,7 @@ from ..mesh.host_mesh import this_host
 from ..runtime.process import Runtime
 from . import debugger, detached, status
 from .console import Console
-from .mesh_pdb import PdbHub
+from .mesh_pdb import PdbHub, ServeWhileWaiting
 from .output import CollapsingSink, rank_label
 
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
@@ -83,6 +83,7 @@ class MeshSession:
         shell.events.register("pre_run_cell", self._remember_cell)
         self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
         self.pdb = PdbHub(self)
+        Runtime.wait_hook = ServeWhileWaiting(self.pdb)
 
     def _remember_cell(self, info=None) -> None:
         self.raw_cell = getattr(info, "raw_cell", "") or ""

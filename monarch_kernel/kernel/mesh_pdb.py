@@ -63,6 +63,23 @@ class RankStop:
         return text
 
 
+class ServeWhileWaiting:
+    """``Runtime.wait_hook`` in the kernel: a plain cell blocked on a ``Future`` (say
+    ``actors.step.call().get()``) serves a rank that stops in pdb meanwhile, at that cell's
+    prompt, instead of leaving both waiting on each other."""
+
+    def __init__(self, hub: "PdbHub"):
+        self.hub = hub
+
+    def pending(self) -> bool:
+        hub = self.hub
+        return (threading.current_thread() is threading.main_thread() and not hub.serving
+                and not hub.cell_running and bool(hub.waiting()))
+
+    def run(self, completion) -> None:
+        self.hub.serve(done=completion.done)
+
+
 class PdbHub:
     """Receives the ranks' pdb messages (on its own thread) and serves them at the prompt."""
 
@@ -146,8 +163,7 @@ class PdbHub:
         for group in groups.values():
             hint = ""
             if not (self.serving or self.cell_running):
-                hint = (f"; type  %mesh pdb attach {group[0].rank}  to debug it "
-                        f"(interrupt a cell that waits on it first)")
+                hint = f"; type  %mesh pdb attach {group[0].rank}  to debug it"
             self._write(self._describe(group) + hint + "\n")
 
     @staticmethod

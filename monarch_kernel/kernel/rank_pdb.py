@@ -94,6 +94,20 @@ def configure(port=None, post_mortem: bool | None = None) -> None:
             threading.Thread(target=_release_all, name="pdb-release", daemon=True).start()
     if post_mortem is not None:
         config.post_mortem = post_mortem
+        from ..runtime.process import Runtime
+
+        # Sync endpoints of every actor on this rank, not only %%mesh cells.
+        Runtime.endpoint_error_hook = staticmethod(_endpoint_post_mortem) if post_mortem else None
+
+
+def _endpoint_post_mortem(error: Exception) -> None:
+    if isinstance(error, bdb.BdbQuit):
+        return
+    tb = error.__traceback__
+    while tb is not None and _internal(tb.tb_frame):
+        tb = tb.tb_next  # start at the user's code, not the runtime's
+    if tb is not None:
+        post_mortem(tb, error)
 
 
 def _release_all() -> None:
@@ -134,8 +148,12 @@ def _start(frame, header=None) -> None:
 
 def post_mortem(tb, error: BaseException) -> None:
     """Stop at the frame that raised ``error`` (``tb`` without the console's frames)."""
-    if _cannot_stop():
+    if _cannot_stop() or getattr(error, "_monarch_post_mortem", False):
         return
+    try:
+        error._monarch_post_mortem = True  # once: the endpoint hook sees it again
+    except AttributeError:
+        pass
     p = RankPdb(reason="post-mortem", error=f"{type(error).__name__}: {error}")
     p.reset()
     try:

@@ -50,6 +50,8 @@ def _default_unhandled(failure: MeshFailure) -> None:
 class Runtime(Serving):
     unhandled_hook = staticmethod(_default_unhandled)  # the actor layer installs the public hook
     make_port = staticmethod(lambda address, port_id, rank: (address, port_id, rank))  # actor layer: Port
+    wait_hook = None  # .pending() / .run(completion), for threads blocked in wait(); the kernel's pdb
+    endpoint_error_hook = None  # fn(exc), on the thread whose sync endpoint raised (post-mortem pdb)
     _current: "Runtime | None" = None
     _create_lock = threading.Lock()
 
@@ -192,16 +194,33 @@ class Runtime(Serving):
         return holder.inbox
 
     def wait(self, completion: Completion, timeout: float | None, inbox: Inbox | None = None) -> bool:
-        """Block until ``completion`` is done, reading ``inbox`` meanwhile if nobody is."""
+        """Block until ``completion`` is done, reading ``inbox`` meanwhile if nobody is.
+
+        ``Runtime.wait_hook`` (the kernel sets it) gets a turn between slices, outside the
+        inbox lease: a rank stopped in pdb is served from the cell that waits on it.
+        """
         if completion.done():
             return True
-        if inbox is None or self.io.is_current():
-            return completion.wait(timeout)
+        hook = Runtime.wait_hook
         deadline = None if timeout is None else time.monotonic() + timeout
+        if inbox is None or self.io.is_current():
+            if hook is None:
+                return completion.wait(timeout)
+            while not completion.done():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                completion.wait(LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S))
+                if hook.pending():
+                    hook.run(completion)
+            return True
         while not completion.done():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
+            if hook is not None and hook.pending():
+                hook.run(completion)
+                continue
             slice_s = LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S)
             if not inbox.lease.acquire(blocking=False):
                 completion.wait(slice_s)  # another thread is reading it for us
@@ -214,6 +233,8 @@ class Runtime(Serving):
                     ms = int(1000 * (LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S)))
                     if inbox.ready(max(ms, 1)):
                         self._read(inbox, 64, inline=True)
+                    elif hook is not None and hook.pending():
+                        break
             finally:
                 inbox.lease.release()
                 if inbox.missed:

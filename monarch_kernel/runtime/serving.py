@@ -156,6 +156,9 @@ class Serving:
         except BaseException as e:
             if port_id is not None and not self.ports.close(port_id):
                 return  # it already answered through the port
+            hook = self.endpoint_error_hook
+            if hook is not None and isinstance(e, Exception):
+                hook(e)  # may stop here in post-mortem pdb before the caller hears of it
             part = self._failure_part(me, h.actor, h.method, e)
         finally:
             current_actor.reset(token)
