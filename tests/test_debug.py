@@ -374,6 +374,37 @@ def test_switching_ranks_with_the_debugger_on(kc):
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
 
 
+def test_breakpoints_reach_actors_spawned_before_the_debugger(kc):
+    s = Session(kc)
+    actor_cell = ("from monarch_kernel import Actor, endpoint\n"
+                  "class Early(Actor):\n"
+                  "    @endpoint\n"
+                  "    def work(self, v):\n"
+                  "        w = v + 100\n"
+                  "        return w\n"
+                  "    @endpoint\n"
+                  "    async def awork(self, v):\n"
+                  "        u = v + 200\n"
+                  "        return u")
+    s.cell("procs = %mesh spawn -n 2\n" + actor_cell.replace("from monarch_kernel", "from monarch_kernel", 1))
+    s.cell("early = procs.spawn('early', Early)\nearly.work.call(1).get(timeout=30)")  # worker threads exist now
+    assert "now debugs rank 0" in s.cell("%mesh debug 0")
+    start_debugger(s)
+    path = s.dap("dumpCell", {"code": "procs = %mesh spawn -n 2\n" + actor_cell})["body"]["sourcePath"]
+    assert s.dap("setBreakpoints", {"source": {"path": path},
+                                    "breakpoints": [{"line": 7}, {"line": 11}]})["success"]
+    assert s.dap("configurationDone")["success"]
+    for call, line, value in (("work", 7, "105"), ("awork", 11, "205")):
+        count = len(s.events("stopped"))
+        s.cell(f"fut = early.slice(ranks=0).{call}.call_one(5)")
+        stopped = s.wait_event("stopped", count + 1)
+        frames = s.dap("stackTrace", {"threadId": stopped["body"]["threadId"]})["body"]["stackFrames"]
+        assert (frames[0]["line"], frames[0]["name"]) == (line, call)
+        assert s.dap("continue", {"threadId": stopped["body"]["threadId"]})["success"]
+        assert value in s.cell("fut.get(timeout=30)")
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+
+
 def test_listen_prints_a_vscode_attach_config_on_loopback(kc):
     import psutil
 
