@@ -386,7 +386,7 @@ def test_breakpoints_reach_actors_spawned_before_the_debugger(kc):
                   "    async def awork(self, v):\n"
                   "        u = v + 200\n"
                   "        return u")
-    s.cell("procs = %mesh spawn -n 2\n" + actor_cell.replace("from monarch_kernel", "from monarch_kernel", 1))
+    s.cell("procs = %mesh spawn -n 2\n" + actor_cell)
     s.cell("early = procs.spawn('early', Early)\nearly.work.call(1).get(timeout=30)")  # worker threads exist now
     assert "now debugs rank 0" in s.cell("%mesh debug 0")
     start_debugger(s)
