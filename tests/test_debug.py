@@ -295,6 +295,22 @@ def test_a_plain_cell_waiting_on_an_actor_serves_its_breakpoint(kc):
     assert any("Pdb rank 1" in p for p in s.prompts), s.prompts
 
 
+def test_breakpoint_on_a_mesh_spawned_with_the_api_in_a_cell(kc):
+    s = Session(kc)
+    s.cell("from monarch_kernel import Actor, endpoint, this_host\n"
+           "class Probe(Actor):\n"
+           "    @endpoint\n"
+           "    def look(self, k):\n"
+           "        seen = k * 11\n"
+           "        breakpoint()\n"
+           "        return seen\n"
+           "api_procs = this_host().spawn_procs(per_host={'gpus': 2})\n"
+           "probes = api_procs.spawn('probes', Probe)")
+    out = s.cell("probes.slice(gpus=0).look.call_one(3).get(timeout=60)", ["p seen", "c"])
+    assert "rank 0 stopped at" in out and "33" in out, out
+    s.cell("api_procs.stop().get(timeout=30)")
+
+
 def test_post_mortem_in_an_actor_endpoint(kc):
     s = Session(kc)
     s.cell("procs = %mesh spawn -n 2\nfrom monarch_kernel import Actor, endpoint\n"

@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 
 from ..actor.errors import ActorError
+from ..mesh import host_mesh
 from ..mesh.host_mesh import this_host
 from ..runtime.process import Runtime
 from . import debugger, detached, status
@@ -83,7 +84,9 @@ class MeshSession:
         shell.events.register("pre_run_cell", self._remember_cell)
         self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
         self.pdb = PdbHub(self)
+        self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
         Runtime.wait_hook = ServeWhileWaiting(self.pdb)
+        host_mesh.spawned_hooks.append(self.pdb.mesh_spawned)
 
     def _remember_cell(self, info=None) -> None:
         self.raw_cell = getattr(info, "raw_cell", "") or ""
@@ -170,7 +173,11 @@ class MeshMagics(Magics):
         if detach:
             procs = detached.spawn(s, detach, n, env)
         else:
-            procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
+            s.spawning = True
+            try:
+                procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
+            finally:
+                s.spawning = False
             s.meshes[procs.name] = (procs, procs.spawn("console", Console))
             s.current = procs.name
         s.pdb.tell_ranks(procs.name)

@@ -85,6 +85,7 @@ class PdbHub:
 
     def __init__(self, session):
         self.session = session
+        self.api_meshes: dict[str, tuple] = {}  # name -> (ProcMesh, PdbSetup mesh): spawned in cells
         self.port, self._receiver = Channel.open()
         self.post_mortem = False
         self.stops: dict[tuple, RankStop] = {}
@@ -187,7 +188,7 @@ class PdbHub:
         ctx.run(write) if ctx is not None else write()
 
     def _send(self, stop: RankStop, line: str | None, sources: dict | None = None) -> None:
-        entry = self.session.meshes.get(stop.where.mesh)
+        entry = self._mesh(stop.where.mesh)
         port = stop.where.reply
         try:
             if entry is None:
@@ -207,8 +208,11 @@ class PdbHub:
                 self.attached = None
             self._cv.notify_all()
 
+    def _mesh(self, name: str):
+        return self.session.meshes.get(name) or self.api_meshes.get(name)
+
     def _alive(self, stop: RankStop) -> bool:
-        entry = self.session.meshes.get(stop.where.mesh)
+        entry = self._mesh(stop.where.mesh)
         if entry is None:
             return False
         return (entry[0]._ref.id, stop.rank) not in Runtime.current().dead
@@ -388,7 +392,7 @@ class PdbHub:
             if rest not in (["on"], ["off"]):
                 raise UsageError("type  %mesh pdb --post-mortem on  or  %mesh pdb --post-mortem off")
             self.post_mortem = rest[0] == "on"
-            for mesh in list(self.session.meshes):
+            for mesh in list(self.session.meshes) + list(self.api_meshes):
                 self.tell_ranks(mesh)
             print(f"post-mortem pdb {'on: a rank whose %%mesh cell raises stops in pdb' if self.post_mortem else 'off'}")
             return
@@ -418,7 +422,15 @@ class PdbHub:
 
     def tell_ranks(self, mesh: str) -> None:
         """Where the mesh's ranks report pdb stops (this kernel), and the post-mortem setting."""
-        self.session.meshes[mesh][1].debug_setup.broadcast(self.port, self.post_mortem)
+        self._mesh(mesh)[1].debug_setup.broadcast(self.port, self.post_mortem)
+
+    def mesh_spawned(self, procs) -> None:
+        """A mesh spawned in a cell (not by ``%mesh spawn``): its ranks' pdb reports here."""
+        if self.session.spawning or procs.name in self.session.meshes:
+            return
+        from .rank_pdb import PdbSetup
+
+        self.api_meshes[procs.name] = (procs, procs.spawn("mesh_pdb", PdbSetup, self.port, self.post_mortem))
 
     def cell_options(self) -> dict:
         return {"pdb_port": self.port, "post_mortem": self.post_mortem}

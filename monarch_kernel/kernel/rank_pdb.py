@@ -18,6 +18,9 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from ..actor.actor import Actor
+from ..actor.endpoint import endpoint
+
 RELEASE = "\x00release"  # in place of a typed line: nobody will answer, run on
 POLL_S = 0.1  # how often a waiting rank checks for input (and lets an interrupt in)
 
@@ -340,3 +343,18 @@ def _last_lineno(tb) -> int:
     while tb.tb_next is not None:
         tb = tb.tb_next
     return tb.tb_lineno
+
+
+
+class PdbSetup(Actor):
+    """Spawned by the kernel on meshes made with the API in a cell (those made with
+    ``%mesh spawn`` get a console, which does the same): routes this rank's ``breakpoint()``
+    to the notebook."""
+
+    def __init__(self, port, post_mortem: bool):
+        install()
+        configure(port, post_mortem)
+
+    @endpoint
+    async def debug_setup(self, pdb_port=None, post_mortem: bool | None = None) -> None:
+        configure(pdb_port, post_mortem)

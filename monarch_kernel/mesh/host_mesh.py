@@ -11,6 +11,9 @@ from .proc_mesh import ProcMesh
 from .shape import Extent, Shape
 
 _names: dict[str, int] = {}
+# fn(ProcMesh), called in the spawning thread once a mesh is up; the kernel adds one so that
+# breakpoint() on ranks of meshes spawned in notebook cells reaches the notebook.
+spawned_hooks: list = []
 
 
 class HostMesh:
@@ -49,6 +52,8 @@ class HostMesh:
             if isinstance(err, ProcessDied):
                 raise ProcessDied(err.death) from None
             raise err
+        for hook in list(spawned_hooks):
+            hook(pm)
         return pm
 
     def __repr__(self) -> str:
