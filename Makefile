@@ -6,8 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 # System packages: rdma-core and libibverbs' headers (so pip builds the ibverbs extension),
-# Debian's pyverbs, and iproute2 (network namespaces as simulated hosts in the tests).
-SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs
+# Debian's pyverbs, iproute2 (network namespaces as simulated hosts in the tests), and
+# chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright).
+SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium
 
 .PHONY: setup lab demo test bench clean
 
