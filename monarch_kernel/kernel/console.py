@@ -33,7 +33,7 @@ class Console(Actor):
         self.ns: dict = {"__name__": "__mesh__", "__builtins__": __builtins__}
         self.displays: list[tuple[dict, dict]] = []
         self._hook_display()
-        self._view: rank_debug.NamespaceView | None = None
+        rank_debug.share_namespace(self.ns)
         rank_pdb.install()
 
     def _hook_display(self) -> None:
@@ -128,25 +128,6 @@ class Console(Actor):
     async def debug_setup(self, pdb_port=None, post_mortem: bool | None = None) -> None:
         """Where this rank's pdb sessions report, and whether errors stop in pdb."""
         rank_pdb.configure(pdb_port, post_mortem)
-
-    @endpoint
-    async def debug_variables(self, ref: int | None = None) -> list[dict]:
-        """The namespace as JupyterLab's variable panel shows it (``ref``: expand one)."""
-        if ref is None or self._view is None:
-            if self._view is not None:
-                self._view.close()
-            self._view = rank_debug.NamespaceView(self.ns)
-        return self._view.variables(ref)
-
-    @endpoint
-    async def debug_rich(self, name: str) -> tuple[dict, dict]:
-        if name not in self.ns:
-            raise NameError(f"name {name!r} is not defined on this rank")
-        return rank_debug.rich(self.ns[name])
-
-    @endpoint
-    async def debug_write_source(self, path: str, text: str) -> None:
-        rank_debug.write_source(path, text)
 
     @endpoint
     def push(self, values: dict) -> None:

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import uuid
 from dataclasses import dataclass, field
 
 from ipykernel.compiler import get_file_name, get_tmp_directory, get_tmp_hash_seed
@@ -26,6 +27,8 @@ from . import rank_debug
 from .dap import DapConnection
 
 REPLY_TIMEOUT_S = 60.0
+INSPECT_TIMEOUT_S = 5.0  # the variable panel asks often: never hold the other requests up long
+_inspectors: dict = {}  # (mesh id, rank) -> (Inspector actor, the rank's debugpy port)
 
 
 def response(request: dict, success: bool = True, body: dict | None = None, message: str = "") -> dict:
@@ -66,8 +69,8 @@ class FrontendState:
 class RankTarget:
     """One rank's debugpy, driven for the frontend.  Blocking; run off the control loop."""
 
-    def __init__(self, consoles, mesh: str, rank: int, address: tuple[str, int], publish):
-        self.consoles = consoles  # the console actor of this one rank
+    def __init__(self, inspector, mesh: str, rank: int, address: tuple[str, int], publish):
+        self.inspector = inspector  # this rank's Inspector actor: answers while the console is busy
         self.mesh, self.rank = mesh, rank
         self.address = address
         self._publish = publish
@@ -213,7 +216,7 @@ class RankTarget:
         if self.address[0] not in ("127.0.0.1", "localhost", "::1") and not self.stopped_threads:
             # Another host: put the file there too (a stopped console cannot take the call;
             # the rank writes each cell it runs itself anyway).
-            self.consoles.debug_write_source.call_one(path, code).get(timeout=REPLY_TIMEOUT_S)
+            self.inspector.write_source.call_one(path, code).get(timeout=INSPECT_TIMEOUT_S)
         return response(msg, body={"sourcePath": path})
 
     def _do_debugInfo(self, msg, _args, _state):
@@ -238,13 +241,20 @@ class RankTarget:
         return self._forward(msg)
 
     def _do_inspectVariables(self, msg, _args, _state):
-        variables = self.consoles.debug_variables.call_one(None).get(timeout=REPLY_TIMEOUT_S)
+        if self.stopped_threads:
+            # debugpy holds every thread of the stopped rank: the panel gets the stopped
+            # frame's variables through stackTrace/scopes/variables instead.
+            return response(msg, body={"variables": []})
+        try:
+            variables = self.inspector.variables.call_one(None).get(timeout=INSPECT_TIMEOUT_S)
+        except TimeoutError:
+            variables = []  # the rank is too busy to look (a long C call holds its GIL)
         return response(msg, body={"variables": variables})
 
     def _do_variables(self, msg, args, _state):
         if not self.stopped_threads:
             ref = args.get("variablesReference")
-            variables = self.consoles.debug_variables.call_one(ref).get(timeout=REPLY_TIMEOUT_S)
+            variables = self.inspector.variables.call_one(ref).get(timeout=INSPECT_TIMEOUT_S)
             return response(msg, body={"variables": variables})
         reply = self._forward(msg)
         if reply.get("success"):
@@ -257,7 +267,7 @@ class RankTarget:
             return response(msg, name in ("special variables", "function variables"),
                             body={"data": {}, "metadata": {}})
         if not self.stopped_threads:
-            data, md = self.consoles.debug_rich.call_one(name).get(timeout=REPLY_TIMEOUT_S)
+            data, md = self.inspector.rich.call_one(name).get(timeout=INSPECT_TIMEOUT_S)
             return response(msg, body={"data": data, "metadata": md})
         # 'clipboard' asks debugpy for the full repr of the (data, metadata) pair.
         expr = f"__import__('monarch_kernel.kernel.rank_debug', fromlist=['rich']).rich({name})"
@@ -407,7 +417,18 @@ def command(session, shell, args: list[str]) -> None:
         raise UsageError(f"%mesh debug {rank}: the mesh has ranks 0-{len(procs) - 1}")
     one = consoles.slice(ranks=rank)
     want = host or "127.0.0.1"
+    key = (procs._ref.id, rank)
+    known = _inspectors.get(key)
+    if known is None:
+        # Spawned before debugpy starts on the rank: an actor thread started after it
+        # makes an interrupt of a rank stopped at a breakpoint land a line late.
+        inspector = procs.slice(ranks=rank).spawn(f"inspector-{uuid.uuid4().hex[:8]}", rank_debug.Inspector)
     got_host, port = one.debug_listen.call_one(want).get(timeout=REPLY_TIMEOUT_S)
+    if known is not None:
+        inspector, known_port = known
+        if known_port != port:  # the rank was restarted: its inspector went with it
+            inspector = procs.slice(ranks=rank).spawn(f"inspector-{uuid.uuid4().hex[:8]}", rank_debug.Inspector)
+    _inspectors[key] = (inspector, port)
     if listen:
         if got_host != want:
             print(f"note: rank {rank}'s debugpy already listens on {got_host}; a rank starts debugpy once, "
@@ -419,7 +440,7 @@ def command(session, shell, args: list[str]) -> None:
     if current is not None and (current.mesh, current.rank) == (procs.name, rank) and current.conn is not None:
         print(f"JupyterLab's debugger is already on {current.label}")
         return
-    dbg.switch(RankTarget(one, procs.name, rank, (got_host, port), dbg.event_callback))
+    dbg.switch(RankTarget(inspector, procs.name, rank, (got_host, port), dbg.event_callback))
     print(f"JupyterLab's debugger now debugs rank {rank} (its debugpy listens on {got_host}:{port}): "
           f"set breakpoints in %%mesh cells and run them.  %mesh debug off goes back to the kernel.")
 

@@ -10,10 +10,54 @@ from __future__ import annotations
 import os
 import threading
 
+from ..actor.actor import Actor
+from ..actor.endpoint import endpoint
+
 # Ranks run without -Xfrozen_modules=off; breakpoints in cells do not need it.
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 _listen_lock = threading.Lock()
 _listening: tuple[str, int] | None = None
+_namespace: dict = {}  # the console's namespace on this rank (share_namespace)
+
+
+def share_namespace(ns: dict) -> None:
+    """The console's namespace, for the inspector to show while the console is busy."""
+    global _namespace
+    _namespace = ns
+
+
+class Inspector(Actor):
+    """Answers JupyterLab's variable panel for this rank.
+
+    A separate actor from the console on purpose: an actor takes one message at a time, so
+    questions to the console would wait for the cell it is running (JupyterLab asks on
+    every output line of that cell).  This one answers at once, from the same namespace.
+    """
+
+    def __init__(self):
+        self._view: NamespaceView | None = None
+        # Runs on this actor's own worker thread: keep debugpy from tracing (and suspending)
+        # it, so the panel's questions and a stopped rank never wait on each other.
+        threading.current_thread().pydev_do_not_trace = True
+
+    @endpoint
+    def variables(self, ref: int | None = None) -> list[dict]:
+        """The namespace as the variable panel shows it (``ref``: expand one)."""
+        if ref is None or self._view is None:
+            if self._view is not None:
+                self._view.close()
+            self._view = NamespaceView(_namespace)
+        return self._view.variables(ref)
+
+    @endpoint
+    def rich(self, name: str) -> tuple[dict, dict]:
+        if name not in _namespace:
+            raise NameError(f"name {name!r} is not defined on this rank")
+        return rich(_namespace[name])
+
+    @endpoint
+    def write_source(self, path: str, text: str) -> None:
+        write_source(path, text)
 
 # Names JupyterLab's variable panel should not show: the console's own plumbing.
 HIDDEN = frozenset({"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
