@@ -9,17 +9,18 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d
 # Debian's pyverbs, iproute2 (network namespaces as simulated hosts in the tests), and
 # chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright).
 SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium
+SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
 
 .PHONY: setup lab demo test bench clean
 
-$(VENV)/.sysdeps:
+$(SYSSTAMP):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "apt-get install $(SYSDEPS)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSDEPS)) >/dev/null; \
-	else echo "note: not root: skipping apt-get install $(SYSDEPS) (ibverbs and network-namespace tests will skip)"; fi
-	mkdir -p $(VENV) && touch $@
+	else echo "note: not root: skipping apt-get install $(SYSDEPS) (the ibverbs, network-namespace and browser tests will skip)"; fi
+	mkdir -p $(VENV) && rm -f $(VENV)/.sysdeps* && touch $@
 
-$(STAMP): pyproject.toml setup.py $(VENV)/.sysdeps
+$(STAMP): pyproject.toml setup.py $(SYSSTAMP)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel, never a multi-GB CUDA download.
 	$(BIN)/pip install -q torch==2.13.0
