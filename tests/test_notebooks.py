@@ -46,6 +46,7 @@ def test_notebook_runs(path):
     text = outputs(nb)
     if path.stem == "quickstart":
         assert "[ranks 0-3] hello from the mesh" in text
+        assert "read 4 MiB over shm: sum 549755289600" in text  # RDMABuffer, rank 0 -> rank 3
         assert "[rank 1] Traceback" in text and "ZeroDivisionError" in text
         assert "rank 3 died: exited with code 3" in text
         assert "dead (exited with code 3)" in text
