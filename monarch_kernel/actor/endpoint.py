@@ -17,7 +17,7 @@ import queue
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..runtime.envelope import Mode, Part, Status
-from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied
+from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.process import Runtime
 from ..runtime.serialize import describe_unpicklable, dumps
 from .future import Future
@@ -52,6 +52,8 @@ def part_value(part: Part, actor: str, method: str) -> Any:
             err.__cause__ = cause
         raise err
     info = part.load()
+    if part.status == Status.UNSENT:
+        raise SendFailed(f"{actor}.{method} never reached rank {part.rank}: {info}")
     if part.status == Status.STOPPED or info.stopped:
         raise MeshStopped(f"mesh '{info.mesh}' was stopped; rank {info.rank} cannot answer {actor}.{method}. Spawn a new mesh.")
     raise ProcessDied(info, actor, method)
@@ -119,7 +121,7 @@ class Endpoint:
             for r in shape.ranks:
                 try:
                     values.append(part_value(parts[r], actor, name))
-                except (ActorError, MeshStopped) as e:
+                except (ActorError, MeshStopped, SendFailed) as e:
                     values.append(e)
                     first = first or e
             if first is not None:
@@ -173,6 +175,10 @@ class Endpoint:
                         part_value(part, actor, name)
                     except ActorError as e:
                         Runtime.current().report_failure(mesh_id, MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure))
+                    return
+                if part.status == Status.UNSENT:  # nobody waits for a broadcast: supervision hears
+                    what = f"broadcast of {actor}.{name} never reached rank {rank}: {part.load()}"
+                    Runtime.current().report_failure(mesh_id, MeshFailure(m._proc_ref.name, rank, what))
                     return
 
         pending.completion.add_done_callback(check)

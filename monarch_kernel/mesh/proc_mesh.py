@@ -14,6 +14,7 @@ from ..actor.actor_mesh import ActorMesh, endpoint_names
 from ..actor.endpoint import part_value
 from ..actor.future import Future
 from ..runtime.envelope import Kind
+from ..runtime import config
 from ..runtime.failure import MeshStopped
 from ..runtime.process import Runtime
 from .shape import Shape, Shaped
@@ -55,7 +56,16 @@ class ProcMesh(Shaped):
             for r in ranks:
                 part_value(parts[r], name, "__init__")
 
-        Future(pending.completion, check, pending.inbox).get()
+        timeout = config.spawn_timeout()
+        try:
+            Future(pending.completion, check, pending.inbox).get(timeout=timeout)
+        except TimeoutError:
+            waiting = sorted(pending.remaining)
+            raise TimeoutError(
+                f"timed out after {timeout:g} s waiting for {cls.__qualname__}.__init__ of actor "
+                f"{name!r} on ranks {waiting} of mesh '{self.name}' ({len(ranks) - len(waiting)} of "
+                f"{len(ranks)} answered); raise MONARCH_KERNEL_SPAWN_TIMEOUT if __init__ is slow"
+            ) from None
         return mesh
 
     def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:

@@ -13,7 +13,7 @@ from typing import Callable
 from .completion import Completion
 from .context import MeshRef
 from .envelope import Header, Kind, Part, Status
-from .failure import DeathInfo
+from .failure import DeathInfo, SendFailed
 from .tree import children, locate, split
 
 
@@ -71,7 +71,7 @@ class PendingCall:
         rt, h = self.runtime, self.header
         if self.inbox is not None and self.inbox is not rt.inbox:
             # The calling thread may be blocked reading its own inbox: nudge it.
-            rt.transport.send(self.inbox.address, Header(Kind.WAKE), [])
+            rt.send_or_report(self.inbox.address, Header(Kind.WAKE), [], "a wake-up")
         if found is None:
             return
         parent, subtree = found
@@ -96,4 +96,7 @@ class PendingCall:
             again = Header(h.kind, h.call_id, h.origin, h.origin, h.mesh, h.actor, h.method,
                            sub, h.fanout, h.mode, True, 0, [], h.extra)
             again.parts = h.parts
-            rt.transport.send(rt.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
+            try:
+                rt.transport.send(rt.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
+            except SendFailed as e:
+                self.add([synthetic_part(r, Status.UNSENT, f"{e}") for r in sub])

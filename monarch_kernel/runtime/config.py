@@ -43,3 +43,27 @@ def tcp_streams() -> int:
     (default 2: sender and receiver each copy two streams at once; measured 40-80% faster
     than one on a 2-core loopback, while three were slower than two)."""
     return max(1, int(os.environ.get("MONARCH_KERNEL_TCP_STREAMS", "2")))
+
+
+def send_queue() -> int:
+    """MONARCH_KERNEL_SEND_QUEUE: messages a thread may queue for one peer that is not
+    reading before sends to it wait, then fail (default 1000)."""
+    return max(1, int(os.environ.get("MONARCH_KERNEL_SEND_QUEUE", "1000")))
+
+
+def send_block() -> float:
+    """MONARCH_KERNEL_SEND_BLOCK: seconds a calling thread waits for room in a full queue
+    before the call fails (default 5; the IO thread never waits)."""
+    return float(os.environ.get("MONARCH_KERNEL_SEND_BLOCK", "5"))
+
+
+def heartbeat_timeout() -> float:
+    """MONARCH_KERNEL_HEARTBEAT_TIMEOUT: seconds without a heartbeat after which a rank is
+    shown "not responding" (default 10; ranks beat every second)."""
+    return float(os.environ.get("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "10"))
+
+
+def max_line() -> int:
+    """MONARCH_KERNEL_MAX_LINE: longest piece of one output line the controller holds, in
+    bytes (default 1 MiB); a longer line reaches the output sink as pieces of this size."""
+    return max(1024, int(os.environ.get("MONARCH_KERNEL_MAX_LINE", str(1 << 20))))

@@ -36,6 +36,7 @@ class Kind(enum.IntEnum):
     PORT = 12  # any -> the process that opened a port: one value for it
     INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
     REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
+    HEARTBEAT = 15  # rank -> owner, every second: still here
 
 
 class Mode(enum.IntEnum):
@@ -48,6 +49,7 @@ class Status(enum.IntEnum):
     RAISED = 1  # the endpoint raised; payload is a pickled RemoteFailure
     DIED = 2  # the rank is gone (filled in by the caller, never sent)
     STOPPED = 3  # the mesh was stopped
+    UNSENT = 4  # the call could not be sent to the rank (filled in by the caller: SendFailed)
 
 
 @dataclass(slots=True)

@@ -146,5 +146,10 @@ class ProcessDied(ActorError):
         super().__init__(rf, death.describe())
 
 
+class SendFailed(ConnectionError):
+    """A message could not be queued for its peer (its queue is full, or this process is
+    out of descriptors); the call that needed it fails at once with this."""
+
+
 class MeshStopped(Exception):
     """The mesh was stopped; spawn a new one to keep working."""

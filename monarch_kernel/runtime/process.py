@@ -28,7 +28,7 @@ from .calls import PendingCall, synthetic_part
 from .completion import Completion
 from .context import MeshRef, process_mesh
 from .envelope import Header, Kind, Mode, Part, Status, split_parts, join_parts
-from .failure import DeathInfo, MeshFailure
+from .failure import DeathInfo, MeshFailure, SendFailed
 from .inbox import Inbox, actor_address
 from .io_thread import IOThread
 from .output import print_sink
@@ -84,11 +84,15 @@ class Runtime(Serving):
         self.ctx = zmq.Context()
         self.signer = Signer(key, max_frame=config.max_frame())
         self.transport = Transport(self.ctx, self.signer)
+        self.transport.io_thread = io.thread
         self.inbox = Inbox(self.ctx, f"ipc://{rundir}/{name}")
         self.transport.inbox = self.inbox.sock  # the main inbox, for tools that poke at it
         self.address = self.inbox.address
         self._local = threading.local()
         self._thread_inboxes = itertools.count()
+        self._free_inboxes: list[Inbox] = []  # reply inboxes of threads that ended, for reuse
+        self._free_lock = threading.Lock()
+        self._unsent_reported: set[str] = set()
         self.io = io
         self.owner = owner  # the process that supervises this one (None: the root)
         self.fanout = config.fanout()
@@ -189,9 +193,20 @@ class Runtime(Serving):
             return self.inbox
         holder = getattr(self._local, "holder", None)
         if holder is None:
-            inbox = Inbox(self.ctx, f"{self.address}.t{next(self._thread_inboxes)}")
+            with self._free_lock:
+                inbox = self._free_inboxes.pop() if self._free_inboxes else None
+            if inbox is None:
+                inbox = Inbox(self.ctx, f"{self.address}.t{next(self._thread_inboxes)}")
             holder = self._local.holder = _ThreadInbox(self, inbox)
         return holder.inbox
+
+    def _release_inbox(self, inbox: Inbox) -> None:
+        """A thread ended: the IO thread reads its inbox (answers to calls it left behind
+        still land) until another thread takes it over."""
+        if any(c.inbox is inbox for c in list(self.calls.values())):
+            self.watch(inbox)
+        with self._free_lock:
+            self._free_inboxes.append(inbox)
 
     def wait(self, completion: Completion, timeout: float | None, inbox: Inbox | None = None) -> bool:
         """Block until ``completion`` is done, reading ``inbox`` meanwhile if nobody is.
@@ -267,6 +282,8 @@ class Runtime(Serving):
             self.launcher.on_failure_report(h.mesh, failure)
         elif k == Kind.STOP:
             self._stop_process()
+        elif k == Kind.HEARTBEAT:
+            self.launcher.on_heartbeat(h.mesh, h.ranks[0] if h.ranks else -1)
         elif k == Kind.WAKE:
             pass
         elif k == Kind.REVIVE:
@@ -311,7 +328,10 @@ class Runtime(Serving):
                 call.add([synthetic_part(r, Status.DIED, self.dead[(mesh.id, r)])])
         for sub in split(alive, fanout):
             h.ranks = sub
-            self.transport.send(self.target(mesh, sub[0], kind, actor), h, body)
+            try:
+                self.transport.send(self.target(mesh, sub[0], kind, actor), h, body)
+            except SendFailed as e:  # the caller hears at once; the rest of the call goes on
+                call.add([synthetic_part(r, Status.UNSENT, f"{e}") for r in sub])
         h.ranks = []
         late = [r for r in alive if (mesh.id, r) in self.dead]
         if late:  # died while we were sending; the death handler may have missed this call
@@ -330,13 +350,25 @@ class Runtime(Serving):
         is how ranks file the calls they serve."""
         origin = origin or self.address
         h = Header(kind, call_id, origin, origin, mesh.id, ranks=[rank], extra=extra)
-        self.transport.send(mesh.addresses[rank], h, [])
+        self.send_or_report(mesh.addresses[rank], h, [], f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'")
 
     def send_object(self, address: str, kind: int, mesh_id: str, obj) -> None:
         body = dumps(obj)
         h = Header(kind, 0, self.address, self.address, mesh_id)
         h.parts = [[0, Status.OK, len(body) - 1]]
-        self.transport.send(address, h, body)
+        self.send_or_report(address, h, body, f"a {Kind(kind).name} report")
+
+    def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool:
+        """Send a message nobody waits on; a failure is said on stderr (once per peer), since
+        there is no caller to raise it to."""
+        try:
+            self.transport.send(address, h, body)
+            return True
+        except SendFailed as e:
+            if address not in self._unsent_reported:
+                self._unsent_reported.add(address)
+                print(f"monarch_kernel: {what} was not sent: {e}", file=sys.stderr, flush=True)
+            return False
 
     def _on_reply(self, h: Header, body: list) -> None:
         parts = split_parts(h, body)
@@ -353,7 +385,7 @@ class Runtime(Serving):
     def _send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "") -> None:
         h = Header(Kind.REPLY, call_id, origin, st.reply_to, mesh_id, ranks=[me], hop=1 if st.to_node else 0)
         body = join_parts(h, st.parts)
-        self.transport.send(st.reply_to, h, body)
+        self.send_or_report(st.reply_to, h, body, f"the answer to call {call_id} from rank {me}")
 
     def _check_size(self, frames: list, what: str) -> None:
         limit = self.signer.max_frame
@@ -370,7 +402,7 @@ class Runtime(Serving):
         for r in ranks:
             if (mesh.id, r) not in self.dead:
                 h = Header(Kind.INTERRUPT, 0, self.address, self.address, mesh.id, actor, ranks=[r])
-                self.transport.send(mesh.addresses[r], h, [])
+                self.send_or_report(mesh.addresses[r], h, [], f"an interrupt for rank {r} of mesh '{mesh.name}'")
 
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
@@ -393,6 +425,9 @@ class Runtime(Serving):
         if (mesh_id, rank) in self.dead:
             return 0
         self.dead[(mesh_id, rank)] = info
+        ref = self.meshes[mesh_id].ref if mesh_id in self.meshes else self.memberships.get(mesh_id, (None,))[0]
+        if ref is not None and 0 <= rank < len(ref.addresses):
+            self.transport.forget(ref.addresses[rank])  # every thread drops its sockets to it
         observed = 0
         for call in list(self.calls.values()):
             if call.mesh.id == mesh_id and rank in call.remaining:
@@ -442,8 +477,9 @@ class Runtime(Serving):
 
 
 class _ThreadInbox:
-    """Thread-local owner of a thread's reply inbox: when the thread ends, the IO thread
-    adopts the inbox so replies to calls it left behind are still read."""
+    """Thread-local owner of a thread's reply inbox: when the thread ends, the inbox goes
+    back to the runtime's pool (so short-lived threads cost no descriptors), read by the IO
+    thread meanwhile so replies to calls it left behind still land."""
 
     def __init__(self, runtime: Runtime, inbox: Inbox):
         self.runtime = runtime
@@ -451,6 +487,6 @@ class _ThreadInbox:
 
     def __del__(self):
         try:
-            self.runtime.watch(self.inbox)
+            self.runtime._release_inbox(self.inbox)
         except Exception:  # interpreter shutdown
             pass

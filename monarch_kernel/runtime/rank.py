@@ -47,9 +47,13 @@ def run_rank(cfg: dict, template_pid: int) -> None:
     process_mesh[0], process_mesh[1] = ref, rank
     rt.transport.send(cfg["owner"], Header(Kind.HELLO, mesh=ref.id, ranks=[rank], extra=os.getpid()), [])
 
+    beat = Header(Kind.HEARTBEAT, mesh=ref.id, ranks=[rank])
+
     def watchdog():
         if os.getppid() != template_pid:
             os._exit(1)
+        # The owner shows a rank whose beats stop (SIGSTOP, a stuck process) as not responding.
+        rt.send_or_report(cfg["owner"], beat, [], "a heartbeat")
         io.loop.call_later(WATCHDOG_S, watchdog)
 
     io.loop.call_later(WATCHDOG_S, watchdog)

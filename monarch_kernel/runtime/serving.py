@@ -10,7 +10,7 @@ from __future__ import annotations
 from .actors import ActorSlot
 from .context import ActorContext, MeshRef, current_actor
 from .envelope import Header, Kind, Mode, Part, Status
-from .failure import RemoteFailure
+from .failure import RemoteFailure, SendFailed
 from .serialize import describe_unpicklable, dumps
 from .tree import NodeState, split
 
@@ -49,7 +49,13 @@ class Serving:
                          1 if gather else 0, h.parts, h.extra)
             for s in subs:
                 fwd.ranks = s
-                self.transport.send(self.target(mesh, s[0], h.kind, h.actor), fwd, body)
+                try:
+                    self.transport.send(self.target(mesh, s[0], h.kind, h.actor), fwd, body)
+                except SendFailed:
+                    # The caller knows the whole tree: it sends that subtree again itself,
+                    # and its own send fails loudly if the rank is truly unreachable.
+                    back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[s[0]])
+                    self.send_or_report(h.origin, back, [], f"a NOT_RECEIVED for rank {s[0]}")
         if h.kind == Kind.SPAWN:
             self._spawn_actor(h, body, mesh, me)
         else:
@@ -192,7 +198,7 @@ class Serving:
             self._send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
         elif outcome == "lost":
             back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[me])
-            self.transport.send(h.origin, back, [])
+            self.send_or_report(h.origin, back, [], f"a NOT_RECEIVED from rank {me}")
 
 
 def _lone(h: Header) -> bool:

@@ -9,11 +9,14 @@ calling the dead rank is told; then the failure goes to the spawning actor's
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 import signal
 import sys
+import time
 
+from . import config
 from .completion import Completion
 from .context import MeshRef, current_actor, process_mesh
 from .envelope import Kind
@@ -47,10 +50,21 @@ class OwnedMesh:
         self.stopping = False
         self.restarting: dict[int, Completion] = {}  # rank -> connected again
         self.env: dict = {}
+        self.last_beat: list[float] = [0.0] * n  # monotonic time of each rank's last heartbeat
+
+    def silent_for(self, rank: int) -> float:
+        """Seconds since ``rank`` last showed it is alive (0 before it is up)."""
+        if rank not in self.up or rank not in self.alive:
+            return 0.0
+        return max(0.0, time.monotonic() - self.last_beat[rank])
+
+    def responding(self, rank: int) -> bool:
+        return self.silent_for(rank) < config.heartbeat_timeout()
 
     def rank_info(self, rank: int) -> dict:
         return {"rank": rank, "pid": self.pids[rank], "host": self.ref.hosts[rank],
-                "alive": rank in self.alive, "up": rank in self.up}
+                "alive": rank in self.alive, "up": rank in self.up,
+                "responding": self.responding(rank), "silent_s": round(self.silent_for(rank), 1)}
 
 
 class Supervisor:
@@ -115,11 +129,17 @@ class Supervisor:
         if om is None or rank in om.up or rank not in om.alive:
             return
         om.up.add(rank)
+        om.last_beat[rank] = time.monotonic()
         if len(om.up) == om.ref.size and not om.ready.done():
             om.ready.set_result(True)
         back = om.restarting.pop(rank, None)
         if back is not None:
             back.set_result(True)
+
+    def on_heartbeat(self, mesh_id: str, rank: int) -> None:
+        om = self.rt.meshes.get(mesh_id)
+        if om is not None and 0 <= rank < om.ref.size:
+            om.last_beat[rank] = time.monotonic()
 
     def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """Start dead ``ranks`` again in place: same rank numbers and addresses, fresh
@@ -162,6 +182,7 @@ class Supervisor:
         if entry is None:
             return
         om, r = entry
+        self._remove_inboxes(om.ref.addresses[r])
         for reader in om.readers[r]:
             reader.drain()
         self.rt._drain_inbox()  # answers it sent just before dying still count
@@ -189,6 +210,8 @@ class Supervisor:
             self.supervise(om, MeshFailure(om.ref.name, rank, info.describe(), death=info))
         if not om.alive:
             om.exited.set_result(True)
+            if om.stopping:  # nothing will call it again: forget it
+                rt.meshes.pop(om.ref.id, None)
 
     def supervise(self, om: OwnedMesh, failure: MeshFailure) -> None:
         """On the IO thread: offer the failure to the spawning actor, else pass it up."""
@@ -267,6 +290,19 @@ class Supervisor:
         for r in list(om.alive):
             if om.pids[r] is not None:
                 self._kill(om.pids[r])
+
+    @staticmethod
+    def _remove_inboxes(address: str) -> None:
+        """Remove the socket files of a rank that exited: its main inbox, its actors' and
+        its threads' (they all live under the rank's address)."""
+        if not address.startswith("ipc://"):
+            return
+        base = address[len("ipc://"):]
+        for path in [base, *glob.glob(glob.escape(base) + ".*")]:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     @staticmethod
     def _kill(pid: int) -> None:

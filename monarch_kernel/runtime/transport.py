@@ -1,21 +1,30 @@
 """ZeroMQ sending: one outgoing socket per (thread, peer), signing on the sending thread.
 
-Every thread sends on sockets of its own, so no send ever waits for another thread.
-Inboxes (the receiving side) are in ``inbox.py``.
+Every thread sends on sockets of its own, so no send ever waits for another thread.  The
+queue to each peer is bounded (``MONARCH_KERNEL_SEND_QUEUE`` messages): a peer that stops
+reading (SIGSTOP, stuck) makes senders wait a little and then fail loudly, never grow the
+sender's memory without limit.  A send that fails raises ``SendFailed``; nothing is dropped
+silently.  Inboxes (the receiving side) are in ``inbox.py``.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
+import time
 
 import zmq
+from zmq.backend import zmq_poll
 
+from . import config
 from .auth import Signer
 from .envelope import Header
+from .failure import SendFailed
 
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
+_POLLOUT = int(zmq.POLLOUT)
 _COPY_BELOW = 1 << 16  # smaller frames are cheaper to copy than to share
 
 
@@ -25,6 +34,8 @@ def _size(f) -> int:
 
 class _ThreadSockets(dict):
     """Outgoing sockets of one thread; closed when the thread's locals are freed."""
+
+    seen = 0  # how many of the transport's forgotten peers this thread has dropped
 
     def __del__(self):
         for s in self.values():
@@ -40,6 +51,10 @@ class Transport:
         self.signer = signer
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._gone: list[str] = []  # address prefixes of peers that are gone, oldest first
+        self.io_thread: threading.Thread | None = None  # never blocks waiting for room
+        self.queue_limit = config.send_queue()
+        self.block_s = config.send_block()
         self.sent = 0
         self.received = 0
         self.send_failures = 0
@@ -48,33 +63,79 @@ class Transport:
         socks = getattr(self._local, "socks", None)
         if socks is None:
             socks = self._local.socks = _ThreadSockets()
+            socks.seen = len(self._gone)
+        elif socks.seen != len(self._gone):
+            self._purge(socks)
         s = socks.get(addr)
         if s is None:
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 2000)
-            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.SNDHWM, self.queue_limit)
             s.setsockopt(zmq.RECONNECT_IVL, 10)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
             s.connect(addr)
             socks[addr] = s
         return s
 
-    def send(self, addr: str, header: Header, body: list) -> bool:
-        """Sign and send; False when the peer is unreachable (the caller handles death)."""
+    def _purge(self, socks: _ThreadSockets) -> None:
+        with self._lock:
+            gone, socks.seen = self._gone[socks.seen:], len(self._gone)
+        for prefix in gone:
+            for addr in [a for a in socks if a == prefix or a.startswith(prefix + ".")]:
+                socks.pop(addr).close(linger=0)
+
+    def send(self, addr: str, header: Header, body: list, *, block: bool = True) -> None:
+        """Sign and queue one message for ``addr``.
+
+        When the peer's queue is full, waits up to ``MONARCH_KERNEL_SEND_BLOCK`` seconds for
+        room (``block=False``, for the IO thread: not at all), then raises ``SendFailed``.
+        """
         frames = self.signer.sign(header, body)
         try:
-            send = self._socket(addr).send
+            sock = self._socket(addr)
+            send = sock.send
             last = len(frames) - 1
-            for i, f in enumerate(frames):
+            try:
+                send(frames[0], _MORE_NOBLOCK if last else _NOBLOCK, copy=_size(frames[0]) < _COPY_BELOW)
+            except zmq.Again:
+                self._wait_for_room(sock, addr, header, block)
+                send(frames[0], _MORE_NOBLOCK if last else _NOBLOCK, copy=_size(frames[0]) < _COPY_BELOW)
+            # Once the first frame is queued, ZeroMQ takes the rest of the message whole.
+            for i in range(1, last + 1):
+                f = frames[i]
                 send(f, _MORE_NOBLOCK if i < last else _NOBLOCK, copy=_size(f) < _COPY_BELOW)
-        except zmq.ZMQError:
+        except zmq.Again:
             self.send_failures += 1
-            return False
+            raise SendFailed(
+                f"cannot send to {addr}: {self.queue_limit} messages are already queued for it and "
+                f"it has read none for {self.block_s if block else 0:g} s; the process there is not "
+                f"reading (stopped with SIGSTOP, stuck, or overloaded); see %mesh status, or raise "
+                f"MONARCH_KERNEL_SEND_QUEUE") from None
+        except zmq.ZMQError as e:
+            self.send_failures += 1
+            hint = ""
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                hint = ("; the process is out of file descriptors or ZeroMQ sockets "
+                        "(raise `ulimit -n`, or end threads and meshes that are no longer used)")
+            raise SendFailed(f"cannot send to {addr}: {e.strerror}{hint}") from None
         self.sent += 1
-        return True
 
-    def forget(self, addr: str) -> None:
-        """Close this thread's socket to a peer that is gone."""
+    def _wait_for_room(self, sock: zmq.Socket, addr: str, header: Header, block: bool) -> None:
+        if not block or threading.current_thread() is self.io_thread:
+            raise zmq.Again()
+        deadline = time.monotonic() + self.block_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise zmq.Again()
+            if zmq_poll([(sock, _POLLOUT)], max(1, int(min(left, 0.1) * 1000))):
+                return
+
+    def forget(self, prefix: str) -> None:
+        """Every thread closes its sockets to ``prefix`` and to the inboxes under it
+        (``prefix.*``), on its next send: the peer is gone."""
+        with self._lock:
+            self._gone.append(prefix)
         socks = getattr(self._local, "socks", None)
-        if socks and addr in socks:
-            socks.pop(addr).close(linger=0)
+        if socks is not None:
+            self._purge(socks)
