@@ -34,7 +34,8 @@ def _tensor_reducer(obj):
         if np is not None and type(obj) is np.ndarray and obj.nbytes >= _shm.SHM_MIN and obj.dtype.hasobject is False:
             a = np.ascontiguousarray(obj)
             path = segments.write(memoryview(a.reshape(-1).view(np.uint8)))
-            return _rebuild_array_shm, (path, a.nbytes, a.dtype.str, a.shape)
+            if path is not None:  # else /dev/shm is full: numpy's own out-of-band frame
+                return _rebuild_array_shm, (path, a.nbytes, a.dtype.str, a.shape)
     return None
 
 
@@ -64,7 +65,8 @@ def _reduce_tensor(torch, t):
     dtype = str(t.dtype).removeprefix("torch.")
     if segments is not None and segments.tracking() and raw.nbytes >= _shm.SHM_MIN:
         path = segments.write(memoryview(raw))
-        return _rebuild_tensor_shm, (path, raw.nbytes, dtype, tuple(t.shape), t.requires_grad)
+        if path is not None:  # else /dev/shm is full: an out-of-band frame, as across hosts
+            return _rebuild_tensor_shm, (path, raw.nbytes, dtype, tuple(t.shape), t.requires_grad)
     return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(t.shape), t.requires_grad)
 
 

@@ -11,23 +11,38 @@ a reuse is then a plain memcpy (pwrite into existing pages runs at about half of
 ``flock`` on a segment for as long as its mapping lives (an argument it keeps, or a view of
 one); the sender reuses a segment only if it can take the lock exclusively, and unlinks it
 otherwise.
+
+When ``/dev/shm`` has no room (a small container default, or a full one), a segment that
+fails is removed at once and the bytes go through the socket as an ordinary out-of-band
+frame; this is said once per process (``SharedMemoryFull``), and shared memory is used again
+as soon as there is room.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
 import secrets
 import shutil
+import sys
 import threading
+import warnings
 import weakref
 
 SHM_MIN = 1 << 20  # smaller buffers go through the socket
 ROOT = "/dev/shm"
 POOL_BYTES = 1 << 30  # warm segments kept for reuse, at most
+# What a full (or inode-less) tmpfs answers to a create or a write.
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EFBIG}
+_said_full = False
+
+
+class SharedMemoryFull(RuntimeWarning):
+    """Large arguments travel through the socket because ``/dev/shm`` has no room for them."""
 
 
 def available() -> bool:
@@ -57,6 +72,9 @@ class Segments:
         self._local.created = created
         try:
             yield created
+        except BaseException:
+            self.unlink(created)  # pickling failed: no call will ever release them
+            raise
         finally:
             self._local.created = None
 
@@ -71,10 +89,38 @@ class Segments:
                 return None
             return self._pool.pop(min(fits)[1])
 
-    def write(self, buf: memoryview) -> str:
-        self._ensure_dir()
-        pooled = self._take(buf.nbytes)
+    def write(self, buf: memoryview) -> str | None:
+        """Copy ``buf`` into a segment and return its path; None when ``/dev/shm`` has no
+        room for it, and the caller sends the bytes through the socket instead."""
         view = buf.cast("B")
+        pooled = self._take(view.nbytes)
+        if pooled is None and not self._room_for(view.nbytes):
+            return None
+        try:
+            path = self._write(view, pooled)
+        except OSError as e:
+            if e.errno not in _FULL:
+                raise
+            _say_full(view.nbytes, f"writing the segment failed: {e.strerror}")
+            return None
+        self._local.created.append(path)
+        return path
+
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether a new segment of ``nbytes`` fits, giving back warm segments if that helps."""
+        free = _free_bytes()
+        if free >= nbytes:
+            return True
+        if self._pool:
+            self.trim()
+            free = _free_bytes()
+            if free >= nbytes:
+                return True
+        _say_full(nbytes, f"it has {free / (1 << 20):.1f} MiB free")
+        return False
+
+    def _write(self, view: memoryview, pooled: tuple[int, str] | None) -> str:
+        """The path of a segment now holding ``view``; a segment that fails is removed."""
         if pooled is not None:
             path = pooled[1]
             mm = self._maps.get(path)
@@ -82,10 +128,10 @@ class Segments:
                 # Pages and page tables exist: a plain memcpy, without the GIL.
                 ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(mm)),
                                ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes)
-                self._local.created.append(path)
                 return path
             fd = os.open(path, os.O_WRONLY)
         else:
+            self._ensure_dir()
             path = os.path.join(self.dir, secrets.token_hex(8))
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
@@ -94,9 +140,11 @@ class Segments:
             done = 0
             while done < view.nbytes:
                 done += os.pwrite(fd, view[done:], done)
+        except BaseException:
+            self.unlink([path])  # half a segment is of no use to anyone, and holds pages
+            raise
         finally:
             os.close(fd)
-        self._local.created.append(path)
         return path
 
     def unlink(self, paths) -> None:
@@ -149,6 +197,39 @@ class Segments:
             mm.close()
         self._maps.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _free_bytes() -> int:
+    st = os.statvfs(ROOT)
+    return st.f_bavail * st.f_frsize
+
+
+def _say_full(nbytes: int, why: str) -> None:
+    """Once per process: large arguments now go through the socket."""
+    global _said_full
+    if _said_full:
+        return
+    _said_full = True
+    warnings.warn(
+        f"{ROOT} has no room for a {nbytes / (1 << 20):.1f} MiB argument ({why}): large "
+        "arguments to ranks on this host go through the socket instead (one more copy each) "
+        f"until it has room again. Free space in {ROOT}, or give it more (docker run "
+        "--shm-size=8g, or mount -o remount,size=8G /dev/shm)",
+        SharedMemoryFull, stacklevel=_caller_level())
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PICKLERS = {"pickle.py", "cloudpickle.py", "cloudpickle_fast.py"}
+
+
+def _caller_level() -> int:
+    """The stacklevel, seen from ``_say_full``, of the first frame outside this package and
+    the picklers: the user's call that carried the argument."""
+    frame, level = sys._getframe(1), 1  # _say_full
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+                                 or os.path.basename(frame.f_code.co_filename) in _PICKLERS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def map_private(path: str, nbytes: int) -> memoryview:
