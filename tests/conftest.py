@@ -5,6 +5,8 @@ the run if any process of this test session (marked through the environment) is 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import uuid
 
@@ -14,6 +16,20 @@ import pytest
 SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
 _MARK = os.environ[SESSION_MARK]
+
+# Hermetic per-user state: Jupyter's and IPython's directories start empty in every run, as
+# on a machine where Jupyter never ran (a developer's existing ~/.local/share/jupyter once
+# hid a crash of `%mesh spawn --detach` on fresh machines).  Set at import, before any
+# kernel or server is started, so every process the tests start inherits them.
+_USER_DIRS = tempfile.mkdtemp(prefix="mk-test-home-")
+USER_DIR_VARS = {
+    "JUPYTER_RUNTIME_DIR": os.path.join(_USER_DIRS, "jupyter-runtime"),
+    "JUPYTER_DATA_DIR": os.path.join(_USER_DIRS, "jupyter-data"),
+    "JUPYTER_CONFIG_DIR": os.path.join(_USER_DIRS, "jupyter-config"),
+    "IPYTHONDIR": os.path.join(_USER_DIRS, "ipython"),
+    "MPLCONFIGDIR": os.path.join(_USER_DIRS, "matplotlib"),
+}
+os.environ.update(USER_DIR_VARS)  # the directories themselves do not exist yet, on purpose
 
 
 def _marked_processes() -> list[psutil.Process]:
@@ -85,6 +101,7 @@ def no_leftover_processes():
     if Runtime._current is not None:
         Runtime._current.shutdown()
     left = _wait_gone(_marked_processes(), 10.0)
+    shutil.rmtree(_USER_DIRS, ignore_errors=True)
     if left:
         _kill(left)
         pytest.fail("processes outlived the test session:\n" + _describe(left), pytrace=False)

@@ -24,6 +24,11 @@ class Actor:
     """Base class of actors.  Define ``__supervise__(self, failure)`` (sync or async,
     truthy = handled) to decide what happens when a mesh this actor spawned fails."""
 
+    #: Run this actor's sync endpoints on the rank's main thread, where an interrupt is a
+    #: real SIGINT that cuts blocking calls short.  One actor per rank gets it (the first to
+    #: be spawned); others, and actors hosted by the controller, keep a thread of their own.
+    runs_on_main_thread: bool = False
+
 
 @dataclass
 class ActorInstance:

@@ -29,6 +29,8 @@ LAST = "__mesh_last_value__"  # holds a cell's last expression for a moment
 
 
 class Console(Actor):
+    runs_on_main_thread = True  # the stop button then interrupts blocking calls at once
+
     def __init__(self):
         self.ns: dict = {"__name__": "__mesh__", "__builtins__": __builtins__}
         self.displays: list[tuple[dict, dict]] = []

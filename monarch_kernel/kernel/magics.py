@@ -202,11 +202,19 @@ class MeshMagics(Magics):
 
     def _cmd_list(self, _args, _ns):
         s = self.session
-        if not s.meshes:
+        others = [r for r in detached.records() if r["name"] not in s.meshes]
+        if not s.meshes and not others:
             print("no meshes; start one with  procs = %mesh spawn -n 4")
         for name, (procs, _c) in s.meshes.items():
             mark = "*" if name == s.current else " "
-            print(f"{mark} {name}: {len(procs)} ranks, {'stopped' if procs._stopped else 'running'}")
+            kind = ", detached" if name in s.hosts else ""
+            print(f"{mark} {name}: {len(procs)} ranks, {'stopped' if procs._stopped else 'running'}{kind}")
+        for rec in others:
+            if rec["alive"]:
+                print(f"  {rec['name']}: detached, running (host pid {rec['pid']}); %mesh attach {rec['name']}")
+            else:
+                detached.forget(rec["name"])
+                print(f"  {rec['name']}: detached, gone (host pid {rec['pid']} exited); its record was removed")
 
     def _cmd_use(self, args, _ns):
         if len(args) != 1:
@@ -222,6 +230,7 @@ class MeshMagics(Magics):
         host = s.hosts.pop(procs.name, None)
         if host is not None:
             host.stop.call_one().get(timeout=60)
+            detached.forget(procs.name)
         else:
             procs.stop().get(timeout=30)
         del s.meshes[procs.name]
@@ -248,6 +257,15 @@ class MeshMagics(Magics):
         procs, consoles = self.session.get()
         rt = Runtime.current()
         dead = [r for r in range(len(procs)) if (procs._ref.id, r) in rt.dead]
+        om = procs._owned
+        if om is not None:  # ranks that stopped answering heartbeats are replaced too
+            stuck = [r for r in range(len(procs)) if r not in dead and not om.responding(r)]
+            if stuck:
+                print(f"{rank_label(stuck)} not responding: killing, to replace")
+                for c in rt.launcher.kill(om, stuck):
+                    if not c.wait(10):
+                        raise TimeoutError(f"timed out after 10 s waiting for {rank_label(stuck)} to die")
+                dead = sorted(dead + stuck)
         if args[:1] == ["--ranks"]:
             if len(args) != 2:
                 raise UsageError("type  %mesh restart [--ranks 0-3]")

@@ -26,10 +26,30 @@ from .console import Console
 _state: dict = {}  # this host process's mesh, consoles and the event that ends it
 
 
-def info_path(name: str) -> str:
+def runtime_dir() -> str:
+    """Jupyter's runtime directory, created (0700) if this machine never ran Jupyter."""
     from jupyter_core.paths import jupyter_runtime_dir
 
-    return os.path.join(jupyter_runtime_dir(), f"monarch-mesh-{name}.json")
+    path = jupyter_runtime_dir()
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def info_path(name: str) -> str:
+    return os.path.join(runtime_dir(), f"monarch-mesh-{name}.json")
+
+
+def log_path(name: str) -> str:
+    return os.path.join(runtime_dir(), f"monarch-mesh-{name}.log")
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), so a reused pid is not taken for it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class MeshHost(Actor):
@@ -93,13 +113,12 @@ def main() -> None:
     rt.death_hooks.append(lambda mesh_id, rank, info: instance.forward(("death", mesh_id, rank, info)))
     ref, me = procs._ref, rt.self_mesh
     info = {
-        "name": name, "pid": os.getpid(), "key": rt.key.hex(),
+        "name": name, "pid": os.getpid(), "start": start_time(os.getpid()), "key": rt.key.hex(),
         "mesh": [ref.id, ref.name, [list(d) for d in ref.dims], list(ref.addresses), ref.owner, list(ref.hosts)],
         "host_mesh": [me.id, me.name, [], list(me.addresses), me.owner, list(me.hosts)],
         "console": consoles._actor_id, "host": host._actor_id,
     }
     path = info_path(name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -35,7 +35,12 @@ def snapshot(procs, consoles, last_lines: dict) -> list[dict]:
     for r in range(len(procs)):
         info = om.rank_info(r)
         death = rt.dead.get((procs._ref.id, r))
-        state = f"dead ({death.how()})" if death else ("busy" if r in busy else "idle")
+        if death:
+            state = f"dead ({death.how()})"
+        elif not info["responding"]:
+            state = f"not responding ({info['silent_s']:.0f} s; %mesh restart replaces it)"
+        else:
+            state = "busy" if r in busy else "idle"
         rss = None if death else rss_mib(info["pid"])
         rows.append({"rank": r, "host": info["host"], "pid": info["pid"], "state": state,
                      "rss": "" if rss is None else f"{rss:.0f} MiB",

@@ -46,7 +46,8 @@ class ProcMesh(Shaped):
         actor_id = f"{name}-{secrets.token_hex(3)}"
         body = _spawn_body(cls, args, kwargs)
         rt = Runtime.current()
-        pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN)
+        pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN,
+                          extra=_spawn_options(cls))
         mesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self)
         if rt.io.is_current():
             return mesh  # inside an async endpoint: calls queue behind the spawn on each rank
@@ -80,7 +81,8 @@ class ProcMesh(Shaped):
             c.result()
         for mesh, cls, args, kwargs in actors:
             body = _spawn_body(cls, args, kwargs)
-            pending = rt.call(self._ref, mesh._actor_id, "__init__", list(ranks), body, kind=Kind.SPAWN)
+            pending = rt.call(self._ref, mesh._actor_id, "__init__", list(ranks), body, kind=Kind.SPAWN,
+                              extra=_spawn_options(cls))
 
             def check(parts, name=mesh.name):
                 for r in ranks:
@@ -121,6 +123,10 @@ class ProcMesh(Shaped):
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "running"
         return f"ProcMesh<'{self.name}' {self.extent!r} {state}>"
+
+
+def _spawn_options(cls) -> dict | None:
+    return {"main_thread": True} if getattr(cls, "runs_on_main_thread", False) else None
 
 
 def _spawn_body(cls, args, kwargs) -> list:

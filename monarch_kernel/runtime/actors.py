@@ -42,12 +42,19 @@ class ActorSlot:
         self.stopped = False
         self._busy = 0  # > 0 while user code of a sync endpoint runs on the worker
         self._busy_lock = threading.Lock()
+        self.wants_main_thread = False  # the spawner asked for the rank's main thread
+        self._main = None  # the MainThread it runs on, when it got it
 
     def submit(self, fn) -> None:
         """Run ``fn`` on this actor's worker, after what is already queued."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=f"actor-{self.actor_id}", daemon=True)
-            self._thread.start()
+            main = self.runtime.main_thread if self.wants_main_thread else None
+            if main is not None and main.claim(self):
+                self._main, self._thread = main, main.thread
+                main.start(self._work)
+            else:
+                self._thread = threading.Thread(target=self._work, name=f"actor-{self.actor_id}", daemon=True)
+                self._thread.start()
         self._queue.put(fn)
         try:
             os.write(self._wake_w, b"x")
@@ -69,6 +76,8 @@ class ActorSlot:
                     break
                 if fn is None:
                     self.inbox.close()
+                    if self._main is not None:
+                        self._main.release(self)
                     return
                 fn()
             for what, _ev in zmq_poll(watch, -1):
@@ -89,15 +98,23 @@ class ActorSlot:
             with self._busy_lock:
                 self._busy -= 1
 
+    def busy(self) -> bool:
+        """Whether user code of a sync endpoint is running on the worker now."""
+        return self._busy > 0
+
     def interrupt(self) -> bool:
         """Raise KeyboardInterrupt in the user code running on the worker, if any.
 
-        Delivered at the next bytecode boundary: a call blocked in C (``time.sleep``)
-        sees it when that call returns.
+        On the rank's main thread it is a SIGINT, which cuts a blocking call short; on
+        other threads it lands at the next bytecode boundary, so a call blocked in C
+        (``time.sleep``) sees it when that call returns.
         """
         with self._busy_lock:
             if not self._busy or self._thread is None:
                 return False
+            if self._main is not None:
+                self._main.interrupt()
+                return True
             return ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)) == 1
 

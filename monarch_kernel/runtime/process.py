@@ -108,6 +108,7 @@ class Runtime(Serving):
         self.output_sink = print_sink
         self.on_unhandled = lambda failure: Runtime.unhandled_hook(failure)
         self.death_hooks: list = []  # fn(mesh_id, rank, DeathInfo), called for owned meshes
+        self.main_thread = None  # a MainThread when this is a rank (it lends it to one actor)
         self.segments = shm.Segments() if shm.available() else None
         if serialize.segments is None:
             serialize.segments = self.segments
@@ -305,18 +306,19 @@ class Runtime(Serving):
     def call(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list,
              *, kind: int = Kind.CALL, mode: int = Mode.GATHER, slice_info=None,
              on_part=None, fanout: int | None = None, callbacks: bool = False,
-             segments: list | None = None) -> PendingCall:
+             segments: list | None = None, extra=None) -> PendingCall:
         """Send ``body`` (an encoded part) to ``ranks`` of ``mesh`` through the tree.
 
         Replies come back to the calling thread's own inbox, unless they are consumed by
         callbacks (``on_part``, or ``callbacks=True``), which run on the IO thread.
+        ``extra``: options of a SPAWN (``{"main_thread": True}``), in the slice info's place.
         """
         fanout = fanout or self.fanout
         self._check_size(body, f"the arguments of {method}")
         alive = [r for r in ranks if (mesh.id, r) not in self.dead]
         inbox = self.inbox if (on_part is not None or callbacks) else self.reply_inbox()
         h = Header(kind, next(self._ids), inbox.address, inbox.address, mesh.id, actor, method,
-                   [], fanout, mode, False, 0, [], slice_info)
+                   [], fanout, mode, False, 0, [], slice_info if extra is None else extra)
         h.parts = [[-1, Status.OK, len(body) - 1]]
         call = PendingCall(self, h, mesh, alive, body, on_part)
         call.inbox = inbox

@@ -3,6 +3,8 @@
 Entered in a child forked by the template.  It never imports the user's ``__main__`` or
 torch; what a call needs arrives pickled.  It exits when its template (and so its
 controller) is gone: the parent-death signal, checked again by a one-second watchdog.
+The IO loop runs on a thread; the main thread is lent to one actor (the notebook console)
+so that interrupts are real signals.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from .context import MeshRef, process_mesh
 from .envelope import Header, Kind
 from .hosts import enter_netns
 from .io_thread import IOThread
+from .main_thread import MainThread
 from .process import Runtime
 
 WATCHDOG_S = 1.0
@@ -39,8 +42,11 @@ def run_rank(cfg: dict, template_pid: int) -> None:
         os.environ.setdefault("MASTER_PORT", str(cfg["master_port"]))
     mesh_id, name, dims, addresses, owner, hosts = cfg["mesh"]
     ref = MeshRef(mesh_id, name, tuple(tuple(d) for d in dims), tuple(addresses), owner, tuple(hosts))
-    io = IOThread.in_this_thread()
+    main = MainThread()
+    main.install()
+    io = IOThread(name="monarch-io")
     rt = Runtime(cfg["key"], cfg["rundir"], f"{mesh_id}.{rank}", io, owner=cfg["owner"])
+    rt.main_thread = main
     rt.fanout = cfg.get("fanout", rt.fanout)
     Runtime._current = rt
     rt.memberships[ref.id] = (ref, rank)
@@ -56,5 +62,5 @@ def run_rank(cfg: dict, template_pid: int) -> None:
         rt.send_or_report(cfg["owner"], beat, [], "a heartbeat")
         io.loop.call_later(WATCHDOG_S, watchdog)
 
-    io.loop.call_later(WATCHDOG_S, watchdog)
-    io.loop.run_forever()
+    io.call_soon(io.loop.call_later, WATCHDOG_S, watchdog)
+    main.serve_forever()

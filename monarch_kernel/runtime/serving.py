@@ -87,6 +87,7 @@ class Serving:
 
     def _spawn_actor(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
         slot = ActorSlot(h.actor, mesh, me, self)
+        slot.wants_main_thread = bool(isinstance(h.extra, dict) and h.extra.get("main_thread"))
         self.actors[h.actor] = slot
 
         def construct():

@@ -51,6 +51,7 @@ class OwnedMesh:
         self.restarting: dict[int, Completion] = {}  # rank -> connected again
         self.env: dict = {}
         self.last_beat: list[float] = [0.0] * n  # monotonic time of each rank's last heartbeat
+        self.dying: dict[int, Completion] = {}  # rank -> its death was handled (kill())
 
     def silent_for(self, rank: int) -> float:
         """Seconds since ``rank`` last showed it is alive (0 before it is up)."""
@@ -157,6 +158,20 @@ class Supervisor:
         rt.io.run(self._revive, om, list(ranks))
         return done
 
+    def kill(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
+        """SIGKILL ``ranks`` (ones that stopped responding); their pending calls then fail
+        with ``ProcessDied``.  One completion per rank, done once its death is handled."""
+        done = []
+        for r in ranks:
+            c = Completion()
+            om.dying[r] = c
+            done.append(c)
+            if r not in om.alive:
+                c.set_result(True)
+            elif om.pids[r] is not None:
+                self._kill(om.pids[r])
+        return done
+
     def _revive(self, om: OwnedMesh, ranks: list[int]) -> None:
         rt = self.rt
         for r in ranks:
@@ -204,6 +219,10 @@ class Supervisor:
         back = om.restarting.pop(rank, None)
         if back is not None:
             back.set_exception(ProcessDied(info))
+        killed = om.dying.pop(rank, None)
+        if killed is not None:
+            killed.set_result(True)
+            observed = True  # we killed it on purpose: not a supervision event
         if not om.stopping and not observed:
             # A death some call of ours was waiting on has already reached its caller as
             # ProcessDied; only deaths nobody saw become supervision events.

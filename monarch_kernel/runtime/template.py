@@ -19,11 +19,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import msgpack
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 _MAX_MSG = 1 << 20
+SWEEP_AFTER_S = (0.2, 1.0)  # orphans of a dead rank reach the template soon after it exits
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
@@ -35,6 +38,40 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         pass
     if os.getppid() != parent_pid:
         os._exit(70)
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants come to us instead of PID 1, so they can be ended."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _children_of_self() -> list[int]:
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:  # no /proc children file: scan every process's parent
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                            found.append(int(name))
+                except (OSError, ValueError, IndexError):
+                    continue
+        return found
+
+
+def end_tree(pgid: int) -> None:
+    """SIGKILL a rank's process group (its subprocesses share it unless they left)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _send(sock: socket.socket, msg: dict, fds=()) -> None:
@@ -67,6 +104,7 @@ def serve() -> None:
     pending_term: list = []
     signal.signal(signal.SIGTERM, lambda *_: pending_term.append(1))
     die_with_parent(parent_pid, signal.SIGTERM)
+    become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     # Import what ranks need before forking, so each fork starts warm.
@@ -81,6 +119,18 @@ def serve() -> None:
     children: set[int] = set()
     stdin = sys.stdin.fileno()
     cleanup: list[str] = []  # the controller's run directory, if it is ours to remove
+    sweeps: list[float] = []  # monotonic times at which to end orphans of dead ranks
+
+    def sweep():
+        """End every child that is not a rank: a descendant of a rank that died (ranks are
+        subreapers themselves, so a live rank's orphans never come here)."""
+        for pid in _children_of_self():
+            if pid not in children:
+                end_tree(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def reap():
         while True:
@@ -90,7 +140,13 @@ def serve() -> None:
                 return
             if pid == 0:
                 return
+            if pid not in children:
+                continue  # an orphan we ended
             children.discard(pid)
+            end_tree(pid)  # the rank's subprocesses go with it
+            sweep()
+            now = time.monotonic()
+            sweeps.extend(now + d for d in SWEEP_AFTER_S)
             try:
                 _send(sock, {"op": "exit", "pid": pid, "status": status})
             except OSError:
@@ -98,10 +154,12 @@ def serve() -> None:
 
     def shutdown():
         for pid in list(children):
+            end_tree(pid)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        sweep()
         for d in cleanup:
             import shutil
 
@@ -113,8 +171,15 @@ def serve() -> None:
         shutdown()
 
     while True:
+        timeout = None
+        if sweeps:
+            now = time.monotonic()
+            if min(sweeps) <= now:
+                sweeps[:] = [t for t in sweeps if t > now]
+                sweep()
+            timeout = max(0.0, min(sweeps) - now) if sweeps else None
         try:
-            ready, _, _ = select.select([sock, wake_r, stdin], [], [])
+            ready, _, _ = select.select([sock, wake_r, stdin], [], [], timeout)
         except InterruptedError:
             continue
         if wake_r in ready:
@@ -138,6 +203,8 @@ def serve() -> None:
                     cleanup.extend(msg["config"].get("cleanup_dirs") or [])
                 pid = os.fork()
                 if pid == 0:
+                    os.setpgid(0, 0)  # its own process group: its subprocesses end with it
+                    become_subreaper()
                     os.close(wake_r)
                     os.close(wake_w)
                     signal.set_wakeup_fd(-1)
@@ -147,6 +214,10 @@ def serve() -> None:
                     sock.close()
                     _become_rank(msg["config"], fds, os.getppid())
                 children.add(pid)
+                try:
+                    os.setpgid(pid, pid)  # also here, so a kill right after the fork finds the group
+                except (ProcessLookupError, PermissionError):
+                    pass
                 for f in fds:
                     os.close(f)
                 _send(sock, {"op": "forked", "tag": msg["tag"], "pid": pid})

@@ -1,0 +1,111 @@
+"""Frozen and blocked ranks: heartbeats show a rank that stopped answering, interrupts cut
+blocking calls short, and a rank's subprocesses end with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel.kernel.console import Console
+from monarch_kernel.runtime.failure import ActorError, ProcessDied
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class Spawner(Actor):
+    @endpoint
+    def start(self) -> list[int]:
+        import subprocess
+
+        plain = subprocess.Popen(["sleep", "300"])
+        own_session = subprocess.Popen(["setsid", "sleep", "301"])
+        # A grandchild whose parent exits at once, in a session of its own.
+        sh = subprocess.Popen(["sh", "-c", "setsid sleep 302 & echo $!"], stdout=subprocess.PIPE, text=True)
+        orphan = int(sh.stdout.readline())
+        sh.wait()
+        return [plain.pid, own_session.pid, orphan]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_ranks_subprocesses_end_with_it(how):
+    # Before: all three survived %mesh stop, reparented to PID 1.
+    procs = this_host().spawn_procs(per_host={"r": 1})
+    try:
+        pids = procs.spawn("spawner", Spawner).start.call_one().get(timeout=20)
+        assert all(_alive(p) for p in pids)
+        if how == "kill":
+            rank_pid = procs._owned.pids[0]
+            os.kill(rank_pid, signal.SIGKILL)
+            _wait(lambda: not _alive(rank_pid), 10, "the killed rank to exit")
+    finally:
+        procs.stop().get(timeout=20)
+    _wait(lambda: not any(_alive(p) for p in pids), 5, f"the rank's subprocesses {pids} to end")
+
+
+def test_interrupt_cuts_a_blocking_call_short(tmp_path):
+    # Before: the rank's time.sleep(60) ran on; the interrupt landed only when it returned.
+    with this_host().spawn_procs(per_host={"r": 2}) as procs:
+        consoles = procs.spawn("console", Console)
+        consoles.run.call("import os, queue, time\nq = queue.Queue()", "<t>", "a").get(timeout=20)
+        for n, code in enumerate(("time.sleep(60)", "q.get()")):
+            mark = tmp_path / f"started{n}"
+            fut = consoles.run.call(f"started = time.time()\nopen({str(mark)!r} + str(os.getpid()), 'w').close()\n"
+                                    f"{code}", "<t>", "b")
+            _wait(lambda: len(list(tmp_path.glob(f"started{n}*"))) == 2, 10, "the cell to start on both ranks")
+            t0 = time.monotonic()
+            consoles.interrupt()
+            with pytest.raises(ActorError) as info:
+                fut.get(timeout=5)
+            assert time.monotonic() - t0 < 1.5, f"{code}: the interrupt took {time.monotonic() - t0:.1f} s"
+            assert "KeyboardInterrupt" in str(info.value)
+        # The namespace is kept, and the console serves the next cell at once.
+        value = consoles.run.call("time.time() - started < 10", "<t>", "c").get(timeout=5)
+        assert [v["value"] for v in value.values()] == ["True", "True"]
+
+
+def test_a_frozen_rank_is_shown_not_responding(monkeypatch):
+    monkeypatch.setenv("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "1.5")
+    from monarch_kernel.kernel import status
+
+    with this_host().spawn_procs(per_host={"r": 2}) as procs:
+        consoles = procs.spawn("console", Console)
+        pid = procs._owned.pids[1]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            def states():
+                return [row["state"] for row in status.snapshot(procs, consoles, {})]
+
+            _wait(lambda: states()[1].startswith("not responding"), 10, "rank 1 to be shown not responding")
+            assert states()[0] == "idle"
+            pending = consoles.slice(r=1).pull.call_one("x")
+            # What %mesh restart does to such a rank: kill it, failing what waits on it.
+            from monarch_kernel.runtime.process import Runtime
+
+            for c in Runtime.current().launcher.kill(procs._owned, [1]):
+                assert c.wait(10)
+            with pytest.raises(ProcessDied):
+                pending.get(timeout=5)
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
