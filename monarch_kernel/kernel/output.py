@@ -1,17 +1,26 @@
 """Rank output in the notebook: lines stream into the running cell as they arrive, and the
-same line from several ranks within a short window collapses to one
-(``[ranks 0-3] epoch 1 done``).  Runs on the IO thread; writes through the kernel's own
-stdout/stderr, so output lands in the cell that is running."""
+same line printed by several ranks at the same point of their output, within a short
+window, collapses to one (``[ranks 0-3] epoch 1 done``).
+
+It must never drop, merge away or reorder a rank's own lines: each rank's n-th copy of a
+line can only join another rank's copy that comes after everything this rank has shown so
+far.  Lines are written by a thread of its own, many per write, so a flood becomes a few
+large iopub messages and a slow notebook never stalls the runtime's IO thread.
+"""
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import sys
 import threading
+import time
 
 from .console import SYNC
 
 WINDOW_S = 0.15  # how long a line waits for the same line from other ranks
+BATCH_GAP_S = 0.02  # under a flood, at most one write per this interval
+WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about this big
 
 
 def rank_label(ranks) -> str:
@@ -30,109 +39,238 @@ def rank_label(ranks) -> str:
     return f"[ranks {','.join(spans)}]"
 
 
+class Entry:
+    """One line to show, with every rank that printed it at that point."""
+
+    __slots__ = ("mesh", "stream", "line", "ranks", "deadline", "seq")
+
+    def __init__(self, mesh: str, stream: str, line: str, rank: int, deadline: float, seq: int):
+        self.mesh, self.stream, self.line = mesh, stream, line
+        self.ranks = {rank}
+        self.deadline, self.seq = deadline, seq
+
+    def text(self) -> str:
+        return f"{rank_label(self.ranks)} {self.line}\n"
+
+
+class _Copies:
+    """The pending entries (by seq, ascending) that hold one line; removed from the front."""
+
+    __slots__ = ("seqs", "head")
+
+    def __init__(self):
+        self.seqs: list[int] = []
+        self.head = 0
+
+    def first_after(self, seq: int) -> int | None:
+        i = bisect.bisect_right(self.seqs, seq, self.head)
+        return self.seqs[i] if i < len(self.seqs) else None
+
+    def pop_front(self) -> bool:
+        """Drop the oldest; True when none are left."""
+        self.head += 1
+        if self.head == len(self.seqs):
+            return True
+        if self.head > 64 and self.head * 2 > len(self.seqs):
+            del self.seqs[:self.head]
+            self.head = 0
+        return False
+
+
+class Collapser:
+    """The pure collapsing logic: no threads, no clock, no output.
+
+    Rank r's line joins the oldest pending entry of the same text (mesh and stream too)
+    that comes after the entry r's previous line went to, or starts a new entry.  So a
+    rank's repeated line starts a new entry each time (all show), two ranks' k-th copies
+    of a line merge, and each rank's lines keep their order.
+    """
+
+    def __init__(self, window: float = WINDOW_S):
+        self.window = window
+        self._pending: dict[int, Entry] = {}  # seq -> entry, in seq order
+        self._by_line: dict[tuple[str, str, str], _Copies] = {}
+        self._last: dict[tuple[str, str, int], int] = {}  # (mesh, stream, rank) -> seq it last joined
+        self._seq = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def add(self, mesh: str, rank: int, stream: str, line: str, now: float) -> None:
+        key = (mesh, stream, line)
+        who = (mesh, stream, rank)
+        copies = self._by_line.get(key)
+        seq = copies.first_after(self._last.get(who, -1)) if copies is not None else None
+        if seq is None:
+            seq = self._seq
+            self._seq += 1
+            self._pending[seq] = Entry(mesh, stream, line, rank, now + self.window, seq)
+            if copies is None:
+                copies = self._by_line[key] = _Copies()
+            copies.seqs.append(seq)
+        else:
+            self._pending[seq].ranks.add(rank)
+        self._last[who] = seq
+
+    def next_deadline(self) -> float | None:
+        first = next(iter(self._pending.values()), None)
+        return None if first is None else first.deadline
+
+    def take_due(self, now: float) -> list[Entry]:
+        """The entries whose window has closed, oldest first (deadlines rise with seq)."""
+        due = []
+        for entry in self._pending.values():
+            if entry.deadline > now:
+                break
+            due.append(entry)
+        self._forget(due)
+        return due
+
+    def take_all(self) -> list[Entry]:
+        due = list(self._pending.values())
+        self._forget(due)
+        return due
+
+    def _forget(self, entries: list[Entry]) -> None:
+        for e in entries:
+            del self._pending[e.seq]
+            key = (e.mesh, e.stream, e.line)
+            if self._by_line[key].pop_front():
+                del self._by_line[key]
+
+
+def write_entries(entries: list[Entry]) -> None:
+    """Write entries to this thread's sys.stdout/sys.stderr: one write and flush per run of
+    one stream, cut after ``WRITE_CHARS`` so that no single iopub message grows huge."""
+    i = 0
+    while i < len(entries):
+        stream = entries[i].stream
+        texts, size = [], 0
+        while i < len(entries) and entries[i].stream == stream and size < WRITE_CHARS:
+            texts.append(entries[i].text())
+            size += len(texts[-1])
+            i += 1
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        try:
+            out.write("".join(texts))
+            out.flush()
+        except (ValueError, OSError):  # the kernel's stream is closed (shutting down)
+            pass
+
+
 class CollapsingSink:
     """A ``Runtime.output_sink`` for notebooks.
 
-    Each distinct line waits ``WINDOW_S`` after it first arrives for the same line from
-    other ranks, then prints once with every rank that sent it; lines print in the order
-    they first arrived.
+    Each line waits ``WINDOW_S`` after it first arrives for the same line from other
+    ranks, then prints once with every rank that sent it; lines print in the order they
+    first arrived.  Called on the IO thread; only records the line there.
     """
 
-    def __init__(self, loop):
-        self._loop = loop
-        self._pending: dict[tuple[str, str, str], tuple[set, float]] = {}  # insertion-ordered
-        self._lock = threading.Lock()
+    def __init__(self, loop=None, window: float = WINDOW_S):
+        # ``loop`` (the IO thread's) is accepted for callers and unused: the writer times itself.
+        self._cv = threading.Condition()
+        self._lines = Collapser(window)
+        self._emit_lock = threading.Lock()  # one batch written at a time, in order
         self._synced: dict[str, set] = {}
-        self._sync_cv = threading.Condition(self._lock)
-        self._tick_scheduled = False
+        self._writer: threading.Thread | None = None
+        self._closed = False
         # The running cell's context: ipykernel keeps the cell's parent header in a
         # context variable, so output written under it lands in that cell.
-        self.context: contextvars.Context | None = None
+        self._context: contextvars.Context | None = None
         self.last_lines: dict[tuple[str, int], str] = {}  # (mesh, rank) -> last line, for status
         self.hold = False  # --no-stream: keep lines until the cell ends
-        self._held: list = []
+        self._held: list[Entry] = []
+
+    @property
+    def context(self) -> contextvars.Context | None:
+        """A fresh copy of the running cell's context, for one ``.run``: a Context can be
+        entered by one thread at a time, and the writer and the kernel both write."""
+        ctx = self._context
+        return None if ctx is None else ctx.copy()
 
     def follow_cell(self, *_args) -> None:
         """Called at the start of each cell, on the kernel's main thread."""
-        self.context = contextvars.copy_context()
+        self._context = contextvars.copy_context()
 
     def __call__(self, mesh: str, rank: int, stream: str, line: str) -> None:
         if line.startswith(SYNC):
-            with self._sync_cv:
+            with self._cv:
                 self._synced.setdefault(line[len(SYNC):], set()).add((mesh, rank, stream))
-                self._sync_cv.notify_all()
+                self._cv.notify_all()
             return
-        key = (mesh, stream, line)
         self.last_lines[(mesh, rank)] = line
-        with self._lock:
-            entry = self._pending.get(key)
-            if entry is None:
-                self._pending[key] = ({rank}, self._loop.time() + WINDOW_S)
-            else:
-                entry[0].add(rank)
-            schedule = not self._tick_scheduled
-            self._tick_scheduled = True
-        if schedule:
-            self._loop.call_later(WINDOW_S, self._tick)
+        with self._cv:
+            wake = not self._lines
+            self._lines.add(mesh, rank, stream, line, time.monotonic())
+            if self._writer is None and not self._closed:
+                self._writer = threading.Thread(target=self._run, name="monarch-output", daemon=True)
+                self._writer.start()
+            elif wake:
+                self._cv.notify_all()
 
-    def _tick(self) -> None:
-        """On the IO thread: print the lines whose window has closed."""
-        now = self._loop.time()
-        with self._lock:
-            due = []
-            for key, (ranks, deadline) in self._pending.items():
-                if deadline > now:
-                    break
-                due.append((key, ranks))
-            for key, _ in due:
-                del self._pending[key]
-            nxt = next(iter(self._pending.values()), None)
-            self._tick_scheduled = nxt is not None
-            if self.hold:
-                self._held.extend(due)
-                due = []
-        if nxt is not None:
-            self._loop.call_later(max(nxt[1] - now, 0.001), self._tick)
-        self._emit(due)
+    def _run(self) -> None:
+        """The writer thread: write each line once its window closes, many at a time."""
+        while True:
+            with self._cv:
+                while not self._closed:
+                    deadline = self._lines.next_deadline()
+                    if deadline is None:
+                        self._cv.wait()
+                        continue
+                    delay = deadline - time.monotonic()
+                    if delay <= 0:
+                        break
+                    self._cv.wait(delay)
+                if self._closed:
+                    return
+            with self._emit_lock:
+                with self._cv:
+                    due = self._lines.take_due(time.monotonic())
+                    if self.hold:
+                        self._held.extend(due)
+                        due = []
+                self._emit(due)
+            if due:
+                time.sleep(BATCH_GAP_S)  # let a flood gather into the next write
 
     def flush(self, by_rank: bool = False) -> None:
         """Print everything pending or held now (any thread); ``by_rank`` groups the lines
         by the first rank that printed them instead of by arrival."""
-        with self._lock:
-            due = self._held + [(k, ranks) for k, (ranks, _d) in self._pending.items()]
-            self._held = []
-            self._pending.clear()
-        if by_rank:
-            due.sort(key=lambda item: min(item[1]))
-        self._emit(due)
+        with self._emit_lock:
+            with self._cv:
+                due = self._held + self._lines.take_all()
+                self._held = []
+            if by_rank:
+                due.sort(key=lambda e: min(e.ranks))
+            self._emit(due)
 
-    def _emit(self, due) -> None:
+    def _emit(self, due: list[Entry]) -> None:
         if not due:
             return
-        if self.context is not None:
-            self.context.run(self._write, due)
+        ctx = self.context
+        if ctx is not None:
+            ctx.run(write_entries, due)
         else:
-            self._write(due)
+            write_entries(due)
 
-    @staticmethod
-    def _write(due) -> None:
-        for (_mesh, stream, line), ranks in due:
-            out = sys.stderr if stream == "stderr" else sys.stdout
-            try:
-                out.write(f"{rank_label(ranks)} {line}\n")
-                out.flush()
-            except (ValueError, OSError):
-                pass
+    def close(self) -> None:
+        """Print what is pending and end the writer thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._writer is not None:
+            self._writer.join(timeout=5)
+        self.flush()
 
     def finished(self, token: str) -> int:
         """How many ranks have finished the cell marked ``token`` (their stdout marker)."""
-        with self._lock:
+        with self._cv:
             return sum(1 for _m, _r, stream in self._synced.get(token, ()) if stream == "stdout")
 
     def wait_synced(self, token: str, expected: set, timeout: float, by_rank: bool = False) -> bool:
         """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker."""
-        with self._sync_cv:
-            ok = self._sync_cv.wait_for(lambda: expected <= self._synced.get(token, set()), timeout)
+        with self._cv:
+            ok = self._cv.wait_for(lambda: expected <= self._synced.get(token, set()), timeout)
             self._synced.pop(token, None)
         self.flush(by_rank)
         return ok

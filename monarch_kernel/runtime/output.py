@@ -2,7 +2,9 @@
 
 Captured at the fd level, so C extensions and child processes are caught too.  Lines go to
 a sink (the kernel plugs in its own); the last stderr lines of each rank are kept for death
-reports.  Runs on the IO thread and never blocks.
+reports.  Runs on the IO thread and never blocks; the work per byte is constant however
+long a line is, and no line is held whole past ``config.max_line()`` bytes (a longer one
+reaches the sink as pieces of that size).
 """
 
 from __future__ import annotations
@@ -12,10 +14,15 @@ import os
 import sys
 from typing import Callable
 
+from . import config
+
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".
 Sink = Callable[[str, int, str, str], None]
 
 TAIL_LINES = 20
+TAIL_CHARS = 4096  # a death report quotes at most this much of each stderr line
+READ_SIZE = 1 << 20
+PIPE_SIZE = 1 << 20  # ask for a 1 MiB pipe: a rank's big write needs fewer IO-thread wakeups
 
 
 def print_sink(mesh: str, rank: int, stream: str, line: str) -> None:
@@ -27,35 +34,99 @@ def print_sink(mesh: str, rank: int, stream: str, line: str) -> None:
         pass
 
 
+def _grow_pipe(fd: int) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (ImportError, AttributeError, OSError):  # not Linux, or over pipe-max-size: keep the default
+        pass
+
+
+def _char_boundary(data: bytes, cut: int) -> int:
+    """``cut`` moved back (at most 3 bytes) so it does not split a UTF-8 character."""
+    if cut >= len(data):
+        return cut
+    for back in range(4):
+        if cut - back <= 0:
+            break
+        if data[cut - back] & 0xC0 != 0x80:  # not a continuation byte: a character starts here
+            return cut - back
+    return cut
+
+
 class PipeReader:
-    """Reads one rank's stream; calls ``sink`` per complete line and once at EOF."""
+    """Reads one rank's stream; calls ``sink`` per complete line (or per piece of a line
+    longer than ``max_line`` bytes) and once at EOF."""
 
     def __init__(self, loop, fd: int, mesh: str, rank: int, stream: str,
                  sink: Callable[[], Sink], on_eof: Callable[[], None]):
         self.loop, self.fd, self.mesh, self.rank, self.stream = loop, fd, mesh, rank, stream
         self._sink = sink
         self._on_eof = on_eof
-        self._partial = b""
+        self._parts: list[bytes] = []  # the line being read, not yet ended by a newline
+        self._held = 0  # bytes in _parts
+        self._max = config.max_line()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.closed = False
         os.set_blocking(fd, False)
+        _grow_pipe(fd)
         loop.add_reader(fd, self._readable)
 
-    def _emit(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
+    def _emit(self, raw: bytes, whole: bool = True) -> None:
+        line = raw.decode("utf-8", "replace")
+        if whole:
+            line = line.rstrip("\r")
         if self.stream == "stderr":
-            self.tail.append(line)
+            self.tail.append(line if len(line) <= TAIL_CHARS else line[:TAIL_CHARS] + "…")
         try:
             self._sink()(self.mesh, self.rank, self.stream, line)
         except Exception as e:  # a broken sink must not stop the IO thread
             print(f"monarch_kernel: output sink failed: {e!r}", file=sys.__stderr__)
+
+    def _feed(self, data: bytes) -> None:
+        """Split one chunk into lines; each byte is looked at a bounded number of times."""
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                break
+            if self._parts:
+                self._parts.append(data[start:nl])
+                raw = b"".join(self._parts)
+                self._parts.clear()
+                self._held = 0
+            else:
+                raw = data[start:nl]
+            self._line(raw, ended=True)
+            start = nl + 1
+        if start < len(data):
+            self._parts.append(data[start:] if start else data)
+            self._held += len(data) - start
+            if self._held > self._max:
+                self._line(b"".join(self._parts), ended=False)
+
+    def _line(self, raw: bytes, ended: bool) -> None:
+        """Send a line on, as pieces of at most ``max_line`` bytes; of a line not yet
+        ended, keep the last part (1 to ``max_line`` bytes) for the next read."""
+        start = 0
+        while len(raw) - start > self._max:
+            cut = _char_boundary(raw, start + self._max)
+            self._emit(raw[start:cut], whole=False)
+            start = cut
+        rest = raw[start:] if start else raw
+        if ended:
+            self._emit(rest)
+        else:
+            self._parts = [rest] if rest else []
+            self._held = len(rest)
 
     def _read_once(self) -> bool:
         """Read one chunk; False when nothing more is available now."""
         if self.closed:
             return False
         try:
-            data = os.read(self.fd, 1 << 16)
+            data = os.read(self.fd, READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
@@ -63,10 +134,7 @@ class PipeReader:
         if not data:
             self.close()
             return False
-        data = self._partial + data
-        *lines, self._partial = data.split(b"\n")
-        for raw in lines:
-            self._emit(raw)
+        self._feed(data)
         return True
 
     def _readable(self) -> None:
@@ -81,9 +149,10 @@ class PipeReader:
         if self.closed:
             return
         self.closed = True
-        if self._partial:
-            self._emit(self._partial)
-            self._partial = b""
+        if self._parts:
+            raw = b"".join(self._parts)
+            self._parts, self._held = [], 0
+            self._emit(raw)
         try:
             self.loop.remove_reader(self.fd)
         except Exception:  # loop already closed at interpreter exit

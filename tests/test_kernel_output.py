@@ -1,0 +1,62 @@
+"""Rank output through a real kernel, counted at the client: a flood arrives whole and in
+order in few iopub messages, collapsing merges only ranks' matching lines, and a very long
+line neither blocks the rank's print nor arrives as one message."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from _kernels import ensure_kernelspec, kernel, run, text
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def kc():
+    with kernel(ensure_kernelspec()) as client:
+        out, reply = run(client, "procs = %mesh spawn -n 2")
+        assert reply["status"] == "ok", text(out)
+        yield client
+
+
+def rank_lines(out, label: str) -> list[str]:
+    prefix = label + " "
+    return [l[len(prefix):] for l in text(out).splitlines() if l.startswith(prefix)]
+
+
+def test_a_flood_of_lines_all_arrive_in_order_in_few_messages(kc):
+    n = 30_000
+    out, reply = run(kc, f"%%mesh --ranks 0\nfor i in range({n}):\n    print(i)", timeout=120)
+    assert reply["status"] == "ok", text(out)[-2000:]
+    got = rank_lines(out, "[rank 0]")
+    missing = n - len(set(got))
+    assert got == [str(i) for i in range(n)], f"{missing} of {n} lines lost or out of order"
+    assert len(out) < n / 100, f"{len(out)} iopub messages for {n} lines: not batched"
+
+
+def test_only_matching_lines_of_different_ranks_collapse(kc):
+    out, reply = run(kc, "%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"
+                         "print('hello', flush=True)\n"
+                         "for _ in range(3):\n    print('epoch done', flush=True)\n    time.sleep(0.05)\n"
+                         "if current_rank().rank == 1:\n"
+                         "    for _ in range(5):\n        print('rank one again', flush=True)")
+    assert reply["status"] == "ok", text(out)
+    t = text(out)
+    assert t.count("[ranks 0-1] hello\n") == 1
+    assert t.count("[ranks 0-1] epoch done\n") == 3, t
+    assert t.count("[rank 1] rank one again\n") == 5, t
+    assert "[rank 0] epoch done" not in t and "[rank 1] epoch done" not in t
+
+
+def test_a_very_long_line_arrives_whole_in_pieces_without_blocking_print(kc):
+    n = 10_000_000
+    out, reply = run(kc, "%%mesh --ranks 0\nimport time\nt = time.perf_counter()\n"
+                         f"print('x' * {n}, flush=True)\nround(time.perf_counter() - t, 3)", timeout=120)
+    assert reply["status"] == "ok", text(out)[-2000:]
+    pieces = rank_lines(out, "[rank 0]")
+    blocked = float(re.fullmatch(r"[0-9.]+", pieces[-1]).group())
+    xs = [p for p in pieces if p.startswith("x")]
+    assert "".join(xs) == "x" * n
+    assert len(xs) >= 5 and max(map(len, xs)) <= 2 << 20, "the line was held and sent whole"
+    assert blocked < 0.5, f"print of a 10 MB line blocked the rank for {blocked} s"

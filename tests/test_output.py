@@ -1,0 +1,238 @@
+"""Rank output without a kernel: the collapsing rules on their own, the notebook sink's
+threads writing into a cell's context, and the controller's pipe reader on long lines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+import time
+
+import pytest
+
+from monarch_kernel.kernel.output import Collapser, CollapsingSink
+from monarch_kernel.runtime.output import PipeReader
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def shown(entries) -> list[str]:
+    return [e.text().rstrip("\n") for e in entries]
+
+
+def test_the_same_line_from_every_rank_collapses():
+    c = Collapser()
+    for r in range(4):
+        c.add("m", r, "stdout", "hello", now=0.0)
+    assert shown(c.take_all()) == ["[ranks 0-3] hello"]
+
+
+def test_a_ranks_own_repeated_line_shows_every_time():
+    c = Collapser()
+    for _ in range(5):
+        c.add("m", 0, "stdout", "again", now=0.0)
+    assert shown(c.take_all()) == ["[rank 0] again"] * 5
+
+
+def test_two_ranks_repeating_a_line_show_it_once_per_repeat():
+    c = Collapser()
+    for k in range(3):
+        for r in (0, 1):
+            c.add("m", r, "stdout", "epoch done", now=0.05 * k)
+    assert shown(c.take_all()) == ["[ranks 0-1] epoch done"] * 3
+
+
+def test_one_rank_running_ahead_still_lines_up_with_the_other():
+    c = Collapser()
+    for _ in range(3):
+        c.add("m", 0, "stdout", "step", now=0.0)
+    c.add("m", 1, "stdout", "step", now=0.01)
+    assert shown(c.take_all()) == ["[ranks 0-1] step", "[rank 0] step", "[rank 0] step"]
+
+
+def test_collapsing_never_reorders_a_ranks_lines():
+    c = Collapser()
+    c.add("m", 0, "stdout", "A", now=0.0)
+    c.add("m", 0, "stdout", "B", now=0.0)
+    c.add("m", 1, "stdout", "B", now=0.0)
+    c.add("m", 1, "stdout", "A", now=0.0)  # must not join rank 0's A, which came before B
+    assert shown(c.take_all()) == ["[rank 0] A", "[ranks 0-1] B", "[rank 1] A"]
+
+
+def test_streams_and_meshes_do_not_merge():
+    c = Collapser()
+    c.add("m", 0, "stdout", "x", now=0.0)
+    c.add("m", 1, "stderr", "x", now=0.0)
+    c.add("n", 2, "stdout", "x", now=0.0)
+    assert [(e.mesh, e.stream, sorted(e.ranks)) for e in c.take_all()] == [
+        ("m", "stdout", [0]), ("m", "stderr", [1]), ("n", "stdout", [2])]
+
+
+def test_a_line_waits_for_its_window_then_no_longer_merges():
+    c = Collapser(window=0.15)
+    c.add("m", 0, "stdout", "late", now=0.0)
+    assert c.take_due(0.1) == []
+    assert shown(c.take_due(0.2)) == ["[rank 0] late"]
+    c.add("m", 1, "stdout", "late", now=0.3)
+    assert shown(c.take_all()) == ["[rank 1] late"]
+
+
+def test_a_flood_of_one_repeated_line_stays_fast():
+    c = Collapser()
+    start = time.monotonic()
+    for i in range(100_000):
+        c.add("m", 0, "stdout", "same", now=i * 1e-6)
+        c.add("m", 1, "stdout", "same", now=i * 1e-6)
+    entries = c.take_all()
+    assert len(entries) == 100_000 and all(e.ranks == {0, 1} for e in entries)
+    assert time.monotonic() - start < 5, "collapsing is not linear in the number of lines"
+
+
+class CellStream:
+    """A slow stdout that records, like ipykernel's, which cell (context variable) each
+    write belongs to."""
+
+    def __init__(self, var, delay: float = 0.001):
+        self.var, self.delay, self.writes, self.lock = var, delay, [], threading.Lock()
+
+    def write(self, s: str) -> int:
+        time.sleep(self.delay)
+        with self.lock:
+            self.writes.append((self.var.get(None), s))
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.fixture
+def io_loop():
+    """An asyncio loop on its own thread, standing in for the runtime's IO thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    loop.close()
+
+
+def test_lines_written_while_the_cell_flushes_all_arrive_in_their_cell(io_loop, monkeypatch):
+    cell = contextvars.ContextVar("cell")
+    out = CellStream(cell)
+    monkeypatch.setattr("sys.stdout", out)
+    sink = CollapsingSink(io_loop)
+    cell.set("cell-1")
+    sink.follow_cell()
+    n, per, errors = 5000, 100, []
+
+    def feed(start):  # on the IO thread, as the pipe readers call it
+        for i in range(start, min(start + per, n)):
+            sink("m", 0, "stdout", str(i))
+
+    for k, start in enumerate(range(0, n, per)):
+        io_loop.call_soon_threadsafe(feed, start)
+        time.sleep(0.01)
+        if k % 20 == 19:  # now and then, as a cell ends or pdb stops, the main thread flushes
+            try:
+                sink.flush()
+            except RuntimeError as e:
+                errors.append(e)
+    done = threading.Event()
+    io_loop.call_soon_threadsafe(done.set)
+    assert done.wait(30), "timed out after 30 s waiting for the IO thread to feed every line"
+    time.sleep(0.3)
+    sink.flush()
+    if hasattr(sink, "close"):
+        sink.close()
+    assert not errors, errors[0]
+    lines = "".join(s for _c, s in out.writes).splitlines()
+    assert len(lines) == n and lines == [f"[rank 0] {i}" for i in range(n)], f"{n - len(lines)} of {n} lines lost"
+    assert {c for c, _s in out.writes} == {"cell-1"}
+    assert len(out.writes) < n / 20, f"{len(out.writes)} writes for {n} lines: not batched"
+
+
+def test_the_context_handed_out_is_a_new_copy_each_time():
+    sink = CollapsingSink(None)
+    sink.follow_cell()
+    a, b = sink.context, sink.context
+    assert a is not b
+    a.run(lambda: b.run(lambda: None))  # two copies can be entered at once
+    sink.close()
+
+
+def test_held_lines_flush_by_rank_and_sync_markers_count(monkeypatch):
+    from monarch_kernel.kernel.console import SYNC
+
+    out = CellStream(contextvars.ContextVar("cell"), delay=0)
+    monkeypatch.setattr("sys.stdout", out)
+    sink = CollapsingSink(None, window=0.01)
+    sink.hold = True
+    for r in (1, 0):
+        sink("m", r, "stdout", f"first {r}")
+        sink("m", r, "stdout", f"second {r}")
+    time.sleep(0.1)
+    assert out.writes == [], "--no-stream printed before the cell ended"
+    for r in (0, 1):
+        sink("m", r, "stdout", SYNC + "tok")
+    assert sink.finished("tok") == 2
+    assert sink.wait_synced("tok", {("m", 0, "stdout"), ("m", 1, "stdout")}, 5, by_rank=True)
+    assert "".join(s for _c, s in out.writes).splitlines() == [
+        "[rank 0] first 0", "[rank 0] second 0", "[rank 1] first 1", "[rank 1] second 1"]
+    assert sink.last_lines == {("m", 0): "second 0", ("m", 1): "second 1"}
+    sink.close()
+
+
+class Reader:
+    """A PipeReader on the IO loop, with what its sink received."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.r, self.w = os.pipe()
+        self.got: list[str] = []
+        self.eof = threading.Event()
+        ready = threading.Event()
+
+        def start():
+            self.reader = PipeReader(loop, self.r, "m", 0, "stdout", lambda: self.sink, self.eof.set)
+            ready.set()
+
+        loop.call_soon_threadsafe(start)
+        assert ready.wait(5), "timed out after 5 s waiting for the reader to start"
+
+    def sink(self, mesh, rank, stream, line):
+        self.got.append(line)
+
+    def write_and_close(self, data: bytes) -> float:
+        """Seconds the write took (how long a rank's print blocks)."""
+        start = time.monotonic()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.w, view):]
+        took = time.monotonic() - start
+        os.close(self.w)
+        assert self.eof.wait(30), "timed out after 30 s waiting for the reader to reach EOF"
+        return took
+
+
+def test_a_long_line_is_read_in_linear_time_and_cut_into_bounded_pieces(io_loop):
+    reader = Reader(io_loop)
+    n = 32 << 20
+    start = time.monotonic()
+    blocked = reader.write_and_close(b"x" * n + b"\nnext\n")
+    took = time.monotonic() - start
+    assert "".join(reader.got[:-1]) == "x" * n and reader.got[-1] == "next"
+    assert max(len(piece) for piece in reader.got) <= 2 << 20, "a long line was held whole"
+    assert took < 4, f"a 32 MiB line took {took:.1f} s to read"
+    assert blocked < 4, f"writing a 32 MiB line blocked for {blocked:.1f} s"
+
+
+def test_pieces_of_a_long_line_never_split_a_character(io_loop, monkeypatch):
+    monkeypatch.setenv("MONARCH_KERNEL_MAX_LINE", "1024")
+    reader = Reader(io_loop)
+    text = "é€" * 5000
+    reader.write_and_close(text.encode() + b"\r\nshort\r\ntail without newline")
+    assert "".join(reader.got[:-2]) == text
+    assert len(reader.got) > 20 and all(len(p.encode()) <= 1024 for p in reader.got[:-2])
+    assert reader.got[-2:] == ["short", "tail without newline"]
