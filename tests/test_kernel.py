@@ -318,3 +318,67 @@ def test_jupyter_console_drives_the_kernel(kernelspec):
                          input=script, capture_output=True, text=True, timeout=90)
     assert "[ranks 0-1] True" in out.stdout, out.stdout + out.stderr
     assert "frozen modules" not in out.stdout + out.stderr
+
+
+def test_interrupt_cuts_a_sleeping_cell_short(kc):
+    # Before: the reply came 10.26 s after the stop button and the ranks slept on.
+    run(kc, "procs = %mesh spawn -n 2")
+    msg_id = kc.execute("%%mesh\nimport time\nstarted = time.time()\nprint('sleeping', flush=True)\ntime.sleep(60)")
+    deadline = time.monotonic() + 30
+    while True:  # wait until the ranks are inside the sleep
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["msg_type"] == "stream" and "sleeping" in msg["content"]["text"]:
+            break
+        assert time.monotonic() < deadline, "the cell never started"
+    time.sleep(0.3)
+    start = time.monotonic()
+    kc.parent.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=30)
+    took = time.monotonic() - start
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert took < 3, f"the interrupt took {took:.1f} s"
+    out, reply = run(kc, "%%mesh --timeout 5\nround(time.time() - started) < 10")
+    assert "[ranks 0-1] True" in text(out), "the ranks' sleep went on after the interrupt"
+
+
+def test_a_detached_mesh_whose_host_died_is_noticed_and_cleaned_up(kernelspec):
+    # Before: the record stayed, spawn refused with "already runs" and attach failed unexplained.
+    import json
+    import signal
+
+    from monarch_kernel.kernel.meshhost import info_path, log_path
+
+    def kill_host(name):
+        with open(info_path(name)) as f:
+            pid = json.load(f)["pid"]
+        os.kill(pid, signal.SIGKILL)  # as an OOM kill or a reboot would
+        assert_gone([pid], 10, f"the killed host of {name} stayed")
+
+    with kernel(kernelspec) as client:
+        for name in ("d1", "d2", "d3"):
+            out, reply = run(client, f"%mesh spawn -n 1 --detach {name}")
+            assert reply["status"] == "ok", text(out)
+        out, reply = run(client, "%mesh list")
+        assert "d1: 1 ranks, running, detached" in text(out)
+    for name in ("d1", "d2", "d3"):
+        kill_host(name)
+        assert os.path.exists(info_path(name))
+    with kernel(kernelspec) as client:
+        out, reply = run(client, "%mesh attach d1")
+        assert reply["ename"] == "UsageError"
+        assert "is gone: its host process" in reply["evalue"] and "--detach d1" in reply["evalue"]
+        assert not os.path.exists(info_path("d1")) and not os.path.exists(log_path("d1"))
+        out, reply = run(client, "procs = %mesh spawn -n 1 --detach d2")
+        assert reply["status"] == "ok", text(out)
+        assert "d2' had a stale record" in text(out)
+        out, reply = run(client, "%mesh list")
+        t = text(out)
+        assert "* d2: 1 ranks, running, detached" in t
+        assert "d3: detached, gone" in t and not os.path.exists(info_path("d3"))
+        kill_host("d2")  # while this kernel is attached to it
+        out, reply = run(client, "%mesh stop d2")
+        assert reply["status"] == "ok", text(out)
+        assert "its host process" in text(out)
+        assert not os.path.exists(log_path("d2")) and not os.path.exists(info_path("d2"))

@@ -229,7 +229,11 @@ class MeshMagics(Magics):
         debugger.forget_mesh(self.shell, procs.name)
         host = s.hosts.pop(procs.name, None)
         if host is not None:
-            host.stop.call_one().get(timeout=60)
+            info = detached.read_record(procs.name)
+            if info is not None and detached.host_alive(info):
+                host.stop.call_one().get(timeout=60)
+            else:
+                print(f"detached mesh {procs.name!r} was already gone: its host process is no longer running")
             detached.forget(procs.name)
         else:
             procs.stop().get(timeout=30)

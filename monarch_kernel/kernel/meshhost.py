@@ -44,10 +44,12 @@ def log_path(name: str) -> str:
 
 
 def start_time(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot), so a reused pid is not taken for it."""
+    """When ``pid`` started (clock ticks since boot), so a reused pid is not taken for it;
+    None if it is not running (a zombie nobody reaped counts as gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
