@@ -2,7 +2,8 @@
 
 Connections are pooled per owner and transport; a transfer takes one for its whole duration,
 so concurrent transfers from one process use separate sockets and run in parallel.  A
-connection that fails is thrown away; the next transfer opens a new one.
+connection that fails is thrown away; the next transfer opens a new one.  An owner whose
+server is busy with other handshakes turns a connection away; it is tried again shortly.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import json
 import mmap
 import socket
 import threading
+import time
 
 from . import wire
 from .server import NOT_SHARED
 from .errors import BufferDropped, ForgedHandle, OwnerGone, TransferError
 
 CONNECT_TIMEOUT_S = 2.0
+BUSY_WAIT_S = 10.0  # how long to keep trying an owner whose server turns connections away
 
 _pool: dict[tuple, list[socket.socket]] = {}
 _maps: dict[tuple, tuple[mmap.mmap, int]] = {}
@@ -26,6 +29,33 @@ _lock = threading.Lock()
 
 
 def _connect(h, via: str, key: bytes) -> socket.socket:
+    deadline, pause = time.monotonic() + BUSY_WAIT_S, 0.005
+    while True:
+        sock = _open(h, via)
+        try:
+            wire.client_handshake(sock, key)
+            return sock
+        except wire.Busy:
+            sock.close()
+            if time.monotonic() + pause > deadline:
+                raise TransferError(
+                    f"buffer {h.name!r}: the data server of {h.owner} turned every connection away "
+                    f"for {BUSY_WAIT_S:.0f} s: too many connections to it are still proving the job "
+                    "key (another process flooding it?); try again later") from None
+            time.sleep(pause)
+            pause = min(2 * pause, 0.2)
+        except wire.HandshakeFailed as e:
+            sock.close()
+            raise TransferError(f"buffer {h.name!r}: {e}") from None
+        except ConnectionError as e:
+            sock.close()
+            raise OwnerGone(h, f"the connection closed during the handshake ({e})") from None
+        except BaseException:
+            sock.close()
+            raise
+
+
+def _open(h, via: str) -> socket.socket:
     if via == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT_S)
@@ -34,30 +64,22 @@ def _connect(h, via: str, key: bytes) -> socket.socket:
         except OSError as e:
             sock.close()
             raise OwnerGone(h, f"cannot connect: {e.strerror or e}") from None
-    else:
-        sock, last = None, None
-        for addr in h.addresses:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.settimeout(CONNECT_TIMEOUT_S)
-            try:
-                s.connect((addr, h.port))
-                sock = s
-                break
-            except OSError as e:
-                last = e
-                s.close()
-        if sock is None:
-            raise OwnerGone(h, f"cannot reach it at {', '.join(h.addresses)} port {h.port}: {last}")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    try:
-        wire.client_handshake(sock, key)
-    except ConnectionError as e:
-        sock.close()
-        raise OwnerGone(h, f"the connection closed during the handshake ({e})") from None
-    except wire.HandshakeFailed as e:
-        sock.close()
-        raise TransferError(f"buffer {h.name!r}: {e}") from None
+        return sock
+    sock, last = None, None
+    for addr in h.addresses:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            s.connect((addr, h.port))
+            sock = s
+            break
+        except OSError as e:
+            last = e
+            s.close()
+    if sock is None:
+        raise OwnerGone(h, f"cannot reach it at {', '.join(h.addresses)} port {h.port}: {last}")
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     return sock
 
 

@@ -4,18 +4,26 @@ Started the first time a process registers a buffer.  It listens on a Unix socke
 this host) and on TCP (peers elsewhere); every connection first proves it holds the job key
 (``wire.py``), then asks for ranges of a buffer by id and secret token.  Each connection has
 its own thread, so concurrent readers are served in parallel and a slow peer holds up nobody.
+
+Anyone who can reach the port can connect, so a neighbour must not be able to stop the
+server: accept errors (out of descriptors, memory) are waited out, never fatal; connections
+still proving the key are capped per peer and in all (the excess is turned away before a
+thread is spent on it); and a handshake has one deadline for the whole exchange.
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
+import errno
 import hmac
 import json
 import os
 import secrets
 import socket
+import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 from ..runtime import config, hosts
@@ -23,8 +31,15 @@ from ..runtime.context import process_mesh
 from . import ibverbs, wire
 from .memory import Memory, move_to_shared
 
-HANDSHAKE_TIMEOUT_S = 5.0
 NOT_SHARED = 6
+# Connections still in their handshake: at most this many in all, and from one peer (a TCP
+# address, or a process on the Unix socket).  A handshake takes a millisecond; a reader opens
+# at most a few dozen connections at once, and one turned away tries again.
+MAX_UNAUTHENTICATED = 128
+MAX_UNAUTHENTICATED_PER_PEER = 32
+# accept() errors that mean "out of something for now": wait, then go on.
+_SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_BACKOFF_MAX_S = 0.5
 
 
 @dataclass
@@ -66,16 +81,14 @@ class DataServer:
         self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._unix.bind(self.unix_path)
         self._unix.listen(64)
-        self._tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._tcp.bind((config.data_bind(), 0))
-        self._tcp.listen(64)
-        self.tcp_port = self._tcp.getsockname()[1]
-        self.addresses = hosts.ipv4_addresses()
+        self.handshake_timeout = config.data_handshake_timeout()
+        self._pending: dict[object, int] = {}  # peer -> connections still in their handshake
+        self._pending_lock = threading.Lock()
+        self._tcp, self.tcp_port, self.addresses = _listen_tcp()
         _allow_peers_to_read()
         # Whether peers may ask for a queue pair (CPU memory only; GPU memory needs dmabuf).
         self.rdma = ibverbs.is_available()[0]
-        for sock, via in ((self._unix, "unix"), (self._tcp, "tcp")):
+        for sock, via in [(self._unix, "unix")] + [(t, "tcp") for t in self._tcp]:
             threading.Thread(target=self._accept, args=(sock, via), daemon=True,
                              name=f"mk-data-{via}").start()
         atexit.register(self.close)
@@ -116,20 +129,60 @@ class DataServer:
     # ------------------------------------------------------------ serving
 
     def _accept(self, listener: socket.socket, via: str) -> None:
+        """Accept until the server is closed, whatever accept() or a peer does meanwhile."""
+        backoff = 0.0
         while not self._closed:
             try:
-                sock, _addr = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock, via), daemon=True,
-                             name="mk-data-conn").start()
+                sock, addr = listener.accept()
+            except OSError as e:
+                if self._closed:
+                    return
+                # Out of descriptors or memory: they come back as connections end.  Anything
+                # else (a connection aborted before it was accepted) is one peer's trouble.
+                backoff = min(max(2 * backoff, 0.01), _BACKOFF_MAX_S) if e.errno in _SCARCE else 0.01
+                time.sleep(backoff)
+                continue
+            backoff = 0.0
+            peer = _peer(sock, addr, via)
+            if not self._admit(peer):
+                wire.turn_away(sock)
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(sock, via, peer), daemon=True,
+                                 name="mk-data-conn").start()
+            except RuntimeError:  # can't start new thread: as scarce as descriptors
+                self._admitted(peer)
+                wire.turn_away(sock)
+                time.sleep(_BACKOFF_MAX_S)
 
-    def _serve(self, sock: socket.socket, via: str) -> None:
+    def _admit(self, peer) -> bool:
+        with self._pending_lock:
+            if (sum(self._pending.values()) >= MAX_UNAUTHENTICATED
+                    or self._pending.get(peer, 0) >= MAX_UNAUTHENTICATED_PER_PEER):
+                return False
+            self._pending[peer] = self._pending.get(peer, 0) + 1
+            return True
+
+    def _admitted(self, peer) -> None:
+        """``peer``'s connection has finished its handshake, one way or the other."""
+        with self._pending_lock:
+            n = self._pending.pop(peer) - 1
+            if n:
+                self._pending[peer] = n
+
+    def unauthenticated(self) -> int:
+        """Connections still proving they hold the job key."""
+        with self._pending_lock:
+            return sum(self._pending.values())
+
+    def _serve(self, sock: socket.socket, via: str, peer) -> None:
         try:
-            if via == "tcp":
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(HANDSHAKE_TIMEOUT_S)
-            wire.server_handshake(sock, self.key)
+            try:
+                if via == "tcp":
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                wire.server_handshake(sock, self.key, time.monotonic() + self.handshake_timeout)
+            finally:
+                self._admitted(peer)
             sock.settimeout(None)
             rdma: dict = {}  # this connection's queue pair and registered regions, if any
             while True:
@@ -199,15 +252,52 @@ class DataServer:
         if self._closed:
             return
         self._closed = True
-        for s in (self._unix, self._tcp):
+        for s in (self._unix, *self._tcp):
             try:
-                s.close()
+                s.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
             except OSError:
                 pass
+            s.close()
         try:
             os.unlink(self.unix_path)
         except OSError:
             pass
+
+
+def _listen_tcp() -> tuple[list[socket.socket], int, tuple[str, ...]]:
+    """Listeners on one port at each address ``hosts.data_listen_addresses()`` names, the
+    port, and the addresses to advertise (those that could be bound, best first)."""
+    bind, advertise = hosts.data_listen_addresses()
+    listeners: list[socket.socket] = []
+    port, failed = 0, {}
+    for addr in bind:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))  # the first picks the port; the others take the same one
+        except OSError as e:
+            s.close()
+            failed[addr] = e
+            continue
+        s.listen(64)
+        port = s.getsockname()[1]
+        listeners.append(s)
+    if not listeners:
+        why = "; ".join(f"{a}: {e.strerror or e}" for a, e in failed.items())
+        raise OSError(f"the data server cannot listen on {why}; set MONARCH_KERNEL_DATA_BIND "
+                      "to an address of this host")
+    return listeners, port, tuple(a for a in advertise if a not in failed)
+
+
+def _peer(sock: socket.socket, addr, via: str):
+    """Who a connection is from, for the per-peer cap: its address, or its process."""
+    if via == "tcp":
+        return addr[0]
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        pid = 0
+    return ("unix", pid)
 
 
 def _allow_peers_to_read() -> None:

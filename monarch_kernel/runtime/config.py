@@ -67,3 +67,17 @@ def max_line() -> int:
     """MONARCH_KERNEL_MAX_LINE: longest piece of one output line the controller holds, in
     bytes (default 1 MiB); a longer line reaches the output sink as pieces of this size."""
     return max(1024, int(os.environ.get("MONARCH_KERNEL_MAX_LINE", str(1 << 20))))
+
+
+def data_bind_address() -> str | None:
+    """MONARCH_KERNEL_DATA_BIND: the address data servers listen on for TCP peers (several
+    comma-separated; 0.0.0.0 for every interface).  Unset: loopback when every rank of the job
+    is on this host, else this network namespace's interface addresses (``hosts.py``).
+    Replaces ``data_bind()``, whose 0.0.0.0 default no longer applies."""
+    return os.environ.get("MONARCH_KERNEL_DATA_BIND") or None
+
+
+def data_handshake_timeout() -> float:
+    """MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT: seconds a connection to a data server has, in
+    all, to prove it holds the job key (default 5); read when the server starts."""
+    return max(0.01, float(os.environ.get("MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT", "5")))

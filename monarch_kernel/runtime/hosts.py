@@ -2,7 +2,8 @@
 
 Two processes share a host when they share a kernel (boot id) and a network namespace:
 separate namespaces are how containers and simulated hosts are kept apart, and they may not
-share ``/dev/shm`` either, so such pairs talk over TCP.
+share ``/dev/shm`` either, so such pairs talk over TCP.  A data server listens only where its
+peers can be: loopback while every rank is on this host, never every interface by default.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import functools
 import os
 import socket
 import struct
+
+from . import config
 
 SIOCGIFADDR = 0x8915
 
@@ -47,6 +50,33 @@ def ipv4_addresses() -> tuple[str, ...]:
     finally:
         s.close()
     return tuple(found + (loop or ["127.0.0.1"]))
+
+
+def job_spans_hosts() -> bool:
+    """Whether peers of this process may be on other hosts.  Every launcher today starts ranks
+    on this host; only ranks placed in network namespaces (MONARCH_KERNEL_NETNS) are apart.
+    A launcher for other hosts must make this true for its ranks."""
+    return config.netns() is not None
+
+
+def data_listen_addresses() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(bind, advertise)``: the addresses a data server listens on for TCP peers, and
+    those it tells them to connect to, best first.
+
+    MONARCH_KERNEL_DATA_BIND when given; else loopback when every rank is on this host; else
+    this namespace's interface addresses (the ones a veth, or a NIC, reaches peers through).
+    """
+    given = config.data_bind_address()
+    if given:
+        bind = tuple(a.strip() for a in given.split(",") if a.strip())
+        if "0.0.0.0" in bind:
+            return ("0.0.0.0",), ipv4_addresses()
+        return bind, bind
+    if job_spans_hosts():
+        found = tuple(a for a in ipv4_addresses() if not a.startswith("127."))
+        if found:
+            return found, found
+    return ("127.0.0.1",), ("127.0.0.1",)
 
 
 def enter_netns(spec: str) -> None:
