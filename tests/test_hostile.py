@@ -67,15 +67,15 @@ class Reader(Actor):
 
 @pytest.fixture(scope="module")
 def job():
-    """An owner and four readers that move bytes over TCP, with a short handshake deadline.
+    """An owner and five readers that move bytes over TCP, with a short handshake deadline.
     Each reader is used for one first read: a reader keeps its connection to the owner, and
     a test of the accept loop needs a reader that must connect anew."""
     env = {"MONARCH_KERNEL_DATA_TRANSPORT": "tcp", "MONARCH_KERNEL_TCP_STREAMS": "1",
            "MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT": str(HANDSHAKE_S)}
-    with this_host().spawn_procs(per_host={"ranks": 5}, env=env) as procs:
+    with this_host().spawn_procs(per_host={"ranks": 6}, env=env) as procs:
         owner = procs.slice(ranks=0).spawn("owner", Owner)
-        many = procs.slice(ranks=slice(1, 5)).spawn("readers", Reader)
-        readers = [many.slice(ranks=i) for i in range(4)]
+        many = procs.slice(ranks=slice(1, 6)).spawn("readers", Reader)
+        readers = [many.slice(ranks=i) for i in range(5)]
         buf, crc = owner.make.call_one(1 << 20).get(timeout=30)
         yield owner, readers, buf, crc
 
@@ -170,6 +170,18 @@ def test_running_out_of_descriptors_does_not_stop_the_accept_loop(job):
     finally:
         owner.restore_fds.call_one(soft).get(timeout=10)
     assert readers[3].read_crc.call_one(buf).get(timeout=20) == ("tcp", crc)
+
+
+def test_a_reader_turned_away_tries_again(job):
+    """A flood from the reader's own address fills its peer's allowance: the reader is
+    turned away, retries, and gets in once the flood's handshakes pass their deadline."""
+    owner, readers, buf, crc = job
+    with flood(buf._h, MAX_UNAUTHENTICATED_PER_PEER, ["127.0.0.1"]):
+        wait_for("the flood to fill 127.0.0.1's allowance",
+                 lambda: owner.unauthenticated.call_one().get(timeout=10) == MAX_UNAUTHENTICATED_PER_PEER)
+        t0 = time.monotonic()
+        assert readers[4].read_crc.call_one(buf).get(timeout=20) == ("tcp", crc)
+        assert time.monotonic() - t0 < HANDSHAKE_S + 2
 
 
 def test_the_whole_handshake_has_one_deadline(job):
