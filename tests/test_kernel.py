@@ -382,3 +382,33 @@ def test_a_detached_mesh_whose_host_died_is_noticed_and_cleaned_up(kernelspec):
         assert reply["status"] == "ok", text(out)
         assert "its host process" in text(out)
         assert not os.path.exists(log_path("d2")) and not os.path.exists(info_path("d2"))
+
+
+def test_a_frozen_rank_shows_not_responding_and_restart_replaces_it(kc):
+    import signal
+
+    run(kc, "%env MONARCH_KERNEL_HEARTBEAT_TIMEOUT=1.5")
+    run(kc, "procs = %mesh spawn -n 2")
+    out, reply = run(kc, "%%mesh\nimport os\nos.getpid()")
+    pids = {int(l.split()[1].rstrip("]")): int(l.split()[-1]) for l in text(out).splitlines() if l.startswith("[rank ")}
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            out, reply = run(kc, "%mesh status")
+            if "rank 1: pid" in text(out) and "not responding" in text(out):
+                break
+            assert time.monotonic() < deadline, text(out)
+            time.sleep(0.5)
+        assert "rank 0: pid" in text(out) and text(out).count("not responding") == 1
+        out, reply = run(kc, "%mesh restart")
+        assert reply["status"] == "ok", text(out)
+        assert "[rank 1] not responding: killing, to replace" in text(out)
+        assert "restarted [rank 1] with fresh namespaces" in text(out)
+        out, reply = run(kc, "%%mesh\nos.getpid() > 0")
+        assert "[ranks 0-1] True" in text(out)
+    finally:
+        try:
+            os.kill(pids[1], signal.SIGCONT)
+        except ProcessLookupError:
+            pass

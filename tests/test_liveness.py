@@ -72,7 +72,7 @@ def test_interrupt_cuts_a_blocking_call_short(tmp_path):
                                     f"{code}", "<t>", "b")
             _wait(lambda: len(list(tmp_path.glob(f"started{n}*"))) == 2, 10, "the cell to start on both ranks")
             t0 = time.monotonic()
-            consoles.interrupt()
+            procs.interrupt(consoles)
             with pytest.raises(ActorError) as info:
                 fut.get(timeout=5)
             assert time.monotonic() - t0 < 1.5, f"{code}: the interrupt took {time.monotonic() - t0:.1f} s"

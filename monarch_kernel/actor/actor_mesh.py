@@ -50,12 +50,6 @@ class ActorMesh(Shaped):
         return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
                          self._endpoints, self._shape.slice(**dims), self._proc_mesh)
 
-    def interrupt(self) -> None:
-        """Raise ``KeyboardInterrupt`` in whatever sync endpoint of this actor runs on each
-        rank now (the stop button's effect); an actor on the rank's main thread (see
-        ``Actor.runs_on_main_thread``) is interrupted even inside a blocking call."""
-        Runtime.current().interrupt(self._proc_ref, list(self._shape.ranks), self._actor_id)
-
     def _check_running(self) -> None:
         pm = self._proc_mesh
         if pm is not None and pm._stopped:

@@ -23,6 +23,7 @@ from ipykernel.compiler import get_file_name, get_tmp_directory, get_tmp_hash_se
 from ipykernel.debugger import Debugger
 from IPython.core.error import UsageError
 
+from ..actor.errors import ActorError
 from . import rank_debug
 from .dap import DapConnection
 
@@ -455,13 +456,28 @@ def forget_mesh(shell, mesh: str) -> None:
         print(f"JupyterLab's debugger was on {target.label}; it now debugs the kernel itself")
 
 
-def release_for_interrupt(shell, mesh: str, ranks) -> None:
+def stopped_rank(shell, mesh: str, ranks) -> int | None:
+    """The rank among ``ranks`` that JupyterLab's debugger holds stopped, if any."""
+    dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+    target = getattr(dbg, "target", None)
+    if isinstance(target, RankTarget) and target.mesh == mesh and target.rank in ranks and target.stopped_threads:
+        return target.rank
+    return None
+
+
+def release_for_interrupt(shell, mesh: str, ranks, console_id: str = "") -> None:
     """Resume a rank stopped in JupyterLab's debugger so the interrupt sent to it lands:
-    a thread suspended by debugpy takes a pending KeyboardInterrupt only once it runs."""
+    a thread suspended by debugpy takes a pending KeyboardInterrupt only once it runs.
+    ``console_id``: interrupt that actor first, through the rank's inspector."""
     dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
     target = getattr(dbg, "target", None)
     if not isinstance(target, RankTarget) or target.mesh != mesh or target.rank not in ranks:
         return
+    if console_id and target.stopped_threads:
+        try:
+            target.inspector.interrupt.call_one(console_id).get(timeout=INSPECT_TIMEOUT_S)
+        except (TimeoutError, ActorError):
+            pass  # the rank is gone or stuck: resuming it below is all that is left
     for thread in list(target.stopped_threads):
         try:
             target._request("continue", {"threadId": thread})

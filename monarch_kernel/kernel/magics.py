@@ -391,8 +391,12 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
         except KeyboardInterrupt:
             # The stop button: interrupt the ranks' code, keep their namespaces.
             interrupted = True
-            Runtime.current().interrupt(procs._ref, ranks, consoles._actor_id)
-            debugger.release_for_interrupt(session.shell, procs.name, ranks)
+            # A rank held at a breakpoint is interrupted through its inspector (debugpy holds
+            # its IO loop too), then resumed so the interrupt lands on the line it stopped at.
+            held = debugger.stopped_rank(session.shell, procs.name, ranks)
+            others = [r for r in ranks if r != held]
+            Runtime.current().interrupt(procs._ref, others, consoles._actor_id, wait=2.0)
+            debugger.release_for_interrupt(session.shell, procs.name, ranks, consoles._actor_id)
             results = fut.get(timeout=INTERRUPT_GRACE_S)
         failed = None
     except ActorError as e:

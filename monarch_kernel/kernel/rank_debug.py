@@ -59,6 +59,15 @@ class Inspector(Actor):
     def write_source(self, path: str, text: str) -> None:
         write_source(path, text)
 
+    @endpoint
+    def interrupt(self, actor_id: str) -> bool:
+        """Interrupt the console while debugpy holds the rank at a breakpoint.  debugpy
+        suspends every traced thread then, the IO loop included, so the usual interrupt
+        message would wait; this actor's own thread is untraced and reads its own inbox."""
+        from ..runtime.process import Runtime
+
+        return Runtime.current().interrupt_actor(actor_id)
+
 # Names JupyterLab's variable panel should not show: the console's own plumbing.
 HIDDEN = frozenset({"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
                     "__builtins__", "__builtin__", "display", "_"})

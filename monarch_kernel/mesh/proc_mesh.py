@@ -101,6 +101,14 @@ class ProcMesh(Shaped):
             self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
         return self._stop_future
 
+    def interrupt(self, actors=None) -> None:
+        """Raise ``KeyboardInterrupt`` in the sync endpoints running on these ranks now (the
+        stop button's effect): of one ``ActorMesh``, or of every actor.  An actor on the
+        rank's main thread (``Actor.runs_on_main_thread``) is interrupted even inside a
+        blocking call; others at their next bytecode."""
+        actor_id = "" if actors is None else actors._actor_id
+        Runtime.current().interrupt(self._ref, list(self._shape.ranks), actor_id)
+
     def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3) -> Future:
         """Ranks' output always streams to the controller here; kept for Monarch code."""
         return Future.ready(None)

@@ -26,12 +26,6 @@ def data_transport() -> str | None:
     return os.environ.get("MONARCH_KERNEL_DATA_TRANSPORT") or None
 
 
-def data_bind() -> str:
-    """MONARCH_KERNEL_DATA_BIND: the address data servers listen on for other hosts
-    (default 0.0.0.0; every connection must prove it holds the job key)."""
-    return os.environ.get("MONARCH_KERNEL_DATA_BIND", "0.0.0.0")
-
-
 def netns() -> str | None:
     """MONARCH_KERNEL_NETNS: a network namespace (name under /run/netns, or a path) that
     ranks enter before they start, to place them on separate simulated hosts."""
@@ -72,8 +66,7 @@ def max_line() -> int:
 def data_bind_address() -> str | None:
     """MONARCH_KERNEL_DATA_BIND: the address data servers listen on for TCP peers (several
     comma-separated; 0.0.0.0 for every interface).  Unset: loopback when every rank of the job
-    is on this host, else this network namespace's interface addresses (``hosts.py``).
-    Replaces ``data_bind()``, whose 0.0.0.0 default no longer applies."""
+    is on this host, else this network namespace's interface addresses (``hosts.py``)."""
     return os.environ.get("MONARCH_KERNEL_DATA_BIND") or None
 
 

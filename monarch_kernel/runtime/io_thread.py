@@ -20,9 +20,6 @@ class IOThread:
             asyncio.set_event_loop(self.loop)
             return
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        # A debugger that stops user code (debugpy suspends every traced thread) must not
-        # stop the loop that carries messages, interrupts included.
-        self.thread.pydev_do_not_trace = True
         self.thread.start()
         self._ready.wait()
 

@@ -294,6 +294,10 @@ class Runtime(Serving):
             for actor_id, slot in list(self.actors.items()):
                 if not h.actor or actor_id == h.actor:
                     slot.interrupt()
+            if h.extra:  # the caller waits until it has landed
+                member = self.memberships.get(h.mesh)
+                me = member[1] if member else -1
+                self.send_port(h.extra[0], h.extra[1], Part(me, Status.OK, dumps(None)), mesh_id=h.mesh)
         elif k == Kind.PORT:
             parts = split_parts(h, body)
             if parts and not self.ports.deliver(h.call_id, parts[0]):
@@ -399,12 +403,38 @@ class Runtime(Serving):
                     f"would drop; raise MONARCH_KERNEL_MAX_FRAME (bytes) before spawning"
                 )
 
-    def interrupt(self, mesh: MeshRef, ranks, actor: str = "") -> None:
-        """KeyboardInterrupt in whatever ``actor`` (or every actor) runs on those ranks."""
-        for r in ranks:
-            if (mesh.id, r) not in self.dead:
-                h = Header(Kind.INTERRUPT, 0, self.address, self.address, mesh.id, actor, ranks=[r])
-                self.send_or_report(mesh.addresses[r], h, [], f"an interrupt for rank {r} of mesh '{mesh.name}'")
+    def interrupt(self, mesh: MeshRef, ranks, actor: str = "", wait: float = 0.0) -> bool:
+        """KeyboardInterrupt in whatever ``actor`` (or every actor) runs on those ranks.
+
+        ``wait``: seconds to wait until every rank has delivered it (what must happen next
+        may depend on it, e.g. resuming a rank stopped in a debugger); True if they all did.
+        """
+        alive = [r for r in ranks if (mesh.id, r) not in self.dead]
+        acked: set[int] = set()
+        done = threading.Event()
+        port_id = None
+        if wait > 0:
+            def ack(part: Part) -> None:
+                acked.add(part.rank)
+                if acked >= set(alive):
+                    done.set()
+
+            port_id = self.ports.open(ack, once=False)
+        for r in alive:
+            h = Header(Kind.INTERRUPT, 0, self.address, self.address, mesh.id, actor, ranks=[r],
+                       extra=None if port_id is None else [self.address, port_id])
+            self.send_or_report(mesh.addresses[r], h, [], f"an interrupt for rank {r} of mesh '{mesh.name}'")
+        if port_id is None:
+            return True
+        ok = not alive or done.wait(wait)
+        self.ports.close(port_id)
+        return ok
+
+    def interrupt_actor(self, actor_id: str) -> bool:
+        """In this process: KeyboardInterrupt in ``actor_id``'s running sync endpoint (any
+        thread may ask; used when the IO thread itself may be held by a debugger)."""
+        slot = self.actors.get(actor_id)
+        return slot.interrupt() if slot is not None else False
 
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
