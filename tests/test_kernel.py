@@ -405,7 +405,7 @@ def test_a_frozen_rank_shows_not_responding_and_restart_replaces_it(kc):
         assert reply["status"] == "ok", text(out)
         assert "[rank 1] not responding: killing, to replace" in text(out)
         assert "restarted [rank 1] with fresh namespaces" in text(out)
-        out, reply = run(kc, "%%mesh\nos.getpid() > 0")
+        out, reply = run(kc, "%%mesh\nimport os\nos.getpid() > 0")
         assert "[ranks 0-1] True" in text(out)
     finally:
         try:
