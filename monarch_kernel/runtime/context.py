@@ -25,6 +25,25 @@ class MeshRef:
     def size(self) -> int:
         return len(self.addresses)
 
+    def to_wire(self) -> list:
+        """This reference as plain lists and strings, for msgpack or JSON.
+
+        >>> ref = MeshRef("m1", "gpus", (("gpus", 2),), ("ipc:///r/m1.0", "ipc:///r/m1.1"), "ipc:///r/c", ("h", "h"))
+        >>> MeshRef.from_wire(ref.to_wire()) == ref
+        True
+        """
+        return [self.id, self.name, [list(d) for d in self.dims], list(self.addresses), self.owner,
+                list(self.hosts)]
+
+    @classmethod
+    def from_wire(cls, fields) -> MeshRef:
+        """The reference ``to_wire()`` encoded (msgpack and JSON give lists back for tuples)."""
+        if not isinstance(fields, (list, tuple)) or len(fields) != 6:
+            raise ValueError(f"a mesh reference on the wire is [id, name, dims, addresses, owner, hosts]; "
+                             f"got {fields!r:.200}")
+        mesh_id, name, dims, addresses, owner, hosts = fields
+        return cls(mesh_id, name, tuple(tuple(d) for d in dims), tuple(addresses), owner, tuple(hosts))
+
 
 @dataclass
 class ActorContext:

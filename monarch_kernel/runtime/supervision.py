@@ -21,8 +21,9 @@ from .completion import Completion
 from .context import MeshRef, current_actor, process_mesh
 from .envelope import Kind
 from .failure import DeathInfo, MeshFailure, ProcessDied
+from .launch import LaunchConfig
 from .output import PipeReader
-from .template import TemplateClient
+from .template_client import TemplateClient
 
 STOP_GRACE_S = 2.0
 
@@ -109,14 +110,13 @@ class Supervisor:
                 PipeReader(rt.io.loop, out_r, ref.name, r, "stdout", sink, lambda: None),
                 PipeReader(rt.io.loop, err_r, ref.name, r, "stderr", sink, lambda: None),
             ]
-            cfg = {
-                "key": rt.key, "rundir": rt.rundir, "owner": rt.address, "rank": r,
-                "mesh": [ref.id, ref.name, [list(d) for d in ref.dims], list(ref.addresses), ref.owner, list(ref.hosts)],
-                "sys_path": list(sys.path), "cwd": os.getcwd(), "env": env, "fanout": rt.fanout,
-                "master_port": master_port,
+            cfg = LaunchConfig(
+                key=rt.key, rundir=rt.rundir, owner=rt.address, rank=r, mesh=ref,
+                sys_path=tuple(sys.path), cwd=os.getcwd(), env=env, fanout=rt.fanout,
+                master_port=master_port,
                 # The root controller's template removes the run directory if it is killed.
-                "cleanup_dirs": [rt.rundir] + ([rt.segments.dir] if rt.segments else []) if rt._owns_rundir else [],
-            }
+                cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else []) if rt._owns_rundir else []),
+            )
             self.template.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
             os.close(out_w)
             os.close(err_w)

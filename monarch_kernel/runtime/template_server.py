@@ -1,31 +1,25 @@
-"""The template: a pre-started interpreter that forks rank processes on request.
+"""Runs in the template process: a pre-started interpreter that forks rank processes on request.
 
-It imports the runtime once, holds no threads and no ZeroMQ context, so a fork is safe and a
-new rank costs a fork, not an interpreter start.  It dies with its controller (parent-death
-signal, plus EOF on the stdin pipe only the controller holds) and takes its ranks with it.
-The job key arrives over the private socketpair, never on a command line or in the
-environment.  Started as ``python -c "...template import serve; serve()" FD PARENT_PID``.
+It imports what ranks need once and holds no threads and no ZeroMQ context, so a fork is safe
+and a new rank costs a fork, not an interpreter start.  It must never import the rank's modules
+at import time (only in ``serve()``), nor be imported by the controller.
 """
 
 from __future__ import annotations
 
-import array
 import ctypes
-import errno
 import os
 import select
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 
-import msgpack
+from .launch import LaunchConfig
+from .template_wire import EXIT, FORK, FORKED, KILL, recv_msg, send_msg
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-_MAX_MSG = 1 << 20
 SWEEP_AFTER_S = (0.2, 1.0)  # orphans of a dead rank reach the template soon after it exits
 
 
@@ -74,31 +68,17 @@ def end_tree(pgid: int) -> None:
         pass
 
 
-def _send(sock: socket.socket, msg: dict, fds=()) -> None:
-    data = msgpack.packb(msg, use_bin_type=True)
-    if fds:
-        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-    else:
-        sock.send(data)
-
-
-def _recv(sock: socket.socket):
-    data, ancdata, _flags, _addr = sock.recvmsg(_MAX_MSG, socket.CMSG_SPACE(16 * 4))
-    fds: list[int] = []
-    for level, kind, cdata in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            a = array.array("i")
-            a.frombytes(cdata[: len(cdata) - (len(cdata) % a.itemsize)])
-            fds.extend(a)
-    if not data:
-        return None, fds
-    return msgpack.unpackb(data, raw=False), fds
-
-
 # ---------------------------------------------------------------- the template process
 
 
 def serve() -> None:
+    """The template's main loop.  ``template_client`` starts it as
+    ``python -c "from monarch_kernel.runtime.template_server import serve; serve()" FD PARENT_PID``.
+
+    It dies with its controller (parent-death signal, plus EOF on the stdin pipe only the
+    controller holds) and takes its ranks with it.  The job key arrives over the private
+    socketpair, never on a command line or in the environment.
+    """
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
     # SIGTERM, not SIGKILL: the template still has to kill its ranks and clean up.
     pending_term: list = []
@@ -107,9 +87,7 @@ def serve() -> None:
     become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
-    # Import what ranks need before forking, so each fork starts warm.
-    from . import rank as rank_module  # noqa: F401  (also imports the runtime)
-    import monarch_kernel  # noqa: F401  (public classes ranks unpickle)
+    _warm_up()
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -148,7 +126,7 @@ def serve() -> None:
             now = time.monotonic()
             sweeps.extend(now + d for d in SWEEP_AFTER_S)
             try:
-                _send(sock, {"op": "exit", "pid": pid, "status": status})
+                send_msg(sock, {"op": EXIT, "pid": pid, "status": status})
             except OSError:
                 pass
 
@@ -193,12 +171,13 @@ def serve() -> None:
                 shutdown()
         if sock in ready:
             try:
-                msg, fds = _recv(sock)
+                msg, fds = recv_msg(sock)
             except OSError:
                 msg, fds = None, []
             if msg is None:
                 shutdown()
-            if msg.get("op") == "fork":
+            if msg.get("op") == FORK:
+                # The config is decoded in the child: a bad one costs that rank, not the template.
                 if not cleanup:
                     cleanup.extend(msg["config"].get("cleanup_dirs") or [])
                 pid = os.fork()
@@ -220,15 +199,26 @@ def serve() -> None:
                     pass
                 for f in fds:
                     os.close(f)
-                _send(sock, {"op": "forked", "tag": msg["tag"], "pid": pid})
-            elif msg.get("op") == "kill":
+                send_msg(sock, {"op": FORKED, "tag": msg["tag"], "pid": pid})
+            elif msg.get("op") == KILL:
                 try:
                     os.kill(msg["pid"], msg.get("signal", signal.SIGKILL))
                 except ProcessLookupError:
                     pass
 
 
-def _become_rank(config: dict, fds: list[int], template_pid: int) -> None:
+def _warm_up() -> None:
+    """Import what every rank needs before the first fork, so each fork starts warm: the rank
+    entry (and with it the runtime) and the public classes ranks unpickle (meshes, ports,
+    futures, errors, shapes).  The package's ``__init__`` runs too, as any import of
+    ``monarch_kernel.*`` runs it, but this list does not count on it to load them."""
+    from ..actor import actor, actor_mesh, endpoint, errors, future, port, supervision, value_mesh  # noqa: F401
+    from ..mesh import host_mesh, proc_mesh, shape  # noqa: F401
+    from . import rank  # noqa: F401
+
+
+def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
+    """In the forked child: take the rank's stdio, then run it until it exits."""
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -245,7 +235,7 @@ def _become_rank(config: dict, fds: list[int], template_pid: int) -> None:
         die_with_parent(template_pid)
         from .rank import run_rank
 
-        run_rank(config, template_pid)
+        run_rank(LaunchConfig.from_wire(wire_config), template_pid)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -259,86 +249,3 @@ def _become_rank(config: dict, fds: list[int], template_pid: int) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
-
-
-# ---------------------------------------------------------------- the controller's side
-
-
-class TemplateClient:
-    """The controller's handle on its template: fork ranks, hear about their exits.
-
-    ``start`` must run on the IO thread: the parent-death signal is tied to the thread that
-    started the template, and the IO thread lives as long as the process.
-    """
-
-    def __init__(self, loop, on_exit):
-        self._loop = loop
-        self._on_exit = on_exit
-        here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock = here
-        env = dict(os.environ)
-        env.pop("PYTHONSTARTUP", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from monarch_kernel.runtime.template import serve; serve()",
-             str(there.fileno()), str(os.getpid())],
-            stdin=subprocess.PIPE,
-            pass_fds=[there.fileno()],
-            start_new_session=True,
-            env=env,
-        )
-        there.close()
-        self._tags = 0
-        self._waiting: dict[int, object] = {}
-        self._lock = threading.Lock()
-        self.alive = True
-        loop.add_reader(here.fileno(), self._readable)
-
-    def fork(self, config: dict, stdout_w: int, stderr_w: int, on_forked) -> None:
-        """Ask for one rank; ``on_forked(pid)`` runs on the IO thread once it exists."""
-        with self._lock:
-            self._tags += 1
-            tag = self._tags
-            self._waiting[tag] = on_forked
-        _send(self._sock, {"op": "fork", "tag": tag, "config": config}, [stdout_w, stderr_w])
-
-    def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
-        try:
-            _send(self._sock, {"op": "kill", "pid": pid, "signal": int(sig)})
-        except OSError:
-            pass
-
-    def _readable(self) -> None:
-        try:
-            msg, _ = _recv(self._sock)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            if e.errno == errno.EAGAIN:
-                return
-            msg = None
-        if msg is None:
-            self._loop.remove_reader(self._sock.fileno())
-            self.alive = False
-            self._on_exit(None, None)
-            return
-        if msg["op"] == "forked":
-            with self._lock:
-                cb = self._waiting.pop(msg["tag"], None)
-            if cb is not None:
-                cb(msg["pid"])
-        elif msg["op"] == "exit":
-            self._on_exit(msg["pid"], msg["status"])
-
-    def close(self) -> None:
-        """End the template and, with it, every rank it forked."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-

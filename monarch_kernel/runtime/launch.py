@@ -1,0 +1,53 @@
+"""What a controller tells its template about each rank to fork: a ``LaunchConfig``.
+
+Built by the controller (``supervision``), carried by the template (``template_server``) and
+read by the rank it forks (``rank.run_rank``).  Plain data with one wire encoding; it never
+touches the process that holds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .context import MeshRef
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything a forked rank needs to build its runtime and reach its owner.
+
+    >>> ref = MeshRef("m1", "gpus", (("gpus", 1),), ("ipc:///r/m1.0",), "ipc:///r/c", ("h",))
+    >>> cfg = LaunchConfig(b"k" * 32, "/r", "ipc:///r/c", 0, ref, ("/src",), "/src", {}, 8)
+    >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
+    True
+    """
+
+    key: bytes  # the job's signing key; reaches the rank over the socketpair only
+    rundir: str  # where the job's inbox sockets live
+    owner: str  # inbox address of the spawning process, which supervises the rank
+    rank: int
+    mesh: MeshRef
+    sys_path: tuple  # the controller's sys.path, so the rank imports what it can
+    cwd: str
+    env: dict  # set in the rank's environment before its runtime starts
+    fanout: int  # children per node when a call is forwarded down a tree of ranks
+    master_port: int | None = None  # the mesh's torch.distributed rendezvous port
+    cleanup_dirs: tuple = field(default=())  # the template removes these when it ends
+
+    def to_wire(self) -> dict:
+        """A msgpack-friendly dict (``key`` stays bytes: msgpack carries it, JSON would not)."""
+        return {
+            "key": self.key, "rundir": self.rundir, "owner": self.owner, "rank": self.rank,
+            "mesh": self.mesh.to_wire(), "sys_path": list(self.sys_path), "cwd": self.cwd,
+            "env": dict(self.env), "fanout": self.fanout, "master_port": self.master_port,
+            "cleanup_dirs": list(self.cleanup_dirs),
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict) -> LaunchConfig:
+        return cls(
+            key=d["key"], rundir=d["rundir"], owner=d["owner"], rank=d["rank"],
+            mesh=MeshRef.from_wire(d["mesh"]), sys_path=tuple(d["sys_path"]), cwd=d["cwd"],
+            env=dict(d.get("env") or {}), fanout=d["fanout"], master_port=d.get("master_port"),
+            cleanup_dirs=tuple(d.get("cleanup_dirs") or ()),
+        )
