@@ -90,9 +90,9 @@ class Reader(Actor):
     @endpoint
     def path_kind(self, buf: RDMABuffer) -> str:
         """How this rank reached the owner's memory last time (shm: mapped or cross-memory)."""
-        from monarch_kernel.data import client
+        from monarch_kernel.data import shm
 
-        got = client._maps.get((buf._h.instance, buf._h.id))
+        got = shm._maps.get((buf._h.instance, buf._h.id))
         return type(got).__name__ if got is not None else "socket"
 
     @endpoint
@@ -427,3 +427,140 @@ def test_ibverbs_read_and_write_between_ranks():
         src = pattern(MiB, seed=6)
         reader.write.call_one(buf, src, MiB).get(timeout=60)
         assert torch.equal(owner.get.call_one("rdma").get(timeout=30)[MiB:2 * MiB], src)
+
+
+# ---------------------------------------------------------------- the wire, and what importing does
+
+
+def test_every_op_and_status_keeps_its_code():
+    """The numbers are the protocol: a rank of another build must read them the same."""
+    assert {o.name: int(o) for o in wire.Op} == {
+        "READ": 1, "WRITE": 2, "MAP": 3, "CHECK": 4, "DROP": 5, "IB_CONNECT": 6}
+    assert {s.name: int(s) for s in wire.Status} == {
+        "OK": 0, "GONE": 1, "FORGED": 2, "RANGE": 3, "STALE": 4, "READONLY": 5, "NOT_SHARED": 6,
+        "RDMA_SETUP": 7}
+    assert (wire.REQUEST.format, wire.REPLY.format, wire.LENGTH.format) == ("<BQ16sQQ", "<BI", "<I")
+
+
+@pytest.mark.parametrize("op", [*wire.Op, 200], ids=[*(o.name for o in wire.Op), "unknown"])
+def test_request_round_trips(op):
+    req = wire.Request(op, (1 << 62) - 1, bytes(range(16)), 1 << 40, 12345)
+    raw = req.encode()
+    assert len(raw) == wire.REQUEST.size == 41
+    back = wire.Request.decode(raw)
+    assert back == req
+    # Known ops come back typed; an op this end does not know stays a number (answered RANGE).
+    assert type(back.op) is (wire.Op if op != 200 else int)
+
+
+@pytest.mark.parametrize("status", [*wire.Status, 99], ids=[*(s.name for s in wire.Status), "unknown"])
+def test_reply_round_trips(status):
+    rep = wire.Reply(status, "why: ünïcode".encode())
+    raw = rep.encode()
+    head, rest = raw[:wire.REPLY.size], raw[wire.REPLY.size:]
+    assert wire.decode_reply_head(head) == (status, len(rep.message)) and rest == rep.message
+    assert type(wire.decode_reply_head(head)[0]) is (wire.Status if status != 99 else int)
+
+
+def test_requests_blobs_and_replies_round_trip_over_a_socket():
+    class H:  # what send_request reads of a handle
+        id, token = 7, b"t" * 16
+
+    a, b = socket.socketpair()
+    with a, b:
+        wire.send_request(a, wire.Op.IB_CONNECT, H, 3, 4, b'{"qpn": 1}')
+        wire.send_request(a, wire.Op.CHECK, H, 0, 10)
+        assert wire.recv_request(b) == wire.Request(wire.Op.IB_CONNECT, 7, b"t" * 16, 3, 4)
+        assert wire.recv_blob(b) == b'{"qpn": 1}'
+        assert wire.recv_request(b) == wire.Request(wire.Op.CHECK, 7, b"t" * 16, 0, 10)
+        wire.send_reply(b, wire.Status.RDMA_SETUP, b"no NIC")
+        wire.send_reply(b, wire.Status.OK)
+        assert wire.recv_reply(a) == wire.Reply(wire.Status.RDMA_SETUP, b"no NIC")
+        assert wire.recv_reply(a) == wire.Reply(wire.Status.OK, b"")
+
+
+def test_importing_the_data_plane_installs_nothing():
+    """Every module of monarch_kernel.data, imported after the layers it sits on, leaves the
+    environment, exit and fork handlers, hooks, signals and threads as they were."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import atexit, copyreg, os, pkgutil, signal, sys, threading
+        import monarch_kernel, monarch_kernel.actor.future, monarch_kernel.runtime.completion
+        import monarch_kernel.runtime.config, monarch_kernel.runtime.context
+        import monarch_kernel.runtime.hosts, monarch_kernel.runtime.process
+        import msgpack
+
+        installed = []  # (what, by which module) for every fork or exit handler registered meanwhile
+
+        def recorder(what, real):
+            def record(*args, **kw):
+                installed.append((what, sys._getframe(1).f_globals.get("__name__")))
+                return real(*args, **kw)
+            return record
+
+        os.register_at_fork = recorder("os.register_at_fork", os.register_at_fork)
+        atexit.register = recorder("atexit.register", atexit.register)
+
+        def state():
+            return (dict(os.environ), atexit._ncallbacks(), sys.breakpointhook, sys.excepthook,
+                    sys.displayhook, threading.excepthook, threading.active_count(),
+                    dict(copyreg.dispatch_table), list(sys.meta_path), sys.getprofile(), sys.gettrace(),
+                    {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)})
+
+        import concurrent.futures.thread  # registers a fork handler of its own when imported
+
+        before = state()
+        import monarch_kernel.data as data
+        names = sorted(m.name for m in pkgutil.iter_modules(data.__path__) if not m.name.startswith("_"))
+        for name in names:
+            __import__("monarch_kernel.data." + name)
+        assert state() == before, [a for a, b in zip(state(), before) if a != b]
+        # The standard library may register its own (concurrent.futures does); the data plane may not.
+        assert not [i for i in installed if i[1].startswith("monarch_kernel")], installed
+        print(" ".join(names))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["buffer", "client", "cuda_ipc", "errors", "ibverbs", "memory", "server",
+                                  "shm", "tcp", "transports", "wire"]
+
+
+# ---------------------------------------------------------------- a failed RDMA set-up on the owner
+
+
+def test_a_failed_rdma_setup_on_the_owner_is_its_own_error_naming_the_device():
+    """The owner is told to use an RDMA device that does not exist: its half of IB_CONNECT
+    fails for real (opening the device), and the reader gets RdmaSetupFailed (not the
+    ValueError a bad range gives) naming the owner, the device and the step; the connection
+    stays in step for the next request."""
+    from monarch_kernel.data import RdmaSetupFailed, client, ibverbs
+
+    env = {"MONARCH_KERNEL_IB_DEVICE": "mk-no-such-nic", "MONARCH_KERNEL_IB_PORT": "2"}
+    with this_host().spawn_procs(per_host={"ranks": 1}, name="nic_owner", env=env) as procs:
+        owner = procs.spawn("owner", Owner)
+        buf, _ = owner.make.call_one("nic", 4096).get(timeout=30)
+        h, key = buf._h, Runtime.current().key
+        # What a reader's Endpoint.info() holds; the owner fails before it uses any of it.
+        mine = {"lid": 1, "gid": bytes(16), "qpn": 0x1234, "psn": 0x42, "mtu": 4}
+        with client.Connection(h, "tcp", key, 10.0) as sock:
+            with pytest.raises(RdmaSetupFailed) as got:
+                ibverbs.request_connect(sock, h, mine)
+            assert not isinstance(got.value, ValueError)
+            assert isinstance(got.value, TransferError)
+            msg = str(got.value)
+            assert msg.startswith("buffer 'nic': RDMA set-up failed on its owner, rank 0 of mesh 'nic_owner' (pid "), msg
+            assert "while opening RDMA device 'mk-no-such-nic' (port 2, GID index 0): " in msg, msg
+            # Whatever this host has: no device of that name, or no extension to open one with.
+            assert "no RDMA device" in msg or "native" in msg or "_ibverbs" in msg, msg
+            assert msg.endswith("Set MONARCH_KERNEL_IB_DEVICE (and _PORT, _GID_INDEX) on the owner to a device "
+                                "that works there (transports() lists them), or MONARCH_KERNEL_DATA_TRANSPORT=tcp")
+            # The owner read the whole request, queue-pair details included: the next one is answered.
+            assert client.request(sock, h, wire.Op.CHECK, 0, h.size) == b""
+            # A refused IB_CONNECT (a forged token) also consumes its details and keeps the stream in step.
+            forged = replace(h, token=b"\x00" * 16)
+            with pytest.raises(ForgedHandle, match="wrong token for buffer 'nic'"):
+                ibverbs.request_connect(sock, forged, mine)
+            assert client.request(sock, h, wire.Op.CHECK, 0, h.size) == b""

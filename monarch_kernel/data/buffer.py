@@ -1,24 +1,6 @@
-"""``RDMABuffer``: memory on one rank that any other rank reads or writes directly.
-
-The owner registers contiguous memory; the object is a small signed handle that pickles into
-endpoint arguments and results.  ``read_into``/``write_from`` on any process move the bytes
-between that process and the owner over the best transport for the pair (``transports.py``);
-the controller is never on the path.  Registration lasts until ``drop()`` or the owner's exit,
-as with Monarch: a handle returned from an endpoint stays readable after the endpoint ends.
-
-Example::
-
-    class Weights(Actor):
-        def __init__(self):
-            self.w = torch.randn(1 << 20)
-
-        @endpoint
-        def handle(self) -> RDMABuffer:
-            return RDMABuffer(self.w)
-
-    buf = weights.handle.call_one().get()
-    dst = torch.empty(1 << 20)
-    await buf.read_into(dst)
+"""``RDMABuffer``: memory on one rank that any other rank reads or writes directly, and the
+signed handle that travels in its place.  It must never put the controller on the path of
+the bytes, nor trust a handle whose signature does not verify.
 """
 
 from __future__ import annotations
@@ -37,9 +19,9 @@ from ..actor.future import Future
 from ..runtime.completion import Completion
 from ..runtime import config, hosts
 from ..runtime.process import Runtime
-from . import client, wire
+from . import client, cuda_ipc, ibverbs, shm, tcp, wire
 from .errors import ForgedHandle, TransferError
-from .memory import Memory, as_memory
+from .memory import Memory, as_memory, copy
 from .server import DataServer
 from .transports import choose
 
@@ -78,27 +60,41 @@ class Handle:
 
 
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = 0  # the process that made _pool: a forked child makes its own
 _pool_lock = threading.Lock()
 
 
 def _executor() -> ThreadPoolExecutor:
-    global _pool
+    global _pool, _pool_pid
     with _pool_lock:
-        if _pool is None or _pool._shutdown:  # noqa: SLF001 - recreated after fork
-            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mk-data")
+        if _pool is None or _pool_pid != os.getpid() or _pool._shutdown:  # noqa: SLF001
+            _pool, _pool_pid = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mk-data"), os.getpid()
         return _pool
 
 
-def _forked():
-    global _pool
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
 class RDMABuffer:
-    """Registered memory on its owning rank; a handle to it everywhere else."""
+    """Registered memory on its owning rank; a handle to it everywhere else.
+
+    The owner registers contiguous memory; the object is a small signed handle that pickles
+    into endpoint arguments and results.  ``read_into``/``write_from`` on any process move
+    the bytes between that process and the owner over the best transport for the pair
+    (``transports.py``).  Registration lasts until ``drop()`` or the owner's exit, as with
+    Monarch: a handle returned from an endpoint stays readable after the endpoint ends.
+
+    Example::
+
+        class Weights(Actor):
+            def __init__(self):
+                self.w = torch.randn(1 << 20)
+
+            @endpoint
+            def handle(self) -> RDMABuffer:
+                return RDMABuffer(self.w)
+
+        buf = weights.handle.call_one().get()
+        dst = torch.empty(1 << 20)
+        await buf.read_into(dst)
+    """
 
     __slots__ = ("_h", "_local", "_server")
 
@@ -117,8 +113,8 @@ class RDMABuffer:
     def _from_handle(cls, h: Handle) -> "RDMABuffer":
         self = cls.__new__(cls)
         self._h, self._local, self._server = h, None, None
-        server = DataServer._current
-        if server is not None and server.instance == h.instance and server.pid == os.getpid():
+        server = DataServer.running()
+        if server is not None and server.instance == h.instance:
             # Back home: serve from the registration itself.
             self._local, self._server = server.buffers.get(h.id), server
         return self
@@ -161,12 +157,12 @@ class RDMABuffer:
         mem = as_memory(dst, writable=True, what="read_into's destination")
         if mem.readonly:
             raise TypeError("read_into's destination is read-only; pass a writable tensor, array or bytearray")
-        return self._start(wire.READ, mem, offset, timeout)
+        return self._start(wire.Op.READ, mem, offset, timeout)
 
     def write_from(self, src, offset: int = 0, timeout: float | None = None) -> Future[int]:
         """Copy all of ``src`` into this buffer starting at ``offset``."""
         mem = as_memory(src, writable=False, what="write_from's source")
-        return self._start(wire.WRITE, mem, offset, timeout)
+        return self._start(wire.Op.WRITE, mem, offset, timeout)
 
     def drop(self) -> None:
         """Release the registration; later transfers by any holder raise ``BufferDropped``."""
@@ -177,15 +173,16 @@ class RDMABuffer:
         self._h.verify(key)
         via = "unix" if self._h.host == hosts.host_key() else "tcp"
         with client.Connection(self._h, via, key, 10.0) as sock:
-            client._request(sock, self._h, wire.DROP, 0, 0)
-        client.forget(self._h)
+            client.request(sock, self._h, wire.Op.DROP, 0, 0)
+        shm.forget(self._h)
+        cuda_ipc.forget(self._h)
 
-    def _start(self, op: int, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
+    def _start(self, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
         h = self._h
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, not {offset!r}")
         if offset + mem.nbytes > h.size:
-            verb = "read" if op == wire.READ else "write"
+            verb = "read" if op == wire.Op.READ else "write"
             raise ValueError(f"cannot {verb} {mem.nbytes} bytes at offset {offset} of buffer {h.name!r}, "
                              f"which holds {h.size} bytes (at most {max(h.size - offset, 0)} fit there)")
         if self._server is not None and self._server.pid == os.getpid():
@@ -205,44 +202,42 @@ class RDMABuffer:
         _executor().submit(run)
         return Future(c)
 
-    def _local_copy(self, op: int, mem: Memory, offset: int) -> None:
+    def _local_copy(self, op: wire.Op, mem: Memory, offset: int) -> None:
         status, why, reg = self._server.check(op, self._h.id, self._h.token, offset, mem.nbytes)
-        client._raise_for(self._h, status, why.encode())
+        client.raise_for(self._h, status, why.encode())
         if reg.mem.device != "cpu" or mem.device != "cpu":
             _device_copy(op, reg.mem, mem, offset)
-        elif op == wire.READ:
-            client.copy(mem.view, reg.mem.view[offset:offset + mem.nbytes])
+        elif op == wire.Op.READ:
+            copy(mem.view, reg.mem.view[offset:offset + mem.nbytes])
         else:
-            client.copy(reg.mem.view[offset:offset + mem.nbytes], mem.view)
+            copy(reg.mem.view[offset:offset + mem.nbytes], mem.view)
 
     @staticmethod
     def _key() -> bytes:
         return Runtime.current().key
 
 
-def _transfer(h: Handle, key: bytes, op: int, mem: Memory, offset: int, timeout: float | None) -> None:
+def _transfer(h: Handle, key: bytes, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> None:
     via = choose(h, mem.device)
     if via == "cuda_ipc":
         if mem.nbytes:
-            client.cuda_ipc(h, key, op, _as_uint8(mem), offset, mem.nbytes, timeout)
+            cuda_ipc.transfer(h, key, op, _as_uint8(mem), offset, mem.nbytes, timeout)
         return
     if mem.device != "cpu":
         # GPU memory over a CPU transport: stage through host memory.
         staging = _torch().empty(mem.nbytes, dtype=_torch().uint8, pin_memory=False)
-        if op == wire.WRITE:
+        if op == wire.Op.WRITE:
             staging.copy_(_as_uint8(mem))
         _transfer(h, key, op, as_memory(staging, writable=True, what="staging"), offset, timeout)
-        if op == wire.READ:
+        if op == wire.Op.READ:
             _as_uint8(mem).copy_(staging)
         return
     if via == "ibverbs":
-        from . import ibverbs
-
         ibverbs.transfer(h, key, op, mem, offset, timeout)
     elif via == "shm":
-        client.shm(h, key, op, mem.view, offset, timeout)
+        shm.transfer(h, key, op, mem.view, offset, timeout)
     else:
-        client.parallel_streams(h, key, op, mem.view, offset, timeout, config.tcp_streams())
+        tcp.transfer(h, key, op, mem.view, offset, timeout, config.tcp_streams())
 
 
 def _as_uint8(m: Memory):
@@ -253,9 +248,9 @@ def _as_uint8(m: Memory):
     return torch.frombuffer(m.view, dtype=torch.uint8) if m.nbytes else torch.empty(0, dtype=torch.uint8)
 
 
-def _device_copy(op: int, remote: Memory, local: Memory, offset: int) -> None:
+def _device_copy(op: wire.Op, remote: Memory, local: Memory, offset: int) -> None:
     window = _as_uint8(remote)[offset:offset + local.nbytes]
-    if op == wire.READ:
+    if op == wire.Op.READ:
         _as_uint8(local).copy_(window)
     else:
         window.copy_(_as_uint8(local))

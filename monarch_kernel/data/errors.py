@@ -1,4 +1,8 @@
-"""What can go wrong moving bytes, each error saying which buffer and why."""
+"""What can go wrong moving bytes, each error saying which buffer and why.
+
+Only exception classes live here: raising them is the callers' business, and this module
+must never import the rest of the data plane.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +24,9 @@ class OwnerGone(TransferError):
 
     def __init__(self, h, why: str):
         super().__init__(f"buffer {h.name!r}: its owner, {h.owner}, is gone: {why}")
+
+
+class RdmaSetupFailed(TransferError):
+    """The owner could not set up its end of an ibverbs transfer (open its RDMA device,
+    connect the queue pair, or register the buffer with the NIC); the message says which,
+    on which device, and what to set instead."""

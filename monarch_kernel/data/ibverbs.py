@@ -1,17 +1,6 @@
-"""The ``ibverbs`` transport: one-sided RDMA READ/WRITE through a NIC.
-
-The C extension (``native/ibverbs.c``) owns the hot path; this module wires it to the data
-plane.  A reader opens the usual authenticated data connection to the owner and asks it to
-connect a queue pair (``IB_CONNECT``); both sides swap lid/gid/qpn/psn over that socket,
-the owner registers the buffer and answers with its address and rkey.  From then on each
-transfer is a liveness check over the socket plus RDMA work requests: the owner's CPU never
-touches the bytes.
-
-Running it on a machine with a NIC needs nothing but ``libibverbs-dev`` at install time (so
-the extension is built) and a device: ``monarch_kernel.data.transports()`` then lists
-``ibverbs`` as available, and ``pytest tests/test_data.py -k ibverbs`` runs its tests.
-``MONARCH_KERNEL_IB_DEVICE``/``_PORT``/``_GID_INDEX`` pick the device, port and GID (RoCE
-usually needs the GID index of the RoCE v2 address).
+"""The ``ibverbs`` transport: one-sided RDMA READ/WRITE through a NIC, owner half and reader
+half, wired to the C extension (``native/ibverbs.c``) that owns the hot path.  It must never
+let the owner's CPU touch the bytes, nor report a failed set-up as anything but its own error.
 """
 
 from __future__ import annotations
@@ -20,13 +9,25 @@ import ctypes
 import functools
 import json
 import os
+import socket
 import threading
 import weakref
 
-from . import wire
+from . import client, wire
 
-IB_CONNECT = 6
-_endpoints: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # socket -> (Endpoint, {bid: (addr, rkey)})
+# A reader opens the usual authenticated data connection to the owner and asks it to connect
+# a queue pair (IB_CONNECT); both sides swap lid/gid/qpn/psn over that socket, the owner
+# registers the buffer and answers with its address and rkey.  From then on each transfer is
+# a liveness check over the socket plus RDMA work requests.  A failed set-up on the owner is
+# answered RDMA_SETUP, raised as RdmaSetupFailed, naming the device and the step that failed.
+#
+# Running it on a machine with a NIC needs nothing but libibverbs-dev at install time (so the
+# extension is built) and a device: monarch_kernel.data.transports() then lists ibverbs as
+# available, and `pytest tests/test_data.py -k ibverbs` runs its tests.
+# MONARCH_KERNEL_IB_DEVICE/_PORT/_GID_INDEX pick the device, port and GID (RoCE usually needs
+# the GID index of the RoCE v2 address).
+
+_endpoints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # socket -> (Endpoint, {bid: (addr, rkey)})
 _lock = threading.Lock()
 
 
@@ -46,10 +47,15 @@ def is_available() -> tuple[bool, str]:
     return native.probe()
 
 
+def _settings() -> tuple[str | None, int, int]:
+    """The device (None: the first one), port and GID index this process uses."""
+    return (os.environ.get("MONARCH_KERNEL_IB_DEVICE") or None,
+            int(os.environ.get("MONARCH_KERNEL_IB_PORT", "1")),
+            int(os.environ.get("MONARCH_KERNEL_IB_GID_INDEX", "0")))
+
+
 def _endpoint():
-    return _native().Endpoint(os.environ.get("MONARCH_KERNEL_IB_DEVICE") or None,
-                              int(os.environ.get("MONARCH_KERNEL_IB_PORT", "1")),
-                              int(os.environ.get("MONARCH_KERNEL_IB_GID_INDEX", "0")))
+    return _native().Endpoint(*_settings())
 
 
 def _encode_info(info: dict) -> bytes:
@@ -69,32 +75,48 @@ def address_of(view: memoryview) -> int:
 # ---------------------------------------------------------------- owner side
 
 
-def serve_connect(sock, reg, state: dict) -> None:
-    """Answer ``IB_CONNECT`` for one buffer on one connection; ``state`` lives as long as it."""
-    n = int.from_bytes(wire.recv_exact(sock, 4), "little")
-    peer = _decode_info(wire.recv_exact(sock, n))
+def serve_connect(sock: socket.socket, reg, blob: bytes, state: dict, owner: str) -> None:
+    """Answer a checked ``IB_CONNECT`` for one buffer on one connection, whose reader sent its
+    queue-pair details as ``blob``; ``state`` lives as long as the connection."""
+    peer = _decode_info(blob)
+    device, port, gid_index = _settings()
+    where = f"RDMA device {device!r}" if device else "the first RDMA device (MONARCH_KERNEL_IB_DEVICE is unset)"
+    step = f"opening {where}"
     try:
         ep = state.get("ep")
         if ep is None:
             ep = state["ep"] = _endpoint()
+            step = f"connecting a queue pair on {where} to the reader's"
             ep.connect(**peer)
         regions = state.setdefault("regions", {})
         region = regions.get(reg.id)
         if region is None:
+            step = f"registering the buffer's {reg.mem.nbytes} bytes with {where}"
             region = regions[reg.id] = ep.register(address_of(reg.mem.view), reg.mem.nbytes)
-    except OSError as e:
-        wire.send_reply(sock, wire.RANGE, f"RDMA set-up failed on the owner: {e}".encode())
+    except (OSError, ImportError) as e:
+        wire.send_reply(sock, wire.Status.RDMA_SETUP, (
+            f"buffer {reg.name!r}: RDMA set-up failed on its owner, {owner}, while {step} (port {port}, "
+            f"GID index {gid_index}): {e}. Set MONARCH_KERNEL_IB_DEVICE (and _PORT, _GID_INDEX) on the "
+            "owner to a device that works there (transports() lists them), or "
+            "MONARCH_KERNEL_DATA_TRANSPORT=tcp").encode())
         return
     msg = json.dumps({"qp": json.loads(_encode_info(ep.info())), "addr": region.addr, "rkey": region.rkey})
-    wire.send_reply(sock, wire.OK, msg.encode())
+    wire.send_reply(sock, wire.Status.OK, msg.encode())
 
 
 # ---------------------------------------------------------------- reader side
 
 
-def transfer(h, key: bytes, op: int, mem, offset: int, timeout: float | None) -> None:
-    from . import client
+def request_connect(sock: socket.socket, h, info: dict) -> dict:
+    """Send this end's queue-pair details (``Endpoint.info()``) for ``h`` and return the
+    owner's answer: ``{"qp": its details, "addr": ..., "rkey": ...}``; a failed set-up on the
+    owner raises ``RdmaSetupFailed``."""
+    answer = json.loads(client.request(sock, h, wire.Op.IB_CONNECT, 0, 0, _encode_info(info)))
+    answer["qp"]["gid"] = bytes.fromhex(answer["qp"]["gid"])
+    return answer
 
+
+def transfer(h, key: bytes, op: wire.Op, mem, offset: int, timeout: float | None) -> None:
     view = mem.view
     if view.readonly:  # RDMA needs a registrable (writable) local buffer
         view = memoryview(bytearray(view))
@@ -107,21 +129,17 @@ def transfer(h, key: bytes, op: int, mem, offset: int, timeout: float | None) ->
                 ep = _endpoint()
             remote = remotes.get(h.id)
             if remote is None:
-                info = _encode_info(ep.info())
-                sock.sendall(wire.REQUEST.pack(IB_CONNECT, h.id, h.token, 0, 0) + len(info).to_bytes(4, "little") + info)
-                status, msg = wire.recv_reply(sock)
-                client._raise_for(h, status, msg)
-                answer = json.loads(msg)
+                answer = request_connect(sock, h, ep.info())
                 if not remotes:
-                    ep.connect(**_decode_info(json.dumps(answer["qp"]).encode()))
+                    ep.connect(**answer["qp"])
                 remote = remotes[h.id] = (answer["addr"], answer["rkey"])
                 with _lock:
                     _endpoints[sock] = (ep, remotes)
-            client._request(sock, h, wire.CHECK, offset, view.nbytes)
+            client.request(sock, h, wire.Op.CHECK, offset, view.nbytes)
             if view.nbytes == 0:
                 return
             region = ep.register(address_of(view), view.nbytes)
-            go = ep.read if op == wire.READ else ep.write
+            go = ep.read if op == wire.Op.READ else ep.write
             go(region.addr, region.lkey, remote[0] + offset, remote[1], view.nbytes, timeout or 0.0)
 
-    client._guard(h, run)
+    client.guarded(h, run)

@@ -1,17 +1,17 @@
-"""Turning what a user registers or reads into (a byte view of contiguous memory).
-
-Torch tensors, numpy arrays, bytearrays, memoryviews and mmaps are accepted; anything
-non-contiguous is refused with the call that fixes it.  torch and numpy are only looked up
-in ``sys.modules``: a rank imports them only when such an object is in hand.
+"""Turning what a user registers or reads into a byte view of contiguous memory, and copying
+between two such views.  It must never import torch or numpy (they are only looked up in
+``sys.modules``: a rank imports them only when such an object is in hand).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-import re
 import sys
 from dataclasses import dataclass
+
+
+# Torch tensors, numpy arrays, bytearrays, memoryviews and mmaps are accepted; anything
+# non-contiguous is refused with the call that fixes it.
 
 
 @dataclass
@@ -70,51 +70,14 @@ def _tensor_memory(torch, t, what: str) -> Memory:
     return Memory(memoryview(raw).cast("B"), nbytes, t, tensor=t)
 
 
-def move_to_shared(mem: Memory) -> tuple[int, int, int] | None:
-    """Move a CPU tensor's storage into shared memory, in place for every view of it.
-
-    Returns ``(fd, storage bytes, byte offset of the tensor)``; the fd refers to an already
-    unlinked segment, so nothing is left in ``/dev/shm`` whatever happens to the process.
-    None for memory that cannot move (numpy arrays, bytearrays: their owner keeps the
-    pointer), or that ``/dev/shm`` has no room for; peers then copy it out of the owner's
-    memory or stream it over the local socket instead.
-    """
-    t = mem.tensor
-    if t is None or mem.device != "cpu" or mem.nbytes == 0:
-        return None
-    torch = sys.modules["torch"]
-    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
-        return None
-    if not t.is_shared() and _shm_free() < t.untyped_storage().nbytes():
-        # torch would create a named /dev/shm/torch_* file, fail to allocate it, and leave it.
-        return None
-    try:
-        t.share_memory_()
-        storage = t.untyped_storage()
-        fd, size = storage._share_fd_cpu_()
-    except (RuntimeError, AttributeError) as e:
-        _unlink_torch_leftover(str(e))
-        return None
-    # The storage moved: refresh the view onto its new address.
-    mem.view = memoryview((ctypes.c_char * mem.nbytes).from_address(t.data_ptr())).cast("B")
-    offset = t.data_ptr() - storage.data_ptr()
-    return fd, size, offset
-
-
-def _shm_free() -> int:
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
-
-
-def _unlink_torch_leftover(message: str) -> None:
-    """torch names the segment it failed to fill in its error ("... for file </torch_1_2_0>");
-    it unlinks the name only after a successful mapping, so a failure leaves it behind."""
-    m = re.search(r"<(/torch_\d+_[^>/]+)>", message)
-    if m is not None and m.group(1).startswith(f"/torch_{os.getpid()}_"):
-        try:
-            os.unlink("/dev/shm" + m.group(1))
-        except FileNotFoundError:
-            pass
+def copy(dst: memoryview, src: memoryview) -> None:
+    """memcpy without the GIL where both buffers allow it, so concurrent copies overlap."""
+    n = dst.nbytes
+    if n == 0:
+        return
+    if not dst.readonly and not src.readonly:
+        d = ctypes.addressof(ctypes.c_char.from_buffer(dst))
+        s = ctypes.addressof(ctypes.c_char.from_buffer(src))
+        ctypes.memmove(d, s, n)
+    else:
+        dst[:] = src

@@ -1,23 +1,13 @@
-"""The owner's side of the data plane: registered buffers and the server that serves them.
-
-Started the first time a process registers a buffer.  It listens on a Unix socket (peers on
-this host) and on TCP (peers elsewhere); every connection first proves it holds the job key
-(``wire.py``), then asks for ranges of a buffer by id and secret token.  Each connection has
-its own thread, so concurrent readers are served in parallel and a slow peer holds up nobody.
-
-Anyone who can reach the port can connect, so a neighbour must not be able to stop the
-server: accept errors (out of descriptors, memory) are waited out, never fatal; connections
-still proving the key are capped per peer and in all (the excess is turned away before a
-thread is spent on it); and a handshake has one deadline for the whole exchange.
+"""The owner's generic half of the data plane: registered buffers, and the server that admits
+connections, checks each request's buffer, token and range, and hands it to its transport.
+It must never stop serving because of what a neighbour does, nor move bytes itself.
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import errno
 import hmac
-import json
 import os
 import secrets
 import socket
@@ -28,10 +18,21 @@ from dataclasses import dataclass, field
 
 from ..runtime import config, hosts
 from ..runtime.context import process_mesh
-from . import ibverbs, wire
-from .memory import Memory, move_to_shared
+from . import cuda_ipc, ibverbs, shm, tcp, wire
+from .memory import Memory
 
-NOT_SHARED = 6
+# Started the first time a process registers a buffer.  It listens on a Unix socket (peers
+# on this host) and on TCP (peers elsewhere); every connection first proves it holds the job
+# key (wire.py), then asks for ranges of a buffer by id and secret token.  Each connection
+# has its own thread, so concurrent readers are served in parallel and a slow peer holds up
+# nobody.
+#
+# Anyone who can reach the port can connect, so a neighbour must not be able to stop the
+# server: accept errors (out of descriptors, memory) are waited out, never fatal;
+# connections still proving the key are capped per peer and in all (the excess is turned
+# away before a thread is spent on it); and a handshake has one deadline for the whole
+# exchange.
+
 # Connections still in their handshake: at most this many in all, and from one peer (a TCP
 # address, or a process on the Unix socket).  A handshake takes a millisecond; a reader opens
 # at most a few dozen connections at once, and one turned away tries again.
@@ -53,6 +54,9 @@ class Registered:
 
 
 class DataServer:
+    """This process's registered buffers and the threads that serve them; one per process,
+    made by ``get()`` the first time a buffer is registered."""
+
     _current: "DataServer | None" = None
     _lock = threading.Lock()
 
@@ -64,6 +68,12 @@ class DataServer:
 
                 cls._current = cls(Runtime.current())
             return cls._current
+
+    @classmethod
+    def running(cls) -> "DataServer | None":
+        """This process's server if it has started one (never one inherited through fork)."""
+        server = cls._current
+        return server if server is not None and server.pid == os.getpid() else None
 
     def __init__(self, rt):
         self.pid = os.getpid()
@@ -85,7 +95,7 @@ class DataServer:
         self._pending: dict[object, int] = {}  # peer -> connections still in their handshake
         self._pending_lock = threading.Lock()
         self._tcp, self.tcp_port, self.addresses = _listen_tcp()
-        _allow_peers_to_read()
+        shm.allow_peers_to_read()
         # Whether peers may ask for a queue pair (CPU memory only; GPU memory needs dmabuf).
         self.rdma = ibverbs.is_available()[0]
         for sock, via in [(self._unix, "unix")] + [(t, "tcp") for t in self._tcp]:
@@ -97,7 +107,7 @@ class DataServer:
 
     def register(self, mem: Memory, name: str | None) -> Registered:
         bid = next(self._ids)
-        shared = move_to_shared(mem) if mem.device == "cpu" else None
+        shared = shm.move_to_shared(mem) if mem.device == "cpu" else None
         reg = Registered(bid, name or f"buffer-{bid}", mem, secrets.token_bytes(16), shared)
         self.buffers[bid] = reg
         return reg
@@ -111,20 +121,24 @@ class DataServer:
                 # with the tensor, and no name of it exists in /dev/shm.
                 reg.shared = None
 
-    def check(self, op: int, bid: int, token: bytes, offset: int, nbytes: int) -> tuple[int, str, Registered | None]:
+    def check(self, op: int, bid: int, token: bytes, offset: int,
+              nbytes: int) -> tuple[wire.Status, str, Registered | None]:
+        """Whether ``op`` may touch ``nbytes`` at ``offset`` of buffer ``bid``: a status, why
+        not, and the registration when it may."""
         reg = self.buffers.get(bid)
         if reg is None:
             if bid in self.dropped:
-                return wire.GONE, f"buffer {self.dropped[bid]!r} was dropped by its owner, {self.owner}", None
-            return wire.FORGED, f"{self.owner} has no buffer #{bid}: the handle is forged or from another process", None
+                return wire.Status.GONE, f"buffer {self.dropped[bid]!r} was dropped by its owner, {self.owner}", None
+            return (wire.Status.FORGED, f"{self.owner} has no buffer #{bid}: the handle is forged or from "
+                                        "another process", None)
         if not hmac.compare_digest(token, reg.token):
-            return wire.FORGED, f"wrong token for buffer {reg.name!r}: the handle is forged", None
+            return wire.Status.FORGED, f"wrong token for buffer {reg.name!r}: the handle is forged", None
         if offset < 0 or nbytes < 0 or offset + nbytes > reg.mem.nbytes:
-            return (wire.RANGE, f"bytes {offset}..{offset + nbytes} are outside buffer {reg.name!r} "
+            return (wire.Status.RANGE, f"bytes {offset}..{offset + nbytes} are outside buffer {reg.name!r} "
                                 f"of {reg.mem.nbytes} bytes", None)
-        if op == wire.WRITE and reg.mem.readonly:
-            return wire.READONLY, f"buffer {reg.name!r} was registered read-only", None
-        return wire.OK, "", reg
+        if op == wire.Op.WRITE and reg.mem.readonly:
+            return wire.Status.READONLY, f"buffer {reg.name!r} was registered read-only", None
+        return wire.Status.OK, "", reg
 
     # ------------------------------------------------------------ serving
 
@@ -187,66 +201,42 @@ class DataServer:
             rdma: dict = {}  # this connection's queue pair and registered regions, if any
             while True:
                 try:
-                    head = wire.recv_exact(sock, wire.REQUEST.size)
+                    req = wire.recv_request(sock)
                 except ConnectionError:
                     return
-                self._handle(sock, via, rdma, *wire.REQUEST.unpack(head))
+                self._handle(sock, via, rdma, req)
         except (OSError, wire.HandshakeFailed):
             return
         finally:
             sock.close()
 
-    def _handle(self, sock: socket.socket, via: str, rdma: dict, op: int, bid: int, token: bytes,
-                offset: int, nbytes: int) -> None:
-        status, why, reg = self.check(op, bid, token, offset, nbytes)
-        if op == ibverbs.IB_CONNECT:
-            if status != wire.OK:
-                n = int.from_bytes(wire.recv_exact(sock, 4), "little")
-                wire.recv_exact(sock, n)  # the peer's queue-pair details, unused
-            else:
-                ibverbs.serve_connect(sock, reg, rdma)
+    def _handle(self, sock: socket.socket, via: str, rdma: dict, req: wire.Request) -> None:
+        """Check one request, then hand it to the transport that serves its op."""
+        op, offset, nbytes = req.op, req.offset, req.nbytes
+        status, why, reg = self.check(op, req.bid, req.token, offset, nbytes)
+        if op == wire.Op.IB_CONNECT:
+            blob = wire.recv_blob(sock)  # the peer's queue-pair details, read whatever the status
+            if status == wire.Status.OK:
+                ibverbs.serve_connect(sock, reg, blob, rdma, self.owner)
                 return
-        if status != wire.OK:
+        if status != wire.Status.OK:
             wire.send_reply(sock, status, why.encode())
             return
-        if op == wire.READ:
-            wire.send_reply(sock, wire.OK)
-            if nbytes:
-                if reg.mem.device == "cpu":
-                    sock.sendall(reg.mem.view[offset:offset + nbytes])
-                else:
-                    sock.sendall(_cuda_to_host(reg.mem, offset, nbytes))
-        elif op == wire.WRITE:
-            wire.send_reply(sock, wire.OK)
-            if nbytes:
-                if reg.mem.device == "cpu":
-                    wire.recv_into_all(sock, reg.mem.view[offset:offset + nbytes])
-                else:
-                    staging = bytearray(nbytes)
-                    wire.recv_into_all(sock, memoryview(staging))
-                    _host_to_cuda(reg.mem, offset, staging)
-            wire.send_reply(sock, wire.OK)
-        elif op == wire.MAP and reg.mem.device != "cpu":
-            # A fresh IPC handle per peer: torch counts the processes using the storage.
-            handle = _cuda_handle(reg.mem) if via == "unix" else None
-            wire.send_reply(sock, wire.OK if handle else NOT_SHARED, json.dumps({"cuda": handle}).encode())
-        elif op == wire.MAP:
-            if via != "unix" or (reg.shared is None and reg.mem.readonly):
-                wire.send_reply(sock, NOT_SHARED, b"not in shared memory")
-            elif reg.shared is not None:
-                fd, size, base = reg.shared
-                msg = json.dumps({"size": size, "offset": base}).encode()
-                socket.send_fds(sock, [wire.REPLY.pack(wire.OK, len(msg)) + msg], [fd])
-            else:
-                addr = ctypes.addressof(ctypes.c_char.from_buffer(reg.mem.view)) if reg.mem.nbytes else 0
-                wire.send_reply(sock, wire.OK, json.dumps({"pid": self.pid, "addr": addr}).encode())
-        elif op == wire.CHECK:
-            wire.send_reply(sock, wire.OK)
-        elif op == wire.DROP:
-            self.drop(bid)
-            wire.send_reply(sock, wire.OK)
+        if op == wire.Op.READ:
+            tcp.serve_read(sock, reg.mem, offset, nbytes)
+        elif op == wire.Op.WRITE:
+            tcp.serve_write(sock, reg.mem, offset, nbytes)
+        elif op == wire.Op.MAP and reg.mem.device != "cpu":
+            cuda_ipc.serve_map(sock, reg.mem, via)
+        elif op == wire.Op.MAP:
+            shm.serve_map(sock, reg.mem, reg.shared, via)
+        elif op == wire.Op.CHECK:
+            wire.send_reply(sock, wire.Status.OK)
+        elif op == wire.Op.DROP:
+            self.drop(req.bid)
+            wire.send_reply(sock, wire.Status.OK)
         else:
-            wire.send_reply(sock, wire.RANGE, f"unknown operation {op}".encode())
+            wire.send_reply(sock, wire.Status.RANGE, f"unknown operation {op}".encode())
 
     def close(self) -> None:
         if self._closed:
@@ -298,50 +288,3 @@ def _peer(sock: socket.socket, addr, via: str):
     except OSError:
         pid = 0
     return ("unix", pid)
-
-
-def _allow_peers_to_read() -> None:
-    """Under Yama's ptrace_scope=1, let peers on this host read registered memory directly
-    (process_vm_readv); they still need the buffer's token from this server first."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER, ANY
-    except (OSError, AttributeError):
-        pass
-
-
-# ---------------------------------------------------------------- CUDA helpers
-
-
-def _cuda_handle(mem: Memory):
-    """torch's CUDA IPC handle for the tensor's storage, for peers on this host."""
-    t = mem.tensor
-    storage = t.untyped_storage()
-    try:
-        handle = storage._share_cuda_()
-    except RuntimeError:
-        return None
-    offset = t.data_ptr() - storage.data_ptr()
-    return [_jsonable(x) for x in handle], offset
-
-
-def _jsonable(x):
-    return {"b": x.hex()} if isinstance(x, bytes) else x
-
-
-def _cuda_bytes(mem: Memory):
-    import torch
-
-    return mem.tensor.detach().reshape(-1).view(torch.uint8)
-
-
-def _cuda_to_host(mem: Memory, offset: int, nbytes: int) -> memoryview:
-    host = _cuda_bytes(mem)[offset:offset + nbytes].cpu()
-    return memoryview(host.numpy())
-
-
-def _host_to_cuda(mem: Memory, offset: int, data: bytearray) -> None:
-    import torch
-
-    src = torch.frombuffer(data, dtype=torch.uint8)
-    _cuda_bytes(mem)[offset:offset + len(data)].copy_(src)

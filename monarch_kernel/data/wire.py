@@ -1,35 +1,99 @@
-"""The data plane's wire protocol: a mutual HMAC handshake, then fixed-size requests.
-
-One stream socket (Unix on one host, TCP across hosts) carries many requests, one at a time.
-The handshake proves both ends hold the job key with fresh nonces on both sides, so a
-recorded session cannot be replayed; after it, bulk bytes travel unhashed, as on the control
-plane (``runtime/auth.py``), and go straight from the source memory to the destination with
-``sendall``/``recv_into``.  The handshake has one deadline in all, not one per ``recv``, so a
-peer that drips bytes cannot hold a connection open; a server with too many handshakes in
-progress answers ``BUSY`` and closes, and the client tries again shortly.
+"""The data plane's wire protocol: the mutual HMAC handshake, every op and status code as an
+``IntEnum``, and the struct formats of requests and replies.  It must never know what a
+transport does with an op (that is each transport's module) nor hash the bulk bytes.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import secrets
 import socket
 import struct
 import time
+from dataclasses import dataclass
+
+# One stream socket (Unix on one host, TCP across hosts) carries many requests, one at a
+# time.  The handshake proves both ends hold the job key with fresh nonces on both sides, so
+# a recorded session cannot be replayed; after it, bulk bytes travel unhashed, as on the
+# control plane (runtime/auth.py), straight between the memories with sendall/recv_into.
+# The handshake has one deadline in all, not one per recv, so a peer that drips bytes cannot
+# hold a connection open; a server with too many handshakes in progress answers BUSY and
+# closes, and the client tries again shortly.
 
 MAGIC = b"MKD1"
 BUSY = b"MKDB"  # instead of MAGIC: too many handshakes in progress, try again shortly
 NONCE = 16
 MAC = 32
 
-# ops
-READ, WRITE, MAP, CHECK, DROP = 1, 2, 3, 4, 5
-# statuses
-OK, GONE, FORGED, RANGE, STALE, READONLY = 0, 1, 2, 3, 4, 5
+
+class Op(enum.IntEnum):
+    """What a request asks of the owner (one byte on the wire)."""
+
+    READ = 1  # stream bytes to the reader
+    WRITE = 2  # take bytes from the reader
+    MAP = 3  # how to reach the memory directly: an shm segment, a pid and address, a CUDA IPC handle
+    CHECK = 4  # alive, not dropped, in range: before a transfer that bypasses the socket
+    DROP = 5  # release the registration
+    IB_CONNECT = 6  # connect a queue pair; a length-prefixed blob of the reader's details follows
+
+
+class Status(enum.IntEnum):
+    """The owner's answer (one byte on the wire), followed by a message explaining it."""
+
+    OK = 0
+    GONE = 1  # dropped by its owner
+    FORGED = 2  # no such buffer, or the wrong token
+    RANGE = 3  # outside the buffer, or an unknown op
+    STALE = 4  # from an earlier incarnation of the owner
+    READONLY = 5  # a write to memory registered read-only
+    NOT_SHARED = 6  # MAP: this memory cannot be reached directly; stream it instead
+    RDMA_SETUP = 7  # IB_CONNECT: the owner could not set up its end of the queue pair
+
 
 REQUEST = struct.Struct("<BQ16sQQ")  # op, buffer id, token, offset, nbytes
 REPLY = struct.Struct("<BI")  # status, length of the message that follows
+LENGTH = struct.Struct("<I")  # length of a blob (IB_CONNECT's queue-pair details)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request; ``op`` is an ``Op``, or the bare number of one this end does not know
+    (the server answers that with ``RANGE``)."""
+
+    op: Op | int
+    bid: int
+    token: bytes
+    offset: int
+    nbytes: int
+
+    def encode(self) -> bytes:
+        return REQUEST.pack(self.op, self.bid, self.token, self.offset, self.nbytes)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Request":
+        op, bid, token, offset, nbytes = REQUEST.unpack(raw)
+        return cls(_known(Op, op), bid, token, offset, nbytes)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One reply: a ``Status`` (or the bare number of one this end does not know) and the
+    message that explains it, or the owner's answer to ``MAP``/``IB_CONNECT``."""
+
+    status: Status | int
+    message: bytes = b""
+
+    def encode(self) -> bytes:
+        return REPLY.pack(self.status, len(self.message)) + self.message
+
+
+def _known(kind: type[enum.IntEnum], n: int):
+    try:
+        return kind(n)
+    except ValueError:
+        return n
 
 
 class HandshakeFailed(ConnectionError):
@@ -104,10 +168,31 @@ def client_handshake(sock: socket.socket, key: bytes) -> None:
         raise HandshakeFailed("the data server does not hold this job's key")
 
 
-def send_reply(sock: socket.socket, status: int, message: bytes = b"") -> None:
-    sock.sendall(REPLY.pack(status, len(message)) + message)
+def send_request(sock: socket.socket, op: Op, h, offset: int, nbytes: int, blob: bytes | None = None) -> None:
+    """Ask ``h``'s owner for ``op`` on ``nbytes`` at ``offset``; ``blob`` follows, length first."""
+    raw = Request(op, h.id, h.token, offset, nbytes).encode()
+    sock.sendall(raw if blob is None else raw + LENGTH.pack(len(blob)) + blob)
 
 
-def recv_reply(sock: socket.socket) -> tuple[int, bytes]:
-    status, n = REPLY.unpack(recv_exact(sock, REPLY.size))
-    return status, (recv_exact(sock, n) if n else b"")
+def recv_request(sock: socket.socket) -> Request:
+    return Request.decode(recv_exact(sock, REQUEST.size))
+
+
+def recv_blob(sock: socket.socket) -> bytes:
+    (n,) = LENGTH.unpack(recv_exact(sock, LENGTH.size))
+    return recv_exact(sock, n)
+
+
+def send_reply(sock: socket.socket, status: Status, message: bytes = b"") -> None:
+    sock.sendall(Reply(status, message).encode())
+
+
+def decode_reply_head(raw: bytes) -> tuple[Status | int, int]:
+    """The status and message length of a reply's fixed-size head."""
+    status, n = REPLY.unpack(raw)
+    return _known(Status, status), n
+
+
+def recv_reply(sock: socket.socket) -> Reply:
+    status, n = decode_reply_head(recv_exact(sock, REPLY.size))
+    return Reply(status, recv_exact(sock, n) if n else b"")
