@@ -1,8 +1,9 @@
 """monarch-kernel: a single controller for meshes of Python processes.
 
 Names follow ``monarch.actor``, so Monarch code ports by changing one import.  Layers, top
-to bottom: ``actor`` and ``mesh`` (public), ``runtime`` (internal engine).  This module only
-re-exports.
+to bottom: ``kernel`` (Jupyter), ``console`` and ``debug`` (what runs on ranks for the
+notebook), ``actor`` and ``mesh`` and ``data`` (public), ``runtime`` (internal engine).
+This module only re-exports; importing it installs nothing.
 """
 
 from .actor.actor import Actor as Actor
@@ -20,7 +21,6 @@ from .actor.future import Future as Future
 from .actor.port import Channel as Channel
 from .actor.port import Port as Port
 from .actor.port import PortReceiver as PortReceiver
-from .actor.supervision import _dispatch as _dispatch_fault
 from .actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from .actor.value_mesh import ValueMesh as ValueMesh
 from .mesh.host_mesh import HostMesh as HostMesh
@@ -30,9 +30,6 @@ from .mesh.proc_mesh import ProcMesh as ProcMesh
 from .mesh.shape import Extent as Extent
 from .mesh.shape import Point as Point
 from .mesh.shape import Shape as Shape
-from .runtime.process import Runtime as _Runtime
-
-_Runtime.unhandled_hook = staticmethod(_dispatch_fault)
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
@@ -57,3 +54,10 @@ def load_ipython_extension(ip) -> None:
     from .kernel import load_magics
 
     load_magics(ip)
+
+
+def unload_ipython_extension(ip) -> None:
+    """``%unload_ext monarch_kernel``: the magics' runtime hooks come out again."""
+    from .kernel import unload_magics
+
+    unload_magics(ip)

@@ -16,7 +16,6 @@ import pytest
 
 import monarch_kernel
 from monarch_kernel import MeshStopped, ProcessDied, this_host
-from monarch_kernel.runtime.output import print_sink
 from monarch_kernel.runtime.process import Runtime
 
 from _actors import Echo, Parent, UnsupervisedParent, alive, kill_all, wait_for, wait_gone  # noqa: I001
@@ -334,7 +333,7 @@ def test_context_manager_stops_on_exit_and_on_error():
 def test_rank_output_is_forwarded_with_its_rank():
     rt = Runtime.current()
     lines: list[tuple] = []
-    rt.output_sink = lambda mesh, rank, stream, line: lines.append((mesh, rank, stream, line))
+    sink = rt.hooks.output.install(lambda mesh, rank, stream, line: lines.append((mesh, rank, stream, line)))
     try:
         with this_host().spawn_procs(per_host={"gpus": 2}, name="talkers") as procs:
             m = procs.spawn("echo", Echo)
@@ -353,7 +352,7 @@ def test_rank_output_is_forwarded_with_its_rank():
             rank0 = [l for (_, r, s, l) in list(lines) if r == 0 and s == "stdout" and l.startswith("T1")]
             assert rank0 == ["T1 print from rank 0", "T1 os.write from rank 0", "T1 child process of rank 0"]
     finally:
-        rt.output_sink = print_sink
+        sink.remove()
 
 
 # ---------------------------------------------------------------- what ranks import

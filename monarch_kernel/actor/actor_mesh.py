@@ -45,6 +45,22 @@ class ActorMesh(Shaped):
     def name(self) -> str:
         return self._name
 
+    @property
+    def actor_id(self) -> str:
+        """This actor's id on every rank (with ``proc_ref``, what ``attach`` takes back)."""
+        return self._actor_id
+
+    @property
+    def proc_ref(self) -> MeshRef:
+        return self._proc_ref
+
+    @classmethod
+    def attach(cls, proc_mesh, actor_id: str, name: str, actor_class: type) -> "ActorMesh":
+        """A handle on actors of ``actor_class`` that another process spawned on
+        ``proc_mesh`` under ``actor_id`` (a detached mesh's consoles, say)."""
+        return cls(proc_mesh.ref, actor_id, name, actor_class.__qualname__, endpoint_names(actor_class),
+                   Shape.full(proc_mesh.ref.dims), proc_mesh)
+
     def slice(self, **dims) -> "ActorMesh":
         """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
         return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
@@ -52,7 +68,7 @@ class ActorMesh(Shaped):
 
     def _check_running(self) -> None:
         pm = self._proc_mesh
-        if pm is not None and pm._stopped:
+        if pm is not None and pm.stopped:
             raise MeshStopped(f"mesh '{self._proc_ref.name}' was stopped; {self._class_name} "
                               f"'{self._name}' cannot be called. Spawn a new mesh.")
         rt = Runtime.current()

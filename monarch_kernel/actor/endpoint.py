@@ -33,11 +33,38 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None):
     """Mark an actor method as callable from other processes (sync or async)."""
 
     def mark(f):
+        if explicit_response_port:
+            f = _with_port(f)
         setattr(f, ENDPOINT_MARK, True)
         f.__monarch_port__ = explicit_response_port
         return f
 
     return mark(fn) if fn is not None else mark
+
+
+def _with_port(f):
+    """The runtime hands an explicit-response endpoint its port as (address, id, rank);
+    the endpoint gets a ``Port``."""
+    import functools
+    import inspect
+
+    def port_of(triple):
+        from .port import Port
+
+        return Port(*triple)
+
+    if inspect.iscoroutinefunction(f):
+        @functools.wraps(f)
+        async def call_async(self, port, *args, **kwargs):
+            return await f(self, port_of(port), *args, **kwargs)
+
+        return call_async
+
+    @functools.wraps(f)
+    def call(self, port, *args, **kwargs):
+        return f(self, port_of(port), *args, **kwargs)
+
+    return call
 
 
 def part_value(part: Part, actor: str, method: str) -> Any:

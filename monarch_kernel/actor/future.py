@@ -56,7 +56,7 @@ class Future(Generic[R]):
         """Wait for the value (or raise the rank's error); ``TimeoutError`` after ``timeout`` s."""
         c = self._completion
         if not c.done():
-            rt = Runtime._current
+            rt = Runtime.existing()
             if rt is not None and rt.io.is_current():
                 raise RuntimeError(
                     "cannot block on .get() inside an async endpoint or on the IO loop: "

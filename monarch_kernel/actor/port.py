@@ -93,6 +93,3 @@ class Channel(Generic[R]):
         receiver: PortReceiver[R] = PortReceiver()
         port_id = rt.ports.open(receiver._deliver, once=once)
         return Port(rt.address, port_id), receiver
-
-
-Runtime.make_port = staticmethod(Port)

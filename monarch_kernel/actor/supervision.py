@@ -16,6 +16,13 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     print(f"monarch_kernel: unhandled failure on mesh '{failure.mesh}':\n{failure}", file=sys.stderr, flush=True)
 
 
+def route_unhandled(rt) -> None:
+    """Send ``rt``'s unhandled failures to ``monarch_kernel.unhandled_fault_hook`` (once per
+    runtime; called when this process first spawns, since only spawned meshes fail)."""
+    if not rt.hooks.unhandled.has(_dispatch):
+        rt.hooks.unhandled.install(_dispatch)
+
+
 def _dispatch(failure: MeshFailure) -> None:
     """Call whatever ``monarch_kernel.unhandled_fault_hook`` is now (users may replace it)."""
     pkg = sys.modules.get("monarch_kernel")

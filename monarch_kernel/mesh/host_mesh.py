@@ -4,6 +4,7 @@ forked from a pre-started template); ``this_proc()`` is the calling process itse
 
 from __future__ import annotations
 
+from ..actor.supervision import route_unhandled
 from ..runtime import config
 from ..runtime.failure import ProcessDied
 from ..runtime.process import Runtime
@@ -11,9 +12,6 @@ from .proc_mesh import ProcMesh
 from .shape import Extent, Shape
 
 _names: dict[str, int] = {}
-# fn(ProcMesh), called in the spawning thread once a mesh is up; the kernel adds one so that
-# breakpoint() on ranks of meshes spawned in notebook cells reaches the notebook.
-spawned_hooks: list = []
 
 
 class HostMesh:
@@ -35,6 +33,7 @@ class HostMesh:
             _names["procs"] = _names.get("procs", 0) + 1
             name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
         rt = Runtime.current()
+        route_unhandled(rt)
         om = rt.launcher.spawn(name, tuple(per_host.items()), env)
         pm = ProcMesh(om.ref, Shape.full(per_host), om)
         if rt.io.is_current():
@@ -52,7 +51,7 @@ class HostMesh:
             if isinstance(err, ProcessDied):
                 raise ProcessDied(err.death) from None
             raise err
-        for hook in list(spawned_hooks):
+        for hook in rt.hooks.spawned.all():  # the kernel's: breakpoint() on its ranks reaches the notebook
             hook(pm)
         return pm
 
@@ -68,4 +67,5 @@ def this_host() -> HostMesh:
 def this_proc() -> ProcMesh:
     """A one-rank mesh that is the calling process itself."""
     rt = Runtime.current()
+    route_unhandled(rt)
     return ProcMesh(rt.self_mesh, Shape.full({}), None)

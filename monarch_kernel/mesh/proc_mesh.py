@@ -32,6 +32,67 @@ class ProcMesh(Shaped):
     def name(self) -> str:
         return self._ref.name
 
+    @property
+    def ref(self):
+        """The picklable reference to this mesh (what ``ProcMesh.attach`` takes back)."""
+        return self._ref
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process spawned the mesh (and so may stop and restart its ranks)."""
+        return self._owned is not None
+
+    @classmethod
+    def attach(cls, ref) -> "ProcMesh":
+        """A handle on a mesh another process spawned (a detached mesh's host, say): it can
+        be called, not stopped or restarted from here."""
+        return cls(ref, Shape.full(ref.dims))
+
+    def dead_ranks(self) -> list[int]:
+        rt = Runtime.current()
+        return [r for r in self._shape.ranks if rt.death(self._ref.id, r) is not None]
+
+    def rank_states(self) -> list[dict]:
+        """One row per rank: ``rank``, ``host``, ``pid`` (None if unknown here), ``state``
+        ("idle", "busy", "not responding" or "dead"), ``death`` (how it died, or None) and
+        ``silent_s`` (seconds since its last heartbeat)."""
+        rt = Runtime.current()
+        busy = rt.busy_ranks(self._ref.id)
+        om = self._owned
+        rows = []
+        for r in self._shape.ranks:
+            death = rt.death(self._ref.id, r)
+            info = om.rank_info(r) if om is not None else {"pid": None, "responding": True, "silent_s": 0.0}
+            if death is not None:
+                state = "dead"
+            elif not info["responding"]:
+                state = "not responding"
+            else:
+                state = "busy" if r in busy else "idle"
+            rows.append({"rank": r, "host": self._ref.hosts[r] if self._ref.hosts else "", "pid": info["pid"],
+                         "state": state, "death": death.how() if death is not None else None,
+                         "silent_s": info["silent_s"]})
+        return rows
+
+    def restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
+        """Replace dead ``ranks`` with fresh processes (same numbers), then spawn ``actors``
+        (``(ActorMesh, cls, args, kwargs)``) on them again, with fresh state."""
+        self._restart(ranks, actors, timeout)
+
+    def kill(self, ranks: list[int], timeout: float = 10) -> None:
+        """SIGKILL ``ranks`` (ones that stopped responding); what waits on them fails with
+        ``ProcessDied``.  Returns once their deaths are handled."""
+        if self._owned is None:
+            raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can kill its ranks")
+        for c in Runtime.current().launcher.kill(self._owned, list(ranks)):
+            if not c.wait(timeout):
+                raise TimeoutError(f"timed out after {timeout:g} s waiting for ranks {list(ranks)} of "
+                                   f"'{self.name}' to die")
+
     def slice(self, **dims) -> "ProcMesh":
         pm = ProcMesh(self._ref, self._shape.slice(**dims), self._owned)
         pm._stopped = self._stopped
@@ -81,7 +142,7 @@ class ProcMesh(Shaped):
             c.result()
         for mesh, cls, args, kwargs in actors:
             body = _spawn_body(cls, args, kwargs)
-            pending = rt.call(self._ref, mesh._actor_id, "__init__", list(ranks), body, kind=Kind.SPAWN,
+            pending = rt.call(self._ref, mesh.actor_id, "__init__", list(ranks), body, kind=Kind.SPAWN,
                               extra=_spawn_options(cls))
 
             def check(parts, name=mesh.name):
@@ -101,13 +162,15 @@ class ProcMesh(Shaped):
             self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
         return self._stop_future
 
-    def interrupt(self, actors=None) -> None:
+    def interrupt(self, actors=None, ranks=None, wait: float = 0.0) -> bool:
         """Raise ``KeyboardInterrupt`` in the sync endpoints running on these ranks now (the
-        stop button's effect): of one ``ActorMesh``, or of every actor.  An actor on the
-        rank's main thread (``Actor.runs_on_main_thread``) is interrupted even inside a
-        blocking call; others at their next bytecode."""
-        actor_id = "" if actors is None else actors._actor_id
-        Runtime.current().interrupt(self._ref, list(self._shape.ranks), actor_id)
+        stop button's effect): of one ``ActorMesh``, or of every actor; ``ranks``: only
+        those; ``wait``: seconds to wait until each rank has delivered it (True if all did).
+        An actor on the rank's main thread (``Actor.runs_on_main_thread``) is interrupted
+        even inside a blocking call; others at their next bytecode."""
+        actor_id = "" if actors is None else actors.actor_id
+        ranks = list(self._shape.ranks) if ranks is None else list(ranks)
+        return Runtime.current().interrupt(self._ref, ranks, actor_id, wait=wait)
 
     def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3) -> Future:
         """Ranks' output always streams to the controller here; kept for Monarch code."""

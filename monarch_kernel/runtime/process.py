@@ -29,9 +29,9 @@ from .completion import Completion
 from .context import MeshRef, process_mesh
 from .envelope import Header, Kind, Mode, Part, Status, split_parts, join_parts
 from .failure import DeathInfo, MeshFailure, SendFailed
+from .hooks import Hooks
 from .inbox import Inbox, actor_address
 from .io_thread import IOThread
-from .output import print_sink
 from .ports import PortTable
 from .serialize import dumps
 from .serving import Serving
@@ -43,15 +43,7 @@ from .tree import NodeTable, split
 LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
 
 
-def _default_unhandled(failure: MeshFailure) -> None:
-    print(f"monarch_kernel: unhandled failure: {failure}", file=sys.stderr, flush=True)
-
-
 class Runtime(Serving):
-    unhandled_hook = staticmethod(_default_unhandled)  # the actor layer installs the public hook
-    make_port = staticmethod(lambda address, port_id, rank: (address, port_id, rank))  # actor layer: Port
-    wait_hook = None  # .pending() / .run(completion), for threads blocked in wait(); the kernel's pdb
-    endpoint_error_hook = None  # fn(exc), on the thread whose sync endpoint raised (post-mortem pdb)
     _current: "Runtime | None" = None
     _create_lock = threading.Lock()
 
@@ -105,9 +97,7 @@ class Runtime(Serving):
         self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.dead: dict[tuple[str, int], DeathInfo] = {}
-        self.output_sink = print_sink
-        self.on_unhandled = lambda failure: Runtime.unhandled_hook(failure)
-        self.death_hooks: list = []  # fn(mesh_id, rank, DeathInfo), called for owned meshes
+        self.hooks = Hooks()  # how upper layers plug in (hooks.py); nothing is installed here
         self.main_thread = None  # a MainThread when this is a rank (it lends it to one actor)
         self.segments = shm.Segments() if shm.available() else None
         if serialize.segments is None:
@@ -212,12 +202,12 @@ class Runtime(Serving):
     def wait(self, completion: Completion, timeout: float | None, inbox: Inbox | None = None) -> bool:
         """Block until ``completion`` is done, reading ``inbox`` meanwhile if nobody is.
 
-        ``Runtime.wait_hook`` (the kernel sets it) gets a turn between slices, outside the
+        The wait hook (``hooks.wait``; the kernel installs one) gets a turn between slices, outside the
         inbox lease: a rank stopped in pdb is served from the cell that waits on it.
         """
         if completion.done():
             return True
-        hook = Runtime.wait_hook
+        hook = self.hooks.wait.current()
         deadline = None if timeout is None else time.monotonic() + timeout
         if inbox is None or self.io.is_current():
             if hook is None:
@@ -474,7 +464,54 @@ class Runtime(Serving):
         elif mesh_id in self.memberships and self.memberships[mesh_id][0].owner != self.address:
             self.send_object(self.memberships[mesh_id][0].owner, Kind.FAILURE, mesh_id, failure)
         else:
-            self.on_unhandled(failure)
+            self.unhandled(failure)
+
+    def unhandled(self, failure: MeshFailure) -> None:
+        """Give a failure nobody handled to the unhandled hook; a broken hook is reported,
+        never allowed to stop the IO thread."""
+        try:
+            self.hooks.unhandled.current()(failure)
+        except Exception as e:  # noqa: BLE001  (the hook is user code; the loop must go on)
+            print(f"monarch_kernel: the unhandled-failure hook raised {e!r}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------ what upper layers may ask
+
+    def death(self, mesh_id: str, rank: int) -> DeathInfo | None:
+        """How ``rank`` of mesh ``mesh_id`` died, if this process knows it did."""
+        return self.dead.get((mesh_id, rank))
+
+    def busy_ranks(self, mesh_id: str) -> set[int]:
+        """Ranks of ``mesh_id`` that calls made from this process still wait on."""
+        busy: set[int] = set()
+        for call in list(self.calls.values()):
+            if call.mesh.id == mesh_id:
+                busy.update(call.remaining)
+        return busy
+
+    def trust(self, mesh_ids, key: bytes) -> None:
+        """Accept (and sign for) meshes of another job whose key is ``key`` (a detached mesh)."""
+        self.signer.add_key(list(mesh_ids), key)
+
+    def open_port(self, handler, once: bool = False) -> int:
+        """A port of this process; ``handler(part)`` runs on the IO thread per value."""
+        return self.ports.open(handler, once=once)
+
+    def close_port(self, port_id: int) -> bool:
+        return self.ports.close(port_id)
+
+    def forget_peer(self, address: str) -> None:
+        """Every thread drops its sockets to ``address`` (a process that went away)."""
+        self.transport.forget(address)
+
+    def actor_instance(self, actor_id: str):
+        """The object behind an actor hosted in this process (None if there is none)."""
+        slot = self.actors.get(actor_id)
+        return slot.instance if slot is not None else None
+
+    @classmethod
+    def existing(cls) -> "Runtime | None":
+        """This process's runtime if one was made (never makes one)."""
+        return cls._current
 
     # ------------------------------------------------------------ lifecycle
 

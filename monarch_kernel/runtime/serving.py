@@ -151,7 +151,7 @@ class Serving:
             if getattr(fn, "__monarch_port__", False):
                 port_id, port = self._response_port(h, me)
                 with slot.running():
-                    fn(self.make_port(*port), *args, **kwargs)
+                    fn(port, *args, **kwargs)  # the actor layer turns the triple into a Port
                 return
             with slot.running():
                 value = fn(*args, **kwargs)
@@ -163,7 +163,7 @@ class Serving:
         except BaseException as e:
             if port_id is not None and not self.ports.close(port_id):
                 return  # it already answered through the port
-            hook = self.endpoint_error_hook
+            hook = self.hooks.endpoint_error.current()
             if hook is not None and isinstance(e, Exception):
                 hook(e)  # may stop here in post-mortem pdb before the caller hears of it
             part = self._failure_part(me, h.actor, h.method, e)
@@ -178,7 +178,7 @@ class Serving:
             args, kwargs = Part(me, 0, body).load()
             if getattr(fn, "__monarch_port__", False):
                 port_id, port = self._response_port(h, me)
-                await fn(self.make_port(*port), *args, **kwargs)
+                await fn(port, *args, **kwargs)
                 return
             value = await fn(*args, **kwargs)
             args = kwargs = None  # see _run_sync

@@ -105,7 +105,7 @@ class Supervisor:
         for r in (range(ref.size) if ranks is None else ranks):
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            sink = lambda: rt.output_sink  # noqa: E731  (the kernel may swap it later)
+            sink = rt.hooks.output.current  # looked up per line: the kernel may install one later
             om.readers[r] = [
                 PipeReader(rt.io.loop, out_r, ref.name, r, "stdout", sink, lambda: None),
                 PipeReader(rt.io.loop, err_r, ref.name, r, "stderr", sink, lambda: None),
@@ -209,7 +209,7 @@ class Supervisor:
         rt = self.rt
         om.alive.discard(rank)
         observed = rt.rank_died(om.ref.id, rank, info) or not om.ready.done()
-        for hook in rt.death_hooks:
+        for hook in rt.hooks.death.all():
             hook(om.ref.id, rank, info)
         for other in list(rt.meshes.values()):
             for r in other.up & other.alive:
@@ -275,7 +275,7 @@ class Supervisor:
         if owner is not None:
             failure.chain.append(f"{type(owner.instance).__qualname__} on rank {owner.rank} of mesh '{owner.mesh.name}'")
         if rt.owner is None:
-            rt.on_unhandled(failure)
+            rt.unhandled(failure)
         else:
             my_mesh = process_mesh[0]
             rt.send_object(rt.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
@@ -285,7 +285,7 @@ class Supervisor:
         if om is not None:
             self.supervise(om, failure)
         else:
-            self.rt.on_unhandled(failure)
+            self.rt.unhandled(failure)
 
     # ------------------------------------------------------------ stopping
 
