@@ -1,8 +1,7 @@
-"""The data plane: ``RDMABuffer`` moves bytes rank to rank without the controller in the path.
-
+"""The data plane: ``RDMABuffer`` moves bytes rank to rank without the controller in the path;
 ``transports()`` says which transports this process can use and why the others are not.
-Importing any module here starts and installs nothing: a process's data server starts when
-it registers its first buffer.
+Importing it must never start or install anything: a process's data server starts when it
+registers its first buffer.
 """
 
 from .buffer import RDMABuffer as RDMABuffer
