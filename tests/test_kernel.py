@@ -281,7 +281,7 @@ def test_long_cell_shows_progress(kc):
 def test_detached_mesh_survives_a_kernel_restart(kernelspec):
     import psutil
 
-    from monarch_kernel.kernel.meshhost import info_path
+    from monarch_kernel.detached.records import info_path
 
     with kernel(kernelspec) as client:
         out, reply = run(client, "procs = %mesh spawn -n 2 --detach keepme")
@@ -348,7 +348,7 @@ def test_a_detached_mesh_whose_host_died_is_noticed_and_cleaned_up(kernelspec):
     import json
     import signal
 
-    from monarch_kernel.kernel.meshhost import info_path, log_path
+    from monarch_kernel.detached.records import info_path, log_path
 
     def kill_host(name):
         with open(info_path(name)) as f:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.kernel.console import Console
+from monarch_kernel.console.console import Console
 from monarch_kernel.runtime.failure import ActorError, ProcessDied
 
 pytestmark = pytest.mark.timeout(90)
@@ -92,7 +92,7 @@ def test_a_frozen_rank_is_shown_not_responding(monkeypatch):
         os.kill(pid, signal.SIGSTOP)
         try:
             def states():
-                return [row["state"] for row in status.snapshot(procs, consoles, {})]
+                return [row["state"] for row in status.snapshot(procs, {})]
 
             _wait(lambda: states()[1].startswith("not responding"), 10, "rank 1 to be shown not responding")
             assert states()[0] == "idle"

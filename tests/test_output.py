@@ -163,7 +163,7 @@ def test_the_context_handed_out_is_a_new_copy_each_time():
 
 
 def test_held_lines_flush_by_rank_and_sync_markers_count(monkeypatch):
-    from monarch_kernel.kernel.console import SYNC
+    from monarch_kernel.console.console import SYNC
 
     out = CellStream(contextvars.ContextVar("cell"), delay=0)
     monkeypatch.setattr("sys.stdout", out)

@@ -47,7 +47,7 @@ class ActorMesh(Shaped):
 
     @property
     def actor_id(self) -> str:
-        """This actor's id on every rank (with ``proc_ref``, what ``attach`` takes back)."""
+        """This actor's id on every rank (with ``proc_ref``, what ``from_ref`` takes back)."""
         return self._actor_id
 
     @property
@@ -55,7 +55,7 @@ class ActorMesh(Shaped):
         return self._proc_ref
 
     @classmethod
-    def attach(cls, proc_mesh, actor_id: str, name: str, actor_class: type) -> "ActorMesh":
+    def from_ref(cls, proc_mesh, actor_id: str, name: str, actor_class: type) -> "ActorMesh":
         """A handle on actors of ``actor_class`` that another process spawned on
         ``proc_mesh`` under ``actor_id`` (a detached mesh's consoles, say)."""
         return cls(proc_mesh.ref, actor_id, name, actor_class.__qualname__, endpoint_names(actor_class),

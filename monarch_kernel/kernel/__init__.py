@@ -1,16 +1,25 @@
-"""The Jupyter face: ``MeshKernel``, its kernelspec, the ``%mesh`` magics and the console
-actor that gives each rank a persistent namespace.  It uses only the public API and the
-runtime's output-sink hook."""
+"""The Jupyter face, in the kernel process: ``MeshKernel``, its kernelspec, the ``%mesh``
+magics, running ``%%mesh`` cells, rank output in cells, status, detached meshes.  It uses
+only the public API and the runtime's hooks, which it installs when the magics load and
+removes when they unload (kernel shutdown, ``%unload_ext``)."""
 
 
-def load_magics(shell) -> None:
-    """Register ``%mesh`` on an IPython shell (once)."""
+def load_magics(shell):
+    """Register ``%mesh`` on an IPython shell (once); returns its ``MeshMagics``."""
     from .magics import MeshMagics
 
-    if "mesh" not in shell.magics_manager.magics["line"]:
-        shell.register_magics(MeshMagics)
-    try:
-        from .cell_code import keep_cell_filenames
-    except ImportError:  # no ipykernel: cells have no file names to keep
-        return
-    keep_cell_filenames()
+    for magics in shell.magics_manager.registry.values():
+        if isinstance(magics, MeshMagics):
+            return magics
+    magics = MeshMagics(shell)
+    shell.register_magics(magics)
+    return magics
+
+
+def unload_magics(shell) -> None:
+    """Take the runtime hooks of this shell's ``%mesh`` out again."""
+    from .magics import MeshMagics
+
+    for magics in list(shell.magics_manager.registry.values()):
+        if isinstance(magics, MeshMagics):
+            magics.session.close()

@@ -15,7 +15,7 @@ class MeshKernel(IPythonKernel):
     implementation = "monarch_kernel"
     implementation_version = "0.1.0"
     # JupyterLab's debugger: the kernel itself, or the rank chosen with %mesh debug R.
-    debugger_class = Type("monarch_kernel.kernel.debugger.MeshDebugger")
+    debugger_class = Type("monarch_kernel.debug.proxy.MeshDebugger")
     banner = "monarch-kernel: Python 3 as the single controller of a mesh (try  %mesh spawn -n 4)"
 
     def __init__(self, **kwargs):
@@ -24,6 +24,12 @@ class MeshKernel(IPythonKernel):
 
         load_magics(self.shell)
 
+    def do_shutdown(self, restart):
+        from . import unload_magics
+
+        unload_magics(self.shell)  # the runtime's hooks go with the kernel
+        return super().do_shutdown(restart)
+
 
 class MeshKernelApp(IPKernelApp):
     name = "monarch-kernel"
@@ -31,4 +37,9 @@ class MeshKernelApp(IPKernelApp):
 
 
 def main() -> None:
+    import os
+
+    # debugpy (the kernel's own debugger) would warn at start that frozen modules may hide
+    # breakpoints; cells do not need them.  Set here, by the kernel's entry, never at import.
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     MeshKernelApp.launch_instance()

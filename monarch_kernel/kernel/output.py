@@ -16,27 +16,12 @@ import sys
 import threading
 import time
 
-from .console import SYNC
+from ..console.console import SYNC
+from ..mesh.ranks import rank_label
 
 WINDOW_S = 0.15  # how long a line waits for the same line from other ranks
 BATCH_GAP_S = 0.02  # under a flood, at most one write per this interval
 WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about this big
-
-
-def rank_label(ranks) -> str:
-    """``[rank 3]`` or ``[ranks 0-3,5]``."""
-    ranks = sorted(set(ranks))
-    if len(ranks) == 1:
-        return f"[rank {ranks[0]}]"
-    spans, start, prev = [], ranks[0], ranks[0]
-    for r in ranks[1:] + [None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        spans.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if r is not None:
-            start = prev = r
-    return f"[ranks {','.join(spans)}]"
 
 
 class Entry:

@@ -24,32 +24,30 @@ def rss_mib(pid: int | None) -> float | None:
         return None
 
 
-def snapshot(procs, consoles, last_lines: dict) -> list[dict]:
-    rt = Runtime.current()
-    om = procs._owned
-    busy = set()
-    for call in list(rt.calls.values()):
-        if call.mesh.id == procs._ref.id:
-            busy.update(call.remaining)
-    rows = []
-    for r in range(len(procs)):
-        info = om.rank_info(r)
-        death = rt.dead.get((procs._ref.id, r))
-        if death:
-            state = f"dead ({death.how()})"
-        elif not info["responding"]:
-            state = f"not responding ({info['silent_s']:.0f} s; %mesh restart replaces it)"
+def snapshot(procs, last_lines: dict, host=None) -> list[dict]:
+    """The status table's rows: ``procs.rank_states()`` (from the detached mesh's ``host``
+    when there is one: it owns the ranks), with this kernel's view of which are busy, each
+    rank's memory and its last output line."""
+    rows = procs.rank_states() if host is None else host.status.call_one().get(timeout=30)
+    busy = Runtime.current().busy_ranks(procs.ref.id)
+    out = []
+    for row in rows:
+        r, state = row["rank"], row["state"]
+        if state == "dead":
+            state = f"dead ({row['death']})"
+        elif state == "not responding":
+            state = f"not responding ({row['silent_s']:.0f} s; %mesh restart replaces it)"
         else:
             state = "busy" if r in busy else "idle"
-        rss = None if death else rss_mib(info["pid"])
-        rows.append({"rank": r, "host": info["host"], "pid": info["pid"], "state": state,
-                     "rss": "" if rss is None else f"{rss:.0f} MiB",
-                     "last": last_lines.get((procs.name, r), "")})
-    return rows
+        rss = None if row["death"] else rss_mib(row["pid"])
+        out.append({"rank": r, "host": row["host"], "pid": row["pid"], "state": state,
+                    "rss": "" if rss is None else f"{rss:.0f} MiB", "last": last_lines.get((procs.name, r), "")})
+    return out
 
 
-def as_text(name: str, rows: list[dict]) -> str:
-    out = [f"mesh {name}: {len(rows)} ranks"]
+def as_text(name: str, rows: list[dict], detached: bool = False) -> str:
+    alive = sum(1 for row in rows if not row["state"].startswith("dead"))
+    out = [f"mesh {name}{' (detached)' if detached else ''}: {len(rows)} ranks, {alive} alive"]
     for row in rows:
         last = f"  | {row['last'][:60]}" if row["last"] else ""
         out.append(f"  rank {row['rank']}: pid {row['pid']} on {row['host']}, {row['state']}"
@@ -86,8 +84,9 @@ class LiveStatus:
             procs, consoles = self.session.get()
         except Exception:
             return False
-        self.widget.value = as_html(procs.name, snapshot(procs, consoles, self.session.sink.last_lines))
-        return not procs._stopped
+        self.widget.value = as_html(procs.name, snapshot(procs, self.session.sink.last_lines,
+                                                         self.session.hosts.get(procs.name)))
+        return not procs.stopped
 
     def _loop(self) -> None:
         while not self._stop.wait(REFRESH_S):

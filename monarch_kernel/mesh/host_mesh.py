@@ -12,6 +12,10 @@ from .proc_mesh import ProcMesh
 from .shape import Extent, Shape
 
 _names: dict[str, int] = {}
+# What every rank unpickles: the template imports these before it forks, so ranks start warm.
+RANK_MODULES = tuple(f"monarch_kernel.{m}" for m in (
+    "actor.actor", "actor.actor_mesh", "actor.endpoint", "actor.errors", "actor.future", "actor.port",
+    "actor.supervision", "actor.value_mesh", "mesh.host_mesh", "mesh.proc_mesh", "mesh.shape"))
 
 
 class HostMesh:
@@ -34,6 +38,7 @@ class HostMesh:
             name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
         rt = Runtime.current()
         route_unhandled(rt)
+        rt.warm(RANK_MODULES)
         om = rt.launcher.spawn(name, tuple(per_host.items()), env)
         pm = ProcMesh(om.ref, Shape.full(per_host), om)
         if rt.io.is_current():

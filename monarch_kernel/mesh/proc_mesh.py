@@ -34,7 +34,7 @@ class ProcMesh(Shaped):
 
     @property
     def ref(self):
-        """The picklable reference to this mesh (what ``ProcMesh.attach`` takes back)."""
+        """The picklable reference to this mesh (what ``ProcMesh.from_ref`` takes back)."""
         return self._ref
 
     @property
@@ -47,7 +47,7 @@ class ProcMesh(Shaped):
         return self._owned is not None
 
     @classmethod
-    def attach(cls, ref) -> "ProcMesh":
+    def from_ref(cls, ref) -> "ProcMesh":
         """A handle on a mesh another process spawned (a detached mesh's host, say): it can
         be called, not stopped or restarted from here."""
         return cls(ref, Shape.full(ref.dims))

@@ -98,6 +98,7 @@ class Runtime(Serving):
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.dead: dict[tuple[str, int], DeathInfo] = {}
         self.hooks = Hooks()  # how upper layers plug in (hooks.py); nothing is installed here
+        self.warm_modules: list[str] = []  # what the template imports before forking (warm())
         self.main_thread = None  # a MainThread when this is a rank (it lends it to one actor)
         self.segments = shm.Segments() if shm.available() else None
         if serialize.segments is None:
@@ -498,6 +499,13 @@ class Runtime(Serving):
 
     def close_port(self, port_id: int) -> bool:
         return self.ports.close(port_id)
+
+    def warm(self, modules) -> None:
+        """Have the template import ``modules`` before it forks ranks (upper layers name the
+        classes ranks will unpickle, so that each rank starts with them loaded)."""
+        for name in modules:
+            if name not in self.warm_modules:
+                self.warm_modules.append(name)
 
     def forget_peer(self, address: str) -> None:
         """Every thread drops its sockets to ``address`` (a process that went away)."""

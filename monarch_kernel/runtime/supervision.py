@@ -97,7 +97,7 @@ class Supervisor:
     def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
         rt = self.rt
         if self.template is None or not self.template.alive:
-            self.template = TemplateClient(rt.io.loop, self._on_exit)
+            self.template = TemplateClient(rt.io.loop, self._on_exit, tuple(rt.warm_modules))
         ref = om.ref
         om.env = env
         om.master_port = getattr(om, "master_port", None) or _free_port()

@@ -28,7 +28,7 @@ class TemplateClient:
     started the template, and the IO thread lives as long as the process.
     """
 
-    def __init__(self, loop, on_exit):
+    def __init__(self, loop, on_exit, warm: tuple[str, ...] = ()):
         self._loop = loop
         self._on_exit = on_exit
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -36,7 +36,8 @@ class TemplateClient:
         env = dict(os.environ)
         env.pop("PYTHONSTARTUP", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, str(there.fileno()), str(os.getpid())],
+            # ``warm``: modules the template imports before forking (named by upper layers).
+            [sys.executable, "-c", SERVE, str(there.fileno()), str(os.getpid()), *warm],
             stdin=subprocess.PIPE,
             pass_fds=[there.fileno()],
             start_new_session=True,

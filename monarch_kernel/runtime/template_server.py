@@ -87,7 +87,7 @@ def serve() -> None:
     become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
-    _warm_up()
+    _warm_up(sys.argv[3:])
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -207,14 +207,16 @@ def serve() -> None:
                     pass
 
 
-def _warm_up() -> None:
+def _warm_up(modules: list[str]) -> None:
     """Import what every rank needs before the first fork, so each fork starts warm: the rank
-    entry (and with it the runtime) and the public classes ranks unpickle (meshes, ports,
-    futures, errors, shapes).  The package's ``__init__`` runs too, as any import of
-    ``monarch_kernel.*`` runs it, but this list does not count on it to load them."""
-    from ..actor import actor, actor_mesh, endpoint, errors, future, port, supervision, value_mesh  # noqa: F401
-    from ..mesh import host_mesh, proc_mesh, shape  # noqa: F401
+    entry (and with it the runtime), and the modules the controller named (the public
+    classes ranks unpickle; the upper layers name them, see ``Runtime.warm``)."""
+    import importlib
+
     from . import rank  # noqa: F401
+
+    for name in modules:
+        importlib.import_module(name)
 
 
 def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:

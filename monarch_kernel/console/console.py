@@ -1,0 +1,96 @@
+"""The console actor: one persistent namespace per rank, in which ``%%mesh`` cells run.
+
+A cell's last expression is evaluated and its repr returned, as IPython does; rich output
+is collected (``display.py``) and returned for the notebook to show under the rank's label.
+After each cell the rank writes a sync marker to stdout and stderr, so the controller knows
+every line the cell printed has reached it before the cell ends.  Runs on ranks, on the
+rank's main thread, so the stop button's SIGINT cuts blocking calls short.
+"""
+
+from __future__ import annotations
+
+import bdb
+import sys
+
+from ..actor.actor import Actor
+from ..actor.endpoint import endpoint
+from ..debug import pdb_rank, rank_debugpy
+from ..runtime.process import Runtime
+from .cells import LAST, compile_cell, remember_source
+from .display import DisplayCapture
+
+SYNC = "\x1emonarch-sync "  # starts the marker line a rank prints after each cell
+
+
+class Console(Actor):
+    runs_on_main_thread = True  # the stop button then interrupts blocking calls at once
+
+    def __init__(self):
+        self.ns: dict = {"__name__": "__mesh__", "__builtins__": __builtins__}
+        hooks = Runtime.current().hooks
+        self.capture = DisplayCapture()
+        self.capture.install(hooks)
+        if self.capture.display is not None:
+            self.ns["display"] = self.capture.display
+        rank_debugpy.share_namespace(self.ns)
+        pdb_rank.install()
+
+    @endpoint
+    def run(self, code: str, filename: str, token: str, opts: dict | None = None) -> dict:
+        """Run ``code``: ``{"value": repr of its last expression or None, "displays": [...]}``.
+
+        ``opts``: ``cell`` (the whole cell as shown), ``line_offset`` (lines of the cell
+        before ``code``), ``pdb_port`` and ``post_mortem`` (distributed pdb settings).
+        """
+        opts = opts or {}
+        cell = opts.get("cell", code)
+        pdb_rank.configure(opts.get("pdb_port"), opts.get("post_mortem"))
+        pdb_rank.config.cell_files.add(filename)
+        remember_source(filename, cell)
+        if rank_debugpy.listening() is not None:
+            rank_debugpy.write_source(filename, cell)
+        self.capture.clear()
+        try:
+            compiled, shows = compile_cell(code, filename, opts.get("line_offset", 0))
+            exec(compiled, self.ns)
+            value = None
+            if shows:
+                result = self.ns.pop(LAST, None)
+                if result is not None:
+                    self.ns["_"] = result
+                    value = repr(result)
+            return {"value": value, "displays": self.capture.take()}
+        except BaseException as e:
+            if pdb_rank.config.post_mortem and not isinstance(e, (KeyboardInterrupt, bdb.BdbQuit, SyntaxError)):
+                tb = e.__traceback__
+                while tb is not None and tb.tb_frame.f_code is sys._getframe().f_code:
+                    tb = tb.tb_next  # start at the cell, not here
+                if tb is not None:
+                    pdb_rank.post_mortem(tb, e)
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            print(SYNC + token, flush=True)
+            print(SYNC + token, file=sys.stderr, flush=True)
+
+    @endpoint
+    def debug_listen(self, host: str = "127.0.0.1") -> tuple[str, int]:
+        """Start debugpy here; runs on the console's own thread so cells are traced."""
+        return rank_debugpy.listen(host)
+
+    @endpoint
+    async def debug_setup(self, pdb_port=None, post_mortem: bool | None = None) -> None:
+        """Where this rank's pdb sessions report, and whether errors stop in pdb."""
+        pdb_rank.configure(pdb_port, post_mortem)
+
+    @endpoint
+    def push(self, values: dict) -> None:
+        self.ns.update(values)
+
+    @endpoint
+    def pull(self, name: str):
+        try:
+            return self.ns[name]
+        except KeyError:
+            raise NameError(f"name {name!r} is not defined on this rank") from None

@@ -1,0 +1,4 @@
+"""Detached meshes: ranks owned by a small host process of their own, so they outlive the
+kernel that started them.  ``host.py`` runs in that host process; ``records.py`` is the
+record file both the host and kernels read; the kernel's side is ``kernel/detached.py``.
+"""

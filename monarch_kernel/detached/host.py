@@ -1,0 +1,90 @@
+"""The host process of a detached mesh: it owns the ranks so they outlive the kernel.
+
+``%mesh spawn -n N --detach M`` starts ``main()`` in a process of its own session.  It
+spawns the ranks (each with a console actor), hosts a ``MeshHost`` actor in itself and
+writes its record (``records.py``); the key is never on a command line.  A kernel attaches
+by reading the record and handing the host a port for the ranks' output and deaths.
+``%mesh stop M`` (from any attached kernel) ends the ranks and the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+from ..actor.actor import Actor
+from ..actor.endpoint import endpoint
+from ..console.console import Console
+from ..mesh.host_mesh import this_host, this_proc
+from ..runtime.envelope import Part, Status
+from ..runtime.process import Runtime
+from ..runtime.serialize import dumps
+from . import records
+
+
+class MeshHost(Actor):
+    """Lives in the host process; the attached kernel's handle on the detached mesh."""
+
+    def __init__(self):
+        self.port = None
+        self.kernel_pid = None
+        self.procs = None  # set by main(): the mesh, its consoles, and what ends the host
+        self.consoles = None
+        self.done = threading.Event()
+
+    @endpoint
+    def attach(self, port, kernel_pid: int) -> None:
+        if self.port is not None and self.port.address != port.address:
+            Runtime.current().forget_peer(self.port.address)
+        self.port, self.kernel_pid = port, kernel_pid
+
+    def forward(self, message: tuple) -> None:
+        """Send an output line or a death to the attached kernel, if it is still there."""
+        port, pid = self.port, self.kernel_pid
+        if port is None:
+            return
+        try:
+            os.kill(pid, 0)
+        except OSError:  # the kernel is gone; wait for the next attach
+            self.port = None
+            return
+        Runtime.current().send_port(port.address, port.port_id, Part(0, Status.OK, dumps(message)))
+
+    @endpoint
+    def status(self) -> list[dict]:
+        """``ProcMesh.rank_states()`` of the mesh, as its owner sees it."""
+        return self.procs.rank_states()
+
+    @endpoint
+    def restart(self, ranks: list[int]) -> None:
+        self.procs.restart(ranks, [(self.consoles, Console, (), {})])
+
+    @endpoint
+    def stop(self) -> None:
+        self.procs.stop().get(timeout=30)
+        self.done.set()
+
+
+def main() -> None:
+    name, n = sys.argv[1], int(sys.argv[2])
+    env = json.loads(sys.stdin.readline() or "{}")
+    procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
+    consoles = procs.spawn("console", Console)
+    host = this_proc().spawn("meshhost", MeshHost)
+    rt = Runtime.current()
+    instance = rt.actor_instance(host.actor_id)
+    instance.procs, instance.consoles = procs, consoles
+    rt.hooks.output.install(lambda mesh, rank, stream, line: instance.forward(("line", mesh, rank, stream, line)))
+    rt.hooks.death.install(lambda mesh_id, rank, info: instance.forward(("death", mesh_id, rank, info)))
+    record = records.Record(name, os.getpid(), records.start_time(os.getpid()), rt.key.hex(),
+                            procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id)
+    record.write()
+    try:
+        instance.done.wait()
+    finally:
+        try:
+            os.unlink(records.info_path(name))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,171 @@
+"""Running a ``%%mesh`` cell: send it to the ranks' consoles, stream their output into the
+cell, show each rank's value, display or traceback, and turn the stop button into an
+interrupt of the ranks.  Runs in the kernel (any IPython shell with the magics).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from IPython.core.display_functions import display, publish_display_data
+from IPython.core.error import UsageError
+
+from ..actor.errors import ActorError
+from ..debug import proxy
+from ..mesh.ranks import RankSpecError, parse_ranks, rank_label
+
+INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
+PROGRESS_AFTER_S = 2.0
+
+
+def ranks_arg(spec: str, n: int, flag: str) -> list[int]:
+    """``parse_ranks`` for a magic's argument: a bad spec is a ``UsageError``."""
+    try:
+        return parse_ranks(spec, n)
+    except RankSpecError as e:
+        raise UsageError(f"{flag} {e}") from None
+
+
+def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout: float | None,
+                stream: bool = True, by_rank: bool = False, line: str = ""):
+    procs, consoles = session.get()
+    n = len(procs)
+    ranks = ranks_arg(ranks_spec, n, "--ranks") if ranks_spec else list(range(n))
+    target = consoles if len(ranks) == n else _select(consoles, ranks)
+    token = uuid.uuid4().hex
+    whole, filename, offset = session.cell_file(line, cell)
+    session.sink.hold = not stream
+    opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
+    fut = target.run.call(cell, filename, token, opts)
+    interrupted = False
+    session.pdb.cell_running = True
+    try:
+        try:
+            results = _wait_with_progress(fut, session.sink, token, len(ranks), timeout, session.pdb)
+            session.pdb.announce()
+        except KeyboardInterrupt:
+            # The stop button: interrupt the ranks' code, keep their namespaces.
+            interrupted = True
+            # A rank held at a breakpoint is interrupted through its inspector (debugpy holds
+            # its IO loop too), then resumed so the interrupt lands on the line it stopped at.
+            held = proxy.stopped_rank(session.shell, procs.name, ranks)
+            procs.interrupt(consoles, [r for r in ranks if r != held], wait=2.0)
+            proxy.release_for_interrupt(session.shell, procs.name, ranks, consoles.actor_id)
+            results = fut.get(timeout=INTERRUPT_GRACE_S)
+        failed = None
+    except ActorError as e:
+        results, failed = getattr(e, "results", None), e
+    finally:
+        session.pdb.cell_running = False
+    mesh_name = procs.name
+    dead = set(procs.dead_ranks())
+    expected = {(mesh_name, r, s) for r in ranks for s in ("stdout", "stderr") if r not in dead}
+    session.sink.wait_synced(token, expected, 5.0, by_rank)
+    session.sink.hold = False
+    errors = {}
+    if results is not None:
+        shown: dict[str, list[int]] = {}  # the same value from several ranks prints once
+        displays = []
+        for (_point, value), r in zip(results.items(), ranks):
+            if isinstance(value, BaseException):
+                errors[r] = value
+                continue
+            if value["value"] is not None:
+                shown.setdefault(value["value"], []).append(r)
+            displays.extend((r, data, md) for data, md in value["displays"])
+        session.shell.user_ns["_mesh"] = results.__class__(
+            results.shape, [v if isinstance(v, BaseException) else v["value"] for v in results.values()])
+        for r, data, md in displays:
+            print(f"[rank {r}]", flush=True)
+            publish_display_data(data, {**md, "monarch_kernel": {"rank": r}})
+        for value, rs in shown.items():
+            print(f"{rank_label(rs)} {value}")
+    if interrupted:
+        raise KeyboardInterrupt(f"interrupted on ranks {', '.join(map(str, ranks))}; their namespaces are kept")
+    if failed is not None:
+        raise MeshCellError(errors or {ranks[0]: failed}) from None
+    return None
+
+
+def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pdb=None):
+    """``fut.get(timeout)``, showing "k of n ranks finished" once the cell runs past 2 s,
+    and serving ranks that stop in pdb meanwhile."""
+    start = time.monotonic()
+    handle, shown = None, -1
+    while True:
+        if pdb is not None and pdb.waiting():
+            sink.flush()
+            pdb.serve(done=fut.done, auto_attach=n == 1)
+        elapsed = time.monotonic() - start
+        step = 0.25 if timeout is None else max(0.0, min(0.25, timeout - elapsed))
+        try:
+            result = fut.get(timeout=step)
+            done = True
+        except TimeoutError:
+            if timeout is not None and time.monotonic() - start >= timeout:
+                raise TimeoutError(f"the cell did not finish on every rank within {timeout:g} s "
+                                   "(it is still running there; interrupt the kernel to stop it)") from None
+            done = False
+        except ActorError:
+            if handle is not None:
+                handle.update(_progress(n, n, time.monotonic() - start), raw=True)
+            raise
+        elapsed = time.monotonic() - start
+        finished = n if done else sink.finished(token)
+        if handle is None and not done and elapsed >= PROGRESS_AFTER_S:
+            handle = display(_progress(finished, n, elapsed), display_id=True, raw=True)
+            shown = finished
+        elif handle is not None and (finished != shown or done):
+            handle.update(_progress(finished, n, elapsed), raw=True)
+            shown = finished
+        if done:
+            return result
+
+
+def _progress(finished: int, n: int, elapsed: float) -> dict:
+    label = f"{finished} of {n} ranks finished ({elapsed:.1f} s)"
+    return {"text/plain": f"[mesh] {label}",
+            "text/html": f"<progress value='{finished}' max='{n}'></progress> {label}"}
+
+
+class MeshCellError(Exception):
+    """A ``%%mesh`` cell failed on some ranks; shows each rank's traceback, cell lines only."""
+
+    def __init__(self, errors: dict):
+        self.errors = errors
+        first = next(iter(errors.values()))
+        super().__init__(f"the cell failed on {len(errors)} rank(s): {', '.join(map(str, errors))}")
+        self.__cause__ = first
+
+    def _render_traceback_(self) -> list[str]:
+        lines = []
+        for r, err in self.errors.items():
+            text = getattr(err, "remote_traceback", "") or f"{type(err).__name__}: {err}"
+            if not getattr(err, "remote_traceback", ""):
+                text = str(err)
+            lines.append(f"[rank {r}] {clean_traceback(text)}")
+        return lines
+
+
+def clean_traceback(text: str) -> str:
+    """Drop the console's own frames (console/) from a rank's traceback."""
+    out, skip = [], False
+    for line in text.splitlines():
+        if line.startswith("  File "):
+            skip = "monarch_kernel" in line and ("console.py" in line or "/console/" in line)
+        elif not line.startswith("    "):
+            skip = False
+        if not skip:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _select(consoles, ranks):
+    """The console actors of the given ranks, as one mesh (contiguous or stepped)."""
+    if len(ranks) == 1:
+        return consoles.slice(ranks=ranks[0])
+    step = ranks[1] - ranks[0]
+    if step > 0 and ranks == list(range(ranks[0], ranks[-1] + 1, step)):
+        return consoles.slice(ranks=slice(ranks[0], ranks[-1] + 1, step))
+    raise UsageError(f"--ranks selects {ranks}: use a range (0-3), a stride (::2) or a single rank")

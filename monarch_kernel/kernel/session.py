@@ -1,0 +1,123 @@
+"""``MeshSession``: the meshes one kernel (or IPython shell) drives, which one is current,
+and the hooks the kernel has installed in the runtime, so that closing the session takes
+every one of them out again.  Runs in the kernel.
+"""
+
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+
+from ..debug.pdb_controller import PdbHub
+from ..runtime.process import Runtime
+from .output import CollapsingSink
+
+
+class MeshSession:
+    """The meshes this kernel spawned or attached, and which one is current."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.meshes: dict[str, tuple] = {}  # name -> (ProcMesh, console ActorMesh)
+        self.current: str | None = None
+        self.auto = False
+        self.live = None  # the %mesh status widget that is refreshing, if any
+        self.hosts: dict = {}  # name -> MeshHost ActorMesh, for detached meshes
+        self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
+        self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
+        rt = Runtime.current()
+        self.sink = CollapsingSink(rt.io.loop)
+        self._handles = [rt.hooks.output.install(self.sink)]
+        self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell)]
+        for event, fn in self._events:
+            shell.events.register(event, fn)
+        self.pdb = PdbHub(self)
+        self.pdb.install()
+        self._handles.extend(_keep_cell_filenames(rt))
+
+    def close(self) -> None:
+        """Take out everything this session installed (the kernel is shutting down, or the
+        extension is unloaded)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for event, fn in self._events:
+            try:
+                self.shell.events.unregister(event, fn)
+            except ValueError:
+                pass
+        self._events = []
+        self.pdb.close()
+        if self.live is not None:
+            self.live.close()
+        self.sink.close()
+
+    def add(self, procs, consoles, host=None) -> None:
+        """A mesh this session now drives; it becomes current."""
+        self.meshes[procs.name] = (procs, consoles)
+        if host is not None:
+            self.hosts[procs.name] = host
+        self.current = procs.name
+
+    def remove(self, name: str) -> None:
+        self.meshes.pop(name, None)
+        self.hosts.pop(name, None)
+        if self.current == name:
+            self.current = next(iter(self.meshes), None)
+
+    def _remember_cell(self, info=None) -> None:
+        self.raw_cell = getattr(info, "raw_cell", "") or ""
+
+    def cell_file(self, line: str, body: str) -> tuple[str, str, int]:
+        """(the whole cell, the file name it compiles under, lines before ``body``).
+
+        The name is the one JupyterLab's ``dumpCell`` gives the cell, so breakpoints set in
+        the notebook land on the rank; line numbers count the ``%%mesh`` line.
+        """
+        raw, stripped = self.raw_cell, body.rstrip()
+        start = raw.rfind(stripped) if stripped else -1
+        if start < 0 or raw[start:].rstrip() != stripped:
+            raw, start = f"%%mesh {line}".rstrip() + "\n" + body, len(f"%%mesh {line}".rstrip()) + 1
+        try:
+            from ipykernel.compiler import get_file_name
+        except ImportError:  # IPython without ipykernel: no debugger to agree with
+            return raw, f"<mesh-cell-{abs(hash(raw)):x}>", raw.count("\n", 0, start)
+        return raw, get_file_name(raw), raw.count("\n", 0, start)
+
+    def get(self, name: str | None = None):
+        name = name or self.current
+        if name is None:
+            raise UsageError("no mesh yet: start one with  procs = %mesh spawn -n 4")
+        if name not in self.meshes:
+            raise UsageError(f"no mesh named {name!r}; %mesh list shows: {', '.join(self.meshes) or 'none'}")
+        return self.meshes[name]
+
+
+def _keep_cell_filenames(rt) -> list:
+    """Code defined in notebook cells keeps its cell's file name when it travels to a rank.
+
+    cloudpickle (3.x) renames every by-value code object to ``<dynamic-code>``, so on a rank
+    neither pdb nor debugpy could tell which cell a notebook-defined function came from.
+    cloudpickle has no public hook for code objects, so its reducer table entry is patched,
+    through the runtime's hooks (undone when the session closes), for code compiled from
+    cells (ipykernel's temp-file names) only.
+    """
+    try:
+        from ipykernel.compiler import get_tmp_directory
+    except ImportError:  # no ipykernel: cells have no file names to keep
+        return []
+    import os
+    import types
+
+    import cloudpickle
+
+    table = cloudpickle.Pickler._dispatch_table
+    original = table[types.CodeType]
+    prefix = get_tmp_directory() + os.sep
+
+    def code_reduce(code: types.CodeType):
+        rebuild, args = original(code)
+        if code.co_filename.startswith(prefix):
+            args = tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+        return rebuild, args
+
+    return [rt.hooks.patch(table, types.CodeType, code_reduce)]
