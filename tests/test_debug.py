@@ -125,7 +125,7 @@ class Session:
 
 def test_pdb_messages_round_trip_through_the_wire_codec():
     from monarch_kernel.actor.port import Port
-    from monarch_kernel.kernel.rank_pdb import Ended, Prompt, Resumed, Stopped
+    from monarch_kernel.debug.messages import Ended, Prompt, Resumed, Stopped
     from monarch_kernel.runtime.envelope import Part
     from monarch_kernel.runtime.serialize import dumps
 
@@ -142,7 +142,7 @@ def test_pdb_messages_round_trip_through_the_wire_codec():
 
 
 def test_dap_frames_split_across_reads():
-    from monarch_kernel.kernel.dap import FrameReader, encode
+    from monarch_kernel.debug.dap import FrameReader, encode
 
     wire = encode({"seq": 1, "type": "event", "event": "stopped"}) + encode({"seq": 2, "body": "é" * 3})
     reader = FrameReader()
@@ -424,7 +424,7 @@ def test_breakpoints_reach_actors_spawned_before_the_debugger(kc):
 def test_listen_prints_a_vscode_attach_config_on_loopback(kc):
     import psutil
 
-    from monarch_kernel.kernel.dap import DapConnection
+    from monarch_kernel.debug.dap import DapConnection
 
     s = Session(kc)
     out = s.cell("procs = %mesh spawn -n 2\n%mesh debug 1 --listen")

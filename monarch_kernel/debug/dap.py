@@ -1,0 +1,131 @@
+"""A Debug Adapter Protocol client over TCP: how the kernel talks to a rank's debugpy.
+
+Runs in the kernel.  Thread-based so that both the kernel's control loop (``await``) and
+the main thread (``.result(timeout)``) can use it: each request gets its own sequence number
+and a ``concurrent.futures.Future`` answered by the reader thread; events go to a callback.
+It must never interpret requests or answers: the debugger decides what to send.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import socket
+import threading
+from collections.abc import Callable
+
+from .messages import DapEvent, DapRequest, DapResponse, decode_dap
+
+HEADER = b"Content-Length: "
+SEPARATOR = b"\r\n\r\n"
+
+
+def encode(msg: dict) -> bytes:
+    body = json.dumps(msg, ensure_ascii=False, allow_nan=False, default=str).encode("utf-8")
+    return HEADER + str(len(body)).encode("ascii") + SEPARATOR + body
+
+
+class FrameReader:
+    """Splits a byte stream into DAP messages (``Content-Length`` framed JSON)."""
+
+    def __init__(self):
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[dict]:
+        self._buf += data
+        out = []
+        while True:
+            end = self._buf.find(SEPARATOR)
+            if end < 0:
+                return out
+            length = None
+            for line in self._buf[:end].split(b"\r\n"):
+                if line.startswith(HEADER):
+                    length = int(line[len(HEADER):])
+            if length is None:
+                raise ValueError(f"DAP header without Content-Length: {self._buf[:end]!r}")
+            start = end + len(SEPARATOR)
+            if len(self._buf) - start < length:
+                return out
+            out.append(json.loads(self._buf[start:start + length].decode("utf-8")))
+            self._buf = self._buf[start + length:]
+
+
+class DapConnection:
+    """One TCP connection to a debug adapter."""
+
+    def __init__(self, host: str, port: int, on_event: Callable[[dict], None],
+                 on_close: Callable[[], None] | None = None, timeout: float = 30.0):
+        self.address = (host, port)
+        self._sock = socket.create_connection(self.address, timeout=timeout)
+        self._sock.settimeout(None)
+        self._on_event = on_event
+        self._on_close = on_close
+        self._seq = itertools.count(1)
+        self._pending: dict[int, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+        self._reader = threading.Thread(target=self._read, name=f"dap-{host}:{port}", daemon=True)
+        self._reader.start()
+
+    def request(self, command: str, arguments: dict | None = None) -> concurrent.futures.Future:
+        """Send a request; the Future holds the whole response message."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self.closed:
+                fut.set_exception(ConnectionError(f"the debug adapter at {self.address[0]}:{self.address[1]} "
+                                                  "has disconnected"))
+                return fut
+            seq = next(self._seq)
+            self._pending[seq] = fut
+            try:
+                self._sock.sendall(encode(DapRequest(seq, command, arguments).encode()))
+            except OSError as e:
+                self._pending.pop(seq, None)
+                fut.set_exception(ConnectionError(f"cannot reach the debug adapter: {e}"))
+        return fut
+
+    def _read(self) -> None:
+        reader = FrameReader()
+        try:
+            while True:
+                data = self._sock.recv(65536)
+                if not data:
+                    break
+                for msg in reader.feed(data):
+                    typed = decode_dap(msg)
+                    if isinstance(typed, DapResponse):
+                        with self._lock:
+                            fut = self._pending.pop(typed.request_seq, None)
+                        if fut is not None and not fut.done():
+                            fut.set_result(msg)  # the whole message: the frontend gets it as is
+                    elif isinstance(typed, DapEvent):
+                        self._on_event(msg)
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._shut()
+
+    def _shut(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError("the debug adapter closed the connection"))
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        if self._on_close is not None:
+            self._on_close()
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._shut()

@@ -1,0 +1,241 @@
+"""JupyterLab's debugger on any rank: ``MeshDebugger`` is ipykernel's debugger (the kernel's
+``debugger_class``) that, after ``%mesh debug R``, hands the frontend's DAP session to rank
+R's debugpy (``RankTarget``), and the functions the ``%mesh`` magics call.
+
+Runs in the kernel.  Requests arrive on the control channel as ``debug_request``; with a
+rank chosen they go to that rank's debugpy over TCP and its events come back as
+``debug_event``.  Switching ranks repeats the frontend's handshake (initialize, attach,
+breakpoints) on the new target, and is refused while the current one is stopped, so it
+never leaves a rank suspended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import uuid
+
+from ipykernel.debugger import Debugger
+from IPython.core.error import UsageError
+
+from ..actor.errors import ActorError
+from .inspector import Inspector
+from .rank_target import INSPECT_TIMEOUT_S, REPLY_TIMEOUT_S, FrontendState, RankTarget
+
+_inspectors: dict = {}  # (mesh id, rank) -> (Inspector actor, the rank's debugpy port)
+
+
+class MeshDebugger(Debugger):
+    """ipykernel's debugger for the kernel itself, or a relay to the rank chosen by
+    ``%mesh debug R`` (``target``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import debugpy
+
+        # Rank processes start from the kernel: debugpy must not hook into their launch
+        # (they would wait for a debugger); ranks get their own debugpy on demand.
+        debugpy.configure(subProcess=False)
+        self.target: RankTarget | None = None
+        self.frontend = FrontendState()
+        # One worker keeps the frontend's requests in order while they block on a rank.
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mesh-debug")
+        self.control_loop: asyncio.AbstractEventLoop | None = None
+
+    async def process_request(self, message):
+        self.control_loop = asyncio.get_running_loop()
+        target = self.target
+        if target is None:
+            reply = await super().process_request(message)
+        else:
+            reply = await self.control_loop.run_in_executor(self._executor, target.handle, message, self.frontend)
+        self.frontend.record(message)
+        return reply
+
+    def _stopped_where(self) -> str:
+        if self.target is not None and self.target.stopped_threads:
+            return self.target.label
+        if self.target is None and self.stopped_threads:
+            return "the kernel"
+        return ""
+
+    def switch(self, target: RankTarget | None) -> None:
+        """Point the frontend's session at ``target`` (None: the kernel itself).
+
+        Called from the shell thread (``%mesh debug``); blocks until the new target has
+        the frontend's breakpoints.
+        """
+        where = self._stopped_where()
+        if where:
+            raise UsageError(f"{where} is stopped in the debugger: continue it (or turn the debugger off) "
+                             f"before switching with %mesh debug")
+        old, started = self.target, self.frontend.attached
+        if old is not None:
+            old.current = False
+            old.disconnect()
+        elif started and self.is_started:
+            self._in_control_loop(self._kernel_request("disconnect", {"restart": False, "terminateDebuggee": False}))
+        self.target = target
+        if not started:
+            return
+        if target is None and not self.debugpy_initialized:
+            self._listen_here()
+        if target is not None:
+            target.connect(self.frontend.initialize)
+            target.attach(self.frontend.attach, self.frontend)
+        else:
+            self._in_control_loop(self._restart_kernel_session())
+
+    def _listen_here(self) -> None:
+        """Start the kernel's own debugpy on this (the shell's) thread, as ipykernel's
+        ``start()`` would through an execute request, which cannot run while this cell does."""
+        import debugpy
+
+        host, port = self.debugpy_client.get_host_port()
+        debugpy.listen((host, int(port)))
+        self.debugpy_initialized = True
+
+    async def _kernel_request(self, command: str, arguments: dict | None = None) -> dict:
+        msg = {"type": "request", "seq": 0, "command": command}
+        if arguments is not None:
+            msg["arguments"] = arguments
+        return await super().process_request(msg)
+
+    async def _restart_kernel_session(self) -> None:
+        """Give the kernel's own debugpy the frontend's session back."""
+        state = self.frontend
+        await self._kernel_request("initialize", state.initialize or {})
+        await self._kernel_request("attach", dict(state.attach or {}))
+        for args in state.breakpoints.values():
+            await self._kernel_request("setBreakpoints", args)
+        if state.exceptions is not None:
+            await self._kernel_request("setExceptionBreakpoints", state.exceptions)
+
+    def _in_control_loop(self, coro) -> None:
+        loop = self.control_loop
+        if loop is None:  # the frontend never sent a request: nothing runs there yet
+            coro.close()
+            return
+        asyncio.run_coroutine_threadsafe(coro, loop).result(REPLY_TIMEOUT_S)
+
+
+def command(session, shell, args: list[str]) -> None:
+    """``%mesh debug R [--listen [--host H]]`` and ``%mesh debug off``."""
+    usage = ("type  %mesh debug R  (JupyterLab's debugger on rank R),  %mesh debug R --listen [--host H]  "
+             "(an attach config for VS Code or any DAP client), or  %mesh debug off")
+    if args == ["off"]:
+        dbg = _kernel_debugger(shell)
+        dbg.switch(None)
+        print("JupyterLab's debugger now debugs the kernel itself")
+        return
+    if not args:
+        dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+        target = getattr(dbg, "target", None)
+        print(f"JupyterLab's debugger is on {target.label}" if target is not None
+              else "JupyterLab's debugger is on the kernel itself;  %mesh debug R  moves it to rank R")
+        return
+    rank_word, flags = args[0], args[1:]
+    listen, host = False, None
+    it = iter(flags)
+    for a in it:
+        if a == "--listen":
+            listen = True
+        elif a == "--host":
+            host = next(it, None)
+            if not host:
+                raise UsageError("--host needs an address, e.g.  %mesh debug 3 --listen --host 0.0.0.0")
+        else:
+            raise UsageError(f"%mesh debug: unexpected {a!r}; {usage}")
+    if host is not None and not listen:
+        raise UsageError("--host goes with --listen:  %mesh debug 3 --listen --host 0.0.0.0")
+    try:
+        rank = int(rank_word)
+    except ValueError:
+        raise UsageError(usage) from None
+    procs, consoles = session.get()
+    if not 0 <= rank < len(procs):
+        raise UsageError(f"%mesh debug {rank}: the mesh has ranks 0-{len(procs) - 1}")
+    one = consoles.slice(ranks=rank)
+    want = host or "127.0.0.1"
+    key = (procs.ref.id, rank)
+    known = _inspectors.get(key)
+    if known is None:
+        # Spawned before debugpy starts on the rank: an actor thread started after it
+        # makes an interrupt of a rank stopped at a breakpoint land a line late.
+        inspector = procs.slice(ranks=rank).spawn(f"inspector-{uuid.uuid4().hex[:8]}", Inspector)
+    got_host, port = one.debug_listen.call_one(want).get(timeout=REPLY_TIMEOUT_S)
+    if known is not None:
+        inspector, known_port = known
+        if known_port != port:  # the rank was restarted: its inspector went with it
+            inspector = procs.slice(ranks=rank).spawn(f"inspector-{uuid.uuid4().hex[:8]}", Inspector)
+    _inspectors[key] = (inspector, port)
+    if listen:
+        if got_host != want:
+            print(f"note: rank {rank}'s debugpy already listens on {got_host}; a rank starts debugpy once, "
+                  f"so --host applies only the first time (restart the rank to change it)")
+        print(launch_config(procs.name, rank, got_host, port))
+        return
+    dbg = _kernel_debugger(shell)
+    current = dbg.target
+    if current is not None and (current.mesh, current.rank) == (procs.name, rank) and current.conn is not None:
+        print(f"JupyterLab's debugger is already on {current.label}")
+        return
+    dbg.switch(RankTarget(inspector, procs.name, rank, (got_host, port), dbg.event_callback))
+    print(f"JupyterLab's debugger now debugs rank {rank} (its debugpy listens on {got_host}:{port}): "
+          f"set breakpoints in %%mesh cells and run them.  %mesh debug off goes back to the kernel.")
+
+
+def forget_mesh(shell, mesh: str) -> None:
+    """Before a mesh stops: if the debugger is on one of its ranks, give it back to the kernel."""
+    dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+    target = getattr(dbg, "target", None)
+    if isinstance(target, RankTarget) and target.mesh == mesh:
+        target.stopped_threads.clear()  # the rank is about to end; nothing to resume
+        dbg.switch(None)
+        print(f"JupyterLab's debugger was on {target.label}; it now debugs the kernel itself")
+
+
+def stopped_rank(shell, mesh: str, ranks) -> int | None:
+    """The rank among ``ranks`` that JupyterLab's debugger holds stopped, if any."""
+    dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+    target = getattr(dbg, "target", None)
+    if isinstance(target, RankTarget) and target.mesh == mesh and target.rank in ranks and target.stopped_threads:
+        return target.rank
+    return None
+
+
+def release_for_interrupt(shell, mesh: str, ranks, console_id: str = "") -> None:
+    """Resume a rank stopped in JupyterLab's debugger so the interrupt sent to it lands:
+    a thread suspended by debugpy takes a pending KeyboardInterrupt only once it runs.
+    ``console_id``: interrupt that actor first, through the rank's inspector."""
+    dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+    target = getattr(dbg, "target", None)
+    if not isinstance(target, RankTarget) or target.mesh != mesh or target.rank not in ranks:
+        return
+    if console_id and target.stopped_threads:
+        try:
+            target.inspector.interrupt.call_one(console_id).get(timeout=INSPECT_TIMEOUT_S)
+        except (TimeoutError, ActorError):
+            pass  # the rank is gone or stuck: resuming it below is all that is left
+    for thread in list(target.stopped_threads):
+        try:
+            target.request("continue", {"threadId": thread})
+        except (ConnectionError, concurrent.futures.TimeoutError):
+            pass
+
+
+def launch_config(mesh: str, rank: int, host: str, port: int) -> str:
+    """A VS Code ``launch.json`` "attach" entry for a rank's debugpy."""
+    entry = {"name": f"monarch {mesh} rank {rank}", "type": "debugpy", "request": "attach",
+             "connect": {"host": host, "port": port}, "justMyCode": False}
+    return ("Add this to .vscode/launch.json \"configurations\" (one DAP client at a time per rank):\n"
+            + json.dumps(entry, indent=2))
+
+
+def _kernel_debugger(shell) -> MeshDebugger:
+    dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
+    if not isinstance(dbg, MeshDebugger):
+        raise UsageError("JupyterLab's debugger on a rank needs the 'Python 3 (monarch mesh)' kernel; "
+                         "here, use  %mesh debug R --listen  and attach VS Code (or any DAP client)")
+    return dbg
