@@ -23,6 +23,7 @@ import zmq
 from . import config, serialize, shm
 from .actors import ActorSlot
 from .auth import DropCounts, Signer
+from .calling import Calling
 from .calls import PendingCall
 from .context import MeshRef, process_mesh
 from .envelope import Header, Kind, Part, Status, split_parts
@@ -31,9 +32,8 @@ from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
 from .ports import PortTable
-from .serialize import dumps
-from .calling import Calling
 from .receiving import Receiving
+from .serialize import dumps
 from .serving import Serving
 from .supervision import Supervisor
 from .transport import Transport
@@ -41,13 +41,13 @@ from .tree import NodeTable
 
 
 class Runtime(Receiving, Calling, Serving):
-    _current: "Runtime | None" = None
+    _current: Runtime | None = None
     _create_lock = threading.Lock()
 
     # ------------------------------------------------------------ creation
 
     @classmethod
-    def current(cls) -> "Runtime":
+    def current(cls) -> Runtime:
         rt = cls._current
         if rt is None:
             with cls._create_lock:
@@ -57,7 +57,7 @@ class Runtime(Receiving, Calling, Serving):
         return rt
 
     @classmethod
-    def _new_controller(cls) -> "Runtime":
+    def _new_controller(cls) -> Runtime:
         rundir = tempfile.mkdtemp(prefix="mk-")
         os.chmod(rundir, 0o700)
         rt = cls(secrets.token_bytes(32), rundir, f"c{os.getpid()}", IOThread(), owner=None)
@@ -101,7 +101,8 @@ class Runtime(Receiving, Calling, Serving):
         if serialize.segments is None:
             serialize.segments = self.segments
         self.launcher = Supervisor(self)
-        self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address, (self.host,))
+        self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
+                                 (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
         if process_mesh[0] is None:
             process_mesh[0], process_mesh[1] = self.self_mesh, 0
@@ -235,7 +236,7 @@ class Runtime(Receiving, Calling, Serving):
         return slot.instance if slot is not None else None
 
     @classmethod
-    def existing(cls) -> "Runtime | None":
+    def existing(cls) -> Runtime | None:
         """This process's runtime if one was made (never makes one)."""
         return cls._current
 
@@ -255,6 +256,7 @@ class Runtime(Receiving, Calling, Serving):
         return {
             "sent": self.transport.sent,
             "received": self.transport.received,
+            "heartbeats": self.transport.heartbeats,
             "dropped": {"unsigned": d.unsigned, "forged": d.forged, "truncated": d.truncated,
                         "oversized": d.oversized, "malformed": d.malformed},
         }

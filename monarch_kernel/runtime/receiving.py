@@ -65,13 +65,17 @@ class Receiving:
             frames = inbox.recv()
             if frames is None:
                 return False
-            self.transport.received += 1
             try:
                 header, body = self.signer.verify(frames)
             except Dropped as d:
+                self.transport.received += 1
                 self.drops.count(d.reason)
                 continue
             k = header.kind
+            if k == Kind.HEARTBEAT:
+                self.transport.heartbeats += 1  # liveness, not traffic: counted apart
+            else:
+                self.transport.received += 1
             if not inline or k == Kind.REPLY or k == Kind.CALL:
                 self._dispatch_safely(header, body)
             else:

@@ -21,7 +21,6 @@ from .auth import Signer
 from .envelope import Header
 from .failure import SendFailed
 
-
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _POLLOUT = int(zmq.POLLOUT)
@@ -56,7 +55,8 @@ class Transport:
         self.queue_limit = config.send_queue()
         self.block_s = config.send_block()
         self.sent = 0
-        self.received = 0
+        self.received = 0  # messages read, heartbeats apart (heartbeats)
+        self.heartbeats = 0
         self.send_failures = 0
 
     def _socket(self, addr: str) -> zmq.Socket:
