@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d
 SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium
 SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
 
-.PHONY: setup lab demo test bench clean
+.PHONY: setup lab demo lint test bench clean
 
 $(SYSSTAMP):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -40,7 +40,11 @@ demo: setup
 	$(BIN)/python examples/run_notebook.py notebooks/quickstart.ipynb
 	$(BIN)/python examples/demo.py
 
-test: setup
+lint: setup
+	$(BIN)/ruff check monarch_kernel benchmarks examples tests
+	$(BIN)/mypy monarch_kernel
+
+test: setup lint
 	$(BIN)/python -m pytest
 
 bench: setup

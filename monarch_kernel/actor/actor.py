@@ -75,7 +75,7 @@ def context() -> Context:
         return Context(ActorInstance(p, "", mesh.id if mesh else "", None), p)
     extent = _extent(ctx.mesh.dims)
     rank = Point.from_rank(ctx.rank, extent)
-    if ctx.message_dims is not None:
+    if ctx.message_dims is not None and ctx.message_rank is not None:  # set together
         msg = Point.from_rank(ctx.message_rank, _extent(ctx.message_dims))
     else:
         msg = rank

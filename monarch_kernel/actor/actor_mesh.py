@@ -55,13 +55,13 @@ class ActorMesh(Shaped):
         return self._proc_ref
 
     @classmethod
-    def from_ref(cls, proc_mesh, actor_id: str, name: str, actor_class: type) -> "ActorMesh":
+    def from_ref(cls, proc_mesh, actor_id: str, name: str, actor_class: type) -> ActorMesh:
         """A handle on actors of ``actor_class`` that another process spawned on
         ``proc_mesh`` under ``actor_id`` (a detached mesh's consoles, say)."""
         return cls(proc_mesh.ref, actor_id, name, actor_class.__qualname__, endpoint_names(actor_class),
                    Shape.full(proc_mesh.ref.dims), proc_mesh)
 
-    def slice(self, **dims) -> "ActorMesh":
+    def slice(self, **dims) -> ActorMesh:
         """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
         return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
                          self._endpoints, self._shape.slice(**dims), self._proc_mesh)

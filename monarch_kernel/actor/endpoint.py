@@ -14,7 +14,8 @@ Example::
 from __future__ import annotations
 
 import queue
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.envelope import Mode, Part, Status
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
@@ -82,7 +83,8 @@ def part_value(part: Part, actor: str, method: str) -> Any:
     if part.status == Status.UNSENT:
         raise SendFailed(f"{actor}.{method} never reached rank {part.rank}: {info}")
     if part.status == Status.STOPPED or info.stopped:
-        raise MeshStopped(f"mesh '{info.mesh}' was stopped; rank {info.rank} cannot answer {actor}.{method}. Spawn a new mesh.")
+        raise MeshStopped(f"mesh '{info.mesh}' was stopped; rank {info.rank} cannot answer {actor}.{method}. "
+                          "Spawn a new mesh.")
     raise ProcessDied(info, actor, method)
 
 
@@ -105,7 +107,7 @@ def _picklable(obj) -> bool:
 class Endpoint:
     """One endpoint of an actor mesh; its adverbs send the call."""
 
-    def __init__(self, mesh: "ActorMesh", name: str):
+    def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh
         self._name = name
 
@@ -134,7 +136,7 @@ class Endpoint:
 
     def _slice_info(self):
         s = self._mesh._shape
-        return [[[l, n] for l, n in zip(s.extent.labels, s.extent.sizes)], list(s.ranks)]
+        return [[[label, n] for label, n in zip(s.extent.labels, s.extent.sizes, strict=True)], list(s.ranks)]
 
     def call(self, *args, **kwargs) -> Future[ValueMesh]:
         """Run on every rank of the mesh; a ``ValueMesh`` of the answers.  If a rank fails,
@@ -201,7 +203,8 @@ class Endpoint:
                     try:
                         part_value(part, actor, name)
                     except ActorError as e:
-                        Runtime.current().report_failure(mesh_id, MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure))
+                        Runtime.current().report_failure(
+                            mesh_id, MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure))
                     return
                 if part.status == Status.UNSENT:  # nobody waits for a broadcast: supervision hears
                     what = f"broadcast of {actor}.{name} never reached rank {rank}: {part.load()}"

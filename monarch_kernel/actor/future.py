@@ -10,7 +10,8 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from ..runtime.completion import Completion
 from ..runtime.process import Runtime
@@ -32,7 +33,7 @@ class Future(Generic[R]):
         self._lock = threading.Lock()
 
     @classmethod
-    def ready(cls, value: R) -> "Future[R]":
+    def ready(cls, value: R) -> Future[R]:
         c = Completion()
         c.set_result(value)
         return cls(c)
@@ -63,7 +64,8 @@ class Future(Generic[R]):
                     "use `await fut` instead"
                 )
             if not (rt.wait(c, timeout, self._inbox) if rt is not None else c.wait(timeout)):
-                raise TimeoutError(f"no answer within {timeout} s (the call is still running; .get() again to keep waiting)")
+                raise TimeoutError(
+                    f"no answer within {timeout} s (the call is still running; .get() again to keep waiting)")
         return self._finish()
 
     result = get
@@ -94,7 +96,7 @@ class Future(Generic[R]):
         except BaseException:
             pass  # raised again, transformed, by _finish
 
-    def then(self, fn: Callable[["Future[R]"], None]) -> None:
+    def then(self, fn: Callable[[Future[R]], None]) -> None:
         """Run ``fn(self)`` once done, on whichever thread finishes it."""
         self._completion.add_done_callback(lambda _c: fn(self))
         self._watched()

@@ -9,7 +9,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Generic, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 from ..mesh.shape import Point, Shape, Shaped
 
@@ -27,7 +28,7 @@ class ValueMesh(Shaped, Generic[R]):
 
 
     def items(self) -> Iterator[tuple[Point, R]]:
-        return zip(self._shape.points(), self._values)
+        return zip(self._shape.points(), self._values, strict=True)
 
     def values(self) -> Iterator[R]:
         return iter(self._values)
@@ -44,10 +45,11 @@ class ValueMesh(Shaped, Generic[R]):
 
     def _single(self):
         if len(self._values) != 1:
-            raise ValueError(f"item() without dims needs a single value; this mesh has {len(self._values)} ({self.extent.describe()})")
+            raise ValueError(f"item() without dims needs a single value; "
+                             f"this mesh has {len(self._values)} ({self.extent.describe()})")
         return self._values[0]
 
-    def slice(self, **dims) -> "ValueMesh[R]":
+    def slice(self, **dims) -> ValueMesh[R]:
         sub = self._shape.slice(**dims)
         return ValueMesh(sub, [self._values[i] for i in sub.ranks])
 
@@ -56,7 +58,7 @@ class ValueMesh(Shaped, Generic[R]):
 
     def __repr__(self) -> str:
         body = ", ".join(
-            f"{{{', '.join(f'{l}={c}' for l, c in zip(self.extent.labels, p.coords))}}}: {v!r}"
+            f"{{{', '.join(f'{label}={c}' for label, c in zip(self.extent.labels, p.coords, strict=True))}}}: {v!r}"
             for p, v in self.items()
         )
         return f"ValueMesh({self.extent!r}, {{{body}}})"

@@ -21,9 +21,9 @@ def compile_cell(code: str, filename: str, line_offset: int = 0) -> tuple[types.
     """
     tree = ast.parse(code, filename, "exec")
     ast.increment_lineno(tree, line_offset)
-    shows = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
-    if shows:
-        last = tree.body[-1]
+    last = tree.body[-1] if tree.body else None
+    shows = isinstance(last, ast.Expr)
+    if isinstance(last, ast.Expr):
         tree.body[-1] = ast.copy_location(ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
         ast.fix_missing_locations(tree)
     return compile(tree, filename, "exec"), shows

@@ -16,13 +16,13 @@ from dataclasses import astuple, dataclass
 import msgpack
 
 from ..actor.future import Future
-from ..runtime.completion import Completion
 from ..runtime import config, hosts
+from ..runtime.completion import Completion
 from ..runtime.process import Runtime
 from . import client, cuda_ipc, ibverbs, shm, tcp, wire
 from .errors import ForgedHandle, TransferError
 from .memory import Memory, as_memory, copy
-from .server import DataServer
+from .server import DataServer, Registered
 from .transports import choose
 
 
@@ -49,8 +49,8 @@ class Handle:
     def _fields(self) -> bytes:
         return msgpack.packb(list(astuple(self))[:-1], use_bin_type=True)
 
-    def sign(self, key: bytes) -> "Handle":
-        return Handle(*astuple(self)[:-1], hmac.new(key, self._fields(), hashlib.sha256).digest())
+    def sign(self, key: bytes) -> Handle:
+        return Handle(*(astuple(self)[:-1] + (hmac.new(key, self._fields(), hashlib.sha256).digest(),)))
 
     def verify(self, key: bytes) -> None:
         good = hmac.new(key, self._fields(), hashlib.sha256).digest()
@@ -97,6 +97,9 @@ class RDMABuffer:
     """
 
     __slots__ = ("_h", "_local", "_server")
+    _h: Handle
+    _local: Registered | None  # the registration, in the process that registered it
+    _server: DataServer | None  # that process's data server
 
     def __init__(self, data, *, name: str | None = None):
         mem = as_memory(data, writable=False, what="RDMABuffer(data)")
@@ -110,7 +113,7 @@ class RDMABuffer:
         self._server = server
 
     @classmethod
-    def _from_handle(cls, h: Handle) -> "RDMABuffer":
+    def _from_handle(cls, h: Handle) -> RDMABuffer:
         self = cls.__new__(cls)
         self._h, self._local, self._server = h, None, None
         server = DataServer.running()
@@ -203,8 +206,10 @@ class RDMABuffer:
         return Future(c)
 
     def _local_copy(self, op: wire.Op, mem: Memory, offset: int) -> None:
+        assert self._server is not None  # callers check this is the owner's process
         status, why, reg = self._server.check(op, self._h.id, self._h.token, offset, mem.nbytes)
         client.raise_for(self._h, status, why.encode())
+        assert reg is not None  # raise_for raised unless the status is OK
         if reg.mem.device != "cpu" or mem.device != "cpu":
             _device_copy(op, reg.mem, mem, offset)
         elif op == wire.Op.READ:
@@ -268,7 +273,7 @@ def _rebuild(fields) -> RDMABuffer:
     return RDMABuffer._from_handle(h)
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -57,6 +57,7 @@ def _connect(h, via: str, key: bytes) -> socket.socket:
 
 
 def _open(h, via: str) -> socket.socket:
+    sock: socket.socket | None
     if via == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT_S)
@@ -66,7 +67,8 @@ def _open(h, via: str) -> socket.socket:
             sock.close()
             raise OwnerGone(h, f"cannot connect: {e.strerror or e}") from None
         return sock
-    sock, last = None, None
+    sock = None
+    last: OSError | None = None
     for addr in h.addresses:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.settimeout(CONNECT_TIMEOUT_S)
@@ -98,10 +100,11 @@ class Connection:
         self.h, self.key_ = h, (h.instance, via)
         with _lock:
             free = _pool.get(self.key_)
-            self.sock = free.pop() if free else None
-        if self.sock is None:
-            self.sock = _connect(h, via, key)
-        self.sock.settimeout(timeout)
+            sock = free.pop() if free else None
+        if sock is None:
+            sock = _connect(h, via, key)
+        sock.settimeout(timeout)
+        self.sock = sock
 
     def __enter__(self) -> socket.socket:
         return self.sock
@@ -146,5 +149,5 @@ def guarded(h, fn: Callable[[], T]) -> T:
         return fn()
     except (ConnectionError, BrokenPipeError) as e:
         raise OwnerGone(h, f"the connection broke mid-transfer ({e})") from None
-    except socket.timeout:
+    except TimeoutError:
         raise TimeoutError(f"buffer {h.name!r}: no progress from its owner within the timeout") from None

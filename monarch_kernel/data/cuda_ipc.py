@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
 
 from . import client, wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone, TransferError
@@ -53,7 +54,7 @@ def _jsonable(x):
 # ---------------------------------------------------------------- reader side
 
 
-_cuda: dict[tuple, object] = {}  # (owner, buffer) -> the owner's storage, opened once
+_cuda: dict[tuple, Any] = {}  # (owner, buffer) -> the owner's storage, opened once
 
 
 def forget(h) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from dataclasses import dataclass
-
+from typing import Any
 
 # Torch tensors, numpy arrays, bytearrays, memoryviews and mmaps are accepted; anything
 # non-contiguous is refused with the call that fixes it.
@@ -22,7 +22,7 @@ class Memory:
     nbytes: int
     obj: object  # keeps the owner alive while the view is in use
     device: str = "cpu"  # "cpu" or "cuda:N"
-    tensor: object = None  # the torch tensor, if it is one
+    tensor: Any = None  # the torch tensor, if it is one (Any: this module never imports torch)
     readonly: bool = False
 
 

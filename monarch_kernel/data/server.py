@@ -57,11 +57,11 @@ class DataServer:
     """This process's registered buffers and the threads that serve them; one per process,
     made by ``get()`` the first time a buffer is registered."""
 
-    _current: "DataServer | None" = None
+    _current: DataServer | None = None
     _lock = threading.Lock()
 
     @classmethod
-    def get(cls) -> "DataServer":
+    def get(cls) -> DataServer:
         with cls._lock:
             if cls._current is None or cls._current.pid != os.getpid():
                 from ..runtime.process import Runtime
@@ -70,7 +70,7 @@ class DataServer:
             return cls._current
 
     @classmethod
-    def running(cls) -> "DataServer | None":
+    def running(cls) -> DataServer | None:
         """This process's server if it has started one (never one inherited through fork)."""
         server = cls._current
         return server if server is not None and server.pid == os.getpid() else None
@@ -222,6 +222,7 @@ class DataServer:
         if status != wire.Status.OK:
             wire.send_reply(sock, status, why.encode())
             return
+        assert reg is not None  # check() returns the registration whenever the status is OK
         if op == wire.Op.READ:
             tcp.serve_read(sock, reg.mem, offset, nbytes)
         elif op == wire.Op.WRITE:

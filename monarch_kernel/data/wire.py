@@ -72,7 +72,7 @@ class Request:
         return REQUEST.pack(self.op, self.bid, self.token, self.offset, self.nbytes)
 
     @classmethod
-    def decode(cls, raw: bytes) -> "Request":
+    def decode(cls, raw: bytes) -> Request:
         op, bid, token, offset, nbytes = REQUEST.unpack(raw)
         return cls(_known(Op, op), bid, token, offset, nbytes)
 

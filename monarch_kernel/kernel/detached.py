@@ -33,14 +33,17 @@ def spawn(session, name: str, n: int, env: dict):
     record = records.read(name)
     if record is not None:
         if record.alive():
-            raise UsageError(f"a detached mesh {name!r} already runs; %mesh attach {name}, or %mesh stop {name} after attaching")
+            raise UsageError(f"a detached mesh {name!r} already runs; "
+                             f"%mesh attach {name}, or %mesh stop {name} after attaching")
         records.forget(name)
         print(f"detached mesh {name!r} had a stale record: {_gone(record)}; removed it and starting anew")
     log = open(records.log_path(name), "ab")
     # -c, not -m: MeshHost must live in its importable module, not in __main__.
-    proc = subprocess.Popen([sys.executable, "-c", "from monarch_kernel.detached.host import main; main()", name, str(n)],
-                            stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from monarch_kernel.detached.host import main; main()", name, str(n)],
+        stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
     log.close()
+    assert proc.stdin is not None  # stdin=PIPE
     proc.stdin.write((json.dumps(env) + "\n").encode())
     proc.stdin.close()
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -33,7 +33,8 @@ class MeshKernel(IPythonKernel):
 
 class MeshKernelApp(IPKernelApp):
     name = "monarch-kernel"
-    kernel_class = Type(MeshKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+    # A traitlets Type, as IPKernelApp declares it; its stubs type the base's value as a plain class.
+    kernel_class = Type(MeshKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)  # type: ignore[assignment]
 
 
 def main() -> None:

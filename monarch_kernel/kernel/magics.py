@@ -290,7 +290,8 @@ class MeshMagics(Magics):
             ranks = ranks_arg(a.ranks, len(procs), "--ranks")
             alive = [r for r in ranks if r not in dead]
             if alive:
-                raise UsageError(f"ranks {alive} are alive; %mesh restart only replaces dead ranks ({dead or 'none are dead'})")
+                raise UsageError(f"ranks {alive} are alive; "
+                                 f"%mesh restart only replaces dead ranks ({dead or 'none are dead'})")
         else:
             ranks = dead
         if not ranks:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from IPython.core.display_functions import display, publish_display_data
 from IPython.core.error import UsageError
@@ -14,6 +15,9 @@ from IPython.core.error import UsageError
 from ..actor.errors import ActorError
 from ..debug import proxy
 from ..mesh.ranks import RankSpecError, parse_ranks, rank_label
+
+if TYPE_CHECKING:
+    from .session import MeshSession
 
 INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
 PROGRESS_AFTER_S = 2.0
@@ -66,8 +70,8 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     errors = {}
     if results is not None:
         shown: dict[str, list[int]] = {}  # the same value from several ranks prints once
-        displays = []
-        for (_point, value), r in zip(results.items(), ranks):
+        displays: list[tuple[int, dict, dict]] = []
+        for (_point, value), r in zip(results.items(), ranks, strict=True):
             if isinstance(value, BaseException):
                 errors[r] = value
                 continue

@@ -13,8 +13,8 @@ import secrets
 from ..actor.actor_mesh import ActorMesh, endpoint_names
 from ..actor.endpoint import part_value
 from ..actor.future import Future
-from ..runtime.envelope import Kind
 from ..runtime import config
+from ..runtime.envelope import Kind
 from ..runtime.failure import MeshStopped
 from ..runtime.process import Runtime
 from .shape import Shape, Shaped
@@ -47,7 +47,7 @@ class ProcMesh(Shaped):
         return self._owned is not None
 
     @classmethod
-    def from_ref(cls, ref) -> "ProcMesh":
+    def from_ref(cls, ref) -> ProcMesh:
         """A handle on a mesh another process spawned (a detached mesh's host, say): it can
         be called, not stopped or restarted from here."""
         return cls(ref, Shape.full(ref.dims))
@@ -93,7 +93,7 @@ class ProcMesh(Shaped):
                 raise TimeoutError(f"timed out after {timeout:g} s waiting for ranks {list(ranks)} of "
                                    f"'{self.name}' to die")
 
-    def slice(self, **dims) -> "ProcMesh":
+    def slice(self, **dims) -> ProcMesh:
         pm = ProcMesh(self._ref, self._shape.slice(**dims), self._owned)
         pm._stopped = self._stopped
         return pm
@@ -138,7 +138,8 @@ class ProcMesh(Shaped):
         rt = Runtime.current()
         for c in rt.launcher.restart(self._owned, ranks):
             if not c.wait(timeout):
-                raise TimeoutError(f"timed out after {timeout:g} s waiting for restarted ranks of '{self.name}' to connect")
+                raise TimeoutError(
+                    f"timed out after {timeout:g} s waiting for restarted ranks of '{self.name}' to connect")
             c.result()
         for mesh, cls, args, kwargs in actors:
             body = _spawn_body(cls, args, kwargs)
@@ -176,13 +177,13 @@ class ProcMesh(Shaped):
         """Ranks' output always streams to the controller here; kept for Monarch code."""
         return Future.ready(None)
 
-    def __enter__(self) -> "ProcMesh":
+    def __enter__(self) -> ProcMesh:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop().get(timeout=30)
 
-    async def __aenter__(self) -> "ProcMesh":
+    async def __aenter__(self) -> ProcMesh:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -206,4 +207,5 @@ def _spawn_body(cls, args, kwargs) -> list:
     try:
         return dumps((cls, args, kwargs))
     except Exception as e:
-        raise TypeError(f"{cls.__qualname__}(...) cannot be sent to the ranks: {describe_unpicklable((cls, args, kwargs), e)}") from e
+        why = describe_unpicklable((cls, args, kwargs), e)
+        raise TypeError(f"{cls.__qualname__}(...) cannot be sent to the ranks: {why}") from e

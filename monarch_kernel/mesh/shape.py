@@ -6,8 +6,7 @@ slices keep pointing at the right processes).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
-from typing import Iterator
+from collections.abc import Iterator, Mapping
 
 
 class Extent(Mapping):
@@ -40,10 +39,10 @@ class Extent(Mapping):
         return n
 
     def describe(self) -> str:
-        return ", ".join(f"{l}={s}" for l, s in zip(self.labels, self.sizes)) or "(no dims)"
+        return ", ".join(f"{label}={s}" for label, s in zip(self.labels, self.sizes, strict=True)) or "(no dims)"
 
     def __repr__(self) -> str:
-        return "{" + ", ".join(f"'{l}': {s}" for l, s in zip(self.labels, self.sizes)) + "}"
+        return "{" + ", ".join(f"'{label}': {s}" for label, s in zip(self.labels, self.sizes, strict=True)) + "}"
 
     def __eq__(self, other) -> bool:
         if isinstance(other, Extent):
@@ -65,7 +64,7 @@ class Point(Mapping):
         self.extent = extent
 
     @classmethod
-    def from_rank(cls, rank: int, extent: Extent) -> "Point":
+    def from_rank(cls, rank: int, extent: Extent) -> Point:
         coords = []
         for size in reversed(extent.sizes):
             coords.append(rank % size if size else 0)
@@ -75,7 +74,7 @@ class Point(Mapping):
     @property
     def rank(self) -> int:
         r = 0
-        for c, s in zip(self.coords, self.extent.sizes):
+        for c, s in zip(self.coords, self.extent.sizes, strict=False):
             r = r * s + c
         return r
 
@@ -92,7 +91,7 @@ class Point(Mapping):
         return len(self.coords)
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{l}={c}" for l, c in zip(self.extent.labels, self.coords))
+        inner = ", ".join(f"{label}={c}" for label, c in zip(self.extent.labels, self.coords, strict=False))
         return f"Point({inner or 'rank=' + str(self.rank)})"
 
     def __eq__(self, other) -> bool:
@@ -116,7 +115,7 @@ class Shape:
             raise ValueError(f"{len(self.ranks)} ranks do not fill extent {extent!r}")
 
     @classmethod
-    def full(cls, dims) -> "Shape":
+    def full(cls, dims) -> Shape:
         e = Extent(dims)
         return cls(e, range(e.nelem))
 
@@ -142,15 +141,16 @@ class Shape:
                     f"got {dict(where)!r}"
                 )
             flat = 0
-            for label, size in zip(self.extent.labels, self.extent.sizes):
+            for label, size in zip(self.extent.labels, self.extent.sizes, strict=True):
                 c = where[label]
                 if not 0 <= c < size:
-                    raise IndexError(f"{label}={c} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
+                    raise IndexError(
+                        f"{label}={c} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
                 flat = flat * size + c
             return flat
         raise TypeError(f"index a mesh with a Point, a dict of dims or an int, not {type(where).__name__}")
 
-    def slice(self, **dims) -> "Shape":
+    def slice(self, **dims) -> Shape:
         labels, sizes = self.extent.labels, self.extent.sizes
         for k in dims:
             if k not in labels:
@@ -160,7 +160,7 @@ class Shape:
                 )
         axes = []
         new_labels, new_sizes = [], []
-        for label, size in zip(labels, sizes):
+        for label, size in zip(labels, sizes, strict=True):
             sel = dims.get(label)
             if sel is None:
                 idx = list(range(size))
@@ -168,14 +168,16 @@ class Shape:
                 new_sizes.append(size)
             elif isinstance(sel, int):
                 if not -size <= sel < size:
-                    raise IndexError(f"{label}={sel} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
+                    raise IndexError(
+                        f"{label}={sel} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
                 idx = [sel % size]
             elif isinstance(sel, (slice, range)):
                 s = sel if isinstance(sel, slice) else slice(sel.start, sel.stop, sel.step)
                 if (s.start is not None and not -size <= s.start <= size) or (
                     s.stop is not None and not -size - 1 <= s.stop <= size
                 ):
-                    raise IndexError(f"{label}={s.start}:{s.stop} is out of range; dimension '{label}' has size {size} (0..{size - 1})")
+                    raise IndexError(f"{label}={s.start}:{s.stop} is out of range; "
+                                     f"dimension '{label}' has size {size} (0..{size - 1})")
                 idx = list(range(size))[s]
                 if not idx:
                     raise IndexError(f"{label}={sel!r} selects nothing; dimension '{label}' has size {size}")
@@ -191,10 +193,10 @@ class Shape:
             acc *= size
         strides.reverse()
         ranks = [
-            self.ranks[sum(c * st for c, st in zip(combo, strides))]
+            self.ranks[sum(c * st for c, st in zip(combo, strides, strict=True))]
             for combo in itertools.product(*axes)
         ]
-        return Shape(Extent(zip(new_labels, new_sizes)), ranks)
+        return Shape(Extent(zip(new_labels, new_sizes, strict=True)), ranks)
 
     def __repr__(self) -> str:
         return f"Shape({self.extent!r}, ranks={list(self.ranks)})"
@@ -204,6 +206,7 @@ class Shaped:
     """Mixin for things laid out over a ``Shape`` held in ``self._shape``."""
 
     __slots__ = ()
+    _shape: Shape  # a slot of the class that mixes this in
 
     @property
     def extent(self) -> Extent:

@@ -16,11 +16,11 @@ import threading
 import zmq
 from zmq.backend import zmq_poll
 
-POLLIN = int(zmq.POLLIN)
-
 from .completion import Completion
 from .context import MeshRef
 from .inbox import Inbox, actor_address
+
+POLLIN = int(zmq.POLLIN)
 
 ENDPOINT_MARK = "__monarch_endpoint__"
 
@@ -110,7 +110,7 @@ class ActorSlot:
         (``time.sleep``) sees it when that call returns.
         """
         with self._busy_lock:
-            if not self._busy or self._thread is None:
+            if not self._busy or self._thread is None or self._thread.ident is None:
                 return False
             if self._main is not None:
                 self._main.interrupt()

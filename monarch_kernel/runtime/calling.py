@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from .calls import PendingCall, synthetic_part
 from .context import MeshRef, process_mesh
@@ -18,9 +20,38 @@ from .inbox import actor_address
 from .serialize import dumps
 from .tree import split
 
+if TYPE_CHECKING:
+    from .actors import ActorSlot
+    from .auth import Signer
+    from .failure import DeathInfo
+    from .inbox import Inbox
+    from .io_thread import IOThread
+    from .ports import PortTable
+    from .transport import Transport
+    from .tree import NodeTable
+
 
 class Calling:
     """How a process calls others (mixed into ``Runtime``)."""
+
+    if TYPE_CHECKING:  # what Runtime.__init__ and the Receiving mixin provide
+        address: str
+        inbox: Inbox
+        io: IOThread
+        signer: Signer
+        transport: Transport
+        fanout: int
+        calls: dict[int, PendingCall]
+        dead: dict[tuple[str, int], DeathInfo]
+        actors: dict[str, ActorSlot]
+        memberships: dict[str, tuple[MeshRef, int]]
+        nodes: NodeTable
+        ports: PortTable
+        self_mesh: MeshRef
+        _ids: Iterator[int]
+        _unsent_reported: set[str]
+
+        def reply_inbox(self) -> Inbox: ...
 
     def call(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list,
              *, kind: int = Kind.CALL, mode: int = Mode.GATHER, slice_info=None,
@@ -56,7 +87,10 @@ class Calling:
         h.ranks = []
         late = [r for r in alive if (mesh.id, r) in self.dead]
         if late:  # died while we were sending; the death handler may have missed this call
-            self.io.call_soon(lambda: [call.rank_died(r, self.dead[(mesh.id, r)]) for r in late])
+            def fail_late() -> None:
+                for r in late:
+                    call.rank_died(r, self.dead[(mesh.id, r)])
+            self.io.call_soon(fail_late)
         return call
 
     @staticmethod
@@ -95,7 +129,7 @@ class Calling:
         parts = split_parts(h, body)
         if h.hop == 0:
             call = self.calls.get(h.call_id)
-            if call is not None and h.origin == call.inbox.address:
+            if call is not None and call.inbox is not None and h.origin == call.inbox.address:
                 call.add(parts)
             return
         st = self.nodes.add((h.origin, h.call_id), h.ranks[0], parts)

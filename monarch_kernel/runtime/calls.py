@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import pickle
 import threading
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .completion import Completion
 from .context import MeshRef
 from .envelope import Header, Kind, Part, Status
 from .failure import DeathInfo, SendFailed
 from .tree import children, locate, split
+
+if TYPE_CHECKING:
+    from .inbox import Inbox
 
 
 def synthetic_part(rank: int, status: int, obj) -> Part:
@@ -28,14 +32,14 @@ class PendingCall:
         self.header = header
         self.mesh = mesh
         self.ranks = ranks  # ranks the tree was built over (alive when sent)
-        self.body = body  # kept to re-send subtrees whose forwarder died before forwarding
+        self.body: list | None = body  # kept to re-send subtrees whose forwarder died before forwarding
         self.on_part = on_part
         self.remaining = set(ranks)
         self.parts: dict[int, Part] = {}
         self.resent: set[int] = set()
         self.completion = Completion()
-        self.inbox = None  # where its replies arrive (set by the runtime)
-        self.segments = None  # shared-memory files holding its arguments, unlinked when done
+        self.inbox: Inbox | None = None  # where its replies arrive (set by the runtime)
+        self.segments: list | None = None  # shared-memory files holding its arguments, unlinked when done
         self._lock = threading.Lock()
 
     def add(self, parts: list[Part]) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _PENDING = object()
 
@@ -22,7 +23,7 @@ class Completion:
         self._lock.acquire()
         self._value: Any = _PENDING
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[["Completion"], None]] | None = []
+        self._callbacks: list[Callable[[Completion], None]] | None = []
         self._guard = threading.Lock()
 
     def done(self) -> bool:
@@ -45,7 +46,7 @@ class Completion:
             cb(self)
         return True
 
-    def add_done_callback(self, cb: Callable[["Completion"], None]) -> None:
+    def add_done_callback(self, cb: Callable[[Completion], None]) -> None:
         with self._guard:
             if self._callbacks is not None:
                 self._callbacks.append(cb)

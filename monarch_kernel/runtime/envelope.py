@@ -84,7 +84,7 @@ class Header:
                       self.parts, self.extra))
 
     @classmethod
-    def decode(cls, data) -> "Header":
+    def decode(cls, data) -> Header:
         """Parse a header from untrusted bytes; raises ``ValueError`` on anything malformed."""
         if len(data) > MAX_HEADER:
             raise ValueError("header too large")

@@ -85,7 +85,7 @@ class DeathInfo:
     def describe(self) -> str:
         s = f"rank {self.rank} of mesh '{self.mesh}' (pid {self.pid} on {self.host}) {self.how()}"
         if self.stderr_tail:
-            s += "\nlast lines of its stderr:\n" + "\n".join("    " + l for l in self.stderr_tail)
+            s += "\nlast lines of its stderr:\n" + "\n".join("    " + line for line in self.stderr_tail)
         return s
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
 
 from .failure import DeathInfo, MeshFailure
 from .output import print_sink

@@ -36,7 +36,8 @@ def host_key() -> str:
 
 def ipv4_addresses() -> tuple[str, ...]:
     """This network namespace's IPv4 addresses, loopback last."""
-    found, loop = [], []
+    found: list[str] = []
+    loop: list[str] = []
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         for _index, name in socket.if_nameindex():

@@ -24,7 +24,7 @@ class IOThread:
         self._ready.wait()
 
     @classmethod
-    def in_this_thread(cls) -> "IOThread":
+    def in_this_thread(cls) -> IOThread:
         """For ranks: the loop runs in the calling (main) thread, which then runs it forever."""
         return cls(start=False)
 

@@ -13,8 +13,7 @@ import queue
 import signal
 import sys
 import threading
-from typing import Callable
-
+from collections.abc import Callable
 
 _DEBUGGER_CODE = ("pydevd", "debugpy")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from . import config
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .envelope import Part
 

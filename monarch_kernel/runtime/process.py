@@ -17,6 +17,7 @@ import socket
 import sys
 import tempfile
 import threading
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -38,6 +39,9 @@ from .serving import Serving
 from .supervision import Supervisor
 from .transport import Transport
 from .tree import NodeTable
+
+if TYPE_CHECKING:
+    from .main_thread import MainThread
 
 
 class Runtime(Receiving, Calling, Serving):
@@ -96,7 +100,7 @@ class Runtime(Receiving, Calling, Serving):
         self.dead: dict[tuple[str, int], DeathInfo] = {}
         self.hooks = Hooks()  # how upper layers plug in (hooks.py); nothing is installed here
         self.warm_modules: list[str] = []  # what the template imports before forking (warm())
-        self.main_thread = None  # a MainThread when this is a rank (it lends it to one actor)
+        self.main_thread: MainThread | None = None  # a MainThread when this is a rank (it lends it to one actor)
         self.segments = shm.Segments() if shm.available() else None
         if serialize.segments is None:
             serialize.segments = self.segments
@@ -190,7 +194,9 @@ class Runtime(Receiving, Calling, Serving):
         """Give a failure nobody handled to the unhandled hook; a broken hook is reported,
         never allowed to stop the IO thread."""
         try:
-            self.hooks.unhandled.current()(failure)
+            hook = self.hooks.unhandled.current()
+            if hook is not None:  # never None: the point has a default
+                hook(failure)
         except Exception as e:  # noqa: BLE001  (the hook is user code; the loop must go on)
             print(f"monarch_kernel: the unhandled-failure hook raised {e!r}", file=sys.stderr, flush=True)
 

@@ -33,8 +33,8 @@ def run_rank(cfg: LaunchConfig, template_pid: int) -> None:
     except OSError:
         pass
     os.environ.update(cfg.env)
-    if config.netns():
-        enter_netns(config.netns())  # before any thread or socket exists
+    if netns := config.netns():
+        enter_netns(netns)  # before any thread or socket exists
     # torchrun's variables, so torch.distributed.init_process_group() works unchanged.
     size = ref.size
     for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", size), ("LOCAL_WORLD_SIZE", size)):

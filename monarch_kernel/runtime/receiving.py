@@ -10,7 +10,10 @@ inbox back when it stops reading.
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -19,11 +22,35 @@ from .completion import Completion
 from .envelope import Header, Kind
 from .inbox import Inbox
 
+if TYPE_CHECKING:
+    from .auth import DropCounts, Signer
+    from .calls import PendingCall
+    from .hooks import Hooks
+    from .io_thread import IOThread
+    from .transport import Transport
+
 LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
 
 
 class Receiving:
     """How a process reads its inboxes (mixed into ``Runtime``)."""
+
+    if TYPE_CHECKING:  # what Runtime.__init__ provides
+        address: str
+        ctx: zmq.Context
+        inbox: Inbox
+        io: IOThread
+        signer: Signer
+        transport: Transport
+        drops: DropCounts
+        hooks: Hooks
+        calls: dict[int, PendingCall]
+        _local: threading.local
+        _thread_inboxes: Iterator[int]
+        _free_inboxes: list[Inbox]
+        _free_lock: threading.Lock
+
+        def _dispatch(self, h: Header, body: list) -> None: ...
 
     def watch(self, inbox: Inbox) -> None:
         """Have the IO thread read ``inbox`` too (from now on); any thread may ask."""

@@ -20,7 +20,7 @@ _OOB_MIN = 4096
 
 
 # Set by the runtime while pickling arguments for ranks on this host (see shm.py).
-segments = None
+segments: _shm.Segments | None = None
 
 
 def _tensor_reducer(obj):

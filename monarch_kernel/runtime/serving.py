@@ -7,6 +7,8 @@ A mixin of ``Runtime``; it uses the runtime's transport, node table, actors and 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .actors import ActorSlot
 from .context import ActorContext, MeshRef, current_actor
 from .envelope import Header, Kind, Mode, Part, Status
@@ -14,9 +16,34 @@ from .failure import RemoteFailure, SendFailed
 from .serialize import describe_unpicklable, dumps
 from .tree import NodeState, split
 
+if TYPE_CHECKING:
+    from .auth import DropCounts
+    from .hooks import Hooks
+    from .io_thread import IOThread
+    from .ports import PortTable
+    from .transport import Transport
+    from .tree import NodeTable
+
 
 class Serving:
     """How a process serves the calls that reach it (mixed into ``Runtime``)."""
+
+    if TYPE_CHECKING:  # what Runtime.__init__ and the Calling mixin provide
+        address: str
+        io: IOThread
+        transport: Transport
+        drops: DropCounts
+        hooks: Hooks
+        actors: dict[str, ActorSlot]
+        memberships: dict[str, tuple[MeshRef, int]]
+        nodes: NodeTable
+        ports: PortTable
+
+        @staticmethod
+        def target(mesh: MeshRef, rank: int, kind: int, actor: str) -> str: ...
+        def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool: ...
+        def _send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "") -> None: ...
+        def _check_size(self, frames: list, what: str) -> None: ...
 
     def _on_call(self, h: Header, body: list) -> None:
         member = self.memberships.get(h.mesh)
@@ -54,8 +81,8 @@ class Serving:
                 except SendFailed:
                     # The caller knows the whole tree: it sends that subtree again itself,
                     # and its own send fails loudly if the rank is truly unreachable.
-                    back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[s[0]])
-                    self.send_or_report(h.origin, back, [], f"a NOT_RECEIVED for rank {s[0]}")
+                    nack = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[s[0]])
+                    self.send_or_report(h.origin, nack, [], f"a NOT_RECEIVED for rank {s[0]}")
         if h.kind == Kind.SPAWN:
             self._spawn_actor(h, body, mesh, me)
         else:
@@ -113,7 +140,8 @@ class Serving:
     def _run_endpoint(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
         slot = self.actors.get(h.actor)
         if slot is None:
-            err = LookupError(f"no actor {h.actor!r} on rank {me} of mesh '{mesh.name}' (it failed to spawn or was stopped)")
+            err = LookupError(
+                f"no actor {h.actor!r} on rank {me} of mesh '{mesh.name}' (it failed to spawn or was stopped)")
             self._complete(h, me, self._failure_part(me, h.actor, h.method, err))
             return
         if not slot.constructed.done():

@@ -32,6 +32,7 @@ import sys
 import threading
 import warnings
 import weakref
+from types import FrameType
 
 SHM_MIN = 1 << 20  # smaller buffers go through the socket
 ROOT = "/dev/shm"
@@ -225,7 +226,8 @@ _PICKLERS = {"pickle.py", "cloudpickle.py", "cloudpickle_fast.py"}
 def _caller_level() -> int:
     """The stacklevel, seen from ``_say_full``, of the first frame outside this package and
     the picklers: the user's call that carried the argument."""
-    frame, level = sys._getframe(1), 1  # _say_full
+    frame: FrameType | None = sys._getframe(1)  # _say_full
+    level = 1
     while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
                                  or os.path.basename(frame.f_code.co_filename) in _PICKLERS):
         frame, level = frame.f_back, level + 1

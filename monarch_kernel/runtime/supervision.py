@@ -53,6 +53,7 @@ class OwnedMesh:
         self.env: dict = {}
         self.last_beat: list[float] = [0.0] * n  # monotonic time of each rank's last heartbeat
         self.dying: dict[int, Completion] = {}  # rank -> its death was handled (kill())
+        self.master_port: int | None = None  # torch.distributed's rendezvous port, from the first launch
 
     def silent_for(self, rank: int) -> float:
         """Seconds since ``rank`` last showed it is alive (0 before it is up)."""
@@ -100,7 +101,7 @@ class Supervisor:
             self.template = TemplateClient(rt.io.loop, self._on_exit, tuple(rt.warm_modules))
         ref = om.ref
         om.env = env
-        om.master_port = getattr(om, "master_port", None) or _free_port()
+        om.master_port = om.master_port or _free_port()
         master_port = om.master_port
         for r in (range(ref.size) if ranks is None else ranks):
             out_r, out_w = os.pipe()
@@ -168,8 +169,8 @@ class Supervisor:
             done.append(c)
             if r not in om.alive:
                 c.set_result(True)
-            elif om.pids[r] is not None:
-                self._kill(om.pids[r])
+            elif (pid := om.pids[r]) is not None:
+                self._kill(pid)
         return done
 
     def _revive(self, om: OwnedMesh, ranks: list[int]) -> None:
@@ -197,6 +198,7 @@ class Supervisor:
         if entry is None:
             return
         om, r = entry
+        assert status is not None  # the template reports a rank's exit with its wait status
         self._remove_inboxes(om.ref.addresses[r])
         for reader in om.readers[r]:
             reader.drain()
@@ -273,7 +275,8 @@ class Supervisor:
     def _propagate(self, failure: MeshFailure, owner) -> None:
         rt = self.rt
         if owner is not None:
-            failure.chain.append(f"{type(owner.instance).__qualname__} on rank {owner.rank} of mesh '{owner.mesh.name}'")
+            failure.chain.append(
+                f"{type(owner.instance).__qualname__} on rank {owner.rank} of mesh '{owner.mesh.name}'")
         if rt.owner is None:
             rt.unhandled(failure)
         else:
@@ -301,14 +304,14 @@ class Supervisor:
         for r in list(om.alive):
             if r in om.up:
                 rt.send_control(om.ref, r, Kind.STOP)
-            elif om.pids[r] is not None:
-                self._kill(om.pids[r])
+            elif (pid := om.pids[r]) is not None:
+                self._kill(pid)
         rt.io.loop.call_later(STOP_GRACE_S, self._kill_rest, om)
 
     def _kill_rest(self, om: OwnedMesh) -> None:
         for r in list(om.alive):
-            if om.pids[r] is not None:
-                self._kill(om.pids[r])
+            if (pid := om.pids[r]) is not None:
+                self._kill(pid)
 
     @staticmethod
     def _remove_inboxes(address: str) -> None:

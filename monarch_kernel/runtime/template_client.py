@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 from .launch import LaunchConfig
 from .template_wire import EXIT, FORK, FORKED, KILL, recv_msg, send_msg
@@ -45,7 +46,7 @@ class TemplateClient:
         )
         there.close()
         self._tags = 0
-        self._waiting: dict[int, object] = {}
+        self._waiting: dict[int, Callable[[int], None]] = {}
         self._lock = threading.Lock()
         self.alive = True
         loop.add_reader(here.fileno(), self._readable)
@@ -89,6 +90,7 @@ class TemplateClient:
     def close(self) -> None:
         """End the template and, with it, every rank it forked."""
         if self.proc.poll() is None:
+            assert self.proc.stdin is not None  # stdin=PIPE: closing it tells the template to end
             try:
                 self.proc.stdin.close()
             except OSError:

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from typing import NoReturn
 
 from .launch import LaunchConfig
 from .template_wire import EXIT, FORK, FORKED, KILL, recv_msg, send_msg
@@ -130,7 +131,7 @@ def serve() -> None:
             except OSError:
                 pass
 
-    def shutdown():
+    def shutdown() -> NoReturn:
         for pid in list(children):
             end_tree(pid)
             try:
@@ -230,10 +231,11 @@ def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
         os.dup2(fds[1], 2)
         for f in fds:
             os.close(f)
-        sys.stdin = open(0, "r", closefd=False)
+        sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
         sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
-        sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+        # typeshed marks these Final; the rank's own stdio is what they must name from here on.
+        sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
         die_with_parent(template_pid)
         from .rank import run_rank
 

@@ -52,6 +52,7 @@ class Transport:
         self._lock = threading.Lock()
         self._gone: list[str] = []  # address prefixes of peers that are gone, oldest first
         self.io_thread: threading.Thread | None = None  # never blocks waiting for room
+        self.inbox: zmq.Socket | None = None  # the runtime's main inbox (set by Runtime), for tools that poke at it
         self.queue_limit = config.send_queue()
         self.block_s = config.send_block()
         self.sent = 0
