@@ -34,7 +34,7 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[dict]:
         self._buf += data
-        out = []
+        out: list[dict] = []
         while True:
             end = self._buf.find(SEPARATOR)
             if end < 0:

@@ -144,7 +144,7 @@ RANK_MESSAGES = {cls.KIND: cls for cls in (Stopped, Prompt, Resumed, Ended)}
 
 def decode(obj) -> Stopped | Prompt | Resumed | Ended:
     """A message a rank sent to the pdb hub."""
-    cls = RANK_MESSAGES.get(obj.get("kind")) if isinstance(obj, dict) else None
+    cls = RANK_MESSAGES.get(str(obj.get("kind"))) if isinstance(obj, dict) else None
     if cls is None:
         raise ValueError(f"not a pdb message from a rank: {obj!r:.200}")
     return cls.decode(obj)
@@ -225,5 +225,5 @@ DAP_MESSAGES = {cls.KIND: cls for cls in (DapRequest, DapResponse, DapEvent)}
 
 def decode_dap(msg: dict) -> DapRequest | DapResponse | DapEvent | None:
     """A DAP message by its ``type``; None for a type the spec does not have."""
-    cls = DAP_MESSAGES.get(msg.get("type")) if isinstance(msg, dict) else None
+    cls = DAP_MESSAGES.get(str(msg.get("type"))) if isinstance(msg, dict) else None
     return cls.decode(msg) if cls is not None else None

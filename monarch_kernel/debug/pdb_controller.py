@@ -154,9 +154,10 @@ class PdbHub:
             return
         key = (msg.mesh, msg.rank, msg.session)
         with self._cv:
-            stop = self.stops.get(key)
-            if stop is None:
+            known = self.stops.get(key)
+            if known is None:
                 return
+            stop = known
             stop.output.append(msg.output)
             again = False
             if isinstance(msg, Prompt):
@@ -225,6 +226,8 @@ class PdbHub:
         entry = self.mesh(stop.where.mesh)
         port = stop.where.reply
         try:
+            if port is None:
+                raise LookupError(f"rank {stop.rank} left no port to answer it on")
             if entry is None:
                 raise LookupError(f"mesh '{stop.where.mesh}' is no longer attached")
             # Signed with the mesh's key: a detached mesh's ranks know no other.

@@ -18,6 +18,7 @@ import pdb
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
@@ -33,7 +34,7 @@ POLL_S = 0.1  # how often a waiting rank checks for input (and lets an interrupt
 class Config:
     """This rank's pdb settings, as the kernel last sent them."""
 
-    port: object = None  # monarch_kernel Port of the kernel's pdb hub
+    port: Any = None  # monarch_kernel Port of the kernel's pdb hub
     post_mortem: bool = False
     cell_files: set = field(default_factory=set)  # files of %%mesh cells run here
 
@@ -188,13 +189,16 @@ class RankPdb(pdb.Pdb):
 
     def __init__(self, reason: str = "breakpoint", error: str = ""):
         self._out = _Out()
-        super().__init__(stdin=_In(self), stdout=self._out, nosigint=True, readrc=False)
+        # pdb only reads lines from stdin and writes to stdout: these file-likes suffice.
+        super().__init__(stdin=_In(self), stdout=self._out, nosigint=True, readrc=False)  # type: ignore[arg-type]
         self.use_rawinput = False
         self.prompt = "(Pdb) "
         self.session = next(_ids)
-        self.reason, self.error = reason, error
+        self.reason, self.error_text = reason, error  # not .error: that is pdb's own method
+        self.reply_port: Any
+        self._replies: Any
         self.reply_port, self._replies = Channel.open()  # the kernel's Reply messages come here
-        self._next = None  # the Future of the next reply, kept across interrupted waits
+        self._next: Any = None  # the Future of the next reply, kept across interrupted waits
         self._announced = False
         self._ended = False
         mesh, rank = process_mesh
@@ -228,7 +232,7 @@ class RankPdb(pdb.Pdb):
         _active.discard(self)
         if self.reason != "post-mortem":
             sys.settrace(None)
-            self._set_stopinfo(self.botframe, None, -1)  # bdb's own: never stop again
+            self._set_stopinfo(self.botframe, None, -1)  # type: ignore[attr-defined]  # bdb's own: never stop again
         self._send(Ended(self.mesh_name, self.rank, self.session, self._out.take()))
 
     def release(self) -> None:
@@ -269,7 +273,7 @@ class RankPdb(pdb.Pdb):
             self._send(Stopped(self.mesh_name, self.rank, self.session, f.f_code.co_filename,
                                f.f_lineno if frame is not None else _last_lineno(traceback),
                                f.f_code.co_name, self.reason, f.f_code.co_filename in config.cell_files,
-                               self.error, missing, self.reply_port))
+                               self.error_text, missing, self.reply_port))
             reply = self._wait()  # the kernel answers with the sources we lacked
             if reply.line == RELEASE:
                 self.set_continue()

@@ -130,8 +130,7 @@ def command(session, shell, args: list[str]) -> None:
         print("JupyterLab's debugger now debugs the kernel itself")
         return
     if not args:
-        dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
-        target = getattr(dbg, "target", None)
+        target = getattr(getattr(getattr(shell, "kernel", None), "debugger", None), "target", None)
         print(f"JupyterLab's debugger is on {target.label}" if target is not None
               else "JupyterLab's debugger is on the kernel itself;  %mesh debug R  moves it to rank R")
         return
@@ -190,7 +189,7 @@ def forget_mesh(shell, mesh: str) -> None:
     """Before a mesh stops: if the debugger is on one of its ranks, give it back to the kernel."""
     dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
     target = getattr(dbg, "target", None)
-    if isinstance(target, RankTarget) and target.mesh == mesh:
+    if isinstance(target, RankTarget) and target.mesh == mesh and dbg is not None:
         target.stopped_threads.clear()  # the rank is about to end; nothing to resume
         dbg.switch(None)
         print(f"JupyterLab's debugger was on {target.label}; it now debugs the kernel itself")

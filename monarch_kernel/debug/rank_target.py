@@ -116,7 +116,7 @@ class RankTarget:
                 self.capabilities = self.request("initialize", initialize_args or {
                     "clientID": "monarch-kernel", "adapterID": "python", "pathFormat": "path",
                     "linesStartAt1": True, "columnsStartAt1": True})
-            return self.capabilities
+            return self.capabilities or {}
 
     def attach(self, args: dict | None, state: FrontendState) -> dict:
         """Attach, then give debugpy the frontend's breakpoints before configurationDone."""
@@ -128,6 +128,7 @@ class RankTarget:
             args.setdefault("justMyCode", False)
             # Never step into the runtime's own frames (worker loop, console plumbing).
             args["rules"] = [*args.get("rules", []), {"path": rank_debugpy.package_dir(), "include": False}]
+            assert self.conn is not None  # connect() above made it
             pending = self.conn.request("attach", args)
             self._initialized.result(REPLY_TIMEOUT_S)
             for bp_args in state.breakpoints.values():

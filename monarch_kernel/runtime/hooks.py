@@ -28,21 +28,21 @@ class OutputSink(Protocol):
     """Called on the IO thread for every line a rank of a mesh this process spawned writes
     (``stream`` is "stdout" or "stderr"); must not block."""
 
-    def __call__(self, mesh: str, rank: int, stream: str, line: str) -> None: ...
+    def __call__(self, mesh: str, rank: int, stream: str, line: str, /) -> None: ...
 
 
 class DeathHook(Protocol):
     """Called on the IO thread when a rank of a mesh this process spawned has exited, after
     its pending calls have failed."""
 
-    def __call__(self, mesh_id: str, rank: int, info: DeathInfo) -> None: ...
+    def __call__(self, mesh_id: str, rank: int, info: DeathInfo, /) -> None: ...
 
 
 class UnhandledHook(Protocol):
     """Called on the IO thread of the root controller with a failure no supervisor handled.
     It must never exit the process."""
 
-    def __call__(self, failure: MeshFailure) -> None: ...
+    def __call__(self, failure: MeshFailure, /) -> None: ...
 
 
 class WaitHook(Protocol):
@@ -59,13 +59,13 @@ class EndpointErrorHook(Protocol):
     """Called on a rank, on the thread whose sync endpoint raised, before the caller hears
     of it (post-mortem debugging stops there)."""
 
-    def __call__(self, error: Exception) -> None: ...
+    def __call__(self, error: Exception, /) -> None: ...
 
 
 class SpawnedHook(Protocol):
     """Called in the spawning thread once a proc mesh spawned from this process is up."""
 
-    def __call__(self, proc_mesh: Any) -> None: ...
+    def __call__(self, proc_mesh: Any, /) -> None: ...
 
 
 F = TypeVar("F")
