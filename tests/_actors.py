@@ -61,11 +61,21 @@ class Echo(Actor):
 
     @endpoint
     async def nap_on(self, slow_rank: int, s: float, marker_dir: str) -> int:
-        """Only ``slow_rank`` naps (after dropping its marker); the others answer at once."""
+        """Only ``slow_rank`` naps; the others answer at once.  It drops the marker
+        ``started.R`` first, then ``held.R`` once the answers of every rank it forwarded the
+        call to are held here (only its own part is missing), so a test can act after that."""
         rank = current_rank().rank
         if rank == slow_rank:
             with open(os.path.join(marker_dir, f"started.{rank}"), "w") as f:
                 f.write(str(os.getpid()))
+            deadline = time.monotonic() + 20
+            while not _only_own_part_missing(rank):
+                if time.monotonic() > deadline:
+                    break  # no held.R: the test's wait for it says so
+                await asyncio.sleep(0.01)
+            else:
+                with open(os.path.join(marker_dir, f"held.{rank}"), "w") as f:
+                    f.write(str(os.getpid()))
             await asyncio.sleep(s)
         return rank
 
@@ -98,6 +108,12 @@ class Echo(Actor):
     def modules(self) -> dict:
         main = sys.modules.get("__main__")
         return {"torch": "torch" in sys.modules, "main_file": getattr(main, "__file__", None)}
+
+
+def _only_own_part_missing(rank: int) -> bool:
+    """Whether a call this rank forwards waits only for this rank's own answer (its
+    subtrees have all answered to it)."""
+    return any(st.waiting == {rank} for st in list(Runtime.current().nodes.active.values()))
 
 
 class LockedError(Exception):

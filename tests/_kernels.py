@@ -1,42 +1,201 @@
-"""Helpers for tests that drive real kernels with jupyter_client."""
+"""Helpers for tests that drive real kernels with jupyter_client: the one IOPub collector
+(``iopub(kc)``: every message a client's IOPub channel delivers, kept in arrival order, a
+cell's outputs read from them as typed ``Output``s), ``run`` for a whole cell, and kernels
+started and shut down around a block.
+
+Every wait here is bounded, and its failure says what it waited for.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import queue
+import re
 import sys
 import time
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
 
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import start_new_kernel
 
 from monarch_kernel.kernel.kernelspec import KERNEL_NAME, install
 
+T = TypeVar("T")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+OUTPUT_KINDS = ("stream", "execute_result", "display_data", "error")  # what a notebook stores
 
-def run(kc, code: str, timeout: float = 60):
-    """Execute ``code``; return [(arrival time, text)] of its outputs and the reply content."""
-    msg_id = kc.execute(code)
-    out = []
-    while True:
-        msg = kc.get_iopub_msg(timeout=timeout)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
+
+@dataclass(frozen=True)
+class Message:
+    """One IOPub message, as it arrived."""
+
+    msg_type: str
+    parent_id: str  # msg_id of the request it belongs to ("" when none)
+    content: dict
+    at: float  # time.monotonic() when the collector read it
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of a cell, as a notebook stores it: ``kind`` is one of ``OUTPUT_KINDS``;
+    ``text`` is a stream's text, a bundle's text/plain, or an error's traceback (ANSI colours
+    removed), so tests match on what a reader sees."""
+
+    kind: str
+    text: str
+    at: float = 0.0  # arrival (time.monotonic()); 0.0 for outputs read from a notebook file
+    name: str = ""  # the stream's name (stdout, stderr)
+    data: dict = field(default_factory=dict)  # the mime bundle of displays and results
+    metadata: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, kind: str, content: Any, at: float = 0.0) -> Output | None:
+        """The output an IOPub message's content (or a notebook's output node) stands for;
+        None for messages that are not outputs (status, comm_msg, update_display_data...)."""
         if kind == "stream":
-            out.append((time.monotonic(), content["text"]))
-        elif kind in ("execute_result", "display_data"):
-            out.append((time.monotonic(), content["data"].get("text/plain", "")))
-        elif kind == "error":
-            out.append((time.monotonic(), "\n".join(content["traceback"])))
-        elif kind == "status" and content["execution_state"] == "idle":
-            break
-    reply = kc.get_shell_msg(timeout=timeout)
-    while reply["parent_header"].get("msg_id") != msg_id:  # a late reply to an earlier request
-        reply = kc.get_shell_msg(timeout=timeout)
-    return out, reply["content"]
+            return cls(kind, content["text"], at, name=content["name"])
+        if kind in ("execute_result", "display_data"):
+            data = dict(content["data"])
+            return cls(kind, data.get("text/plain", ""), at, data=data, metadata=dict(content.get("metadata", {})))
+        if kind == "error":
+            return cls(kind, ANSI.sub("", "\n".join(content["traceback"])), at)
+        return None
+
+    @classmethod
+    def from_notebook(cls, node) -> Output | None:
+        """An output node of a notebook (nbformat v4) that nbclient filled in."""
+        return cls.of(node["output_type"], node)
 
 
-def text(out) -> str:
-    return "".join(t for _, t in out)
+def text(outputs: Iterable[Output]) -> str:
+    return "".join(o.text for o in outputs)
+
+
+class IOPub:
+    """Every IOPub message one client receives, in arrival order, so several readers (a
+    cell's run, a wait for a widget update, a debug event) never take messages from each
+    other.  Get a client's collector with ``iopub(kc)``; it only reads when asked (``pump``
+    and the waits), as jupyter_client's channels are not thread-safe."""
+
+    def __init__(self, kc):
+        self.kc = kc
+        self.messages: list[Message] = []
+        self._by_parent: dict[str, list[Message]] = {}
+        self._idle: set[str] = set()
+
+    def pump(self, wait: float = 0.05) -> int:
+        """Read every message that has arrived, waiting up to ``wait`` s for the first one;
+        returns how many were read."""
+        n = 0
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=wait if n == 0 else 0)
+            except queue.Empty:
+                return n
+            m = Message(msg["msg_type"], msg["parent_header"].get("msg_id", ""), msg["content"], time.monotonic())
+            self.messages.append(m)
+            self._by_parent.setdefault(m.parent_id, []).append(m)
+            if m.msg_type == "status" and m.content["execution_state"] == "idle":
+                self._idle.add(m.parent_id)
+            n += 1
+
+    def of(self, msg_id: str, *msg_types: str) -> list[Message]:
+        """The messages of request ``msg_id`` (only those of ``msg_types``, if given)."""
+        got = self._by_parent.get(msg_id, [])
+        return [m for m in got if m.msg_type in msg_types] if msg_types else list(got)
+
+    def outputs(self, msg_id: str) -> list[Output]:
+        """The outputs of cell ``msg_id`` seen so far, in arrival order."""
+        return [o for m in self._by_parent.get(msg_id, [])
+                if (o := Output.of(m.msg_type, m.content, m.at)) is not None]
+
+    def idle(self, msg_id: str) -> bool:
+        """Whether the kernel has finished request ``msg_id`` (its idle status arrived)."""
+        return msg_id in self._idle
+
+    def events(self, name: str) -> list[dict]:
+        """The contents of the ``debug_event`` messages named ``name`` seen so far."""
+        return [m.content for m in self.messages
+                if m.msg_type == "debug_event" and m.content.get("event") == name]
+
+    def wait(self, what: str, predicate: Callable[[], T], timeout: float,
+             also: Callable[[], None] | None = None, detail: Callable[[], str] | None = None) -> T:
+        """Read messages until ``predicate()`` is truthy and return it; ``also()`` runs on
+        each round (to answer stdin, say).  Fails with "timed out after T s waiting for
+        WHAT", followed by ``detail()`` when given."""
+        deadline = time.monotonic() + timeout
+        while not (got := predicate()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}"
+                                     + (f"\n{detail()}" if detail is not None else ""))
+            if also is not None:
+                also()
+            self.pump(min(left, 0.05 if also is not None else 0.5))
+        return got
+
+    def so_far(self, msg_id: str) -> Callable[[], str]:
+        """A ``detail`` for ``wait``: cell ``msg_id``'s output so far."""
+        return lambda: f"output so far:\n{text(self.outputs(msg_id))}"
+
+    def wait_idle(self, msg_id: str, timeout: float = 60, also: Callable[[], None] | None = None) -> list[Output]:
+        """Wait for cell ``msg_id`` to finish; its outputs."""
+        self.wait("the cell to finish (its idle status)", lambda: self.idle(msg_id), timeout, also,
+                  self.so_far(msg_id))
+        return self.outputs(msg_id)
+
+    def wait_output(self, msg_id: str, needle: str, timeout: float = 30) -> Output:
+        """Wait for an output of cell ``msg_id`` that contains ``needle``; that output."""
+        return self.wait(f"an output containing {needle!r}",
+                         lambda: next((o for o in self.outputs(msg_id) if needle in o.text), None), timeout,
+                         detail=self.so_far(msg_id))
+
+
+_collectors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def iopub(kc) -> IOPub:
+    """The one collector of client ``kc``'s IOPub messages."""
+    got = _collectors.get(kc)
+    if got is None:
+        got = _collectors[kc] = IOPub(kc)
+    return got
+
+
+def reply_to(kc, msg_id: str, timeout: float = 60) -> dict:
+    """The content of the shell reply to request ``msg_id`` (late replies to earlier
+    requests are skipped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"timed out after {timeout} s waiting for the shell reply to {msg_id}"
+        try:
+            reply = kc.get_shell_msg(timeout=left)
+        except queue.Empty:
+            continue
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
+
+
+class Ran(NamedTuple):
+    """A finished cell: its outputs and its execute_reply's content."""
+
+    outputs: list[Output]
+    reply: dict
+
+    @property
+    def text(self) -> str:
+        return text(self.outputs)
+
+
+def run(kc, code: str, timeout: float = 60) -> Ran:
+    """Execute ``code`` and wait for it to finish; unpacks as ``outputs, reply``."""
+    msg_id = kc.execute(code)
+    outputs = iopub(kc).wait_idle(msg_id, timeout)
+    return Ran(outputs, reply_to(kc, msg_id, timeout))
 
 
 def ensure_kernelspec() -> str:
@@ -58,16 +217,18 @@ def kernel(name: str):
         km.shutdown_kernel(now=False)
 
 
-def assert_gone(pids, timeout: float, message: str) -> None:
-    """Wait up to ``timeout`` s for every pid to exit (zombies count as gone)."""
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone)."""
     import psutil
 
-    def running(p):
-        try:
-            return psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
+
+def assert_gone(pids, timeout: float, message: str) -> None:
+    """Wait up to ``timeout`` s for every pid to exit (zombies count as gone)."""
     deadline = time.monotonic() + timeout
     while any(running(p) for p in pids):
         assert time.monotonic() < deadline, message

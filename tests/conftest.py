@@ -1,6 +1,8 @@
 """Shared fixtures.  Every process a test starts must be gone when it ends: a per-test
 check waits a few seconds for new rank processes to exit, and a session-wide check fails
-the run if any process of this test session (marked through the environment) is left."""
+the run if any process of this test session (marked through the environment) is left.
+Kernel fixtures (``kernelspec``, ``kc``, ``module_kc``, ``ipython_kc``) start real kernels
+through jupyter_client; their helpers, and the one IOPub collector, are in ``_kernels.py``."""
 
 from __future__ import annotations
 
@@ -105,3 +107,43 @@ def no_leftover_processes():
     if left:
         _kill(left)
         pytest.fail("processes outlived the test session:\n" + _describe(left), pytrace=False)
+
+
+# ---------------------------------------------------------------- real kernels
+# _kernels is imported inside the fixtures: importing it imports the kernel package, which
+# tests of the lower layers never need.
+
+
+@pytest.fixture(scope="session")
+def kernelspec() -> str:
+    """The monarch kernelspec's name, installed into this environment if it is missing."""
+    from _kernels import ensure_kernelspec
+
+    return ensure_kernelspec()
+
+
+@pytest.fixture
+def kc(kernelspec):
+    """A client of a fresh monarch kernel, shut down (and waited for) after the test."""
+    from _kernels import kernel
+
+    with kernel(kernelspec) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def module_kc(kernelspec):
+    """One monarch kernel shared by the tests of a module, shut down after the last."""
+    from _kernels import kernel
+
+    with kernel(kernelspec) as client:
+        yield client
+
+
+@pytest.fixture
+def ipython_kc():
+    """A client of a fresh plain IPython kernel (``python3``), shut down after the test."""
+    from _kernels import kernel
+
+    with kernel("python3") as client:
+        yield client

@@ -123,18 +123,33 @@ def test_call_one_choose_broadcast_stream(procs):
     assert sorted(order) == [0, 1, 2, 3]
 
 
-def test_stream_yields_in_answer_order(procs):
-    counters = procs.spawn("counters", Counter, 0)
-    # rank 0 is slowest, rank 3 fastest: the stream must not wait for rank 0.
-    futs = []
-    start = time.monotonic()
-    for fut in counters.slice(gpus=slice(2, 4)).slow.stream(0.0):
-        futs.append(fut.get())
-    slow = counters.slice(gpus=0).slow.call_one(1.0)
-    fast = [f.get() for f in counters.slice(gpus=slice(1, 4)).slow.stream(0.0)]
-    assert sorted(fast) == [1, 2, 3]
-    assert not slow.done() or time.monotonic() - start > 1.0
-    assert slow.get(timeout=20) == 0
+class Gate(Actor):
+    @endpoint
+    def answer(self, held: int, release: str, timeout: float) -> tuple[int, bool]:
+        """Answer at once, except rank ``held``: it waits for the file ``release`` first (up
+        to ``timeout`` s).  Returns the rank and whether it waited for nothing or was released."""
+        rank = current_rank().rank
+        if rank == held:
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(release):
+                if time.monotonic() > deadline:
+                    return rank, False
+                time.sleep(0.01)
+        return rank, True
+
+
+def test_stream_yields_in_answer_order(procs, tmp_path):
+    gates = procs.spawn("gates", Gate)
+    release = tmp_path / "release-rank-0"
+    # Rank 0 cannot answer until this test releases it, which it does only once the other
+    # three answers came out of the stream: a stream that waited for rank 0 would first
+    # yield rank 0's answer after its 20 s wait ran out, (0, False).
+    stream = gates.answer.stream(0, str(release), 20.0)
+    fast = [next(stream).get(timeout=30) for _ in range(3)]
+    assert sorted(fast) == [(1, True), (2, True), (3, True)], f"the stream waited for the held rank: {fast}"
+    release.touch()
+    assert next(stream).get(timeout=20) == (0, True)
+    assert list(stream) == []
 
 
 def test_slicing_and_points(procs):

@@ -286,6 +286,30 @@ def test_dropped_forged_and_replayed_handles_are_refused():
         assert kind == "BufferDropped" and "'other' was dropped" in msg
 
 
+class Probe(Actor):
+    """Looks at its own process from beside the Reader, while the Reader's endpoint blocks."""
+
+    @endpoint
+    def waiting_on_an_owner(self) -> bool:
+        """Whether a thread of this process is blocked reading an owner's answer."""
+        import sys
+
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                code = frame.f_code
+                if code.co_filename == wire.__file__ and code.co_name.startswith("recv"):
+                    return True
+                frame = frame.f_back
+        return False
+
+
+def _wait(what: str, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.05)
+
+
 def _shm_entries(pids) -> set:
     """What the given processes have under /dev/shm (runtime segments, torch's files)."""
     mine = tuple(f"{prefix}{pid}{sep}" for pid in pids for prefix, sep in (("mk-", "-"), ("torch_", "_")))
@@ -298,6 +322,7 @@ def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport
     with this_host().spawn_procs(per_host={"ranks": 2}, env=env) as procs:
         owner = procs.slice(ranks=0).spawn("owner", Owner)
         reader = procs.slice(ranks=1).spawn("reader", Reader)
+        probe = procs.slice(ranks=1).spawn("probe", Probe)
         buf, expect = owner.make.call_one("doomed", 32 * MiB).get(timeout=30)
         assert reader.read_crc.call_one(buf).get(timeout=30) == (transport, expect)
         pid = owner.pid.call_one().get(timeout=10)
@@ -305,8 +330,10 @@ def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport
 
         # Pending: the owner is frozen, so the read waits; then it is killed.
         os.kill(pid, signal.SIGSTOP)
+        assert not probe.waiting_on_an_owner.call_one().get(timeout=10)
         pending = reader.try_read.call_one(buf)
-        time.sleep(0.5)
+        _wait("the read to wait on the frozen owner's answer",
+              lambda: probe.waiting_on_an_owner.call_one().get(timeout=10), 10)
         os.kill(pid, signal.SIGKILL)
         kind, msg, _ = pending.get(timeout=30)
         assert kind == "OwnerGone" and "buffer 'doomed': its owner, rank 0 of mesh" in msg, (kind, msg)

@@ -165,7 +165,10 @@ def test_running_out_of_descriptors_does_not_stop_the_accept_loop(job):
     soft = owner.limit_fds.call_one(16).get(timeout=10)
     try:
         with flood(buf._h, 100, ["127.0.0.2"]):
-            time.sleep(0.3)  # the owner accepts 16, then accept() fails with EMFILE
+            # The owner accepts 16, one descriptor each: once it holds them all, its next
+            # accept() fails with EMFILE, the rest of the flood still waiting.
+            wait_for("the owner to hold 16 connections: out of descriptors",
+                     lambda: owner.unauthenticated.call_one().get(timeout=10) >= 16)
         assert readers[2].read_crc.call_one(buf).get(timeout=20) == ("tcp", crc)
     finally:
         owner.restore_fds.call_one(soft).get(timeout=10)

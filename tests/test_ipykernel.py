@@ -4,20 +4,13 @@ rank output reaching the cell and a rank's failure leaving the kernel alive."""
 from __future__ import annotations
 
 import pytest
-from _kernels import kernel as started_kernel
 from _kernels import run, text
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def kernel():
-    with started_kernel("python3") as client:
-        yield client
-
-
-def test_get_and_await_in_cells(kernel):
-    out, reply = run(kernel, """
+def test_get_and_await_in_cells(ipython_kc):
+    out, reply = run(ipython_kc, """
 from monarch_kernel import Actor, endpoint, this_host, ProcessDied
 import os
 
@@ -41,11 +34,11 @@ print(f"get {list(m.echo.call(5).get(timeout=30).values())}")
     t = text(out)
     assert "get [5, 5]" in t
 
-    out, reply = run(kernel, "vm = await m.aecho.call(6)\nprint(f'await {list(vm.values())}')")
+    out, reply = run(ipython_kc, "vm = await m.aecho.call(6)\nprint(f'await {list(vm.values())}')")
     assert reply["status"] == "ok", out
     assert "await [6, 6]" in text(out)
 
-    out, reply = run(kernel, """
+    out, reply = run(ipython_kc, """
 try:
     m.slice(gpus=1).die.call_one().get(timeout=30)
 except ProcessDied as e:
@@ -56,5 +49,5 @@ print(f"still {await m.slice(gpus=0).aecho.call_one(7)}")
     t = text(out)
     assert "died 7" in t and "still 7" in t
 
-    out, reply = run(kernel, "procs.stop().get(timeout=30); print('stopped')")
+    out, reply = run(ipython_kc, "procs.stop().get(timeout=30); print('stopped')")
     assert reply["status"] == "ok" and "stopped" in text(out)

@@ -24,7 +24,6 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from _kernels import ensure_kernelspec
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [pytest.mark.timeout(240),
@@ -130,8 +129,7 @@ class Lab:
 
 
 @pytest.fixture
-def lab(tmp_path):
-    ensure_kernelspec()
+def lab(tmp_path, kernelspec):
     root, home = tmp_path / "notebooks", tmp_path / "jupyter"
     root.mkdir()
     home.mkdir()

@@ -8,21 +8,20 @@ import sys
 import time
 
 import pytest
-from _kernels import assert_gone, ensure_kernelspec, kernel, run, text
+from _kernels import assert_gone, iopub, kernel, reply_to, run, text
 from jupyter_client.kernelspec import KernelSpecManager
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def kernelspec():
-    return ensure_kernelspec()
+def wait_printed_by_both(kc, msg_id: str, line: str, timeout: float = 30) -> None:
+    """Wait until ranks 0 and 1 have both printed ``line`` in cell ``msg_id`` (collapsed
+    into one line or not)."""
+    def both() -> bool:
+        t = text(iopub(kc).outputs(msg_id))
+        return f"[ranks 0-1] {line}" in t or (f"[rank 0] {line}" in t and f"[rank 1] {line}" in t)
 
-
-@pytest.fixture
-def kc(kernelspec):
-    with kernel(kernelspec) as client:
-        yield client
+    iopub(kc).wait(f"both ranks to print {line!r}", both, timeout, detail=iopub(kc).so_far(msg_id))
 
 
 def test_kernelspec_is_installed_with_display_name(kernelspec):
@@ -51,8 +50,8 @@ def test_output_streams_while_cell_runs_and_collapses(kc):
     run(kc, "procs = %mesh spawn -n 4")
     out, reply = run(kc, "%%mesh\nimport time\nprint('same on every rank', flush=True)\ntime.sleep(2)\nprint('late', flush=True)")
     assert reply["status"] == "ok"
-    early = [t for t, s in out if "same on every rank" in s]
-    late = [t for t, s in out if "late" in s]
+    early = [o.at for o in out if "same on every rank" in o.text]
+    late = [o.at for o in out if "late" in o.text]
     assert early and late and late[0] - early[0] > 1.0, "the first line arrived only at the end"
     assert "[ranks 0-3] same on every rank" in text(out)
 
@@ -114,12 +113,11 @@ def test_auto_mode_runs_plain_cells_on_the_mesh(kc):
     assert "[rank" not in text(out) and "2" in text(out)
 
 
-def test_load_ext_in_plain_ipykernel():
-    with kernel("python3") as client:
-        out, reply = run(client, "%load_ext monarch_kernel\nprocs = %mesh spawn -n 2")
-        assert reply["status"] == "ok", text(out)
-        out, reply = run(client, "%%mesh\n6 * 7")
-        assert "[ranks 0-1] 42" in text(out)
+def test_load_ext_in_plain_ipykernel(ipython_kc):
+    out, reply = run(ipython_kc, "%load_ext monarch_kernel\nprocs = %mesh spawn -n 2")
+    assert reply["status"] == "ok", text(out)
+    out, reply = run(ipython_kc, "%%mesh\n6 * 7")
+    assert "[ranks 0-1] 42" in text(out)
 
 
 def test_no_rank_outlives_its_kernel(kernelspec):
@@ -132,19 +130,17 @@ def test_no_rank_outlives_its_kernel(kernelspec):
     assert_gone(pids, 5, "ranks outlived their kernel")
 
 
-def test_interrupt_stops_rank_code_and_keeps_namespaces(kc, kernelspec):
+def test_interrupt_stops_rank_code_and_keeps_namespaces(kc):
     run(kc, "procs = %mesh spawn -n 2")
     run(kc, "%%mesh\nkept = 'still here'")
-    msg_id = kc.execute("%%mesh\nimport time\nfor i in range(600):\n    time.sleep(0.05)")
-    time.sleep(1.5)
+    msg_id = kc.execute("%%mesh\nimport time\nprint('looping', flush=True)\nfor i in range(600):\n    time.sleep(0.05)")
+    wait_printed_by_both(kc, msg_id, "looping")
     kc_km = kc.parent  # the KernelManager that started this kernel
     kc_km.interrupt_kernel()
     start = time.monotonic()
-    reply = kc.get_shell_msg(timeout=30)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=30)
-    assert reply["content"]["status"] == "error"
-    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    reply = reply_to(kc, msg_id, 30)
+    assert reply["status"] == "error"
+    assert reply["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - start < 10
     out, reply = run(kc, "%%mesh\nkept, i < 599")
     assert reply["status"] == "ok"
@@ -194,25 +190,17 @@ def test_env_scatter_and_gather(kc):
 
 def test_rich_output_from_ranks_renders_in_the_cell(kc):
     run(kc, "procs = %mesh spawn -n 2")
-    msg_id = kc.execute("%%mesh\nfrom IPython.display import display, HTML\n"
-                        "from monarch_kernel import current_rank\n"
-                        "display(HTML(f'<b>rank {current_rank().rank}</b>'))\n"
-                        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nNone")
-    bundles = []
-    while True:
-        msg = kc.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        # Only the ranks' own displays: a busy machine may also show the progress bar.
-        if msg["msg_type"] == "display_data" and "monarch_kernel" in msg["content"]["metadata"]:
-            bundles.append(msg["content"])
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    assert kc.get_shell_msg(timeout=30)["content"]["status"] == "ok"
-    html = {b["metadata"]["monarch_kernel"]["rank"]: b["data"]["text/html"] for b in bundles if "text/html" in b["data"]}
+    out, reply = run(kc, "%%mesh\nfrom IPython.display import display, HTML\n"
+                         "from monarch_kernel import current_rank\n"
+                         "display(HTML(f'<b>rank {current_rank().rank}</b>'))\n"
+                         "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nNone")
+    assert reply["status"] == "ok"
+    # Only the ranks' own displays: a busy machine may also show the progress bar.
+    bundles = [o for o in out if o.kind == "display_data" and "monarch_kernel" in o.metadata]
+    html = {b.metadata["monarch_kernel"]["rank"]: b.data["text/html"] for b in bundles if "text/html" in b.data}
     assert html == {0: "<b>rank 0</b>", 1: "<b>rank 1</b>"}
-    pngs = [b for b in bundles if "image/png" in b["data"]]
-    assert sorted(b["metadata"]["monarch_kernel"]["rank"] for b in pngs) == [0, 1]
+    pngs = [b for b in bundles if "image/png" in b.data]
+    assert sorted(b.metadata["monarch_kernel"]["rank"] for b in pngs) == [0, 1]
 
 
 def test_no_stream_groups_output_by_rank(kc):
@@ -225,7 +213,7 @@ def test_no_stream_groups_output_by_rank(kc):
     lines = [l for l in text(out).splitlines() if l.startswith("[rank")]
     assert lines == ["[rank 0] first 0", "[rank 0] second 0", "[rank 1] first 1", "[rank 1] second 1",
                      "[rank 2] first 2", "[rank 2] second 2"]
-    arrived = [t for t, s in out if "first" in s or "second" in s]
+    arrived = [o.at for o in out if "first" in o.text or "second" in o.text]
     assert max(arrived) - min(arrived) < 0.25, "held lines arrive together at the end"
     out, reply = run(kc, "%%mesh --group-outputs rank\n1")
     assert reply["ename"] == "UsageError" and "add --no-stream" in reply["evalue"]
@@ -234,46 +222,31 @@ def test_no_stream_groups_output_by_rank(kc):
 def test_status_is_a_table_and_a_live_widget(kc):
     run(kc, "procs = %mesh spawn -n 2")
     run(kc, "%%mesh\nprint('working on it', flush=True)")
-    msg_id = kc.execute("%mesh status")
-    widget_ids, texts = [], []
-    while True:
-        msg = kc.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "display_data":
-            widget_ids.append(msg["content"]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"])
-        elif msg["msg_type"] == "stream":
-            texts.append(msg["content"]["text"])
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    t = "".join(texts)
+    out, _reply = run(kc, "%mesh status")
+    widget_ids = [o.data["application/vnd.jupyter.widget-view+json"]["model_id"]
+                  for o in out if o.kind == "display_data"]
+    t = text(o for o in out if o.kind == "stream")
     assert "rank 0: pid" in t and "idle" in t and "MiB" in t and "working on it" in t
     assert len(widget_ids) == 1
     # While a cell runs on the ranks, the widget shows them busy, without being asked again.
+    collector = iopub(kc)
+    seen = len(collector.messages)
     kc.execute("%%mesh\nimport time\ntime.sleep(3)")
-    deadline = time.monotonic() + 30
-    while True:
-        msg = kc.get_iopub_msg(timeout=30)
-        if msg["msg_type"] == "comm_msg":
-            state = msg["content"]["data"].get("state", {})
-            if "busy" in state.get("value", ""):
-                break
-        assert time.monotonic() < deadline, "the status widget never showed a busy rank"
+
+    def shown_busy() -> bool:
+        return any(m.msg_type == "comm_msg" and "busy" in m.content["data"].get("state", {}).get("value", "")
+                   for m in collector.messages[seen:])
+
+    collector.wait("the status widget to show a busy rank", shown_busy, 30)
 
 
 def test_long_cell_shows_progress(kc):
     run(kc, "procs = %mesh spawn -n 2")
     msg_id = kc.execute("%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"
                         "time.sleep(1.0 if current_rank().rank == 0 else 3.5)")
-    shown = []
-    while True:
-        msg = kc.get_iopub_msg(timeout=60)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] in ("display_data", "update_display_data"):
-            shown.append(msg["content"]["data"]["text/plain"])
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
+    collector = iopub(kc)
+    collector.wait_idle(msg_id)
+    shown = [m.content["data"]["text/plain"] for m in collector.of(msg_id, "display_data", "update_display_data")]
     assert shown and shown[0].startswith("[mesh] 1 of 2 ranks finished")
     assert shown[-1].startswith("[mesh] 2 of 2 ranks finished")
 
@@ -324,20 +297,14 @@ def test_interrupt_cuts_a_sleeping_cell_short(kc):
     # Before: the reply came 10.26 s after the stop button and the ranks slept on.
     run(kc, "procs = %mesh spawn -n 2")
     msg_id = kc.execute("%%mesh\nimport time\nstarted = time.time()\nprint('sleeping', flush=True)\ntime.sleep(60)")
-    deadline = time.monotonic() + 30
-    while True:  # wait until the ranks are inside the sleep
-        msg = kc.get_iopub_msg(timeout=30)
-        if msg["msg_type"] == "stream" and "sleeping" in msg["content"]["text"]:
-            break
-        assert time.monotonic() < deadline, "the cell never started"
-    time.sleep(0.3)
+    # Both ranks printed the line just before their sleep: by the time it has come through
+    # the kernel to this client, they are in it.
+    wait_printed_by_both(kc, msg_id, "sleeping")
     start = time.monotonic()
     kc.parent.interrupt_kernel()
-    reply = kc.get_shell_msg(timeout=30)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=30)
+    reply = reply_to(kc, msg_id, 30)
     took = time.monotonic() - start
-    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert reply["ename"] == "KeyboardInterrupt"
     assert took < 3, f"the interrupt took {took:.1f} s"
     out, reply = run(kc, "%%mesh --timeout 5\nround(time.time() - started) < 10")
     assert "[ranks 0-1] True" in text(out), "the ranks' sleep went on after the interrupt"

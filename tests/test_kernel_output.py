@@ -7,17 +7,17 @@ from __future__ import annotations
 import re
 
 import pytest
-from _kernels import ensure_kernelspec, kernel, run, text
+from _kernels import run, text
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def kc():
-    with kernel(ensure_kernelspec()) as client:
-        out, reply = run(client, "procs = %mesh spawn -n 2")
-        assert reply["status"] == "ok", text(out)
-        yield client
+def mesh_kc(module_kc):
+    """The module's kernel, with a mesh of two ranks."""
+    out, reply = run(module_kc, "procs = %mesh spawn -n 2")
+    assert reply["status"] == "ok", text(out)
+    return module_kc
 
 
 def rank_lines(out, label: str) -> list[str]:
@@ -25,9 +25,9 @@ def rank_lines(out, label: str) -> list[str]:
     return [l[len(prefix):] for l in text(out).splitlines() if l.startswith(prefix)]
 
 
-def test_a_flood_of_lines_all_arrive_in_order_in_few_messages(kc):
+def test_a_flood_of_lines_all_arrive_in_order_in_few_messages(mesh_kc):
     n = 30_000
-    out, reply = run(kc, f"%%mesh --ranks 0\nfor i in range({n}):\n    print(i)", timeout=120)
+    out, reply = run(mesh_kc, f"%%mesh --ranks 0\nfor i in range({n}):\n    print(i)", timeout=120)
     assert reply["status"] == "ok", text(out)[-2000:]
     got = rank_lines(out, "[rank 0]")
     missing = n - len(set(got))
@@ -35,8 +35,8 @@ def test_a_flood_of_lines_all_arrive_in_order_in_few_messages(kc):
     assert len(out) < n / 100, f"{len(out)} iopub messages for {n} lines: not batched"
 
 
-def test_only_matching_lines_of_different_ranks_collapse(kc):
-    out, reply = run(kc, "%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"
+def test_only_matching_lines_of_different_ranks_collapse(mesh_kc):
+    out, reply = run(mesh_kc, "%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"
                          "print('hello', flush=True)\n"
                          "for _ in range(3):\n    print('epoch done', flush=True)\n    time.sleep(0.05)\n"
                          "if current_rank().rank == 1:\n"
@@ -49,9 +49,9 @@ def test_only_matching_lines_of_different_ranks_collapse(kc):
     assert "[rank 0] epoch done" not in t and "[rank 1] epoch done" not in t
 
 
-def test_a_very_long_line_arrives_whole_in_pieces_without_blocking_print(kc):
+def test_a_very_long_line_arrives_whole_in_pieces_without_blocking_print(mesh_kc):
     n = 10_000_000
-    out, reply = run(kc, "%%mesh --ranks 0\nimport time\nt = time.perf_counter()\n"
+    out, reply = run(mesh_kc, "%%mesh --ranks 0\nimport time\nt = time.perf_counter()\n"
                          f"print('x' * {n}, flush=True)\nround(time.perf_counter() - t, 3)", timeout=120)
     assert reply["status"] == "ok", text(out)[-2000:]
     pieces = rank_lines(out, "[rank 0]")

@@ -158,7 +158,8 @@ try:
     # Rank 1 forwards to ranks 2..4; kill it while its whole subtree is still running.
     os.mkdir(marker + "/a")
     fut = m.nap.call(4, marker + "/a")
-    wait_for(lambda: len(os.listdir(marker + "/a")) == 16, 20)
+    assert wait_for(lambda: len(os.listdir(marker + "/a")) == 16, 20), \
+        "timed out after 20 s waiting for all 16 ranks to start their nap"
     os.kill(pids[1], 9)
     out["a"] = outcome(fut)
 
@@ -167,8 +168,8 @@ try:
     # holds their answers while it naps; then it is killed.
     os.mkdir(marker + "/b")
     fut = m.nap_on.call(9, 600, marker + "/b")
-    wait_for(lambda: os.path.exists(marker + "/b/started.9"), 20)
-    time.sleep(1)  # likely lets ranks 10..15 answer to rank 9 first (either order must work)
+    assert wait_for(lambda: os.path.exists(marker + "/b/held.9"), 30), \
+        "timed out after 30 s waiting for rank 9 to hold the answers of ranks 10..15"
     os.kill(pids[9], 9)
     out["b"] = outcome(fut)
 

@@ -7,31 +7,16 @@ import re
 
 import nbformat
 import pytest
-from _kernels import ensure_kernelspec
+from _kernels import Output
 from nbclient import NotebookClient
 
-from monarch_kernel.kernel.kernelspec import KERNEL_NAME
-
 NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def outputs(nb) -> str:
-    text = []
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.output_type == "stream":
-                text.append(out.text)
-            elif out.output_type in ("execute_result", "display_data"):
-                text.append(out.data.get("text/plain", ""))
-            elif out.output_type == "error":
-                text.append(ANSI.sub("", "\n".join(out.traceback)))
-    return "\n".join(text)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kernelspec():
-    ensure_kernelspec()
+    """Every output of the executed notebook, one after another (as ``_kernels.Output`` reads them)."""
+    found = (Output.from_notebook(node) for cell in nb.cells for node in cell.get("outputs", []))
+    return "\n".join(o.text for o in found if o is not None)
 
 
 def test_there_are_notebooks():
@@ -40,9 +25,10 @@ def test_there_are_notebooks():
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path):
+def test_notebook_runs(path, kernelspec):
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=240, kernel_name=KERNEL_NAME, resources={"metadata": {"path": str(path.parent)}}).execute()
+    resources = {"metadata": {"path": str(path.parent)}}
+    NotebookClient(nb, timeout=240, kernel_name=kernelspec, resources=resources).execute()
     text = outputs(nb)
     if path.stem == "quickstart":
         assert "[ranks 0-3] hello from the mesh" in text

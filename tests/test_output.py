@@ -106,6 +106,11 @@ class CellStream:
         pass
 
 
+def written(out: CellStream) -> int:
+    with out.lock:
+        return sum(s.count("\n") for _c, s in out.writes)
+
+
 @pytest.fixture
 def io_loop():
     """An asyncio loop on its own thread, standing in for the runtime's IO thread."""
@@ -142,7 +147,9 @@ def test_lines_written_while_the_cell_flushes_all_arrive_in_their_cell(io_loop, 
     done = threading.Event()
     io_loop.call_soon_threadsafe(done.set)
     assert done.wait(30), "timed out after 30 s waiting for the IO thread to feed every line"
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # the writer thread prints what its windows let go
+    while written(out) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
     sink.flush()
     if hasattr(sink, "close"):
         sink.close()
@@ -236,3 +243,147 @@ def test_pieces_of_a_long_line_never_split_a_character(io_loop, monkeypatch):
     assert "".join(reader.got[:-2]) == text
     assert len(reader.got) > 20 and all(len(p.encode()) <= 1024 for p in reader.got[:-2])
     assert reader.got[-2:] == ["short", "tail without newline"]
+
+
+# ---------------------------------------------------------------- more of the pure rules
+
+
+def test_entries_come_due_in_arrival_order_at_their_deadlines():
+    c = Collapser(window=1.0)
+    assert not c and c.next_deadline() is None
+    c.add("m", 0, "stdout", "a", now=0.0)
+    c.add("m", 0, "stdout", "b", now=0.5)
+    c.add("m", 1, "stdout", "a", now=0.75)  # joins rank 0's "a": its deadline stays 1.0
+    assert c and c.next_deadline() == 1.0
+    assert c.take_due(0.75) == []
+    assert shown(c.take_due(1.0)) == ["[ranks 0-1] a"]
+    assert c.next_deadline() == 1.5
+    assert c.take_due(1.25) == []
+    assert shown(c.take_due(1.5)) == ["[rank 0] b"]
+    assert not c and c.take_all() == []
+
+
+def test_ranks_that_are_not_neighbours_collapse_under_one_label():
+    c = Collapser()
+    for r in (4, 0, 2):
+        c.add("m", r, "stderr", "warning: slow", now=0.0)
+    c.add("m", 1, "stderr", "other", now=0.0)
+    entries = c.take_all()
+    assert shown(entries) == ["[ranks 0,2,4] warning: slow", "[rank 1] other"]
+    assert entries[0].text() == "[ranks 0,2,4] warning: slow\n"
+
+
+def test_a_ranks_copy_after_the_entry_was_shown_starts_a_new_one():
+    c = Collapser()
+    c.add("m", 0, "stdout", "x", now=0.0)
+    assert shown(c.take_all()) == ["[rank 0] x"]
+    c.add("m", 1, "stdout", "x", now=0.0)
+    c.add("m", 0, "stdout", "x", now=0.0)
+    assert shown(c.take_all()) == ["[ranks 0-1] x"]
+
+
+class Recorder:
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.writes.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        self.writes.append("<flush>")
+
+
+def test_entries_are_written_one_write_per_run_of_a_stream(monkeypatch):
+    from monarch_kernel.kernel.output import Entry, write_entries
+
+    out, err = Recorder(), Recorder()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.stderr", err)
+    entries = [Entry("m", s, line, r, 0.0, i) for i, (s, line, r) in enumerate(
+        [("stdout", "a", 0), ("stdout", "b", 1), ("stderr", "oops", 1), ("stdout", "c", 0)])]
+    write_entries(entries)
+    assert out.writes == ["[rank 0] a\n[rank 1] b\n", "<flush>", "[rank 0] c\n", "<flush>"]
+    assert err.writes == ["[rank 1] oops\n", "<flush>"]
+
+
+def test_a_big_run_is_cut_into_writes_of_about_write_chars(monkeypatch):
+    from monarch_kernel.kernel import output
+
+    out = Recorder()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr(output, "WRITE_CHARS", 100)
+    entries = [output.Entry("m", "stdout", "x" * 40, 0, 0.0, i) for i in range(7)]
+    output.write_entries(entries)
+    writes = [w for w in out.writes if w != "<flush>"]
+    assert "".join(writes) == "".join(e.text() for e in entries)
+    assert [w.count("\n") for w in writes] == [2, 2, 2, 1]  # 50 chars each: a write ends at 100
+
+
+def test_a_closed_stream_does_not_fail_the_writer(monkeypatch):
+    from monarch_kernel.kernel.output import Entry, write_entries
+
+    class Closed:
+        def write(self, s):
+            raise ValueError("I/O operation on closed file")
+
+    monkeypatch.setattr("sys.stdout", Closed())
+    write_entries([Entry("m", "stdout", "late", 0, 0.0, 0)])
+
+
+def test_the_writer_prints_a_line_once_its_window_closes_in_the_cells_context(monkeypatch):
+    cell = contextvars.ContextVar("cell")
+    out = CellStream(cell, delay=0)
+    monkeypatch.setattr("sys.stdout", out)
+    sink = CollapsingSink(None, window=0.05)
+    assert sink.context is None  # no cell yet
+    cell.set("cell-7")
+    sink.follow_cell()
+    cell.set("elsewhere")  # the writer uses the context the cell started with
+    try:
+        sink("m", 0, "stdout", "hi")
+        sink("m", 1, "stdout", "hi")
+        assert sink.last_lines == {("m", 0): "hi", ("m", 1): "hi"}
+        deadline = time.monotonic() + 10
+        while written(out) < 1:
+            assert time.monotonic() < deadline, "timed out after 10 s waiting for the writer to print the line"
+            time.sleep(0.01)
+        assert out.writes == [("cell-7", "[ranks 0-1] hi\n")]
+    finally:
+        sink.close()
+
+
+def test_close_prints_what_is_pending_and_ends_the_writer(monkeypatch):
+    out = CellStream(contextvars.ContextVar("cell"), delay=0)
+    monkeypatch.setattr("sys.stdout", out)
+    sink = CollapsingSink(None, window=60)  # nothing would come due during the test
+    sink("m", 0, "stdout", "pending")
+    writer = sink._writer
+    sink.close()
+    assert [s for _c, s in out.writes] == ["[rank 0] pending\n"]
+    assert writer is not None and not writer.is_alive()
+    sink("m", 0, "stdout", "after close")  # recorded, but no writer starts again
+    assert sink._writer is writer
+
+
+def test_sync_markers_count_stdout_only_and_a_missing_one_times_out(monkeypatch):
+    from monarch_kernel.console.console import SYNC
+
+    out = CellStream(contextvars.ContextVar("cell"), delay=0)
+    monkeypatch.setattr("sys.stdout", out)
+    sink = CollapsingSink(None, window=60)
+    try:
+        sink("m", 0, "stdout", "line")
+        sink("m", 0, "stdout", SYNC + "t1")
+        sink("m", 0, "stderr", SYNC + "t1")
+        sink("m", 1, "stderr", SYNC + "t1")
+        assert sink.finished("t1") == 1 and sink.finished("other") == 0
+        assert sink.last_lines == {("m", 0): "line"}, "markers are not lines"
+        expected = {("m", 0, "stdout"), ("m", 1, "stdout")}
+        start = time.monotonic()
+        assert not sink.wait_synced("t1", expected, 0.2)
+        assert time.monotonic() - start >= 0.2
+        # It flushed anyway, and forgot the token.
+        assert [s for _c, s in out.writes] == ["[rank 0] line\n"] and sink.finished("t1") == 0
+    finally:
+        sink.close()

@@ -78,7 +78,9 @@ def test_a_segment_is_reused_only_once_no_rank_maps_it():
         keeper.keep.call(torch.full((n,), 1.0)).get(timeout=30)
         keeper.keep.call(torch.full((n,), 2.0)).get(timeout=30)  # must not overwrite the first
         assert keeper.sums.call_one().get(timeout=30) == [n - 10.0, 2.0 * (n - 10)]
-        time.sleep(0.2)
+        # A call's segments are released on the IO thread once it is answered: after this
+        # no-op has run there, every release the calls above queued has run too.
+        rt.io.run(lambda: None, timeout=10)
         assert rt.segments._pool == [], "kept arguments are still mapped: nothing to reuse"
         keeper.forget.call().get(timeout=30)
         holder = procs.spawn("holder", Holder)
@@ -95,23 +97,28 @@ def test_a_segment_is_reused_only_once_no_rank_maps_it():
 def test_segments_are_removed_when_the_controller_is_killed(tmp_path):
     script = tmp_path / "controller.py"
     script.write_text(textwrap.dedent('''
-        import json, time, torch
+        import json, os, sys, time, torch
         from monarch_kernel import Actor, endpoint, this_host
         from monarch_kernel.runtime.process import Runtime
 
         class Slow(Actor):
             @endpoint
-            def hold(self, t):
+            def hold(self, t, started):
+                open(started, "w").close()
                 time.sleep(60)
 
+        started = sys.argv[1]
         procs = this_host().spawn_procs(per_host={"gpus": 1})
         slow = procs.spawn("slow", Slow)
-        fut = slow.hold.call(torch.ones(1 << 20))
-        time.sleep(0.5)
+        fut = slow.hold.call(torch.ones(1 << 20), started)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(started):  # the rank holds the argument now
+            assert time.monotonic() < deadline, "timed out after 30 s waiting for the rank to start hold()"
+            time.sleep(0.05)
         print(json.dumps({"dir": Runtime.current().segments.dir}), flush=True)
         time.sleep(60)
     '''))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "started")], stdout=subprocess.PIPE, text=True)
     try:
         seg_dir = json.loads(proc.stdout.readline())["dir"]
         assert glob.glob(os.path.join(seg_dir, "*")), "the in-flight argument should be in shared memory"
@@ -125,6 +132,7 @@ def test_segments_are_removed_when_the_controller_is_killed(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
 
 
 def _small_shm_or_skip() -> list[str]:
