@@ -10,50 +10,30 @@ import queue
 import time
 
 import pytest
-from _kernels import ensure_kernelspec, kernel, run, text
+from _kernels import iopub, kernel, run, text
 
 pytestmark = pytest.mark.timeout(120)
 
 _seq = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def kernelspec():
-    return ensure_kernelspec()
-
-
-@pytest.fixture
-def kc(kernelspec):
-    with kernel(kernelspec) as client:
-        yield client
-
-
 class Session:
-    """Drives one kernel: executes cells without waiting, answers input requests,
-    sends debug requests, and keeps every IOPub message it has seen."""
+    """Drives one kernel: executes cells without waiting, answers input requests and sends
+    debug requests; every IOPub message it has seen is in ``io`` (the tests' one collector)."""
 
     def __init__(self, kc):
         self.kc = kc
-        self.iopub: list[dict] = []
+        self.io = iopub(kc)
         self.prompts: list[str] = []
 
     def pump(self, wait: float = 0.05) -> None:
-        try:
-            while True:
-                self.iopub.append(self.kc.get_iopub_msg(timeout=wait))
-                wait = 0.01
-        except queue.Empty:
-            pass
+        self.io.pump(wait)
 
     def events(self, name: str) -> list[dict]:
-        return [m["content"] for m in self.iopub
-                if m["msg_type"] == "debug_event" and m["content"].get("event") == name]
+        return self.io.events(name)
 
     def wait_event(self, name: str, count: int = 1, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while len(self.events(name)) < count:
-            assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for a {name!r} debug event"
-            self.pump()
+        self.io.wait(f"a {name!r} debug event", lambda: len(self.events(name)) >= count, timeout)
         return self.events(name)[count - 1]
 
     def dap(self, command: str, arguments: dict | None = None, timeout: float = 30) -> dict:
@@ -72,39 +52,25 @@ class Session:
         return self.kc.execute(code, allow_stdin=True)
 
     def output(self, msg_id: str) -> str:
-        out = []
-        for m in self.iopub:
-            if m["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, c = m["msg_type"], m["content"]
-            if kind == "stream":
-                out.append(c["text"])
-            elif kind in ("execute_result", "display_data"):
-                out.append(c["data"].get("text/plain", ""))
-            elif kind == "error":
-                out.append("\n".join(c["traceback"]))
-        return "".join(out)
+        return text(self.io.outputs(msg_id))
 
     def finished(self, msg_id: str) -> bool:
-        return any(m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status"
-                   and m["content"]["execution_state"] == "idle" for m in self.iopub)
+        return self.io.idle(msg_id)
 
     def wait_done(self, msg_id: str, answers=(), timeout: float = 60) -> str:
         """Wait for the cell to finish, typing ``answers`` at its input prompts in turn."""
         answers = list(answers)
-        deadline = time.monotonic() + timeout
-        while not self.finished(msg_id):
-            assert time.monotonic() < deadline, (f"timed out after {timeout} s waiting for the cell to finish; "
-                                                 f"output so far:\n{self.output(msg_id)}")
+
+        def answer_one_prompt() -> None:
             try:
                 req = self.kc.get_stdin_msg(timeout=0.05)
             except queue.Empty:
-                pass
-            else:
-                self.prompts.append(req["content"]["prompt"])
-                assert answers, f"an unexpected prompt {req['content']['prompt']!r}; output:\n{self.output(msg_id)}"
-                self.kc.input(answers.pop(0))
-            self.pump(0.05)
+                return
+            self.prompts.append(req["content"]["prompt"])
+            assert answers, f"an unexpected prompt {req['content']['prompt']!r}; output:\n{self.output(msg_id)}"
+            self.kc.input(answers.pop(0))
+
+        self.io.wait_idle(msg_id, timeout, also=answer_one_prompt)
         return self.output(msg_id)
 
     def wait_prompt(self, msg_id: str, timeout: float = 30) -> str:
@@ -267,7 +233,9 @@ def test_pdb_in_an_endpoint_of_a_notebook_class(kc):
            "        breakpoint()\n"
            "        return greeting.upper()\n"
            "g = procs.spawn('greeters', Greeter)")
-    out = s.cell("fut = g.slice(ranks=1).greet.call_one('bob')\nimport time; time.sleep(1)")
+    msg_id = s.execute("fut = g.slice(ranks=1).greet.call_one('bob')")
+    s.io.wait_output(msg_id, "rank 1 stopped at")
+    out = s.output(msg_id)
     assert "rank 1 stopped at" in out and "%mesh pdb attach 1" in out, out
     out = s.cell("%mesh pdb")
     assert "rank 1 (procs):" in out and "in greet" in out, out
@@ -433,9 +401,11 @@ def test_listen_prints_a_vscode_attach_config_on_loopback(kc):
     host, port = entry["connect"]["host"], entry["connect"]["port"]
     assert host == "127.0.0.1"
     rank_pid = int(s.cell("%%mesh --ranks 1\nimport os\nos.getpid()").split()[-1])
-    listeners = [c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
-                 and c.laddr.port == port]
+    conns = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    listeners = [c.laddr for c in conns]
     assert listeners and all(a.ip == "127.0.0.1" for a in listeners), listeners
+    # The port is rank 1's own debugpy: its adapter is a child of that rank's process.
+    assert {psutil.Process(c.pid).ppid() for c in conns} == {rank_pid}, (conns, rank_pid)
     # Any DAP client can attach with it, as VS Code would.
     inited = []
     conn = DapConnection(host, port, lambda m: inited.append(m["event"]))
@@ -453,7 +423,6 @@ def test_listen_prints_a_vscode_attach_config_on_loopback(kc):
         conn.request("disconnect", {"terminateDebuggee": False}).result(30)
     finally:
         conn.close()
-    assert rank_pid > 0
 
 
 @pytest.mark.parametrize("line, hint", [
@@ -495,8 +464,8 @@ def test_a_rank_left_in_pdb_by_a_gone_kernel_runs_on(kernelspec, tmp_path):
                "        breakpoint()\n"
                "        open(path, 'w').write('ran on')\n"
                "stoppers = procs.spawn('stoppers', Stopper)")
-        out = s.cell(f"fut = stoppers.stop.call_one({str(done)!r})\nimport time; time.sleep(1)")
-        assert "rank 0 stopped at" in out, out
+        msg_id = s.execute(f"fut = stoppers.stop.call_one({str(done)!r})")
+        s.io.wait_output(msg_id, "rank 0 stopped at")
     assert not done.exists()
     with kernel(kernelspec) as client:
         try:
