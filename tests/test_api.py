@@ -18,8 +18,8 @@ from monarch_kernel import (
     Actor,
     ActorError,
     Channel,
-    Port,
     Point,
+    Port,
     ValueMesh,
     context,
     current_rank,
@@ -238,8 +238,9 @@ def test_endpoint_error_is_actor_error_with_cause(procs):
 
 def test_unknown_endpoint_names_the_endpoints(procs):
     counters = procs.spawn("counters", Counter, 0)
-    with pytest.raises(AttributeError, match="Counter has no endpoint 'nope'; its endpoints are: get, incr, slow, where"):
-        counters.nope
+    with pytest.raises(AttributeError,
+                       match="Counter has no endpoint 'nope'; its endpoints are: get, incr, slow, where"):
+        _ = counters.nope
 
 
 def test_main_module_actor_and_monarch_getting_started(tmp_path):

@@ -13,14 +13,13 @@ import socket
 import threading
 
 import pytest
+from _actors import BadInit, Echo, inject, wait_for  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import ActorError, MeshStopped, ProcessDied, this_host
 from monarch_kernel.runtime.auth import Signer
 from monarch_kernel.runtime.envelope import Header, Kind
 from monarch_kernel.runtime.inbox import actor_address
 from monarch_kernel.runtime.process import Runtime
-
-from _actors import BadInit, Echo, inject, wait_for  # noqa: I001  (tests/ is on sys.path)
 
 SMALL_FRAME = 1_000_000
 REASONS = ("unsigned", "forged", "truncated", "oversized", "malformed")
@@ -47,7 +46,8 @@ def bad_messages(mesh_id: str, actor: str, rank: int, *, big_frame: bool) -> lis
     rnd = [os.urandom(n) for n in (7, 300, 1, 64, 4096)]
     msgs.append(("random frames, no 32-byte mac", rnd, "unsigned"))
     # 0xc1 is the one byte msgpack never uses: the header cannot parse.
-    msgs.append(("random frames, unparsable header", [os.urandom(32), b"\xc1" + os.urandom(99), os.urandom(50)], "malformed"))
+    msgs.append(("random frames, unparsable header",
+                 [os.urandom(32), b"\xc1" + os.urandom(99), os.urandom(50)], "malformed"))
     msgs.append(("wrong key", other.sign(_call_header(mesh_id, actor, rank), [args]), "forged"))
     zero = real.sign(_call_header(mesh_id, actor, rank), [args])
     zero[0] = b"\0" * 32
@@ -220,7 +220,8 @@ def test_forged_pickle_is_never_loaded(tmp_path):
             now = rank_stats(m)
             ranks_ok = all(delta(now[r], before[r]) == {**dict.fromkeys(REASONS, 0), "forged": 10, "truncated": 2}
                            for r in range(2))
-            return ranks_ok and delta(rt.stats(), ctl_before) == {**dict.fromkeys(REASONS, 0), "forged": 10, "truncated": 2}
+            return ranks_ok and delta(rt.stats(), ctl_before) == {**dict.fromkeys(REASONS, 0),
+                                                                    "forged": 10, "truncated": 2}
 
         wait_for(counted, timeout=30, interval=0.2)
         after = rank_stats(m)
@@ -293,7 +294,8 @@ def test_call_to_stopped_mesh_raises_mesh_stopped():
         inflight = m.sleep.call(30)
     finally:
         procs.stop().get(timeout=20)
-    with pytest.raises(MeshStopped, match=re.escape("mesh 'stopme' was stopped; Echo 'echo' cannot be called. Spawn a new mesh.")):
+    with pytest.raises(MeshStopped, match=re.escape("mesh 'stopme' was stopped; Echo 'echo' cannot be called. "
+                                                    "Spawn a new mesh.")):
         m.echo.call(1)
     with pytest.raises(MeshStopped, match="mesh 'stopme' was stopped"):
         one.echo.call_one(1)
@@ -331,11 +333,14 @@ def test_bad_slices():
         for mesh in (m, procs):
             with pytest.raises(ValueError, match=f"^{re.escape(unknown)}$"):
                 mesh.slice(gpu=0)
-            with pytest.raises(IndexError, match=re.escape("gpus=2 is out of range; dimension 'gpus' has size 2 (0..1)")):
+            with pytest.raises(IndexError,
+                               match=re.escape("gpus=2 is out of range; dimension 'gpus' has size 2 (0..1)")):
                 mesh.slice(gpus=2)
-            with pytest.raises(IndexError, match=re.escape("hosts=-3 is out of range; dimension 'hosts' has size 2 (0..1)")):
+            with pytest.raises(IndexError,
+                               match=re.escape("hosts=-3 is out of range; dimension 'hosts' has size 2 (0..1)")):
                 mesh.slice(hosts=-3)
-            with pytest.raises(IndexError, match=re.escape("gpus=range(2, 2) selects nothing; dimension 'gpus' has size 2")):
+            with pytest.raises(IndexError,
+                               match=re.escape("gpus=range(2, 2) selects nothing; dimension 'gpus' has size 2")):
                 mesh.slice(gpus=range(2, 2))
         with pytest.raises(ValueError, match=re.escape("mesh has no dimension 'hosts'; its dimensions are gpus=2")):
             m.slice(hosts=0).slice(hosts=0)

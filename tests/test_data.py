@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
-from monarch_kernel.data import BufferDropped, ForgedHandle, OwnerGone, TransferError, transports
-from monarch_kernel.data import wire
+from monarch_kernel.data import BufferDropped, ForgedHandle, OwnerGone, TransferError, transports, wire
 from monarch_kernel.data.buffer import _rebuild
 from monarch_kernel.runtime.process import Runtime
 
@@ -113,7 +112,7 @@ class Reader(Actor):
         import asyncio
 
         dsts = [torch.empty(b.size, dtype=torch.uint8) for b in bufs]
-        await asyncio.gather(*(b.read_into(d) for b, d in zip(bufs, dsts)))
+        await asyncio.gather(*(b.read_into(d) for b, d in zip(bufs, dsts, strict=True)))
         return [crc(d) for d in dsts]
 
     @endpoint
@@ -578,7 +577,8 @@ def test_a_failed_rdma_setup_on_the_owner_is_its_own_error_naming_the_device():
             assert not isinstance(got.value, ValueError)
             assert isinstance(got.value, TransferError)
             msg = str(got.value)
-            assert msg.startswith("buffer 'nic': RDMA set-up failed on its owner, rank 0 of mesh 'nic_owner' (pid "), msg
+            assert msg.startswith("buffer 'nic': RDMA set-up failed on its owner, "
+                                  "rank 0 of mesh 'nic_owner' (pid "), msg
             assert "while opening RDMA device 'mk-no-such-nic' (port 2, GID index 0): " in msg, msg
             # Whatever this host has: no device of that name, or no extension to open one with.
             assert "no RDMA device" in msg or "native" in msg or "_ibverbs" in msg, msg

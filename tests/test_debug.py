@@ -161,7 +161,8 @@ def test_jupyterlab_debugger_stops_on_a_rank(kc):
     variables = s.dap("variables", {"variablesReference": scopes[0]["variablesReference"]})["body"]["variables"]
     values = {v["name"]: v["value"] for v in variables}
     assert values["x"] == "10" and "y" not in values  # rank 1's own namespace, before line 4
-    assert s.dap("evaluate", {"expression": "x + 5", "frameId": frames[0]["id"], "context": "repl"})["body"]["result"] == "15"
+    evaluated = s.dap("evaluate", {"expression": "x + 5", "frameId": frames[0]["id"], "context": "repl"})
+    assert evaluated["body"]["result"] == "15"
 
     # Step over line 4, then look at y through the panel's rich inspector.
     assert s.dap("next", {"threadId": thread})["success"]

@@ -97,7 +97,7 @@ def test_split_covers_every_rank_once():
         for fanout in (1, 2, 3, 8):
             seen = []
 
-            def walk(sub):
+            def walk(sub, seen=seen, fanout=fanout):
                 seen.append(sub[0])
                 for c in children(sub, fanout):
                     walk(c)

@@ -48,7 +48,8 @@ def test_cells_on_ranks_keep_namespaces_and_show_values(kc):
 
 def test_output_streams_while_cell_runs_and_collapses(kc):
     run(kc, "procs = %mesh spawn -n 4")
-    out, reply = run(kc, "%%mesh\nimport time\nprint('same on every rank', flush=True)\ntime.sleep(2)\nprint('late', flush=True)")
+    out, reply = run(kc, "%%mesh\nimport time\nprint('same on every rank', flush=True)\ntime.sleep(2)\n"
+                         "print('late', flush=True)")
     assert reply["status"] == "ok"
     early = [o.at for o in out if "same on every rank" in o.text]
     late = [o.at for o in out if "late" in o.text]
@@ -210,7 +211,7 @@ def test_no_stream_groups_output_by_rank(kc):
                          "time.sleep(0.3 * (2 - r))\nprint(f'first {r}', flush=True)\n"
                          "time.sleep(0.3)\nprint(f'second {r}', flush=True)")
     assert reply["status"] == "ok"
-    lines = [l for l in text(out).splitlines() if l.startswith("[rank")]
+    lines = [line for line in text(out).splitlines() if line.startswith("[rank")]
     assert lines == ["[rank 0] first 0", "[rank 0] second 0", "[rank 1] first 1", "[rank 1] second 1",
                      "[rank 2] first 2", "[rank 2] second 2"]
     arrived = [o.at for o in out if "first" in o.text or "second" in o.text]
@@ -259,7 +260,8 @@ def test_detached_mesh_survives_a_kernel_restart(kernelspec):
     with kernel(kernelspec) as client:
         out, reply = run(client, "procs = %mesh spawn -n 2 --detach keepme")
         assert reply["status"] == "ok", text(out)
-        out, reply = run(client, "%%mesh\nfrom monarch_kernel import current_rank\nstate = current_rank().rank * 7\nprint('set', flush=True)")
+        out, reply = run(client, "%%mesh\nfrom monarch_kernel import current_rank\nstate = current_rank().rank * 7\n"
+                                 "print('set', flush=True)")
         assert "[ranks 0-1] set" in text(out)
         out, reply = run(client, "%%mesh\nimport os\nos.getpid()")
         pids = [int(line.split()[-1]) for line in text(out).splitlines() if line.startswith("[rank")]
@@ -357,7 +359,8 @@ def test_a_frozen_rank_shows_not_responding_and_restart_replaces_it(kc):
     run(kc, "%env MONARCH_KERNEL_HEARTBEAT_TIMEOUT=1.5")
     run(kc, "procs = %mesh spawn -n 2")
     out, reply = run(kc, "%%mesh\nimport os\nos.getpid()")
-    pids = {int(l.split()[1].rstrip("]")): int(l.split()[-1]) for l in text(out).splitlines() if l.startswith("[rank ")}
+    pids = {int(line.split()[1].rstrip("]")): int(line.split()[-1])
+            for line in text(out).splitlines() if line.startswith("[rank ")}
     os.kill(pids[1], signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 20

@@ -22,7 +22,7 @@ def mesh_kc(module_kc):
 
 def rank_lines(out, label: str) -> list[str]:
     prefix = label + " "
-    return [l[len(prefix):] for l in text(out).splitlines() if l.startswith(prefix)]
+    return [line[len(prefix):] for line in text(out).splitlines() if line.startswith(prefix)]
 
 
 def test_a_flood_of_lines_all_arrive_in_order_in_few_messages(mesh_kc):

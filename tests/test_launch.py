@@ -55,7 +55,8 @@ def test_mesh_ref_wire_form_is_the_list_every_reader_already_parses():
 
 @pytest.mark.parametrize("bad", [None, "m1", ["m1", "gpus"], {"id": "m1"}])
 def test_mesh_ref_from_wire_names_the_expected_form(bad):
-    with pytest.raises(ValueError, match=r"a mesh reference on the wire is \[id, name, dims, addresses, owner, hosts\]"):
+    with pytest.raises(ValueError,
+                       match=r"a mesh reference on the wire is \[id, name, dims, addresses, owner, hosts\]"):
         MeshRef.from_wire(bad)
 
 

@@ -13,12 +13,11 @@ import textwrap
 import threading
 
 import pytest
+from _actors import Echo, Parent, UnsupervisedParent, alive, kill_all, wait_for, wait_gone  # noqa: I001
 
 import monarch_kernel
 from monarch_kernel import MeshStopped, ProcessDied, this_host
 from monarch_kernel.runtime.process import Runtime
-
-from _actors import Echo, Parent, UnsupervisedParent, alive, kill_all, wait_for, wait_gone  # noqa: I001
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 PRELUDE = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n"
@@ -187,7 +186,7 @@ def test_sigkill_interior_tree_node_mid_call(tmp_path):
     path = write_script(tmp_path, "tree.py", FANOUT_SCRIPT)
     out = run_script(path, str(tmp_path), env={"MONARCH_KERNEL_FANOUT": "2"}, timeout=80)
     assert out.returncode == 0, out.stdout + out.stderr
-    line = next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))
     res = json.loads(line.removeprefix("RESULT "))
     expect_a = list(range(16))
     expect_a[1] = "ProcessDied"
@@ -350,7 +349,7 @@ def test_rank_output_is_forwarded_with_its_rank():
             wait_for(lambda: expected <= set(lines), 20)
             assert sorted(expected - set(lines)) == []
             # Per rank and stream, lines arrive in the order they were written.
-            rank0 = [l for (_, r, s, l) in list(lines) if r == 0 and s == "stdout" and l.startswith("T1")]
+            rank0 = [line for (_, r, s, line) in list(lines) if r == 0 and s == "stdout" and line.startswith("T1")]
             assert rank0 == ["T1 print from rank 0", "T1 os.write from rank 0", "T1 child process of rank 0"]
     finally:
         sink.remove()
@@ -393,8 +392,8 @@ def test_ranks_import_neither_torch_nor_main(tmp_path):
     lines = out.stdout.splitlines()
     assert lines.count("MAIN IMPORTED") == 1
     assert "MAIN IMPORTED" not in out.stdout.replace("MAIN IMPORTED", "", 1)
-    assert sorted(l for l in lines if "probe ran" in l) == ["[rank 0] probe ran", "[rank 1] probe ran"]
-    res = json.loads(next(l for l in lines if l.startswith("RESULT ")).removeprefix("RESULT "))
+    assert sorted(line for line in lines if "probe ran" in line) == ["[rank 0] probe ran", "[rank 1] probe ran"]
+    res = json.loads(next(line for line in lines if line.startswith("RESULT ")).removeprefix("RESULT "))
     assert [r["torch"] for r in res] == [False, False]
     assert all(r["main_file"] != path for r in res)
 

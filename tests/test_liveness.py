@@ -70,7 +70,7 @@ def test_interrupt_cuts_a_blocking_call_short(tmp_path):
             mark = tmp_path / f"started{n}"
             fut = consoles.run.call(f"started = time.time()\nopen({str(mark)!r} + str(os.getpid()), 'w').close()\n"
                                     f"{code}", "<t>", "b")
-            _wait(lambda: len(list(tmp_path.glob(f"started{n}*"))) == 2, 10, "the cell to start on both ranks")
+            _wait(lambda n=n: len(list(tmp_path.glob(f"started{n}*"))) == 2, 10, "the cell to start on both ranks")
             t0 = time.monotonic()
             procs.interrupt(consoles)
             with pytest.raises(ActorError) as info:
