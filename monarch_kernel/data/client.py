@@ -5,6 +5,7 @@ transport (``shm``, ``tcp``, ``ibverbs``, ``cuda_ipc`` build on it) nor import t
 
 from __future__ import annotations
 
+import atexit
 import socket
 import threading
 import time
@@ -25,6 +26,16 @@ BUSY_WAIT_S = 10.0  # how long to keep trying an owner whose server turns connec
 
 _pool: dict[tuple, list[socket.socket]] = {}
 _lock = threading.Lock()
+_close_at_exit = [False]  # whether close_pool() is registered (at the first pooled socket)
+
+
+def close_pool() -> None:
+    """Close every pooled connection (at exit: an open socket left to the GC warns)."""
+    with _lock:
+        socks = [s for free in _pool.values() for s in free]
+        _pool.clear()
+    for s in socks:
+        s.close()
 
 T = TypeVar("T")
 
@@ -113,6 +124,9 @@ class Connection:
         if exc_type is None:
             with _lock:
                 _pool.setdefault(self.key_, []).append(self.sock)
+                if not _close_at_exit[0]:
+                    _close_at_exit[0] = True
+                    atexit.register(close_pool)
         else:
             self.sock.close()
         return False
