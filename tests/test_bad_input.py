@@ -377,10 +377,22 @@ def test_rank_that_cannot_start_fails_spawn_promptly():
 
 
 @pytest.mark.timeout(60)
-def test_init_raising_fails_spawn_with_remote_traceback():
+def test_init_raising_fails_spawn_with_remote_traceback(monkeypatch):
+    # As in Monarch: spawn() returns at once; the failed __init__ is a supervision event
+    # for the spawner, and calls to the actor fail with __init__'s own traceback.
+    import monarch_kernel
+
+    events = []
+    monkeypatch.setattr(monarch_kernel, "unhandled_fault_hook", events.append)
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        bad = procs.spawn("bad", BadInit, "no GPU")
         with pytest.raises(ActorError) as info:
-            procs.spawn("bad", BadInit, "no GPU")
+            bad.initialized().get(timeout=30)
+        with pytest.raises(ActorError) as later:
+            bad.slice(gpus=0).echo.call_one(1).get(timeout=30)
+        assert "KeyError: 'cannot start actor: no GPU'" in str(later.value) and later.value.method == "__init__"
+        wait_for(lambda: events, timeout=10)
+        assert len(events) == 1 and "cannot start actor: no GPU" in str(events[0])
         err = info.value
         assert isinstance(err.__cause__, KeyError)
         assert err.__cause__.args == ("cannot start actor: no GPU",)

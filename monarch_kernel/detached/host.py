@@ -73,6 +73,8 @@ def main() -> None:
     procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
     consoles = procs.spawn("console", Console)
     host = this_proc().spawn("meshhost", MeshHost)
+    consoles.initialized().get(timeout=60)
+    host.initialized().get(timeout=60)
     rt = Runtime.current()
     instance = rt.actor_instance(host.actor_id)
     instance.procs, instance.consoles = procs, consoles

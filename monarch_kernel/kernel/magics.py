@@ -221,7 +221,9 @@ class MeshMagics(Magics):
                 procs = this_host().spawn_procs(per_host={"ranks": a.n}, name=name, env=env)
             finally:
                 s.spawning = False
-            s.add(procs, procs.spawn("console", Console))
+            consoles = procs.spawn("console", Console)
+            consoles.initialized().get(timeout=60)  # the notebook needs its consoles up
+            s.add(procs, consoles)
         s.pdb.tell_ranks(procs.name)
         return procs
 

@@ -43,6 +43,7 @@ class ActorSlot:
         self._busy = 0  # > 0 while user code of a sync endpoint runs on the worker
         self._busy_lock = threading.Lock()
         self.wants_main_thread = False  # the spawner asked for the rank's main thread
+        self.init_failure = None  # the Part __init__ answered with, if it raised
         self._main = None  # the MainThread it runs on, when it got it
 
     def submit(self, fn) -> None:

@@ -129,6 +129,7 @@ class Serving:
             except BaseException as e:
                 part = self._failure_part(me, h.actor, "__init__", e)
                 slot.instance = None
+                slot.init_failure = part  # later calls fail with this, __init__'s own traceback
             finally:
                 if token is not None:
                     current_actor.reset(token)
@@ -148,6 +149,9 @@ class Serving:
             slot.constructed.add_done_callback(lambda _c: slot.submit(lambda: self._run_endpoint(h, body, mesh, me)))
             return
         if slot.instance is None:
+            if slot.init_failure is not None:
+                self._complete(h, me, Part(me, slot.init_failure.status, slot.init_failure.frames))
+                return
             err = LookupError(f"actor {h.actor!r} on rank {me} failed in __init__; spawn it again")
             self._complete(h, me, self._failure_part(me, h.actor, h.method, err))
             return
