@@ -95,16 +95,21 @@ class MeshFailure:
 
     mesh: str
     rank: int
-    report: str  # human-readable, names mesh, rank, host and cause
+    text: str  # human-readable, names mesh, rank, host and cause
     death: DeathInfo | None = None
     remote: RemoteFailure | None = None
     chain: list[str] = field(default_factory=list)  # supervisors that did not handle it
 
-    def __str__(self) -> str:
-        s = self.report
+    def report(self) -> str:
+        """What failed, where and why, with the supervisors that passed it on (a method,
+        as in Monarch)."""
+        s = self.text
         for c in self.chain:
             s += f"\n  (not handled by {c})"
         return s
+
+    def __str__(self) -> str:
+        return self.report()
 
 
 # ---------------------------------------------------------------- exceptions users catch
