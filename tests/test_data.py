@@ -202,8 +202,10 @@ def test_concurrent_readers(pair):
 
 def test_sizes_and_layouts_are_checked():
     buf = RDMABuffer(torch.zeros(100, dtype=torch.uint8), name="small")
-    with pytest.raises(ValueError, match=r"cannot read 101 bytes at offset 0 of buffer 'small', which holds 100"):
-        buf.read_into(torch.empty(101, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"cannot read 1 bytes at offset 101 of buffer 'small', which holds 100"):
+        buf.read_into(torch.empty(1, dtype=torch.uint8), offset=101)
+    with pytest.raises(ValueError, match=r"cannot write 101 bytes at offset 0 of buffer 'small', which holds 100"):
+        buf.write_from(torch.empty(101, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"at most 10 fit"):
         buf.write_from(bytearray(11), offset=90)
     with pytest.raises(ValueError, match=r"t\.contiguous\(\)"):
@@ -550,8 +552,8 @@ def test_importing_the_data_plane_installs_nothing():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["buffer", "client", "cuda_ipc", "errors", "ibverbs", "memory", "server",
-                                  "shm", "tcp", "transports", "wire"]
+    assert out.stdout.split() == ["action", "buffer", "client", "cuda_ipc", "errors", "ibverbs", "memory",
+                                  "server", "shm", "tcp", "transports", "wire"]
 
 
 # ---------------------------------------------------------------- a failed RDMA set-up on the owner

@@ -5,6 +5,7 @@ the bytes, nor trust a handle whose signature does not verify.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -21,9 +22,9 @@ from ..runtime.completion import Completion
 from ..runtime.process import Runtime
 from . import client, cuda_ipc, ibverbs, shm, tcp, wire
 from .errors import ForgedHandle, TransferError
-from .memory import Memory, as_memory, copy
+from .memory import Memory, as_memory, copy, prefix
 from .server import DataServer, Registered
-from .transports import choose
+from .transports import choose, get_rdma_backend
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,20 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+class ByteSize(int):
+    """A byte count that can also be called: ``buf.size`` (this project's spelling) and
+    ``buf.size()`` (Monarch's) both give the number of bytes, so code of either kind runs.
+    It pickles, and ``size()`` returns, a plain ``int``."""
+
+    __slots__ = ()
+
+    def __call__(self) -> int:
+        return int(self)
+
+    def __reduce__(self):
+        return int, (int(self),)
+
+
 class RDMABuffer:
     """Registered memory on its owning rank; a handle to it everywhere else.
 
@@ -80,6 +95,7 @@ class RDMABuffer:
     the bytes between that process and the owner over the best transport for the pair
     (``transports.py``).  Registration lasts until ``drop()`` or the owner's exit, as with
     Monarch: a handle returned from an endpoint stays readable after the endpoint ends.
+    ``RDMAAction`` (``action.py``) batches transfers over many buffers.
 
     Example::
 
@@ -128,9 +144,14 @@ class RDMABuffer:
     # ------------------------------------------------------------ facts
 
     @property
-    def size(self) -> int:
-        """Bytes registered."""
-        return self._h.size
+    def size(self) -> ByteSize:
+        """Bytes registered: ``buf.size`` or, as in Monarch, ``buf.size()``."""
+        return ByteSize(self._h.size)
+
+    @property
+    def backend(self) -> str:
+        """Monarch's ``RDMABuffer.backend``: ``get_rdma_backend()`` of this process."""
+        return get_rdma_backend()
 
     @property
     def name(self) -> str:
@@ -152,7 +173,9 @@ class RDMABuffer:
     # ------------------------------------------------------------ transfers
 
     def read_into(self, dst, offset: int = 0, timeout: float | None = None) -> Future[int]:
-        """Copy ``dst.nbytes`` bytes starting at ``offset`` of this buffer into ``dst``.
+        """Copy this buffer, from ``offset`` on, into the start of ``dst``; the Future gives
+        the bytes copied.  A larger ``dst`` receives the buffer's bytes and keeps the rest
+        (as in Monarch); a smaller one receives the first ``dst.nbytes`` of them.
 
         ``timeout``: seconds the owner may go without progress before ``TimeoutError``
         (None: as long as the owner lives; its death is always an error at once).
@@ -160,18 +183,45 @@ class RDMABuffer:
         mem = as_memory(dst, writable=True, what="read_into's destination")
         if mem.readonly:
             raise TypeError("read_into's destination is read-only; pass a writable tensor, array or bytearray")
+        if isinstance(offset, int) and 0 <= offset <= self._h.size:
+            mem = prefix(mem, self._h.size - offset)
         return self._start(wire.Op.READ, mem, offset, timeout)
 
     def write_from(self, src, offset: int = 0, timeout: float | None = None) -> Future[int]:
-        """Copy all of ``src`` into this buffer starting at ``offset``."""
+        """Copy all of ``src`` into this buffer starting at ``offset``; a source larger than
+        what fits there is a ``ValueError`` before anything moves (as in Monarch)."""
         mem = as_memory(src, writable=False, what="write_from's source")
         return self._start(wire.Op.WRITE, mem, offset, timeout)
 
-    def drop(self) -> None:
-        """Release the registration; later transfers by any holder raise ``BufferDropped``."""
+    def drop(self) -> Future[None]:
+        """Release the registration; later transfers by any holder raise ``BufferDropped``.
+
+        The drop happens whether or not the Future is awaited.  In the owner's process, and
+        in synchronous code anywhere, it is done when ``drop()`` returns (a failure raises
+        there); in a running event loop (an async endpoint or cell) it is sent without
+        blocking the loop, and ``await buf.drop()`` waits for the owner's answer.
+        """
         if self._server is not None and self._server.pid == os.getpid():
             self._server.drop(self._h.id)
-            return
+            return Future.ready(None)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._drop_remote()
+            return Future.ready(None)
+        c = Completion()
+
+        def run():
+            try:
+                self._drop_remote()
+                c.set_result(None)
+            except BaseException as e:  # noqa: BLE001 - handed to whoever awaits
+                c.set_exception(e)
+
+        _executor().submit(run)
+        return Future(c)
+
+    def _drop_remote(self) -> None:
         key = self._key()
         self._h.verify(key)
         via = "unix" if self._h.host == hosts.host_key() else "tcp"
@@ -180,14 +230,25 @@ class RDMABuffer:
         shm.forget(self._h)
         cuda_ipc.forget(self._h)
 
-    def _start(self, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
+    def _check(self, op: wire.Op, nbytes: int, offset: int) -> None:
+        """Raise ``ValueError`` unless ``nbytes`` at ``offset`` lie inside this buffer."""
         h = self._h
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, not {offset!r}")
-        if offset + mem.nbytes > h.size:
+        if offset + nbytes > h.size:
             verb = "read" if op == wire.Op.READ else "write"
-            raise ValueError(f"cannot {verb} {mem.nbytes} bytes at offset {offset} of buffer {h.name!r}, "
+            raise ValueError(f"cannot {verb} {nbytes} bytes at offset {offset} of buffer {h.name!r}, "
                              f"which holds {h.size} bytes (at most {max(h.size - offset, 0)} fit there)")
+
+    def _start(self, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
+        """Check the range, then start the transfer (``_launch``)."""
+        self._check(op, mem.nbytes, offset)
+        return self._launch(op, mem, offset, timeout)
+
+    def _launch(self, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
+        """Start a transfer whose range is already checked; in the owner's process it is
+        done on return."""
+        h = self._h
         if self._server is not None and self._server.pid == os.getpid():
             self._local_copy(op, mem, offset)
             return Future.ready(mem.nbytes)

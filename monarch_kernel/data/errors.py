@@ -1,7 +1,7 @@
-"""What can go wrong moving bytes, each error saying which buffer and why.
-
-Only exception classes live here: raising them is the callers' business, and this module
-must never import the rest of the data plane.
+"""What can go wrong moving bytes, each error saying which buffer and why, and the warning
+classes Monarch's ``monarch.rdma`` exports.  Only exception and warning classes live here:
+raising them is the callers' business, and this module must never import the rest of the
+data plane.
 """
 
 from __future__ import annotations
@@ -30,3 +30,22 @@ class RdmaSetupFailed(TransferError):
     """The owner could not set up its end of an ibverbs transfer (open its RDMA device,
     connect the queue pair, or register the buffer with the NIC); the message says which,
     on which device, and what to set instead."""
+
+
+# Monarch exports these three and warns with them when GPU memory is staged through host
+# memory or when no NIC is found.  Here staging and the shm/tcp transports are the designed
+# path, not a degraded one, so nothing warns with them: they exist so that Monarch code
+# that filters or catches them imports and runs unchanged.
+
+
+class RDMAReadTransferWarning(Warning):
+    """Monarch's warning about a read that is staged through host memory (never issued here)."""
+
+
+class RDMAWriteTransferWarning(Warning):
+    """Monarch's warning about a write that is staged through host memory (never issued here)."""
+
+
+class RDMATcpFallbackWarning(Warning):
+    """Monarch's warning that no RDMA NIC was found (never issued here: shm and tcp are
+    first-class transports; ``get_rdma_backend()`` says which kind is in use)."""

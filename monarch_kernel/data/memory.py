@@ -81,3 +81,41 @@ def copy(dst: memoryview, src: memoryview) -> None:
         ctypes.memmove(d, s, n)
     else:
         dst[:] = src
+
+
+def prefix(mem: Memory, n: int) -> Memory:
+    """The first ``n`` bytes of ``mem`` (all of it if it holds no more), sharing its memory."""
+    if n >= mem.nbytes:
+        return mem
+    tensor = mem.tensor
+    if tensor is not None:
+        tensor = tensor.reshape(-1).view(sys.modules["torch"].uint8)[:n]
+    view = mem.view[:n] if mem.device == "cpu" else mem.view
+    return Memory(view, n, mem.obj, mem.device, tensor, mem.readonly)
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer``: the one portable way to learn where read-only memory lives."""
+
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def span(mem: Memory) -> tuple[str, int, int]:
+    """Where ``mem`` lives: ``(device, first address, one past the last)``."""
+    if mem.tensor is not None and mem.nbytes:
+        start = mem.tensor.data_ptr()
+    elif not mem.nbytes:
+        start = 0
+    elif not mem.view.readonly:
+        start = ctypes.addressof(ctypes.c_char.from_buffer(mem.view))
+    else:
+        pb = _PyBuffer()
+        api = ctypes.pythonapi
+        if api.PyObject_GetBuffer(ctypes.py_object(mem.view), ctypes.byref(pb), 0) != 0:
+            raise BufferError("cannot find the address of a read-only buffer")
+        start = pb.buf or 0
+        api.PyBuffer_Release(ctypes.byref(pb))
+    return mem.device, start, start + mem.nbytes

@@ -35,6 +35,32 @@ def transports() -> list[dict]:
     return out
 
 
+def is_ibverbs_available() -> bool:
+    """Monarch's name: whether this process can move bytes through an RDMA NIC (ibverbs).
+    ``transports()`` says why not."""
+    return ibverbs.is_available()[0]
+
+
+def get_rdma_backend() -> str:
+    """Monarch's name and values: ``"ibverbs"`` where transfers use an RDMA NIC, ``"tcp"``
+    where they use this project's NIC-free transports (shm on one host, tcp across hosts;
+    Monarch says ``"tcp"`` for its own fallback), ``"none"`` where no transfer can work
+    (``MONARCH_KERNEL_DATA_TRANSPORT`` forces ibverbs without a NIC, or names no transport).
+
+    Example::
+
+        if get_rdma_backend() == "ibverbs":
+            print("RDMA NIC in use")
+    """
+    forced = config.data_transport()
+    nic = is_ibverbs_available()
+    if forced == "ibverbs":
+        return "ibverbs" if nic else "none"
+    if forced and forced not in NAMES:
+        return "none"
+    return "ibverbs" if nic and not forced else "tcp"
+
+
 def choose(h, local_device: str = "cpu") -> str:
     """The transport a transfer between this process and ``h``'s owner uses."""
     same_host = h.host == hosts.host_key()
