@@ -6,11 +6,14 @@ notebook), ``actor`` and ``mesh`` and ``data`` (public), ``runtime`` (internal e
 This module only re-exports; importing it installs nothing.
 """
 
+from .actor.accumulator import Accumulator as Accumulator
 from .actor.actor import Actor as Actor
 from .actor.actor import context as context
+from .actor.actor import current_actor_name as current_actor_name
 from .actor.actor import current_rank as current_rank
 from .actor.actor import current_size as current_size
 from .actor.actor_mesh import ActorMesh as ActorMesh
+from .actor.controllers import get_or_spawn_controller as get_or_spawn_controller
 from .actor.endpoint import Endpoint as Endpoint
 from .actor.endpoint import endpoint as endpoint
 from .actor.errors import ActorError as ActorError
@@ -21,6 +24,7 @@ from .actor.future import Future as Future
 from .actor.port import Channel as Channel
 from .actor.port import Port as Port
 from .actor.port import PortReceiver as PortReceiver
+from .actor.shutdown import shutdown_context as shutdown_context
 from .actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from .actor.value_mesh import ValueMesh as ValueMesh
 from .mesh.host_mesh import HostMesh as HostMesh
@@ -32,11 +36,11 @@ from .mesh.shape import Point as Point
 from .mesh.shape import Shape as Shape
 
 __all__ = [
-    "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
     "RDMABuffer", "Shape", "ValueMesh",
-    "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
-    "unhandled_fault_hook",
+    "context", "current_actor_name", "current_rank", "current_size", "endpoint", "get_or_spawn_controller",
+    "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
 ]
 
 

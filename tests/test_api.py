@@ -32,11 +32,11 @@ from monarch_kernel import (
 pytestmark = pytest.mark.timeout(60)
 
 PUBLIC = {
-    "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
     "RDMABuffer", "Shape", "ValueMesh",
-    "context", "current_rank", "current_size", "endpoint", "this_host", "this_proc",
-    "unhandled_fault_hook",
+    "context", "current_actor_name", "current_rank", "current_size", "endpoint", "get_or_spawn_controller",
+    "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
 }
 
 

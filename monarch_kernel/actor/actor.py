@@ -14,10 +14,17 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..mesh.shape import Extent, Point
-from ..runtime.context import current_actor, process_mesh
+from ..runtime.context import MeshRef, current_actor, process_mesh
+from ..runtime.process import Runtime
+
+if TYPE_CHECKING:
+    from ..mesh.proc_mesh import ProcMesh
 
 
 class Actor:
@@ -29,6 +36,14 @@ class Actor:
     #: be spawned); others, and actors hosted by the controller, keep a thread of their own.
     runs_on_main_thread: bool = False
 
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class, open to every level (as Monarch's); on a
+        rank its records at INFO and up reach the controller, prefixed with actor and rank."""
+        lgr = logging.getLogger(type(self).__name__)
+        lgr.setLevel(logging.DEBUG)
+        return lgr
+
 
 @dataclass
 class ActorInstance:
@@ -36,6 +51,21 @@ class ActorInstance:
     actor_id: str
     proc_id: str
     instance: object
+    mesh: MeshRef | None = None  # the proc mesh the actor runs on
+
+    @property
+    def proc_mesh(self) -> ProcMesh:
+        """The ProcMesh this actor was spawned on (the controller's own process outside one)."""
+        from ..mesh.host_mesh import this_proc
+        from ..mesh.proc_mesh import ProcMesh
+
+        return ProcMesh.from_ref(self.mesh) if self.mesh is not None else this_proc()
+
+    @property
+    def proc(self) -> ProcMesh:
+        """The one-rank slice of ``proc_mesh`` this actor runs on."""
+        pm = self.proc_mesh
+        return pm.slice(**self.rank) if len(self.rank) else pm
 
 
 @dataclass
@@ -72,11 +102,27 @@ def context() -> Context:
     if ctx is None:
         p = current_rank()
         mesh = process_mesh[0]
-        return Context(ActorInstance(p, "", mesh.id if mesh else "", None), p)
+        return Context(ActorInstance(p, "", mesh.id if mesh else "", None, mesh if _is_rank(mesh) else None), p)
     extent = _extent(ctx.mesh.dims)
     rank = Point.from_rank(ctx.rank, extent)
     if ctx.message_dims is not None and ctx.message_rank is not None:  # set together
         msg = Point.from_rank(ctx.message_rank, _extent(ctx.message_dims))
     else:
         msg = rank
-    return Context(ActorInstance(rank, ctx.actor, ctx.mesh.id, ctx.instance), msg)
+    return Context(ActorInstance(rank, ctx.actor, ctx.mesh.id, ctx.instance, ctx.mesh), msg)
+
+
+def current_actor_name() -> str:
+    """This actor's name, distinct on every rank: ``"<proc mesh>[<rank>].<actor id>"``
+    (``"client"`` on the controller outside an actor, as Monarch's root client)."""
+    ctx = current_actor.get()
+    if ctx is not None:
+        return f"{ctx.mesh.name}[{ctx.rank}].{ctx.actor}"
+    mesh, rank = process_mesh
+    return f"{mesh.name}[{rank}]" if _is_rank(mesh) else "client"
+
+
+def _is_rank(mesh: MeshRef | None) -> bool:
+    """Whether ``mesh`` (this process's) is one it was launched into, not its own self mesh."""
+    rt = Runtime.existing()
+    return mesh is not None and (rt is None or mesh is not rt.self_mesh)

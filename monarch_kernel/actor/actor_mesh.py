@@ -6,6 +6,8 @@ directly, rank to rank, without the controller.
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from ..mesh.shape import Shape, Shaped
 from ..runtime.context import MeshRef
 from ..runtime.failure import MeshStopped
@@ -17,7 +19,12 @@ def endpoint_names(cls) -> tuple[str, ...]:
     return tuple(sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)))
 
 
-class ActorMesh(Shaped):
+T = TypeVar("T")
+
+
+class ActorMesh(Shaped, Generic[T]):
+    """Actors of class ``T``, one per rank (``ActorMesh[Trainer]`` in annotations)."""
+
     def __init__(self, proc_ref: MeshRef, actor_id: str, name: str, class_name: str,
                  endpoints: tuple[str, ...], shape: Shape, proc_mesh=None):
         self._proc_ref = proc_ref
@@ -65,6 +72,11 @@ class ActorMesh(Shaped):
         """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
         return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
                          self._endpoints, self._shape.slice(**dims), self._proc_mesh)
+
+    def flatten(self, dim: str) -> ActorMesh[T]:
+        """The same actors over one dimension ``dim``; calls see ``message_rank`` in it."""
+        return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
+                         self._endpoints, self._shape.flatten(dim), self._proc_mesh)
 
     def _check_running(self) -> None:
         pm = self._proc_mesh

@@ -53,6 +53,10 @@ class ValueMesh(Shaped, Generic[R]):
         sub = self._shape.slice(**dims)
         return ValueMesh(sub, [self._values[i] for i in sub.ranks])
 
+    def flatten(self, dim: str) -> ValueMesh[R]:
+        """The same values over one dimension ``dim`` (``vm.flatten("rank").slice(rank=3)``)."""
+        return ValueMesh(self._shape.flatten(dim), self._values)
+
     def __eq__(self, other) -> bool:
         return isinstance(other, ValueMesh) and self.extent == other.extent and self._values == other._values
 

@@ -1,9 +1,14 @@
 """``HostMesh``: where procs are started.  ``this_host()`` is the local machine (ranks are
-forked from a pre-started template); ``this_proc()`` is the calling process itself.
+forked from a pre-started template, one per Python interpreter); ``this_proc()`` is the
+calling process itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from ..actor.controllers import publish_registry
 from ..actor.supervision import route_unhandled
 from ..runtime import config
 from ..runtime.failure import ProcessDied
@@ -19,16 +24,33 @@ RANK_MODULES = tuple(f"monarch_kernel.{m}" for m in (
 
 
 class HostMesh:
-    def __init__(self, hosts: int = 1):
+    def __init__(self, hosts: int = 1, python_executable: str | None = None):
         self._hosts = hosts
+        self._python = python_executable  # None: the controller's own interpreter
 
     @property
     def extent(self) -> Extent:
         return Extent({"hosts": self._hosts})
 
-    def spawn_procs(self, per_host: dict | None = None, *, name: str | None = None,
-                    env: dict | None = None, timeout: float | None = None) -> ProcMesh:
-        """Start ``per_host`` ranks (``{"gpus": 4}``); returns once all have connected."""
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Always False: every rank here is a process of its own (Monarch's name)."""
+        return False
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """This host mesh, with procs started by ``python_executable`` (another venv, a
+        wrapper script): ``this_host().with_python_executable("/env/bin/python")``.  It must
+        be able to import monarch_kernel; ranks still get the controller's ``sys.path``."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError(f"with_python_executable takes a path to an interpreter, not {python_executable!r}")
+        return HostMesh(self._hosts, python_executable)
+
+    def spawn_procs(self, per_host: dict | None = None, bootstrap: Callable[[], Any] | None = None,
+                    name: str | None = None, *, env: dict | None = None, timeout: float | None = None) -> ProcMesh:
+        """Start ``per_host`` ranks (``{"gpus": 4}``); returns once all have connected.
+        ``bootstrap``: a picklable function (sync or async) each rank runs before anything
+        else, e.g. to set ``CUDA_VISIBLE_DEVICES``; if it raises, the spawn raises
+        ``ActorError`` with its traceback."""
         per_host = {"procs": 1} if per_host is None else dict(per_host)
         for k, v in per_host.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -36,10 +58,12 @@ class HostMesh:
         if name is None:
             _names["procs"] = _names.get("procs", 0) + 1
             name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
+        pickled = _pickle_bootstrap(bootstrap)
         rt = Runtime.current()
         route_unhandled(rt)
+        publish_registry(rt)
         rt.warm(RANK_MODULES)
-        om = rt.launcher.spawn(name, tuple(per_host.items()), env)
+        om = rt.launcher.spawn(name, tuple(per_host.items()), env, bootstrap=pickled, python=self._python)
         pm = ProcMesh(om.ref, Shape.full(per_host), om)
         if rt.io.is_current():
             return pm
@@ -61,7 +85,22 @@ class HostMesh:
         return pm
 
     def __repr__(self) -> str:
-        return f"HostMesh<{self.extent!r}>"
+        python = f" python={self._python!r}" if self._python else ""
+        return f"HostMesh<{self.extent!r}{python}>"
+
+
+def _pickle_bootstrap(fn) -> bytes | None:
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise TypeError(f"bootstrap= takes a function the ranks run, not {type(fn).__name__}")
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(fn)
+    except Exception as e:
+        raise TypeError(f"the bootstrap function {getattr(fn, '__qualname__', fn)!r} cannot be sent to the "
+                        f"ranks: {e}") from e
 
 
 def this_host() -> HostMesh:

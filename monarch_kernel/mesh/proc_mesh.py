@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import secrets
 
 from ..actor.actor_mesh import ActorMesh, endpoint_names
@@ -109,7 +110,7 @@ class ProcMesh(Shaped):
         rt = Runtime.current()
         pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN,
                           extra=_spawn_options(cls))
-        mesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self)
+        mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self)
         if rt.io.is_current():
             return mesh  # inside an async endpoint: calls queue behind the spawn on each rank
         ranks = self._shape.ranks
@@ -173,9 +174,15 @@ class ProcMesh(Shaped):
         ranks = list(self._shape.ranks) if ranks is None else list(ranks)
         return Runtime.current().interrupt(self._ref, ranks, actor_id, wait=wait)
 
-    def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3) -> Future:
-        """Ranks' output always streams to the controller here; kept for Monarch code."""
-        return Future.ready(None)
+    async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3,
+                             level: int = logging.INFO) -> None:
+        """Forward the ranks' log records at ``level`` and up to the controller (none when
+        not ``stream_to_client``); a coroutine, as Monarch's:
+        ``asyncio.run(procs.logging_option(level=logging.WARNING))``.  Ranks' stdout and
+        stderr always stream; ``aggregate_window_sec`` is accepted and ignored."""
+        from .logging_option import set_logging
+
+        await set_logging(self, stream_to_client, aggregate_window_sec, level)
 
     def __enter__(self) -> ProcMesh:
         return self

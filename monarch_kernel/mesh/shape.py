@@ -6,7 +6,7 @@ slices keep pointing at the right processes).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 
 class Extent(Mapping):
@@ -198,6 +198,13 @@ class Shape:
         ]
         return Shape(Extent(zip(new_labels, new_sizes, strict=True)), ranks)
 
+    def flatten(self, dim: str) -> Shape:
+        """All dims folded into one called ``dim``, points in row-major order (any shape,
+        sliced ones included: it keeps the ranks, not a stride)."""
+        if not isinstance(dim, str) or not dim:
+            raise TypeError(f"flatten takes the new dimension's name, e.g. flatten('rank'); got {dim!r}")
+        return Shape(Extent({dim: len(self.ranks)}), self.ranks)
+
     def __repr__(self) -> str:
         return f"Shape({self.extent!r}, ranks={list(self.ranks)})"
 
@@ -218,3 +225,22 @@ class Shaped:
 
     def __len__(self) -> int:
         return len(self._shape)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """How many points: in all (``None``), along ``dim``, or across several dims."""
+        extent = self._shape.extent
+        if dim is None:
+            return extent.nelem
+        if isinstance(dim, str):
+            if dim not in extent.labels:
+                raise KeyError(f"{self!r} has no dimension {dim!r}; its dimensions are {extent.describe()}")
+            return extent[dim]
+        n = 1
+        for d in dim:
+            n *= self.size(d)
+        return n
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """``{dim: size}``, in order."""
+        return dict(self._shape.extent)

@@ -20,6 +20,10 @@ class LaunchConfig:
     >>> cfg = LaunchConfig(b"k" * 32, "/r", "ipc:///r/c", 0, ref, ("/src",), "/src", {}, 8)
     >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
     True
+    >>> cfg = LaunchConfig(b"k" * 32, "/r", "ipc:///r/c", 0, ref, (), "/", {}, 8, bootstrap=b"fn",
+    ...                    job_ports={"controllers": ("ipc:///r/c", 3)})
+    >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
+    True
     """
 
     key: bytes  # the job's signing key; reaches the rank over the socketpair only
@@ -33,6 +37,8 @@ class LaunchConfig:
     fanout: int  # children per node when a call is forwarded down a tree of ranks
     master_port: int | None = None  # the mesh's torch.distributed rendezvous port
     cleanup_dirs: tuple = field(default=())  # the template removes these when it ends
+    bootstrap: bytes | None = None  # a pickled function the rank runs before it says hello
+    job_ports: dict = field(default_factory=dict)  # name -> (address, port id), job-wide ports
 
     def to_wire(self) -> dict:
         """A msgpack-friendly dict (``key`` stays bytes: msgpack carries it, JSON would not)."""
@@ -40,7 +46,8 @@ class LaunchConfig:
             "key": self.key, "rundir": self.rundir, "owner": self.owner, "rank": self.rank,
             "mesh": self.mesh.to_wire(), "sys_path": list(self.sys_path), "cwd": self.cwd,
             "env": dict(self.env), "fanout": self.fanout, "master_port": self.master_port,
-            "cleanup_dirs": list(self.cleanup_dirs),
+            "cleanup_dirs": list(self.cleanup_dirs), "bootstrap": self.bootstrap,
+            "job_ports": {k: list(v) for k, v in self.job_ports.items()},
         }
 
     @classmethod
@@ -49,5 +56,6 @@ class LaunchConfig:
             key=d["key"], rundir=d["rundir"], owner=d["owner"], rank=d["rank"],
             mesh=MeshRef.from_wire(d["mesh"]), sys_path=tuple(d["sys_path"]), cwd=d["cwd"],
             env=dict(d.get("env") or {}), fanout=d["fanout"], master_port=d.get("master_port"),
-            cleanup_dirs=tuple(d.get("cleanup_dirs") or ()),
+            cleanup_dirs=tuple(d.get("cleanup_dirs") or ()), bootstrap=d.get("bootstrap"),
+            job_ports={k: tuple(v) for k, v in (d.get("job_ports") or {}).items()},
         )

@@ -100,6 +100,9 @@ class Runtime(Receiving, Calling, Serving):
         self.dead: dict[tuple[str, int], DeathInfo] = {}
         self.hooks = Hooks()  # how upper layers plug in (hooks.py); nothing is installed here
         self.warm_modules: list[str] = []  # what the template imports before forking (warm())
+        # Ports every process of the job can reach, by name: (address, port id).  The root
+        # opens them (publish_port); each rank inherits them through its launch config.
+        self.job_ports: dict[str, tuple[str, int]] = {}
         self.main_thread: MainThread | None = None  # a MainThread when this is a rank (it lends it to one actor)
         self.segments = shm.Segments() if shm.available() else None
         if serialize.segments is None:
@@ -120,7 +123,7 @@ class Runtime(Receiving, Calling, Serving):
         elif k == Kind.CALL or k == Kind.SPAWN:
             self._on_call(h, body)
         elif k == Kind.HELLO:
-            self.launcher.on_hello(h.mesh, h.ranks[0] if h.ranks else -1, h.extra)
+            self.launcher.on_hello(h.mesh, h.ranks[0] if h.ranks else -1, h.extra, split_parts(h, body))
         elif k == Kind.REDIRECT:
             self._on_redirect(h)
         elif k == Kind.PRUNE:
@@ -224,6 +227,13 @@ class Runtime(Receiving, Calling, Serving):
 
     def close_port(self, port_id: int) -> bool:
         return self.ports.close(port_id)
+
+    def publish_port(self, name: str, handler) -> tuple[str, int]:
+        """Open a port every process of this job can send to, as ``job_ports[name]``; the
+        meshes this process spawns from now on inherit it.  Published once per name."""
+        if name not in self.job_ports:
+            self.job_ports[name] = (self.address, self.open_port(handler))
+        return self.job_ports[name]
 
     def warm(self, modules) -> None:
         """Have the template import ``modules`` before it forks ranks (upper layers name the

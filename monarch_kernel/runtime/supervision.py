@@ -19,8 +19,8 @@ import time
 from . import config
 from .completion import Completion
 from .context import MeshRef, current_actor, process_mesh
-from .envelope import Kind
-from .failure import DeathInfo, MeshFailure, ProcessDied
+from .envelope import Kind, Status
+from .failure import ActorError, DeathInfo, MeshFailure, ProcessDied
 from .launch import LaunchConfig
 from .output import PipeReader
 from .template_client import TemplateClient
@@ -35,6 +35,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _bootstrap_error(mesh: str, rank: int, part) -> ActorError:
+    failure = part.load()
+    err = ActorError(failure, f"the bootstrap function of mesh '{mesh}' raised on rank {rank} (pid {failure.pid} "
+                              f"on {failure.host}): {failure.type_name}: {failure.message}\n\n"
+                              f"Traceback from rank {rank}:\n{failure.traceback.rstrip()}")
+    err.__cause__ = failure.exception()
+    return err
 
 
 class OwnedMesh:
@@ -54,6 +63,8 @@ class OwnedMesh:
         self.last_beat: list[float] = [0.0] * n  # monotonic time of each rank's last heartbeat
         self.dying: dict[int, Completion] = {}  # rank -> its death was handled (kill())
         self.master_port: int | None = None  # torch.distributed's rendezvous port, from the first launch
+        self.bootstrap: bytes | None = None  # pickled function each rank runs before its hello
+        self.python: str = sys.executable  # the interpreter its ranks run (one template each)
 
     def silent_for(self, rank: int) -> float:
         """Seconds since ``rank`` last showed it is alive (0 before it is up)."""
@@ -73,12 +84,20 @@ class OwnedMesh:
 class Supervisor:
     def __init__(self, runtime):
         self.rt = runtime
-        self.template: TemplateClient | None = None
+        self.templates: dict[str, TemplateClient] = {}  # python executable -> its template
         self.pid_index: dict[int, tuple[OwnedMesh, int]] = {}
+
+    @property
+    def template(self) -> TemplateClient | None:
+        """The template running this process's own interpreter, once started."""
+        return self.templates.get(sys.executable)
 
     # ------------------------------------------------------------ spawning
 
-    def spawn(self, name: str, dims: tuple, env: dict | None = None) -> OwnedMesh:
+    def spawn(self, name: str, dims: tuple, env: dict | None = None, *, bootstrap: bytes | None = None,
+              python: str | None = None) -> OwnedMesh:
+        """Launch a mesh's ranks; ``bootstrap`` (pickled) runs on each before it says hello,
+        ``python`` is the interpreter they run (default: this one)."""
         rt = self.rt
         mesh_id = "m" + secrets.token_hex(4)
         n = 1
@@ -87,18 +106,27 @@ class Supervisor:
         addresses = tuple(f"ipc://{rt.rundir}/{mesh_id}.{r}" for r in range(n))
         ref = MeshRef(mesh_id, name, dims, addresses, rt.address, (rt.host,) * n)
         om = OwnedMesh(ref, current_actor.get())
+        om.bootstrap, om.python = bootstrap, python or sys.executable
         rt.meshes[mesh_id] = om
         if n == 0:
             om.ready.set_result(True)
             om.exited.set_result(True)
             return om
-        rt.io.run(self._launch, om, dict(env or {}))
+        try:
+            rt.io.run(self._launch, om, dict(env or {}))
+        except BaseException:
+            rt.meshes.pop(mesh_id, None)  # nothing was launched (the interpreter would not start)
+            raise
         return om
 
     def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
         rt = self.rt
-        if self.template is None or not self.template.alive:
-            self.template = TemplateClient(rt.io.loop, self._on_exit, tuple(rt.warm_modules))
+        template = self.templates.get(om.python)
+        if template is None or not template.alive:
+            python = om.python
+            template = self.templates[python] = TemplateClient(
+                rt.io.loop, lambda pid, status: self._on_exit(pid, status, python), tuple(rt.warm_modules),
+                python=python)
         ref = om.ref
         om.env = env
         om.master_port = om.master_port or _free_port()
@@ -117,25 +145,37 @@ class Supervisor:
                 master_port=master_port,
                 # The root controller's template removes the run directory if it is killed.
                 cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else []) if rt._owns_rundir else []),
+                bootstrap=om.bootstrap, job_ports=dict(rt.job_ports),
             )
-            self.template.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
-            os.close(out_w)
-            os.close(err_w)
+            try:
+                template.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
+            except OSError:
+                pass  # the template is already gone: its exit fails this rank (_on_exit)
+            finally:
+                os.close(out_w)
+                os.close(err_w)
 
     def _forked(self, om: OwnedMesh, rank: int, pid: int) -> None:
         om.pids[rank] = pid
         self.pid_index[pid] = (om, rank)
 
-    def on_hello(self, mesh_id: str, rank: int, _pid) -> None:
+    def on_hello(self, mesh_id: str, rank: int, _pid, parts=()) -> None:
+        """A rank is up; a RAISED part says its bootstrap function raised, which fails the
+        spawn (or restart) with that traceback; the rank stays up until it is stopped."""
         om = self.rt.meshes.get(mesh_id)
         if om is None or rank in om.up or rank not in om.alive:
             return
+        err = _bootstrap_error(om.ref.name, rank, parts[0]) if parts and parts[0].status == Status.RAISED else None
+        if err is not None and not om.ready.done():
+            om.ready.set_exception(err)
         om.up.add(rank)
         om.last_beat[rank] = time.monotonic()
         if len(om.up) == om.ref.size and not om.ready.done():
             om.ready.set_result(True)
         back = om.restarting.pop(rank, None)
-        if back is not None:
+        if back is not None and err is not None:
+            back.set_exception(err)
+        elif back is not None:
             back.set_result(True)
 
     def on_heartbeat(self, mesh_id: str, rank: int) -> None:
@@ -187,12 +227,23 @@ class Supervisor:
 
     # ------------------------------------------------------------ deaths
 
-    def _on_exit(self, pid: int | None, status: int | None) -> None:
-        if pid is None:  # the template itself is gone, and its ranks with it
-            for om, r in list(self.pid_index.values()):
-                self._died(om, r, DeathInfo(om.ref.name, r, om.pids[r] or 0, om.ref.hosts[r], None, signal.SIGKILL,
-                                            ["(its host process, the template, exited)"], om.stopping))
-            self.pid_index.clear()
+    def _on_exit(self, pid: int | None, status: int | None, python: str = sys.executable) -> None:
+        if pid is None:  # the template itself is gone, and its ranks (forked or not) with it
+            for om in list(self.rt.meshes.values()):
+                if om.python != python:
+                    continue
+                if not om.ready.done():
+                    om.stopping = True  # it never came up: its spawner hears (ready fails), nobody else
+                for r in sorted(om.alive):
+                    rank_pid = om.pids[r]
+                    if rank_pid is not None:
+                        self.pid_index.pop(rank_pid, None)
+                        why, sig = "(its host process, the template, exited)", signal.SIGKILL
+                    else:
+                        why, sig = (f"(the template running {python} exited before forking it: can {python} "
+                                    "start and import monarch_kernel?)"), None
+                    self._died(om, r, DeathInfo(om.ref.name, r, rank_pid or 0, om.ref.hosts[r], None, sig, [why],
+                                                om.stopping))
             return
         entry = self.pid_index.pop(pid, None)
         if entry is None:
@@ -334,8 +385,11 @@ class Supervisor:
             pass
 
     def close(self) -> None:
-        """At exit: every rank we spawned is killed, then the template."""
+        """At exit: every rank we spawned is killed, then the templates.  Their meshes are
+        marked stopping first: ranks ended by their own controller's shutdown are no failure."""
+        for om in list(self.rt.meshes.values()):
+            om.stopping = True
         for pid in list(self.pid_index):
             self._kill(pid)
-        if self.template is not None:
-            self.template.close()
+        for template in list(self.templates.values()):
+            template.close()

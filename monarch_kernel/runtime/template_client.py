@@ -26,25 +26,32 @@ class TemplateClient:
     """The controller's handle on its template: fork ranks, hear about their exits.
 
     Construct it on the IO thread: the parent-death signal is tied to the thread that
-    started the template, and the IO thread lives as long as the process.
+    started the template, and the IO thread lives as long as the process.  ``python`` is
+    the interpreter the template (and so every rank it forks) runs.
     """
 
-    def __init__(self, loop, on_exit, warm: tuple[str, ...] = ()):
+    def __init__(self, loop, on_exit, warm: tuple[str, ...] = (), python: str = sys.executable):
         self._loop = loop
         self._on_exit = on_exit
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = here
+        self.python = python
         env = dict(os.environ)
         env.pop("PYTHONSTARTUP", None)
-        self.proc = subprocess.Popen(
-            # ``warm``: modules the template imports before forking (named by upper layers).
-            [sys.executable, "-c", SERVE, str(there.fileno()), str(os.getpid()), *warm],
-            stdin=subprocess.PIPE,
-            pass_fds=[there.fileno()],
-            start_new_session=True,
-            env=env,
-        )
-        there.close()
+        try:
+            self.proc = subprocess.Popen(
+                # ``warm``: modules the template imports before forking (named by upper layers).
+                [python, "-c", SERVE, str(there.fileno()), str(os.getpid()), *warm],
+                stdin=subprocess.PIPE,
+                pass_fds=[there.fileno()],
+                start_new_session=True,
+                env=env,
+            )
+        except BaseException:
+            here.close()  # ``python`` would not start
+            raise
+        finally:
+            there.close()
         self._tags = 0
         self._waiting: dict[int, Callable[[int], None]] = {}
         self._lock = threading.Lock()
@@ -76,6 +83,7 @@ class TemplateClient:
             msg = None
         if msg is None:
             self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
             self.alive = False
             self._on_exit(None, None)
             return
