@@ -15,6 +15,7 @@ from .actor.actor import current_size as current_size
 from .actor.actor_mesh import ActorMesh as ActorMesh
 from .actor.controllers import get_or_spawn_controller as get_or_spawn_controller
 from .actor.endpoint import Endpoint as Endpoint
+from .actor.endpoint import concurrent_endpoint as concurrent_endpoint
 from .actor.endpoint import endpoint as endpoint
 from .actor.errors import ActorError as ActorError
 from .actor.errors import MeshFailure as MeshFailure
@@ -39,7 +40,8 @@ __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
     "RDMABuffer", "Shape", "ValueMesh",
-    "context", "current_actor_name", "current_rank", "current_size", "endpoint", "get_or_spawn_controller",
+    "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
+    "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
 ]
 

@@ -35,7 +35,8 @@ PUBLIC = {
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
     "RDMABuffer", "Shape", "ValueMesh",
-    "context", "current_actor_name", "current_rank", "current_size", "endpoint", "get_or_spawn_controller",
+    "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
+    "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
 }
 

@@ -26,7 +26,7 @@ class ActorMesh(Shaped, Generic[T]):
     """Actors of class ``T``, one per rank (``ActorMesh[Trainer]`` in annotations)."""
 
     def __init__(self, proc_ref: MeshRef, actor_id: str, name: str, class_name: str,
-                 endpoints: tuple[str, ...], shape: Shape, proc_mesh=None):
+                 endpoints: tuple[str, ...], shape: Shape, proc_mesh=None, *, initialized=None, owner=None):
         self._proc_ref = proc_ref
         self._actor_id = actor_id
         self._name = name
@@ -34,6 +34,8 @@ class ActorMesh(Shaped, Generic[T]):
         self._endpoints = endpoints
         self._shape = shape
         self._proc_mesh = proc_mesh  # the owner's ProcMesh, for stop state; None in copies
+        self._initialized = initialized  # the spawn's Future, in the process that spawned it
+        self._owner = owner  # (ActorContext or None,) of its spawner, in the process that spawned it
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):
@@ -51,6 +53,13 @@ class ActorMesh(Shaped, Generic[T]):
     @property
     def name(self) -> str:
         return self._name
+
+    def initialized(self):
+        """A Future that resolves once ``__init__`` has returned on every rank (raising what
+        it raised); already done for a mesh that was not spawned here."""
+        from .future import Future
+
+        return self._initialized if self._initialized is not None else Future.ready(None)
 
     @property
     def actor_id(self) -> str:
@@ -70,13 +79,16 @@ class ActorMesh(Shaped, Generic[T]):
 
     def slice(self, **dims) -> ActorMesh:
         """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
+        # A slice's failures go where its parent's go.
         return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
-                         self._endpoints, self._shape.slice(**dims), self._proc_mesh)
+                         self._endpoints, self._shape.slice(**dims), self._proc_mesh,
+                         initialized=self._initialized, owner=self._owner)
 
     def flatten(self, dim: str) -> ActorMesh[T]:
         """The same actors over one dimension ``dim``; calls see ``message_rank`` in it."""
         return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
-                         self._endpoints, self._shape.flatten(dim), self._proc_mesh)
+                         self._endpoints, self._shape.flatten(dim), self._proc_mesh,
+                         initialized=self._initialized, owner=self._owner)
 
     def _check_running(self) -> None:
         pm = self._proc_mesh

@@ -13,10 +13,11 @@ Example::
 
 from __future__ import annotations
 
-import queue
-from collections.abc import Iterator
+import inspect
+import threading
 from typing import TYPE_CHECKING, Any
 
+from ..runtime.completion import Completion
 from ..runtime.envelope import Mode, Part, Status
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.process import Runtime
@@ -27,20 +28,42 @@ from .value_mesh import ValueMesh
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
-from ..runtime.actors import ENDPOINT_MARK
+from ..runtime.actors import CONCURRENT_MARK, ENDPOINT_MARK, in_actor_event_loop
 
 
-def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None):
-    """Mark an actor method as callable from other processes (sync or async)."""
+def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, concurrent: bool = False,
+             instrument: bool = True):
+    """Mark an actor method as callable from other processes (sync or async).
+
+    An actor takes its messages one at a time, in order, async endpoints included;
+    ``concurrent=True`` (or ``@concurrent_endpoint``) lets an async endpoint run as a task
+    beside the actor's later messages instead.
+    """
 
     def mark(f):
+        if concurrent and not inspect.iscoroutinefunction(f):
+            raise ValueError("concurrent_endpoint can only wrap async endpoints")
         if explicit_response_port:
             f = _with_port(f)
         setattr(f, ENDPOINT_MARK, True)
+        setattr(f, CONCURRENT_MARK, concurrent)
         f.__monarch_port__ = explicit_response_port
         return f
 
     return mark(fn) if fn is not None else mark
+
+
+def concurrent_endpoint(method=None, *, propagate=None, explicit_response_port: bool = False,
+                        instrument: bool = True):
+    """``@endpoint(concurrent=True)``, spelled as Monarch spells it: the async endpoint runs
+    as a task on the actor's loop, so the actor takes its next message meanwhile."""
+    def wrap(f):
+        if getattr(f, ENDPOINT_MARK, False):
+            raise ValueError("concurrent_endpoint does not wrap @endpoint; pass endpoint options to "
+                             "@concurrent_endpoint")
+        return endpoint(f, explicit_response_port=explicit_response_port, propagate=propagate, concurrent=True)
+
+    return wrap(method) if method is not None else wrap
 
 
 def _with_port(f):
@@ -192,10 +215,20 @@ class Endpoint:
         return self._one(rank, args, kwargs)
 
     def broadcast(self, *args, **kwargs) -> None:
-        """Run on every rank without waiting.  Failures go to supervision, not to you."""
+        """Run on every rank without waiting.  Failures go to supervision (the actor mesh's
+        owner), not to you, and an exception that escapes the endpoint stops that actor."""
         m = self._mesh
-        pending = self._send(args, kwargs, m._shape.ranks, slice_info=self._slice_info(), callbacks=True)
+        info = self._slice_info() + [True]  # fire and forget: an escaping exception stops the actor
+        pending = self._send(args, kwargs, m._shape.ranks, slice_info=info, callbacks=True)
         actor, name, mesh_id = m._class_name, self._name, m._proc_ref.id
+        owner = m._owner
+
+        def report(failure) -> None:  # to whoever spawned the actor mesh, when known here
+            rt = Runtime.current()
+            if owner is not None:
+                rt.report_failure_to(owner[0], failure)
+            else:
+                rt.report_failure(mesh_id, failure)
 
         def check(c):
             for rank, part in c.result().items():
@@ -203,34 +236,83 @@ class Endpoint:
                     try:
                         part_value(part, actor, name)
                     except ActorError as e:
-                        Runtime.current().report_failure(
-                            mesh_id, MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure))
+                        report(MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure))
                     return
                 if part.status == Status.UNSENT:  # nobody waits for a broadcast: supervision hears
                     what = f"broadcast of {actor}.{name} never reached rank {rank}: {part.load()}"
-                    Runtime.current().report_failure(mesh_id, MeshFailure(m._proc_ref.name, rank, what))
+                    report(MeshFailure(m._proc_ref.name, rank, what))
                     return
 
         pending.completion.add_done_callback(check)
 
-    def stream(self, *args, **kwargs) -> Iterator[Future]:
-        """Run on every rank; yield one Future per rank, in the order they answer."""
+    def stream(self, *args, **kwargs) -> Stream:
+        """Run on every rank; one Future per rank, in the order they answer.  Iterate it
+        (``for fut in ...``) in plain code, or ``async for fut in ...`` in async code (an
+        async endpoint or cell), which never blocks the event loop."""
         shape = self._mesh._shape
-        q: queue.SimpleQueue = queue.SimpleQueue()
-        actor, name = self._mesh._class_name, self._name
+        stream = Stream(len(shape), self._mesh._class_name, self._name)
+        self._send(args, kwargs, shape.ranks, mode=Mode.DIRECT, on_part=stream.arrived, slice_info=self._slice_info())
+        return stream
 
-        def on_part(part: Part):
-            q.put(part)
 
-        self._send(args, kwargs, shape.ranks, mode=Mode.DIRECT, on_part=on_part, slice_info=self._slice_info())
-        for _ in range(len(shape)):
-            part = q.get()
-            yield _settled(lambda part=part: part_value(part, actor, name))
+class Stream:
+    """The answers of a ``stream()`` call as they arrive: a sync and an async iterator of
+    settled Futures (each raises that rank's error, if any, when you ``get()`` it)."""
+
+    def __init__(self, n: int, actor: str, method: str):
+        self._slots = [Completion() for _ in range(n)]
+        self._arrived = 0
+        self._next = 0  # the next slot iteration hands out
+        self._lock = threading.Lock()
+        self._actor, self._method = actor, method
+
+    def arrived(self, part: Part) -> None:  # on the IO thread: the next slot in arrival order
+        with self._lock:
+            slot = self._slots[self._arrived]
+            self._arrived += 1
+        slot.set_result(part)
+
+    def _future(self, part: Part) -> Future:
+        actor, method = self._actor, self._method
+        return _settled(lambda: part_value(part, actor, method))
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Future:
+        rt = Runtime.existing()
+        if rt is not None and (rt.io.is_current() or in_actor_event_loop()):
+            raise RuntimeError("iterating a stream() inside an async endpoint would block the event loop: "
+                               "use `async for fut in ....stream(...)` instead")
+        slot = self._take()
+        while not slot.wait(0.1):  # in slices, so that an interrupt gets in
+            pass
+        return self._future(slot.result())
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> Future:
+        try:
+            slot = self._take()
+        except StopIteration:
+            raise StopAsyncIteration from None
+        return self._future(await slot)
+
+    def _take(self) -> Completion:
+        """The next answer's slot (one iteration, sync or async, takes each once)."""
+        with self._lock:
+            if self._next >= len(self._slots):
+                raise StopIteration
+            slot = self._slots[self._next]
+            self._next += 1
+        return slot
+
+    def __len__(self) -> int:
+        return len(self._slots)
 
 
 def _settled(fn) -> Future:
-    from ..runtime.completion import Completion
-
     c = Completion()
     c.set_result(None)
     return Future(c, lambda _none: fn())

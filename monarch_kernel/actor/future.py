@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from ..runtime.actors import in_actor_event_loop
 from ..runtime.completion import Completion
 from ..runtime.process import Runtime
 
@@ -58,7 +59,7 @@ class Future(Generic[R]):
         c = self._completion
         if not c.done():
             rt = Runtime.existing()
-            if rt is not None and rt.io.is_current():
+            if rt is not None and (rt.io.is_current() or in_actor_event_loop()):
                 raise RuntimeError(
                     "cannot block on .get() inside an async endpoint or on the IO loop: "
                     "use `await fut` instead"

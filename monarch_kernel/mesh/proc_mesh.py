@@ -14,9 +14,9 @@ import secrets
 from ..actor.actor_mesh import ActorMesh, endpoint_names
 from ..actor.endpoint import part_value
 from ..actor.future import Future
-from ..runtime import config
+from ..runtime.context import current_actor
 from ..runtime.envelope import Kind
-from ..runtime.failure import MeshStopped
+from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.process import Runtime
 from .shape import Shape, Shaped
 
@@ -40,7 +40,13 @@ class ProcMesh(Shaped):
 
     @property
     def stopped(self) -> bool:
-        return self._stopped
+        """Stopped through this handle, another slice of the same mesh, or (seen from
+        elsewhere) every rank ended by a stop."""
+        if self._stopped or (self._owned is not None and self._owned.stopping):
+            return True
+        rt = Runtime.current()
+        deaths = [rt.death(self._ref.id, r) for r in self._shape.ranks]
+        return bool(deaths) and all(d is not None and d.stopped for d in deaths)
 
     @property
     def owned(self) -> bool:
@@ -100,36 +106,40 @@ class ProcMesh(Shaped):
         return pm
 
     def spawn(self, name: str, cls: type, *args, **kwargs) -> ActorMesh:
-        """Construct ``cls(*args, **kwargs)`` on every rank; raises what ``__init__`` raised."""
-        if self._stopped:
+        """Start ``cls(*args, **kwargs)`` on every rank and return its mesh at once, as
+        Monarch does: ``__init__`` runs on the ranks in the background and calls sent
+        meanwhile queue behind it.  An ``__init__`` that raises is a supervision event for the
+        spawning actor (``__supervise__``, else ``unhandled_fault_hook``), and later calls to
+        that actor fail with its traceback.  ``mesh.initialized()`` waits for every rank."""
+        if self.stopped:
             raise MeshStopped(f"mesh '{self.name}' was stopped; spawn a new mesh to host {name!r}")
         if not isinstance(cls, type):
             raise TypeError(f"spawn takes an Actor class, not {type(cls).__name__}")
         actor_id = f"{name}-{secrets.token_hex(3)}"
         body = _spawn_body(cls, args, kwargs)
         rt = Runtime.current()
+        owner = current_actor.get()  # failures of this actor mesh go to whoever spawns it
         pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN,
-                          extra=_spawn_options(cls))
-        mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self)
-        if rt.io.is_current():
-            return mesh  # inside an async endpoint: calls queue behind the spawn on each rank
-        ranks = self._shape.ranks
+                          extra=_spawn_options(cls), callbacks=True)
+        ranks, mesh_name = list(self._shape.ranks), self.name
 
         def check(parts):
             for r in ranks:
                 part_value(parts[r], name, "__init__")
 
-        timeout = config.spawn_timeout()
-        try:
-            Future(pending.completion, check, pending.inbox).get(timeout=timeout)
-        except TimeoutError:
-            waiting = sorted(pending.remaining)
-            raise TimeoutError(
-                f"timed out after {timeout:g} s waiting for {cls.__qualname__}.__init__ of actor "
-                f"{name!r} on ranks {waiting} of mesh '{self.name}' ({len(ranks) - len(waiting)} of "
-                f"{len(ranks)} answered); raise MONARCH_KERNEL_SPAWN_TIMEOUT if __init__ is slow"
-            ) from None
-        return mesh
+        def constructed(done) -> None:  # on the IO thread, once every rank answered
+            for r in ranks:
+                try:
+                    part_value(done.result()[r], name, "__init__")
+                except (ProcessDied, MeshStopped, SendFailed):
+                    continue  # a death or a stop has its own report (or is no failure)
+                except ActorError as e:
+                    rt.report_failure_to(owner, MeshFailure(mesh_name, r, str(e), remote=e.failure))
+                    return  # one event per failed spawn, as for a broadcast
+
+        pending.completion.add_done_callback(constructed)
+        return ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self,
+                         initialized=Future(pending.completion, check), owner=(owner,))
 
     def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
         """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn

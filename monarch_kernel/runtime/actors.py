@@ -1,17 +1,21 @@
 """Actors hosted in this process: one worker thread each, which reads the actor's own
-inbox and runs its sync endpoints (so they never block the IO loop, and a call reaches
-them without passing through another thread); async endpoints run on the IO loop.
-Messages to one actor's sync endpoints run one at a time, in arrival order.
+inbox and runs all of its endpoints, sync and async, one message at a time in arrival
+order, as Monarch does (so thread-locals set in ``__init__`` are there in every endpoint,
+and a call reaches the actor without passing through another thread).  Async endpoints run
+on the worker's own event loop; concurrent ones (``@endpoint(concurrent=True)``) are tasks
+on it that make progress whenever the worker waits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import inspect
 import os
 import queue
 import threading
+from typing import Any
 
 import zmq
 from zmq.backend import zmq_poll
@@ -23,6 +27,14 @@ from .inbox import Inbox, actor_address
 POLLIN = int(zmq.POLLIN)
 
 ENDPOINT_MARK = "__monarch_endpoint__"
+CONCURRENT_MARK = "__monarch_concurrent__"
+_in_loop = threading.local()  # .loop: the actor loop this thread is running now, if any
+
+
+def in_actor_event_loop() -> bool:
+    """Whether the calling thread is inside an async endpoint on its actor's event loop
+    (where a blocking wait would stall the actor)."""
+    return getattr(_in_loop, "loop", None) is not None
 
 
 class ActorSlot:
@@ -43,8 +55,12 @@ class ActorSlot:
         self._busy = 0  # > 0 while user code of a sync endpoint runs on the worker
         self._busy_lock = threading.Lock()
         self.wants_main_thread = False  # the spawner asked for the rank's main thread
-        self.init_failure = None  # the Part __init__ answered with, if it raised
+        self.init_failure: Any = None  # the Part __init__ answered with, if it raised
+        self.failure: Any = None  # the Part that stopped it: an exception no caller received
         self._main = None  # the MainThread it runs on, when it got it
+        self.loop: asyncio.AbstractEventLoop | None = None  # the worker's own, made on the worker
+        self._tasks: set = set()  # concurrent endpoints still running
+        self.deferring = False  # an async endpoint runs: new calls wait in the queue
 
     def submit(self, fn) -> None:
         """Run ``fn`` on this actor's worker, after what is already queued."""
@@ -65,8 +81,75 @@ class ActorSlot:
     def is_current(self) -> bool:
         return threading.current_thread() is self._thread
 
+    def run(self, coro) -> None:
+        """On the worker: run one async endpoint to its end (its own task, so its context
+        is its own); concurrent endpoints' tasks run meanwhile."""
+        loop = self.loop
+        assert loop is not None and self.is_current() and self.inbox is not None
+        # Meanwhile answers from this call's subtree still reach the actor's inbox and are
+        # merged; calls that arrive are queued behind this one (``deferring``).
+        fd = self.inbox.sock.getsockopt(zmq.FD)
+        outer = self.deferring
+        self.deferring = True
+        loop.add_reader(fd, self._read_meanwhile)
+        _in_loop.loop = loop
+        try:
+            loop.run_until_complete(loop.create_task(coro))
+        finally:
+            _in_loop.loop = None
+            loop.remove_reader(fd)
+            self.deferring = outer
+        if self.inbox.ready():
+            self.submit(lambda: None)  # a message came in while we ran: the worker looks again
+
+    def _read_meanwhile(self) -> None:
+        if self.inbox is not None and self.inbox.ready():
+            self.runtime._read(self.inbox, 64, inline=True)
+
+    def spawn(self, coro) -> None:
+        """On the worker: start a concurrent endpoint; it runs whenever the worker waits."""
+        assert self.loop is not None
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _wait_for_work(self, watch) -> None:
+        """Block until a message or a submitted function is there; while concurrent tasks
+        are alive, wait inside the event loop so that they progress."""
+        if not self._tasks:
+            for what, _ev in zmq_poll(watch, -1):
+                if what is self._wake_r:
+                    os.read(self._wake_r, 4096)
+            return
+        loop = self.loop
+        assert loop is not None and self.inbox is not None
+        ready = loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        fds = [self.inbox.sock.getsockopt(zmq.FD), self._wake_r]
+        for fd in fds:
+            loop.add_reader(fd, wake)
+        try:
+            if self.inbox.ready() or not self._queue.empty():
+                return
+            _in_loop.loop = loop
+            loop.run_until_complete(ready)
+        finally:
+            _in_loop.loop = None
+            for fd in fds:
+                loop.remove_reader(fd)
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+
     def _work(self) -> None:
         rt = self.runtime
+        self.loop = asyncio.new_event_loop()
+        os.set_blocking(self._wake_r, False)
         self.inbox = Inbox(rt.ctx, actor_address(self.mesh.addresses[self.rank], self.actor_id))
         watch = [(self.inbox.sock, POLLIN), (self._wake_r, POLLIN)]
         while True:
@@ -76,17 +159,29 @@ class ActorSlot:
                 except queue.Empty:
                     break
                 if fn is None:
-                    self.inbox.close()
-                    if self._main is not None:
-                        self._main.release(self)
+                    self._close()
                     return
                 fn()
-            for what, _ev in zmq_poll(watch, -1):
-                if what is self._wake_r:
-                    os.read(self._wake_r, 4096)
-                else:
-                    with self.inbox.lease:
-                        rt._read(self.inbox, 64, inline=True)
+            if self.inbox.ready():
+                with self.inbox.lease:
+                    rt._read(self.inbox, 64, inline=True)
+                continue
+            self._wait_for_work(watch)
+
+    def _close(self) -> None:
+        """The actor stopped: its concurrent tasks are cancelled, then its loop closed."""
+        loop = self.loop
+        if loop is not None:
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+        if self.inbox is not None:
+            self.inbox.close()
+        if self._main is not None:
+            self._main.release(self)
 
     @contextlib.contextmanager
     def running(self):

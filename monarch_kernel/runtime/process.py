@@ -193,6 +193,11 @@ class Runtime(Receiving, Calling, Serving):
         else:
             self.unhandled(failure)
 
+    def report_failure_to(self, owner, failure: MeshFailure) -> None:
+        """A failure of an actor mesh this process spawned: to the actor that spawned it
+        (``owner``, an ActorContext; None for this process itself), on the IO thread."""
+        self.io.call_soon(self.launcher.supervise_by, owner, failure)
+
     def unhandled(self, failure: MeshFailure) -> None:
         """Give a failure nobody handled to the unhandled hook; a broken hook is reported,
         never allowed to stop the IO thread."""

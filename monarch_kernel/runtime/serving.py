@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .actors import ActorSlot
+from .actors import CONCURRENT_MARK, ActorSlot
 from .context import ActorContext, MeshRef, current_actor
 from .envelope import Header, Kind, Mode, Part, Status
 from .failure import RemoteFailure, SendFailed
@@ -148,6 +148,9 @@ class Serving:
         if not slot.constructed.done():
             slot.constructed.add_done_callback(lambda _c: slot.submit(lambda: self._run_endpoint(h, body, mesh, me)))
             return
+        if slot.failure is not None:  # stopped by a broadcast's exception: say why, every time
+            self._complete(h, me, Part(me, slot.failure.status, slot.failure.frames))
+            return
         if slot.instance is None:
             if slot.init_failure is not None:
                 self._complete(h, me, Part(me, slot.init_failure.status, slot.init_failure.frames))
@@ -162,12 +165,24 @@ class Serving:
             return
         msg_rank, msg_dims = _message_point(h, me)
         ctx = ActorContext(mesh, me, h.actor, slot.instance, msg_rank, msg_dims)
+        # Everything runs on the actor's worker, one message at a time, in arrival order:
+        # async endpoints on its own event loop, concurrent ones as tasks there.
         if is_async:
-            self.io.call_soon(lambda: self.io.loop.create_task(self._run_async(fn, ctx, h, body, me)))
-        elif slot.is_current():
-            self._run_sync(fn, ctx, h, body, me)
+            concurrent = getattr(fn, CONCURRENT_MARK, False)
+
+            def go():
+                coro = self._run_async(fn, ctx, h, body, me)
+                if concurrent:
+                    slot.spawn(coro)
+                else:
+                    slot.run(coro)
         else:
-            slot.submit(lambda: self._run_sync(fn, ctx, h, body, me))
+            def go():
+                self._run_sync(fn, ctx, h, body, me)
+        if slot.is_current() and not slot.deferring:
+            go()
+        else:
+            slot.submit(go)
 
     def _response_port(self, h: Header, me: int) -> tuple[int, tuple]:
         """For ``@endpoint(explicit_response_port=True)``: a port that answers this call."""
@@ -199,6 +214,7 @@ class Serving:
             if hook is not None and isinstance(e, Exception):
                 hook(e)  # may stop here in post-mortem pdb before the caller hears of it
             part = self._failure_part(me, h.actor, h.method, e)
+            self._stop_if_unobserved(h, me, part)
         finally:
             current_actor.reset(token)
         self._complete(h, me, part)
@@ -220,7 +236,17 @@ class Serving:
             if port_id is not None and not self.ports.close(port_id):
                 return
             part = self._failure_part(me, h.actor, h.method, e)
+            self._stop_if_unobserved(h, me, part)
         self._complete(h, me, part)
+
+    def _stop_if_unobserved(self, h: Header, me: int, part: Part) -> None:
+        """An exception escaped an endpoint called with ``broadcast`` (nobody waits for its
+        answer): as in Monarch the actor stops, and every later call to it fails with this.
+        The caller's runtime still reports the failure to the actor mesh's owner."""
+        if isinstance(h.extra, list) and len(h.extra) > 2 and h.extra[2]:
+            slot = self.actors.get(h.actor)
+            if slot is not None and slot.failure is None:
+                slot.failure = part
 
     def _on_redirect(self, h: Header) -> None:
         key = (h.origin, h.call_id)
@@ -244,7 +270,7 @@ def _message_point(h: Header, me: int):
     info = h.extra
     if not info:
         return me, None
-    dims, ranks = info
+    dims, ranks = info[0], info[1]
     try:
         return ranks.index(me), tuple(tuple(d) for d in dims)
     except ValueError:

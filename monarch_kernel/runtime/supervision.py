@@ -286,8 +286,13 @@ class Supervisor:
                 rt.meshes.pop(om.ref.id, None)
 
     def supervise(self, om: OwnedMesh, failure: MeshFailure) -> None:
-        """On the IO thread: offer the failure to the spawning actor, else pass it up."""
-        owner = om.owner_actor
+        """On the IO thread: offer the failure to the actor that spawned the proc mesh,
+        else pass it up."""
+        self.supervise_by(om.owner_actor, failure)
+
+    def supervise_by(self, owner, failure: MeshFailure) -> None:
+        """On the IO thread: offer the failure to ``owner`` (the ActorContext that spawned
+        the failed mesh; None: this process itself), else pass it up."""
         handler = getattr(owner.instance, "__supervise__", None) if owner is not None else None
         if handler is None:
             self._propagate(failure, owner)
@@ -302,6 +307,7 @@ class Supervisor:
 
         import inspect
 
+        slot = rt.actors.get(owner.actor)
         if inspect.iscoroutinefunction(handler):
             async def run():
                 try:
@@ -309,7 +315,10 @@ class Supervisor:
                 except Exception as e:
                     decided(False, e)
 
-            rt.io.loop.create_task(run())
+            if slot is not None:  # on the actor's own loop, in turn with its messages
+                slot.submit(lambda: slot.run(run()))
+            else:
+                rt.io.loop.create_task(run())
         else:
             def run_sync():
                 try:
