@@ -233,7 +233,7 @@ def test_endpoint_error_is_actor_error_with_cause(procs):
         counters.incr.call("not an int").get(timeout=20)
     err = info.value
     assert isinstance(err.__cause__, TypeError)
-    assert "Traceback from rank 0" in str(err) and "self.value += by" in str(err)
+    assert "Traceback of where the remote call failed" in str(err) and "self.value += by" in str(err)
     assert all(isinstance(v, ActorError) for v in err.results.values())
 
 

@@ -9,8 +9,9 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 from ..runtime.actors import in_actor_event_loop
@@ -21,11 +22,37 @@ R = TypeVar("R")
 _UNSET = object()
 
 
+def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Completion:
+    """Runs a user's coroutine on its own thread and event loop; the Completion ends with it."""
+    if not asyncio.iscoroutine(coro):
+        raise TypeError(f"Future(coro=...) needs a coroutine, not {type(coro).__name__}")
+    done = Completion()
+
+    def run() -> None:
+        try:
+            done.set_result(asyncio.run(coro))
+        except BaseException as e:  # the caller's get()/await raises it
+            done.set_exception(e)
+
+    threading.Thread(target=run, name="monarch-kernel-future", daemon=True).start()
+    return done
+
+
 class Future(Generic[R]):
     __slots__ = ("_completion", "_transform", "_value", "_error", "_lock", "_inbox")
 
-    def __init__(self, completion: Completion, transform: Callable[[Any], R] | None = None,
-                 inbox=None):
+    def __init__(self, completion: Completion | None = None,
+                 transform: Callable[[Any], R] | None = None, inbox=None, *,
+                 coro: Coroutine[Any, Any, R] | None = None):
+        # Users build one as Monarch's users do, ``Future(coro=some_coroutine())``, and a
+        # wrong construction fails with the TypeError Python gives for Monarch's signature.
+        if completion is None:
+            if coro is None:
+                raise TypeError("Future.__init__() missing 1 required keyword-only argument: 'coro'")
+            completion = _run_coroutine(coro)
+        elif not isinstance(completion, Completion) or coro is not None:
+            raise TypeError("Future.__init__() takes 1 positional argument but 2 were given "
+                            "(construct it as Future(coro=some_coroutine()))")
         self._completion = completion
         self._inbox = inbox  # where the answer arrives; read by whoever waits
         self._transform = transform

@@ -91,8 +91,10 @@ class Point(Mapping):
         return len(self.coords)
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{label}={c}" for label, c in zip(self.extent.labels, self.coords, strict=False))
-        return f"Point({inner or 'rank=' + str(self.rank)})"
+        # Monarch's wording, which its users print and match: {'hosts': 0/2, 'gpus': 1/4}.
+        parts = (f"'{label}': {c}/{size}"
+                 for label, c, size in zip(self.extent.labels, self.coords, self.extent.sizes, strict=False))
+        return "{" + ", ".join(parts) + "}"
 
     def __eq__(self, other) -> bool:
         if isinstance(other, Point):

@@ -115,6 +115,9 @@ class MeshFailure:
 # ---------------------------------------------------------------- exceptions users catch
 
 
+REMOTE_TRACEBACK = "Traceback of where the remote call failed (most recent call last):"
+
+
 class ActorError(Exception):
     """An endpoint raised on a rank.  ``__cause__`` is the original exception when it
     could be carried over; ``remote_traceback`` is the rank's traceback as text."""
@@ -129,10 +132,17 @@ class ActorError(Exception):
 
     @staticmethod
     def _message(f: RemoteFailure) -> str:
+        # Monarch's leading line ("Actor call <actor>.<endpoint> failed.") and traceback
+        # heading, which its users match on; between them, where it happened (rank, pid,
+        # host), which Monarch does not say.
         where = f"{f.actor}.{f.method}" if f.method else f.actor
+        tb = f.traceback.rstrip().replace("Traceback (most recent call last):", REMOTE_TRACEBACK)
+        if REMOTE_TRACEBACK not in tb:
+            tb = f"{REMOTE_TRACEBACK}\n{tb}" if tb else f"{REMOTE_TRACEBACK}\n{f.type_name}: {f.message}"
         return (
-            f"{where} raised on rank {f.rank} (pid {f.pid} on {f.host}): {f.type_name}: {f.message}\n"
-            f"\nTraceback from rank {f.rank}:\n{f.traceback.rstrip()}"
+            f"Actor call {where} failed.\n"
+            f" It raised on rank {f.rank} (pid {f.pid} on {f.host}): {f.type_name}: {f.message}\n"
+            f" {tb}"
         )
 
 
