@@ -66,6 +66,26 @@ def concurrent_endpoint(method=None, *, propagate=None, explicit_response_port: 
     return wrap(method) if method is not None else wrap
 
 
+def refuse_mixed_endpoints(cls: type) -> None:
+    """Strict mode only: Monarch refuses an actor class that mixes sync and async endpoints
+    (a sync endpoint that waits can deadlock its asyncio loop); so do we, with its message.
+    By default mixing is allowed, since every endpoint here runs on the actor's own worker."""
+    from ..runtime import config
+
+    if not config.strict():
+        return
+    marked = [(n, getattr(cls, n)) for n in sorted(dir(cls))
+              if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)]
+    sync = [n for n, f in marked if not inspect.iscoroutinefunction(f)]
+    async_ = [n for n, f in marked if inspect.iscoroutinefunction(f)]
+    if sync and async_:
+        raise ValueError(
+            f"{cls} mixes both async and sync endpoints."
+            "Synchronous endpoints cannot be mixed with async endpoints because they can cause the "
+            f"asyncio loop to deadlock if they wait.sync: {sync} async: {async_} "
+            "(monarch_kernel allows this unless MONARCH_KERNEL_STRICT=1 is set)")
+
+
 def _with_port(f):
     """The runtime hands an explicit-response endpoint its port as (address, id, rank);
     the endpoint gets a ``Port``."""

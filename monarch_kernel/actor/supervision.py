@@ -1,19 +1,28 @@
 """What happens to a failure nobody handled: ``unhandled_fault_hook``.
 
 The default reports and carries on: a controller inside a notebook kernel must never exit
-because a rank did.  Replace it (``monarch_kernel.unhandled_fault_hook = fn``) to do more.
+because a rank did (unless ``MONARCH_KERNEL_STRICT=1`` asks for Monarch's exit).
+Replace it (``monarch_kernel.unhandled_fault_hook = fn``) to do more.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
+from ..runtime import config
 from ..runtime.failure import MeshFailure
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
-    """Default: print the failure to stderr; never exit the process."""
+    """Default: print the failure to stderr; never exit the process.  With
+    ``MONARCH_KERNEL_STRICT=1`` it then exits the process with status 1, as Monarch's does."""
     print(f"monarch_kernel: unhandled failure on mesh '{failure.mesh}':\n{failure}", file=sys.stderr, flush=True)
+    if config.strict():
+        # Monarch's hook ends the client; from the IO thread sys.exit would end only that
+        # thread, so leave the process at once, as Monarch does, after flushing.
+        sys.stdout.flush()
+        os._exit(1)
 
 
 def route_unhandled(rt) -> None:

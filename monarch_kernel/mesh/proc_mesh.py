@@ -12,7 +12,7 @@ import logging
 import secrets
 
 from ..actor.actor_mesh import ActorMesh, endpoint_names
-from ..actor.endpoint import part_value
+from ..actor.endpoint import part_value, refuse_mixed_endpoints
 from ..actor.future import Future
 from ..runtime.context import current_actor
 from ..runtime.envelope import Kind
@@ -115,6 +115,7 @@ class ProcMesh(Shaped):
             raise MeshStopped(f"mesh '{self.name}' was stopped; spawn a new mesh to host {name!r}")
         if not isinstance(cls, type):
             raise TypeError(f"spawn takes an Actor class, not {type(cls).__name__}")
+        refuse_mixed_endpoints(cls)
         actor_id = f"{name}-{secrets.token_hex(3)}"
         body = _spawn_body(cls, args, kwargs)
         rt = Runtime.current()

@@ -74,3 +74,11 @@ def data_handshake_timeout() -> float:
     """MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT: seconds a connection to a data server has, in
     all, to prove it holds the job key (default 5); read when the server starts."""
     return max(0.01, float(os.environ.get("MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT", "5")))
+
+
+def strict() -> bool:
+    """MONARCH_KERNEL_STRICT=1: behave as Monarch where we deliberately differ (default off).
+    An unhandled failure exits the controller with status 1 after it is reported, and an
+    actor class mixing sync and async endpoints is refused at spawn with Monarch's
+    ValueError.  Read at each use, so a test can set it in a subprocess."""
+    return os.environ.get("MONARCH_KERNEL_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
