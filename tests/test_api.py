@@ -244,61 +244,8 @@ def test_unknown_endpoint_names_the_endpoints(procs):
         _ = counters.nope
 
 
-def test_main_module_actor_and_monarch_getting_started(tmp_path):
-    """Classes defined in __main__ travel by value; the Monarch getting-started and
-    ping-pong examples run with only the import changed."""
-    script = tmp_path / "example.py"
-    script.write_text(textwrap.dedent('''
-        from monarch_kernel import Actor, endpoint, this_host, context, current_rank
-
-        class Counter(Actor):
-            def __init__(self, initial_value: int):
-                self.value = initial_value
-
-            @endpoint
-            def incr(self) -> None:
-                self.value += 1
-
-            @endpoint
-            def get_value(self) -> int:
-                return self.value
-
-        class Example(Actor):
-            @endpoint
-            def init(self, other):
-                self.other = other
-                self.identity = context().actor_instance.rank
-
-            @endpoint
-            def send(self, message):
-                self.other.slice(**self.identity).recv.call(message).get()
-
-            @endpoint
-            def recv(self, message):
-                print("recv", message, "on", current_rank().rank, flush=True)
-
-        if __name__ == "__main__":
-            procs = this_host().spawn_procs(per_host={"gpus": 4})
-            counters = procs.spawn("counters", Counter, 0)
-            counters.incr.broadcast()
-            print("values", list(counters.get_value.call().get().values()), flush=True)
-            print("one", counters.slice(gpus=0).get_value.call_one().get(), flush=True)
-            ping = procs.spawn("ping", Example)
-            pong = procs.spawn("pong", Example)
-            ping.init.call(pong).get()
-            pong.init.call(ping).get()
-            ping.send.call("hello").get()
-            procs.stop().get()
-            print("done", flush=True)
-    '''))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": ""})
-    assert out.returncode == 0, out.stderr
-    assert "values [1, 1, 1, 1]" in out.stdout
-    assert "one 1" in out.stdout
-    for r in range(4):
-        assert f"[rank {r}] recv hello on {r}" in out.stdout
-    assert out.stdout.strip().endswith("done")
+# Classes defined in __main__ travelling by value, and Monarch's getting-started and
+# ping-pong examples, are in tests/test_monarch_examples.py.
 
 
 def test_fanout_keeps_controller_messages_constant(tmp_path):
