@@ -461,11 +461,11 @@ def test_a_rank_left_in_pdb_by_a_gone_kernel_runs_on(kernelspec, tmp_path):
         s.cell(f"procs = %mesh spawn -n 1 --detach {name}\nfrom monarch_kernel import Actor, endpoint\n"
                "class Stopper(Actor):\n"
                "    @endpoint\n"
-               "    def stop(self, path):\n"
+               "    def halt_here(self, path):\n"
                "        breakpoint()\n"
                "        open(path, 'w').write('ran on')\n"
                "stoppers = procs.spawn('stoppers', Stopper)")
-        msg_id = s.execute(f"fut = stoppers.stop.call_one({str(done)!r})")
+        msg_id = s.execute(f"fut = stoppers.halt_here.call_one({str(done)!r})")
         s.io.wait_output(msg_id, "rank 0 stopped at")
     assert not done.exists()
     with kernel(kernelspec) as client:

@@ -61,6 +61,18 @@ class ActorInstance:
 
         return ProcMesh.from_ref(self.mesh) if self.mesh is not None else this_proc()
 
+    def abort(self, reason: str = "") -> None:
+        """Fail this actor with ``reason``, as Monarch's: its supervisor (the owner of
+        its mesh, else ``unhandled_fault_hook``) gets a supervision event carrying it, later
+        calls fail with it, and once the current message ends its concurrent endpoints are
+        cancelled and ``__cleanup__(exc)`` runs.  The endpoint that calls it goes on to its end::
+
+            context().actor_instance.abort("lost the data loader")
+        """
+        if not self.actor_id:
+            raise RuntimeError("abort() stops an actor; call it from an endpoint, not outside one")
+        Runtime.current().abort_actor(self.actor_id, reason)
+
     @property
     def proc(self) -> ProcMesh:
         """The one-rank slice of ``proc_mesh`` this actor runs on."""

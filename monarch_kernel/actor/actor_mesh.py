@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Generic, TypeVar
 
 from ..mesh.shape import Shape, Shaped
+from ..runtime.actors import STOP_METHOD
 from ..runtime.context import MeshRef
-from ..runtime.failure import MeshStopped
+from ..runtime.failure import MeshStopped, ProcessDied
 from ..runtime.process import Runtime
-from .endpoint import ENDPOINT_MARK, Endpoint
+from ..runtime.serialize import dumps
+from .endpoint import ENDPOINT_MARK, Endpoint, part_value
 
 
 def endpoint_names(cls) -> tuple[str, ...]:
@@ -89,6 +91,32 @@ class ActorMesh(Shaped, Generic[T]):
         return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
                          self._endpoints, self._shape.flatten(dim), self._proc_mesh,
                          initialized=self._initialized, owner=self._owner)
+
+    def stop(self):
+        """Stop these actors on every rank of the mesh, but not their processes, as
+        Monarch does: each finishes the messages sent before, its concurrent endpoints are
+        cancelled, ``__cleanup__(None)`` runs, and later calls to it fail saying it was
+        stopped.  A Future (awaitable) that resolves once every rank has stopped it::
+
+            await trainers.stop()      # or trainers.stop().get()
+        """
+        from .future import Future
+
+        pm = self._proc_mesh
+        if pm is not None and pm.stopped:
+            return Future.ready(None)  # its processes are gone, and the actors with them
+        ranks, name = list(self._shape.ranks), self._class_name
+        pending = Runtime.current().call(self._proc_ref, self._actor_id, STOP_METHOD, ranks, dumps(((), {})))
+
+        def stopped(parts) -> None:
+            for r in ranks:
+                try:
+                    part_value(parts[r], name, "stop")
+                except (ProcessDied, MeshStopped):
+                    continue  # no process, no actor to stop
+            return None
+
+        return Future(pending.completion, stopped, pending.inbox)
 
     def _check_running(self) -> None:
         pm = self._proc_mesh

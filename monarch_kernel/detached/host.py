@@ -62,7 +62,8 @@ class MeshHost(Actor):
         self.procs.restart(ranks, [(self.consoles, Console, (), {})])
 
     @endpoint
-    def stop(self) -> None:
+    def stop_mesh(self) -> None:
+        # Not ``stop``: ActorMesh.stop() (stopping the host actor itself) would hide it.
         self.procs.stop().get(timeout=30)
         self.done.set()
 

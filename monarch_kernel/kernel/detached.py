@@ -96,7 +96,7 @@ def stop(name: str, host) -> bool:
     record = records.read(name)
     alive = record is not None and record.alive()
     if alive:
-        host.stop.call_one().get(timeout=60)
+        host.stop_mesh.call_one().get(timeout=60)
     records.forget(name)
     return alive
 

@@ -14,20 +14,23 @@ import ctypes
 import inspect
 import os
 import queue
+import sys
 import threading
+import traceback
 from typing import Any
 
 import zmq
 from zmq.backend import zmq_poll
 
 from .completion import Completion
-from .context import MeshRef
+from .context import ActorContext, MeshRef, current_actor
 from .inbox import Inbox, actor_address
 
 POLLIN = int(zmq.POLLIN)
 
 ENDPOINT_MARK = "__monarch_endpoint__"
 CONCURRENT_MARK = "__monarch_concurrent__"
+STOP_METHOD = "__monarch_stop__"  # the message ActorMesh.stop() sends; never an endpoint's name
 _in_loop = threading.local()  # .loop: the actor loop this thread is running now, if any
 
 
@@ -61,6 +64,7 @@ class ActorSlot:
         self.loop: asyncio.AbstractEventLoop | None = None  # the worker's own, made on the worker
         self._tasks: set = set()  # concurrent endpoints still running
         self.deferring = False  # an async endpoint runs: new calls wait in the queue
+        self.halted = False  # its tasks were cancelled and __cleanup__ ran (or was tried)
 
     def submit(self, fn) -> None:
         """Run ``fn`` on this actor's worker, after what is already queued."""
@@ -182,6 +186,42 @@ class ActorSlot:
             self.inbox.close()
         if self._main is not None:
             self._main.release(self)
+
+    def halt(self, exc: BaseException | None) -> None:
+        """On the worker: the actor stops, as Monarch's does.  Its concurrent endpoints are
+        cancelled (their callers hear of it), then ``__cleanup__(exc)`` runs, sync or async;
+        what it raises is reported on stderr, never raised.  Then the instance is let go of,
+        so the actor's own finalizers can run.  Once only."""
+        if self.halted:
+            return
+        self.halted = True
+        loop = self.loop
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks and loop is not None and not loop.is_running():
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        obj, self.instance = self.instance, None
+        fn = getattr(obj, "__cleanup__", None) if obj is not None else None
+        if fn is None:
+            return
+        token = current_actor.set(ActorContext(self.mesh, self.rank, self.actor_id, obj, self.rank, self.mesh.dims))
+        try:
+            with self.running():
+                result = fn(exc)
+                if inspect.isawaitable(result):
+                    if loop is None or loop.is_running():
+                        raise RuntimeError("an async __cleanup__ cannot run here: the actor's loop is busy")
+                    _in_loop.loop = loop
+                    try:
+                        loop.run_until_complete(result)
+                    finally:
+                        _in_loop.loop = None
+        except BaseException:  # noqa: BLE001  (user code: the stop must go on; the rank's stderr reaches the controller)
+            print(f"monarch_kernel: __cleanup__ of {type(obj).__qualname__} '{self.actor_id}' on rank "
+                  f"{self.rank} raised:\n{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
+        finally:
+            current_actor.reset(token)
 
     @contextlib.contextmanager
     def running(self):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import config, serialize, shm
+from . import config, finalize, serialize, shm
 from .actors import ActorSlot
 from .auth import DropCounts, Signer
 from .calling import Calling
@@ -114,6 +114,7 @@ class Runtime(Receiving, Calling, Serving):
         if process_mesh[0] is None:
             process_mesh[0], process_mesh[1] = self.self_mesh, 0
         self._closed = False
+        self._exiting = False
         io.call_soon(self.watch, self.inbox)
 
     def _dispatch(self, h: Header, body: list) -> None:
@@ -264,13 +265,26 @@ class Runtime(Receiving, Calling, Serving):
     # ------------------------------------------------------------ lifecycle
 
     def _stop_process(self) -> None:
-        for slot in self.actors.values():
-            slot.stop()
+        """Kind.STOP (ProcMesh.stop): the actors stop and run ``__cleanup__``, then the
+        process exits as an interpreter does (``finalize.py``), on a thread of its own so
+        that the IO thread still serves the calls cleanups make."""
+        if self._exiting:
+            return
+        self._exiting = True
+        threading.Thread(target=self._exit_normally, name="monarch-exit", daemon=True).start()
+
+    def _exit_normally(self) -> None:
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            finalize.stop_actors(list(self.actors.values()))
+            for slot in list(self.actors.values()):
+                slot.stop()
+            finalize.finalize()
         finally:
-            os._exit(0)
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(0)
 
     def stats(self) -> dict:
         d = self.drops

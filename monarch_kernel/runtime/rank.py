@@ -16,7 +16,7 @@ import os
 import pickle
 import sys
 
-from . import config, rank_logging
+from . import config, finalize, rank_logging
 from .context import process_mesh
 from .envelope import Header, Kind, Part, Status, join_parts
 from .failure import RemoteFailure
@@ -32,6 +32,7 @@ WATCHDOG_S = 1.0
 
 def run_rank(cfg: LaunchConfig, template_pid: int) -> None:
     sys.path[:] = cfg.sys_path
+    finalize.snapshot_modules()
     rank = cfg.rank
     ref = cfg.mesh
     try:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .actors import CONCURRENT_MARK, ActorSlot
+from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
 from .context import ActorContext, MeshRef, current_actor
 from .envelope import Header, Kind, Mode, Part, Status
-from .failure import RemoteFailure, SendFailed
+from .failure import MeshFailure, RemoteFailure, SendFailed
 from .serialize import describe_unpicklable, dumps
 from .tree import NodeState, split
 
@@ -39,8 +39,11 @@ class Serving:
         nodes: NodeTable
         ports: PortTable
 
+        host: str
+
         @staticmethod
         def target(mesh: MeshRef, rank: int, kind: int, actor: str) -> str: ...
+        def report_failure(self, mesh_id: str, failure: MeshFailure) -> None: ...
         def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool: ...
         def _send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "") -> None: ...
         def _check_size(self, frames: list, what: str) -> None: ...
@@ -140,6 +143,9 @@ class Serving:
 
     def _run_endpoint(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
         slot = self.actors.get(h.actor)
+        if slot is None and h.method == STOP_METHOD:
+            self._complete(h, me, Part(me, Status.OK, dumps(None)))  # nothing here to stop
+            return
         if slot is None:
             err = LookupError(
                 f"no actor {h.actor!r} on rank {me} of mesh '{mesh.name}' (it failed to spawn or was stopped)")
@@ -148,7 +154,10 @@ class Serving:
         if not slot.constructed.done():
             slot.constructed.add_done_callback(lambda _c: slot.submit(lambda: self._run_endpoint(h, body, mesh, me)))
             return
-        if slot.failure is not None:  # stopped by a broadcast's exception: say why, every time
+        if h.method == STOP_METHOD:
+            self._stop_actor(slot, h, mesh, me)
+            return
+        if slot.failure is not None:  # stopped (or failed): say why, every time
             self._complete(h, me, Part(me, slot.failure.status, slot.failure.frames))
             return
         if slot.instance is None:
@@ -183,6 +192,40 @@ class Serving:
             go()
         else:
             slot.submit(go)
+
+    def _stop_actor(self, slot: ActorSlot, h: Header, mesh: MeshRef, me: int) -> None:
+        """ActorMesh.stop() on this rank: after the messages before it, the actor stops
+        (``ActorSlot.halt``) and every later call fails saying so; its process lives on."""
+        def go():
+            if slot.failure is None:
+                cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
+                err = RuntimeError(f"Actor {cls} '{slot.actor_id}' on rank {me} of mesh '{mesh.name}' is "
+                                   f"stopped: ActorMesh.stop() stopped it. Spawn it again to call it.")
+                slot.failure = self._failure_part(me, h.actor, "stop", err)
+            slot.halt(None)
+            self._complete(h, me, Part(me, Status.OK, dumps(None)))
+        if slot.is_current() and not slot.deferring:
+            go()
+        else:
+            slot.submit(go)
+
+    def abort_actor(self, actor_id: str, reason: str) -> None:
+        """``context().actor_instance.abort(reason)``: the actor fails with ``reason``, as in
+        Monarch; later calls fail with it, its concurrent endpoints are cancelled and its
+        ``__cleanup__`` runs once the current message ends, and its supervisor hears."""
+        slot = self.actors.get(actor_id)
+        if slot is None:
+            raise LookupError(f"no actor {actor_id!r} in this process to abort")
+        if slot.failure is not None:
+            return  # it already stopped or failed: the first reason stands
+        mesh, me = slot.mesh, slot.rank
+        cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
+        err = RuntimeError(f"Actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' aborted: {reason}")
+        slot.failure = self._failure_part(me, actor_id, "abort", err)
+        slot.submit(lambda: slot.halt(err))
+        text = (f"actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' (host {self.host}) aborted: "
+                f"{reason}")
+        self.report_failure(mesh.id, MeshFailure(mesh.name, me, text, remote=slot.failure.load()))
 
     def _response_port(self, h: Header, me: int) -> tuple[int, tuple]:
         """For ``@endpoint(explicit_response_port=True)``: a port that answers this call."""
