@@ -111,6 +111,19 @@ def test_actor_mesh_stop_stops_the_actors_not_their_processes(tmp_path):
         assert asyncio.run(_await(kept.stop())) is None  # awaitable, and stopping twice is fine
 
 
+def test_stop_reaches_every_rank_through_the_tree(tmp_path):
+    log = str(tmp_path / "log")
+    with this_host().spawn_procs(per_host={"r": 12}) as procs:  # more ranks than the fanout (8)
+        kept = procs.spawn("kept", Kept, log)
+        kept.stop().get(timeout=30)
+        assert sorted(_lines(log)) == sorted(f"cleanup-NoneType:{r}" for r in range(12))
+        with pytest.raises(ActorError) as info:
+            kept.pid.call().get(timeout=30)
+        first = str(info.value).splitlines()
+        assert first[0] == f"Actor call {kept.actor_id} failed."
+        assert "ActorMesh.stop() stopped it. Spawn it again to call it." in first[1]
+
+
 async def _await(fut):
     return await fut
 

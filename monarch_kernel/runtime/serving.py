@@ -201,7 +201,7 @@ class Serving:
                 cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
                 err = RuntimeError(f"Actor {cls} '{slot.actor_id}' on rank {me} of mesh '{mesh.name}' is "
                                    f"stopped: ActorMesh.stop() stopped it. Spawn it again to call it.")
-                slot.failure = self._failure_part(me, h.actor, "stop", err)
+                slot.failure = self._failure_part(me, h.actor, "", err)  # no method: it answers every call
             slot.halt(None)
             self._complete(h, me, Part(me, Status.OK, dumps(None)))
         if slot.is_current() and not slot.deferring:
@@ -221,7 +221,7 @@ class Serving:
         mesh, me = slot.mesh, slot.rank
         cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
         err = RuntimeError(f"Actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' aborted: {reason}")
-        slot.failure = self._failure_part(me, actor_id, "abort", err)
+        slot.failure = self._failure_part(me, actor_id, "", err)
         slot.submit(lambda: slot.halt(err))
         text = (f"actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' (host {self.host}) aborted: "
                 f"{reason}")
