@@ -380,7 +380,11 @@ class PdbHub:
             return
         from .pdb_rank import PdbSetup
 
-        self.api_meshes[procs.name] = (procs, procs.spawn("mesh_pdb", PdbSetup, self.port, self.post_mortem))
+        setup = procs.spawn("mesh_pdb", PdbSetup, self.port, self.post_mortem)
+        # Spawning is asynchronous: wait, so that a breakpoint in the user's first call (on
+        # another actor, with a worker of its own) already finds pdb set up on its rank.
+        setup.initialized().get(timeout=60)
+        self.api_meshes[procs.name] = (procs, setup)
 
     def cell_options(self) -> dict:
         """What a %%mesh cell's console needs: ``pdb_port`` and ``post_mortem``."""

@@ -7,12 +7,15 @@ A mixin of ``Runtime``; it uses the runtime's transport, node table, actors and 
 
 from __future__ import annotations
 
+import os
+import pickle
+import socket
 from typing import TYPE_CHECKING
 
 from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
 from .context import ActorContext, MeshRef, current_actor
 from .envelope import Header, Kind, Mode, Part, Status
-from .failure import MeshFailure, RemoteFailure, SendFailed
+from .failure import DeathInfo, MeshFailure, RemoteFailure, SendFailed
 from .serialize import describe_unpicklable, dumps
 from .tree import NodeState, split
 
@@ -159,6 +162,11 @@ class Serving:
             return
         if slot.failure is not None:  # stopped (or failed): say why, every time
             self._complete(h, me, Part(me, slot.failure.status, slot.failure.frames))
+            return
+        if slot.halted and slot.failure is None:
+            # Its procs are stopping (the rank exits next): the caller hears "stopped".
+            info = DeathInfo(mesh.name, me, os.getpid(), socket.gethostname(), stopped=True)
+            self._complete(h, me, Part(me, Status.STOPPED, [pickle.dumps(info)]))
             return
         if slot.instance is None:
             if slot.init_failure is not None:
