@@ -326,7 +326,6 @@ class Supervisor:
                 except Exception as e:
                     decided(False, e)
 
-            slot = rt.actors.get(owner.actor)
             if slot is not None:
                 slot.submit(run_sync)
             else:
