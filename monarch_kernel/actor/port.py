@@ -92,4 +92,4 @@ class Channel(Generic[R]):
         rt = Runtime.current()
         receiver: PortReceiver[R] = PortReceiver()
         port_id = rt.ports.open(receiver._deliver, once=once)
-        return Port(rt.address, port_id), receiver
+        return Port(rt.port_address, port_id), receiver

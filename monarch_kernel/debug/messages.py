@@ -6,7 +6,9 @@ I/O, and a malformed pdb message is a ``ValueError``, never a guess.
 
 pdb, rank -> kernel (the pdb hub's port): ``Stopped``, ``Prompt``, ``Resumed``, ``Ended``;
 kernel -> rank (the session's reply port): ``Reply``.  DAP, kernel <-> a rank's debugpy
-(framed by ``dap.py``): ``DapRequest``, ``DapResponse``, ``DapEvent``.
+(framed by ``dap.py``): ``DapRequest``, ``DapResponse``, ``DapEvent``; the tunnel that
+carries them (``relay.py`` -> the kernel's port): ``DapFrames``, ``DapClosed``; and where a
+rank runs (``RankHost``).
 
 >>> Prompt.decode(Prompt("m", 1, 2, "> x\\n").encode()) == Prompt("m", 1, 2, "> x\\n")
 True
@@ -227,3 +229,63 @@ def decode_dap(msg: dict) -> DapRequest | DapResponse | DapEvent | None:
     """A DAP message by its ``type``; None for a type the spec does not have."""
     cls = DAP_MESSAGES.get(str(msg.get("type"))) if isinstance(msg, dict) else None
     return cls.decode(msg) if cls is not None else None
+
+
+# ---------------------------------------------------------------- the DAP tunnel
+#
+# The kernel never connects to a rank's debugpy: the rank's relay does, on the rank's own
+# loopback, and sends what debugpy says to a port of the kernel's.
+
+
+@dataclass
+class DapFrames(_PdbMessage):
+    """The DAP messages one read from a rank's debugpy produced, in order (relay -> kernel)."""
+
+    KIND: ClassVar[str] = "dap.frames"
+
+    link: int
+    messages: list
+
+
+@dataclass
+class DapClosed(_PdbMessage):
+    """The relay's connection to debugpy ended (sent after its last ``DapFrames``)."""
+
+    KIND: ClassVar[str] = "dap.closed"
+
+    link: int
+    reason: str
+
+
+TUNNEL_MESSAGES = {cls.KIND: cls for cls in (DapFrames, DapClosed)}
+
+
+def decode_tunnel(obj) -> DapFrames | DapClosed:
+    """A message a rank's relay sent to the kernel's tunnel port."""
+    cls = TUNNEL_MESSAGES.get(str(obj.get("kind"))) if isinstance(obj, dict) else None
+    if cls is None:
+        raise ValueError(f"not a DAP tunnel message from a rank: {obj!r:.200}")
+    return cls.decode(obj)
+
+
+@dataclass
+class RankHost:
+    """Where a rank runs: its host name, its host identity (boot id and network namespace,
+    as ``runtime.hosts.host_key``) and its IPv4 addresses, loopback last."""
+
+    KIND: ClassVar[str] = "rank.host"
+
+    hostname: str
+    host_key: str
+    addresses: tuple = ()
+
+    def encode(self) -> dict:
+        return {"kind": self.KIND, "hostname": self.hostname, "host_key": self.host_key,
+                "addresses": list(self.addresses)}
+
+    @classmethod
+    def decode(cls, obj) -> RankHost:
+        values = _check(cls, obj, cls.KIND)
+        values["addresses"] = tuple(values["addresses"])
+        return cls(**values)
+

@@ -3,8 +3,9 @@
 R's debugpy (``RankTarget``), and the functions the ``%mesh`` magics call.
 
 Runs in the kernel.  Requests arrive on the control channel as ``debug_request``; with a
-rank chosen they go to that rank's debugpy over TCP and its events come back as
-``debug_event``.  Switching ranks repeats the frontend's handshake (initialize, attach,
+rank chosen they go to that rank's debugpy through the rank's relay (``tunnel.py``: actor
+messages on the job's own connection, never a socket to the rank's debug port) and its
+events come back as ``debug_event``.  Switching ranks repeats the frontend's handshake (initialize, attach,
 breakpoints) on the new target, and is refused while the current one is stopped, so it
 never leaves a rank suspended.
 """
@@ -14,16 +15,35 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import socket
 import uuid
+from dataclasses import dataclass
+from typing import Any
 
 from ipykernel.debugger import Debugger
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
+from ..runtime import hosts
 from .inspector import Inspector
+from .messages import RankHost
 from .rank_target import INSPECT_TIMEOUT_S, REPLY_TIMEOUT_S, FrontendState, RankTarget
+from .relay import DapRelay
 
-_inspectors: dict = {}  # (mesh id, rank) -> (Inspector actor, the rank's debugpy port)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class RankHelpers:
+    """The actors the kernel keeps on a debugged rank, and what it learnt of the rank."""
+
+    inspector: Any  # Inspector: the variable panel while the rank runs
+    relay: Any  # DapRelay: the DAP session's way to the rank's debugpy
+    port: int = 0  # where the rank's debugpy listens (a new one means the rank was restarted)
+    host: RankHost | None = None
+
+
+_helpers: dict[tuple[str, int], RankHelpers] = {}  # (mesh id, rank) -> its helpers
 
 
 class MeshDebugger(Debugger):
@@ -158,31 +178,89 @@ def command(session, shell, args: list[str]) -> None:
     one = consoles.slice(ranks=rank)
     want = host or "127.0.0.1"
     key = (procs.ref.id, rank)
-    known = _inspectors.get(key)
-    if known is None:
+    helpers = _helpers.get(key)
+    fresh = None
+    if helpers is None:
         # Spawned before debugpy starts on the rank: an actor thread started after it
         # makes an interrupt of a rank stopped at a breakpoint land a line late.
-        inspector = procs.slice(ranks=rank).spawn(f"inspector-{uuid.uuid4().hex[:8]}", Inspector)
+        fresh = _spawn_helpers(procs, rank)
     got_host, port = one.debug_listen.call_one(want).get(timeout=REPLY_TIMEOUT_S)
-    if known is not None:
-        inspector, known_port = known
-        if known_port != port:  # the rank was restarted: its inspector went with it
-            inspector = procs.slice(ranks=rank).spawn(f"inspector-{uuid.uuid4().hex[:8]}", Inspector)
-    _inspectors[key] = (inspector, port)
+    if helpers is not None and helpers.port != port:  # the rank was restarted: its helpers went with it
+        fresh = _spawn_helpers(procs, rank)
+    if fresh is not None:
+        fresh.port = port
+        fresh.host = RankHost.decode(fresh.relay.where.call_one().get(timeout=REPLY_TIMEOUT_S))
+        helpers = _helpers[key] = fresh
+    assert helpers is not None and helpers.host is not None
+    mesh_host = procs.ref.hosts[rank] if rank < len(procs.ref.hosts) else ""
+    remote = is_remote(helpers.host, mesh_host)
     if listen:
         if got_host != want:
             print(f"note: rank {rank}'s debugpy already listens on {got_host}; a rank starts debugpy once, "
                   f"so --host applies only the first time (restart the rank to change it)")
-        print(launch_config(procs.name, rank, got_host, port))
+        if not remote:
+            print(launch_config(procs.name, rank, got_host, port))
+            return
+        where = ssh_host(helpers.host, mesh_host)
+        if got_host not in LOOPBACK:
+            print(launch_config(procs.name, rank, where if got_host in ("0.0.0.0", "::") else got_host, port))
+            return
+        local_port = free_local_port()
+        print(f"rank {rank} runs on {where}, where its debugpy listens on {got_host}:{port} only.  Forward a "
+              f"port to it first, from the machine VS Code runs on (leave it running):\n"
+              f"  {ssh_forward(local_port, got_host, port, where)}")
+        print(launch_config(procs.name, rank, "127.0.0.1", local_port))
         return
     dbg = _kernel_debugger(shell)
     current = dbg.target
     if current is not None and (current.mesh, current.rank) == (procs.name, rank) and current.conn is not None:
         print(f"JupyterLab's debugger is already on {current.label}")
         return
-    dbg.switch(RankTarget(inspector, procs.name, rank, (got_host, port), dbg.event_callback))
-    print(f"JupyterLab's debugger now debugs rank {rank} (its debugpy listens on {got_host}:{port}): "
-          f"set breakpoints in %%mesh cells and run them.  %mesh debug off goes back to the kernel.")
+    dbg.switch(RankTarget(helpers.inspector, procs.name, rank, (got_host, port), dbg.event_callback,
+                          relay=helpers.relay, remote=remote))
+    on = f" on {ssh_host(helpers.host, mesh_host)}" if remote else ""
+    print(f"JupyterLab's debugger now debugs rank {rank} (its debugpy listens on {got_host}:{port}{on}; the kernel "
+          f"reaches it through the mesh's own connection): set breakpoints in %%mesh cells and run them.  "
+          f"%mesh debug off goes back to the kernel.")
+
+
+def _spawn_helpers(procs, rank: int) -> RankHelpers:
+    one = procs.slice(ranks=rank)
+    tag = uuid.uuid4().hex[:8]
+    return RankHelpers(one.spawn(f"inspector-{tag}", Inspector), one.spawn(f"dap-relay-{tag}", DapRelay))
+
+
+def is_remote(rank_host: RankHost, mesh_host: str = "") -> bool:
+    """Whether a rank runs on another host than the kernel: another machine (its name, or
+    the mesh's record of it, differs) or another network namespace (its loopback is not ours)."""
+    here = socket.gethostname()
+    return (rank_host.host_key != hosts.host_key() or rank_host.hostname != here
+            or bool(mesh_host) and mesh_host != here)
+
+
+def ssh_host(rank_host: RankHost, mesh_host: str = "") -> str:
+    """What to ``ssh`` to for a rank's host: the mesh's name for it, else the rank's own
+    name, unless that is this machine's too (a container or network namespace here): then
+    its first address that is not loopback."""
+    here = socket.gethostname()
+    if mesh_host and mesh_host != here:
+        return mesh_host
+    if rank_host.hostname != here:
+        return rank_host.hostname
+    return next((a for a in rank_host.addresses if not a.startswith("127.")), rank_host.hostname)
+
+
+def ssh_forward(local_port: int, rank_host: str, rank_port: int, ssh_to: str) -> str:
+    """The ssh command that makes a rank's loopback-only debugpy reachable at
+    127.0.0.1:``local_port``."""
+    return f"ssh -N -L {local_port}:{rank_host}:{rank_port} {ssh_to}"
+
+
+def free_local_port() -> int:
+    """A TCP port free on this machine's loopback now (for the local end of a forward)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def forget_mesh(shell, mesh: str) -> None:

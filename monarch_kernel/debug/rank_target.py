@@ -1,7 +1,7 @@
 """One rank's debugpy, driven for JupyterLab: ``RankTarget`` answers the frontend's DAP
-requests for the rank chosen with ``%mesh debug R`` (forwarding what debugpy knows, and the
-Jupyter extras through the rank's ``Inspector``), and ``FrontendState`` remembers what the
-frontend set up so a new target can be given the same.
+requests for the rank chosen with ``%mesh debug R`` (forwarding what debugpy knows through
+the rank's relay, and the Jupyter extras through the rank's ``Inspector``), and
+``FrontendState`` remembers what the frontend set up so a new target can be given the same.
 
 Runs in the kernel, off its control loop (requests block on the rank).  It must never leave
 a rank suspended when it lets go of it, and never step into the runtime's own frames.
@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from ipykernel.compiler import get_file_name, get_tmp_directory, get_tmp_hash_seed
 
 from . import rank_debugpy
-from .dap import DapConnection
+from .dap import DapClient
 from .inspector import visible
 from .messages import DapEvent, DapResponse
+from .tunnel import TunnelConnection
 
 REPLY_TIMEOUT_S = 60.0
 INSPECT_TIMEOUT_S = 5.0  # the variable panel asks often: never hold the other requests up long
@@ -60,13 +61,16 @@ class FrontendState:
 class RankTarget:
     """One rank's debugpy, driven for the frontend.  Blocking; run off the control loop."""
 
-    def __init__(self, inspector, mesh: str, rank: int, address: tuple[str, int], publish):
+    def __init__(self, inspector, mesh: str, rank: int, address: tuple[str, int], publish,
+                 relay=None, remote: bool = False):
         self.inspector = inspector  # this rank's Inspector actor: answers while the console is busy
+        self.relay = relay  # this rank's DapRelay actor: the DAP session goes through it
         self.mesh, self.rank = mesh, rank
-        self.address = address
+        self.address = address  # where debugpy listens, as the rank sees it (its own loopback)
+        self.remote = remote  # the rank runs on another host: its files are not ours
         self._publish = publish
         self.current = True  # events reach the frontend only while this is the target
-        self.conn: DapConnection | None = None
+        self.conn: DapClient | None = None
         self.capabilities: dict | None = None
         self.attached = False
         self.stopped_threads: set = set()
@@ -110,7 +114,9 @@ class RankTarget:
     def connect(self, initialize_args: dict | None) -> dict:
         with self._lock:
             if self.conn is None:
-                self.conn = DapConnection(*self.address, self._on_event, self._on_close)
+                if self.relay is None:
+                    raise ConnectionError(f"{self.label} has no relay to its debugpy; type  %mesh debug {self.rank}")
+                self.conn = TunnelConnection(self.relay, self.label, self._on_event, self._on_close)
                 self._initialized = concurrent.futures.Future()
                 self.attached = False
                 self.capabilities = self.request("initialize", initialize_args or {
@@ -207,7 +213,7 @@ class RankTarget:
         code = args["code"]
         path = get_file_name(code)
         rank_debugpy.write_source(path, code)
-        if self.address[0] not in ("127.0.0.1", "localhost", "::1") and not self.stopped_threads:
+        if self.remote and not self.stopped_threads:
             # Another host: put the file there too (a stopped console cannot take the call;
             # the rank writes each cell it runs itself anyway).
             self.inspector.write_source.call_one(path, code).get(timeout=INSPECT_TIMEOUT_S)

@@ -8,6 +8,7 @@ a ``UsageError`` that says what to type instead.  Runs in the kernel.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 
 from IPython.core.display_functions import display
@@ -95,6 +96,12 @@ def _restart():
     """replace dead ranks (same numbers, fresh namespaces)"""
 
 
+@magic_arguments(name="mesh sync")
+@argument("path", nargs="?", help="the folder (default: the kernel's working directory)")
+def _sync():
+    """send a folder's changed files to the ranks' hosts and re-import them there"""
+
+
 @magic_arguments(name="mesh push")
 @argument("pairs", nargs="+", metavar="name=expr")
 def _push():
@@ -147,7 +154,7 @@ def _cell():
 
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
-            "status": _status, "restart": _restart, "push": _push, "pull": _pull,
+            "status": _status, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb}
 
 
@@ -305,6 +312,14 @@ class MeshMagics(Magics):
         else:
             procs.restart(ranks, [(consoles, Console, (), {})])
         print(f"restarted {rank_label(ranks)} with fresh namespaces")
+
+    def _cmd_sync(self, a):
+        procs, _consoles = self.session.get()
+        path = os.path.expanduser(a.path) if a.path else os.getcwd()
+        if not os.path.isdir(path):
+            raise UsageError(f"{a.path!r} is not a folder; type  %mesh sync [path]  "
+                             "(a folder of your code; default: the kernel's working directory)")
+        print(procs.sync_workspace(path))
 
     def _cmd_auto(self, a):
         self.session.get()

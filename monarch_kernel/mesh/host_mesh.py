@@ -24,9 +24,22 @@ RANK_MODULES = tuple(f"monarch_kernel.{m}" for m in (
 
 
 class HostMesh:
-    def __init__(self, hosts: int = 1, python_executable: str | None = None):
-        self._hosts = hosts
+    """Hosts procs are started on: this machine (``this_host()``), or the hosts of a job
+    (``monarch_kernel.job``), each running an agent that forks ranks there."""
+
+    def __init__(self, hosts: int = 1, python_executable: str | None = None, agents: list | None = None):
+        self._hosts = len(agents) if agents else hosts
         self._python = python_executable  # None: the controller's own interpreter
+        self._agents = list(agents) if agents else None  # the runtime's links to the hosts' agents
+
+    @property
+    def host_names(self) -> list[str]:
+        """The hosts, as the job names them (this machine's name for ``this_host()``)."""
+        if self._agents is None:
+            import socket
+
+            return [socket.gethostname()]
+        return [a.host for a in self._agents]
 
     @property
     def extent(self) -> Extent:
@@ -43,6 +56,9 @@ class HostMesh:
         be able to import monarch_kernel; ranks still get the controller's ``sys.path``."""
         if not isinstance(python_executable, str) or not python_executable:
             raise TypeError(f"with_python_executable takes a path to an interpreter, not {python_executable!r}")
+        if self._agents is not None:
+            raise ValueError("the interpreter of a job's hosts is the job's: SSHJob(python_exe=...), "
+                             "SlurmJob(python_exe=...)")
         return HostMesh(self._hosts, python_executable)
 
     def spawn_procs(self, per_host: dict | None = None, bootstrap: Callable[[], Any] | None = None,
@@ -63,8 +79,11 @@ class HostMesh:
         route_unhandled(rt)
         publish_registry(rt)
         rt.warm(RANK_MODULES)
-        om = rt.launcher.spawn(name, tuple(per_host.items()), env, bootstrap=pickled, python=self._python)
-        pm = ProcMesh(om.ref, Shape.full(per_host), om)
+        dims = tuple(per_host.items())
+        if self._agents is not None:
+            dims = (("hosts", len(self._agents)),) + dims
+        om = rt.launcher.spawn(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents)
+        pm = ProcMesh(om.ref, Shape.full(dict(dims)), om)
         if rt.io.is_current():
             return pm
         timeout = config.spawn_timeout() if timeout is None else timeout

@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 
 from ..actor.actor_mesh import ActorMesh, endpoint_names
@@ -194,6 +195,21 @@ class ProcMesh(Shaped):
         from .logging_option import set_logging
 
         await set_logging(self, stream_to_client, aggregate_window_sec, level)
+
+    def sync_workspace(self, path=None, *, auto_reload: bool = True, exclude=(), max_file_size: int = 8 << 20,
+                       timeout: float = 60.0):
+        """Send the changed files of folder ``path`` (default: the current directory) to
+        each host of this mesh, into a per-job copy first on every rank's ``sys.path``, and
+        re-import the modules whose files changed (``auto_reload``, Monarch's name).  Blocks;
+        returns a ``WorkspaceSync`` (one ``HostSync`` per host: files sent, bytes, deleted,
+        unchanged, modules reloaded)::
+
+            procs.sync_workspace("~/project/src")      # then: import mymod, on any rank
+        """
+        from .workspace import sync_workspace
+
+        return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
+                              auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
 
     def __enter__(self) -> ProcMesh:
         return self

@@ -154,7 +154,12 @@ class ActorSlot:
         rt = self.runtime
         self.loop = asyncio.new_event_loop()
         os.set_blocking(self._wake_r, False)
-        self.inbox = Inbox(rt.ctx, actor_address(self.mesh.addresses[self.rank], self.actor_id))
+        address = actor_address(self.mesh.addresses[self.rank], self.actor_id)
+        if address == self.mesh.addresses[self.rank]:
+            # A TCP rank: its actors' calls come in through the main inbox (the IO thread
+            # submits them here); this inproc inbox only gathers answers of forwarded calls.
+            address = f"inproc://actor-{id(self)}"
+        self.inbox = Inbox(rt.ctx, address)
         watch = [(self.inbox.sock, POLLIN), (self._wake_r, POLLIN)]
         while True:
             while True:

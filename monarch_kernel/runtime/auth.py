@@ -44,6 +44,7 @@ class DropCounts:
     truncated: int = 0
     oversized: int = 0
     malformed: int = 0
+    curve: int = 0  # connections refused for lacking the job's Curve key (never read at all)
     by_reason: dict = field(default_factory=dict)
 
     def count(self, reason: str) -> None:

@@ -52,6 +52,7 @@ class Calling:
         _unsent_reported: set[str]
 
         def reply_inbox(self) -> Inbox: ...
+        def from_address(self, inbox: Inbox, dest: str) -> str: ...
 
     def call(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list,
              *, kind: int = Kind.CALL, mode: int = Mode.GATHER, slice_info=None,
@@ -67,7 +68,8 @@ class Calling:
         self._check_size(body, f"the arguments of {method}")
         alive = [r for r in ranks if (mesh.id, r) not in self.dead]
         inbox = self.inbox if (on_part is not None or callbacks) else self.reply_inbox()
-        h = Header(kind, next(self._ids), inbox.address, inbox.address, mesh.id, actor, method,
+        origin = self.from_address(inbox, mesh.addresses[0]) if mesh.addresses else inbox.address
+        h = Header(kind, next(self._ids), origin, origin, mesh.id, actor, method,
                    [], fanout, mode, False, 0, [], slice_info if extra is None else extra)
         h.parts = [[-1, Status.OK, len(body) - 1]]
         call = PendingCall(self, h, mesh, alive, body, on_part)
@@ -103,13 +105,14 @@ class Calling:
                      origin: str | None = None) -> None:
         """A small message to a rank; ``origin`` names the inbox a call was made from, which
         is how ranks file the calls they serve."""
-        origin = origin or self.address
+        origin = origin or self.from_address(self.inbox, mesh.addresses[rank])
         h = Header(kind, call_id, origin, origin, mesh.id, ranks=[rank], extra=extra)
         self.send_or_report(mesh.addresses[rank], h, [], f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'")
 
     def send_object(self, address: str, kind: int, mesh_id: str, obj) -> None:
         body = dumps(obj)
-        h = Header(kind, 0, self.address, self.address, mesh_id)
+        me = self.from_address(self.inbox, address)
+        h = Header(kind, 0, me, me, mesh_id)
         h.parts = [[0, Status.OK, len(body) - 1]]
         self.send_or_report(address, h, body, f"a {Kind(kind).name} report")
 
@@ -129,7 +132,8 @@ class Calling:
         parts = split_parts(h, body)
         if h.hop == 0:
             call = self.calls.get(h.call_id)
-            if call is not None and call.inbox is not None and h.origin == call.inbox.address:
+            if call is not None and call.inbox is not None and (
+                    h.origin == call.inbox.address or h.origin == call.inbox.net_address):
                 call.add(parts)
             return
         st = self.nodes.add((h.origin, h.call_id), h.ranks[0], parts)
@@ -170,8 +174,9 @@ class Calling:
 
             port_id = self.ports.open(ack, once=False)
         for r in alive:
-            h = Header(Kind.INTERRUPT, 0, self.address, self.address, mesh.id, actor, ranks=[r],
-                       extra=None if port_id is None else [self.address, port_id])
+            me = self.from_address(self.inbox, mesh.addresses[r])
+            h = Header(Kind.INTERRUPT, 0, me, me, mesh.id, actor, ranks=[r],
+                       extra=None if port_id is None else [me, port_id])
             self.send_or_report(mesh.addresses[r], h, [], f"an interrupt for rank {r} of mesh '{mesh.name}'")
         if port_id is None:
             return True
@@ -188,10 +193,11 @@ class Calling:
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
         a mesh that process belongs to, whose key signs the message (default: our own)."""
-        if address == self.address:
+        if address == self.address or address == self.inbox.net_address:
             self.io.call_soon(self.ports.deliver, port_id, part)
             return
         # By default sign as a member of this process's mesh: whoever opened the port talks
         # to that mesh, so it holds its key even when the mesh is another job's (detached).
-        h = Header(Kind.PORT, port_id, self.address, address, mesh_id or (process_mesh[0] or self.self_mesh).id)
+        me = self.from_address(self.inbox, address)
+        h = Header(Kind.PORT, port_id, me, address, mesh_id or (process_mesh[0] or self.self_mesh).id)
         self.transport.send(address, h, join_parts(h, [part]))

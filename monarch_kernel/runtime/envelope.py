@@ -37,6 +37,7 @@ class Kind(enum.IntEnum):
     INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
     REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
     HEARTBEAT = 15  # rank -> owner, every second: still here
+    HOST = 16  # controller <-> the agent of one of its hosts: one agent_wire message (msgpack)
 
 
 class Mode(enum.IntEnum):

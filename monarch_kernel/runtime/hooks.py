@@ -130,6 +130,13 @@ def _print_unhandled(failure: MeshFailure) -> None:
     print(f"monarch_kernel: unhandled failure: {failure}", file=sys.stderr, flush=True)
 
 
+class HostHook(Protocol):
+    """Installed by a host's agent (``monarch_kernel.agent``): called on the IO thread with
+    each authenticated ``agent_wire`` message from the controller, and the address it came from."""
+
+    def __call__(self, origin: str, msg: dict, /) -> None: ...
+
+
 class Hooks:
     """Every hook of one runtime.  Who calls each, and when, is in its Protocol above."""
 
@@ -140,6 +147,7 @@ class Hooks:
         self.wait: HookPoint[WaitHook] = HookPoint("wait", multi=False)
         self.endpoint_error: HookPoint[EndpointErrorHook] = HookPoint("endpoint_error", multi=False)
         self.spawned: HookPoint[SpawnedHook] = HookPoint("spawned", multi=True)
+        self.host: HookPoint[HostHook] = HookPoint("host", multi=False)
         self._patch_lock = threading.Lock()
 
     def patch(self, owner: Any, name: str, value: Any) -> Handle:

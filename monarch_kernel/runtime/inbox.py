@@ -16,23 +16,43 @@ import threading
 import zmq
 from zmq.backend import zmq_poll
 
+from .curve import CurveKeys
+
 # Plain ints: pyzmq's flag enums cost more to combine than the calls they modify.
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
 
 
 class Inbox:
-    __slots__ = ("sock", "address", "lease", "missed", "watched", "__weakref__")
+    """``address`` is where it listens (``tcp://ip:*`` picks a port; TCP binds serve Curve with
+    ``curve``); ``net_address``, once ``listen_tcp`` ran, is a second, TCP, address of the
+    same socket for peers on other hosts."""
 
-    def __init__(self, ctx: zmq.Context, address: str):
+    __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "__weakref__")
+
+    def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None):
         self.sock = ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        tcp = address.startswith("tcp://")
+        if tcp and curve is not None:
+            curve.serve(self.sock)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.net_address: str | None = self.address if tcp else None
         self.lease = threading.Lock()
         self.missed = False  # the IO thread found it readable while someone else held it
         self.watched = False  # the IO thread polls it too
+
+    def listen_tcp(self, ip: str, curve: CurveKeys | None) -> str:
+        """Also listen on ``tcp://ip:<free port>`` (a Curve server when ``curve`` is given;
+        the ipc bind keeps its plain options); returns that address."""
+        if self.net_address is None:
+            if curve is not None:
+                curve.serve(self.sock)
+            self.sock.bind(f"tcp://{ip}:*")
+            self.net_address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.net_address
 
     def recv(self):
         """One message's frames, or None when nothing is waiting."""
@@ -57,5 +77,8 @@ class Inbox:
 
 @functools.lru_cache(maxsize=4096)
 def actor_address(base: str, actor: str) -> str:
-    """Where an actor's inbox on the rank whose main inbox is ``base`` listens."""
+    """Where an actor's inbox on the rank whose main inbox is ``base`` listens.  A rank on a
+    TCP address has one port: its actors' calls reach the main inbox, which hands them on."""
+    if base.startswith("tcp://"):
+        return base
     return f"{base}.{hashlib.blake2b(actor.encode(), digest_size=5).hexdigest()}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .context import MeshRef
+from .curve import CurveKeys
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class LaunchConfig:
     True
     >>> cfg = LaunchConfig(b"k" * 32, "/r", "ipc:///r/c", 0, ref, (), "/", {}, 8, bootstrap=b"fn",
     ...                    job_ports={"controllers": ("ipc:///r/c", 3)})
+    >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
+    True
+    >>> cfg = LaunchConfig(b"k" * 32, "/r", "tcp://10.0.0.2:5000", 0, ref, (), "/", {}, 8,
+    ...                    curve=CurveKeys(b"a" * 40, b"b" * 40, b"c" * 40, b"d" * 40), address="tcp://10.0.0.3:6000")
     >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
     True
     """
@@ -39,6 +44,8 @@ class LaunchConfig:
     cleanup_dirs: tuple = field(default=())  # the template removes these when it ends
     bootstrap: bytes | None = None  # a pickled function the rank runs before it says hello
     job_ports: dict = field(default_factory=dict)  # name -> (address, port id), job-wide ports
+    curve: CurveKeys | None = None  # the job's Curve keys: for TCP links (ranks on other hosts)
+    address: str | None = None  # where the rank's inbox listens, when not ipc under rundir (TCP)
 
     def to_wire(self) -> dict:
         """A msgpack-friendly dict (``key`` stays bytes: msgpack carries it, JSON would not)."""
@@ -48,6 +55,7 @@ class LaunchConfig:
             "env": dict(self.env), "fanout": self.fanout, "master_port": self.master_port,
             "cleanup_dirs": list(self.cleanup_dirs), "bootstrap": self.bootstrap,
             "job_ports": {k: list(v) for k, v in self.job_ports.items()},
+            "curve": self.curve.to_wire() if self.curve is not None else None, "address": self.address,
         }
 
     @classmethod
@@ -58,4 +66,5 @@ class LaunchConfig:
             env=dict(d.get("env") or {}), fanout=d["fanout"], master_port=d.get("master_port"),
             cleanup_dirs=tuple(d.get("cleanup_dirs") or ()), bootstrap=d.get("bootstrap"),
             job_ports={k: tuple(v) for k, v in (d.get("job_ports") or {}).items()},
+            curve=CurveKeys.from_wire(d["curve"]) if d.get("curve") else None, address=d.get("address"),
         )

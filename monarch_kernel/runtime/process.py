@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import config, finalize, serialize, shm
+from . import agent_wire, config, finalize, serialize, shm
 from .actors import ActorSlot
 from .auth import DropCounts, Signer
 from .calling import Calling
 from .calls import PendingCall
 from .context import MeshRef, process_mesh
+from .curve import CurveKeys, Gatekeeper
 from .envelope import Header, Kind, Part, Status, split_parts
 from .failure import DeathInfo, MeshFailure
 from .hooks import Hooks
@@ -64,12 +65,18 @@ class Runtime(Receiving, Calling, Serving):
     def _new_controller(cls) -> Runtime:
         rundir = tempfile.mkdtemp(prefix="mk-")
         os.chmod(rundir, 0o700)
-        rt = cls(secrets.token_bytes(32), rundir, f"c{os.getpid()}", IOThread(), owner=None)
+        # Curve keys from the start: ranks inherit them, so any of them can reach a TCP peer
+        # later (a job's hosts); nothing listens on TCP until listen_network().
+        rt = cls(secrets.token_bytes(32), rundir, f"c{os.getpid()}", IOThread(), owner=None,
+                 curve=CurveKeys.generate())
         rt._owns_rundir = True
         atexit.register(rt.shutdown)
         return rt
 
-    def __init__(self, key: bytes, rundir: str, name: str, io: IOThread, owner: str | None):
+    def __init__(self, key: bytes, rundir: str, name: str, io: IOThread, owner: str | None,
+                 address: str | None = None, curve: CurveKeys | None = None):
+        """``address``: where the main inbox listens (default ``ipc://rundir/name``); a TCP
+        address makes every inbox of this process TCP, served with ``curve``."""
         self.key = key
         self.rundir = rundir
         self._owns_rundir = False
@@ -78,7 +85,17 @@ class Runtime(Receiving, Calling, Serving):
         self.signer = Signer(key, max_frame=config.max_frame())
         self.transport = Transport(self.ctx, self.signer)
         self.transport.io_thread = io.thread
-        self.inbox = Inbox(self.ctx, f"ipc://{rundir}/{name}")
+        self.curve: CurveKeys | None = None
+        self.gatekeeper: Gatekeeper | None = None
+        self.bind_ip: str | None = None  # set once this process has TCP inboxes
+        self.curve = self.transport.curve = curve
+        tcp = bool(address and address.startswith("tcp://"))
+        if tcp:
+            assert curve is not None, "a TCP inbox needs the job's Curve keys"
+            self._guard(io)
+        self.inbox = Inbox(self.ctx, address or f"ipc://{rundir}/{name}", self.curve)
+        if tcp:
+            self.bind_ip = self.inbox.address[len("tcp://"):].rsplit(":", 1)[0]
         self.transport.inbox = self.inbox.sock  # the main inbox, for tools that poke at it
         self.address = self.inbox.address
         self._local = threading.local()
@@ -147,6 +164,14 @@ class Runtime(Receiving, Calling, Serving):
             self.launcher.on_heartbeat(h.mesh, h.ranks[0] if h.ranks else -1)
         elif k == Kind.WAKE:
             pass
+        elif k == Kind.HOST:
+            msg = agent_wire.decode(h, body)
+            if msg is None:
+                self.drops.count("malformed")
+            elif (agent := self.hooks.host.current()) is not None:  # this process is a host's agent
+                agent(h.origin, msg)
+            else:
+                self.launcher.on_host(h.origin, h.mesh, msg)
         elif k == Kind.REVIVE:
             mesh_id, rank = h.extra
             self.dead.pop((mesh_id, rank), None)
@@ -248,6 +273,56 @@ class Runtime(Receiving, Calling, Serving):
             if name not in self.warm_modules:
                 self.warm_modules.append(name)
 
+    # ------------------------------------------------------------ links to other hosts
+
+    def _guard(self, io: IOThread) -> None:
+        """Start the ZAP handler before the first TCP bind, so no connection is let in unchecked."""
+        curve = self.curve
+        assert curve is not None
+
+        def start():
+            if self.gatekeeper is None:
+                self.gatekeeper = Gatekeeper(self.ctx, io.loop, curve, lambda _addr: self.drops.count("curve"))
+
+        io.run(start)
+
+    @property
+    def port_address(self) -> str:
+        """Where the ports this process opens are reached: the TCP address once it listens for
+        other hosts (a port travels, pickled, to whoever may answer it)."""
+        return self.inbox.net_address or self.address
+
+    @property
+    def net_address(self) -> str | None:
+        """The main inbox's TCP address, once this process listens for other hosts."""
+        return self.inbox.net_address
+
+    def listen_network(self, ip: str, curve: CurveKeys | None = None) -> str:
+        """Listen for processes on other hosts too: every inbox gets a TCP address on ``ip``,
+        a CurveZMQ server with the job's keys (made here unless given).  Local links stay as
+        they are.  Returns the main inbox's TCP address; a second call returns the same."""
+        if self.net_address is not None:
+            return self.net_address
+        if self.curve is None:
+            self.curve = self.transport.curve = curve or CurveKeys.generate()
+        self._guard(self.io)
+        self.bind_ip = ip
+        with self.inbox.lease:
+            return self.inbox.listen_tcp(ip, self.curve)
+
+    def from_address(self, inbox: Inbox, dest: str) -> str:
+        """The address of ``inbox`` a peer at ``dest`` can answer: its TCP one for a TCP peer."""
+        if dest[:4] == "tcp:" and inbox.net_address is None and self.bind_ip is not None:
+            with inbox.lease:
+                inbox.listen_tcp(self.bind_ip, self.curve)
+        return inbox.net_address if dest[:4] == "tcp:" and inbox.net_address else inbox.address
+
+    def job_ports_for(self, dest: str) -> dict:
+        """``job_ports`` as a process at ``dest`` can reach them."""
+        if dest[:4] != "tcp:" or self.net_address is None:
+            return dict(self.job_ports)
+        return {k: (self.net_address if a == self.address else a, p) for k, (a, p) in self.job_ports.items()}
+
     def forget_peer(self, address: str) -> None:
         """Every thread drops its sockets to ``address`` (a process that went away)."""
         self.transport.forget(address)
@@ -293,7 +368,7 @@ class Runtime(Receiving, Calling, Serving):
             "received": self.transport.received,
             "heartbeats": self.transport.heartbeats,
             "dropped": {"unsigned": d.unsigned, "forged": d.forged, "truncated": d.truncated,
-                        "oversized": d.oversized, "malformed": d.malformed},
+                        "oversized": d.oversized, "malformed": d.malformed, "curve": d.curve},
         }
 
     def shutdown(self) -> None:

@@ -52,7 +52,8 @@ def run_rank(cfg: LaunchConfig, template_pid: int) -> None:
     main = MainThread()
     main.install()
     io = IOThread(name="monarch-io")
-    rt = Runtime(cfg.key, cfg.rundir, f"{ref.id}.{rank}", io, owner=cfg.owner)
+    rt = Runtime(cfg.key, cfg.rundir, f"{ref.id}.{rank}", io, owner=cfg.owner, address=cfg.address,
+                 curve=cfg.curve)
     rt.main_thread = main
     rt.fanout = cfg.fanout
     Runtime._current = rt

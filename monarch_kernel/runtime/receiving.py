@@ -25,6 +25,7 @@ from .inbox import Inbox
 if TYPE_CHECKING:
     from .auth import DropCounts, Signer
     from .calls import PendingCall
+    from .curve import CurveKeys
     from .hooks import Hooks
     from .io_thread import IOThread
     from .transport import Transport
@@ -49,6 +50,8 @@ class Receiving:
         _thread_inboxes: Iterator[int]
         _free_inboxes: list[Inbox]
         _free_lock: threading.Lock
+        bind_ip: str | None
+        curve: CurveKeys | None
 
         def _dispatch(self, h: Header, body: list) -> None: ...
 
@@ -127,7 +130,12 @@ class Receiving:
             with self._free_lock:
                 inbox = self._free_inboxes.pop() if self._free_inboxes else None
             if inbox is None:
-                inbox = Inbox(self.ctx, f"{self.address}.t{next(self._thread_inboxes)}")
+                if self.address.startswith("tcp://"):  # a process on another host: TCP only
+                    inbox = Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve)
+                else:
+                    inbox = Inbox(self.ctx, f"{self.address}.t{next(self._thread_inboxes)}")
+                    if self.bind_ip is not None:  # it listens for other hosts too
+                        inbox.listen_tcp(self.bind_ip, self.curve)
             holder = self._local.holder = _ThreadInbox(self, inbox)
         return holder.inbox
 

@@ -44,6 +44,8 @@ class Serving:
 
         host: str
 
+        @property
+        def port_address(self) -> str: ...
         @staticmethod
         def target(mesh: MeshRef, rank: int, kind: int, actor: str) -> str: ...
         def report_failure(self, mesh_id: str, failure: MeshFailure) -> None: ...
@@ -238,7 +240,7 @@ class Serving:
     def _response_port(self, h: Header, me: int) -> tuple[int, tuple]:
         """For ``@endpoint(explicit_response_port=True)``: a port that answers this call."""
         port_id = self.ports.open(lambda part: self._complete(h, me, Part(me, part.status, part.frames)), once=True)
-        return port_id, (self.address, port_id, me)
+        return port_id, (self.port_address, port_id, me)
 
     def _run_sync(self, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
         token = current_actor.set(ctx)

@@ -16,7 +16,8 @@ import signal
 import sys
 import time
 
-from . import config
+from . import agent_wire, config
+from .agent_link import AgentLink
 from .completion import Completion
 from .context import MeshRef, current_actor, process_mesh
 from .envelope import Kind, Status
@@ -65,6 +66,7 @@ class OwnedMesh:
         self.master_port: int | None = None  # torch.distributed's rendezvous port, from the first launch
         self.bootstrap: bytes | None = None  # pickled function each rank runs before its hello
         self.python: str = sys.executable  # the interpreter its ranks run (one template each)
+        self.links: list | None = None  # per rank, the AgentLink of its host; None: forked here
 
     def silent_for(self, rank: int) -> float:
         """Seconds since ``rank`` last showed it is alive (0 before it is up)."""
@@ -85,7 +87,9 @@ class Supervisor:
     def __init__(self, runtime):
         self.rt = runtime
         self.templates: dict[str, TemplateClient] = {}  # python executable -> its template
-        self.pid_index: dict[int, tuple[OwnedMesh, int]] = {}
+        self.pid_index: dict[tuple[str, int], tuple[OwnedMesh, int]] = {}  # (source, pid) -> rank
+        self.links: dict[str, AgentLink] = {}  # agents of this process's hosts, by link id
+        self._beating = False
 
     @property
     def template(self) -> TemplateClient | None:
@@ -95,18 +99,28 @@ class Supervisor:
     # ------------------------------------------------------------ spawning
 
     def spawn(self, name: str, dims: tuple, env: dict | None = None, *, bootstrap: bytes | None = None,
-              python: str | None = None) -> OwnedMesh:
+              python: str | None = None, hosts: list | None = None) -> OwnedMesh:
         """Launch a mesh's ranks; ``bootstrap`` (pickled) runs on each before it says hello,
-        ``python`` is the interpreter they run (default: this one)."""
+        ``python`` is the interpreter they run (default: this one).  ``hosts``: AgentLinks
+        (``add_host``) the ranks are spread over, in order, the same number on each; without
+        them every rank is forked here."""
         rt = self.rt
         mesh_id = "m" + secrets.token_hex(4)
         n = 1
         for _, size in dims:
             n *= size
-        addresses = tuple(f"ipc://{rt.rundir}/{mesh_id}.{r}" for r in range(n))
-        ref = MeshRef(mesh_id, name, dims, addresses, rt.address, (rt.host,) * n)
+        links = None
+        if hosts:
+            per = n // len(hosts)
+            links = [hosts[r // per] for r in range(n)]
+            ports = self._reserve(hosts, per)
+            addresses = tuple(f"tcp://{links[r].ip}:{ports[links[r].id][r % per]}" for r in range(n))
+            ref = MeshRef(mesh_id, name, dims, addresses, rt.net_address, tuple(link.host for link in links))
+        else:
+            addresses = tuple(f"ipc://{rt.rundir}/{mesh_id}.{r}" for r in range(n))
+            ref = MeshRef(mesh_id, name, dims, addresses, rt.address, (rt.host,) * n)
         om = OwnedMesh(ref, current_actor.get())
-        om.bootstrap, om.python = bootstrap, python or sys.executable
+        om.bootstrap, om.python, om.links = bootstrap, python or sys.executable, links
         rt.meshes[mesh_id] = om
         if n == 0:
             om.ready.set_result(True)
@@ -119,7 +133,27 @@ class Supervisor:
             raise
         return om
 
-    def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
+    def _reserve(self, hosts: list, per: int) -> dict[str, list[int]]:
+        """Ports for ``per`` ranks on each host, asked of every agent at once."""
+        asked = {link.id: link.reserve_async(per) for link in {link.id: link for link in hosts}.values()}
+        deadline = time.monotonic() + config.spawn_timeout()
+        ports = {}
+        for link in hosts:
+            got = asked[link.id]
+            if not got.wait(max(0.0, deadline - time.monotonic())):
+                raise ConnectionError(f"the agent on {link.host} did not answer within {config.spawn_timeout():g} s")
+            if got.error() is not None:
+                raise got.error()
+            ports[link.id] = list(got.result())
+        return ports
+
+    def source(self, om: OwnedMesh, rank: int) -> str:
+        """What forked ``rank``: a local template (its python) or a host's agent (its link id)."""
+        return om.links[rank].id if om.links is not None else om.python
+
+    def _forker(self, om: OwnedMesh, rank: int):
+        if om.links is not None:
+            return om.links[rank]
         rt = self.rt
         template = self.templates.get(om.python)
         if template is None or not template.alive:
@@ -127,6 +161,10 @@ class Supervisor:
             template = self.templates[python] = TemplateClient(
                 rt.io.loop, lambda pid, status: self._on_exit(pid, status, python), tuple(rt.warm_modules),
                 python=python)
+        return template
+
+    def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
+        rt = self.rt
         ref = om.ref
         om.env = env
         om.master_port = om.master_port or _free_port()
@@ -139,16 +177,19 @@ class Supervisor:
                 PipeReader(rt.io.loop, out_r, ref.name, r, "stdout", sink, lambda: None),
                 PipeReader(rt.io.loop, err_r, ref.name, r, "stderr", sink, lambda: None),
             ]
+            remote = om.links is not None
             cfg = LaunchConfig(
-                key=rt.key, rundir=rt.rundir, owner=rt.address, rank=r, mesh=ref,
+                key=rt.key, rundir=rt.rundir, owner=ref.owner, rank=r, mesh=ref,
                 sys_path=tuple(sys.path), cwd=os.getcwd(), env=env, fanout=rt.fanout,
                 master_port=master_port,
                 # The root controller's template removes the run directory if it is killed.
-                cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else []) if rt._owns_rundir else []),
-                bootstrap=om.bootstrap, job_ports=dict(rt.job_ports),
+                cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else [])
+                                   if rt._owns_rundir and not remote else []),
+                bootstrap=om.bootstrap, job_ports=rt.job_ports_for(ref.owner), curve=rt.curve,
+                address=ref.addresses[r] if remote else None,
             )
             try:
-                template.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
+                self._forker(om, r).fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
             except OSError:
                 pass  # the template is already gone: its exit fails this rank (_on_exit)
             finally:
@@ -157,7 +198,7 @@ class Supervisor:
 
     def _forked(self, om: OwnedMesh, rank: int, pid: int) -> None:
         om.pids[rank] = pid
-        self.pid_index[pid] = (om, rank)
+        self.pid_index[(self.source(om, rank), pid)] = (om, rank)
 
     def on_hello(self, mesh_id: str, rank: int, _pid, parts=()) -> None:
         """A rank is up; a RAISED part says its bootstrap function raised, which fails the
@@ -209,8 +250,8 @@ class Supervisor:
             done.append(c)
             if r not in om.alive:
                 c.set_result(True)
-            elif (pid := om.pids[r]) is not None:
-                self._kill(pid)
+            else:
+                self._kill(om, r)
         return done
 
     def _revive(self, om: OwnedMesh, ranks: list[int]) -> None:
@@ -227,25 +268,36 @@ class Supervisor:
 
     # ------------------------------------------------------------ deaths
 
-    def _on_exit(self, pid: int | None, status: int | None, python: str = sys.executable) -> None:
-        if pid is None:  # the template itself is gone, and its ranks (forked or not) with it
+    def _on_exit(self, pid: int | None, status: int | None, source: str = sys.executable, why: str = "") -> None:
+        """A rank forked by ``source`` (a template's python, or a host's link id) exited; pid
+        None: ``source`` itself is gone, and every rank it forked with it (``why`` says how)."""
+        if pid is None:
+            link = self.links.get(source)
             for om in list(self.rt.meshes.values()):
-                if om.python != python:
+                ranks = sorted(r for r in om.alive if self.source(om, r) == source)
+                if not ranks:
                     continue
                 if not om.ready.done():
                     om.stopping = True  # it never came up: its spawner hears (ready fails), nobody else
-                for r in sorted(om.alive):
+                for r in ranks:
                     rank_pid = om.pids[r]
                     if rank_pid is not None:
-                        self.pid_index.pop(rank_pid, None)
-                        why, sig = "(its host process, the template, exited)", signal.SIGKILL
+                        self.pid_index.pop((source, rank_pid), None)
+                    if link is not None:
+                        reason = f"(its host {link.host} is gone: {why})"
+                    elif rank_pid is not None:
+                        reason = "(its host process, the template, exited)"
                     else:
-                        why, sig = (f"(the template running {python} exited before forking it: can {python} "
-                                    "start and import monarch_kernel?)"), None
-                    self._died(om, r, DeathInfo(om.ref.name, r, rank_pid or 0, om.ref.hosts[r], None, sig, [why],
-                                                om.stopping))
+                        reason = (f"(the template running {source} exited before forking it: can {source} "
+                                  "start and import monarch_kernel?)")
+                    if rank_pid is not None:
+                        for reader in om.readers[r]:
+                            reader.drain()
+                    self._died(om, r, DeathInfo(om.ref.name, r, rank_pid or 0, om.ref.hosts[r], None,
+                                                signal.SIGKILL if rank_pid is not None or link else None,
+                                                [reason], om.stopping))
             return
-        entry = self.pid_index.pop(pid, None)
+        entry = self.pid_index.pop((source, pid), None)
         if entry is None:
             return
         om, r = entry
@@ -257,6 +309,29 @@ class Supervisor:
         info = DeathInfo.from_status(om.ref.name, r, pid, om.ref.hosts[r], status, om.readers[r][1].tail)
         info.stopped = om.stopping
         self._died(om, r, info)
+
+    # ------------------------------------------------------------ hosts
+
+    def add_host(self, host: str) -> AgentLink:
+        """A link for the agent a job is about to start on ``host``; its ``credentials()`` go
+        to the agent's stdin, and ``up`` completes when it has connected."""
+        link = AgentLink(self.rt, host, self._on_exit)
+        self.links[link.id] = link
+        if not self._beating:
+            self._beating = True
+            self.rt.io.call_soon(self._beat)
+        return link
+
+    def on_host(self, origin: str, host_id: str, msg: dict) -> None:
+        link = self.links.get(host_id)
+        if link is not None and link.alive:
+            link.on_message(origin, msg)
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        for link in list(self.links.values()):
+            link.beat(now)
+        self.rt.io.loop.call_later(agent_wire.BEAT_S, self._beat)
 
     def _died(self, om: OwnedMesh, rank: int, info: DeathInfo) -> None:
         rt = self.rt
@@ -363,14 +438,13 @@ class Supervisor:
         for r in list(om.alive):
             if r in om.up:
                 rt.send_control(om.ref, r, Kind.STOP)
-            elif (pid := om.pids[r]) is not None:
-                self._kill(pid)
+            else:
+                self._kill(om, r)
         rt.io.loop.call_later(STOP_GRACE_S, self._kill_rest, om)
 
     def _kill_rest(self, om: OwnedMesh) -> None:
         for r in list(om.alive):
-            if (pid := om.pids[r]) is not None:
-                self._kill(pid)
+            self._kill(om, r)
 
     @staticmethod
     def _remove_inboxes(address: str) -> None:
@@ -386,18 +460,27 @@ class Supervisor:
                 pass
 
     @staticmethod
-    def _kill(pid: int) -> None:
+    def _kill(om: OwnedMesh, rank: int) -> None:
+        pid = om.pids[rank]
+        if pid is None:
+            return
+        if om.links is not None:
+            om.links[rank].kill(pid)
+            return
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
     def close(self) -> None:
-        """At exit: every rank we spawned is killed, then the templates.  Their meshes are
-        marked stopping first: ranks ended by their own controller's shutdown are no failure."""
+        """At exit: every rank we spawned is killed, then the templates and the hosts' agents.
+        Their meshes are marked stopping first: ranks ended by their own controller's shutdown
+        are no failure."""
         for om in list(self.rt.meshes.values()):
             om.stopping = True
-        for pid in list(self.pid_index):
-            self._kill(pid)
+        for om, r in list(self.pid_index.values()):
+            self._kill(om, r)
         for template in list(self.templates.values()):
             template.close()
+        for link in list(self.links.values()):
+            link.close()

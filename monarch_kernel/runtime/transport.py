@@ -18,6 +18,7 @@ from zmq.backend import zmq_poll
 
 from . import config
 from .auth import Signer
+from .curve import CurveKeys
 from .envelope import Header
 from .failure import SendFailed
 
@@ -53,6 +54,7 @@ class Transport:
         self._gone: list[str] = []  # address prefixes of peers that are gone, oldest first
         self.io_thread: threading.Thread | None = None  # never blocks waiting for room
         self.inbox: zmq.Socket | None = None  # the runtime's main inbox (set by Runtime), for tools that poke at it
+        self.curve: CurveKeys | None = None  # the job's Curve keys, once it has hosts of its own
         self.queue_limit = config.send_queue()
         self.block_s = config.send_block()
         self.sent = 0
@@ -74,6 +76,8 @@ class Transport:
             s.setsockopt(zmq.SNDHWM, self.queue_limit)
             s.setsockopt(zmq.RECONNECT_IVL, 10)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
+            if self.curve is not None and addr.startswith("tcp://"):
+                self.curve.connect_as_client(s)  # links between hosts: CurveZMQ as well as the HMAC
             s.connect(addr)
             socks[addr] = s
         return s
