@@ -322,6 +322,16 @@ class Supervisor:
             self.rt.io.call_soon(self._beat)
         return link
 
+    def end_host(self, link: AgentLink) -> None:
+        """End a host on purpose (``job.kill()``): the ranks there stop, which is no failure."""
+        def go():
+            for om in list(self.rt.meshes.values()):
+                if om.links is not None and any(lk is link for lk in om.links):
+                    om.stopping = True
+            link.close()
+
+        self.rt.io.run(go)
+
     def on_host(self, origin: str, host_id: str, msg: dict) -> None:
         link = self.links.get(host_id)
         if link is not None and link.alive:

@@ -1,0 +1,17 @@
+"""Jobs: hosts from the engines users already run, with Monarch's ``monarch.job`` names.
+
+Runs in the controller.  A job starts one agent per host (``monarch_kernel.agent``) through
+its launcher (``ssh``; ``srun`` inside an ``sbatch`` allocation) and hands out ``HostMesh``
+objects, one per named mesh, whose ``spawn_procs`` forks ranks on those hosts::
+
+    job = SSHJob(python_exe="python3", ssh_args=("-i", key))
+    job.add_mesh("workers", ["h1", "h2"])
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+    job.kill()
+"""
+
+from .job import JobState, JobTrait, LocalJob, job_load
+from .slurm import SlurmJob
+from .ssh import SSHJob
+
+__all__ = ["JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "job_load"]

@@ -1,0 +1,132 @@
+"""Starting a host's agent through a launcher command, and saying why one did not come up.
+
+The launcher (``ssh host python -m monarch_kernel.agent``, or ``srun ... python -m
+monarch_kernel.agent``) gets the credentials on its stdin, which then stays open: its EOF,
+when the controller exits, is how the agent learns it is alone.  A thread reads the
+launcher's stderr (kept for the error message) and tells the runtime at once when the
+launcher exits, so a killed agent fails its ranks without waiting for the heartbeat.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import os
+import socket
+import subprocess
+import threading
+import time
+
+from ..runtime.process import Runtime
+
+AGENT_MODULE = "monarch_kernel.agent"
+
+
+def controller_address(rt: Runtime, first_host: str) -> str:
+    """Listen for the job's hosts (once) on the address of our route to ``first_host``, or
+    on MONARCH_KERNEL_BIND; returns the controller's TCP address."""
+    if rt.net_address is not None:
+        return rt.net_address
+    ip = os.environ.get("MONARCH_KERNEL_BIND") or route_to(first_host)
+    return rt.listen_network(ip)
+
+
+def route_to(host: str) -> str:
+    """This machine's source address toward ``host`` (a name or an IP)."""
+    try:
+        target = socket.getaddrinfo(host, 22, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+    except socket.gaierror as e:
+        raise ConnectionError(f"cannot resolve host {host!r}: {e.strerror}") from None
+    if ipaddress.ip_address(target).is_loopback:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((target, 9))  # sends nothing: picks the route
+        return s.getsockname()[0]
+
+
+class AgentProcess:
+    """One host's agent, started by ``argv`` (the launcher command)."""
+
+    def __init__(self, rt: Runtime, host: str, argv: list[str], controller: str, env: dict | None = None):
+        self.rt = rt
+        self.host = host
+        self.argv = argv
+        self.link = rt.launcher.add_host(host)
+        self.stderr: collections.deque[str] = collections.deque(maxlen=40)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     start_new_session=True, env=env)
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(self.link.credentials(controller))
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # it exited at once; the watcher says why
+        self.exited = threading.Event()
+        threading.Thread(target=self._watch, name=f"monarch-agent-{host}", daemon=True).start()
+
+    def _watch(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            self.stderr.append(raw.decode(errors="replace").rstrip())
+        code = self.proc.wait()
+        self.exited.set()
+        why = f"its launcher ({self.argv[0]}) exited with status {code}"
+        if self.stderr:
+            why += f": {self.stderr[-1]}"
+        self.rt.io.call_soon(self.link.gone, why)
+
+    def wait_up(self, deadline: float, python: str) -> None:
+        """Until the agent has connected, or raise saying what went wrong on the host."""
+        while not self.link.up.wait(0.05):
+            if self.exited.is_set() or time.monotonic() > deadline:
+                break
+        if self.link.up.done() and self.link.up.error() is None:
+            return
+        if not self.exited.is_set() and time.monotonic() > deadline:
+            self.kill()
+            raise TimeoutError(
+                f"the agent on {self.host} did not connect back in time (is this controller's address "
+                f"{self.rt.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is)"
+                + self._said())
+        self.exited.wait(2)
+        raise ConnectionError(self.diagnose(python))
+
+    def _said(self) -> str:
+        return ("; it said:\n  " + "\n  ".join(self.stderr)) if self.stderr else ""
+
+    def diagnose(self, python: str) -> str:
+        """Why the agent on this host could not start, with what to do about it."""
+        text = "\n".join(self.stderr)
+        code = self.proc.returncode
+        said = self._said()
+        if "Permission denied" in text or "Host key verification failed" in text:
+            return (f"cannot start the agent on {self.host}: ssh authentication failed; check the key "
+                    f"and user in ssh_args (ssh runs with BatchMode=yes, so it never asks for a password){said}")
+        if any(s in text for s in ("Could not resolve", "Connection refused", "Connection timed out",
+                                   "No route to host", "Network is unreachable")):
+            return f"cannot reach {self.host} over ssh{said}"
+        if f"No module named {AGENT_MODULE}" in text or "No module named 'monarch_kernel'" in text \
+                or "No module named monarch_kernel" in text:
+            return (f"monarch_kernel is not installed for {python} on {self.host}: run "
+                    f"`ssh {self.host} {python} -m pip install monarch-kernel` (or install this checkout there), "
+                    f"or point python_exe at an interpreter that has it{said}")
+        if code == 127 or "command not found" in text or "No such file or directory" in text:
+            return (f"{python} was not found on {self.host}: pass python_exe= the path of a Python 3 "
+                    f"interpreter there{said}")
+        return f"the agent on {self.host} exited with status {code} before connecting{said}"
+
+    def kill(self) -> None:
+        """Tell the agent to end its ranks and exit, close its stdin, and end the launcher."""
+        if self.link.alive and self.link.up.done() and self.link.up.error() is None:
+            self.rt.launcher.end_host(self.link)
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.exited.wait(1)

@@ -1,0 +1,91 @@
+"""``SSHJob``: any hosts reachable by ``ssh``; each runs an agent started as the ssh command.
+
+ssh runs with ``BatchMode=yes`` (the agent's stdin carries its credentials, so a password
+prompt could never be answered) and the user's ``ssh_args``.  The agent dies with the ssh
+session, and the session with this controller.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from ..mesh.host_mesh import HostMesh
+from ..runtime import config
+from ..runtime.process import Runtime
+from .agents import AGENT_MODULE, AgentProcess, controller_address
+from .job import JobTrait
+
+
+class SSHJob(JobTrait):
+    kind = "ssh"
+
+    def __init__(self, python_exe: str = "python3", ssh_args=(), monarch_port: int | None = None,
+                 start_timeout: float | None = None):
+        super().__init__()
+        if isinstance(ssh_args, str):
+            raise TypeError("ssh_args is a sequence of arguments, e.g. ('-i', '~/.ssh/id_ed25519'), not one string")
+        self.python_exe = python_exe
+        self.ssh_args = tuple(ssh_args)
+        self.start_timeout = start_timeout
+        self._meshes: dict[str, list[str]] = {}
+        self._agents: dict[str, AgentProcess] = {}  # host -> its agent
+
+    def add_mesh(self, name: str, hosts) -> SSHJob:
+        """A host mesh called ``name`` over ``hosts`` (names or addresses ssh can reach)."""
+        if isinstance(hosts, str):
+            hosts = [h for h in hosts.split(",") if h]
+        hosts = list(hosts)
+        if not name.isidentifier():
+            raise ValueError(f"mesh names are attributes of job.state(): {name!r} is not an identifier")
+        if not hosts:
+            raise ValueError(f"mesh {name!r} needs at least one host")
+        if self._running:
+            raise RuntimeError("add meshes before the job is applied (job.state()); kill() it to change them")
+        self._meshes[name] = hosts
+        return self
+
+    @property
+    def hosts(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for hosts in self._meshes.values():
+            seen.update(dict.fromkeys(hosts))
+        return list(seen)
+
+    def command(self, host: str) -> list[str]:
+        return ["ssh", "-o", "BatchMode=yes", *self.ssh_args, host, "--",
+                shlex.quote(self.python_exe), "-m", AGENT_MODULE]
+
+    def _create(self) -> None:
+        if not self._meshes:
+            raise ValueError("this job has no hosts: job.add_mesh('workers', ['host1', 'host2']) first")
+        rt = Runtime.current()
+        controller = controller_address(rt, self.hosts[0])
+        started = {h: AgentProcess(rt, h, self.command(h), controller) for h in self.hosts}
+        deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
+        try:
+            for agent in started.values():
+                agent.wait_up(deadline, self.python_exe)
+        except BaseException:
+            for agent in started.values():
+                agent.kill()
+            raise
+        self._agents = started
+
+    def _host_meshes(self) -> dict[str, HostMesh]:
+        return {name: HostMesh(agents=[self._agents[h].link for h in hosts]) for name, hosts in self._meshes.items()}
+
+    def _kill(self) -> None:
+        for agent in self._agents.values():
+            agent.kill()
+        self._agents = {}
+
+    def _spec(self) -> dict:
+        return {"python_exe": self.python_exe, "ssh_args": list(self.ssh_args), "meshes": self._meshes}
+
+    @classmethod
+    def _from_spec(cls, spec: dict) -> SSHJob:
+        job = cls(python_exe=spec["python_exe"], ssh_args=tuple(spec.get("ssh_args") or ()))
+        for name, hosts in spec["meshes"].items():
+            job.add_mesh(name, hosts)
+        return job
