@@ -21,6 +21,7 @@ OPTIONS = {
     "stop": ["[name]"],
     "status": [],
     "restart": ["--ranks SPEC"],
+    "sync": ["[path]"],
     "push": ["name=expr"],
     "pull": ["name"],
     "scatter": ["name=expr"],
@@ -75,6 +76,7 @@ def test_usage_starts_with_how_to_start():
     ("auto", "maybe", "invalid choice: 'maybe'"),
     ("restart", "--ranks", "expected one argument"),
     ("status", "now", "unrecognized arguments: now"),
+    ("sync", "a b", "unrecognized arguments: b"),
 ])
 def test_a_bad_argument_names_the_commands_usage(command, line, says):
     fn = COMMANDS[command]
