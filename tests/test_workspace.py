@@ -55,6 +55,14 @@ class Probe(Actor):
             return hashlib.sha256(f.read()).hexdigest()
 
 
+def own_temp_dir() -> None:
+    """A bootstrap: each rank gets a temp dir of its own, as if each were on a host of its own."""
+    path = os.path.join(os.environ["WS_TEST_TEMP"], f"rank{os.environ['RANK']}")
+    os.makedirs(path, exist_ok=True)
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = None  # gettempdir() looks again
+
+
 def write(folder, rel: str, source: str) -> None:
     path = os.path.join(folder, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -251,6 +259,22 @@ def test_large_totals_travel_in_several_calls_and_arrive_intact(procs, tmp_path,
     for name, data in blobs.items():
         got = values(probe.digest.call(os.path.join(summary.hosts[0].directory, name)))
         assert got == [hashlib.sha256(data).hexdigest()] * 2, name
+
+
+def test_ranks_that_share_a_host_name_but_not_a_temp_dir_get_a_copy_each(ws, tmp_path):
+    temp = str(tmp_path / "temps")
+    with this_host().spawn_procs(per_host={"gpus": 2}, bootstrap=own_temp_dir, env={"WS_TEST_TEMP": temp}) as procs:
+        summary = procs.sync_workspace(ws)
+        assert [h.ranks for h in summary.hosts] == [[0], [1]]  # one host name, two copies: both are filled
+        assert [sorted(h.sent) for h in summary.hosts] == [["helper.py", "mymod.py"]] * 2
+        dirs = [h.directory for h in summary.hosts]
+        assert [d.startswith(os.path.join(temp, f"rank{r}") + os.sep) for r, d in enumerate(dirs)] == [True, True]
+        write(ws, "mymod.py", "def f():\n    return 'both'\n")
+        summary = procs.sync_workspace(ws)
+        assert [(h.sent, h.reloaded) for h in summary.hosts] == [(["mymod.py"], [])] * 2
+        probe = procs.spawn("probe", Probe)
+        assert values(probe.call.call("mymod", "f")) == ["both", "both"]
+        assert values(probe.file_of.call("mymod")) == [os.path.join(d, "mymod.py") for d in dirs]
 
 
 def test_dead_ranks_are_left_out_and_the_others_synced(procs, ws):

@@ -235,24 +235,23 @@ def sync_workspace(procs: ProcMesh, path=None, *, auto_reload: bool = True, excl
         for p, fut in late.items():
             held[p] = (held[p][0], fut.get(timeout=timeout))
         summary = WorkspaceSync(root, [], list(local.skipped), sorted(dead))
-        plans = {}
+        plans, by_place = {}, {}  # by place: hosts' copies share one path, on different machines
         for place, members in places.items():
             r, listed = held[place]
             remote = listed or {}
             send = [rel for rel, (_s, digest, _x) in local.files.items() if remote.get(rel) != digest]
             delete = sorted(rel for rel in remote if rel not in local.files)
-            summary.hosts.append(HostSync(answers[r]["host"], answers[r]["dir"], members, send,
-                                          sum(local.files[rel][0] for rel in send), delete,
-                                          len(local.files) - len(send)))
+            by_place[place] = HostSync(answers[r]["host"], answers[r]["dir"], members, send,
+                                       sum(local.files[rel][0] for rel in send), delete, len(local.files) - len(send))
+            summary.hosts.append(by_place[place])
             plans[place] = (r, send, delete)
         _send(root, local, plans, name, one, timeout)
         touched = {p for p, (_r, send, delete) in plans.items() if send or delete}
         again = [r for r in sorted(answers) if answers[r]["place"] in touched or answers[r]["stale"]]
         if again:
             results = _refresh(copies, one, again, ranks, dead, (name, root, auto_reload), timeout)
-            by_place = {h.directory: h for h in summary.hosts}
             for r, res in results.items():
-                h = by_place[answers[r]["dir"]]
+                h = by_place[answers[r]["place"]]
                 h.reloaded = sorted(set(h.reloaded) | set(res["reloaded"]))
                 for module, why in res["failed"].items():
                     h.failed[f"{module} (rank {r})"] = why
