@@ -96,8 +96,11 @@ class HostAgent:
                 s.close()
 
     def _fork(self, tag: int, config: dict) -> None:
-        # This host's own interpreter paths, run directory and bind address, not the controller's.
-        config = dict(config, rundir=self.rundir, sys_path=list(sys.path), cleanup_dirs=[self.rundir],
+        # This host's own interpreter paths first, then the controller's that exist here too (a
+        # shared filesystem: the user's project); this host's run directory and bind address.
+        mine = list(sys.path)
+        theirs = [p for p in config.get("sys_path") or () if p and p not in mine and os.path.isdir(p)]
+        config = dict(config, rundir=self.rundir, sys_path=mine + theirs, cleanup_dirs=[self.rundir],
                       env=dict(config.get("env") or {}, MONARCH_KERNEL_BIND=self.ip))
         if not os.path.isdir(config.get("cwd") or ""):
             config["cwd"] = os.getcwd()

@@ -66,8 +66,9 @@ class AgentProcess:
 
     def _watch(self) -> None:
         assert self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            self.stderr.append(raw.decode(errors="replace").rstrip())
+        with self.proc.stderr:
+            for raw in self.proc.stderr:
+                self.stderr.append(raw.decode(errors="replace").rstrip())
         code = self.proc.wait()
         self.exited.set()
         why = f"its launcher ({self.argv[0]}) exited with status {code}"

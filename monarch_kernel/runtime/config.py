@@ -70,6 +70,13 @@ def data_bind_address() -> str | None:
     return os.environ.get("MONARCH_KERNEL_DATA_BIND") or None
 
 
+def bind_address() -> str | None:
+    """MONARCH_KERNEL_BIND: the address a process of a job that spans hosts listens on (its
+    inboxes, its data server).  Unset: the address of its route to the controller; an agent
+    sets it for the ranks it forks."""
+    return os.environ.get("MONARCH_KERNEL_BIND") or None
+
+
 def data_handshake_timeout() -> float:
     """MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT: seconds a connection to a data server has, in
     all, to prove it holds the job key (default 5); read when the server starts."""

@@ -54,18 +54,18 @@ def ipv4_addresses() -> tuple[str, ...]:
 
 
 def job_spans_hosts() -> bool:
-    """Whether peers of this process may be on other hosts.  Every launcher today starts ranks
-    on this host; only ranks placed in network namespaces (MONARCH_KERNEL_NETNS) are apart.
-    A launcher for other hosts must make this true for its ranks."""
-    return config.netns() is not None
+    """Whether peers of this process may be on other hosts: it was started on a job's host
+    (its agent set MONARCH_KERNEL_BIND), or placed in a network namespace (MONARCH_KERNEL_NETNS)."""
+    return config.bind_address() is not None or config.netns() is not None
 
 
 def data_listen_addresses() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(bind, advertise)``: the addresses a data server listens on for TCP peers, and
     those it tells them to connect to, best first.
 
-    MONARCH_KERNEL_DATA_BIND when given; else loopback when every rank is on this host; else
-    this namespace's interface addresses (the ones a veth, or a NIC, reaches peers through).
+    MONARCH_KERNEL_DATA_BIND when given; else MONARCH_KERNEL_BIND (a job's host); else loopback
+    when every rank is on this host; else this namespace's interface addresses (the ones a
+    veth, or a NIC, reaches peers through).
     """
     given = config.data_bind_address()
     if given:
@@ -73,6 +73,8 @@ def data_listen_addresses() -> tuple[tuple[str, ...], tuple[str, ...]]:
         if "0.0.0.0" in bind:
             return ("0.0.0.0",), ipv4_addresses()
         return bind, bind
+    if (ip := config.bind_address()) is not None:
+        return (ip,), (ip,)
     if job_spans_hosts():
         found = tuple(a for a in ipv4_addresses() if not a.startswith("127."))
         if found:

@@ -1,0 +1,217 @@
+"""Ranks on other hosts: SSHJob over simulated hosts (network namespaces, each with its own
+sshd; see cluster.py).  Calls, the multicast tree and RDMABuffer reads cross hosts; a host
+that dies (its agent killed, its link cut) fails its ranks' calls with ProcessDied naming it,
+within seconds; start failures say what to fix; a wrong Curve key is refused and counted;
+nothing is left on any host (the fixture checks every namespace after each test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+
+import psutil
+import pytest
+import zmq
+
+from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
+from monarch_kernel.job import SSHJob, job_load
+from monarch_kernel.runtime.process import Runtime
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Where(Actor):
+    @endpoint
+    def where(self) -> tuple:
+        return os.getpid(), os.environ.get("MONARCH_KERNEL_BIND"), os.stat("/proc/self/ns/net").st_ino
+
+    @endpoint
+    def echo(self, x):
+        return x
+
+    @endpoint
+    def nap(self, s: float) -> str:
+        time.sleep(s)
+        return "woke"
+
+    @endpoint
+    def ask(self, other, x):
+        """Call another actor mesh (on another host) from this rank."""
+        return list(other.echo.call(x).get(timeout=30).values())
+
+
+class Buffers(Actor):
+    def __init__(self):
+        self.kept = {}
+
+    @endpoint
+    def make(self, n: int) -> tuple:
+        data = bytearray(os.urandom(n))
+        self.kept["b"] = data
+        return RDMABuffer(memoryview(data)), zlib.crc32(data)
+
+    @endpoint
+    def read(self, buf: RDMABuffer) -> tuple:
+        dst = bytearray(buf.size)
+        buf.read_into(memoryview(dst)).get(timeout=60)
+        return buf.transport(), zlib.crc32(dst)
+
+
+@pytest.fixture
+def job(ssh_hosts):
+    job = SSHJob(python_exe=sys.executable, ssh_args=ssh_hosts.ssh_args)
+    job.add_mesh("workers", ssh_hosts.hosts)
+    yield job
+    job.kill()
+
+
+def test_two_hosts_answer_and_the_tree_crosses_them(job, ssh_hosts):
+    started = time.monotonic()
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+    m = procs.spawn("where", Where)
+    got = m.where.call().get(timeout=30)
+    first = time.monotonic() - started
+    assert procs.extent == {"hosts": 2, "gpus": 2}
+    binds = [got[{"hosts": h, "gpus": g}][1] for h in range(2) for g in range(2)]
+    assert binds == [ssh_hosts.hosts[0]] * 2 + [ssh_hosts.hosts[1]] * 2  # each rank listens on its host's address
+    assert len({got[{"hosts": h, "gpus": 0}][2] for h in range(2)}) == 2  # two network namespaces
+    assert procs.ref.hosts == tuple([ssh_hosts.hosts[0]] * 2 + [ssh_hosts.hosts[1]] * 2)
+    assert first < 30
+    # Fan-out 1: the controller sends one message per call; the rest is forwarded rank to rank.
+    rt = Runtime.current()
+    old, rt.fanout = rt.fanout, 1
+    try:
+        sent = rt.transport.sent
+        assert list(m.echo.call(7).get(timeout=30).values()) == [7] * 4
+        assert rt.transport.sent - sent == 1
+    finally:
+        rt.fanout = old
+    # A rank on host 1 calls the actors on host 0 directly.
+    host0 = m.slice(hosts=0)
+    assert m.slice(hosts=1, gpus=0).ask.call_one(host0, "x").get(timeout=30) == ["x", "x"]
+    assert rt.stats()["dropped"]["curve"] == 0
+
+
+def test_rdma_buffer_read_between_hosts(job):
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+    b = procs.spawn("buffers", Buffers)
+    buf, expect = b.slice(hosts=0).make.call_one(8 << 20).get(timeout=30)
+    assert b.slice(hosts=1).read.call_one(buf).get(timeout=60) == ("tcp", expect)
+
+
+def _agent_pid(ssh_hosts, host: str) -> int:
+    for pid in ssh_hosts.pids(host):
+        try:
+            if "monarch_kernel.agent" in " ".join(psutil.Process(pid).cmdline()):
+                return pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no agent on {host}")
+
+
+def test_a_killed_agent_fails_its_hosts_calls_and_spares_the_other(job, ssh_hosts):
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+    m = procs.spawn("where", Where)
+    m.echo.call(0).get(timeout=30)
+    pending = m.slice(hosts=0).nap.call(30)
+    time.sleep(0.3)
+    os.kill(_agent_pid(ssh_hosts, ssh_hosts.hosts[0]), signal.SIGKILL)
+    t = time.monotonic()
+    with pytest.raises(ProcessDied, match=ssh_hosts.hosts[0].replace(".", r"\.")):
+        pending.get(timeout=20)
+    assert time.monotonic() - t < 5
+    assert list(m.slice(hosts=1).echo.call(1).get(timeout=30).values()) == [1, 1]
+
+
+def test_a_cut_link_fails_the_hosts_calls_within_seconds(job, ssh_hosts):
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+    m = procs.spawn("where", Where)
+    m.echo.call(0).get(timeout=30)
+    pending = m.slice(hosts=1).nap.call(30)
+    time.sleep(0.3)
+    ssh_hosts.cut(ssh_hosts.hosts[1])
+    t = time.monotonic()
+    with pytest.raises(ProcessDied) as e:
+        pending.get(timeout=30)
+    waited = time.monotonic() - t
+    assert ssh_hosts.hosts[1] in str(e.value) and "silent" in str(e.value)
+    assert waited < 8  # 3 s of silence, plus a beat, on a busy machine
+    assert m.slice(hosts=0).echo.call_one(2).get(timeout=30) == 2
+    ssh_hosts.restore(ssh_hosts.hosts[1])  # its agent has heard nothing either: it ends itself and its ranks
+
+
+def test_start_failures_say_what_to_fix(ssh_hosts):
+    host = ssh_hosts.hosts[0]
+    t = time.monotonic()
+    bad_key = SSHJob(python_exe=sys.executable, ssh_args=ssh_hosts.ssh_args_for(ssh_hosts.wrong_key))
+    bad_key.add_mesh("m", [host])
+    with pytest.raises(ConnectionError, match="ssh authentication failed"):
+        bad_key.state()
+    assert time.monotonic() - t < 15
+    no_python = SSHJob(python_exe="/nonexistent/python3", ssh_args=ssh_hosts.ssh_args)
+    no_python.add_mesh("m", [host])
+    with pytest.raises(ConnectionError, match="was not found on"):
+        no_python.state()
+    system = "/usr/bin/python3"
+    if subprocess.run([system, "-c", "import monarch_kernel"], capture_output=True).returncode == 0:
+        pytest.skip(f"{system} has monarch_kernel installed, so it cannot stand for a host without it")
+    no_module = SSHJob(python_exe=system, ssh_args=ssh_hosts.ssh_args)
+    no_module.add_mesh("m", [host])
+    with pytest.raises(ConnectionError, match=r"monarch_kernel is not installed .*pip install"):
+        no_module.state()
+
+
+def test_a_wrong_curve_key_is_refused_and_counted(job):
+    job.state()  # the controller now listens for the job's hosts
+    rt = Runtime.current()
+    before = rt.stats()["dropped"]["curve"]
+    assert rt.curve is not None and rt.net_address is not None
+    ctx = zmq.Context.instance()
+    intruder = ctx.socket(zmq.PUSH)
+    public, secret = zmq.curve_keypair()  # the server's key is public; the job's client key is not
+    intruder.curve_serverkey = rt.curve.server_public
+    intruder.curve_publickey, intruder.curve_secretkey = public, secret
+    intruder.connect(rt.net_address)
+    intruder.send_multipart([b"x" * 32, b"not a header"], zmq.NOBLOCK)
+    deadline = time.monotonic() + 10
+    while rt.stats()["dropped"]["curve"] == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    intruder.close(linger=0)
+    assert rt.stats()["dropped"]["curve"] > before
+    assert rt.stats()["dropped"]["malformed"] == 0 and rt.stats()["dropped"]["unsigned"] == 0  # nothing read
+
+
+def test_job_load_reconnects_from_another_process_and_controller_death_leaves_nothing(job, ssh_hosts, tmp_path):
+    job.state()
+    path = str(tmp_path / "job.json")
+    job.dump(path)
+    with open(path) as f:
+        assert "key" not in f.read()
+    script = tmp_path / "second.py"
+    script.write_text(textwrap.dedent(f'''
+        import os, sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from monarch_kernel.job import job_load
+        from test_hosts import Where
+        job = job_load({path!r})
+        procs = job.state().workers.spawn_procs(per_host={{"gpus": 1}})
+        print(sorted(v[1] for v in procs.spawn("w", Where).where.call().get(timeout=30).values()), flush=True)
+        print("ready", flush=True)
+        time.sleep(60)
+    '''))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == str(sorted(ssh_hosts.hosts)), line
+        assert proc.stdout.readline().strip() == "ready"
+    finally:
+        proc.kill()  # the second controller dies without cleaning up: its agents and ranks must follow
+        proc.wait(10)
+        proc.stdout.close()
+    assert job_load(path).kind == "ssh"
