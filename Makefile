@@ -7,8 +7,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 # System packages: rdma-core and libibverbs' headers (so pip builds the ibverbs extension),
 # Debian's pyverbs, iproute2 (network namespaces as simulated hosts in the tests), and
-# chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright).
-SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium
+# chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright); for the
+# multi-host tests (tests/cluster.py), an sshd per simulated host and a small Slurm cluster:
+# openssh-server/-client, slurmctld, slurmd, slurm-client and munge.  The tests start their
+# own daemons with their own configuration; on a machine with systemd, installing these
+# also enables (and may start) the system's sshd, munge and Slurm services.
+SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium \
+	openssh-server openssh-client slurmctld slurmd slurm-client munge
 SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
 
 .PHONY: setup lab demo lint test bench clean
@@ -17,7 +22,7 @@ $(SYSSTAMP):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "apt-get install $(SYSDEPS)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSDEPS)) >/dev/null; \
-	else echo "note: not root: skipping apt-get install $(SYSDEPS) (the ibverbs, network-namespace and browser tests will skip)"; fi
+	else echo "note: not root: skipping apt-get install $(SYSDEPS) (the ibverbs, network-namespace, ssh, Slurm and browser tests will skip)"; fi
 	mkdir -p $(VENV) && rm -f $(VENV)/.sysdeps* && touch $@
 
 $(STAMP): pyproject.toml setup.py $(SYSSTAMP)

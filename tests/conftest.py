@@ -2,7 +2,8 @@
 check waits a few seconds for new rank processes to exit, and a session-wide check fails
 the run if any process of this test session (marked through the environment) is left.
 Kernel fixtures (``kernelspec``, ``kc``, ``module_kc``, ``ipython_kc``) start real kernels
-through jupyter_client; their helpers, and the one IOPub collector, are in ``_kernels.py``."""
+through jupyter_client; their helpers, and the one IOPub collector, are in ``_kernels.py``.
+Simulated hosts (``ssh_hosts``, ``slurm_cluster``: network namespaces) are in ``cluster.py``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import uuid
 
 import psutil
 import pytest
+from cluster import slurm_cluster, slurm_cluster_session, ssh_hosts, ssh_hosts_session  # noqa: F401  (fixtures)
 
 SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)

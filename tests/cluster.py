@@ -1,0 +1,704 @@
+"""Simulated multi-host clusters for tests, on one machine, as root: hosts are network
+namespaces on a Linux bridge, each with its own hostname (a UTS namespace) and its own
+``/etc/hosts`` (a mount namespace); the controller (the test process) stays in the root
+namespace and reaches them over the bridge, and they reach it, and each other, through it.
+The hosts share everything else with the machine: the file system (this checkout and its
+.venv included), users, /dev/shm, pids.
+
+Two clusters, each built once per session and checked after every test that uses it:
+
+``ssh_hosts`` (function scope; ``ssh_hosts_session`` is the same object, session scope)
+    two hosts, each running its own ``sshd`` on port 22 of its address, which accepts the
+    generated ``.key`` for root.  ``ssh *ssh_hosts.ssh_args HOST CMD`` runs CMD there.
+``slurm_cluster`` (function scope; ``slurm_cluster_session`` is the same, session scope)
+    ``munged`` and ``slurmctld`` in the root namespace and one ``slurmd`` per node
+    namespace; ``sbatch``/``srun``/``squeue``/``scancel`` with ``.env`` drive it.
+
+After each test (and at the end of the session) every process still running in a host's
+namespace, other than its daemon, fails the test: processes started through sshd or slurmd
+do not carry conftest's session mark, so this is the check that catches what a test leaves
+on a "remote" host.  They are listed with their command lines, then killed.  Links cut with
+``cut()`` are restored first, and Slurm jobs still queued are cancelled (and fail the test).
+
+Every subprocess run here has a timeout; the daemons' logs are printed when they fail to
+start.  Without root, ``ip``, ``sshd`` or Slurm's daemons the fixtures skip, saying which.
+
+Imported as ``cluster`` (tests/ is on sys.path, as for ``_kernels``); conftest.py imports
+the fixtures so every test module can ask for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+
+SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"  # conftest's mark; daemons are started without it
+GRACE_S = 5.0  # how long processes left in a host's namespace get to exit after a test
+SSHD = "/usr/sbin/sshd"
+SLURM_DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
+SLURM_CLIENTS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
+PKG_HINT = "`make setup` installs it as root"
+
+
+def run(cmd: Sequence[str], *, timeout: float = 10.0, check: bool = True, env: dict | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run`` with text output captured and a timeout; a failure says what ran."""
+    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env, input=input)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    return r
+
+
+def daemon_env(**extra: str) -> dict:
+    """The environment daemons start with: this one, less conftest's session mark (what a
+    daemon leaves behind is found by the namespace check instead)."""
+    env = {k: v for k, v in os.environ.items() if k != SESSION_MARK}
+    env.update(extra)
+    return env
+
+
+def describe(pids: Sequence[int]) -> str:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out.append(f"pid {pid} ({p.status()}): {' '.join(p.cmdline())[:200] or p.name()}")
+        except psutil.Error:
+            out.append(f"pid {pid} (gone)")
+    return "\n".join(out)
+
+
+def _skip_unless(*paths_or_cmds: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("multi-host tests need root (network namespaces and daemons)")
+    for what in ("ip", "unshare", *paths_or_cmds):
+        if not (os.access(what, os.X_OK) if os.path.isabs(what) else shutil.which(what)):
+            pytest.skip(f"{what} is not installed ({PKG_HINT})")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _wait(what: str, cond, timeout: float, logs: Sequence[str] = (), interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            text = "".join(f"\n--- {path}:\n{_tail(path)}" for path in logs)
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}{text}")
+        time.sleep(interval)
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError as e:
+        return f"({e})"
+
+
+def _reachable(addr: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _stop(procs: Sequence[subprocess.Popen], timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``, and reap."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+# ------------------------------------------------------------------------- the network
+
+
+@dataclass
+class Network:
+    """A bridge in the root namespace (``<subnet>.1``) and one namespace per host
+    (``<subnet>.11``, ``.12``, ...), each joined to it by a veth pair.  Each namespace has
+    its own ``/etc/hosts`` (every host's name, and the controller's hostname and
+    ``mk-controller`` at the bridge's address) and a ``resolv.conf`` that fails at once, so
+    looking up an unknown name never waits for DNS; ``spawn`` mounts them over /etc's."""
+
+    kind: str  # one letter, in the interface names: "s" (ssh), "n" (slurm nodes)
+    names: list[str]  # the hosts' hostnames
+    tag: str = field(default_factory=lambda: secrets.token_hex(2))
+    subnet: str = ""
+    namespaces: list[str] = field(default_factory=list)
+    ips: list[str] = field(default_factory=list)
+    cut_hosts: set[str] = field(default_factory=set)
+    etc: str = ""  # the hosts' hosts and resolv.conf
+
+    @property
+    def bridge(self) -> str:
+        return f"mk{self.kind}b{self.tag}"
+
+    @property
+    def bridge_ip(self) -> str:
+        return f"{self.subnet}.1"
+
+    def veth(self, i: int) -> str:
+        return f"mk{self.kind}v{self.tag}{i}"
+
+    def index(self, host: str) -> int:
+        """The host's index, given its IP, hostname or namespace name."""
+        for seq in (self.ips, self.names, self.namespaces):
+            if host in seq:
+                return seq.index(host)
+        raise KeyError(f"{host!r} is none of this network's hosts {self.ips} ({self.names})")
+
+    def create(self, etc: str) -> None:
+        """Make the bridge, the namespaces and their veth pairs, and write each host's
+        hosts/resolv.conf under ``etc``."""
+        used = run(["ip", "-4", "-o", "addr"]).stdout + run(["ip", "-4", "route"]).stdout
+        free = [x for x in range(1, 255) if f"10.77.{x}." not in used]
+        if not free:
+            raise RuntimeError("no free 10.77.x.0/24 subnet for the test network")
+        self.subnet = f"10.77.{free[secrets.randbelow(len(free))]}"
+        self.etc = etc
+        # nf_call_*tables 0: host-to-host frames skip br_netfilter (bridge-nf-call-iptables is
+        # 1 by default), so no iptables FORWARD rule of this machine's can drop them.
+        run(["ip", "link", "add", self.bridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0",
+             "nf_call_arptables", "0"])
+        run(["ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge])
+        run(["ip", "link", "set", self.bridge, "up"])
+        controller = socket.gethostname()
+        hosts = [f"{self.subnet}.{11 + i} {name}" for i, name in enumerate(self.names)]
+        with open(f"{etc}/hosts", "w") as f:
+            f.write(f"127.0.0.1 localhost\n{self.bridge_ip} {controller} mk-controller\n" + "\n".join(hosts) + "\n")
+        with open(f"{etc}/resolv.conf", "w") as f:
+            f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        for i, name in enumerate(self.names):
+            ns, ip = f"{name}-{self.tag}", f"{self.subnet}.{11 + i}"
+            run(["ip", "netns", "add", ns])
+            self.namespaces.append(ns)
+            self.ips.append(ip)
+            run(["ip", "link", "add", self.veth(i), "type", "veth", "peer", "name", "eth0", "netns", ns])
+            run(["ip", "link", "set", self.veth(i), "master", self.bridge, "up"])
+            run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
+            run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            run(["ip", "-n", ns, "route", "add", "default", "via", self.bridge_ip])
+
+    # Not `ip netns exec`: that mounts a fresh /sys, which hides /sys/fs/cgroup, and slurmd
+    # 22.05 will not start without its cgroup plugin.  The host's own mount namespace only
+    # bind-mounts its hosts and resolv.conf over /etc's (private: nothing shows outside).
+    SPAWN = ('hostname "$1" && shift && for f in hosts resolv.conf; do if [ -e "/etc/$f" ]; then '
+             'mount --bind "$ETC_DIR/$f" "/etc/$f" || exit 1; fi; done && unset ETC_DIR && exec "$@"')
+
+    def spawn(self, i: int, argv: Sequence[str], log: str, env: dict | None = None) -> subprocess.Popen:
+        """Start ``argv`` in host i's namespace under its own hostname, with its own
+        /etc/hosts; it keeps the pid of the Popen (nsenter and unshare exec into it)."""
+        cmd = ["nsenter", f"--net=/run/netns/{self.namespaces[i]}", "unshare", "--uts", "--mount", "--",
+               "sh", "-c", self.SPAWN, "sh", self.names[i], *argv]
+        with open(log, "ab") as out:
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env={**(env or daemon_env()), "ETC_DIR": self.etc}, start_new_session=True)
+
+    def pids(self, i: int) -> list[int]:
+        r = run(["ip", "netns", "pids", self.namespaces[i]], check=False)
+        return sorted(int(x) for x in r.stdout.split())
+
+    def cut(self, host: str) -> None:
+        i = self.index(host)
+        run(["ip", "link", "set", self.veth(i), "down"])
+        self.cut_hosts.add(self.ips[i])
+
+    def restore(self, host: str) -> None:
+        i = self.index(host)
+        run(["ip", "link", "set", self.veth(i), "up"])
+        self.cut_hosts.discard(self.ips[i])
+        ns = self.namespaces[i]
+        _wait(f"{ns}'s link to come back", lambda: "LOWER_UP" in run(["ip", "-n", ns, "link", "show", "eth0"]).stdout,
+              5.0)
+
+    def restore_all(self) -> None:
+        for ip in list(self.cut_hosts):
+            self.restore(ip)
+
+    def leftovers(self, keep: set[int], grace: float) -> dict[str, str]:
+        """Processes in the namespaces other than ``keep`` that are still alive after
+        ``grace`` seconds (zombies count as gone): SIGKILLed, and described (pid, state,
+        command line) by namespace."""
+
+        def alive() -> dict[str, list[int]]:
+            found = {}
+            for i, ns in enumerate(self.namespaces):
+                pids = []
+                for pid in self.pids(i):
+                    if pid in keep:
+                        continue
+                    try:
+                        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                            pids.append(pid)
+                    except psutil.Error:
+                        pass
+                if pids:
+                    found[ns] = pids
+            return found
+
+        deadline = time.monotonic() + grace
+        left = alive()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = alive()
+        described = {ns: describe(pids) for ns, pids in left.items()}  # before they are killed
+        self._kill([pid for pids in left.values() for pid in pids])
+        return described
+
+    @staticmethod
+    def _kill(pids: Sequence[int]) -> None:
+        procs = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                p.kill()
+                procs.append(p)
+        psutil.wait_procs(procs, timeout=5)
+
+    def kill_all(self) -> None:
+        self._kill([pid for i in range(len(self.namespaces)) for pid in self.pids(i)])
+
+    def destroy(self) -> None:
+        for ns in self.namespaces:
+            run(["ip", "netns", "delete", ns], check=False)  # takes its veth pair with it
+        run(["ip", "link", "delete", self.bridge], check=False)
+
+
+def _check(cluster) -> str:
+    """``cluster.check_clean()``'s report, or what made it fail; "" for no cluster."""
+    if cluster is None:
+        return ""
+    try:
+        return cluster.check_clean()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _report(report: str, failed: bool) -> None:
+    """At teardown: raise what was left, unless an error is already on its way out (it is
+    printed then, not raised over that error)."""
+    if report and failed:
+        print(report, file=sys.stderr)
+    elif report:
+        raise RuntimeError(report)
+
+
+def _leak_report(left: dict[str, str], what: str) -> str:
+    return f"processes left on {what} after the test (killed now):\n" + "\n".join(
+        f"[{ns}]\n{text}" for ns, text in left.items())
+
+
+# ------------------------------------------------------------------------- ssh hosts
+
+
+@dataclass
+class SSHHosts:
+    """Hosts reachable with ``ssh *ssh_args HOST CMD`` as root.
+
+    ``hosts``: their IPs (``10.77.x.11``, ``.12``); ``names``: their hostnames (``mk-h1``,
+    ``mk-h2``: what ``socket.gethostname()`` says there, resolvable on every host);
+    ``controller_ip``: the bridge's address, at which the hosts reach the root namespace
+    (the controller's own hostname and ``mk-controller`` resolve to it on the hosts);
+    ``key`` / ``wrong_key``: private keys that sshd accepts / refuses; ``ssh_args``: ssh's
+    options (key, no host-key checks or known_hosts, batch mode, no user config, short
+    connect timeout); ``ssh_args_for(key)`` the same with another key."""
+
+    net: Network
+    key: str
+    wrong_key: str
+    sshd: list[subprocess.Popen]
+    logs: list[str]
+    user: str = "root"
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.net.ips)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.net.names)
+
+    @property
+    def controller_ip(self) -> str:
+        return self.net.bridge_ip
+
+    def ssh_args_for(self, key: str) -> tuple[str, ...]:
+        return ("-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+                "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-l", self.user)
+
+    @property
+    def ssh_args(self) -> tuple[str, ...]:
+        return self.ssh_args_for(self.key)
+
+    def ssh(self, host: str, command: str, *, timeout: float = 20.0, key: str | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """Run ``command`` on ``host`` through ssh and return what it did (not checked)."""
+        return run(["ssh", *self.ssh_args_for(key or self.key), host, command], timeout=timeout, check=False,
+                   input=input)
+
+    def netns(self, host: str) -> str:
+        """The network namespace of ``host`` (its IP or hostname)."""
+        return self.net.namespaces[self.net.index(host)]
+
+    def ip(self, host: str) -> str:
+        return self.net.ips[self.net.index(host)]
+
+    def cut(self, host: str) -> None:
+        """Take the host's link down (its veth on the bridge): packets to and from it are
+        dropped, as on a cut cable; its processes keep running.  Restored after the test."""
+        self.net.cut(host)
+
+    def restore(self, host: str) -> None:
+        self.net.restore(host)
+
+    def pids(self, host: str, *, sshd_sessions: bool = False) -> list[int]:
+        """Pids of the processes in the host's namespace, other than its sshd (the
+        listener, and unless ``sshd_sessions`` also its per-connection children)."""
+        i = self.net.index(host)
+        out = []
+        for pid in self.net.pids(i):
+            if pid == self.sshd[i].pid:
+                continue
+            if not sshd_sessions:
+                with contextlib.suppress(psutil.Error):
+                    if psutil.Process(pid).name() == "sshd":  # its name stays readable while it exits
+                        continue
+            out.append(pid)
+        return out
+
+    def check_clean(self, grace: float = GRACE_S) -> str:
+        """Restore cut links; then "" if only the sshd listeners are left in the
+        namespaces (within ``grace`` s), or else what was left (it is killed)."""
+        self.net.restore_all()
+        dead = [i for i, p in enumerate(self.sshd) if p.poll() is not None]
+        if dead:
+            raise RuntimeError("sshd exited:" + "".join(f"\n--- {self.logs[i]}:\n{_tail(self.logs[i])}" for i in dead))
+        left = self.net.leftovers({p.pid for p in self.sshd}, grace)
+        return _leak_report(left, "the ssh hosts") if left else ""
+
+
+SSHD_CONFIG = """\
+Port 22
+ListenAddress {ip}
+HostKey {dir}/host_key
+PidFile {dir}/sshd-{name}.pid
+AuthorizedKeysFile {dir}/authorized_keys
+PermitRootLogin yes
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+MaxStartups 200
+MaxSessions 200
+AcceptEnv MONARCH_*
+Subsystem sftp internal-sftp
+"""
+
+
+@contextlib.contextmanager
+def ssh_network(n: int = 2) -> Iterator[SSHHosts]:
+    """``n`` hosts with sshd (see ``SSHHosts``); everything is removed on exit, and what is
+    still running in their namespaces then raises (after being killed)."""
+    _skip_unless(SSHD, "ssh", "ssh-keygen")
+    tmp = tempfile.mkdtemp(prefix="mk-ssh-")
+    net = Network("s", [f"mk-h{i + 1}" for i in range(n)])
+    sshd: list[subprocess.Popen] = []
+    hosts, failed = None, False
+    try:
+        for name in ("host_key", "id_ed25519", "wrong_ed25519"):
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"monarch-kernel-test-{name}",
+                 "-f", f"{tmp}/{name}"])
+        shutil.copy(f"{tmp}/id_ed25519.pub", f"{tmp}/authorized_keys")
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+        net.create(tmp)
+        logs = []
+        for i, (name, ip) in enumerate(zip(net.names, net.ips, strict=True)):
+            cfg = f"{tmp}/sshd_config-{name}"
+            with open(cfg, "w") as f:
+                f.write(SSHD_CONFIG.format(ip=ip, dir=tmp, name=name))
+            run([SSHD, "-t", "-f", cfg])
+            logs.append(f"{tmp}/sshd-{name}.log")
+            sshd.append(net.spawn(i, [SSHD, "-D", "-e", "-f", cfg], logs[i]))
+        hosts = SSHHosts(net, f"{tmp}/id_ed25519", f"{tmp}/wrong_ed25519", sshd, logs)
+        for ip, log in zip(net.ips, logs, strict=True):
+            _wait(f"sshd on {ip}:22", lambda ip=ip: _reachable(ip, 22), 10.0, [log])
+        yield hosts
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        report = _check(hosts)
+        _stop(sshd)
+        net.kill_all()
+        net.destroy()
+        shutil.rmtree(tmp, ignore_errors=True)
+        _report(report, failed)
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts_session() -> Iterator[SSHHosts]:
+    """The session's ssh hosts (built on first use, in about a second)."""
+    with ssh_network() as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def ssh_hosts(ssh_hosts_session: SSHHosts) -> Iterator[SSHHosts]:
+    """The session's ssh hosts, checked after the test: cut links are restored, and a
+    process still running on a host after ``GRACE_S`` seconds fails the test."""
+    yield ssh_hosts_session
+    report = ssh_hosts_session.check_clean()
+    if report:
+        pytest.fail(report, pytrace=False)
+
+
+# ------------------------------------------------------------------------- slurm
+
+
+SLURM_CONF = """\
+ClusterName=mk{tag}
+SlurmctldHost={controller}({controller_ip})
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={dir}/munge.socket
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool-%n
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig={dir}/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+MinJobAge=2
+KillWait=2
+InactiveLimit=0
+MessageTimeout=10
+SlurmdTimeout=30
+TmpFS={dir}/tmp
+{nodes}
+PartitionName={partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+"""
+
+
+@dataclass
+class SlurmCluster:
+    """A Slurm cluster whose nodes are network namespaces.
+
+    ``nodes``: node names (``mkn1``, ``mkn2``: also each node's hostname, which is what
+    ``hostname`` and ``$SLURMD_NODENAME`` say in a job there); ``node_ips``: name -> IP
+    (``10.77.x.11``, ...); ``controller_ip``: the bridge's address (slurmctld's, and where
+    jobs reach the root namespace); ``cpus``: CPUs per node; ``partition``: the default
+    partition; ``env``: this process's environment plus ``SLURM_CONF`` (and
+    ``SBATCH_OUTPUT``: batch jobs write ``slurm-<id>.out`` under ``output_dir``, not in the
+    working directory), for the clients; ``conf``: slurm.conf's path."""
+
+    net: Network
+    conf: str
+    dir: str
+    cpus: int
+    partition: str
+    daemons: dict[str, subprocess.Popen]  # "munged", "slurmctld", "slurmd-<node>"
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.net.names)
+
+    @property
+    def node_ips(self) -> dict[str, str]:
+        return dict(zip(self.net.names, self.net.ips, strict=True))
+
+    @property
+    def controller_ip(self) -> str:
+        return self.net.bridge_ip
+
+    @property
+    def output_dir(self) -> str:
+        return f"{self.dir}/jobs"
+
+    def netns(self, node: str) -> str:
+        return self.net.namespaces[self.net.index(node)]
+
+    def cut(self, node: str) -> None:
+        """Take the node's link down (see ``SSHHosts.cut``); restored after the test."""
+        self.net.cut(node)
+
+    def restore(self, node: str) -> None:
+        self.net.restore(node)
+
+    def run(self, *argv: str, timeout: float = 20.0, check: bool = True, input: str | None = None):
+        """Run a Slurm client (``srun``, ``sbatch`` ...) against this cluster."""
+        return run(argv, timeout=timeout, check=check, env=self.env, input=input)
+
+    def squeue_json(self) -> dict:
+        """``squeue --json``, parsed (Slurm 22.05's layout: see tests/data/)."""
+        return json.loads(self.run("squeue", "--json").stdout)
+
+    def jobs(self) -> list[dict]:
+        """The jobs slurmctld still lists as pending, running or completing: dicts with
+        ``job_id``, ``state`` and ``nodes`` (from ``squeue``'s plain output)."""
+        out = self.run("squeue", "-h", "-t", "PD,R,CG,CF,S,RQ,RS,SO,ST", "-o", "%i|%T|%N").stdout
+        return [dict(zip(("job_id", "state", "nodes"), line.split("|"), strict=True))
+                for line in out.splitlines() if line.strip()]
+
+    def pids(self, node: str) -> list[int]:
+        """Pids in the node's namespace other than its slurmd (slurmstepd, job tasks)."""
+        i = self.net.index(node)
+        return [p for p in self.net.pids(i) if p != self.daemons[f"slurmd-{node}"].pid]
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        def idle() -> bool:
+            r = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=10)
+            states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
+            return r.returncode == 0 and all(states.get(n) in ("idle", "mix", "alloc") for n in self.nodes)
+
+        logs = [f"{self.dir}/slurmctld.log"] + [f"{self.dir}/slurmd-{n}.log" for n in self.nodes]
+        _wait("the Slurm nodes to be up", idle, timeout, logs, interval=0.2)
+
+    def check_clean(self, grace: float = GRACE_S) -> str:
+        """Restore cut links, cancel jobs left queued and wait for their processes; "" when
+        the test left nothing, or else what it left (cancelled and killed by now)."""
+        self.net.restore_all()
+        dead = [name for name, p in self.daemons.items() if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"Slurm daemons exited: {dead}; logs in {self.dir}")
+        problems = []
+        jobs, deadline = self.jobs(), time.monotonic() + grace
+        while any(j["state"] == "COMPLETING" for j in jobs) and time.monotonic() < deadline:
+            time.sleep(0.1)  # ending: srun returns before its job has finished completing
+            jobs = self.jobs()
+        if jobs:
+            problems.append(f"Slurm jobs left after the test (cancelled now): {jobs}")
+            self.run("scancel", *[j["job_id"] for j in jobs], check=False)
+            with contextlib.suppress(RuntimeError):
+                _wait("cancelled jobs to leave squeue", lambda: not self.jobs(), 15.0, interval=0.2)
+        keep = {p.pid for p in self.daemons.values()}
+        left = self.net.leftovers(keep, grace)
+        if left:
+            problems.append(_leak_report(left, "the Slurm nodes"))
+        return "\n".join(problems)
+
+
+@contextlib.contextmanager
+def slurm_network(n: int = 2, cpus: int = 4) -> Iterator[SlurmCluster]:
+    """munged + slurmctld (root namespace) + ``n`` slurmd nodes of ``cpus`` CPUs each
+    (config_overrides: they need not exist); torn down on exit, raising if anything was
+    still running on a node."""
+    _skip_unless(*SLURM_DAEMONS, *SLURM_CLIENTS)
+    tmp = tempfile.mkdtemp(prefix="mk-slurm-")
+    os.chmod(tmp, 0o711)  # munged wants its socket's directory searchable by all
+    net = Network("n", [f"mkn{i + 1}" for i in range(n)])
+    daemons: dict[str, subprocess.Popen] = {}
+    cluster, failed = None, False
+    try:
+        for sub in ("state", "tmp", "jobs", *[f"spool-{name}" for name in net.names]):
+            os.makedirs(f"{tmp}/{sub}")
+        with open(f"{tmp}/munge.key", "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(f"{tmp}/munge.key", 0o400)
+        open(f"{tmp}/plugstack.conf", "w").close()
+        net.create(tmp)
+        nodes = "\n".join(f"NodeName={name} NodeAddr={ip} NodeHostname={name} CPUs={cpus} State=UNKNOWN"
+                          for name, ip in zip(net.names, net.ips, strict=True))
+        conf = f"{tmp}/slurm.conf"
+        with open(conf, "w") as f:
+            f.write(SLURM_CONF.format(tag=net.tag, controller=socket.gethostname().split(".")[0],
+                                      controller_ip=net.bridge_ip, ctld_port=_free_port(), slurmd_port=_free_port(),
+                                      dir=tmp, nodes=nodes, partition="mk"))
+        env = daemon_env(SLURM_CONF=conf)
+        with open(f"{tmp}/munged.log", "ab") as log:
+            daemons["munged"] = subprocess.Popen(
+                ["/usr/sbin/munged", "-F", "-f", f"--socket={tmp}/munge.socket", f"--key-file={tmp}/munge.key",
+                 f"--pid-file={tmp}/munged.pid", f"--seed-file={tmp}/munged.seed", f"--log-file={tmp}/munged.log"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _wait("munged's socket", lambda: os.path.exists(f"{tmp}/munge.socket"), 10.0, [f"{tmp}/munged.log"])
+        with open(f"{tmp}/slurmctld.out", "ab") as log:
+            daemons["slurmctld"] = subprocess.Popen(
+                ["/usr/sbin/slurmctld", "-D", "-i", "-f", conf], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        for i, name in enumerate(net.names):
+            daemons[f"slurmd-{name}"] = net.spawn(i, ["/usr/sbin/slurmd", "-D", "-f", conf], f"{tmp}/slurmd-{name}.out",
+                                                  env=env)
+        cluster = SlurmCluster(net, conf, tmp, cpus, "mk", daemons,
+                               env={**os.environ, "SLURM_CONF": conf, "SBATCH_OUTPUT": f"{tmp}/jobs/slurm-%j.out"})
+        cluster.wait_idle()
+        yield cluster
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        report = _check(cluster)
+        _stop([p for name, p in daemons.items() if name.startswith("slurmd")])
+        _stop([daemons[name] for name in ("slurmctld", "munged") if name in daemons])
+        net.kill_all()
+        net.destroy()
+        shutil.rmtree(tmp, ignore_errors=True)
+        _report(report, failed)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_session() -> Iterator[SlurmCluster]:
+    """The session's Slurm cluster (built on first use)."""
+    with slurm_network() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session's Slurm cluster, checked after the test: a job still queued, or a
+    process still running on a node after ``GRACE_S`` seconds, fails the test."""
+    yield slurm_cluster_session
+    report = slurm_cluster_session.check_clean()
+    if report:
+        pytest.fail(report, pytrace=False)
