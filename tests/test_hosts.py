@@ -215,3 +215,30 @@ def test_job_load_reconnects_from_another_process_and_controller_death_leaves_no
         proc.wait(10)
         proc.stdout.close()
     assert job_load(path).kind == "ssh"
+
+
+class Importer(Actor):
+    @endpoint
+    def call(self, module: str, fn: str):
+        import importlib
+
+        mod = importlib.import_module(module)
+        return getattr(mod, fn)(), mod.__file__
+
+
+def test_sync_workspace_makes_an_edited_module_callable_on_remote_ranks(job, tmp_path):
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "remote_mod.py").write_text("def f():\n    return 'f1'\n")
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+    first = procs.sync_workspace(str(src))
+    assert first.files_sent >= 1
+    imp = procs.spawn("importer", Importer)
+    got = imp.call.call("remote_mod", "f").get(timeout=30)
+    assert [v[0] for v in got.values()] == ["f1", "f1"]
+    assert all(not v[1].startswith(str(src)) for v in got.values())  # imported from the host's per-job copy
+    (src / "remote_mod.py").write_text("def f():\n    return 'f2'\n\ndef g():\n    return 'g'\n")
+    second = procs.sync_workspace(str(src))
+    assert second.files_sent >= 1
+    assert [v[0] for v in imp.call.call("remote_mod", "g").get(timeout=30).values()] == ["g", "g"]
+    assert procs.sync_workspace(str(src)).files_sent == 0

@@ -106,12 +106,14 @@ class AgentProcess:
         if any(s in text for s in ("Could not resolve", "Connection refused", "Connection timed out",
                                    "No route to host", "Network is unreachable")):
             return f"cannot reach {self.host} over ssh{said}"
+        if code == 255 and self.argv[0] == "ssh":  # ssh's own failure, not the remote command's
+            return f"ssh to {self.host} failed (check ssh_args: {' '.join(self.argv[1:-4])}){said}"
         if f"No module named {AGENT_MODULE}" in text or "No module named 'monarch_kernel'" in text \
                 or "No module named monarch_kernel" in text:
             return (f"monarch_kernel is not installed for {python} on {self.host}: run "
                     f"`ssh {self.host} {python} -m pip install monarch-kernel` (or install this checkout there), "
                     f"or point python_exe at an interpreter that has it{said}")
-        if code == 127 or "command not found" in text or "No such file or directory" in text:
+        if code == 127 or "command not found" in text or f"{python}: No such file" in text:
             return (f"{python} was not found on {self.host}: pass python_exe= the path of a Python 3 "
                     f"interpreter there{said}")
         return f"the agent on {self.host} exited with status {code} before connecting{said}"

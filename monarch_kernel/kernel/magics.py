@@ -58,6 +58,15 @@ def _env(value: str) -> tuple[str, str]:
 @argument("--name", type=_name, help="the mesh's name (default procs, procs1, ...)")
 @argument("--env", type=_env, action="append", default=[], metavar="K=V", help="an environment variable for the ranks")
 @argument("--detach", type=_name, metavar="M", help="keep the ranks running after the kernel ends, as mesh M")
+@argument("--job", metavar="ssh|slurm|NAME", help="start the ranks on other hosts: a new ssh or slurm job, or a "
+          "running job's name (%%mesh jobs); -n is then ranks per host")
+@argument("--hosts", metavar="H1,H2", help="--job ssh: the hosts, as ssh reaches them")
+@argument("--ssh-args", metavar="'ARGS'", help="--job ssh: ssh's options, quoted as one, e.g. '-i key -l me'")
+@argument("--nodes", type=_count, metavar="N", help="--job slurm: nodes to allocate")
+@argument("--partition", metavar="P", help="--job slurm: the partition")
+@argument("--time", metavar="T", default="01:00:00", help="--job slurm: the time limit (default 01:00:00)")
+@argument("--account", metavar="A", help="--job slurm: the account")
+@argument("--python", metavar="PATH", help="--job: the interpreter on the hosts (default: this kernel's)")
 def _spawn():
     """start N ranks (returns the ProcMesh; it becomes current)"""
 
@@ -83,6 +92,17 @@ def _use():
 @argument("name", nargs="?")
 def _stop():
     """end a mesh (the current one by default)"""
+
+
+@magic_arguments(name="mesh jobs")
+def _jobs():
+    """list the jobs (ssh, slurm) this kernel started, their hosts and meshes"""
+
+
+@magic_arguments(name="mesh kill-job")
+@argument("name", nargs="?", help="the job (default: the only one)")
+def _kill_job():
+    """end a job: stop its meshes, its agents, and free its hosts (scancel for slurm)"""
 
 
 @magic_arguments(name="mesh status")
@@ -155,7 +175,8 @@ def _cell():
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
             "status": _status, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
-            "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb}
+            "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
+            "jobs": _jobs, "kill-job": _kill_job}
 
 
 _debug.parser.usage = "%(prog)s R [--listen [--host H]] | off"
@@ -209,7 +230,7 @@ class MeshMagics(Magics):
             raise UsageError(f"%mesh {cmd}: {e}") from None
         if cmd in ("debug", "pdb"):  # their own grammar, in debug/
             return getattr(self, f"_cmd_{cmd}")(words)
-        return getattr(self, f"_cmd_{cmd}")(_parse(parser, rest))
+        return getattr(self, f"_cmd_{cmd.replace('-', '_')}")(_parse(parser, rest))
 
     # ------------------------------------------------------------ subcommands
 
@@ -220,8 +241,24 @@ class MeshMagics(Magics):
             raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
         env = dict(a.env)
         env.setdefault("MPLBACKEND", "Agg")  # figures are collected and shown in the cell
+        if a.job is None and (a.hosts or a.nodes or a.partition or a.account or a.ssh_args or a.python):
+            raise UsageError("--hosts, --nodes, --partition, --account, --ssh-args and --python go with --job; type  "
+                             "%mesh spawn --job ssh --hosts h1,h2 -n 2  or  %mesh spawn --job slurm --nodes 2 -n 4")
+        if a.detach and a.job:
+            raise UsageError("--detach starts ranks on this machine only; a job's meshes end with the kernel, "
+                             "keep the job across restarts with job.dump(path) / job_load(path) instead")
         if a.detach:
             procs = detached.spawn(s, a.detach, a.n, env)
+        elif a.job:
+            job_name, job = s.jobs.open(a)
+            hosts = s.jobs.host_mesh(job)
+            procs = hosts.spawn_procs(per_host={"ranks": a.n}, name=name, env=env)
+            consoles = procs.spawn("console", Console)
+            consoles.initialized().get(timeout=60)
+            s.add(procs, consoles)
+            s.jobs.meshes[procs.name] = job_name
+            print(f"mesh {procs.name}: {len(procs)} ranks on job {job_name} "
+                  f"({', '.join(hosts.host_names)}; {a.n} per host)")
         else:
             s.spawning = True
             try:
@@ -269,6 +306,22 @@ class MeshMagics(Magics):
         else:
             procs.stop().get(timeout=30)
         s.remove(procs.name)
+        job = s.jobs.meshes.pop(procs.name, None)
+        if job is not None and job not in s.jobs.meshes.values():
+            print(f"job {job} keeps its hosts for the next  %mesh spawn --job {job};  %mesh kill-job {job} frees them")
+
+    def _cmd_jobs(self, _a):
+        for line in self.session.jobs.listing():
+            print(line)
+
+    def _cmd_kill_job(self, a):
+        s = self.session
+        name, meshes = s.jobs.kill(a.name)
+        for m in meshes:
+            if m in s.meshes:
+                proxy.forget_mesh(self.shell, m)
+                s.remove(m)
+        print(f"job {name} killed" + (f" with its meshes {', '.join(meshes)}" if meshes else ""))
 
     def _cmd_status(self, _a):
         s = self.session
@@ -360,7 +413,8 @@ class MeshMagics(Magics):
             raise UsageError(f"%mesh scatter {a.pair!r}: write name=expr")
         _procs, consoles = self.session.get()
         chunks = split_along_ranks(self.shell.ev(expr), len(consoles))
-        futs = [consoles.slice(ranks=r).push.call_one({name: c}) for r, c in enumerate(chunks)]
+        flat = consoles.flatten("ranks")  # ranks counted across every dim (a job's mesh has hosts too)
+        futs = [flat.slice(ranks=r).push.call_one({name: c}) for r, c in enumerate(chunks)]
         for f in futs:
             f.get(timeout=60)
 

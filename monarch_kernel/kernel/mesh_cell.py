@@ -166,7 +166,10 @@ def clean_traceback(text: str) -> str:
 
 
 def _select(consoles, ranks):
-    """The console actors of the given ranks, as one mesh (contiguous or stepped)."""
+    """The console actors of the given ranks, as one mesh (contiguous or stepped); ranks are
+    counted across every dim (a job's mesh is {"hosts": H, "ranks": n})."""
+    if list(consoles.extent) != ["ranks"]:
+        consoles = consoles.flatten("ranks")
     if len(ranks) == 1:
         return consoles.slice(ranks=ranks[0])
     step = ranks[1] - ranks[0]

@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 
 from ..debug.pdb_controller import PdbHub
 from ..runtime.process import Runtime
+from .jobs import KernelJobs
 from .output import CollapsingSink
 
 
@@ -24,6 +25,7 @@ class MeshSession:
         self.hosts: dict = {}  # name -> MeshHost ActorMesh, for detached meshes
         self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
         self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
+        self.jobs = KernelJobs()  # ssh and slurm jobs started by %mesh spawn --job
         rt = Runtime.current()
         self.sink = CollapsingSink(rt.io.loop)
         self._handles = [rt.hooks.output.install(self.sink)]
@@ -47,6 +49,7 @@ class MeshSession:
                 pass
         self._events = []
         self.pdb.close()
+        self.jobs.close()
         if self.live is not None:
             self.live.close()
         self.sink.close()

@@ -39,7 +39,7 @@ def snapshot(procs, last_lines: dict, host=None) -> list[dict]:
             state = f"not responding ({row['silent_s']:.0f} s; %mesh restart replaces it)"
         else:
             state = "busy" if r in busy else "idle"
-        rss = None if row["death"] else rss_mib(row["pid"])
+        rss = None if row["death"] or row.get("remote") else rss_mib(row["pid"])  # a remote pid is not ours
         out.append({"rank": r, "host": row["host"], "pid": row["pid"], "state": state,
                     "rss": "" if rss is None else f"{rss:.0f} MiB", "last": last_lines.get((procs.name, r), "")})
     return out

@@ -66,15 +66,17 @@ class ProcMesh(Shaped):
 
     def rank_states(self) -> list[dict]:
         """One row per rank: ``rank``, ``host``, ``pid`` (None if unknown here), ``state``
-        ("idle", "busy", "not responding" or "dead"), ``death`` (how it died, or None) and
-        ``silent_s`` (seconds since its last heartbeat)."""
+        ("idle", "busy", "not responding" or "dead"), ``death`` (how it died, or None),
+        ``silent_s`` (seconds since its last heartbeat) and ``remote`` (on another host: its
+        pid is that host's)."""
         rt = Runtime.current()
         busy = rt.busy_ranks(self._ref.id)
         om = self._owned
         rows = []
         for r in self._shape.ranks:
             death = rt.death(self._ref.id, r)
-            info = om.rank_info(r) if om is not None else {"pid": None, "responding": True, "silent_s": 0.0}
+            info = om.rank_info(r) if om is not None else {"pid": None, "responding": True, "silent_s": 0.0,
+                                                            "remote": False}
             if death is not None:
                 state = "dead"
             elif not info["responding"]:
@@ -83,7 +85,7 @@ class ProcMesh(Shaped):
                 state = "busy" if r in busy else "idle"
             rows.append({"rank": r, "host": self._ref.hosts[r] if self._ref.hosts else "", "pid": info["pid"],
                          "state": state, "death": death.how() if death is not None else None,
-                         "silent_s": info["silent_s"]})
+                         "silent_s": info["silent_s"], "remote": info["remote"]})
         return rows
 
     def restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
@@ -103,6 +105,13 @@ class ProcMesh(Shaped):
 
     def slice(self, **dims) -> ProcMesh:
         pm = ProcMesh(self._ref, self._shape.slice(**dims), self._owned)
+        pm._stopped = self._stopped
+        return pm
+
+    def flatten(self, dim: str) -> ProcMesh:
+        """The same procs over one dimension ``dim`` (``{"hosts": 2, "gpus": 4}`` ->
+        ``{dim: 8}``), in row-major order."""
+        pm = ProcMesh(self._ref, self._shape.flatten(dim), self._owned)
         pm._stopped = self._stopped
         return pm
 

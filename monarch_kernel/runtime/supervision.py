@@ -78,7 +78,7 @@ class OwnedMesh:
         return self.silent_for(rank) < config.heartbeat_timeout()
 
     def rank_info(self, rank: int) -> dict:
-        return {"rank": rank, "pid": self.pids[rank], "host": self.ref.hosts[rank],
+        return {"rank": rank, "pid": self.pids[rank], "host": self.ref.hosts[rank], "remote": self.links is not None,
                 "alive": rank in self.alive, "up": rank in self.up,
                 "responding": self.responding(rank), "silent_s": round(self.silent_for(rank), 1)}
 

@@ -1,0 +1,99 @@
+"""The jobs this kernel started from magics (``%mesh spawn --job ssh|slurm``): their names,
+which meshes run on each, and ending them (``%mesh kill-job``).
+
+A job outlives its meshes: stopping the last mesh of a job leaves its hosts (and a Slurm
+allocation) for the next ``%mesh spawn --job NAME``; only ``%mesh kill-job`` frees them.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from IPython.core.error import UsageError
+
+from ..job import JobTrait, SlurmJob, SSHJob
+
+
+class KernelJobs:
+    def __init__(self) -> None:
+        self.jobs: dict[str, JobTrait] = {}  # job name -> job
+        self.meshes: dict[str, str] = {}  # mesh name -> the job it runs on
+        self._count: dict[str, int] = {}
+
+    def _name(self, kind: str) -> str:
+        n = self._count.get(kind, 0)
+        self._count[kind] = n + 1
+        return f"{kind}{n}"
+
+    def open(self, a) -> tuple[str, JobTrait]:
+        """The job ``%mesh spawn --job ...`` names: an existing one, or a new ssh/slurm job."""
+        if a.job in self.jobs:
+            if not self.jobs[a.job].active:
+                raise UsageError(f"job {a.job!r} was killed; start a new one with  --job ssh  or  --job slurm")
+            return a.job, self.jobs[a.job]
+        job: JobTrait
+        if a.job == "ssh":
+            if not a.hosts:
+                raise UsageError("--job ssh needs its hosts: type  %mesh spawn --job ssh --hosts h1,h2 -n 2")
+            quoted = a.ssh_args or ""
+            if len(quoted) > 1 and quoted[0] == quoted[-1] and quoted[0] in "'\"":
+                quoted = quoted[1:-1]  # IPython's argument splitter keeps the quotes
+            try:
+                ssh_args = shlex.split(quoted)
+            except ValueError as e:
+                raise UsageError(f"--ssh-args {a.ssh_args!r}: {e}") from None
+            ssh = SSHJob(python_exe=a.python or sys.executable, ssh_args=ssh_args)
+            job = ssh.add_mesh("hosts", [h for h in a.hosts.split(",") if h])
+        elif a.job == "slurm":
+            job = SlurmJob(meshes={"hosts": a.nodes or 1}, partition=a.partition, time_limit=a.time,
+                           account=a.account, python_exe=a.python or sys.executable)
+        else:
+            known = ", ".join(self.jobs) or "none yet"
+            raise UsageError(f"--job {a.job!r}: type  --job ssh --hosts h1,h2  or  --job slurm --nodes N,  "
+                             f"or the name of a running job ({known}; see %mesh jobs)")
+        name = self._name(a.job)
+        job.apply()  # starts the agents (and waits for Slurm's allocation) before anything is kept
+        self.jobs[name] = job
+        return name, job
+
+    def host_mesh(self, job: JobTrait):
+        return next(iter(job.state()))[1]
+
+    def listing(self) -> list[str]:
+        if not self.jobs:
+            return ["no jobs; start one with  procs = %mesh spawn --job ssh --hosts h1,h2 -n 2"]
+        out = []
+        for name, job in self.jobs.items():
+            meshes = [m for m, j in self.meshes.items() if j == name]
+            hosts = ", ".join(h for _n, hm in job.state() for h in hm.host_names) if job.active else ""
+            extra = f", Slurm job {job.job_id}" if isinstance(job, SlurmJob) and job.job_id else ""
+            state = "running" if job.active else "killed"
+            out.append(f"{name} ({job.kind}{extra}): {state}; hosts: {hosts or '-'}; "
+                       f"meshes: {', '.join(meshes) or 'none'}")
+        return out
+
+    def kill(self, name: str | None) -> tuple[str, list[str]]:
+        """Kill job ``name`` (the only one, if None); returns its name and its meshes."""
+        if name is None:
+            if len(self.jobs) != 1:
+                raise UsageError(f"which job? type  %mesh kill-job NAME  ({', '.join(self.jobs) or 'no jobs'})")
+            name = next(iter(self.jobs))
+        job = self.jobs.get(name)
+        if job is None:
+            raise UsageError(f"no job {name!r}; %mesh jobs lists them")
+        meshes = [m for m, j in self.meshes.items() if j == name]
+        job.kill()
+        for m in meshes:
+            self.meshes.pop(m, None)
+        del self.jobs[name]
+        return name, meshes
+
+    def close(self) -> None:
+        """The kernel is ending: its jobs end with it (agents, ranks, and allocations)."""
+        for job in list(self.jobs.values()):
+            try:
+                job.kill()
+            except Exception as e:  # noqa: BLE001  (one job's failure must not keep the others)
+                print(f"monarch_kernel: ending a job failed: {e}", file=sys.stderr)
+        self.jobs.clear()

@@ -1,0 +1,70 @@
+"""A notebook driving ranks on other hosts: ``%mesh spawn --job ssh`` through a real kernel,
+JupyterLab's debugger stopping a remote rank at a breakpoint, distributed pdb on a remote
+rank, ``%mesh status``/``jobs``/``stop``/``kill-job``.  The hosts are network namespaces with
+their own sshd (cluster.py); the debugger reaches the rank's debugpy only through the
+control connection (the rank's 127.0.0.1 is its own namespace's)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+from test_debug import CELL, Session, start_debugger
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def test_a_notebook_spawns_over_ssh_and_debugs_a_remote_rank(ssh_hosts, kc):  # hosts checked after the kernel ends
+    s = Session(kc)
+    hosts = ",".join(ssh_hosts.hosts)
+    args = shlex.quote(" ".join(shlex.quote(a) for a in ssh_hosts.ssh_args))  # one quoted word for the magic
+    out = s.cell(f"procs = %mesh spawn --job ssh --hosts {hosts} -n 1 --python {sys.executable} --ssh-args {args}")
+    assert "mesh procs: 2 ranks on job ssh0" in out, out
+    status = s.cell("%mesh status")
+    assert ssh_hosts.hosts[0] in status and ssh_hosts.hosts[1] in status, status
+    assert "ssh0 (ssh): running" in s.cell("%mesh jobs")
+    out = s.cell("%%mesh\nimport os\nprint(os.environ['MONARCH_KERNEL_BIND'])")
+    assert f"[rank 0] {ssh_hosts.hosts[0]}" in out and f"[rank 1] {ssh_hosts.hosts[1]}" in out, out
+
+    # JupyterLab's debugger on rank 1, on the second host.
+    out = s.cell("%mesh debug 1")
+    assert "now debugs rank 1" in out, out
+    start_debugger(s)
+    path = s.dap("dumpCell", {"code": CELL})["body"]["sourcePath"]
+    bp = s.dap("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 4}], "sourceModified": False})
+    assert bp["success"] and bp["body"]["breakpoints"][0]["verified"], bp
+    assert s.dap("configurationDone")["success"]
+    msg_id = s.execute(CELL)
+    stopped = s.wait_event("stopped")
+    thread = stopped["body"]["threadId"]
+    frames = s.dap("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+    assert (frames[0]["source"]["path"], frames[0]["line"]) == (path, 4)
+    scopes = s.dap("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
+    variables = s.dap("variables", {"variablesReference": scopes[0]["variablesReference"]})["body"]["variables"]
+    assert {v["name"]: v["value"] for v in variables}["x"] == "10"
+    assert s.dap("continue", {"threadId": thread})["success"]
+    out = s.wait_done(msg_id)
+    assert "[rank 1] y is 11" in out, out
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    s.cell("%mesh debug off")
+
+    # Distributed pdb on the remote rank, over the notebook's stdin.
+    out = s.cell("%%mesh --ranks 0\nv = 41\nbreakpoint()\nw = v + 1\nprint('w is', w)", ["p v", "c"])
+    assert "rank 0 stopped at cell line 4" in out and "41" in out and "[rank 0] w is 42" in out, out
+
+    out = s.cell("%mesh stop")
+    assert "job ssh0 keeps its hosts" in out, out
+    out = s.cell("procs = %mesh spawn --job ssh0 -n 2")
+    assert "mesh procs: 4 ranks on job ssh0" in out, out
+    assert "killed with its meshes procs" in s.cell("%mesh kill-job")
+    assert "killed" in s.cell("%mesh jobs") or "no jobs" in s.cell("%mesh jobs")
+
+
+def test_job_arguments_that_do_not_fit_say_what_to_type(kc):
+    s = Session(kc)
+    assert "UsageError" in s.cell("%mesh spawn --job ssh -n 2") and "--hosts h1,h2" in s.cell("%mesh spawn --job ssh")
+    assert "go with --job" in s.cell("%mesh spawn --hosts a,b")
+    assert "the name of a running job" in s.cell("%mesh spawn --job nope")
+    assert "no jobs" in s.cell("%mesh jobs")
+    assert "which job?" in s.cell("%mesh kill-job")
