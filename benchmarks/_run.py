@@ -19,6 +19,7 @@ JOBS = {
     "W7": ("kernel", "w7"),
     "W8": ("calls", "w8"),
     "W8flat": ("calls", "w8_flat"),
+    "W9": ("hosts", "w9"),
 }
 
 

@@ -4,7 +4,7 @@ local template (``template_client``) when ranks are forked on that host.
 The link speaks ``agent_wire`` over the runtime's own signed (and, between hosts, Curve)
 messages.  Ranks' output arrives as OUTPUT messages and is written into the pipes the
 supervisor reads, so remote output takes the same path as local output.  The link beats
-every second and declares the agent gone after ``SILENT_S`` of silence (a cut link, a dead
+every ``BEAT_S`` and declares the agent gone after ``SILENT_S`` of silence (a cut link, a dead
 machine), or at once when its launcher says so (the ssh or srun process exited): every rank
 it forked then dies with a reason that names the host.
 """

@@ -27,8 +27,10 @@ OUTPUT = "output"  # {tag, fd (1 or 2), data}: bytes a rank wrote
 # both ways, every BEAT_S: still here
 BEAT = "beat"
 
-BEAT_S = 1.0
-SILENT_S = 3.0  # a side that hears nothing from the other for this long declares it gone
+BEAT_S = 0.5
+# A side that hears nothing from the other for this long declares it gone; checked every
+# beat, so a dead host is declared within SILENT_S + BEAT_S = 3 s.
+SILENT_S = 2.5
 
 
 def encode(host_id: str, origin: str, msg: dict) -> tuple[Header, list]:

@@ -1,0 +1,230 @@
+"""W9: across two hosts (network namespaces with their own sshd, built as the tests build
+them: tests/cluster.py).  W1 through ``SSHJob`` for 2 hosts x 2 ranks (time to the first
+answer); W2 and W3 with the ranks on the other host beside the same ranks here; a raw pyzmq
+round trip between the same namespaces (plain and with Curve); W4b (``tcp``) between the
+hosts beside raw TCP ``sendall``/``recv_into`` between the same namespaces; W5x, the time
+from a host's death (its agent SIGKILLed; its link cut) to the caller's ``ProcessDied``.
+Needs root (network namespaces, sshd); otherwise it reports why it did not run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+from ._util import ROOT, log, summary_us, time_calls
+
+NBYTES = 64 << 20
+
+_ECHO = r"""
+import sys, zmq
+ctx = zmq.Context()
+ip, curve, secret, server = sys.argv[1], sys.argv[2] == "1", sys.argv[3].encode(), sys.argv[4].encode()
+pull = ctx.socket(zmq.PULL)
+if curve:
+    pull.curve_server, pull.curve_secretkey = True, secret
+pull.bind(f"tcp://{ip}:*")
+print(pull.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+push = None
+while True:
+    f = pull.recv_multipart()
+    if push is None:
+        push = ctx.socket(zmq.PUSH)
+        if curve:
+            push.curve_serverkey = server
+            push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
+        push.connect(f[0].decode())
+    push.send_multipart(f)
+"""
+
+_SINK = r"""
+import socket, sys
+ip, n, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ls = socket.socket(); ls.bind((ip, 0)); ls.listen(1)
+print(ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+view = memoryview(bytearray(n))
+for _ in range(runs):
+    got = 0
+    while got < n:
+        got += c.recv_into(view[got:], n - got)
+    c.sendall(b"k")
+"""
+
+_SEND = r"""
+import socket, statistics, sys, time
+ip, port, n, runs, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+c = socket.create_connection((ip, port))
+data = memoryview(bytearray(b"\1" * n))
+out = []
+for i in range(warm + runs):
+    t = time.perf_counter(); c.sendall(data); assert c.recv(1) == b"k"
+    if i >= warm:
+        out.append(time.perf_counter() - t)
+print(n / 1e6 / statistics.median(out))
+"""
+
+
+def _in_ns(ns: str, code: str, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code, *args], text=True,
+                            start_new_session=True, **kw)
+
+
+def _raw_rtt(net, curve: bool) -> dict:
+    import zmq
+
+    host = net.hosts[0]
+    spub, ssec = zmq.curve_keypair()
+    p = _in_ns(net.netns(host), _ECHO, host, "1" if curve else "0", ssec.decode(), spub.decode(),
+               stdout=subprocess.PIPE)
+    ctx = zmq.Context()
+    try:
+        assert p.stdout is not None
+        there = p.stdout.readline().strip()
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        if curve:
+            pull.curve_server, pull.curve_secretkey = True, ssec
+            push.curve_serverkey = spub
+            push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
+        pull.bind(f"tcp://{net.controller_ip}:*")
+        me = pull.getsockopt_string(zmq.LAST_ENDPOINT).encode()
+        push.connect(there)
+        msg = b"x" * 64
+
+        def rt(_i):
+            push.send_multipart([me, msg])
+            pull.recv_multipart()
+
+        return summary_us(time_calls(rt, 200, 2000))
+    finally:
+        p.kill()
+        p.wait()
+        ctx.destroy(0)
+
+
+def _raw_tcp(net, runs: int = 16) -> float:
+    a, b = net.hosts
+    sink = _in_ns(net.netns(b), _SINK, b, str(NBYTES), str(runs + 2), stdout=subprocess.PIPE)
+    try:
+        assert sink.stdout is not None
+        port = sink.stdout.readline().strip()
+        send = _in_ns(net.netns(a), _SEND, b, port, str(NBYTES), str(runs), "2", stdout=subprocess.PIPE)
+        out, _ = send.communicate(timeout=120)
+        return round(float(out), 1)
+    finally:
+        sink.kill()
+        sink.wait()
+
+
+def _death(job_factory, net, how: str) -> float:
+    """Seconds from killing a host (``how``: "kill" its agent, "cut" its link) to the exception."""
+    import psutil
+
+    from monarch_kernel import ProcessDied
+
+    from ._actors import Bench
+
+    job = job_factory()
+    try:
+        procs = job.state().w.spawn_procs(per_host={"gpus": 1})
+        mesh = procs.spawn("b", Bench)
+        mesh.echo.call(0).get(timeout=30)
+        host = net.hosts[1]
+        pending = mesh.slice(hosts=1).sleep.call_one(60, os.devnull)
+        time.sleep(0.3)
+        t = time.perf_counter()
+        if how == "cut":
+            net.cut(host)
+        else:
+            for pid in net.pids(host):
+                try:
+                    if "monarch_kernel.agent" in " ".join(psutil.Process(pid).cmdline()):
+                        os.kill(pid, signal.SIGKILL)
+                except psutil.Error:
+                    continue  # gone already, or a zombie
+        try:
+            pending.get(timeout=30)
+        except ProcessDied:
+            return round(time.perf_counter() - t, 2)
+        raise AssertionError("the call on the dead host did not fail")
+    finally:
+        job.kill()
+        net.restore(net.hosts[1])
+
+
+def w9() -> dict:
+    if os.geteuid() != 0:
+        return {"W9_skipped": "needs root: network namespaces and sshd simulate the hosts"}
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import cluster  # the tests' simulated hosts
+
+    from monarch_kernel import this_host
+    from monarch_kernel.job import SSHJob
+
+    from ._actors import Bench, DataBench
+
+    out: dict = {}
+    with cluster.ssh_network() as net:
+        def job_factory():
+            job = SSHJob(python_exe=sys.executable, ssh_args=net.ssh_args)
+            job.add_mesh("w", net.hosts)
+            return job
+
+        t = time.perf_counter()
+        job = job_factory()
+        try:
+            procs = job.state().w.spawn_procs(per_host={"gpus": 2})
+            mesh = procs.spawn("b", Bench)
+            mesh.echo.call(0).get(timeout=60)
+            out["W9_W1_ssh_2x2_first_answer_s"] = round(time.perf_counter() - t, 3)
+            one = mesh.slice(hosts=1, gpus=0)
+
+            def remote_one(i):
+                assert one.echo.call_one(i).get() == i
+
+            out["W9_W2_remote_call_one_us"] = summary_us(time_calls(remote_one, 200, 2000))
+            four = job.state().w.spawn_procs(per_host={"gpus": 4}, name="four")
+            m4 = four.spawn("b", Bench).slice(hosts=1)
+
+            def remote_four(i):
+                assert len(m4.echo.call(i).get()) == 4
+
+            out["W9_W3_remote_n4_us"] = summary_us(time_calls(remote_four, 50, 500))
+            owner = procs.slice(hosts=0, gpus=0).spawn("owner", DataBench)
+            reader = procs.slice(hosts=1, gpus=0).spawn("reader", DataBench)
+            buf = owner.register.call_one(NBYTES).get(timeout=60)
+            used, samples = reader.read_times.call_one(buf, 2, 16).get(timeout=300)
+            out["W9_W4b_between_hosts"] = {"transport": used,
+                                           "MBps": round(NBYTES / 1e6 / statistics.median(samples), 1)}
+        finally:
+            job.kill()
+        with this_host().spawn_procs(per_host={"gpus": 4}) as local:
+            lm = local.spawn("b", Bench)
+            l1 = lm.slice(gpus=0)
+
+            def local_one(i):
+                assert l1.echo.call_one(i).get() == i
+
+            def local_four(i):
+                assert len(lm.echo.call(i).get()) == 4
+
+            out["W9_W2_same_host_call_one_us"] = summary_us(time_calls(local_one, 200, 2000))
+            out["W9_W3_same_host_n4_us"] = summary_us(time_calls(local_four, 50, 500))
+        out["W9_raw_pyzmq_rtt_between_namespaces_us"] = _raw_rtt(net, curve=False)
+        out["W9_raw_pyzmq_rtt_between_namespaces_curve_us"] = _raw_rtt(net, curve=True)
+        out["W9_raw_tcp_between_namespaces_64MiB_MBps"] = _raw_tcp(net)
+        out["W9_W5x_agent_killed_to_exception_s"] = _death(job_factory, net, "kill")
+        out["W9_W5x_link_cut_to_exception_s"] = _death(job_factory, net, "cut")
+    r = out
+    r["W9_W2_ratio_remote_to_same_host"] = round(r["W9_W2_remote_call_one_us"]["median"]
+                                                 / r["W9_W2_same_host_call_one_us"]["median"], 2)
+    r["W9_W3_ratio_remote_to_same_host"] = round(r["W9_W3_remote_n4_us"]["median"]
+                                                 / r["W9_W3_same_host_n4_us"]["median"], 2)
+    r["W9_W4b_share_of_raw_tcp"] = round(r["W9_W4b_between_hosts"]["MBps"]
+                                         / r["W9_raw_tcp_between_namespaces_64MiB_MBps"], 2)
+    log(f"W9: {out}")
+    return out
