@@ -22,7 +22,7 @@ from monarch_kernel.runtime.inbox import actor_address
 from monarch_kernel.runtime.process import Runtime
 
 SMALL_FRAME = 1_000_000
-REASONS = ("unsigned", "forged", "truncated", "oversized", "malformed")
+REASONS = ("unsigned", "forged", "truncated", "oversized", "malformed", "curve")
 
 
 # ---------------------------------------------------------------- building bad messages

@@ -189,7 +189,13 @@ class Supervisor:
                 address=ref.addresses[r] if remote else None,
             )
             try:
-                self._forker(om, r).fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
+                forker = self._forker(om, r)  # an interpreter that will not start raises here, to the spawner
+            except BaseException:
+                os.close(out_w)
+                os.close(err_w)
+                raise
+            try:
+                forker.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
             except OSError:
                 pass  # the template is already gone: its exit fails this rank (_on_exit)
             finally:
