@@ -1,6 +1,7 @@
 """``python -m benchmarks [IDS...]``: run the selected workloads (all by default), each job
 in a fresh controller process, and print one JSON object (indent=1) on stdout.
-IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts: needs root).  Progress and ranks' output go to stderr.
+IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts: needs root)
+W1slurm (W1 over Slurm: needs root and Slurm's daemons).  Progress and ranks' output go to stderr.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ WORKLOADS = {
     "W7": [("W7", {}, 180)],
     "W8": [("W8", {"MONARCH_KERNEL_FANOUT": "8"}, 180), ("W8flat", {"MONARCH_KERNEL_FANOUT": "64"}, 180)],
     "W9": [("W9", {}, 400)],
+    "W1slurm": [("W1slurm", {}, 180)],
 }
-ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors"}
+ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors", "W1SLURM": "W1slurm"}
 
 
 def _merge(into: dict, new: dict) -> None:

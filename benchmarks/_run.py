@@ -20,6 +20,7 @@ JOBS = {
     "W8": ("calls", "w8"),
     "W8flat": ("calls", "w8_flat"),
     "W9": ("hosts", "w9"),
+    "W1slurm": ("slurm", "w1_slurm"),
 }
 
 
