@@ -22,7 +22,7 @@ import pytest
 
 from monarch_kernel import Actor, ProcessDied, endpoint
 from monarch_kernel.job import SlurmJob, job_load
-from monarch_kernel.job.slurm import HOLD_SCRIPT, SlurmError
+from monarch_kernel.job.slurm import SlurmError
 from monarch_kernel.job.squeue import base_state, expand_hostlist, find_job, number, parse_plain
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,7 +124,9 @@ def test_commands_carry_the_options_and_no_secret(monkeypatch):
                  "--cpus-per-task=16", "--mem=64G", "--account=proj", "--qos=high", "--exclusive"):
         assert flag in argv
     assert argv[-1] == "--constraint=h100"
-    assert "key" not in HOLD_SCRIPT.lower() and "exec sleep infinity" in HOLD_SCRIPT
+    script = job.hold_script()
+    assert "key" not in script.lower() and "-ge 300" not in script and "-lt 300" in script and "monarch-agent" in script
+    assert "exec sleep infinity" in SlurmJob(meshes={"a": 1}, idle_timeout=None).hold_script()
     job.job_id = "42"
     srun = job.command("gpu07")
     assert srun[:6] == ["srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu07"]
@@ -285,3 +287,33 @@ def test_job_start_timeout_cancels_a_job_still_pending(slurm):
         deadline = time.monotonic() + 15
         while slurm.jobs() and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def test_a_dead_controller_leaves_no_allocation_once_idle(slurm, tmp_path):
+    """The controller is SIGKILLed without kill(): its agents end (srun's stdin closes), and
+    the hold script ends the allocation once no agent step has run for idle_timeout."""
+    script = tmp_path / "controller.py"
+    script.write_text(textwrap.dedent(f'''
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from monarch_kernel.job import SlurmJob
+        from test_slurm import Node
+        job = SlurmJob(meshes={{"m": 2}}, idle_timeout=5)
+        procs = job.state().m.spawn_procs(per_host={{"gpus": 1}})
+        procs.spawn("node", Node).host.call().get(timeout=30)
+        print(job.job_id, flush=True)
+        time.sleep(120)
+    '''))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        job_id = proc.stdout.readline().strip()
+        assert job_id and [j["job_id"] for j in slurm.jobs()] == [job_id]
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+    deadline = time.monotonic() + 40
+    while slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert slurm.jobs() == [], "the allocation outlived its controller past idle_timeout"

@@ -1,10 +1,11 @@
 """``SlurmJob``: the nodes of a Slurm allocation; each runs an agent started as an ``srun`` step.
 
-``sbatch`` makes the allocation with a batch script that only holds it (``exec sleep
-infinity``: no key, address or command of ours is in it); each node's agent is an ``srun
---overlap`` step in it whose stdin (srun forwards it to the task) carries the credentials.
-The allocation outlives this controller, so ``dump``/``job_load`` can reattach; ``kill()``
-cancels it.  Slurm is only ever driven through its commands, never a library.
+``sbatch`` makes the allocation with a batch script that only holds it (a loop that ends it
+once no agent step has run for ``idle_timeout``: no key, address or command of ours is in
+it); each node's agent is an ``srun --overlap`` step in it whose stdin (srun forwards it to
+the task) carries the credentials.  The allocation outlives this controller by
+``idle_timeout``, so ``dump``/``job_load`` can reattach; ``kill()`` cancels it.  Slurm is
+only ever driven through its commands, never a library.
 """
 
 from __future__ import annotations
@@ -23,9 +24,19 @@ from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .job import JobTrait
 from .squeue import PLAIN_FORMAT, SqueueJob, find_job, parse_plain
 
-HOLD_SCRIPT = ("#!/bin/sh\n"
-               "# monarch-kernel SlurmJob: this only holds the allocation; the agents run as srun steps.\n"
-               "exec sleep infinity\n")
+AGENT_STEP = "monarch-agent"  # the srun steps' name, which the hold script looks for
+HOLD_SCRIPT = """#!/bin/sh
+# monarch-kernel SlurmJob: this only holds the allocation; the agents run as srun steps named
+# {step}.  Once none has run for {idle} s (every controller of the job is gone) it ends, and
+# the allocation with it.  Without squeue on the node it holds until the time limit.
+command -v squeue >/dev/null 2>&1 || exec sleep infinity
+idle=0
+while sleep 5; do
+  steps=$(squeue -h --steps --jobs="$SLURM_JOB_ID" -o %j 2>/dev/null) || {{ idle=0; continue; }}
+  if printf '%s\n' "$steps" | grep -qx {step}; then idle=0; else idle=$((idle + 5)); fi
+  [ "$idle" -lt {idle} ] || exit 0
+done
+"""
 KEEP_SLURM_VARS = frozenset({"SLURM_CONF", "SLURM_CLUSTERS"})  # configuration, not a job's context
 COMMAND_TIMEOUT_S = 60.0  # one sbatch/squeue/scancel call (slurmctld retries when it is busy)
 CANCEL_TIMEOUT_S = 60.0  # scancel until squeue no longer lists the job as active
@@ -59,8 +70,9 @@ class SlurmJob(JobTrait):
     when the nodes' interpreter lives elsewhere.  ``exclusive`` (Monarch's default) gives
     the job whole nodes, so its ranks may use every CPU there.  When this controller exits
     without ``kill()``, its agents and ranks end (srun's stdin closes) but the allocation
-    stays, for ``job_load``, until ``time_limit`` (then the ranks fail with ``ProcessDied``;
-    ``None``: the partition's default).  ``job_start_timeout``: seconds to wait for RUNNING
+    stays ``idle_timeout`` seconds more (default 300; None: until ``time_limit``), so that a
+    restarted kernel's ``job_load`` finds it; then it ends itself.  ``time_limit`` None: the
+    partition's default.  ``job_start_timeout``: seconds to wait for RUNNING
     (then it is cancelled); ``scheduling_delay_s`` says how long the queue took, apart from
     start-up; ``start_timeout``: for the agents to connect (MONARCH_KERNEL_SPAWN_TIMEOUT).
     """
@@ -71,7 +83,8 @@ class SlurmJob(JobTrait):
                  job_name: str = "monarch", time_limit: str | None = "00:30:00", partition: str | None = None,
                  gpus_per_node: int | None = None, cpus_per_task: int | None = None, mem: str | None = None,
                  account: str | None = None, qos: str | None = None, exclusive: bool = True,
-                 job_start_timeout: float = 300.0, start_timeout: float | None = None):
+                 job_start_timeout: float = 300.0, start_timeout: float | None = None,
+                 idle_timeout: float | None = 300.0):
         super().__init__()
         if isinstance(slurm_args, str):
             raise TypeError("slurm_args is a sequence of sbatch arguments, e.g. ('--constraint=h100',), "
@@ -97,6 +110,7 @@ class SlurmJob(JobTrait):
         self.exclusive = exclusive
         self.job_start_timeout = job_start_timeout
         self.start_timeout = start_timeout
+        self.idle_timeout = idle_timeout
         self.job_id: str | None = None  # Slurm's, once submitted (or loaded)
         self.nodes: list[str] = []  # the allocation's nodes, in Slurm's order
         self.allocated_partition = ""  # where Slurm put it (squeue's answer)
@@ -122,6 +136,13 @@ class SlurmJob(JobTrait):
             argv.append("--exclusive")
         return argv + list(self.slurm_args)
 
+    def hold_script(self) -> str:
+        """The batch script: it holds the allocation while agents run, ``idle_timeout`` more."""
+        if self.idle_timeout is None:
+            return "#!/bin/sh\n# monarch-kernel SlurmJob: this only holds the allocation (idle_timeout=None).\n" \
+                   "exec sleep infinity\n"
+        return HOLD_SCRIPT.format(step=AGENT_STEP, idle=max(5, int(self.idle_timeout)))
+
     def command(self, node: str) -> list[str]:
         """The ``srun`` that starts ``node``'s agent as a step of the allocation.  --overlap:
         it shares the node with the batch step and with other controllers' agents (a
@@ -130,7 +151,7 @@ class SlurmJob(JobTrait):
         environment (less what names this process's own Slurm job or bind address)."""
         assert self.job_id is not None
         return ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-                "--input=all", "--kill-on-bad-exit=1", "--export=ALL", "--mpi=none",
+                f"--job-name={AGENT_STEP}", "--input=all", "--kill-on-bad-exit=1", "--export=ALL", "--mpi=none",
                 self.python_exe, "-m", AGENT_MODULE]
 
     @staticmethod
@@ -177,7 +198,7 @@ class SlurmJob(JobTrait):
 
     def _submit(self) -> str:
         argv = self.sbatch_command()
-        r = self._slurm(argv, input=HOLD_SCRIPT)
+        r = self._slurm(argv, input=self.hold_script())
         if r.returncode != 0:
             said = r.stderr.strip() or r.stdout.strip() or f"exit status {r.returncode}"
             raise SlurmError(f"sbatch refused the allocation ({' '.join(argv[1:])}): {said}")
@@ -325,7 +346,8 @@ class SlurmJob(JobTrait):
                 "job_name": self.job_name, "time_limit": self.time_limit, "partition": self.partition,
                 "gpus_per_node": self.gpus_per_node, "cpus_per_task": self.cpus_per_task, "mem": self.mem,
                 "account": self.account, "qos": self.qos, "exclusive": self.exclusive,
-                "job_start_timeout": self.job_start_timeout, "job_id": self.job_id, "nodes": self.nodes}
+                "job_start_timeout": self.job_start_timeout, "idle_timeout": self.idle_timeout,
+                "job_id": self.job_id, "nodes": self.nodes}
 
     @classmethod
     def _from_spec(cls, spec: dict) -> SlurmJob:
@@ -334,7 +356,8 @@ class SlurmJob(JobTrait):
                   partition=spec.get("partition"), gpus_per_node=spec.get("gpus_per_node"),
                   cpus_per_task=spec.get("cpus_per_task"), mem=spec.get("mem"), account=spec.get("account"),
                   qos=spec.get("qos"), exclusive=spec.get("exclusive", True),
-                  job_start_timeout=spec.get("job_start_timeout", 300.0))
+                  job_start_timeout=spec.get("job_start_timeout", 300.0),
+                  idle_timeout=spec.get("idle_timeout", 300.0))
         job.job_id = spec.get("job_id")
         return job
 
