@@ -68,3 +68,16 @@ def test_job_arguments_that_do_not_fit_say_what_to_type(kc):
     assert "the name of a running job" in s.cell("%mesh spawn --job nope")
     assert "no jobs" in s.cell("%mesh jobs")
     assert "which job?" in s.cell("%mesh kill-job")
+
+
+def test_a_notebook_spawns_on_slurm_and_kill_job_frees_the_allocation(slurm_cluster, kc):
+    s = Session(kc)
+    s.cell(f"%env SLURM_CONF={slurm_cluster.conf}")
+    out = s.cell("procs = %mesh spawn --job slurm --nodes 2 -n 1 --time 00:10:00")
+    assert "mesh procs: 2 ranks on job slurm0" in out, out
+    out = s.cell("%%mesh\nimport socket\nprint(socket.gethostname())")
+    assert all(f"[rank {r}] {node}" in out for r, node in enumerate(slurm_cluster.nodes)), out
+    assert "slurm0 (slurm, Slurm job" in s.cell("%mesh jobs")
+    assert len(slurm_cluster.jobs()) == 1
+    assert "killed with its meshes procs" in s.cell("%mesh kill-job slurm0")
+    assert slurm_cluster.jobs() == []
