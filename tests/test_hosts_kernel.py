@@ -10,6 +10,7 @@ import shlex
 import sys
 
 import pytest
+from _kernels import kernel, run, text
 from test_debug import CELL, Session, start_debugger
 
 pytestmark = pytest.mark.timeout(150)
@@ -81,3 +82,24 @@ def test_a_notebook_spawns_on_slurm_and_kill_job_frees_the_allocation(slurm_clus
     assert len(slurm_cluster.jobs()) == 1
     assert "killed with its meshes procs" in s.cell("%mesh kill-job slurm0")
     assert slurm_cluster.jobs() == []
+
+
+def test_a_detached_mesh_on_ssh_hosts_survives_its_kernel(ssh_hosts, kernelspec):
+    hosts = ",".join(ssh_hosts.hosts)
+    args = shlex.quote(" ".join(shlex.quote(a) for a in ssh_hosts.ssh_args))
+    with kernel(kernelspec) as client:
+        out, reply = run(client, f"procs = %mesh spawn -n 1 --detach farjob --job ssh --hosts {hosts} "
+                                 f"--python {sys.executable} --ssh-args {args}", timeout=90)
+        assert reply["status"] == "ok", text(out)
+        out, reply = run(client, "%%mesh\nimport os\nstate = os.environ['MONARCH_KERNEL_BIND']\nprint('set')")
+        assert "[ranks 0-1] set" in text(out), text(out)
+    assert ssh_hosts.pids(ssh_hosts.hosts[0]), "the detached mesh's ranks outlive the kernel"
+    with kernel(kernelspec) as client:
+        out, reply = run(client, "%mesh list")
+        assert "farjob: detached on a ssh job, running" in text(out), text(out)
+        out, reply = run(client, "procs = %mesh attach farjob")
+        assert reply["status"] == "ok", text(out)
+        out, reply = run(client, "%%mesh\nstate")
+        assert f"[rank 0] '{ssh_hosts.hosts[0]}'" in text(out) and f"[rank 1] '{ssh_hosts.hosts[1]}'" in text(out)
+        out, reply = run(client, "%mesh stop farjob")
+        assert reply["status"] == "ok", text(out)

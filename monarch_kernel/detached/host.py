@@ -1,8 +1,9 @@
 """The host process of a detached mesh: it owns the ranks so they outlive the kernel.
 
 ``%mesh spawn -n N --detach M`` starts ``main()`` in a process of its own session.  It
-spawns the ranks (each with a console actor), hosts a ``MeshHost`` actor in itself and
-writes its record (``records.py``); the key is never on a command line.  A kernel attaches
+spawns the ranks (each with a console actor; on a job's hosts with ``--job``, a job this
+process starts and owns), hosts a ``MeshHost`` actor in itself and writes its record
+(``records.py``); the keys are never on a command line.  A kernel attaches
 by reading the record and handing the host a port for the ranks' output and deaths.
 ``%mesh stop M`` (from any attached kernel) ends the ranks and the host.
 """
@@ -32,6 +33,7 @@ class MeshHost(Actor):
         self.kernel_pid = None
         self.procs = None  # set by main(): the mesh, its consoles, and what ends the host
         self.consoles = None
+        self.job = None  # the job whose hosts the ranks run on, if any
         self.done = threading.Event()
 
     @endpoint
@@ -65,24 +67,37 @@ class MeshHost(Actor):
     def stop_mesh(self) -> None:
         # Not ``stop``: ActorMesh.stop() (stopping the host actor itself) would hide it.
         self.procs.stop().get(timeout=30)
+        if self.job is not None:
+            self.job.kill()  # its agents, and a Slurm allocation
         self.done.set()
 
 
 def main() -> None:
     name, n = sys.argv[1], int(sys.argv[2])
-    env = json.loads(sys.stdin.readline() or "{}")
-    procs = this_host().spawn_procs(per_host={"ranks": n}, name=name, env=env)
+    given = json.loads(sys.stdin.readline() or "{}")
+    env, spec = (given.get("env", {}), given.get("job")) if "env" in given else (given, None)
+    job = None
+    if spec is not None:  # the ranks run on a job's hosts, which this process starts and owns
+        from ..job import job_from_spec
+
+        job = job_from_spec(spec)
+        hosts = next(iter(job.state()))[1]
+    else:
+        hosts = this_host()
+    procs = hosts.spawn_procs(per_host={"ranks": n}, name=name, env=env)
     consoles = procs.spawn("console", Console)
     host = this_proc().spawn("meshhost", MeshHost)
     consoles.initialized().get(timeout=60)
     host.initialized().get(timeout=60)
     rt = Runtime.current()
     instance = rt.actor_instance(host.actor_id)
-    instance.procs, instance.consoles = procs, consoles
+    instance.procs, instance.consoles, instance.job = procs, consoles, job
     rt.hooks.output.install(lambda mesh, rank, stream, line: instance.forward(("line", mesh, rank, stream, line)))
     rt.hooks.death.install(lambda mesh_id, rank, info: instance.forward(("death", mesh_id, rank, info)))
+    curve = [k.decode() for k in rt.curve.to_wire()] if job is not None and rt.curve is not None else None
     record = records.Record(name, os.getpid(), records.start_time(os.getpid()), rt.key.hex(),
-                            procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id)
+                            procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id,
+                            curve, job.spec() if job is not None else None)
     record.write()
     try:
         instance.done.wait()

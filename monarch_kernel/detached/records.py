@@ -56,6 +56,8 @@ class Record:
     host_mesh: list  # MeshRef.to_wire() of the host process itself
     console: str  # actor id of the consoles
     host: str  # actor id of the MeshHost actor
+    curve: list | None = None  # the job's Curve keys (z85 text) when its ranks are on other hosts
+    job: dict | None = None  # job.spec() of the job its ranks run on, if any
 
     @property
     def ref(self) -> MeshRef:

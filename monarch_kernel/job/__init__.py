@@ -10,8 +10,8 @@ objects, one per named mesh, whose ``spawn_procs`` forks ranks on those hosts::
     job.kill()
 """
 
-from .job import JobState, JobTrait, LocalJob, job_load
+from .job import JobState, JobTrait, LocalJob, job_from_spec, job_load
 from .slurm import SlurmJob
 from .ssh import SSHJob
 
-__all__ = ["JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "job_load"]
+__all__ = ["JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "job_from_spec", "job_load"]

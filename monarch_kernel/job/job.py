@@ -70,9 +70,13 @@ class JobTrait(ABC):
         self._kill()
         self._running = False
 
+    def spec(self) -> dict:
+        """The job as plain data (``job_from_spec`` builds it again; no secret is in it)."""
+        return dict(self._spec(), kind=self.kind)
+
     def dump(self, path: str) -> None:
         """Save what ``job_load(path)`` needs to reconnect (no secret is written)."""
-        spec = dict(self._spec(), kind=self.kind)
+        spec = self.spec()
         tmp = f"{path}.tmp"
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             json.dump(spec, f, indent=1)
@@ -130,7 +134,12 @@ def job_load(path: str) -> JobTrait:
             spec = json.load(f)
     except FileNotFoundError:
         raise FileNotFoundError(f"no job was dumped at {path!r}: save one with job.dump({path!r})") from None
-    kind = spec.get("kind")
+    return job_from_spec(spec, where=repr(path))
+
+
+def job_from_spec(spec: dict, where: str = "the spec") -> JobTrait:
+    """The job ``job.spec()`` described."""
+    kind = spec.get("kind") if isinstance(spec, dict) else None
     if kind not in _KINDS:
-        raise ValueError(f"{path!r} is not a dumped job (kind {kind!r}; known: {', '.join(sorted(_KINDS))})")
+        raise ValueError(f"{where} is not a dumped job (kind {kind!r}; known: {', '.join(sorted(_KINDS))})")
     return _KINDS[kind]._from_spec(spec)

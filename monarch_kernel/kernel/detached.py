@@ -17,7 +17,9 @@ from ..actor.port import Port
 from ..console.console import Console
 from ..detached import records
 from ..detached.host import MeshHost
+from ..job.agents import route_to
 from ..mesh.proc_mesh import ProcMesh
+from ..runtime.curve import CurveKeys
 from ..runtime.failure import DeathInfo
 from ..runtime.process import Runtime
 
@@ -29,7 +31,8 @@ def _gone(record: records.Record) -> str:
             f"or a reboot), so its ranks are gone too")
 
 
-def spawn(session, name: str, n: int, env: dict):
+def spawn(session, name: str, n: int, env: dict, job: dict | None = None):
+    """Start detached mesh ``name`` of ``n`` ranks (per host of ``job``, a ``job.spec()``)."""
     record = records.read(name)
     if record is not None:
         if record.alive():
@@ -44,7 +47,7 @@ def spawn(session, name: str, n: int, env: dict):
         stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
     log.close()
     assert proc.stdin is not None  # stdin=PIPE
-    proc.stdin.write((json.dumps(env) + "\n").encode())
+    proc.stdin.write((json.dumps({"env": env, "job": job}) + "\n").encode())
     proc.stdin.close()
     deadline = time.monotonic() + START_TIMEOUT_S
     while records.read(name) is None:
@@ -69,6 +72,15 @@ def attach(session, name: str) -> ProcMesh:
                          f"start it again with  %mesh spawn -n 4 --detach {name}")
     rt = Runtime.current()
     ref, host_ref = record.ref, record.host_ref
+    if record.curve is not None:  # its ranks are on a job's hosts: speak that job's Curve keys
+        keys = CurveKeys.from_wire([k.encode() for k in record.curve])
+        try:
+            rt.use_job_keys(keys)
+        except RuntimeError as e:
+            raise UsageError(f"cannot attach {name!r} here: {e}; attach it from a kernel without a job "
+                             "of its own (a new notebook)") from None
+        if rt.net_address is None:
+            rt.listen_network(route_to(ref.addresses[0][len("tcp://"):].rsplit(":", 1)[0]), keys)
     rt.trust([ref.id, host_ref.id], bytes.fromhex(record.key))
     procs = ProcMesh.from_ref(ref)
     consoles = ActorMesh.from_ref(procs, record.console, "console", Console)
@@ -82,7 +94,7 @@ def attach(session, name: str) -> ProcMesh:
             rt.rank_died(*message[1:])
 
     port_id = rt.open_port(forwarded, once=False)
-    host.attach.call_one(Port(rt.address, port_id), os.getpid()).get(timeout=30)
+    host.attach.call_one(Port(rt.port_address, port_id), os.getpid()).get(timeout=30)
     for row in host.status.call_one().get(timeout=30):
         if row["death"]:  # it died while no kernel was attached
             rt.rank_died(ref.id, row["rank"], DeathInfo(ref.name, row["rank"], row["pid"] or 0, row["host"], None, None,
@@ -108,7 +120,9 @@ def listing(attached: set) -> list[str]:
         if record.name in attached:
             continue
         if record.alive():
-            out.append(f"  {record.name}: detached, running (host pid {record.pid}); %mesh attach {record.name}")
+            where = f" on a {record.job['kind']} job" if record.job else ""
+            out.append(f"  {record.name}: detached{where}, running (host pid {record.pid}); "
+                       f"%mesh attach {record.name}")
         else:
             records.forget(record.name)
             out.append(f"  {record.name}: detached, gone (host pid {record.pid} exited); its record was removed")

@@ -32,6 +32,17 @@ class KernelJobs:
             if not self.jobs[a.job].active:
                 raise UsageError(f"job {a.job!r} was killed; start a new one with  --job ssh  or  --job slurm")
             return a.job, self.jobs[a.job]
+        job = self.make(a)
+        name = self._name(a.job)
+        job.apply()  # starts the agents (and waits for Slurm's allocation) before anything is kept
+        self.jobs[name] = job
+        return name, job
+
+    def make(self, a) -> JobTrait:
+        """A new, not yet started, job from ``%mesh spawn --job ssh|slurm`` arguments."""
+        if a.job in self.jobs:
+            raise UsageError(f"--detach starts a job of its own for the detached mesh: type  --job ssh --hosts ... "
+                             f"or  --job slurm --nodes N,  not a running job's name ({a.job})")
         job: JobTrait
         if a.job == "ssh":
             if not a.hosts:
@@ -52,10 +63,7 @@ class KernelJobs:
             known = ", ".join(self.jobs) or "none yet"
             raise UsageError(f"--job {a.job!r}: type  --job ssh --hosts h1,h2  or  --job slurm --nodes N,  "
                              f"or the name of a running job ({known}; see %mesh jobs)")
-        name = self._name(a.job)
-        job.apply()  # starts the agents (and waits for Slurm's allocation) before anything is kept
-        self.jobs[name] = job
-        return name, job
+        return job
 
     def host_mesh(self, job: JobTrait):
         return next(iter(job.state()))[1]

@@ -244,11 +244,9 @@ class MeshMagics(Magics):
         if a.job is None and (a.hosts or a.nodes or a.partition or a.account or a.ssh_args or a.python):
             raise UsageError("--hosts, --nodes, --partition, --account, --ssh-args and --python go with --job; type  "
                              "%mesh spawn --job ssh --hosts h1,h2 -n 2  or  %mesh spawn --job slurm --nodes 2 -n 4")
-        if a.detach and a.job:
-            raise UsageError("--detach starts ranks on this machine only; a job's meshes end with the kernel, "
-                             "keep the job across restarts with job.dump(path) / job_load(path) instead")
         if a.detach:
-            procs = detached.spawn(s, a.detach, a.n, env)
+            job_spec = s.jobs.make(a).spec() if a.job else None  # the mesh's host process starts it
+            procs = detached.spawn(s, a.detach, a.n, env, job_spec)
         elif a.job:
             job_name, job = s.jobs.open(a)
             hosts = s.jobs.host_mesh(job)

@@ -53,6 +53,7 @@ class Calling:
 
         def reply_inbox(self) -> Inbox: ...
         def from_address(self, inbox: Inbox, dest: str) -> str: ...
+        def reach(self, address: str) -> str: ...
 
     def call(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list,
              *, kind: int = Kind.CALL, mode: int = Mode.GATHER, slice_info=None,
@@ -193,6 +194,7 @@ class Calling:
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
         a mesh that process belongs to, whose key signs the message (default: our own)."""
+        address = self.reach(address)
         if address == self.address or address == self.inbox.net_address:
             self.io.call_soon(self.ports.deliver, port_id, part)
             return

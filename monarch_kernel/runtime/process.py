@@ -288,9 +288,30 @@ class Runtime(Receiving, Calling, Serving):
 
     @property
     def port_address(self) -> str:
-        """Where the ports this process opens are reached: the TCP address once it listens for
-        other hosts (a port travels, pickled, to whoever may answer it)."""
-        return self.inbox.net_address or self.address
+        """Where the ports this process opens are reached.  A port travels, pickled, to
+        whoever may answer it: once this process listens for other hosts it names both of its
+        addresses (``ipc://...|tcp://...``) and each sender takes the one it can reach
+        (``reach``), so ranks on this host keep using the local link."""
+        net = self.inbox.net_address
+        return f"{self.address}|{net}" if net and net != self.address else self.address
+
+    def reach(self, address: str) -> str:
+        """Which of a port's addresses this process sends to: the TCP one from a process on
+        another host (whose own address is TCP), else the local one."""
+        if "|" not in address:
+            return address
+        local, net = address.split("|", 1)
+        return net if self.address.startswith("tcp://") else local
+
+    def use_job_keys(self, curve: CurveKeys) -> None:
+        """Take another job's Curve keys as this process's own (attaching to a detached mesh
+        on a job's hosts).  Only before this process listens for other hosts: its links there
+        would otherwise hold the old keys."""
+        if curve == self.curve:
+            return
+        if self.net_address is not None:
+            raise RuntimeError("this process already has hosts of its own, whose links use its own keys")
+        self.curve = self.transport.curve = curve
 
     @property
     def net_address(self) -> str | None:
@@ -325,7 +346,7 @@ class Runtime(Receiving, Calling, Serving):
 
     def forget_peer(self, address: str) -> None:
         """Every thread drops its sockets to ``address`` (a process that went away)."""
-        self.transport.forget(address)
+        self.transport.forget(self.reach(address))
 
     def actor_instance(self, actor_id: str):
         """The object behind an actor hosted in this process (None if there is none)."""
