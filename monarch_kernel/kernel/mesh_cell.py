@@ -9,12 +9,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from IPython.core.display_functions import display, publish_display_data
+from IPython.core.display_functions import display
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..debug import proxy
 from ..mesh.ranks import RankSpecError, parse_ranks, rank_label
+from .panel_grid import show_displays
 
 if TYPE_CHECKING:
     from .session import MeshSession
@@ -80,9 +81,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
             displays.extend((r, data, md) for data, md in value["displays"])
         session.shell.user_ns["_mesh"] = results.__class__(
             results.shape, [v if isinstance(v, BaseException) else v["value"] for v in results.values()])
-        for r, data, md in displays:
-            print(f"[rank {r}]", flush=True)
-            publish_display_data(data, {**md, "monarch_kernel": {"rank": r}})
+        show_displays(session, displays)  # a grid where the Mesh panel draws one, else [rank N] then each
         for value, rs in shown.items():
             print(f"{rank_label(rs)} {value}")
     if interrupted:

@@ -163,6 +163,9 @@ class CollapsingSink:
         # context variable, so output written under it lands in that cell.
         self._context: contextvars.Context | None = None
         self.last_lines: dict[tuple[str, int], str] = {}  # (mesh, rank) -> last line, for status
+        # Called on the IO thread with each line (mesh, rank, stream, line); must be cheap
+        # (the Mesh panel's log appends it and flags an update).
+        self.watchers: list = []
         self.hold = False  # --no-stream: keep lines until the cell ends
         self._held: list[Entry] = []
 
@@ -184,6 +187,8 @@ class CollapsingSink:
                 self._cv.notify_all()
             return
         self.last_lines[(mesh, rank)] = line
+        for watch in self.watchers:
+            watch(mesh, rank, stream, line)
         with self._cv:
             wake = not self._lines
             self._lines.add(mesh, rank, stream, line, time.monotonic())

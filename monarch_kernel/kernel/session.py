@@ -11,6 +11,7 @@ from ..debug.pdb_controller import PdbHub
 from ..runtime.process import Runtime
 from .jobs import KernelJobs
 from .output import CollapsingSink
+from .panel import PanelFeed
 
 
 class MeshSession:
@@ -35,6 +36,8 @@ class MeshSession:
         self.pdb = PdbHub(self)
         self.pdb.install()
         self._handles.extend(_keep_cell_filenames(rt))
+        self.panel = PanelFeed(self)  # JupyterLab's Mesh panel: silent until a panel opens its comm
+        self.panel.install()
 
     def close(self) -> None:
         """Take out everything this session installed (the kernel is shutting down, or the
@@ -48,6 +51,7 @@ class MeshSession:
             except ValueError:
                 pass
         self._events = []
+        self.panel.close()
         self.pdb.close()
         self.jobs.close()
         if self.live is not None:

@@ -1,0 +1,156 @@
+/**
+ * One notebook kernel's end of the Mesh panel comm: opens it (monarch kernels only),
+ * keeps the last state the kernel sent, and turns requests into promises of replies.
+ * It never polls: the kernel sends a state when something changed.
+ */
+
+import { Kernel, KernelMessage } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  COMM_TARGET,
+  ILogLines,
+  IPanelState,
+  IReply,
+  IRequest,
+  KernelMessage as PanelMessage
+} from './messages';
+
+const IMPLEMENTATION = 'monarch_kernel';
+const REPLY_TIMEOUT_MS = 180_000;
+
+export class MeshConnection {
+  constructor(kernel: Kernel.IKernelConnection) {
+    this.kernel = kernel;
+    kernel.statusChanged.connect(this._onStatus, this);
+    void this._open();
+  }
+
+  readonly kernel: Kernel.IKernelConnection;
+
+  get state(): IPanelState | null {
+    return this._state;
+  }
+
+  /** Whether the kernel is a monarch kernel with the panel's comm open. */
+  get isOpen(): boolean {
+    return this._comm !== null;
+  }
+
+  get stateChanged(): ISignal<this, IPanelState | null> {
+    return this._stateChanged;
+  }
+
+  get logReceived(): ISignal<this, ILogLines> {
+    return this._logReceived;
+  }
+
+  request(req: IRequest): Promise<IReply> {
+    const comm = this._comm;
+    if (!comm) {
+      return Promise.resolve({
+        type: 'reply',
+        id: 0,
+        ok: false,
+        message: 'this notebook does not run the monarch kernel'
+      });
+    }
+    const id = ++this._nextId;
+    return new Promise<IReply>(resolve => {
+      const timer = window.setTimeout(() => {
+        this._pending.delete(id);
+        resolve({ type: 'reply', id, ok: false, message: 'the kernel did not answer' });
+      }, REPLY_TIMEOUT_MS);
+      this._pending.set(id, reply => {
+        window.clearTimeout(timer);
+        resolve(reply);
+      });
+      comm.send({ type: 'request', ...req, id } as any);
+    });
+  }
+
+  /** Ask for a mesh's log lines after `since`; they arrive on `logReceived`. */
+  requestLog(mesh: string, since: number): void {
+    this._comm?.send({ type: 'request', action: 'log', mesh, since } as any);
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this.kernel.statusChanged.disconnect(this._onStatus, this);
+    const comm = this._comm;
+    this._comm = null;
+    if (comm && !comm.isDisposed && !this.kernel.isDisposed) {
+      try {
+        comm.close();
+      } catch {
+        // the kernel is gone already
+      }
+    }
+    Signal.clearData(this);
+  }
+
+  private async _open(): Promise<void> {
+    if (this._disposed || this._comm || this._opening) {
+      return;
+    }
+    this._opening = true;
+    try {
+      const info = await this.kernel.info;
+      if (this._disposed || info.implementation !== IMPLEMENTATION) {
+        return;
+      }
+      const comm = this.kernel.createComm(COMM_TARGET);
+      comm.onMsg = (msg: KernelMessage.ICommMsgMsg) => {
+        this._onMessage(msg.content.data as unknown as PanelMessage);
+      };
+      comm.onClose = () => {
+        if (this._comm === comm) {
+          this._comm = null;
+          this._state = null;
+          this._stateChanged.emit(null);
+        }
+      };
+      this._comm = comm;
+      comm.open({ type: 'request', action: 'hello' } as any);
+    } catch (e) {
+      console.warn('monarch-kernel panel: could not open its comm', e);
+    } finally {
+      this._opening = false;
+    }
+  }
+
+  private _onMessage(msg: PanelMessage): void {
+    if (msg.type === 'state') {
+      this._state = msg;
+      this._stateChanged.emit(msg);
+    } else if (msg.type === 'log') {
+      this._logReceived.emit(msg);
+    } else if (msg.type === 'reply') {
+      const done = this._pending.get(msg.id);
+      this._pending.delete(msg.id);
+      done?.(msg);
+    }
+  }
+
+  private _onStatus(_: Kernel.IKernelConnection, status: Kernel.Status): void {
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      this._comm = null;
+      this._state = null;
+      this._stateChanged.emit(null);
+    } else if (status === 'idle' && !this._comm) {
+      void this._open(); // after a restart: the new kernel process has no comm yet
+    }
+  }
+
+  private _comm: Kernel.IComm | null = null;
+  private _state: IPanelState | null = null;
+  private _opening = false;
+  private _disposed = false;
+  private _nextId = 0;
+  private _pending = new Map<number, (reply: IReply) => void>();
+  private _stateChanged = new Signal<this, IPanelState | null>(this);
+  private _logReceived = new Signal<this, ILogLines>(this);
+}

@@ -1,0 +1,111 @@
+/**
+ * Pure helpers: the words and numbers the panel, the status bar and the log tab show.
+ * No DOM, no JupyterLab: unit-testable on their own.
+ */
+
+import { IMeshRow, IPanelState, IRankRow, LogLine } from './messages';
+
+/** "procs: 4 ranks · 1 dead · rank 1 in debugger" for the current mesh ("" if none). */
+export function statusText(state: IPanelState | null): string {
+  if (!state || state.meshes.length === 0) {
+    return '';
+  }
+  const mesh = state.meshes.find(m => m.current) ?? state.meshes[0];
+  const parts = [`${mesh.name}: ${mesh.ranks} rank${mesh.ranks === 1 ? '' : 's'}`];
+  if (mesh.dead > 0) {
+    parts.push(`${mesh.dead} dead`);
+  }
+  const busy = mesh.rows.filter(r => r.state === 'busy').length;
+  if (busy > 0) {
+    parts.push(`${busy} busy`);
+  }
+  for (const r of mesh.rows) {
+    if (r.state === 'debugger') {
+      parts.push(`rank ${r.rank} in debugger`);
+    } else if (r.state === 'pdb') {
+      parts.push(`rank ${r.rank} in pdb`);
+    }
+  }
+  const others = state.meshes.length - 1;
+  if (others > 0) {
+    parts.push(`+${others} mesh${others === 1 ? '' : 'es'}`);
+  }
+  return parts.join(' · ');
+}
+
+/** A rank's state in words: "dead (exit code 3)", "stopped in the debugger". */
+export function stateLabel(row: IRankRow): string {
+  switch (row.state) {
+    case 'dead':
+      return row.detail ? `dead (${row.detail})` : 'dead';
+    case 'debugger':
+      return 'stopped (debugger)';
+    case 'pdb':
+      return 'stopped (pdb)';
+    case 'not responding':
+      return row.detail ? `not responding (${row.detail})` : 'not responding';
+    default:
+      return row.state;
+  }
+}
+
+/** How a mesh is doing: "running", "detached", "2 dead", "stopped". */
+export function meshLabel(mesh: IMeshRow): string {
+  const words: string[] = [];
+  if (mesh.stopped) {
+    words.push('stopped');
+  } else if (mesh.kind === 'detached') {
+    words.push('detached');
+  } else if (mesh.kind === 'job') {
+    words.push(`job ${mesh.job}`);
+  } else {
+    words.push('running');
+  }
+  if (mesh.dead > 0 && !mesh.stopped) {
+    words.push(`${mesh.dead} dead`);
+  }
+  return words.join(', ');
+}
+
+export function formatCpu(cpu: number | null): string {
+  return cpu === null ? '' : `${Math.round(cpu)}%`;
+}
+
+export function formatRss(mib: number | null): string {
+  if (mib === null) {
+    return '';
+  }
+  return mib >= 1024 ? `${(mib / 1024).toFixed(1)} GiB` : `${Math.round(mib)} MiB`;
+}
+
+export function formatStarted(epochSeconds: number | null): string {
+  if (epochSeconds === null) {
+    return '';
+  }
+  return new Date(epochSeconds * 1000).toLocaleString();
+}
+
+/** The log lines a rank filter and a search keep, oldest first. */
+export function filterLog(
+  lines: LogLine[],
+  rank: number | null,
+  search: string
+): LogLine[] {
+  const needle = search.toLowerCase();
+  return lines.filter(
+    ([, r, , text]) =>
+      (rank === null || r === rank) &&
+      (needle === '' || text.toLowerCase().includes(needle))
+  );
+}
+
+/** Merge newly fetched lines into what the log holds, keeping at most `max`. */
+export function mergeLog(
+  have: LogLine[],
+  fresh: LogLine[],
+  max: number
+): LogLine[] {
+  const last = have.length ? have[have.length - 1][0] : 0;
+  const merged = have.concat(fresh.filter(l => l[0] > last));
+  return merged.length > max ? merged.slice(merged.length - max) : merged;
+}

@@ -1,0 +1,253 @@
+/**
+ * The Meshes sidebar: every mesh of the current notebook's kernel with a rank grid
+ * (rank, host, pid, state, CPU, RSS, last line) and its buttons, then the detached
+ * meshes no kernel (or another kernel) has attached.  It redraws when the kernel sends
+ * a state; it never polls the kernel.
+ */
+
+import { Widget } from '@lumino/widgets';
+
+import { attachDetached, listDetached, stopDetached } from './api';
+import { MeshConnection } from './connection';
+import { button, h } from './dom';
+import { formatCpu, formatRss, formatStarted, meshLabel, stateLabel } from './format';
+import { IDetachedMesh, IMeshRow, IPanelState, IRankRow, IReply, IRequest } from './messages';
+
+export interface IMeshPanelOptions {
+  /** Open the log tab of `mesh`, filtered to `rank` (null: every rank). */
+  showLog: (connection: MeshConnection, mesh: string, rank: number | null) => void;
+  /** Ask for a new mesh's settings and spawn it. */
+  newMesh: (connection: MeshConnection) => void;
+}
+
+export class MeshPanel extends Widget {
+  constructor(options: IMeshPanelOptions) {
+    super();
+    this._options = options;
+    this.id = 'monarch-kernel-meshes';
+    this.addClass('mk-Panel');
+    this.title.caption = 'Meshes (monarch kernel)';
+    this._header = h('div', { class: 'mk-Panel-header' });
+    this._message = h('div', { class: 'mk-Panel-message', role: 'status' });
+    this._body = h('div', { class: 'mk-Panel-meshes' });
+    this._detached = h('div', { class: 'mk-Panel-detached' });
+    this.node.append(this._header, this._message, this._body, this._detached);
+    this._render();
+  }
+
+  get connection(): MeshConnection | null {
+    return this._connection;
+  }
+
+  /** Follow another notebook's kernel (null: no notebook, or not a monarch kernel). */
+  setConnection(connection: MeshConnection | null): void {
+    if (connection === this._connection) {
+      return;
+    }
+    this._connection?.stateChanged.disconnect(this._onState, this);
+    this._connection = connection;
+    connection?.stateChanged.connect(this._onState, this);
+    this._say('');
+    this._render();
+    void this.refreshDetached();
+  }
+
+  /** Read the detached meshes again (GET /monarch/meshes). */
+  async refreshDetached(): Promise<void> {
+    try {
+      this._detachedMeshes = await listDetached();
+      this._detachedError = '';
+    } catch (e) {
+      this._detachedError = `the server extension did not answer: ${(e as Error).message}`;
+    }
+    this._renderDetached();
+  }
+
+  dispose(): void {
+    this._connection?.stateChanged.disconnect(this._onState, this);
+    super.dispose();
+  }
+
+  private _onState(_: MeshConnection, state: IPanelState | null): void {
+    const names = (state?.meshes ?? []).map(m => `${m.name}/${m.kind}`).join(',');
+    this._render();
+    if (names !== this._meshNames) {
+      this._meshNames = names; // a mesh came or went: an attach or a stop shows in Detached too
+      void this.refreshDetached();
+    }
+  }
+
+  private async _do(req: IRequest, pending: string): Promise<IReply> {
+    const connection = this._connection;
+    if (!connection) {
+      return { type: 'reply', id: 0, ok: false, message: 'no monarch kernel' };
+    }
+    this._say(pending);
+    const reply = await connection.request(req);
+    this._say(reply.message, reply.ok);
+    return reply;
+  }
+
+  private _say(text: string, ok = true): void {
+    this._message.textContent = text;
+    this._message.dataset.ok = ok ? 'true' : 'false';
+    this._message.hidden = text === '';
+  }
+
+  private _render(): void {
+    const connection = this._connection;
+    const state = connection?.state ?? null;
+    this._header.replaceChildren(
+      h('span', { class: 'mk-Panel-title' }, 'Meshes'),
+      button('New mesh', 'Spawn a new mesh on this kernel', () => {
+        if (connection) {
+          this._options.newMesh(connection);
+        }
+      }, { 'data-action': 'new-mesh', ...(state ? {} : { disabled: 'true' }) }),
+      button('↻', 'Refresh', () => {
+        void connection?.request({ action: 'refresh' });
+        void this.refreshDetached();
+      }, { 'data-action': 'refresh' })
+    );
+    if (!connection || !state) {
+      this._body.replaceChildren(
+        h('p', { class: 'mk-Panel-empty' },
+          connection ? 'Connecting to the monarch kernel…' : 'Open a notebook on the "Python 3 (monarch mesh)" kernel.')
+      );
+      return;
+    }
+    if (state.meshes.length === 0) {
+      this._body.replaceChildren(
+        h('p', { class: 'mk-Panel-empty' }, 'No meshes yet: click New mesh, or run  procs = %mesh spawn -n 4')
+      );
+      return;
+    }
+    this._body.replaceChildren(...state.meshes.map(m => this._mesh(m, state)));
+  }
+
+  private _mesh(mesh: IMeshRow, state: IPanelState): HTMLElement {
+    const title = h(
+      'div',
+      { class: 'mk-Mesh-title' },
+      h('span', { class: 'mk-Mesh-name' }, mesh.name),
+      h('span', { class: 'mk-Mesh-info' },
+        ` ${mesh.ranks} ranks · ${mesh.hosts.join(', ') || 'no hosts'} · ${meshLabel(mesh)}`),
+      mesh.current ? h('span', { class: 'mk-Mesh-current', title: 'the current mesh (%%mesh runs here)' }, ' current') : null
+    );
+    const buttons = h(
+      'div',
+      { class: 'mk-Mesh-buttons' },
+      mesh.current ? null : button('Use', `Make ${mesh.name} the current mesh`, () => {
+        void this._do({ action: 'use', mesh: mesh.name }, `making ${mesh.name} current…`);
+      }, { 'data-action': 'use' }),
+      mesh.dead > 0 ? button('Restart dead', `Replace the dead ranks of ${mesh.name}`, () => {
+        void this._do({ action: 'restart', mesh: mesh.name }, `restarting the dead ranks of ${mesh.name}…`);
+      }, { 'data-action': 'restart-dead' }) : null,
+      button('Log', `Every rank's recent lines of ${mesh.name}`, () => {
+        if (this._connection) {
+          this._options.showLog(this._connection, mesh.name, null);
+        }
+      }, { 'data-action': 'log' }),
+      button('Stop', `Stop ${mesh.name} (its ranks end)`, () => {
+        void this._do({ action: 'stop', mesh: mesh.name }, `stopping ${mesh.name}…`);
+      }, { 'data-action': 'stop' })
+    );
+    const head = h('tr', {}, ...['rank', 'host', 'pid', 'state', 'CPU', 'RSS', 'last line', ''].map(c => h('th', {}, c)));
+    const rows = mesh.rows.map(r => this._rank(mesh, r, state));
+    return h(
+      'section',
+      { class: 'mk-Mesh', 'data-mesh': mesh.name, 'data-kind': mesh.kind },
+      title,
+      buttons,
+      h('table', { class: 'mk-RankGrid' }, h('thead', {}, head), h('tbody', {}, ...rows))
+    );
+  }
+
+  private _rank(mesh: IMeshRow, row: IRankRow, state: IPanelState): HTMLElement {
+    const dead = row.state === 'dead';
+    const debugging = state.debug_target === `${mesh.name}:${row.rank}`;
+    const actions = h(
+      'td',
+      { class: 'mk-Rank-actions' },
+      dead ? null : button('⏹', `Interrupt rank ${row.rank}`, () => {
+        void this._do({ action: 'interrupt', mesh: mesh.name, rank: row.rank }, `interrupting rank ${row.rank}…`);
+      }, { 'data-action': 'interrupt' }),
+      dead ? button('⟳', `Restart rank ${row.rank}`, () => {
+        void this._do({ action: 'restart', mesh: mesh.name, rank: row.rank }, `restarting rank ${row.rank}…`);
+      }, { 'data-action': 'restart' }) : null,
+      dead ? null : button('🐞', `Debug rank ${row.rank}: JupyterLab's debugger switches to it (%mesh debug ${row.rank})`, () => {
+        void this._do({ action: 'debug', mesh: mesh.name, rank: row.rank }, `pointing the debugger at rank ${row.rank}…`);
+      }, { 'data-action': 'debug', ...(debugging ? { 'aria-pressed': 'true' } : {}) }),
+      button('≡', `Show rank ${row.rank}'s log`, () => {
+        if (this._connection) {
+          this._options.showLog(this._connection, mesh.name, row.rank);
+        }
+      }, { 'data-action': 'show-log' })
+    );
+    return h(
+      'tr',
+      { class: 'mk-Rank', 'data-rank': row.rank, 'data-state': row.state, title: row.detail },
+      h('td', { class: 'mk-Rank-rank' }, String(row.rank)),
+      h('td', { class: 'mk-Rank-host' }, row.host),
+      h('td', { class: 'mk-Rank-pid' }, row.pid === null ? '' : String(row.pid)),
+      h('td', { class: 'mk-Rank-state' }, stateLabel(row)),
+      h('td', { class: 'mk-Rank-cpu' }, formatCpu(row.cpu)),
+      h('td', { class: 'mk-Rank-rss' }, formatRss(row.rss_mib)),
+      h('td', { class: 'mk-Rank-last', title: row.last }, row.last),
+      actions
+    );
+  }
+
+  private _renderDetached(): void {
+    const connection = this._connection;
+    const mine = new Set((connection?.state?.meshes ?? []).map(m => m.name));
+    const kernelId = connection?.kernel.id ?? '';
+    const shown = this._detachedMeshes.filter(m => !mine.has(m.name));
+    const rows = shown.map(m =>
+      h(
+        'tr',
+        { class: 'mk-Detached', 'data-mesh': m.name, 'data-state': m.state },
+        h('td', { class: 'mk-Detached-name' }, m.name),
+        h('td', {}, `${m.ranks} ranks`),
+        h('td', {}, m.hosts.join(', ')),
+        h('td', {}, m.state === 'running' ? (m.kernel ? 'attached to another kernel' : 'running') : 'gone'),
+        h('td', { title: `host pid ${m.host_pid}` }, formatStarted(m.started)),
+        h(
+          'td',
+          { class: 'mk-Rank-actions' },
+          m.state === 'running' && kernelId ? button('Attach', `Attach ${m.name} to this notebook's kernel`, () => {
+            this._say(`attaching ${m.name}…`);
+            attachDetached(m.name, kernelId).then(
+              msg => this._say(msg),
+              e => this._say((e as Error).message, false)
+            ).finally(() => void this.refreshDetached());
+          }, { 'data-action': 'attach' }) : null,
+          button('Stop', `Stop ${m.name}: its ranks end`, () => {
+            this._say(`stopping ${m.name}…`);
+            stopDetached(m.name).then(
+              msg => this._say(msg),
+              e => this._say((e as Error).message, false)
+            ).finally(() => void this.refreshDetached());
+          }, { 'data-action': 'stop' })
+        )
+      )
+    );
+    this._detached.replaceChildren(
+      h('div', { class: 'mk-Panel-subtitle' }, 'Detached'),
+      this._detachedError ? h('p', { class: 'mk-Panel-empty' }, this._detachedError) : '',
+      shown.length === 0 && !this._detachedError
+        ? h('p', { class: 'mk-Panel-empty' }, 'No other detached meshes.')
+        : h('table', { class: 'mk-RankGrid' }, h('tbody', {}, ...rows))
+    );
+  }
+
+  private _options: IMeshPanelOptions;
+  private _connection: MeshConnection | null = null;
+  private _header: HTMLElement;
+  private _message: HTMLElement;
+  private _body: HTMLElement;
+  private _detached: HTMLElement;
+  private _detachedMeshes: IDetachedMesh[] = [];
+  private _detachedError = '';
+  private _meshNames = '';
+}

@@ -1,0 +1,119 @@
+/**
+ * The Mesh panel's comm messages: the same shapes as
+ * monarch_kernel/kernel/panel_messages.py (kernel -> panel: state, log, reply;
+ * panel -> kernel: request).  Types only.
+ */
+
+export const COMM_TARGET = 'monarch_kernel.panel';
+export const GRID_MIME = 'application/vnd.monarch-kernel.rank-grid+json';
+
+export type RankStateName =
+  | 'idle'
+  | 'busy'
+  | 'debugger'
+  | 'pdb'
+  | 'not responding'
+  | 'dead';
+
+export interface IRankRow {
+  rank: number;
+  host: string;
+  pid: number | null;
+  state: RankStateName;
+  detail: string;
+  cpu: number | null;
+  rss_mib: number | null;
+  last: string;
+}
+
+export interface IMeshRow {
+  name: string;
+  ranks: number;
+  hosts: string[];
+  kind: 'local' | 'detached' | 'job';
+  job: string;
+  current: boolean;
+  stopped: boolean;
+  dead: number;
+  log_seq: number;
+  rows: IRankRow[];
+}
+
+export interface IJobRow {
+  name: string;
+  kind: string;
+  active: boolean;
+  hosts: string[];
+  meshes: string[];
+}
+
+export interface IPanelState {
+  type: 'state';
+  meshes: IMeshRow[];
+  jobs: IJobRow[];
+  running: boolean;
+  kernel_id: string;
+  debug_target: string;
+  protocol: number;
+}
+
+/** [seq, rank, stream, line] */
+export type LogLine = [number, number, string, string];
+
+export interface ILogLines {
+  type: 'log';
+  mesh: string;
+  lines: LogLine[];
+  since: number;
+}
+
+export interface IReply {
+  type: 'reply';
+  id: number;
+  ok: boolean;
+  message: string;
+}
+
+export type KernelMessage = IPanelState | ILogLines | IReply;
+
+export type Action =
+  | 'hello'
+  | 'refresh'
+  | 'interrupt'
+  | 'restart'
+  | 'debug'
+  | 'stop'
+  | 'use'
+  | 'spawn'
+  | 'log';
+
+export interface IRequest {
+  action: Action;
+  id?: number;
+  mesh?: string;
+  rank?: number | null;
+  ranks?: number[] | null;
+  since?: number;
+  n?: number;
+  name?: string;
+  detach?: boolean;
+  launcher?: string;
+  hosts?: string;
+  ssh_args?: string;
+  nodes?: number;
+  partition?: string;
+  time?: string;
+  account?: string;
+}
+
+/** What GET /monarch/meshes lists for one detached mesh. */
+export interface IDetachedMesh {
+  name: string;
+  state: 'running' | 'gone';
+  ranks: number;
+  hosts: string[];
+  host_pid: number;
+  pids: (number | null)[];
+  started: number | null;
+  kernel: string | null;
+}

@@ -1,0 +1,422 @@
+"""The kernel's side of JupyterLab's Mesh panel: a comm (target ``monarch_kernel.panel``)
+that sends the panel every mesh and rank of this kernel whenever something changes, and
+runs the panel's buttons (interrupt, restart, debug, stop, spawn, the log).
+
+It is event driven and must stay so: an idle kernel sends nothing (no timer runs while no
+cell executes and no rank is busy); while ranks run it sends at most one update per
+``MIN_GAP_S``, and one per ``TICK_S`` for CPU figures.  It uses the session, the public
+mesh API, the runtime's hooks and the comm manager only.  Runs in the kernel.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import shlex
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from ..actor.errors import ActorError
+from ..console.console import Console
+from ..debug import proxy
+from ..mesh.ranks import rank_label
+from ..runtime.process import Runtime
+from . import panel_detached
+from .panel_messages import COMM_TARGET, JobRow, LogLines, MeshRow, MessageError, PanelState, RankRow, Reply, Request
+from .status import rss_mib
+
+if TYPE_CHECKING:
+    from .session import MeshSession
+
+TICK_S = 1.0  # while a cell runs or a rank is busy: one update a second (CPU, busy/idle)
+MIN_GAP_S = 0.5  # at most two updates a second, however fast ranks print
+COALESCE_S = 0.05  # a burst of events (a cell's first lines) makes one update
+LOG_LINES = 1000  # recent lines kept per rank for the log tab
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int | None) -> int | None:
+    """utime + stime of a local process, in clock ticks (from /proc)."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class RankLog:
+    """Each rank's recent output lines, numbered in arrival order across the kernel."""
+
+    def __init__(self, per_rank: int = LOG_LINES):
+        self.per_rank = per_rank
+        self._lines: dict[tuple[str, int], collections.deque] = {}
+        self._seq = itertools.count(1)
+        self.newest: dict[str, int] = {}  # mesh -> seq of its newest line
+
+    def add(self, mesh: str, rank: int, stream: str, line: str) -> None:
+        q = self._lines.get((mesh, rank))
+        if q is None:
+            q = self._lines[(mesh, rank)] = collections.deque(maxlen=self.per_rank)
+        seq = next(self._seq)
+        q.append((seq, rank, stream, line))
+        self.newest[mesh] = seq
+
+    def lines(self, mesh: str, since: int = 0) -> list[list]:
+        got = [list(e) for (m, _r), q in list(self._lines.items()) if m == mesh for e in list(q) if e[0] > since]
+        got.sort(key=lambda e: e[0])
+        return got
+
+    def forget(self, mesh: str) -> None:
+        for key in [k for k in self._lines if k[0] == mesh]:
+            del self._lines[key]
+        self.newest.pop(mesh, None)
+
+
+class PanelFeed:
+    """The comms of the panels looking at this kernel, and what they are sent."""
+
+    def __init__(self, session: MeshSession):
+        self.session = session
+        self.shell = session.shell
+        self.log = RankLog()
+        self.comms: list = []
+        self.running = False  # a cell executes
+        self.sent = 0  # updates sent (the benchmark reads it)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._last: dict | None = None
+        self._last_sent_at = 0.0
+        self._cpu: dict[int, tuple[int, float]] = {}  # pid -> (ticks, when)
+        self._ticking = False
+        self._thread: threading.Thread | None = None
+        self._attached: set[str] = set()  # detached meshes marked as attached to this kernel
+        self._manager = getattr(getattr(self.shell, "kernel", None), "comm_manager", None)
+        self._handles: list = []
+        self._events = [("pre_run_cell", self._cell_starts), ("post_run_cell", self._cell_ends)]
+
+    # ------------------------------------------------------------ installing
+
+    def install(self) -> None:
+        """Register the comm target and the hooks; undone by ``close()``."""
+        for event, fn in self._events:
+            self.shell.events.register(event, fn)
+        self.session.sink.watchers.append(self._line)
+        self._handles.append(Runtime.current().hooks.death.install(self._death))
+        if self._manager is not None:
+            self._manager.register_target(COMM_TARGET, self._open)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        for event, fn in self._events:
+            try:
+                self.shell.events.unregister(event, fn)
+            except ValueError:
+                pass
+        if self._line in self.session.sink.watchers:
+            self.session.sink.watchers.remove(self._line)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._manager is not None:
+            self._manager.unregister_target(COMM_TARGET, self._open)
+        for comm in list(self.comms):
+            try:
+                comm.close()
+            except Exception:  # noqa: BLE001  (the kernel is going away; its iopub may be closed)
+                pass
+        self.comms = []
+        for name in list(self._attached):
+            panel_detached.unmark_attached(name)
+        self._attached.clear()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a panel is looking at this kernel (rich rank output then lays out as a grid)."""
+        return bool(self.comms)
+
+    # ------------------------------------------------------------ events (any thread; cheap)
+
+    def changed(self) -> None:
+        """Something the panel shows may have changed: an update follows (if it did)."""
+        self._wake.set()
+
+    def _line(self, mesh: str, rank: int, stream: str, line: str) -> None:  # on the IO thread
+        self.log.add(mesh, rank, stream, line)
+        if self.comms and not self._wake.is_set():
+            self._wake.set()
+
+    def _death(self, mesh_id: str, rank: int, info) -> None:  # on the IO thread
+        self._wake.set()
+
+    def _cell_starts(self, *_a) -> None:
+        self.running = True
+        self._wake.set()
+
+    def _cell_ends(self, *_a) -> None:
+        self.running = False
+        self._sync_attached()
+        self._wake.set()
+
+    def _sync_attached(self) -> None:
+        """Say in Jupyter's runtime directory which detached meshes this kernel has attached
+        (the server extension shows it); a cheap dict comparison after each cell."""
+        now = set(self.session.hosts)
+        for name in now - self._attached:
+            panel_detached.mark_attached(name)
+        for name in self._attached - now:
+            panel_detached.unmark_attached(name)
+        self._attached = now
+
+    # ------------------------------------------------------------ the comm
+
+    def _open(self, comm, _msg) -> None:
+        comm.on_msg(lambda msg: self._message(comm, msg))
+        comm.on_close(lambda _msg: self._closed_comm(comm))
+        with self._lock:
+            self.comms.append(comm)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mesh-panel", daemon=True)
+                self._thread.start()
+        self._send_to(comm, self.state().encode())
+
+    def _closed_comm(self, comm) -> None:
+        with self._lock:
+            if comm in self.comms:
+                self.comms.remove(comm)
+
+    def _send_to(self, comm, data: dict) -> None:
+        try:
+            comm.send(data)
+        except Exception:  # noqa: BLE001  (a closed frontend's comm; it is dropped)
+            self._closed_comm(comm)
+
+    def _broadcast(self, data: dict) -> None:
+        for comm in list(self.comms):
+            self._send_to(comm, data)
+        self.sent += 1
+
+    def _message(self, comm, msg) -> None:
+        data = msg.get("content", {}).get("data", {})
+        try:
+            req = Request.decode(data)
+        except MessageError as e:
+            self._send_to(comm, Reply(data.get("id", 0) if isinstance(data, dict) else 0, False, str(e)).encode())
+            return
+        if req.action == "log":
+            self._send_to(comm, LogLines(req.mesh, self.log.lines(req.mesh, req.since), req.since).encode())
+            return
+        if req.action in ("hello", "refresh"):
+            self._last = None
+            self._send_to(comm, self.state().encode())
+            return
+        try:
+            message = getattr(self, f"_do_{req.action}")(req)
+            reply = Reply(req.id, True, message or "")
+        except (UsageError, ActorError, TimeoutError, ValueError, RuntimeError) as e:
+            reply = Reply(req.id, False, str(e))
+        self._send_to(comm, reply.encode())
+        self._last = None
+        self.changed()
+
+    # ------------------------------------------------------------ the worker
+
+    def _run(self) -> None:
+        while not self._closed:
+            woke = self._wake.wait(TICK_S if self._ticking else None)
+            if self._closed:
+                return
+            if woke:
+                time.sleep(COALESCE_S)
+                gap = MIN_GAP_S - (time.monotonic() - self._last_sent_at)
+                if gap > 0:
+                    time.sleep(gap)
+            self._wake.clear()
+            if not self.comms:
+                self._ticking = False
+                continue
+            try:
+                state = self.state()
+            except Exception as e:  # noqa: BLE001  (a mesh mid-stop; the next event tries again)
+                self._ticking = True
+                print(f"monarch_kernel: the mesh panel's update failed: {e!r}", file=_stderr())
+                continue
+            data = state.encode()
+            self._ticking = state.running or any(r.state == "busy" for m in state.meshes for r in m.rows)
+            if data != self._last:
+                self._last = data
+                self._last_sent_at = time.monotonic()
+                self._broadcast(data)
+
+    # ------------------------------------------------------------ what the panel shows
+
+    def state(self) -> PanelState:
+        s = self.session
+        dbg = getattr(getattr(self.shell, "kernel", None), "debugger", None)
+        target = getattr(dbg, "target", None)
+        stopped_pdb = {(st.where.mesh, st.rank) for st in s.pdb.waiting()}
+        meshes = []
+        for name, (procs, _consoles) in list(s.meshes.items()):
+            meshes.append(self._mesh(name, procs, target, stopped_pdb))
+        jobs = []
+        for job_name, job in list(s.jobs.jobs.items()):
+            hosts = [h for _n, hm in job.state() for h in hm.host_names] if job.active else []
+            jobs.append(JobRow(job_name, job.kind, job.active, hosts,
+                               [m for m, j in s.jobs.meshes.items() if j == job_name]))
+        debug_target = f"{target.mesh}:{target.rank}" if target is not None and hasattr(target, "rank") else ""
+        return PanelState(meshes, jobs, self.running, panel_detached.kernel_id(), debug_target)
+
+    def _mesh(self, name: str, procs, target, stopped_pdb: set) -> MeshRow:
+        s = self.session
+        host = s.hosts.get(name)
+        rows = procs.rank_states() if host is None else host.status.call_one().get(timeout=10)
+        busy = Runtime.current().busy_ranks(procs.ref.id)
+        now = time.monotonic()
+        out = []
+        for row in rows:
+            r = row["rank"]
+            state, detail = row["state"], ""
+            if row["death"]:
+                state, detail = "dead", str(row["death"])
+            elif state == "not responding":
+                detail = f"silent {row['silent_s']:.0f} s"
+            elif (name, r) in stopped_pdb:
+                state, detail = "pdb", "stopped in pdb"
+            elif target is not None and getattr(target, "mesh", None) == name and getattr(target, "rank", None) == r:
+                stopped = bool(getattr(target, "stopped_threads", None))
+                state = "debugger" if stopped else ("busy" if r in busy else "idle")
+                detail = "stopped in the debugger" if stopped else "JupyterLab's debugger is on this rank"
+            else:
+                state = "busy" if r in busy else "idle"
+            local = not row["death"] and not row.get("remote") and row["pid"]
+            cpu = self._cpu_percent(row["pid"], now) if local else None
+            rss = rss_mib(row["pid"]) if local else None
+            out.append(RankRow(r, str(row["host"] or ""), row["pid"], state, detail,
+                               None if cpu is None else round(cpu, 1), None if rss is None else round(rss, 1),
+                               s.sink.last_lines.get((name, r), "")[:200]))
+        kind = "detached" if host is not None else ("job" if name in s.jobs.meshes else "local")
+        hosts = sorted({row.host for row in out if row.host})
+        return MeshRow(name, len(out), hosts, kind, s.jobs.meshes.get(name, ""), name == s.current,
+                       bool(procs.stopped), sum(1 for row in out if row.state == "dead"),
+                       self.log.newest.get(name, 0), out)
+
+    def _cpu_percent(self, pid: int, now: float) -> float | None:
+        ticks = cpu_ticks(pid)
+        if ticks is None:
+            return None
+        before = self._cpu.get(pid)
+        self._cpu[pid] = (ticks, now)
+        if before is None or now <= before[1]:
+            return 0.0
+        return 100.0 * (ticks - before[0]) / _CLK_TCK / (now - before[1])
+
+    # ------------------------------------------------------------ the buttons
+
+    def _procs(self, req: Request):
+        return self.session.get(req.mesh or None)
+
+    def _do_interrupt(self, req: Request) -> str:
+        procs, consoles = self._procs(req)
+        ranks = [req.rank] if req.rank is not None else None
+        procs.interrupt(consoles, ranks, wait=2.0)
+        return f"interrupted {rank_label(ranks) if ranks else 'every rank'} of {procs.name}"
+
+    def _do_restart(self, req: Request) -> str:
+        procs, consoles = self._procs(req)
+        dead = procs.dead_ranks()
+        ranks = [r for r in (req.ranks if req.ranks is not None else
+                             ([req.rank] if req.rank is not None else dead))]
+        alive = [r for r in ranks if r not in dead]
+        if alive:
+            raise UsageError(f"{rank_label(alive)} of {procs.name} are alive; restart replaces dead ranks only")
+        if not ranks:
+            return f"no dead ranks in {procs.name}"
+        host = self.session.hosts.get(procs.name)
+        if host is not None:
+            host.restart.call_one(ranks).get(timeout=120)
+        else:
+            procs.restart(ranks, [(consoles, Console, (), {})])
+        return f"restarted {rank_label(ranks)} of {procs.name} with fresh namespaces"
+
+    def _do_debug(self, req: Request) -> str:
+        procs, _consoles = self._procs(req)
+        if req.rank is None:
+            raise UsageError("debug needs a rank")
+        self.session.current = procs.name
+        proxy.command(self.session, self.shell, [str(req.rank)])
+        return (f"JupyterLab's debugger now debugs rank {req.rank} of {procs.name}: switch the debugger on "
+                f"(the bug icon) and set breakpoints in %%mesh cells")
+
+    def _do_use(self, req: Request) -> str:
+        procs, _c = self._procs(req)
+        self.session.current = procs.name
+        return f"{procs.name} is the current mesh"
+
+    def _do_stop(self, req: Request) -> str:
+        procs, _c = self._procs(req)
+        self.shell.run_line_magic("mesh", f"stop {procs.name}")
+        self.log.forget(procs.name)
+        self._sync_attached()
+        return f"stopped {procs.name}"
+
+    def _do_spawn(self, req: Request) -> str:
+        line = spawn_line(req)
+        procs = self.shell.run_line_magic("mesh", line)
+        if procs is None:
+            raise RuntimeError(f"%mesh {line} returned no mesh")
+        bound = self.shell.user_ns.get(procs.name)
+        if procs.name.isidentifier() and (bound is None or type(bound).__name__ == "ProcMesh"):
+            self.shell.user_ns[procs.name] = procs  # the dialog's mesh is a name in the notebook too
+        self._sync_attached()
+        return f"{procs.name}: {len(procs)} ranks (%mesh {line})"
+
+
+def spawn_line(req: Request) -> str:
+    """The ``%mesh spawn`` line the New mesh dialog stands for."""
+    if req.n < 1:
+        raise UsageError("the rank count is at least 1")
+    words = ["spawn", "-n", str(req.n)]
+    if req.name:
+        words += ["--detach" if req.detach else "--name", req.name]
+    elif req.detach:
+        raise UsageError("a detached mesh needs a name (it is how you attach it again)")
+    if req.launcher == "ssh":
+        if not req.hosts:
+            raise UsageError("an ssh job needs its hosts (h1,h2)")
+        words += ["--job", "ssh", "--hosts", req.hosts]
+        if req.ssh_args:
+            words += ["--ssh-args", req.ssh_args]
+    elif req.launcher == "slurm":
+        words += ["--job", "slurm", "--nodes", str(req.nodes or 1)]
+        for flag, value in (("--partition", req.partition), ("--time", req.time), ("--account", req.account)):
+            if value:
+                words += [flag, value]
+    elif req.launcher and req.launcher != "local":
+        words += ["--job", req.launcher]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _stderr():
+    import sys
+
+    return sys.__stderr__
+
+
+def feed(session: MeshSession) -> PanelFeed:
+    """The session's panel feed, installed."""
+    f = PanelFeed(session)
+    f.install()
+    return f
+
+
+__all__: list[Any] = ["PanelFeed", "RankLog", "feed", "spawn_line"]

@@ -1,0 +1,183 @@
+"""The messages of the Mesh panel's comm (``monarch_kernel.panel``), as small dataclasses
+with one encode/decode pair each: what the kernel sends (``PanelState``, ``LogLines``,
+``Reply``) and what the panel asks (``Request``).  Pure data: nothing here talks to a
+kernel; ``labextension/src/messages.ts`` holds the same shapes on the TypeScript side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+COMM_TARGET = "monarch_kernel.panel"
+PROTOCOL = 1
+
+# What a rank's ``state`` may be, in the panel's words.
+STATES = ("idle", "busy", "debugger", "pdb", "not responding", "dead")
+ACTIONS = ("hello", "refresh", "interrupt", "restart", "debug", "stop", "use", "spawn", "log")
+
+
+class MessageError(ValueError):
+    """A panel message that does not have the shape of its type."""
+
+
+def _check(cls, data: Any) -> dict:
+    if not isinstance(data, dict):
+        raise MessageError(f"a {cls.__name__} is a JSON object; got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names - {"type"}
+    if unknown:
+        raise MessageError(f"{cls.__name__} has no field(s) {', '.join(sorted(unknown))}")
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass
+class RankRow:
+    """One rank as the panel shows it."""
+
+    rank: int
+    host: str
+    pid: int | None
+    state: str  # one of STATES
+    detail: str = ""  # how it died, or where it is stopped
+    cpu: float | None = None  # percent of one core since the previous update (None: remote or unknown)
+    rss_mib: float | None = None
+    last: str = ""  # its last output line
+
+    @classmethod
+    def decode(cls, data: Any) -> RankRow:
+        return cls(**_check(cls, data))
+
+
+@dataclass
+class MeshRow:
+    """One mesh of this kernel."""
+
+    name: str
+    ranks: int
+    hosts: list[str]
+    kind: str  # "local", "detached" or "job"
+    job: str = ""  # the job's name, for kind "job"
+    current: bool = False
+    stopped: bool = False
+    dead: int = 0
+    log_seq: int = 0  # the newest log line's number: the log tab asks again when it grows
+    rows: list[RankRow] = field(default_factory=list)
+
+    @classmethod
+    def decode(cls, data: Any) -> MeshRow:
+        d = _check(cls, data)
+        d["rows"] = [RankRow.decode(r) for r in d.get("rows", [])]
+        return cls(**d)
+
+
+@dataclass
+class JobRow:
+    """A job (ssh, slurm) this kernel started: the New mesh dialog offers it as a launcher."""
+
+    name: str
+    kind: str
+    active: bool
+    hosts: list[str]
+    meshes: list[str]
+
+    @classmethod
+    def decode(cls, data: Any) -> JobRow:
+        return cls(**_check(cls, data))
+
+
+@dataclass
+class PanelState:
+    """Everything the panel shows of one kernel; sent whenever it changes."""
+
+    meshes: list[MeshRow]
+    jobs: list[JobRow]
+    running: bool  # a cell is executing
+    kernel_id: str = ""
+    debug_target: str = ""  # "mesh:rank" JupyterLab's debugger points at, "" for the kernel
+    protocol: int = PROTOCOL
+    type: str = "state"
+
+    def encode(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def decode(cls, data: Any) -> PanelState:
+        d = _check(cls, data)
+        d["meshes"] = [MeshRow.decode(m) for m in d.get("meshes", [])]
+        d["jobs"] = [JobRow.decode(j) for j in d.get("jobs", [])]
+        return cls(**d)
+
+
+@dataclass
+class LogLines:
+    """A mesh's recent output lines, oldest first: ``[seq, rank, stream, line]`` each."""
+
+    mesh: str
+    lines: list[list]
+    since: int = 0
+    type: str = "log"
+
+    def encode(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def decode(cls, data: Any) -> LogLines:
+        return cls(**_check(cls, data))
+
+
+@dataclass
+class Reply:
+    """The answer to one ``Request``: ``ok`` and a sentence to show."""
+
+    id: int
+    ok: bool
+    message: str = ""
+    type: str = "reply"
+
+    def encode(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def decode(cls, data: Any) -> Reply:
+        return cls(**_check(cls, data))
+
+
+@dataclass
+class Request:
+    """What the panel asks the kernel to do.  ``action`` is one of ``ACTIONS``; the other
+    fields are that action's arguments (``spawn`` reads ``n``, ``name``, ``detach`` and the
+    launcher's fields)."""
+
+    action: str
+    id: int = 0
+    mesh: str = ""
+    rank: int | None = None
+    ranks: list[int] | None = None
+    since: int = 0
+    n: int = 0
+    name: str = ""
+    detach: bool = False
+    launcher: str = "local"  # local | ssh | slurm | a running job's name
+    hosts: str = ""
+    ssh_args: str = ""
+    nodes: int = 0
+    partition: str = ""
+    time: str = ""
+    account: str = ""
+
+    def encode(self) -> dict:
+        return {**asdict(self), "type": "request"}
+
+    @classmethod
+    def decode(cls, data: Any) -> Request:
+        d = _check(cls, data)
+        action = d.get("action")
+        if action not in ACTIONS:
+            raise MessageError(f"unknown panel action {action!r}; one of {', '.join(ACTIONS)}")
+        for key in ("id", "n", "nodes", "since"):
+            if key in d and not isinstance(d[key], int):
+                raise MessageError(f"{key} is a number")
+        if d.get("rank") is not None and not isinstance(d["rank"], int):
+            raise MessageError("rank is a number")
+        return cls(**d)
