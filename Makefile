@@ -34,7 +34,28 @@ $(STAMP): pyproject.toml setup.py $(SYSSTAMP)
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The Mesh panel: the JupyterLab extension built with jlpm (JupyterLab's yarn, in .venv) from
+# labextension/, then linked into .venv with the server extension, as the wheel installs them
+# (an editable install carries neither; tests/test_packaging.py checks the wheel itself).
+LABEXT := labextension/prebuilt/package.json
+LABSRC := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
+	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
+PANEL := $(VENV)/.panel-installed
+
+$(LABEXT): $(LABSRC) $(STAMP)
+	cd labextension && PATH=$(abspath $(BIN)):$$PATH jlpm install --immutable >/dev/null \
+	  && PATH=$(abspath $(BIN)):$$PATH jlpm build >/dev/null
+	touch $@
+
+$(PANEL): $(LABEXT) $(STAMP)
+	echo "$(CURDIR)/extension" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/monarch_kernel_server_dev.pth"
+	mkdir -p $(VENV)/etc/jupyter/jupyter_server_config.d $(VENV)/share/jupyter/labextensions
+	cp extension/jupyter_server_config.d/monarch_kernel_server.json $(VENV)/etc/jupyter/jupyter_server_config.d/
+	rm -rf $(VENV)/share/jupyter/labextensions/monarch-kernel-panel
+	ln -s $(CURDIR)/labextension/prebuilt $(VENV)/share/jupyter/labextensions/monarch-kernel-panel
+	touch $@
+
+setup: $(STAMP) $(PANEL)
 
 lab: setup
 	$(BIN)/pip install -q 'jupyterlab>=4.2'
@@ -56,4 +77,5 @@ bench: setup
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info labextension/node_modules labextension/lib labextension/prebuilt \
+	  labextension/tsconfig.tsbuildinfo

@@ -1,0 +1,142 @@
+"""The handlers of ``/monarch/meshes``: reading detached meshes' records, and stopping or
+attaching one through a helper process or the kernel that should have it.  Every wait is
+bounded; a failure answers JSON that says what went wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from monarch_kernel.detached import records
+from monarch_kernel.kernel import panel_detached
+
+HELPER = [sys.executable, "-m", "monarch_kernel.kernel.panel_detached"]
+HELPER_TIMEOUT_S = 60.0
+KERNEL_TIMEOUT_S = 120.0
+
+
+async def run_helper(*args: str, timeout: float = HELPER_TIMEOUT_S) -> tuple[int, dict]:
+    """Run ``python -m monarch_kernel.kernel.panel_detached ARGS``; (exit status, its JSON)."""
+    proc = await asyncio.create_subprocess_exec(*HELPER, *args, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise web.HTTPError(504, f"the helper ({' '.join(args)}) did not finish within {timeout:g} s") from None
+    lines = out.decode(errors="replace").strip().splitlines()
+    try:
+        return proc.returncode or 0, json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        tail = err.decode(errors="replace").strip().splitlines()[-3:]
+        raise web.HTTPError(500, f"the helper ({' '.join(args)}) failed: {' | '.join(tail)}") from None
+
+
+class MeshApiHandler(APIHandler):
+    def _record(self, name: str) -> records.Record:
+        record = panel_detached.find(name)
+        if record is None:
+            raise web.HTTPError(404, f"no detached mesh named {name!r}")
+        return record
+
+    async def run_in_kernel(self, kernel_id: str, code: str) -> str:
+        """Run ``code`` in kernel ``kernel_id`` (a cell nobody sees; no history); its output,
+        or an HTTP error with the kernel's error."""
+        if kernel_id not in self.kernel_manager:
+            raise web.HTTPError(404, f"no kernel with id {kernel_id!r}")
+        km = self.kernel_manager.get_kernel(kernel_id)
+        client = km.client()
+        client.start_channels()
+        out: list[str] = []
+        error: list[str] = []
+
+        def hook(msg) -> None:
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind == "error":
+                error.append(f"{content['ename']}: {content['evalue']}")
+
+        try:
+            await client.wait_for_ready(timeout=30)
+            reply = await client.execute_interactive(code, store_history=False, timeout=KERNEL_TIMEOUT_S,
+                                                     output_hook=hook, allow_stdin=False)
+        except TimeoutError:
+            raise web.HTTPError(504, f"kernel {kernel_id} did not finish within {KERNEL_TIMEOUT_S:g} s") from None
+        finally:
+            client.stop_channels()
+        if reply["content"]["status"] != "ok" or error:
+            message = "; ".join(error) or reply["content"].get("evalue", "the kernel failed")
+            raise web.HTTPError(409, re.sub(r"\x1b\[[0-9;]*m", "", message))
+        return "".join(out).strip()
+
+
+class MeshesHandler(MeshApiHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        found = [panel_detached.describe(r) for r in records.all_records()]
+        if any(m["state"] == "running" for m in found):
+            _code, ranks = await run_helper("list")
+            for m in found:
+                got = ranks.get(m["name"], {})
+                m["pids"] = got.get("pids", [])
+                m["hosts"] = got.get("hosts") or m["hosts"]
+                m["dead"] = got.get("dead", [])
+                if "error" in got:
+                    m["error"] = got["error"]
+        self.finish(json.dumps({"meshes": found}))
+
+
+class MeshHandler(MeshApiHandler):
+    @web.authenticated
+    async def delete(self, name: str) -> None:
+        record = self._record(name)
+        kernel = panel_detached.attached_kernel(name) if record.alive() else None
+        if kernel is not None and kernel in self.kernel_manager:
+            said = await self.run_in_kernel(kernel, f"%mesh stop {name}")
+            message = said or f"stopped detached mesh {name!r} (it was attached to kernel {kernel})"
+        else:
+            code, body = await run_helper("stop", name)
+            if code == 2:
+                raise web.HTTPError(404, body.get("message", f"no running detached mesh named {name!r}"))
+            if code != 0:
+                raise web.HTTPError(500, body.get("message", f"stopping {name!r} failed"))
+            message = body.get("message", f"stopped detached mesh {name!r}")
+        self.finish(json.dumps({"message": message}))
+
+
+class AttachHandler(MeshApiHandler):
+    @web.authenticated
+    async def post(self, name: str) -> None:
+        try:
+            body = json.loads(self.request.body or b"")
+        except ValueError:
+            raise web.HTTPError(400, 'the body is JSON: {"kernel_id": "..."}') from None
+        if not isinstance(body, dict) or not isinstance(body.get("kernel_id"), str) or not body["kernel_id"]:
+            raise web.HTTPError(400, 'the body names the kernel: {"kernel_id": "..."}')
+        record = self._record(name)
+        if not record.alive():
+            raise web.HTTPError(409, f"detached mesh {name!r} is gone: its host process is no longer running")
+        kernel_id = body["kernel_id"]
+        holder = panel_detached.attached_kernel(name)
+        if holder is not None and holder != kernel_id and holder in self.kernel_manager:
+            raise web.HTTPError(409, f"detached mesh {name!r} is attached to kernel {holder}; stop it there, "
+                                     "or shut that kernel down, first")
+        said = await self.run_in_kernel(kernel_id, f"%mesh attach {name}")
+        self.finish(json.dumps({"message": said or f"attached {name!r} to kernel {kernel_id}", "kernel": kernel_id}))
+
+
+def setup_handlers(web_app) -> None:
+    base = url_path_join(web_app.settings["base_url"], "monarch", "meshes")
+    web_app.add_handlers(".*$", [
+        (base + r"/?", MeshesHandler),
+        (base + r"/([^/]+)/attach/?", AttachHandler),
+        (base + r"/([^/]+)/?", MeshHandler),
+    ])
