@@ -11,6 +11,7 @@ mesh API, the runtime's hooks and the comm manager only.  Runs in the kernel.
 from __future__ import annotations
 
 import collections
+import contextvars
 import itertools
 import os
 import shlex
@@ -23,7 +24,7 @@ from IPython.core.error import UsageError
 from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug import proxy
-from ..mesh.ranks import rank_label
+from ..mesh.ranks import rank_label as _bracketed
 from ..runtime.process import Runtime
 from . import panel_detached
 from .panel_messages import COMM_TARGET, JobRow, LogLines, MeshRow, MessageError, PanelState, RankRow, Reply, Request
@@ -37,6 +38,11 @@ MIN_GAP_S = 0.5  # at most two updates a second, however fast ranks print
 COALESCE_S = 0.05  # a burst of events (a cell's first lines) makes one update
 LOG_LINES = 1000  # recent lines kept per rank for the log tab
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def rank_label(ranks) -> str:
+    """"rank 2", "ranks 0-3" (``[rank 2]`` without its brackets, for sentences)."""
+    return _bracketed(ranks).strip("[]")
 
 
 def cpu_ticks(pid: int | None) -> int | None:
@@ -87,6 +93,9 @@ class PanelFeed:
         self.shell = session.shell
         self.log = RankLog()
         self.comms: list = []
+        # Each comm's open message context: updates go out under it, so ipykernel routes the
+        # panel's next requests to the subshell it opened the comm on (not behind a running cell).
+        self._contexts: dict[int, contextvars.Context] = {}
         self.running = False  # a cell executes
         self.sent = 0  # updates sent (the benchmark reads it)
         self._lock = threading.Lock()
@@ -185,6 +194,7 @@ class PanelFeed:
         comm.on_close(lambda _msg: self._closed_comm(comm))
         with self._lock:
             self.comms.append(comm)
+            self._contexts[id(comm)] = contextvars.copy_context()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="mesh-panel", daemon=True)
                 self._thread.start()
@@ -194,6 +204,7 @@ class PanelFeed:
         with self._lock:
             if comm in self.comms:
                 self.comms.remove(comm)
+            self._contexts.pop(id(comm), None)
 
     def _send_to(self, comm, data: dict) -> None:
         try:
@@ -203,7 +214,11 @@ class PanelFeed:
 
     def _broadcast(self, data: dict) -> None:
         for comm in list(self.comms):
-            self._send_to(comm, data)
+            ctx = self._contexts.get(id(comm))
+            if ctx is None:
+                self._send_to(comm, data)
+            else:
+                ctx.copy().run(self._send_to, comm, data)
         self.sent += 1
 
     def _message(self, comm, msg) -> None:

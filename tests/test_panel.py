@@ -1,0 +1,238 @@
+"""The Mesh panel's comm, through a real monarch kernel driven by jupyter_client as
+JupyterLab drives it: the panel opens ``monarch_kernel.panel`` (on a subshell, so its
+buttons work while a cell runs), gets a state whenever something changes and nothing while
+the kernel is idle, and its requests interrupt, restart, spawn and read the log.  Rich
+output from several ranks becomes one grid bundle only while a panel is connected."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from _kernels import iopub, run, text
+
+from monarch_kernel.kernel.panel import RankLog, spawn_line
+from monarch_kernel.kernel.panel_grid import GRID_MIME, grid_bundle
+from monarch_kernel.kernel.panel_messages import (
+    COMM_TARGET,
+    JobRow,
+    LogLines,
+    MeshRow,
+    MessageError,
+    PanelState,
+    RankRow,
+    Reply,
+    Request,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# ---------------------------------------------------------------- messages (pure)
+
+
+def test_every_panel_message_round_trips():
+    row = RankRow(2, "vm", 123, "dead", "exit code 3", None, None, "bye")
+    state = PanelState([MeshRow("procs", 4, ["vm"], "local", rows=[row], dead=1, current=True)],
+                       [JobRow("ssh0", "ssh", True, ["h1", "h2"], ["procs"])], running=False, kernel_id="k")
+    assert PanelState.decode(state.encode()) == state
+    logs = LogLines("procs", [[1, 0, "stdout", "hi"]], 0)
+    assert LogLines.decode(logs.encode()) == logs
+    assert Reply.decode(Reply(3, False, "no").encode()) == Reply(3, False, "no")
+    req = Request("spawn", id=4, n=2, name="side", detach=True)
+    assert Request.decode(req.encode()) == req
+
+
+@pytest.mark.parametrize("bad, why", [
+    ([], "a Request is a JSON object"),
+    ({"action": "explode"}, "unknown panel action 'explode'"),
+    ({"action": "restart", "rank": "2"}, "rank is a number"),
+    ({"action": "stop", "colour": "red"}, "Request has no field(s) colour"),
+])
+def test_malformed_requests_are_refused_with_the_reason(bad, why):
+    with pytest.raises(MessageError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        Request.decode(bad)
+
+
+def test_the_new_mesh_dialog_becomes_one_spawn_line():
+    assert spawn_line(Request("spawn", n=4)) == "spawn -n 4"
+    assert spawn_line(Request("spawn", n=2, name="side", detach=True)) == "spawn -n 2 --detach side"
+    assert (spawn_line(Request("spawn", n=2, launcher="ssh", hosts="h1,h2", ssh_args="-i key"))
+            == "spawn -n 2 --job ssh --hosts h1,h2 --ssh-args '-i key'")
+    assert (spawn_line(Request("spawn", n=1, launcher="slurm", nodes=2, partition="gpu"))
+            == "spawn -n 1 --job slurm --nodes 2 --partition gpu")
+    assert spawn_line(Request("spawn", n=1, launcher="ssh0")) == "spawn -n 1 --job ssh0"
+
+
+def test_the_rank_log_keeps_each_ranks_recent_lines_in_arrival_order():
+    log = RankLog(per_rank=2)
+    for i in range(3):
+        log.add("m", 0, "stdout", f"a{i}")
+        log.add("m", 1, "stderr", f"b{i}")
+    assert [e[3] for e in log.lines("m")] == ["a1", "b1", "a2", "b2"]
+    assert [e[3] for e in log.lines("m", since=log.lines("m")[1][0])] == ["a2", "b2"]
+    assert log.newest["m"] == 6
+
+
+def test_the_grid_bundle_keeps_a_text_view_of_every_rank():
+    bundle = grid_bundle([(0, {"text/plain": "<Figure 0>", "image/png": "AA"}, {}), (1, {"text/plain": "x"}, {})])
+    assert bundle["text/plain"] == "[rank 0] <Figure 0>\n[rank 1] x"
+    assert [i["rank"] for i in bundle[GRID_MIME]["items"]] == [0, 1]
+
+
+# ---------------------------------------------------------------- through a real kernel
+
+
+class Panel:
+    """The panel's end of the comm, as JupyterLab's is: opened on a subshell of its own."""
+
+    def __init__(self, kc):
+        self.kc, self.io = kc, iopub(kc)
+        self.comm_id = uuid.uuid4().hex
+        self.subshell = self._control("create_subshell_request", {})["subshell_id"]
+        self._next = 0
+        self._send("comm_open", {"comm_id": self.comm_id, "target_name": COMM_TARGET, "data": {"action": "hello"}})
+
+    def _control(self, msg_type: str, content: dict) -> dict:
+        msg = self.kc.session.msg(msg_type, content)
+        self.kc.control_channel.send(msg)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            reply = self.kc.get_control_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return reply["content"]
+        raise AssertionError(f"timed out after 30 s waiting for the {msg_type} reply")
+
+    def _send(self, msg_type: str, content: dict) -> None:
+        msg = self.kc.session.msg(msg_type, content)
+        msg["header"]["subshell_id"] = self.subshell
+        self.kc.shell_channel.send(msg)
+
+    def messages(self) -> list[dict]:
+        return [m.content["data"] for m in self.io.messages
+                if m.msg_type == "comm_msg" and m.content["comm_id"] == self.comm_id]
+
+    def states(self) -> list[PanelState]:
+        return [PanelState.decode(d) for d in self.messages() if d.get("type") == "state"]
+
+    def wait_state(self, what: str, predicate, timeout: float = 10) -> PanelState:
+        return self.io.wait(what, lambda: next((s for s in reversed(self.states()) if predicate(s)), None), timeout,
+                            detail=lambda: f"last state: {self.states()[-1:] or 'none'}")
+
+    def send(self, action: str, **args) -> int:
+        self._next += 1
+        self._send("comm_msg", {"comm_id": self.comm_id, "data": Request(action, id=self._next, **args).encode()})
+        return self._next
+
+    def request(self, action: str, timeout: float = 60, **args) -> Reply:
+        rid = self.send(action, **args)
+        data = self.io.wait(f"the reply to {action}", lambda: next(
+            (d for d in self.messages() if d.get("type") == "reply" and d["id"] == rid), None), timeout)
+        return Reply.decode(data)
+
+    def close(self) -> None:
+        self._send("comm_close", {"comm_id": self.comm_id, "data": {}})
+        self._control("delete_subshell_request", {"subshell_id": self.subshell})
+
+
+state0 = RankRow(-1, "", None, "unknown")  # what a rank not (yet) shown reads as
+
+
+def ranks(state: PanelState, mesh: str = "procs") -> dict[int, RankRow]:
+    m = next((m for m in state.meshes if m.name == mesh), None)
+    return {} if m is None else {r.rank: r for r in m.rows}
+
+
+@pytest.fixture
+def panel(kc):
+    p = Panel(kc)
+    p.wait_state("the first state", lambda s: True)
+    yield p
+    p.close()
+
+
+def test_the_panel_sees_ranks_live_and_an_idle_kernel_sends_nothing(kc, panel):
+    out, reply = run(kc, "procs = %mesh spawn -n 4")
+    assert reply["status"] == "ok", text(out)
+    state = panel.wait_state("4 idle ranks", lambda s: len(ranks(s)) == 4 and not s.running)
+    assert [r.state for r in ranks(state).values()] == ["idle"] * 4
+    assert all(r.pid and r.rss_mib for r in ranks(state).values())
+
+    time.sleep(0.8)  # the last update of the cell has gone out
+    before = len(panel.messages())
+    time.sleep(3)
+    panel.io.pump(0.1)
+    assert len(panel.messages()) == before, "an idle kernel sent the panel updates"
+
+    msg_id = kc.execute("%%mesh\nimport time\nfor i in range(6):\n    print('step', i, flush=True)\n"
+                        "    time.sleep(0.4)")
+    t0 = time.monotonic()
+    panel.wait_state("every rank busy", lambda s: all(r.state == "busy" for r in ranks(s).values())
+                     and len(ranks(s)) == 4, timeout=3)
+    assert time.monotonic() - t0 < 1.5
+    panel.wait_state("a rank's last line", lambda s: ranks(s).get(0, state0).last.startswith("step"), timeout=3)
+    panel.io.wait_idle(msg_id, 30)
+    sent = len(panel.messages()) - before
+    assert sent <= 2 * (time.monotonic() - t0) + 2, f"{sent} updates in {time.monotonic() - t0:.1f} s"
+    panel.wait_state("the ranks idle again", lambda s: not s.running and ranks(s).get(3, state0).state == "idle",
+                     timeout=3)
+
+    panel.send("log", mesh="procs")  # answered with the lines, not a reply
+    lines = panel.io.wait("the log", lambda: next((d for d in panel.messages() if d.get("type") == "log"), None), 10)
+    assert [line[3] for line in lines["lines"] if line[1] == 2] == [f"step {i}" for i in range(6)]
+
+
+def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
+    run(kc, "procs = %mesh spawn -n 3")
+    panel.wait_state("3 ranks", lambda s: len(ranks(s)) == 3)
+    out, _reply = run(kc, "%%mesh --ranks 2\nimport os\nos._exit(3)")
+    t0 = time.monotonic()
+    state = panel.wait_state("rank 2 dead", lambda s: ranks(s).get(2, state0).state == "dead", timeout=2)
+    assert time.monotonic() - t0 < 2 and "3" in ranks(state)[2].detail, ranks(state)[2]
+
+    reply = panel.request("restart", mesh="procs", rank=2)
+    assert reply.ok, reply.message
+    assert reply.message == "restarted rank 2 of procs with fresh namespaces"
+    panel.wait_state("rank 2 alive", lambda s: ranks(s).get(2, state0).state == "idle", timeout=5)
+    assert "[ranks 0-2] 1" in text(run(kc, "%%mesh\n1").outputs)
+
+    # The interrupt button while a cell runs: its request goes over the panel's subshell.
+    msg_id = kc.execute("%%mesh\nimport time\ntime.sleep(4)\nprint('slept')")
+    panel.wait_state("rank 1 busy", lambda s: ranks(s).get(1, state0).state == "busy", timeout=5)
+    reply = panel.request("interrupt", mesh="procs", rank=1, timeout=10)
+    assert reply.ok and reply.message == "interrupted rank 1 of procs", reply
+    outputs = panel.io.wait_idle(msg_id, 30)
+    got = text(outputs)
+    assert "KeyboardInterrupt" in got and "[rank 1]" in got and "[ranks 0,2] slept" in got, got
+
+    reply = panel.request("spawn", n=2, name="side")
+    assert reply.ok and reply.message.startswith("side: 2 ranks"), reply
+    state = panel.wait_state("the new mesh", lambda s: len(ranks(s, "side")) == 2)
+    assert [m.name for m in state.meshes if m.current] == ["side"]
+    assert "side" in text(run(kc, "print(side.name)").outputs)
+    reply = panel.request("stop", mesh="side")
+    assert reply.ok, reply
+    panel.wait_state("side gone", lambda s: not ranks(s, "side"))
+    bad = panel.request("restart", mesh="nope")
+    assert not bad.ok and "no mesh named 'nope'" in bad.message
+
+
+GRID_CELL = ("%%mesh\nfrom IPython.display import display, HTML\nfrom monarch_kernel import current_rank\n"
+             "display(HTML(f'<b>rank {current_rank().rank}</b>'))")
+
+
+def test_rich_output_of_several_ranks_is_one_grid_only_with_a_panel(kc):
+    run(kc, "procs = %mesh spawn -n 2")
+    plain = run(kc, GRID_CELL).outputs
+    assert [o.text for o in plain if o.kind == "stream"] == ["[rank 0]\n", "[rank 1]\n"]  # today's text
+    assert not any(GRID_MIME in o.data for o in plain)
+    p = Panel(kc)
+    try:
+        p.wait_state("the first state", lambda s: True)
+        grid = [o for o in run(kc, GRID_CELL).outputs if o.kind == "display_data"]
+        assert len(grid) == 1 and GRID_MIME in grid[0].data, grid
+        items = grid[0].data[GRID_MIME]["items"]
+        assert [(i["rank"], i["data"]["text/html"]) for i in items] == [(0, "<b>rank 0</b>"), (1, "<b>rank 1</b>")]
+    finally:
+        p.close()
