@@ -14,7 +14,10 @@ pytestmark = pytest.mark.timeout(30)
 
 # Every option of every subcommand, as a user types it (the parsers and USAGE must both know it).
 OPTIONS = {
-    "spawn": ["-n N", "--name NAME", "--env K=V", "--detach M"],
+    "spawn": ["-n N", "--name NAME", "--env K=V", "--detach M", "--job ssh|slurm|NAME", "--hosts H1,H2",
+              "--ssh-args 'ARGS'", "--nodes N", "--partition P", "--time T", "--account A", "--python PATH"],
+    "jobs": [],
+    "kill-job": ["[name]"],
     "attach": ["name"],
     "list": [],
     "use": ["name"],
@@ -101,7 +104,11 @@ def test_a_bad_cell_argument_names_the_cell_usage(line, says):
 def test_arguments_parse_to_their_values():
     a = _parse(COMMANDS["spawn"], "-n 3 --env A=1 --env B= --env C=x=y --detach t-1")
     assert (a.n, a.name, a.env, a.detach) == (3, None, [("A", "1"), ("B", ""), ("C", "x=y")], "t-1")
-    assert vars(_parse(COMMANDS["spawn"], "")) == {"n": 1, "name": None, "env": [], "detach": None}
+    assert vars(_parse(COMMANDS["spawn"], "")) == {"n": 1, "name": None, "env": [], "detach": None, "job": None,
+                                                   "hosts": None, "ssh_args": None, "nodes": None, "partition": None,
+                                                   "time": "01:00:00", "account": None, "python": None}
+    a = _parse(COMMANDS["spawn"], "--job ssh --hosts a,b -n 2 --ssh-args '-i k'")
+    assert (a.job, a.hosts, a.n, a.ssh_args) == ("ssh", "a,b", 2, "'-i k'")
     assert _parse(COMMANDS["stop"], "").name is None and _parse(COMMANDS["stop"], "m").name == "m"
     assert _parse(COMMANDS["push"], "a=1 b=x+1").pairs == ["a=1", "b=x+1"]
     assert _parse(COMMANDS["auto"], "off").state == "off"
