@@ -11,7 +11,6 @@ mesh API, the runtime's hooks and the comm manager only.  Runs in the kernel.
 from __future__ import annotations
 
 import collections
-import contextvars
 import itertools
 import os
 import shlex
@@ -93,9 +92,6 @@ class PanelFeed:
         self.shell = session.shell
         self.log = RankLog()
         self.comms: list = []
-        # Each comm's open message context: updates go out under it, so ipykernel routes the
-        # panel's next requests to the subshell it opened the comm on (not behind a running cell).
-        self._contexts: dict[int, contextvars.Context] = {}
         self.running = False  # a cell executes
         self.sent = 0  # updates sent (the benchmark reads it)
         self._lock = threading.Lock()
@@ -194,17 +190,15 @@ class PanelFeed:
         comm.on_close(lambda _msg: self._closed_comm(comm))
         with self._lock:
             self.comms.append(comm)
-            self._contexts[id(comm)] = contextvars.copy_context()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="mesh-panel", daemon=True)
                 self._thread.start()
-        self._send_to(comm, self.state().encode())
+        self._publish(comm, self.state().encode())
 
     def _closed_comm(self, comm) -> None:
         with self._lock:
             if comm in self.comms:
                 self.comms.remove(comm)
-            self._contexts.pop(id(comm), None)
 
     def _send_to(self, comm, data: dict) -> None:
         try:
@@ -212,13 +206,23 @@ class PanelFeed:
         except Exception:  # noqa: BLE001  (a closed frontend's comm; it is dropped)
             self._closed_comm(comm)
 
+    def _publish(self, comm, data: dict) -> None:
+        """Send an update with no parent message.  ``comm.send`` would tie it to the running
+        cell's, and ipykernel then routes the panel's next request to that cell's (busy)
+        shell instead of the subshell the panel sends on; replies keep using ``comm.send``."""
+        kernel = getattr(self.shell, "kernel", None)
+        if kernel is None:
+            self._send_to(comm, data)
+            return
+        try:
+            kernel.session.send(kernel.iopub_socket, "comm_msg", {"data": data, "comm_id": comm.comm_id},
+                                parent={}, ident=comm.topic)
+        except Exception:  # noqa: BLE001  (the kernel is shutting down: its iopub is closed)
+            self._closed_comm(comm)
+
     def _broadcast(self, data: dict) -> None:
         for comm in list(self.comms):
-            ctx = self._contexts.get(id(comm))
-            if ctx is None:
-                self._send_to(comm, data)
-            else:
-                ctx.copy().run(self._send_to, comm, data)
+            self._publish(comm, data)
         self.sent += 1
 
     def _message(self, comm, msg) -> None:
@@ -233,7 +237,7 @@ class PanelFeed:
             return
         if req.action in ("hello", "refresh"):
             self._last = None
-            self._send_to(comm, self.state().encode())
+            self._publish(comm, self.state().encode())
             return
         try:
             message = getattr(self, f"_do_{req.action}")(req)

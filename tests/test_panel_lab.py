@@ -1,0 +1,245 @@
+"""The Mesh panel in a real JupyterLab and Debian's Chromium (Playwright), on the monarch
+kernel: it shows 4 ranks, a rank that exits as dead within 2 s and restarts it, interrupts
+one rank of a running cell, points the debugger at a rank that then stops at a gutter
+breakpoint, lays figures out as a grid, spawns a detached mesh from its dialog, and after
+the kernel shuts down lists, attaches and stops that mesh through the server extension's
+REST API.  Screenshots go to test-artifacts/panel/ (gitignored)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from test_jupyterlab import CHROMIUM, DEBUG_BUTTON, Lab, Notebook, sync_api  # noqa: F401  (CHROMIUM: skip mark)
+from test_jupyterlab import pytestmark as _lab_marks
+
+pytestmark = [*_lab_marks[1:], pytest.mark.timeout(300)]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "panel"
+MESH = ".mk-Panel .mk-Mesh[data-mesh='{}']"
+RANK = MESH + " .mk-Rank[data-rank='{}']"
+
+CELLS = [
+    "procs = %mesh spawn -n 4",                                                     # 0
+    "%%mesh --ranks 2\nimport os\nos._exit(3)",                                     # 1
+    "%%mesh\nprint('alive')",                                                       # 2
+    "%%mesh\nimport time\ntime.sleep(8)\nprint('slept')",                           # 3
+    "%%mesh --ranks 1\nfrom monarch_kernel import current_rank\nx = 41 + current_rank().rank\ny = x * 2\n"
+    "print('y', y)",                                                                # 4
+    "%%mesh --ranks 0-1\nimport matplotlib.pyplot as plt\nfrom monarch_kernel import current_rank\n"
+    "plt.plot([0, 1], [0, current_rank().rank + 1])\nplt.show()",                   # 5
+    "%%mesh\nfrom monarch_kernel import current_rank\nmarker = current_rank().rank * 7",  # 6 (on the dialog's mesh)
+]
+BREAKPOINT_LINE = 4  # ``y = x * 2`` in CELLS[4], the magic line counted as 1
+
+
+def write_notebook(path: Path, cells: list[str]) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "monarch", "display_name": "Python 3 (monarch mesh)", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, str(path))
+
+
+def rest(lab: Lab, path: str, method: str = "GET", body: bytes | None = None, token: bool = True):
+    """(status, JSON body) of a request to the server."""
+    headers = {"Authorization": f"token {lab.token}"} if token else {}
+    req = urllib.request.Request(lab.base + path, method=method, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=90) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw or b"{}")
+        except ValueError:
+            return e.code, {"raw": raw.decode(errors="replace")[:200]}
+
+
+@pytest.fixture
+def lab(tmp_path, kernelspec):
+    root, home = tmp_path / "notebooks", tmp_path / "jupyter"
+    root.mkdir()
+    home.mkdir()
+    server = Lab(root, home)
+    try:
+        server.start()
+        yield server
+    finally:
+        try:  # a detached mesh the test left (it failed midway) must not outlive it
+            for m in rest(server, "/monarch/meshes")[1].get("meshes", []):
+                rest(server, f"/monarch/meshes/{m['name']}", "DELETE")
+        except OSError:
+            pass
+        server.stop()
+
+
+@pytest.fixture
+def page():
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield browser.new_page(viewport={"width": 1600, "height": 1000})
+        finally:
+            browser.close()
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def open_notebook(nb: Notebook, lab: Lab, name: str) -> None:
+    page = nb.page
+    page.goto(lab.url(name) + "&reset")  # this notebook only (the workspace forgets earlier ones)
+    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+    page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='monarch-kernel-meshes']")
+    if tab.get_attribute("aria-selected") != "true":
+        tab.click()
+    page.wait_for_selector(".mk-Panel .mk-Panel-empty, .mk-Panel .mk-Mesh", timeout=30_000)
+
+
+def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path):
+    write_notebook(lab.root / "panel.ipynb", CELLS)
+    write_notebook(lab.root / "again.ipynb", ["%%mesh\nprint('marker', marker)"])
+    nb = Notebook(page, tmp_path, lab)
+    expect = sync_api.expect
+
+    with nb.step("open the notebook: the panel is in the right sidebar"):
+        open_notebook(nb, lab, "panel.ipynb")
+
+    with nb.step("spawn 4 ranks: the panel shows 4 ranks"):
+        nb.run_cell(0)
+        expect(page.locator(MESH.format("procs") + " .mk-Rank")).to_have_count(4, timeout=10_000)
+        expect(page.locator(".mk-Status")).to_have_text("procs: 4 ranks", timeout=10_000)
+        shot(page, "1-four-ranks")
+
+    with nb.step("os._exit on rank 2: dead within 2 s; restart: alive, and every rank answers"):
+        nb.run_cell(1)
+        t0 = time.monotonic()
+        expect(page.locator(RANK.format("procs", 2))).to_have_attribute("data-state", "dead", timeout=2_000)
+        assert time.monotonic() - t0 < 2.5
+        expect(page.locator(".mk-Status")).to_have_text("procs: 4 ranks · 1 dead", timeout=5_000)
+        shot(page, "2-rank-2-dead")
+        page.locator(RANK.format("procs", 2) + " [data-action='restart']").click()
+        expect(page.locator(RANK.format("procs", 2))).to_have_attribute("data-state", "idle", timeout=30_000)
+        assert "[ranks 0-3] alive" in nb.run_cell(2).splitlines()
+
+    with nb.step("a long cell, then rank 1's interrupt button: KeyboardInterrupt on rank 1 only"):
+        nb.start_cell(3)
+        expect(page.locator(RANK.format("procs", 1))).to_have_attribute("data-state", "busy", timeout=10_000)
+        page.locator(RANK.format("procs", 1) + " [data-action='interrupt']").click()
+        out = nb.wait_cell(3, timeout=30)
+        assert "[ranks 0,2-3] slept" in out.splitlines() and "KeyboardInterrupt" in out, out
+        assert "[rank 1]" in out and "[rank 0] Traceback" not in out, out
+
+    with nb.step("debug this rank (1), then a gutter breakpoint: rank 1 stops, and the panel says so"):
+        page.locator(RANK.format("procs", 1) + " [data-action='debug']").click()
+        expect(page.locator(".mk-Panel-message")).to_contain_text("debugger now debugs rank 1", timeout=30_000)
+        page.locator(DEBUG_BUTTON).click()
+        page.wait_for_selector(DEBUG_BUTTON + "[aria-pressed='true']", timeout=30_000)
+        cell = nb.cells.nth(4)
+        nb.click_breakpoint_gutter(cell, BREAKPOINT_LINE)
+        expect(page.locator(".jp-DebuggerBreakpoints-body .jp-DebuggerBreakpoint")).to_have_count(1, timeout=15_000)
+        nb.start_cell(4)
+        page.wait_for_selector(".jp-DebuggerPausedOverlay", timeout=30_000)
+        expect(page.locator(RANK.format("procs", 1))).to_have_attribute("data-state", "debugger", timeout=5_000)
+        expect(page.locator(".mk-Status")).to_contain_text("rank 1 in debugger", timeout=5_000)
+        shot(page, "3-rank-1-in-debugger")
+        page.locator(".jp-DebuggerSidebar jp-button[data-command='debugger:continue']").click()
+        assert "[rank 1] y 84" in nb.wait_cell(4).splitlines()
+        page.locator(DEBUG_BUTTON).click()  # debugger off again
+        tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='monarch-kernel-meshes']")
+        if tab.get_attribute("aria-selected") != "true":
+            tab.click()
+
+    with nb.step("figures from two ranks lay out side by side"):
+        nb.run_cell(5)
+        grid = nb.cells.nth(5).locator(".mk-RankGridOutput .mk-RankGridOutput-cell")
+        expect(grid).to_have_count(2, timeout=15_000)
+        expect(grid.locator("img")).to_have_count(2, timeout=15_000)
+        a, b = grid.nth(0).bounding_box(), grid.nth(1).bounding_box()
+        assert abs(a["y"] - b["y"]) < 2 and b["x"] > a["x"], (a, b)
+        shot(page, "4-figures-grid")
+
+    with nb.step("the log tab: rank 2's lines, searchable"):
+        page.locator(RANK.format("procs", 2) + " [data-action='show-log']").click()
+        log = page.locator(".mk-Log").first
+        expect(log.locator(".mk-Log-line[data-rank='2']").first).to_be_visible(timeout=10_000)
+        expect(log.locator(".mk-Log-line[data-rank='0']")).to_have_count(0)
+        log.locator(".mk-Log-rank").select_option("")
+        log.locator(".mk-Log-search").fill("slept")
+        expect(log.locator(".mk-Log-line")).to_have_count(3, timeout=5_000)
+        shot(page, "5-log")
+
+    with nb.step("New mesh: a detached mesh of 2 ranks from the dialog"):
+        page.locator(".mk-Panel [data-action='new-mesh']").click()
+        dialog = page.locator(".jp-Dialog .mk-NewMesh")
+        dialog.locator("input[name='n']").fill("2")
+        dialog.locator("input[name='name']").fill("side")
+        dialog.locator("input[name='detach']").check()
+        page.locator(".jp-Dialog .jp-mod-accept").click()
+        expect(page.locator(MESH.format("side") + " .mk-Rank")).to_have_count(2, timeout=60_000)
+        expect(page.locator(MESH.format("side"))).to_have_attribute("data-kind", "detached")
+        nb.run_cell(6)
+        shot(page, "6-two-meshes")
+        page.locator(MESH.format("procs") + " [data-action='stop']").click()
+        expect(page.locator(MESH.format("procs"))).to_have_count(0, timeout=30_000)
+
+    with nb.step("shut the kernel down: GET /monarch/meshes still lists the detached mesh"):
+        kernels = rest(lab, "/api/kernels")[1]
+        assert len(kernels) == 1, kernels
+        assert rest(lab, f"/api/kernels/{kernels[0]['id']}", "DELETE")[0] == 204
+        status, body = rest(lab, "/monarch/meshes")
+        assert status == 200, body
+        (side,) = body["meshes"]
+        assert side["name"] == "side" and side["ranks"] == 2 and side["state"] == "running", side
+        assert len(side["pids"]) == 2 and all(side["pids"]) and side["kernel"] is None, side
+        pids = [*side["pids"], side["host_pid"]]
+
+    with nb.step("the REST API: no token, unknown names, malformed bodies"):
+        status, body = rest(lab, "/monarch/meshes", token=False)
+        assert status == 403, (status, body)
+        status, body = rest(lab, "/monarch/meshes/nope", "DELETE")
+        assert status == 404 and body["message"] == "no detached mesh named 'nope'", body
+        status, body = rest(lab, "/monarch/meshes/side/attach", "POST", b"{not json")
+        assert status == 400 and "kernel_id" in body["message"], body
+        status, body = rest(lab, "/monarch/meshes/side/attach", "POST", b'{"kernel_id": 3}')
+        assert status == 400, body
+        status, body = rest(lab, "/monarch/meshes/side/attach", "POST", b'{"kernel_id": "no-such-kernel"}')
+        assert status == 404 and "no kernel" in body["message"], body
+
+    with nb.step("a new notebook's panel shows it under Detached; Attach keeps the ranks' state"):
+        open_notebook(nb, lab, "again.ipynb")
+        row = page.locator(".mk-Panel .mk-Detached[data-mesh='side']")
+        expect(row).to_have_count(1, timeout=30_000)
+        shot(page, "7-detached")
+        row.locator("[data-action='attach']").click()
+        expect(page.locator(MESH.format("side") + " .mk-Rank")).to_have_count(2, timeout=60_000)
+        out = nb.run_cell(0).splitlines()
+        assert "[rank 0] marker 0" in out and "[rank 1] marker 7" in out, out
+        kernel = rest(lab, "/monarch/meshes")[1]["meshes"][0]["kernel"]
+        assert kernel == rest(lab, "/api/kernels")[1][0]["id"]
+
+    with nb.step("stop it from the panel: no process remains"):
+        page.locator(MESH.format("side") + " [data-action='stop']").click()
+        expect(page.locator(MESH.format("side"))).to_have_count(0, timeout=60_000)
+        deadline = time.monotonic() + 15
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            assert time.monotonic() < deadline, f"processes of the detached mesh remain: {pids}"
+            time.sleep(0.1)
+        assert rest(lab, "/monarch/meshes")[1]["meshes"] == []
+
+
+def test_readme_picture_is_committed():
+    """The README shows the panel (a screenshot this test module's browser test takes)."""
+    picture = Path(__file__).resolve().parent.parent / "docs" / "mesh-panel.png"
+    assert picture.is_file() and picture.stat().st_size > 10_000
+    assert re.search(r"!\[[^\]]*\]\(docs/mesh-panel\.png\)", (picture.parent.parent / "README.md").read_text())
