@@ -7,6 +7,9 @@ template, agents and ranks each raise theirs, so that running out means the hard
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 def raise_nofile_limit() -> int:
     """Set the soft RLIMIT_NOFILE to the hard limit (capped at 1,048,576); returns it."""
@@ -24,3 +27,33 @@ def raise_nofile_limit() -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+RESERVE = 32  # descriptors kept free: what peers answering us connect with (libzmq aborts on EMFILE in accept)
+
+
+def open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return -1
+
+
+def check_room(what: str) -> None:
+    """Raise before this process makes ``what`` (a socket) with fewer than ``RESERVE``
+    descriptors left: past its limit ZeroMQ could no longer take the connections that come
+    back, and would abort the process.  The error names the limit, the count and the fix."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    held = open_files()
+    if held >= 0 and held + RESERVE >= soft:
+        raise OSError(errno.EMFILE, f"out of file descriptors for {what}: this process holds {held} of its limit "
+                                    f"of {soft} (hard {hard}, and {RESERVE} are kept free for connections that "
+                                    f"come back); raise it with `ulimit -n` before starting (the hard limit: "
+                                    f"/etc/security/limits.conf or systemd's LimitNOFILE), or end meshes and "
+                                    f"threads that are no longer used")

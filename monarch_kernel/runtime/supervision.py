@@ -394,6 +394,8 @@ class Supervisor:
             hook(om.ref.id, rank, info)
         body = dumps(info)
         for other in list(rt.meshes.values()):
+            if other.stopping and (other is om or rt._closed):
+                continue  # nobody there will call the dead rank again
             rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body, extra=om.ref.id)
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
