@@ -69,3 +69,22 @@ def test_a_limit_too_small_fails_the_call_at_once_saying_how_to_raise_it(tmp_pat
     assert done.returncode != 0
     assert "out of file descriptors" in done.stderr and "ulimit -n" in done.stderr, done.stderr[-3000:]
     assert "limit of 64" in done.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_notebook_on_192_ranks_collapses_output_and_summarises_status(kc):
+    from _kernels import run, text
+
+    out, reply = run(kc, "procs = %mesh spawn -n 192", timeout=180)
+    assert reply["status"] == "ok", text(out)
+    out, _ = run(kc, "%%mesh\nprint('hello')", timeout=120)
+    assert "[ranks 0-191] hello" in text(out), text(out)[-2000:]
+    run(kc, "%%mesh --ranks 5\nimport os\nos._exit(3)", timeout=60)
+    out, _ = run(kc, "%mesh status", timeout=60)
+    t = text(out)
+    first = t.splitlines()[0]
+    assert "192 ranks, 191 alive" in first and "dead 1" in first and "idle 191" in first, t[:2000]
+    assert "rank 5:" in t and "exited with code 3" in t and "rank 6:" not in t, t[:2000]
+    out, _ = run(kc, "%mesh status --all", timeout=60)
+    assert "rank 191:" in text(out)
+    run(kc, "%mesh stop", timeout=60)
