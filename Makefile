@@ -16,7 +16,7 @@ SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium \
 	openssh-server openssh-client slurmctld slurmd slurm-client munge
 SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
 
-.PHONY: setup lab demo lint test bench clean
+.PHONY: setup lab demo lint test bench bench-scale clean
 
 $(SYSSTAMP):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -75,6 +75,10 @@ test: setup lint
 
 bench: setup
 	$(BIN)/python -m benchmarks
+
+# W11: 256, 512 and 1,024 ranks on this host (minutes; about 6 GiB of memory at 1,024).
+bench-scale: setup
+	$(BIN)/python -m benchmarks W11
 
 clean:
 	rm -rf $(VENV) build *.egg-info labextension/node_modules labextension/lib labextension/prebuilt \

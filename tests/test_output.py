@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from monarch_kernel.kernel.output import Collapser, CollapsingSink
+from monarch_kernel.kernel.output import HOLD_S, Collapser, CollapsingSink
 from monarch_kernel.runtime.output import PipeReader
 
 pytestmark = pytest.mark.timeout(60)
@@ -253,14 +253,17 @@ def test_entries_come_due_in_arrival_order_at_their_deadlines():
     assert not c and c.next_deadline() is None
     c.add("m", 0, "stdout", "a", now=0.0)
     c.add("m", 0, "stdout", "b", now=0.5)
-    c.add("m", 1, "stdout", "a", now=0.75)  # joins rank 0's "a": its deadline stays 1.0
-    assert c and c.next_deadline() == 1.0
-    assert c.take_due(0.75) == []
-    assert shown(c.take_due(1.0)) == ["[ranks 0-1] a"]
-    assert c.next_deadline() == 1.5
-    assert c.take_due(1.25) == []
-    assert shown(c.take_due(1.5)) == ["[rank 0] b"]
+    c.add("m", 1, "stdout", "a", now=0.75)  # joins rank 0's "a": it waits a window more for others
+    assert c and c.next_deadline() == 1.75
+    assert c.take_due(1.5) == []  # "b" is due at 1.5, but never shows before the "a" above it
+    assert shown(c.take_due(1.75)) == ["[ranks 0-1] a", "[rank 0] b"]
     assert not c and c.take_all() == []
+    # Joins hold a line open at most HOLD_S (here the window, 1 s, is longer) after it came.
+    c.add("m", 0, "stdout", "x", now=10.0)
+    for r, t in ((1, 10.5), (2, 10.9), (3, 11.4)):
+        c.add("m", r, "stdout", "x", now=t)
+    assert c.next_deadline() == 10.0 + max(1.0, HOLD_S)
+    assert shown(c.take_all()) == ["[ranks 0-3] x"]
 
 
 def test_ranks_that_are_not_neighbours_collapse_under_one_label():

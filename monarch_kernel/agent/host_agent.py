@@ -19,10 +19,9 @@ import time
 from ..runtime import agent_wire as wire
 from ..runtime.io_thread import IOThread
 from ..runtime.launch import LaunchConfig
+from ..runtime.limits import raise_nofile_limit
 from ..runtime.process import Runtime
 from ..runtime.template_client import TemplateClient
-
-READ_SIZE = 1 << 16
 
 
 def route_address(controller: str) -> str:
@@ -44,14 +43,15 @@ class HostAgent:
         self.warm = warm
         self.template: TemplateClient | None = None
         self.last_heard = time.monotonic()
-        self.pipes: dict[int, list[int]] = {}  # tag -> [stdout_r, stderr_r]
-        self.tag_of: dict[int, int] = {}  # pid -> tag
+        self.pids: set[int] = set()  # ranks forked and not yet exited
         self.ending = False
+        self._output: list = []  # output read this turn, forwarded as one message
+        self._flushing = False
 
     # ------------------------------------------------------------ on the IO thread
 
     def start(self) -> None:
-        self.template = TemplateClient(self.rt.io.loop, self._on_exit, self.warm)
+        self.template = TemplateClient(self.rt.io.loop, self, self.warm)
         self._say({"op": wire.UP, "hostname": socket.gethostname(), "pid": os.getpid(), "ip": self.ip,
                    "python": sys.executable, "version": _version()})
         self.rt.io.loop.call_later(wire.BEAT_S, self._beat)
@@ -75,7 +75,7 @@ class HostAgent:
         elif op == wire.RESERVE:
             self._say({"op": wire.PORTS, "tag": msg["tag"], "ports": self._reserve(int(msg["n"]))})
         elif op == wire.KILL:
-            if self.template is not None and msg.get("pid") in self.tag_of:
+            if self.template is not None and msg.get("pid") in self.pids:
                 self.template.kill(int(msg["pid"]), int(msg.get("signal", signal.SIGKILL)))
         elif op == wire.BYE:
             self.shutdown("the controller ended the job")
@@ -104,53 +104,45 @@ class HostAgent:
                       env=dict(config.get("env") or {}, MONARCH_KERNEL_BIND=self.ip))
         if not os.path.isdir(config.get("cwd") or ""):
             config["cwd"] = os.getcwd()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        self.pipes[tag] = [out_r, err_r]
-        loop = self.rt.io.loop
-        for fd, n in ((out_r, 1), (err_r, 2)):
-            os.set_blocking(fd, False)
-            loop.add_reader(fd, self._readable, tag, fd, n)
         assert self.template is not None
 
         def forked(pid: int) -> None:
-            self.tag_of[pid] = tag
+            self.pids.add(pid)
             self._say({"op": wire.FORKED, "tag": tag, "pid": pid})
 
-        try:
-            self.template.fork(LaunchConfig.from_wire(config), out_w, err_w, forked)
-        finally:
-            os.close(out_w)
-            os.close(err_w)
+        def failed(why: str) -> None:
+            self._say({"op": wire.FORK_FAILED, "tag": tag, "error": why})
 
-    def _readable(self, tag: int, fd: int, n: int) -> bool:
-        """Forward what the rank wrote; False once its end is closed."""
-        try:
-            data = os.read(fd, READ_SIZE)
-        except BlockingIOError:
-            return True
-        except OSError:
-            data = b""
-        if not data:
-            self.rt.io.loop.remove_reader(fd)
-            os.close(fd)
-            fds = self.pipes.get(tag)
-            if fds is not None and fd in fds:
-                fds[fds.index(fd)] = -1
-            return False
-        self._say({"op": wire.OUTPUT, "tag": tag, "fd": n, "data": data})
-        return True
+        self.template.fork(LaunchConfig.from_wire(config), forked, failed)
 
-    def _on_exit(self, pid: int | None, status: int | None) -> None:
+    # ------------------------------------------------------------ what the template says (TemplateEvents)
+
+    def output(self, pid: int, fd: int, data: bytes) -> None:
+        self._output.append([pid, fd, data])
+        if not self._flushing:
+            self._flushing = True
+            self.rt.io.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        items, self._output = self._output, []
+        if items:
+            self._say({"op": wire.OUTPUT, "items": items})
+
+    def hello(self, pid: int, hello: bytes) -> None:
+        self._flush()  # what the rank printed first goes first
+        self._say({"op": wire.HELLO, "pid": pid, "hello": hello})
+
+    def beats(self, pids: list) -> None:
+        self._say({"op": wire.BEATS, "pids": pids})
+
+    def exited(self, pid: int | None, status: int | None) -> None:
         if pid is None:  # the template is gone: so are the ranks
             self.shutdown("the template exited")
             return
-        tag = self.tag_of.pop(pid, -1)
-        for i, fd in enumerate(self.pipes.pop(tag, [])):
-            if fd >= 0:
-                while self._readable(tag, fd, i + 1):  # all it wrote before it exited
-                    pass
-        self._say({"op": wire.EXIT, "tag": tag, "pid": pid, "status": status})
+        self.pids.discard(pid)
+        self._flush()
+        self._say({"op": wire.EXIT, "pid": pid, "status": status})
 
     def shutdown(self, why: str) -> None:
         """End every rank and this process (any thread)."""
@@ -186,6 +178,7 @@ def main() -> int:
     rundir = tempfile.mkdtemp(prefix="mk-agent-")
     os.chmod(rundir, 0o700)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C in the user's terminal is the controller's
+    raise_nofile_limit()
     io = IOThread(name="monarch-agent-io")
     rt = Runtime(creds["key"], rundir, "agent", io, owner=controller, address=f"tcp://{ip}:*",
                  curve=creds["curve"])

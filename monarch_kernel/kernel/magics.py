@@ -106,6 +106,7 @@ def _kill_job():
 
 
 @magic_arguments(name="mesh status")
+@argument("--all", action="store_true", help="every rank, also of a large mesh (otherwise summarised)")
 def _status():
     """each rank's pid, state, memory and last line"""
 
@@ -321,15 +322,16 @@ class MeshMagics(Magics):
                 s.remove(m)
         print(f"job {name} killed" + (f" with its meshes {', '.join(meshes)}" if meshes else ""))
 
-    def _cmd_status(self, _a):
+    def _cmd_status(self, a):
         s = self.session
         procs, _consoles = s.get()
         host = s.hosts.get(procs.name)
-        print(status.as_text(procs.name, status.snapshot(procs, s.sink.last_lines, host), detached=host is not None))
+        print(status.as_text(procs.name, status.snapshot(procs, s.sink.last_lines, host), detached=host is not None,
+                             full=a.all))
         if host is not None:
             return None
         try:
-            live = status.LiveStatus(s)
+            live = status.LiveStatus(s, full=a.all)
         except ImportError:  # no ipywidgets: the text table is all there is
             return None
         if s.live is not None:

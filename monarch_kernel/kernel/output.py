@@ -20,6 +20,11 @@ from ..console.console import SYNC
 from ..mesh.ranks import rank_label
 
 WINDOW_S = 0.15  # how long a line waits for the same line from other ranks
+# A line other ranks are joining waits this long again after each join, up to HOLD_S in all:
+# the ranks of a large mesh reach the same line over a second or so (their cell starts down
+# the tree, on a busy machine).
+JOIN_WINDOW_S = 0.5
+HOLD_S = 2.0
 BATCH_GAP_S = 0.02  # under a flood, at most one write per this interval
 WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about this big
 
@@ -27,12 +32,14 @@ WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about th
 class Entry:
     """One line to show, with every rank that printed it at that point."""
 
-    __slots__ = ("mesh", "stream", "line", "ranks", "deadline", "seq")
+    __slots__ = ("mesh", "stream", "line", "ranks", "deadline", "seq", "last_call")
 
-    def __init__(self, mesh: str, stream: str, line: str, rank: int, deadline: float, seq: int):
+    def __init__(self, mesh: str, stream: str, line: str, rank: int, deadline: float, seq: int,
+                 last_call: float | None = None):
         self.mesh, self.stream, self.line = mesh, stream, line
         self.ranks = {rank}
         self.deadline, self.seq = deadline, seq
+        self.last_call = deadline if last_call is None else last_call  # joins never hold it past this
 
     def text(self) -> str:
         return f"{rank_label(self.ranks)} {self.line}\n"
@@ -89,12 +96,15 @@ class Collapser:
         if seq is None:
             seq = self._seq
             self._seq += 1
-            self._pending[seq] = Entry(mesh, stream, line, rank, now + self.window, seq)
+            self._pending[seq] = Entry(mesh, stream, line, rank, now + self.window, seq,
+                                       now + max(self.window, HOLD_S))
             if copies is None:
                 copies = self._by_line[key] = _Copies()
             copies.seqs.append(seq)
         else:
-            self._pending[seq].ranks.add(rank)
+            entry = self._pending[seq]
+            entry.ranks.add(rank)
+            entry.deadline = min(entry.last_call, max(entry.deadline, now + max(self.window, JOIN_WINDOW_S)))
         self._last[who] = seq
 
     def next_deadline(self) -> float | None:
@@ -102,7 +112,8 @@ class Collapser:
         return None if first is None else first.deadline
 
     def take_due(self, now: float) -> list[Entry]:
-        """The entries whose window has closed, oldest first (deadlines rise with seq)."""
+        """The entries whose window has closed, oldest first; one held open by joining
+        ranks holds back those after it, so lines keep their order."""
         due = []
         for entry in self._pending.values():
             if entry.deadline > now:

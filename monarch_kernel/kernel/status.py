@@ -39,41 +39,74 @@ def snapshot(procs, last_lines: dict, host=None) -> list[dict]:
             state = f"not responding ({row['silent_s']:.0f} s; %mesh restart replaces it)"
         else:
             state = "busy" if r in busy else "idle"
-        rss = None if row["death"] or row.get("remote") else rss_mib(row["pid"])  # a remote pid is not ours
+        # A remote pid is not ours; past SUMMARY_OVER ranks only those shown one by one are measured.
+        quiet = len(rows) > SUMMARY_OVER and state == "idle"
+        rss = None if row["death"] or row.get("remote") or quiet else rss_mib(row["pid"])
         out.append({"rank": r, "host": row["host"], "pid": row["pid"], "state": state,
                     "rss": "" if rss is None else f"{rss:.0f} MiB", "last": last_lines.get((procs.name, r), "")})
     return out
 
 
-def as_text(name: str, rows: list[dict], detached: bool = False) -> str:
+SUMMARY_OVER = 32  # larger meshes are summarised: counts by state, and only the ranks that are not idle
+
+
+def counts(rows: list[dict]) -> dict[str, int]:
+    """How many ranks are in each state ("dead (...)" counts as "dead")."""
+    out: dict[str, int] = {}
+    for row in rows:
+        state = row["state"].split(" (", 1)[0]
+        out[state] = out.get(state, 0) + 1
+    return out
+
+
+def notable(rows: list[dict], full: bool) -> list[dict]:
+    """The rows to show one by one: all of them for a small mesh (or ``full``), else the
+    ranks that are not idle (dead, busy, stopped, not responding)."""
+    if full or len(rows) <= SUMMARY_OVER:
+        return rows
+    return [row for row in rows if row["state"] != "idle"]
+
+
+def as_text(name: str, rows: list[dict], detached: bool = False, full: bool = False) -> str:
     alive = sum(1 for row in rows if not row["state"].startswith("dead"))
     out = [f"mesh {name}{' (detached)' if detached else ''}: {len(rows)} ranks, {alive} alive"]
-    for row in rows:
+    shown = notable(rows, full)
+    if shown is not rows:
+        out[0] += " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts(rows).items())) + \
+            "; %mesh status --all lists every rank)"
+    for row in shown:
         last = f"  | {row['last'][:60]}" if row["last"] else ""
         out.append(f"  rank {row['rank']}: pid {row['pid']} on {row['host']}, {row['state']}"
                    f"{', ' + row['rss'] if row['rss'] else ''}{last}")
     return "\n".join(out)
 
 
-def as_html(name: str, rows: list[dict]) -> str:
+def as_html(name: str, rows: list[dict], full: bool = False) -> str:
     colour = {"idle": "#2e7d32", "busy": "#f9a825"}
+    shown = notable(rows, full)
+    summary = ""
+    if shown is not rows:
+        summary = (" &middot; " + ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(counts(rows).items()))
+                   + f" &middot; {len(shown)} not idle shown (<code>%mesh status --all</code>: every rank)")
+    rows = shown
     cells = "".join(
         f"<tr><td>{row['rank']}</td><td>{html.escape(str(row['host']))}</td><td>{row['pid']}</td>"
         f"<td style='color:{colour.get(row['state'], '#c62828')}'>{html.escape(row['state'])}</td>"
         f"<td>{row['rss']}</td><td><code>{html.escape(row['last'][:80])}</code></td></tr>"
         for row in rows
     )
-    return (f"<b>mesh {html.escape(name)}</b><table><tr><th>rank</th><th>host</th><th>pid</th>"
+    return (f"<b>mesh {html.escape(name)}</b>{summary}<table><tr><th>rank</th><th>host</th><th>pid</th>"
             f"<th>state</th><th>memory</th><th>last line</th></tr>{cells}</table>")
 
 
 class LiveStatus:
     """A widget that refreshes itself every second from a background thread."""
 
-    def __init__(self, session):
+    def __init__(self, session, full: bool = False):
         import ipywidgets
 
         self.session = session
+        self.full = full
         self.widget = ipywidgets.HTML()
         self._stop = threading.Event()
         self.refresh()
@@ -85,7 +118,7 @@ class LiveStatus:
         except Exception:
             return False
         self.widget.value = as_html(procs.name, snapshot(procs, self.session.sink.last_lines,
-                                                         self.session.hosts.get(procs.name)))
+                                                         self.session.hosts.get(procs.name)), self.full)
         return not procs.stopped
 
     def _loop(self) -> None:

@@ -2,8 +2,8 @@
 local template (``template_client``) when ranks are forked on that host.
 
 The link speaks ``agent_wire`` over the runtime's own signed (and, between hosts, Curve)
-messages.  Ranks' output arrives as OUTPUT messages and is written into the pipes the
-supervisor reads, so remote output takes the same path as local output.  The link beats
+messages.  What the agent's template says of its ranks (output, hellos, heartbeats, exits)
+arrives as messages of the same names and goes to the supervisor as a local template's does.  The link beats
 every ``BEAT_S`` and declares the agent gone after ``SILENT_S`` of silence (a cut link, a dead
 machine), or at once when its launcher says so (the ssh or srun process exited): every rank
 it forked then dies with a reason that names the host.
@@ -12,7 +12,6 @@ it forked then dies with a reason that names the host.
 from __future__ import annotations
 
 import errno
-import os
 import secrets
 import signal
 import time
@@ -24,13 +23,14 @@ from .launch import LaunchConfig
 
 
 class AgentLink:
-    """``host``: the name the job knows the host by (what deaths and ``%mesh status`` say)."""
+    """``host``: the name the job knows the host by (what deaths and ``%mesh status`` say).
+    ``events`` (a ``TemplateEvents``) hears what the agent's template says of its ranks."""
 
-    def __init__(self, runtime, host: str, on_exit: Callable[[int | None, int | None, str, str], None]):
+    def __init__(self, runtime, host: str, events):
         self.rt = runtime
         self.host = host
         self.id = "h" + secrets.token_hex(5)
-        self.on_exit = on_exit  # (pid, status, link id, why) like the template's; pid None: the host is gone
+        self.events = events
         self.address: str | None = None  # the agent's inbox, from its UP
         self.info: dict = {}  # what the agent said of itself: hostname, pid, ip, python, version
         self.up = Completion()
@@ -38,10 +38,7 @@ class AgentLink:
         self.why_gone = ""
         self.last_heard = time.monotonic()
         self._tags = 0
-        self._waiting: dict[int, Callable] = {}  # tag -> callback (on the IO thread)
-        self._fds: dict[int, list[int]] = {}  # tag -> [stdout_w, stderr_w] of a forked rank
-        self._pending: dict[int, bytearray] = {}  # fd -> bytes not yet written (the pipe was full)
-        self._tag_of: dict[int, int] = {}  # pid -> tag
+        self._waiting: dict[int, tuple[Callable, Callable | None]] = {}  # tag -> (forked, failed), IO thread
         self._reserving: dict[int, Completion] = {}  # tag -> the ports asked for
 
     @property
@@ -61,9 +58,8 @@ class AgentLink:
         h, body = wire.encode(self.id, self.rt.net_address or self.rt.address, msg)
         return self.rt.send_or_report(self.address, h, body, f"a {msg['op']} for the agent on {self.host}")
 
-    def _tag(self, callback: Callable) -> int:
+    def _tag(self) -> int:
         self._tags += 1
-        self._waiting[self._tags] = callback
         return self._tags
 
     def reserve_async(self, n: int) -> Completion:
@@ -71,7 +67,7 @@ class AgentLink:
         got = Completion()
 
         def ask():
-            tag = self._tag(got.set_result)
+            tag = self._tag()
             self._reserving[tag] = got
             if not self._send({"op": wire.RESERVE, "tag": tag, "n": n}):
                 got.set_exception(ConnectionError(f"cannot reach the agent on {self.host}"
@@ -80,20 +76,12 @@ class AgentLink:
         self.rt.io.call_soon(ask)
         return got
 
-    def fork(self, config: LaunchConfig, stdout_w: int, stderr_w: int, on_forked) -> None:
-        """On the IO thread: fork one rank there; its output goes into these pipes."""
+    def fork(self, config: LaunchConfig, on_forked, on_failed=None) -> None:
+        """On the IO thread: fork one rank there (its template forwards its output)."""
         if not self.alive:
             raise OSError(errno.EPIPE, f"the agent on {self.host} is gone")
-        fds = [os.dup(stdout_w), os.dup(stderr_w)]
-        for fd in fds:
-            os.set_blocking(fd, False)
-
-        def forked(pid: int) -> None:
-            self._tag_of[pid] = tag
-            on_forked(pid)
-
-        tag = self._tag(forked)
-        self._fds[tag] = fds
+        tag = self._tag()
+        self._waiting[tag] = (on_forked, on_failed)
         self._send({"op": wire.FORK, "tag": tag, "config": config.to_wire()})
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
@@ -106,7 +94,7 @@ class AgentLink:
     # ------------------------------------------------------------ hearing (IO thread)
 
     def beat(self, now: float) -> None:
-        """Every second: beat, and declare the agent gone once it has been silent too long."""
+        """Every beat: beat, and declare the agent gone once it has been silent too long."""
         if not self.alive or self.address is None:
             return
         if now - self.last_heard > wire.SILENT_S:
@@ -118,68 +106,31 @@ class AgentLink:
     def on_message(self, origin: str, msg: dict) -> None:
         self.last_heard = time.monotonic()
         op = msg["op"]
-        if op == wire.UP:
+        ev = self.events
+        if op == wire.OUTPUT:
+            for pid, fd, data in msg.get("items") or ():
+                ev.output(pid, fd, data)
+        elif op == wire.HELLO:
+            ev.hello(msg["pid"], msg["hello"])
+        elif op == wire.BEATS:
+            ev.beats(msg["pids"])
+        elif op == wire.UP:
             self.address = origin
             self.info = {k: msg.get(k) for k in ("hostname", "pid", "ip", "python", "version")}
             if not self.up.done():
                 self.up.set_result(True)
-        elif op in (wire.FORKED, wire.PORTS):
-            self._reserving.pop(msg.get("tag", -1), None)
-            cb = self._waiting.pop(msg.get("tag", -1), None)
-            if cb is not None:
-                cb(msg["pid"] if op == wire.FORKED else msg["ports"])
-        elif op == wire.OUTPUT:
-            fds = self._fds.get(msg.get("tag", -1))
-            if fds is not None and msg.get("fd") in (1, 2):
-                self._write(fds[msg["fd"] - 1], msg["data"])
+        elif op == wire.PORTS:
+            got = self._reserving.pop(msg.get("tag", -1), None)
+            if got is not None:
+                got.set_result(msg["ports"])
+        elif op in (wire.FORKED, wire.FORK_FAILED):
+            cbs = self._waiting.pop(msg.get("tag", -1), None)
+            if cbs is not None and op == wire.FORKED:
+                cbs[0](msg["pid"])
+            elif cbs is not None and cbs[1] is not None:
+                cbs[1](f"on {self.host}: {msg.get('error')}")
         elif op == wire.EXIT:
-            tag = self._tag_of.pop(msg["pid"], msg.get("tag", -1))
-            for fd in self._fds.pop(tag, []):
-                self._flush_and_close(fd)
-            self.on_exit(msg["pid"], msg["status"], self.id, "")
-
-    def _write(self, fd: int, data: bytes) -> None:
-        pending = self._pending.get(fd)
-        if pending is not None:
-            pending.extend(data)
-            return
-        try:
-            n = os.write(fd, data)
-        except BlockingIOError:
-            n = 0
-        except OSError:
-            return  # the reader is gone
-        if n < len(data):
-            self._pending[fd] = bytearray(data[n:])
-            self.rt.io.loop.add_writer(fd, self._drain, fd)
-
-    def _drain(self, fd: int) -> None:
-        pending = self._pending.get(fd)
-        if pending is None:
-            return
-        try:
-            n = os.write(fd, pending)
-        except BlockingIOError:
-            return
-        except OSError:
-            n = len(pending)
-        del pending[:n]
-        if not pending:
-            del self._pending[fd]
-            self.rt.io.loop.remove_writer(fd)
-
-    def _flush_and_close(self, fd: int) -> None:
-        if fd in self._pending:
-            self.rt.io.loop.remove_writer(fd)
-            os.set_blocking(fd, True)  # the rank has exited: what is left is bounded; let it out
-            try:
-                os.write(fd, bytes(self._pending.pop(fd)))
-            except OSError:
-                pass
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+            ev.exited(msg["pid"], msg["status"])
 
     def gone(self, why: str) -> None:
         """On the IO thread: the agent (and so every rank it forked) is gone; ``why`` says how."""
@@ -187,14 +138,10 @@ class AgentLink:
             return
         self.alive = False
         self.why_gone = why
-        for fds in self._fds.values():
-            for fd in fds:
-                self._flush_and_close(fd)
-        self._fds.clear()
         self._waiting.clear()  # ranks never forked die below, with the rest (pid None)
         for got in self._reserving.values():
             if not got.done():
                 got.set_exception(ConnectionError(f"the agent on {self.host} is gone: {why}"))
         if not self.up.done():
             self.up.set_exception(ConnectionError(f"the agent on {self.host} is gone: {why}"))
-        self.on_exit(None, None, self.id, why)
+        self.events.exited(None, None, why)

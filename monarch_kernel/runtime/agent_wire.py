@@ -22,8 +22,11 @@ BYE = "bye"  # end every rank and exit (job.kill())
 UP = "up"  # {hostname, pid, ip, python, version}: the agent is serving
 PORTS = "ports"  # {tag, ports}
 FORKED = "forked"  # {tag, pid}
-EXIT = "exit"  # {tag, pid, status}: a rank exited (status as os.waitpid gives it)
-OUTPUT = "output"  # {tag, fd (1 or 2), data}: bytes a rank wrote
+FORK_FAILED = "fork_failed"  # {tag, error}: a limit was reached there
+EXIT = "exit"  # {pid, status}: a rank exited (status as os.waitpid gives it)
+OUTPUT = "output"  # {items: [[pid, fd (1 or 2), data], ...]}: what ranks wrote, as their template read it
+HELLO = "hello"  # {pid, hello}: a rank is up (its template's hello frame)
+BEATS = "beats"  # {pids}: ranks that beat in the last second
 # both ways, every BEAT_S: still here
 BEAT = "beat"
 

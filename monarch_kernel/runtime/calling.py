@@ -110,6 +110,34 @@ class Calling:
         h = Header(kind, call_id, origin, origin, mesh.id, ranks=[rank], extra=extra)
         self.send_or_report(mesh.addresses[rank], h, [], f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'")
 
+    def send_tree(self, mesh: MeshRef, ranks, kind: int, body: list | None = None, extra=None) -> None:
+        """A control message (STOP, DEATH, REVIVE) to ``ranks`` of ``mesh`` down the multicast
+        tree: each rank passes it on to its subtree before acting on it, so this process
+        connects to at most ``fanout`` of them however many there are."""
+        ranks = [r for r in ranks if (mesh.id, r) not in self.dead]
+        if not ranks:
+            return
+        body = list(body or [])
+        origin = self.from_address(self.inbox, mesh.addresses[ranks[0]])
+        for sub in split(ranks, self.fanout):
+            h = Header(kind, 0, origin, origin, mesh.id, ranks=sub, fanout=self.fanout, extra=extra)
+            if body:
+                h.parts = [[0, Status.OK, len(body) - 1]]
+            self.send_or_report(mesh.addresses[sub[0]], h, body,
+                                f"a {Kind(kind).name} for ranks {sub[0]}-{sub[-1]} of mesh '{mesh.name}'")
+
+    def pass_down(self, h: Header, body: list) -> None:
+        """On a rank: send a tree control message on to this rank's subtree (``send_tree``)."""
+        member = self.memberships.get(h.mesh)
+        if member is None or len(h.ranks) < 2 or h.ranks[0] != member[1]:
+            return
+        mesh = member[0]
+        for sub in split(h.ranks[1:], h.fanout or self.fanout):
+            fwd = Header(h.kind, h.call_id, h.origin, h.reply_to, h.mesh, h.actor, h.method, sub, h.fanout,
+                         h.mode, h.resend, h.hop, h.parts, h.extra)
+            self.send_or_report(mesh.addresses[sub[0]], fwd, body,
+                                f"a {Kind(h.kind).name} for ranks {sub[0]}-{sub[-1]} of mesh '{mesh.name}'")
+
     def send_object(self, address: str, kind: int, mesh_id: str, obj) -> None:
         body = dumps(obj)
         me = self.from_address(self.inbox, address)

@@ -55,23 +55,36 @@ def _char_boundary(data: bytes, cut: int) -> int:
     return cut
 
 
-class PipeReader:
-    """Reads one rank's stream; calls ``sink`` per complete line (or per piece of a line
-    longer than ``max_line`` bytes) and once at EOF."""
+class LineReader:
+    """One rank's stream, as the chunks its template (or host agent) forwards arrive:
+    ``feed(data)`` calls ``sink`` per complete line (or per piece of a line longer than
+    ``max_line`` bytes); ``close()`` sends what is left.  It holds no file descriptor, so the
+    controller's open files do not grow with its ranks."""
 
-    def __init__(self, loop, fd: int, mesh: str, rank: int, stream: str,
-                 sink: Callable[[], Sink], on_eof: Callable[[], None]):
-        self.loop, self.fd, self.mesh, self.rank, self.stream = loop, fd, mesh, rank, stream
+    def __init__(self, mesh: str, rank: int, stream: str, sink: Callable[[], Sink]):
+        self.mesh, self.rank, self.stream = mesh, rank, stream
         self._sink = sink
-        self._on_eof = on_eof
         self._parts: list[bytes] = []  # the line being read, not yet ended by a newline
         self._held = 0  # bytes in _parts
         self._max = config.max_line()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.closed = False
-        os.set_blocking(fd, False)
-        _grow_pipe(fd)
-        loop.add_reader(fd, self._readable)
+
+    def feed(self, data: bytes) -> None:
+        if not self.closed and data:
+            self._feed(data)
+
+    def drain(self) -> None:
+        """Nothing to read: what was forwarded has been fed already."""
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._parts:
+            raw = b"".join(self._parts)
+            self._parts, self._held = [], 0
+            self._emit(raw)
 
     def _emit(self, raw: bytes, whole: bool = True) -> None:
         line = raw.decode("utf-8", "replace")
@@ -121,6 +134,20 @@ class PipeReader:
             self._parts = [rest] if rest else []
             self._held = len(rest)
 
+
+class PipeReader(LineReader):
+    """A ``LineReader`` that reads a pipe itself, on the IO loop; calls ``on_eof`` at EOF
+    (the template reads its ranks' pipes this way, in its own loop)."""
+
+    def __init__(self, loop, fd: int, mesh: str, rank: int, stream: str,
+                 sink: Callable[[], Sink], on_eof: Callable[[], None]):
+        super().__init__(mesh, rank, stream, sink)
+        self.loop, self.fd = loop, fd
+        self._on_eof = on_eof
+        os.set_blocking(fd, False)
+        _grow_pipe(fd)
+        loop.add_reader(fd, self._readable)
+
     def _read_once(self) -> bool:
         """Read one chunk; False when nothing more is available now."""
         if self.closed:
@@ -148,11 +175,7 @@ class PipeReader:
     def close(self) -> None:
         if self.closed:
             return
-        self.closed = True
-        if self._parts:
-            raw = b"".join(self._parts)
-            self._parts, self._held = [], 0
-            self._emit(raw)
+        super().close()
         try:
             self.loop.remove_reader(self.fd)
         except Exception:  # loop already closed at interpreter exit

@@ -17,6 +17,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import zmq
@@ -33,6 +34,7 @@ from .failure import DeathInfo, MeshFailure
 from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
+from .limits import raise_nofile_limit
 from .ports import PortTable
 from .receiving import Receiving
 from .serialize import dumps
@@ -63,6 +65,7 @@ class Runtime(Receiving, Calling, Serving):
 
     @classmethod
     def _new_controller(cls) -> Runtime:
+        raise_nofile_limit()
         rundir = tempfile.mkdtemp(prefix="mk-")
         os.chmod(rundir, 0o700)
         # Curve keys from the start: ranks inherit them, so any of them can reach a TCP peer
@@ -153,12 +156,15 @@ class Runtime(Receiving, Calling, Serving):
             if call is not None and h.ranks:
                 call.not_received(h.ranks[0])
         elif k == Kind.DEATH:
+            self.pass_down(h, body)
             info = split_parts(h, body)[0].load()
-            self.rank_died(h.mesh, info.rank, info)
+            # h.mesh: the mesh it was sent down; extra: the dead rank's own mesh
+            self.rank_died(h.extra if isinstance(h.extra, str) else h.mesh, info.rank, info)
         elif k == Kind.FAILURE:
             failure = split_parts(h, body)[0].load()
             self.launcher.on_failure_report(h.mesh, failure)
         elif k == Kind.STOP:
+            self.pass_down(h, body)
             self._stop_process()
         elif k == Kind.HEARTBEAT:
             self.launcher.on_heartbeat(h.mesh, h.ranks[0] if h.ranks else -1)
@@ -173,6 +179,7 @@ class Runtime(Receiving, Calling, Serving):
             else:
                 self.launcher.on_host(h.origin, h.mesh, msg)
         elif k == Kind.REVIVE:
+            self.pass_down(h, body)
             mesh_id, rank = h.extra
             self.dead.pop((mesh_id, rank), None)
         elif k == Kind.INTERRUPT:
@@ -379,6 +386,7 @@ class Runtime(Receiving, Calling, Serving):
             try:
                 sys.stdout.flush()
                 sys.stderr.flush()
+                time.sleep(0.02)  # a STOP passed on to this rank's subtree leaves before we do
             finally:
                 os._exit(0)
 

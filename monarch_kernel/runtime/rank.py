@@ -16,13 +16,16 @@ import os
 import pickle
 import sys
 
+import msgpack
+
 from . import config, finalize, rank_logging
 from .context import process_mesh
-from .envelope import Header, Kind, Part, Status, join_parts
+from .envelope import Part, Status
 from .failure import RemoteFailure
 from .hosts import enter_netns
 from .io_thread import IOThread
 from .launch import LaunchConfig
+from .limits import raise_nofile_limit
 from .main_thread import MainThread
 from .process import Runtime
 from .serialize import dumps
@@ -30,9 +33,19 @@ from .serialize import dumps
 WATCHDOG_S = 1.0
 
 
-def run_rank(cfg: LaunchConfig, template_pid: int) -> None:
+def tell_template(control: int, frame: bytes) -> None:
+    """One frame on the control pipe to the template (which forwards it to the owner): a
+    hello, or an empty frame, a heartbeat.  The template gone: so is this rank."""
+    try:
+        os.write(control, len(frame).to_bytes(4, "big") + frame)
+    except OSError:
+        os._exit(1)
+
+
+def run_rank(cfg: LaunchConfig, template_pid: int, control: int) -> None:
     sys.path[:] = cfg.sys_path
     finalize.snapshot_modules()
+    raise_nofile_limit()
     rank = cfg.rank
     ref = cfg.mesh
     try:
@@ -61,17 +74,18 @@ def run_rank(cfg: LaunchConfig, template_pid: int) -> None:
     rt.job_ports.update(cfg.job_ports)
     process_mesh[0], process_mesh[1] = ref, rank
     rank_logging.install()
-    hello = Header(Kind.HELLO, mesh=ref.id, ranks=[rank], extra=os.getpid())
     failed = run_bootstrap(cfg.bootstrap, rank)
-    rt.transport.send(cfg.owner, hello, join_parts(hello, [failed]) if failed is not None else [])
-
-    beat = Header(Kind.HEARTBEAT, mesh=ref.id, ranks=[rank])
+    # Through the template, which forwards its ranks' hellos and beats together: a rank never
+    # needs a connection of its own to its owner to come up or stay known as alive.
+    tell_template(control, msgpack.packb({"mesh": ref.id, "rank": rank, "pid": os.getpid(),
+                                          "failed": None if failed is None else
+                                          [failed.status, [bytes(f) for f in failed.frames]]}, use_bin_type=True))
 
     def watchdog():
         if os.getppid() != template_pid:
             os._exit(1)
         # The owner shows a rank whose beats stop (SIGSTOP, a stuck process) as not responding.
-        rt.send_or_report(cfg.owner, beat, [], "a heartbeat")
+        tell_template(control, b"")
         io.loop.call_later(WATCHDOG_S, watchdog)
 
     io.call_soon(io.loop.call_later, WATCHDOG_S, watchdog)

@@ -9,6 +9,7 @@ calling the dead rank is told; then the failure goes to the spawning actor's
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import secrets
@@ -16,14 +17,18 @@ import signal
 import sys
 import time
 
+import msgpack
+
 from . import agent_wire, config
 from .agent_link import AgentLink
 from .completion import Completion
 from .context import MeshRef, current_actor, process_mesh
-from .envelope import Kind, Status
+from .envelope import Kind, Part, Status
 from .failure import ActorError, DeathInfo, MeshFailure, ProcessDied
 from .launch import LaunchConfig
-from .output import PipeReader
+from .limits import raise_nofile_limit
+from .output import LineReader
+from .serialize import dumps
 from .template_client import TemplateClient
 
 STOP_GRACE_S = 2.0
@@ -53,7 +58,7 @@ class OwnedMesh:
         self.ref = ref
         self.owner_actor = owner_actor  # ActorContext of the actor that spawned it, if any
         self.pids: list[int | None] = [None] * n
-        self.readers: list[list[PipeReader]] = [[] for _ in range(n)]
+        self.readers: list[list[LineReader]] = [[] for _ in range(n)]
         self.up: set[int] = set()
         self.alive: set[int] = set(range(n))
         self.ready = Completion()
@@ -67,6 +72,7 @@ class OwnedMesh:
         self.bootstrap: bytes | None = None  # pickled function each rank runs before its hello
         self.python: str = sys.executable  # the interpreter its ranks run (one template each)
         self.links: list | None = None  # per rank, the AgentLink of its host; None: forked here
+        self.sources: list[str | None] = [None] * n  # per rank, the template that forked it
 
     def silent_for(self, rank: int) -> float:
         """Seconds since ``rank`` last showed it is alive (0 before it is up)."""
@@ -90,11 +96,14 @@ class Supervisor:
         self.pid_index: dict[tuple[str, int], tuple[OwnedMesh, int]] = {}  # (source, pid) -> rank
         self.links: dict[str, AgentLink] = {}  # agents of this process's hosts, by link id
         self._beating = False
+        self._count = 0  # templates started
+        # Ranks one template may hold: 3 pipes each, within the open-files limit it will have.
+        self.per_template = max(16, (raise_nofile_limit() - 100) // 3)
 
     @property
     def template(self) -> TemplateClient | None:
-        """The template running this process's own interpreter, once started."""
-        return self.templates.get(sys.executable)
+        """A template running this process's own interpreter, once started."""
+        return next((t for t in self.templates.values() if t.python == sys.executable), None)
 
     # ------------------------------------------------------------ spawning
 
@@ -148,20 +157,27 @@ class Supervisor:
         return ports
 
     def source(self, om: OwnedMesh, rank: int) -> str:
-        """What forked ``rank``: a local template (its python) or a host's agent (its link id)."""
-        return om.links[rank].id if om.links is not None else om.python
-
-    def _forker(self, om: OwnedMesh, rank: int):
+        """What forked ``rank``: a local template or a host's agent (its id)."""
         if om.links is not None:
-            return om.links[rank]
+            return om.links[rank].id
+        return om.sources[rank] or om.python
+
+    def _forker(self, om: OwnedMesh, rank: int) -> tuple[str, TemplateClient | AgentLink]:
+        """Who forks ``rank``, and its source id: the host's agent, or a local template of the
+        mesh's interpreter with room (one holds 3 pipes per rank: past its open-files limit
+        the next template takes over, so a limit of 1,024 still fits thousands of ranks)."""
+        if om.links is not None:
+            return om.links[rank].id, om.links[rank]
         rt = self.rt
-        template = self.templates.get(om.python)
-        if template is None or not template.alive:
-            python = om.python
-            template = self.templates[python] = TemplateClient(
-                rt.io.loop, lambda pid, status: self._on_exit(pid, status, python), tuple(rt.warm_modules),
-                python=python)
-        return template
+        python = om.python
+        for source, template in self.templates.items():
+            if template.python == python and template.alive and template.ranks < self.per_template:
+                return source, template
+        self._count += 1
+        source = f"{python}#{self._count}"
+        self.templates[source] = TemplateClient(rt.io.loop, _Events(self, source), tuple(rt.warm_modules),
+                                                python=python)
+        return source, self.templates[source]
 
     def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
         rt = self.rt
@@ -170,13 +186,8 @@ class Supervisor:
         om.master_port = om.master_port or _free_port()
         master_port = om.master_port
         for r in (range(ref.size) if ranks is None else ranks):
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
             sink = rt.hooks.output.current  # looked up per line: the kernel may install one later
-            om.readers[r] = [
-                PipeReader(rt.io.loop, out_r, ref.name, r, "stdout", sink, lambda: None),
-                PipeReader(rt.io.loop, err_r, ref.name, r, "stderr", sink, lambda: None),
-            ]
+            om.readers[r] = [LineReader(ref.name, r, "stdout", sink), LineReader(ref.name, r, "stderr", sink)]
             remote = om.links is not None
             cfg = LaunchConfig(
                 key=rt.key, rundir=rt.rundir, owner=ref.owner, rank=r, mesh=ref,
@@ -188,23 +199,48 @@ class Supervisor:
                 bootstrap=om.bootstrap, job_ports=rt.job_ports_for(ref.owner), curve=rt.curve,
                 address=ref.addresses[r] if remote else None,
             )
+            source, forker = self._forker(om, r)  # an interpreter that will not start raises here, to the spawner
+            om.sources[r] = source
             try:
-                forker = self._forker(om, r)  # an interpreter that will not start raises here, to the spawner
-            except BaseException:
-                os.close(out_w)
-                os.close(err_w)
-                raise
-            try:
-                forker.fork(cfg, out_w, err_w, lambda pid, r=r: self._forked(om, r, pid))
+                forker.fork(cfg, functools.partial(self._forked, om, r), functools.partial(self._fork_failed, om, r))
             except OSError:
                 pass  # the template is already gone: its exit fails this rank (_on_exit)
-            finally:
-                os.close(out_w)
-                os.close(err_w)
 
     def _forked(self, om: OwnedMesh, rank: int, pid: int) -> None:
         om.pids[rank] = pid
         self.pid_index[(self.source(om, rank), pid)] = (om, rank)
+
+    def _fork_failed(self, om: OwnedMesh, rank: int, why: str) -> None:
+        """The template could not make the rank (a limit was reached): it dies, saying why."""
+        if rank in om.alive:
+            self._died(om, rank, DeathInfo(om.ref.name, rank, 0, om.ref.hosts[rank], None, None, [why],
+                                           om.stopping))
+
+    # ------------------------------------------------------------ what templates tell us
+
+    def on_output(self, source: str, pid: int, fd: int, data: bytes) -> None:
+        entry = self.pid_index.get((source, pid))
+        if entry is not None and fd in (1, 2):
+            om, r = entry
+            om.readers[r][fd - 1].feed(data)
+
+    def on_template_hello(self, source: str, pid: int, frame: bytes) -> None:
+        try:
+            hello = msgpack.unpackb(frame, raw=False)
+            mesh_id, rank, failed = hello["mesh"], int(hello["rank"]), hello.get("failed")
+        except (ValueError, KeyError, TypeError, msgpack.ExtraData):
+            self.rt.drops.count("malformed")
+            return
+        parts = [Part(rank, int(failed[0]), list(failed[1]))] if failed else []
+        self.on_hello(mesh_id, rank, pid, parts)
+
+    def on_beats(self, source: str, pids) -> None:
+        now = time.monotonic()
+        for pid in pids:
+            entry = self.pid_index.get((source, pid))
+            if entry is not None:
+                om, r = entry
+                om.last_beat[r] = now
 
     def on_hello(self, mesh_id: str, rank: int, _pid, parts=()) -> None:
         """A rank is up; a RAISED part says its bootstrap function raised, which fails the
@@ -267,9 +303,8 @@ class Supervisor:
             om.up.discard(r)
             rt.dead.pop((om.ref.id, r), None)
         for other in list(rt.meshes.values()):  # let callers that heard of the death forget it
-            for rr in other.up & other.alive:
-                for r in ranks:
-                    rt.send_control(other.ref, rr, Kind.REVIVE, extra=[om.ref.id, r])
+            for r in ranks:
+                rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE, extra=[om.ref.id, r])
         self._launch(om, om.env, ranks)
 
     # ------------------------------------------------------------ deaths
@@ -294,7 +329,8 @@ class Supervisor:
                     elif rank_pid is not None:
                         reason = "(its host process, the template, exited)"
                     else:
-                        reason = (f"(the template running {source} exited before forking it: can {source} "
+                        python = source.rsplit("#", 1)[0]
+                        reason = (f"(the template running {python} exited before forking it: can {python} "
                                   "start and import monarch_kernel?)")
                     if rank_pid is not None:
                         for reader in om.readers[r]:
@@ -321,7 +357,8 @@ class Supervisor:
     def add_host(self, host: str) -> AgentLink:
         """A link for the agent a job is about to start on ``host``; its ``credentials()`` go
         to the agent's stdin, and ``up`` completes when it has connected."""
-        link = AgentLink(self.rt, host, self._on_exit)
+        link = AgentLink(self.rt, host, None)
+        link.events = _Events(self, link.id, link.host)
         self.links[link.id] = link
         if not self._beating:
             self._beating = True
@@ -355,9 +392,11 @@ class Supervisor:
         observed = rt.rank_died(om.ref.id, rank, info) or not om.ready.done()
         for hook in rt.hooks.death.all():
             hook(om.ref.id, rank, info)
+        body = dumps(info)
         for other in list(rt.meshes.values()):
-            for r in other.up & other.alive:
-                rt.send_object(other.ref.addresses[r], Kind.DEATH, om.ref.id, info)
+            if other.stopping and (other is om or rt._closed):
+                continue  # nobody there will call the dead rank again
+            rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body, extra=om.ref.id)
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
         back = om.restarting.pop(rank, None)
@@ -451,10 +490,9 @@ class Supervisor:
             return
         om.stopping = True
         rt = self.rt
+        rt.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
         for r in list(om.alive):
-            if r in om.up:
-                rt.send_control(om.ref, r, Kind.STOP)
-            else:
+            if r not in om.up:
                 self._kill(om, r)
         rt.io.loop.call_later(STOP_GRACE_S, self._kill_rest, om)
 
@@ -500,3 +538,22 @@ class Supervisor:
             template.close()
         for link in list(self.links.values()):
             link.close()
+
+
+class _Events:
+    """What one template (or one host's agent) tells the supervisor, tagged with its source."""
+
+    def __init__(self, supervisor: Supervisor, source: str, host: str = ""):
+        self.sup, self.source, self.host = supervisor, source, host
+
+    def exited(self, pid: int | None, status: int | None, why: str = "") -> None:
+        self.sup._on_exit(pid, status, self.source, why)
+
+    def output(self, pid: int, fd: int, data: bytes) -> None:
+        self.sup.on_output(self.source, pid, fd, data)
+
+    def hello(self, pid: int, hello: bytes) -> None:
+        self.sup.on_template_hello(self.source, pid, hello)
+
+    def beats(self, pids) -> None:
+        self.sup.on_beats(self.source, pids)

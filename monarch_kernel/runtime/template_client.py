@@ -1,7 +1,9 @@
-"""Runs in the controller: its handle on the template process that forks its ranks.
+"""Runs in the controller (and in a host agent): its handle on a template process that forks
+ranks.
 
 It starts the template (``template_server``) and talks to it over ``template_wire``; it never
-imports the template's side, so the runtime's imports stay acyclic.
+imports the template's side, so the runtime's imports stay acyclic.  The template forwards
+its ranks' output, hellos and heartbeats; they reach the ``TemplateEvents`` given here.
 """
 
 from __future__ import annotations
@@ -14,25 +16,36 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from .launch import LaunchConfig
-from .template_wire import EXIT, FORK, FORKED, KILL, recv_msg, send_msg
+from .template_wire import BEATS, EXIT, FORK, FORK_FAILED, FORKED, HELLO, KILL, OUTPUT, READY, recv_msg, send_msg
 
 # conftest.py recognises a template process by "template_server import serve" in its command line.
 SERVE = "from monarch_kernel.runtime.template_server import serve; serve()"
 
 
+class TemplateEvents(Protocol):
+    """What a template tells its owner, on the IO thread.  ``exited(None, None)``: the
+    template itself is gone, and its ranks with it."""
+
+    def exited(self, pid: int | None, status: int | None, /) -> None: ...
+    def output(self, pid: int, fd: int, data: bytes, /) -> None: ...
+    def hello(self, pid: int, hello: bytes, /) -> None: ...
+    def beats(self, pids: list, /) -> None: ...
+
+
 class TemplateClient:
-    """The controller's handle on its template: fork ranks, hear about their exits.
+    """The controller's handle on one template: fork ranks, hear about them.
 
     Construct it on the IO thread: the parent-death signal is tied to the thread that
     started the template, and the IO thread lives as long as the process.  ``python`` is
     the interpreter the template (and so every rank it forks) runs.
     """
 
-    def __init__(self, loop, on_exit, warm: tuple[str, ...] = (), python: str = sys.executable):
+    def __init__(self, loop, events: TemplateEvents, warm: tuple[str, ...] = (), python: str = sys.executable):
         self._loop = loop
-        self._on_exit = on_exit
+        self.events = events
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = here
         self.python = python
@@ -53,18 +66,22 @@ class TemplateClient:
         finally:
             there.close()
         self._tags = 0
-        self._waiting: dict[int, Callable[[int], None]] = {}
+        self._waiting: dict[int, tuple[Callable[[int], None], Callable[[str], None] | None]] = {}
         self._lock = threading.Lock()
         self.alive = True
+        self.ranks = 0  # forked and not yet exited
+        self.nofile: int | None = None  # the template's open-files limit, once it said
         loop.add_reader(here.fileno(), self._readable)
 
-    def fork(self, config: LaunchConfig, stdout_w: int, stderr_w: int, on_forked) -> None:
-        """Ask for one rank; ``on_forked(pid)`` runs on the IO thread once it exists."""
+    def fork(self, config: LaunchConfig, on_forked, on_failed: Callable[[str], None] | None = None) -> None:
+        """Ask for one rank; ``on_forked(pid)`` runs on the IO thread once it exists, or
+        ``on_failed(why)`` if the template could not make it (a limit was reached)."""
         with self._lock:
             self._tags += 1
             tag = self._tags
-            self._waiting[tag] = on_forked
-        send_msg(self._sock, {"op": FORK, "tag": tag, "config": config.to_wire()}, [stdout_w, stderr_w])
+            self._waiting[tag] = (on_forked, on_failed)
+            self.ranks += 1
+        send_msg(self._sock, {"op": FORK, "tag": tag, "config": config.to_wire()})
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         try:
@@ -73,27 +90,50 @@ class TemplateClient:
             pass
 
     def _readable(self) -> None:
-        try:
-            msg, _ = recv_msg(self._sock)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            if e.errno == errno.EAGAIN:
+        for _ in range(64):  # a few at a time: other callbacks get their turn
+            try:
+                msg, _ = recv_msg(self._sock, socket.MSG_DONTWAIT)
+            except BlockingIOError:
                 return
-            msg = None
-        if msg is None:
-            self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
-            self.alive = False
-            self._on_exit(None, None)
-            return
-        if msg["op"] == FORKED:
+            except OSError as e:
+                if e.errno == errno.EAGAIN:
+                    return
+                msg = None
+            if msg is None:
+                self._loop.remove_reader(self._sock.fileno())
+                self._sock.close()
+                self.alive = False
+                self.events.exited(None, None)
+                return
+            self._handle(msg)
+
+    def _handle(self, msg: dict) -> None:
+        op = msg["op"]
+        ev = self.events
+        if op == OUTPUT:
+            for pid, fd, data in msg["items"]:
+                ev.output(pid, fd, data)
+        elif op == BEATS:
+            ev.beats(msg["pids"])
+        elif op == HELLO:
+            ev.hello(msg["pid"], msg["hello"])
+        elif op == FORKED or op == FORK_FAILED:
             with self._lock:
-                cb = self._waiting.pop(msg["tag"], None)
-            if cb is not None:
-                cb(msg["pid"])
-        elif msg["op"] == EXIT:
-            self._on_exit(msg["pid"], msg["status"])
+                cbs = self._waiting.pop(msg["tag"], None)
+                if op == FORK_FAILED:
+                    self.ranks -= 1
+            if cbs is None:
+                return
+            if op == FORKED:
+                cbs[0](msg["pid"])
+            elif cbs[1] is not None:
+                cbs[1](msg["error"])
+        elif op == EXIT:
+            with self._lock:
+                self.ranks -= 1
+            ev.exited(msg["pid"], msg["status"])
+        elif op == READY:
+            self.nofile = msg.get("nofile")
 
     def close(self) -> None:
         """End the template and, with it, every rank it forked."""

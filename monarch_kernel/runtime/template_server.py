@@ -1,15 +1,17 @@
 """Runs in the template process: a pre-started interpreter that forks rank processes on request.
 
 It imports what ranks need once and holds no threads and no ZeroMQ context, so a fork is safe
-and a new rank costs a fork, not an interpreter start.  It must never import the rank's modules
+and a new rank costs a fork, not an interpreter start.  It reads its ranks' output and
+control pipes and forwards them to the controller in batches.  It must never import the rank's modules
 at import time (only in ``serve()``), nor be imported by the controller.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
-import select
+import selectors
 import signal
 import socket
 import sys
@@ -17,11 +19,16 @@ import time
 from typing import NoReturn
 
 from .launch import LaunchConfig
-from .template_wire import EXIT, FORK, FORKED, KILL, recv_msg, send_msg
+from .limits import raise_nofile_limit
+from .template_wire import BEATS, EXIT, FORK, FORK_FAILED, FORKED, HELLO, KILL, OUTPUT, READY, pack, recv_msg
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 SWEEP_AFTER_S = (0.2, 1.0)  # orphans of a dead rank reach the template soon after it exits
+READ_SIZE = 1 << 16
+BATCH_BYTES = 48 << 10  # output is forwarded in messages of about this size (the socket takes ~200 KiB)
+BEATS_S = 1.0  # how often the ranks' heartbeats are passed on, together
+PIPE_SIZE = 1 << 20  # a rank's big write needs fewer wake-ups
 
 
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
@@ -72,13 +79,64 @@ def end_tree(pgid: int) -> None:
 # ---------------------------------------------------------------- the template process
 
 
+class _Outbox:
+    """Messages for the controller, sent without ever blocking the template: what the
+    socket cannot take now waits here, and while too much waits the ranks' output is not
+    read (so ranks that print faster than the controller reads wait on their pipes)."""
+
+    LIMIT = 8 << 20
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.queue: collections.deque = collections.deque()
+        self.bytes = 0
+
+    def send(self, msg: dict) -> None:
+        data = pack(msg)
+        if not self.queue:
+            try:
+                self.sock.send(data)
+                return
+            except BlockingIOError:
+                pass
+        self.queue.append(data)
+        self.bytes += len(data)
+
+    def flush(self) -> None:
+        while self.queue:
+            try:
+                self.sock.send(self.queue[0])
+            except BlockingIOError:
+                return
+            self.bytes -= len(self.queue.popleft())
+
+    @property
+    def full(self) -> bool:
+        return self.bytes > self.LIMIT
+
+
+class _Rank:
+    """What the template holds for one rank it forked: the read ends of its stdout, stderr
+    and control pipes (the control pipe carries its hello and its heartbeats)."""
+
+    __slots__ = ("pid", "fds", "control", "beat")
+
+    def __init__(self, pid: int, out_r: int, err_r: int, ctl_r: int):
+        self.pid = pid
+        self.fds = {out_r: 1, err_r: 2, ctl_r: 0}  # fd -> 1 stdout, 2 stderr, 0 control
+        self.control = bytearray()
+        self.beat = False
+
+
 def serve() -> None:
     """The template's main loop.  ``template_client`` starts it as
     ``python -c "from monarch_kernel.runtime.template_server import serve; serve()" FD PARENT_PID``.
 
     It dies with its controller (parent-death signal, plus EOF on the stdin pipe only the
     controller holds) and takes its ranks with it.  The job key arrives over the private
-    socketpair, never on a command line or in the environment.
+    socketpair, never on a command line or in the environment.  It reads every rank's
+    stdout, stderr and control pipe and forwards them in batches, so the controller holds
+    one socket per template, not pipes per rank.
     """
     fd, parent_pid = int(sys.argv[1]), int(sys.argv[2])
     # SIGTERM, not SIGKILL: the template still has to kill its ranks and clean up.
@@ -87,6 +145,7 @@ def serve() -> None:
     die_with_parent(parent_pid, signal.SIGTERM)
     become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    nofile = raise_nofile_limit()
     sock = socket.socket(fileno=fd)
     _warm_up(sys.argv[3:])
 
@@ -95,10 +154,78 @@ def serve() -> None:
     os.set_blocking(wake_r, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: set[int] = set()
+    children: dict[int, _Rank] = {}
+    by_fd: dict[int, _Rank] = {}
     stdin = sys.stdin.fileno()
     cleanup: list[str] = []  # the controller's run directory, if it is ours to remove
     sweeps: list[float] = []  # monotonic times at which to end orphans of dead ranks
+    out = _Outbox(sock)
+    sel = selectors.DefaultSelector()  # epoll: thousands of pipes, past select()'s 1,024
+    for f in (sock.fileno(), wake_r, stdin):
+        sel.register(f, selectors.EVENT_READ)
+    sock.setblocking(False)
+    out.send({"op": READY, "nofile": nofile})
+    batch: list = []  # output read this turn: [[pid, fd, data], ...], sent as one message
+    batch_bytes = 0
+    next_beats = time.monotonic() + BEATS_S
+    reading = True  # False while the outbox is full (backpressure on the ranks' output)
+
+    def flush_batch():
+        nonlocal batch, batch_bytes
+        if batch:
+            out.send({"op": OUTPUT, "items": batch})
+            batch, batch_bytes = [], 0
+
+    def read_pipe(rank: _Rank, f: int) -> bool:
+        """One read of a rank's pipe; False at EOF (then it is closed) or when empty."""
+        nonlocal batch_bytes
+        try:
+            data = os.read(f, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(f)
+            os.close(f)
+            del rank.fds[f]
+            by_fd.pop(f, None)
+            return False
+        kind = rank.fds[f]
+        if kind == 0:
+            rank.control.extend(data)
+            control(rank)
+        else:
+            batch.append([rank.pid, kind, data])
+            batch_bytes += len(data)
+            if batch_bytes >= BATCH_BYTES:
+                flush_batch()
+        return True
+
+    def control(rank: _Rank):
+        buf = rank.control
+        while len(buf) >= 4:
+            n = int.from_bytes(buf[:4], "big")
+            if len(buf) < 4 + n:
+                return
+            frame = bytes(buf[4:4 + n])
+            del buf[:4 + n]
+            if n == 0:
+                rank.beat = True
+            else:
+                flush_batch()  # what it printed before its hello comes first
+                out.send({"op": HELLO, "pid": rank.pid, "hello": frame})
+
+    def release(rank: _Rank):
+        """A rank exited: forward what its pipes still hold, then close them."""
+        for f in list(rank.fds):
+            while f in rank.fds and read_pipe(rank, f):
+                pass
+            if f in rank.fds:
+                sel.unregister(f)
+                os.close(f)
+                by_fd.pop(f, None)
+        rank.fds.clear()
 
     def sweep():
         """End every child that is not a rank: a descendant of a rank that died (ranks are
@@ -119,17 +246,16 @@ def serve() -> None:
                 return
             if pid == 0:
                 return
-            if pid not in children:
+            rank = children.pop(pid, None)
+            if rank is None:
                 continue  # an orphan we ended
-            children.discard(pid)
             end_tree(pid)  # the rank's subprocesses go with it
+            release(rank)
+            flush_batch()
             sweep()
             now = time.monotonic()
             sweeps.extend(now + d for d in SWEEP_AFTER_S)
-            try:
-                send_msg(sock, {"op": EXIT, "pid": pid, "status": status})
-            except OSError:
-                pass
+            out.send({"op": EXIT, "pid": pid, "status": status})
 
     def shutdown() -> NoReturn:
         for pid in list(children):
@@ -145,67 +271,172 @@ def serve() -> None:
             shutil.rmtree(d, ignore_errors=True)
         os._exit(0)
 
+    def fork(msg: dict) -> None:
+        # The config is decoded in the child: a bad one costs that rank, not the template.
+        if not cleanup:
+            cleanup.extend(msg["config"].get("cleanup_dirs") or [])
+        try:
+            fds = _rank_pipes()
+        except OSError as e:
+            out.send({"op": FORK_FAILED, "tag": msg["tag"], "error": _limit_error(e, "pipes for a new rank")})
+            return
+        (out_r, out_w), (err_r, err_w), (ctl_r, ctl_w) = fds
+        try:
+            pid = os.fork()
+        except OSError as e:
+            for f in (out_r, out_w, err_r, err_w, ctl_r, ctl_w):
+                os.close(f)
+            out.send({"op": FORK_FAILED, "tag": msg["tag"], "error": _limit_error(e, "a new process")})
+            return
+        if pid == 0:
+            os.setpgid(0, 0)  # its own process group: its subprocesses end with it
+            become_subreaper()
+            sel.close()
+            for f in [wake_r, wake_w, out_r, err_r, ctl_r, *by_fd]:
+                os.close(f)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            sock.close()
+            _become_rank(msg["config"], [out_w, err_w, ctl_w], os.getppid())
+        for f in (out_w, err_w, ctl_w):
+            os.close(f)
+        rank = children[pid] = _Rank(pid, out_r, err_r, ctl_r)
+        for f in (out_r, err_r, ctl_r):
+            os.set_blocking(f, False)
+            by_fd[f] = rank
+            if reading or rank.fds[f] == 0:
+                sel.register(f, selectors.EVENT_READ)
+        try:
+            os.setpgid(pid, pid)  # also here, so a kill right after the fork finds the group
+        except (ProcessLookupError, PermissionError):
+            pass
+        out.send({"op": FORKED, "tag": msg["tag"], "pid": pid})
+
+    def set_reading(on: bool) -> None:
+        """Stop (or start again) reading the ranks' output while the outbox is full."""
+        nonlocal reading
+        if on == reading:
+            return
+        reading = on
+        for f, rank in by_fd.items():
+            if rank.fds.get(f) in (1, 2):
+                if on:
+                    sel.register(f, selectors.EVENT_READ)
+                else:
+                    sel.unregister(f)
+
     signal.signal(signal.SIGTERM, lambda *_: shutdown())
     if pending_term:
         shutdown()
 
     while True:
-        timeout = None
+        now = time.monotonic()
+        timeout = max(0.0, next_beats - now)
         if sweeps:
-            now = time.monotonic()
             if min(sweeps) <= now:
                 sweeps[:] = [t for t in sweeps if t > now]
                 sweep()
-            timeout = max(0.0, min(sweeps) - now) if sweeps else None
+            if sweeps:
+                timeout = min(timeout, max(0.0, min(sweeps) - now))
+        if out.queue:
+            timeout = min(timeout, 0.01)  # the socket had no room: try again soon
         try:
-            ready, _, _ = select.select([sock, wake_r, stdin], [], [], timeout)
+            events = sel.select(timeout)
         except InterruptedError:
             continue
-        if wake_r in ready:
-            try:
-                os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
-            reap()
-        if stdin in ready:
-            if not os.read(stdin, 4096):  # the controller is gone
-                shutdown()
-        if sock in ready:
-            try:
-                msg, fds = recv_msg(sock)
-            except OSError:
-                msg, fds = None, []
-            if msg is None:
-                shutdown()
-            if msg.get("op") == FORK:
-                # The config is decoded in the child: a bad one costs that rank, not the template.
-                if not cleanup:
-                    cleanup.extend(msg["config"].get("cleanup_dirs") or [])
-                pid = os.fork()
-                if pid == 0:
-                    os.setpgid(0, 0)  # its own process group: its subprocesses end with it
-                    become_subreaper()
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
-                    sock.close()
-                    _become_rank(msg["config"], fds, os.getppid())
-                children.add(pid)
+        for key, _mask in events:
+            f = key.fd
+            if f == wake_r:
                 try:
-                    os.setpgid(pid, pid)  # also here, so a kill right after the fork finds the group
-                except (ProcessLookupError, PermissionError):
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
                     pass
-                for f in fds:
-                    os.close(f)
-                send_msg(sock, {"op": FORKED, "tag": msg["tag"], "pid": pid})
-            elif msg.get("op") == KILL:
-                try:
-                    os.kill(msg["pid"], msg.get("signal", signal.SIGKILL))
-                except ProcessLookupError:
-                    pass
+                reap()
+            elif f == stdin:
+                if not os.read(stdin, 4096):  # the controller is gone
+                    shutdown()
+            elif f == sock.fileno():
+                while True:
+                    try:
+                        msg, _fds = recv_msg(sock)
+                    except BlockingIOError:
+                        break
+                    except OSError:
+                        msg = None
+                    if msg is None:
+                        shutdown()
+                    if msg.get("op") == FORK:
+                        fork(msg)
+                    elif msg.get("op") == KILL:
+                        try:
+                            os.kill(msg["pid"], msg.get("signal", signal.SIGKILL))
+                        except ProcessLookupError:
+                            pass
+            else:
+                rank = by_fd.get(f)
+                if rank is not None:
+                    read_pipe(rank, f)
+        flush_batch()
+        now = time.monotonic()
+        if now >= next_beats:
+            beats = [r.pid for r in children.values() if r.beat]
+            for r in children.values():
+                r.beat = False
+            if beats:
+                out.send({"op": BEATS, "pids": beats})
+            next_beats = now + BEATS_S
+        out.flush()
+        set_reading(not out.full)
+
+
+def _rank_pipes() -> list[tuple[int, int]]:
+    made: list[tuple[int, int]] = []
+    try:
+        for _ in range(3):
+            made.append(os.pipe())
+    except OSError:
+        for r, w in made:
+            os.close(r)
+            os.close(w)
+        raise
+    for r, _w in made[:2]:
+        _grow_pipe(r)
+    return made
+
+
+def _grow_pipe(fd: int) -> None:
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (ImportError, AttributeError, OSError):  # not Linux, or over pipe-max-size: keep the default
+        pass
+
+
+def _limit_error(e: OSError, what: str) -> str:
+    """Why the template could not make ``what``, with the limit and how to raise it."""
+    import errno
+    import resource
+
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        try:
+            held = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            held = -1
+        scope = "the system's" if e.errno == errno.ENFILE else "the template's"
+        return (f"out of file descriptors for {what}: {scope} limit is reached (open files limit {soft}, hard "
+                f"{hard}; the template holds {held}, 3 per rank); raise it with `ulimit -n` (hard: "
+                f"/etc/security/limits.conf or systemd's LimitNOFILE), or spawn fewer ranks per host")
+    if e.errno == errno.EAGAIN:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        return (f"cannot fork {what}: the process limit is reached (max user processes {soft}, hard {hard}); "
+                f"raise it with `ulimit -u`, or spawn fewer ranks")
+    return f"cannot make {what}: {e.strerror}"
 
 
 def _warm_up(modules: list[str]) -> None:
@@ -221,7 +452,8 @@ def _warm_up(modules: list[str]) -> None:
 
 
 def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
-    """In the forked child: take the rank's stdio, then run it until it exits."""
+    """In the forked child: take the rank's stdio (``fds``: stdout, stderr, and the control
+    pipe for its hello and heartbeats), then run it until it exits."""
     code = 1
     try:
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -229,7 +461,8 @@ def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
         os.close(devnull)
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
-        for f in fds:
+        control = fds[2]
+        for f in fds[:2]:
             os.close(f)
         sys.stdin = open(0, closefd=False)
         sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
@@ -239,7 +472,7 @@ def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
         die_with_parent(template_pid)
         from .rank import run_rank
 
-        run_rank(LaunchConfig.from_wire(wire_config), template_pid)
+        run_rank(LaunchConfig.from_wire(wire_config), template_pid, control)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1

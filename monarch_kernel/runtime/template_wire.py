@@ -12,13 +12,22 @@ import socket
 import msgpack
 
 # Every message is a dict with an "op" key.
-FORK = "fork"  # controller -> template: {tag, config: LaunchConfig.to_wire()}; fds: the rank's stdout, stderr
+FORK = "fork"  # controller -> template: {tag, config: LaunchConfig.to_wire()}
 KILL = "kill"  # controller -> template: {pid, signal}
+READY = "ready"  # template -> controller, first: {nofile} (its open-files limit)
 FORKED = "forked"  # template -> controller: {tag, pid}
+FORK_FAILED = "fork_failed"  # template -> controller: {tag, error} (a limit was reached; the error says which)
+OUTPUT = "output"  # template -> controller: {items: [[pid, fd (1 or 2), bytes], ...]}, in the order read
+HELLO = "hello"  # template -> controller: {pid, hello}: the rank is up (hello: its msgpack'd hello frame)
+BEATS = "beats"  # template -> controller, each second: {pids} that beat since the last
 EXIT = "exit"  # template -> controller: {pid, status} once reaped (status as os.waitpid gives it)
 
-MAX_MSG = 1 << 20  # a launch config is a few KiB; sys.path and env are its largest parts
+MAX_MSG = 1 << 20  # a launch config is a few KiB (sys.path and env are its largest parts); output ~48 KiB
 _MAX_FDS = 16
+
+
+def pack(msg: dict) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)
 
 
 def send_msg(sock: socket.socket, msg: dict, fds=()) -> None:
@@ -30,9 +39,10 @@ def send_msg(sock: socket.socket, msg: dict, fds=()) -> None:
         sock.send(data)
 
 
-def recv_msg(sock: socket.socket) -> tuple[dict | None, list[int]]:
-    """One message and the fds that came with it (now ours to close); ``None`` at EOF."""
-    data, ancdata, _flags, _addr = sock.recvmsg(MAX_MSG, socket.CMSG_SPACE(_MAX_FDS * 4))
+def recv_msg(sock: socket.socket, flags: int = 0) -> tuple[dict | None, list[int]]:
+    """One message and the fds that came with it (now ours to close); ``None`` at EOF.
+    ``flags=socket.MSG_DONTWAIT``: raise BlockingIOError when none is waiting."""
+    data, ancdata, _flags, _addr = sock.recvmsg(MAX_MSG, socket.CMSG_SPACE(_MAX_FDS * 4), flags)
     fds: list[int] = []
     for level, kind, cdata in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

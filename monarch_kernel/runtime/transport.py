@@ -21,6 +21,7 @@ from .auth import Signer
 from .curve import CurveKeys
 from .envelope import Header
 from .failure import SendFailed
+from .limits import check_room
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
@@ -71,6 +72,7 @@ class Transport:
             self._purge(socks)
         s = socks.get(addr)
         if s is None:
+            check_room(f"a connection to {addr}")
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 2000)
             s.setsockopt(zmq.SNDHWM, self.queue_limit)
@@ -116,6 +118,9 @@ class Transport:
                 f"it has read none for {self.block_s if block else 0:g} s; the process there is not "
                 f"reading (stopped with SIGSTOP, stuck, or overloaded); see %mesh status, or raise "
                 f"MONARCH_KERNEL_SEND_QUEUE") from None
+        except OSError as e:  # check_room: too few descriptors left to connect
+            self.send_failures += 1
+            raise SendFailed(f"cannot send to {addr}: {e.strerror}") from None
         except zmq.ZMQError as e:
             self.send_failures += 1
             hint = ""

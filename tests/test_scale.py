@@ -1,0 +1,90 @@
+"""Many ranks under a typical session's open-files limit (``ulimit -n 1024``, hard limit
+too): the controller's descriptors do not grow with its ranks, and a limit too small for
+the job fails the call at once, saying which limit and how to raise it.  Each controller
+runs in a subprocess of its own, under its own limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys, time
+    from monarch_kernel import Actor, endpoint, this_host
+
+    class Echo(Actor):
+        @endpoint
+        def echo(self, x):
+            return x
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    n = int(sys.argv[1])
+    with this_host().spawn_procs(per_host={"gpus": 8}) as warm:  # the runtime, a template, a thread's inbox
+        warm.spawn("echo", Echo).echo.call(0).get(timeout=60)
+    time.sleep(0.5)
+    out = {"before": fds()}
+    t = time.monotonic()
+    procs = this_host().spawn_procs(per_host={"gpus": n}, timeout=240)
+    out["spawn_s"] = round(time.monotonic() - t, 1)
+    m = procs.spawn("echo", Echo)
+    got = m.echo.call(7).get(timeout=120)
+    out["answers"] = sorted(set(got.values())), len(got)
+    for i in range(3):
+        m.echo.call(i).get(timeout=120)
+    out["after_calls"] = fds()
+    procs.stop().get(timeout=120)
+    time.sleep(0.5)
+    out["after_stop"] = fds()
+    print(json.dumps(out), flush=True)
+''')
+
+
+def _run(limit: int, n: int, tmp_path, timeout: float) -> subprocess.CompletedProcess:
+    script = tmp_path / "many.py"
+    script.write_text(SCRIPT)
+    return subprocess.run(["bash", "-c", f'ulimit -n {limit} && exec "$0" "$@"', sys.executable, str(script), str(n)],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+
+
+@pytest.mark.timeout(300)
+def test_512_ranks_under_ulimit_1024_hold_a_flat_number_of_descriptors(tmp_path):
+    done = _run(1024, 512, tmp_path, 280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["answers"] == [[7], 512]
+    assert out["after_calls"] < 100, out  # hosts and fan-out, not ranks
+    assert out["after_stop"] <= out["before"] + 8, out  # a second template's socket and pipe, at most
+
+
+@pytest.mark.timeout(120)
+def test_a_limit_too_small_fails_the_call_at_once_saying_how_to_raise_it(tmp_path):
+    done = _run(64, 40, tmp_path, 100)
+    assert done.returncode != 0
+    assert "out of file descriptors" in done.stderr and "ulimit -n" in done.stderr, done.stderr[-3000:]
+    assert "limit of 64" in done.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_notebook_on_192_ranks_collapses_output_and_summarises_status(kc):
+    from _kernels import run, text
+
+    out, reply = run(kc, "procs = %mesh spawn -n 192", timeout=180)
+    assert reply["status"] == "ok", text(out)
+    out, _ = run(kc, "%%mesh\nprint('hello')", timeout=120)
+    assert "[ranks 0-191] hello" in text(out), text(out)[-2000:]
+    run(kc, "%%mesh --ranks 5\nimport os\nos._exit(3)", timeout=60)
+    out, _ = run(kc, "%mesh status", timeout=60)
+    t = text(out)
+    first = t.splitlines()[0]
+    assert "192 ranks, 191 alive" in first and "dead 1" in first and "idle 191" in first, t[:2000]
+    assert "rank 5:" in t and "exited with code 3" in t and "rank 6:" not in t, t[:2000]
+    out, _ = run(kc, "%mesh status --all", timeout=60)
+    assert "rank 191:" in text(out)
+    run(kc, "%mesh stop", timeout=60)
