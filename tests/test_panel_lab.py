@@ -104,6 +104,14 @@ def open_notebook(nb: Notebook, lab: Lab, name: str) -> None:
     if tab.get_attribute("aria-selected") != "true":
         tab.click()
     page.wait_for_selector(".mk-Panel .mk-Panel-empty, .mk-Panel .mk-Mesh", timeout=30_000)
+    # Widen the right sidebar, as a user does to see the whole rank grid.
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
+    box = handle.bounding_box(timeout=10_000)
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x - 420, y, steps=5)
+    page.mouse.up()
 
 
 def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path):

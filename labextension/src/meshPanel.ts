@@ -169,16 +169,16 @@ export class MeshPanel extends Widget {
     const actions = h(
       'td',
       { class: 'mk-Rank-actions' },
-      dead ? null : button('⏹', `Interrupt rank ${row.rank}`, () => {
+      dead ? null : button('Interrupt', `Interrupt rank ${row.rank}`, () => {
         void this._do({ action: 'interrupt', mesh: mesh.name, rank: row.rank }, `interrupting rank ${row.rank}…`);
       }, { 'data-action': 'interrupt' }),
-      dead ? button('⟳', `Restart rank ${row.rank}`, () => {
+      dead ? button('Restart', `Restart rank ${row.rank}`, () => {
         void this._do({ action: 'restart', mesh: mesh.name, rank: row.rank }, `restarting rank ${row.rank}…`);
       }, { 'data-action': 'restart' }) : null,
-      dead ? null : button('🐞', `Debug rank ${row.rank}: JupyterLab's debugger switches to it (%mesh debug ${row.rank})`, () => {
+      dead ? null : button('Debug', `Debug rank ${row.rank}: JupyterLab's debugger switches to it (%mesh debug ${row.rank})`, () => {
         void this._do({ action: 'debug', mesh: mesh.name, rank: row.rank }, `pointing the debugger at rank ${row.rank}…`);
       }, { 'data-action': 'debug', ...(debugging ? { 'aria-pressed': 'true' } : {}) }),
-      button('≡', `Show rank ${row.rank}'s log`, () => {
+      button('Log', `Show rank ${row.rank}'s log`, () => {
         if (this._connection) {
           this._options.showLog(this._connection, mesh.name, row.rank);
         }
