@@ -22,7 +22,7 @@ OPTIONS = {
     "list": [],
     "use": ["name"],
     "stop": ["[name]"],
-    "status": [],
+    "status": ["--all"],
     "restart": ["--ranks SPEC"],
     "sync": ["[path]"],
     "push": ["name=expr"],
