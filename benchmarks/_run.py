@@ -23,6 +23,7 @@ JOBS = {
     "W11": ("scale", "w11"),
     "W11flat": ("scale", "w11"),
     "W1slurm": ("slurm", "w1_slurm"),
+    "panel": ("panel", "w12"),
 }
 
 
