@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def sh(*cmd, env=None, timeout=240, cwd=ROOT) -> str:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
-    assert p.returncode == 0, f"{' '.join(map(str, cmd))} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    assert p.returncode == 0, (f"{' '.join(map(str, cmd))} exited {p.returncode}:\n"
+                               f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return p.stdout + p.stderr
 
 
@@ -67,7 +68,8 @@ def test_the_wheel_installs_the_kernelspec_the_panel_and_the_server_extension(tm
     assert monarch["resource_dir"].startswith(str(venv)), monarch
     assert monarch["spec"]["display_name"] == "Python 3 (monarch mesh)"
     labext = jupyter("jupyterlab.labextensions:LabExtensionApp", "list")
-    assert any("monarch-kernel-panel" in line and "enabled" in line and "OK" in line for line in labext.splitlines()), labext
+    panel = [line for line in labext.splitlines() if "monarch-kernel-panel" in line]
+    assert panel and "enabled" in panel[0] and "OK" in panel[0], labext
     server = jupyter("jupyter_server.extension.serverextension:ServerExtensionApp", "list")
     assert "monarch_kernel_server" in server and "enabled" in server, server
     assert "monarch_kernel_server  \x1b[32mOK" in server or "monarch_kernel_server  OK" in server, server
