@@ -20,8 +20,8 @@ from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(60)
 
-MODULES = ["dap", "messages", "rank_debugpy", "inspector", "pdb_rank", "pdb_prompt", "pdb_controller",
-           "rank_target", "proxy"]
+MODULES = ["dap", "messages", "rank_debugpy", "inspector", "relay", "tunnel", "pdb_rank", "pdb_prompt",
+           "pdb_controller", "rank_target", "proxy"]
 
 
 def test_importing_the_debug_package_installs_nothing():

@@ -31,6 +31,9 @@ SCHEMAS = {
     m.DapResponse: {"type": str, "seq": int, "request_seq": int, "success": bool, "command": str,
                     "body": dict, "message": str},
     m.DapEvent: {"seq": int, "type": str, "event": str, "body": dict},
+    m.DapFrames: {"kind": str, "link": int, "messages": list},
+    m.DapClosed: {"kind": str, "link": int, "reason": str},
+    m.RankHost: {"kind": str, "hostname": str, "host_key": str, "addresses": list},
 }
 
 EXAMPLES = [
@@ -49,6 +52,10 @@ EXAMPLES = [
     m.DapResponse(7, "evaluate", False, message="rank 1 of mesh 'procs': not connected"),
     m.DapEvent("stopped", {"reason": "breakpoint", "threadId": 1}, seq=13),
     m.DapEvent("initialized"),
+    m.DapFrames(3, [m.DapEvent("stopped", {"reason": "step", "threadId": 1}, seq=14).encode(),
+                    m.DapResponse(9, "next", True, seq=15).encode()]),
+    m.DapClosed(3, "debugpy closed the connection"),
+    m.RankHost("gpu-node-7", "5f0c.../4026531840", ("10.1.2.3", "127.0.0.1")),
 ]
 
 
@@ -102,3 +109,12 @@ def test_dap_decoding_tolerates_what_the_spec_leaves_optional():
     assert m.decode_dap({"type": "event", "event": "output"}) == m.DapEvent("output")
     assert m.decode_dap({"type": "reverse-something"}) is None
     assert m.decode_dap(["not", "a", "message"]) is None
+
+
+def test_the_kernel_decodes_what_a_relay_sends_by_its_kind():
+    for msg in (m.DapFrames(1, []), m.DapClosed(1, "gone")):
+        assert same(m.decode_tunnel(msg.encode()), msg)
+    with pytest.raises(ValueError, match="not a DAP tunnel message from a rank"):
+        m.decode_tunnel(m.Reply("c").encode())
+    with pytest.raises(ValueError, match=r"missing \['reason'\]"):
+        m.DapClosed.decode({"kind": "dap.closed", "link": 1})

@@ -68,6 +68,7 @@ class DapClient:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # requests go out in the order of their numbers
         self.closed = False
+        self.closed_why = ""  # how the session ended, once it has
 
     def _send(self, msg: dict) -> None:
         """Deliver one request; raise ConnectionError (or OSError) if it cannot go."""
@@ -79,7 +80,7 @@ class DapClient:
         with self._send_lock:
             with self._lock:
                 if self.closed:
-                    fut.set_exception(ConnectionError(f"{self.describe} has disconnected"))
+                    fut.set_exception(ConnectionError(f"{self.describe} {self.closed_why}"))
                     return fut
                 seq = next(self._seq)
                 self._pending[seq] = fut
@@ -107,7 +108,7 @@ class DapClient:
         with self._lock:
             if self.closed:
                 return
-            self.closed = True
+            self.closed, self.closed_why = True, why
             pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():

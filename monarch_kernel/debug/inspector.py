@@ -57,8 +57,8 @@ class Inspector(Actor):
     @endpoint
     def interrupt(self, actor_id: str) -> bool:
         """Interrupt the console while debugpy holds the rank at a breakpoint.  debugpy
-        suspends every traced thread then, the IO loop included, so the usual interrupt
-        message would wait; this actor's own thread is untraced and reads its own inbox."""
+        suspends every traced thread then; this actor's own thread is untraced (as is the
+        rank's IO thread once debugpy runs, ``rank_debugpy.listen``), so the call gets here."""
         return Runtime.current().interrupt_actor(actor_id)
 
 

@@ -175,7 +175,7 @@ def command(session, shell, args: list[str]) -> None:
     procs, consoles = session.get()
     if not 0 <= rank < len(procs):
         raise UsageError(f"%mesh debug {rank}: the mesh has ranks 0-{len(procs) - 1}")
-    one = consoles.slice(ranks=rank)
+    one = consoles.flatten("ranks").slice(ranks=rank)  # counted across every dim (hosts too)
     want = host or "127.0.0.1"
     key = (procs.ref.id, rank)
     helpers = _helpers.get(key)
@@ -225,7 +225,7 @@ def command(session, shell, args: list[str]) -> None:
 
 
 def _spawn_helpers(procs, rank: int) -> RankHelpers:
-    one = procs.slice(ranks=rank)
+    one = procs.flatten("ranks").slice(ranks=rank)
     tag = uuid.uuid4().hex[:8]
     return RankHelpers(one.spawn(f"inspector-{tag}", Inspector), one.spawn(f"dap-relay-{tag}", DapRelay))
 
@@ -253,7 +253,8 @@ def ssh_host(rank_host: RankHost, mesh_host: str = "") -> str:
 def ssh_forward(local_port: int, rank_host: str, rank_port: int, ssh_to: str) -> str:
     """The ssh command that makes a rank's loopback-only debugpy reachable at
     127.0.0.1:``local_port``."""
-    return f"ssh -N -L {local_port}:{rank_host}:{rank_port} {ssh_to}"
+    far = f"[{rank_host}]" if ":" in rank_host else rank_host  # an IPv6 address, as ssh -L wants it
+    return f"ssh -N -L {local_port}:{far}:{rank_port} {ssh_to}"
 
 
 def free_local_port() -> int:

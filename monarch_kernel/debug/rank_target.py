@@ -24,6 +24,7 @@ from .messages import DapEvent, DapResponse
 from .tunnel import TunnelConnection
 
 REPLY_TIMEOUT_S = 60.0
+INITIALIZE_TIMEOUT_S = 15.0  # debugpy answers initialize at once when it takes the connection at all
 INSPECT_TIMEOUT_S = 5.0  # the variable panel asks often: never hold the other requests up long
 
 
@@ -116,12 +117,22 @@ class RankTarget:
             if self.conn is None:
                 if self.relay is None:
                     raise ConnectionError(f"{self.label} has no relay to its debugpy; type  %mesh debug {self.rank}")
-                self.conn = TunnelConnection(self.relay, self.label, self._on_event, self._on_close)
+                conn = self.conn = TunnelConnection(self.relay, self.label, self._on_event, self._on_close)
                 self._initialized = concurrent.futures.Future()
                 self.attached = False
-                self.capabilities = self.request("initialize", initialize_args or {
+                pending = conn.request("initialize", initialize_args or {
                     "clientID": "monarch-kernel", "adapterID": "python", "pathFormat": "path",
                     "linesStartAt1": True, "columnsStartAt1": True})
+                try:
+                    self.capabilities = pending.result(INITIALIZE_TIMEOUT_S)
+                except concurrent.futures.TimeoutError:
+                    conn.close()
+                    self.conn = None
+                    raise ConnectionError(
+                        f"the debugpy of {self.label} took the connection but did not answer within "
+                        f"{INITIALIZE_TIMEOUT_S:g} s; its adapter may have stopped taking new clients "
+                        f"(debugpy 1.8 can, after a client leaves as another arrives).  Restart the "
+                        f"rank's mesh to debug it again") from None
             return self.capabilities or {}
 
     def attach(self, args: dict | None, state: FrontendState) -> dict:

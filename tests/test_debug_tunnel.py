@@ -1,0 +1,360 @@
+"""The DAP tunnel: the kernel reaches a rank's debugpy only through the rank's relay (actor
+messages on the job's own connection), never with a socket of its own.  Real ranks, a real
+debugpy on each, and a real kernel driven as JupyterLab's panel drives it; one test puts the
+rank in another network namespace, where the kernel could not reach the rank's loopback even
+if it tried, and checks ``--listen`` prints the ssh port-forward that would."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+from _kernels import kernel, run, text
+from test_debug import INITIALIZE, Session, start_debugger
+
+from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel.debug import proxy
+from monarch_kernel.debug.messages import DapClosed, RankHost
+from monarch_kernel.debug.relay import DapRelay
+from monarch_kernel.debug.tunnel import TunnelConnection
+
+pytestmark = pytest.mark.timeout(120)
+
+LISTENS = re.compile(r"its debugpy listens on ([0-9.]+):(\d+)")
+
+
+class DebugpyStarter(Actor):
+    @endpoint
+    def listen(self) -> tuple[str, int]:
+        from monarch_kernel.debug import rank_debugpy
+
+        return rank_debugpy.listen()
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _tcp_to(port: int, pid: int) -> list:
+    """TCP connections of process ``pid`` whose far end is ``port``."""
+    return [c for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.raddr.port == port]
+
+
+def _loopback_listeners(pid: int, port: int) -> list[str]:
+    """The local addresses that sockets in ``pid``'s network namespace listen on at ``port``
+    (read from /proc/PID/net, so it works for a process in another namespace)."""
+    found = []
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{name}") as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hexport = local.rsplit(":", 1)
+                if state == "0A" and int(hexport, 16) == port:
+                    found.append(socket.inet_ntoa(bytes.fromhex(addr)[::-1]) if name == "tcp" else addr)
+    return found
+
+
+def test_a_dap_session_through_the_relay_and_its_round_trip():
+    with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
+        relay = procs.spawn("relay", DapRelay)  # before debugpy starts, as the kernel does
+        starter = procs.spawn("starter", DebugpyStarter)
+        host, port = starter.listen.call_one().get(timeout=60)
+        rank_pid = starter.pid.call_one().get(timeout=30)
+        assert host == "127.0.0.1"
+        events: list[str] = []
+        initialized = threading.Event()
+
+        def on_event(msg: dict) -> None:
+            events.append(msg["event"])
+            if msg["event"] == "initialized":
+                initialized.set()
+
+        closed = threading.Event()
+        conn = TunnelConnection(relay, "rank 0", on_event, closed.set)
+        try:
+            assert conn.request("initialize", INITIALIZE).result(30)["success"]
+            attach = conn.request("attach", {"connect": {"host": host, "port": port}, "justMyCode": False})
+            assert initialized.wait(30), "timed out after 30 s waiting for debugpy's initialized event"
+            assert conn.request("configurationDone").result(30)["success"]
+            assert attach.result(30)["success"]
+            # The only TCP connection to debugpy's port is the rank's own (its relay).
+            assert not _tcp_to(port, os.getpid()), _tcp_to(port, os.getpid())
+            assert _tcp_to(port, rank_pid), "the relay on the rank is not connected to debugpy"
+            assert set(_loopback_listeners(rank_pid, port)) == {"127.0.0.1"}
+            times = []
+            for _ in range(30):
+                start = time.perf_counter()
+                reply = conn.request("threads").result(30)
+                times.append(time.perf_counter() - start)
+                assert reply["success"] and reply["body"]["threads"], reply
+            median = statistics.median(times)
+            print(f"DAP round trip through the tunnel: median {median * 1000:.2f} ms, "
+                  f"max {max(times) * 1000:.2f} ms over {len(times)}")
+            # About 3 ms here (debugpy alone answers in about 1.5 ms); the bound leaves room for a busy machine.
+            assert median < 0.025, f"a DAP round trip through the tunnel took {median * 1000:.1f} ms (median)"
+        finally:
+            conn.close()
+        assert closed.wait(10) and conn.closed
+        with pytest.raises(ConnectionError, match="rank 0's debugpy .* has disconnected: the kernel closed it"):
+            conn.request("threads").result(5)
+        # The relay let go of debugpy, so a new session can start.
+        again = TunnelConnection(relay, "rank 0", lambda _m: None)
+        try:
+            assert again.request("initialize", INITIALIZE).result(30)["success"]
+        finally:
+            again.close()
+
+
+def test_a_rank_that_dies_fails_the_sessions_requests_at_once():
+    with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
+        relay = procs.spawn("relay", DapRelay)
+        starter = procs.spawn("starter", DebugpyStarter)
+        starter.listen.call_one().get(timeout=60)
+        rank_pid = starter.pid.call_one().get(timeout=30)
+        closed = threading.Event()
+        conn = TunnelConnection(relay, "rank 0", lambda _m: None, closed.set)
+        assert conn.request("initialize", INITIALIZE).result(30)["success"]
+        os.kill(rank_pid, signal.SIGKILL)
+        assert closed.wait(10), "the session did not notice its rank died"
+        with pytest.raises(ConnectionError, match=r"has disconnected: the rank is gone \(ProcessDied"):
+            conn.request("threads").result(5)
+
+
+def test_a_session_the_kernel_stops_renewing_ends_and_a_new_one_takes_over():
+    from monarch_kernel import Channel
+    from monarch_kernel.debug.messages import decode_tunnel
+
+    with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
+        relay = procs.spawn("relay", DapRelay)
+        other = procs.spawn("other_relay", DapRelay)  # as another kernel's would be
+        starter = procs.spawn("starter", DebugpyStarter)
+        starter.listen.call_one().get(timeout=60)
+        # A kernel that opened a session and then died: it never renews it.
+        port, receiver = Channel.open()
+        link = relay.open.call_one(port, 0.5).get(timeout=30)
+        pump = relay.pump.call_one(link)
+        got = [decode_tunnel(receiver.recv().get(timeout=10))]
+        while not isinstance(got[-1], DapClosed):
+            got.append(decode_tunnel(receiver.recv().get(timeout=10)))
+        closed = got[-1]
+        assert closed.link == link and closed.reason == "the kernel did not renew the session within 0.5 s"
+        assert "did not renew" in pump.get(timeout=10)
+        # One session per rank: a new one, through any relay, ends the one before.
+        first = TunnelConnection(relay, "rank 0", lambda _m: None)
+        ended = threading.Event()
+        first._on_close = ended.set
+        second = TunnelConnection(other, "rank 0", lambda _m: None)
+        try:
+            assert ended.wait(10), "the first session was not ended by the second"
+            with pytest.raises(ConnectionError, match="a new session took over"):
+                first.request("threads").result(5)
+            assert second.request("initialize", INITIALIZE).result(30)["success"]
+        finally:
+            second.close()
+
+
+def test_where_a_rank_runs_decides_remote_and_the_ssh_line():
+    here = socket.gethostname()
+    from monarch_kernel.runtime import hosts
+
+    local = RankHost(here, hosts.host_key(), ("127.0.0.1",))
+    assert not proxy.is_remote(local) and not proxy.is_remote(local, here)
+    assert proxy.is_remote(local, "gpu-node-7")  # the mesh says it runs elsewhere
+    other_ns = RankHost(here, "boot/4026532999", ("10.9.0.2", "127.0.0.1"))
+    assert proxy.is_remote(other_ns) and proxy.ssh_host(other_ns) == "10.9.0.2"
+    far = RankHost("gpu-node-7", "other-boot/1", ("10.1.2.3", "127.0.0.1"))
+    assert proxy.is_remote(far) and proxy.ssh_host(far) == "gpu-node-7"
+    assert proxy.ssh_host(far, "gpu-node-7.cluster") == "gpu-node-7.cluster"
+    assert proxy.ssh_forward(5679, "127.0.0.1", 41234, "gpu-node-7") == "ssh -N -L 5679:127.0.0.1:41234 gpu-node-7"
+
+
+def test_the_kernel_holds_no_connection_to_a_ranks_debugpy(kc):
+    s = Session(kc)
+    out = s.cell("procs = %mesh spawn -n 2\n%mesh debug 1")
+    host, port = LISTENS.search(out).groups()
+    port = int(port)
+    assert host == "127.0.0.1", out
+    kernel_pid = int(s.cell("import os\nos.getpid()").split()[-1])
+    rank_pid = int(s.cell("%%mesh --ranks 1\nimport os\nos.getpid()").split()[-1])
+    start_debugger(s)
+    cell = "%%mesh --ranks 1\na = 6\nb = a * 7\nprint('b is', b)"
+    path = s.dap("dumpCell", {"code": cell})["body"]["sourcePath"]
+    assert s.dap("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 3}]})["success"]
+    assert s.dap("configurationDone")["success"]
+    msg_id = s.execute(cell)
+    thread = s.wait_event("stopped")["body"]["threadId"]
+    frames = s.dap("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+    assert (frames[0]["source"]["path"], frames[0]["line"]) == (path, 3)
+    scopes = s.dap("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
+    variables = s.dap("variables", {"variablesReference": scopes[0]["variablesReference"]})["body"]["variables"]
+    assert {v["name"]: v["value"] for v in variables}["a"] == "6"
+    # Stopped, with the panel's session live: the kernel has no socket to debugpy at all.
+    assert not _tcp_to(port, kernel_pid), _tcp_to(port, kernel_pid)
+    assert not [c for c in psutil.Process(kernel_pid).net_connections("tcp") if c.laddr.port == port]
+    assert _tcp_to(port, rank_pid), "rank 1's relay is not what talks to its debugpy"
+    assert set(_loopback_listeners(rank_pid, port)) == {"127.0.0.1"}
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        assert s.dap("evaluate", {"expression": "a + 1", "frameId": frames[0]["id"], "context": "repl"})[
+            "body"]["result"] == "7"
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    print(f"debug_request round trip (client -> kernel -> tunnel -> rank 1): median {median * 1000:.2f} ms")
+    assert median < 0.05, f"an evaluate through the kernel and the tunnel took {median * 1000:.1f} ms (median)"
+    assert s.dap("continue", {"threadId": thread})["success"]
+    assert "[rank 1] b is 42" in s.wait_done(msg_id)
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@pytest.fixture
+def other_host():
+    """A network namespace joined to this one by a veth pair: a host of its own, whose
+    loopback this process cannot reach.  Yields (namespace, its address)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create a network namespace (`make test` installs iproute2)")
+    tag = os.urandom(3).hex()
+    ns = f"mk-dbg-{tag}"
+    net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
+    _ip("netns", "add", ns)
+    try:
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("link", "add", f"vh{tag}", "type", "veth", "peer", "name", f"vr{tag}", "netns", ns)
+        _ip("addr", "add", f"{net}.1/24", "dev", f"vh{tag}")
+        _ip("link", "set", f"vh{tag}", "up")
+        _ip("-n", ns, "addr", "add", f"{net}.2/24", "dev", f"vr{tag}")
+        _ip("-n", ns, "link", "set", f"vr{tag}", "up")
+        yield ns, f"{net}.2"
+    finally:
+        _ip("netns", "delete", ns)  # takes the veth pair with it
+
+
+def test_a_rank_in_another_network_namespace_is_debugged_through_the_tunnel(kc, other_host):
+    ns, address = other_host
+    s = Session(kc)
+    s.cell(f"procs = %mesh spawn -n 1 --env MONARCH_KERNEL_NETNS={ns}")
+    kernel_pid = int(s.cell("import os\nos.getpid()").split()[-1])
+    rank_pid = int(s.cell("%%mesh\nimport os\nos.getpid()").split()[-1])
+    # --listen: VS Code cannot reach the rank's loopback, so it is told how to forward to it.
+    out = s.cell("%mesh debug 0 --listen")
+    forward = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) (\S+)", out)
+    assert forward, out
+    local_port, port, ssh_to = int(forward[1]), int(forward[2]), forward[3]
+    assert ssh_to == address, out
+    entry = json.loads(out[out.index("{"):])
+    assert entry["connect"] == {"host": "127.0.0.1", "port": local_port}, entry
+    # The rank's debugpy listens on the rank's own loopback only, none of it in ours.
+    assert set(_loopback_listeners(rank_pid, port)) == {"127.0.0.1"}
+    adapters = {p.pid for p in psutil.Process(rank_pid).children()}
+    here = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    assert not [c for c in here if c.pid in adapters], here
+    # JupyterLab's panel on that rank: a breakpoint stop, its stack and variables.
+    out = s.cell("%mesh debug 0")
+    assert f"now debugs rank 0 (its debugpy listens on 127.0.0.1:{port} on {address};" in out, out
+    start_debugger(s)
+    cell = "%%mesh\nimport socket\nwhere = socket.gethostname()\nn = 5\nprint('n is', n)"
+    path = s.dap("dumpCell", {"code": cell})["body"]["sourcePath"]
+    assert s.dap("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 5}]})["success"]
+    assert s.dap("configurationDone")["success"]
+    msg_id = s.execute(cell)
+    thread = s.wait_event("stopped")["body"]["threadId"]
+    frames = s.dap("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+    assert (frames[0]["source"]["path"], frames[0]["line"]) == (path, 5)
+    scopes = s.dap("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
+    variables = s.dap("variables", {"variablesReference": scopes[0]["variablesReference"]})["body"]["variables"]
+    assert {v["name"]: v["value"] for v in variables}["n"] == "5"
+    assert not _tcp_to(port, kernel_pid)
+    assert s.dap("continue", {"threadId": thread})["success"]
+    assert "[rank 0] n is 5" in s.wait_done(msg_id)
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    s.cell("%mesh stop")
+
+
+def test_listen_on_a_local_rank_prints_no_forward(kc):
+    s = Session(kc)
+    out = s.cell("procs = %mesh spawn -n 1\n%mesh debug 0 --listen")
+    assert "ssh" not in out, out
+    assert json.loads(out[out.index("{"):])["connect"]["host"] == "127.0.0.1"
+
+
+
+def test_a_kernel_that_exits_lets_go_of_a_detached_ranks_debugpy(kernelspec, tmp_path):
+    """A detached mesh outlives its kernel: breakpoints that kernel's panel set must not
+    stop the rank once the kernel is gone (the panel that would continue it is gone too)."""
+    done = tmp_path / "done"
+    name = "dbgleft"
+    with kernel(kernelspec) as client:
+        s = Session(client)
+        s.cell(f"procs = %mesh spawn -n 1 --detach {name}\n%mesh debug 0")
+        start_debugger(s)
+        cell = "%%mesh\ndef f(path):\n    v = 1\n    open(path, 'w').write('ran on')"
+        path = s.dap("dumpCell", {"code": cell})["body"]["sourcePath"]
+        assert s.dap("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 4}]})["success"]
+        assert s.dap("configurationDone")["success"]
+        s.cell(cell)  # defines f on the rank, with a breakpoint in it; the kernel then exits
+    with kernel(kernelspec) as client:
+        try:
+            out, reply = run(client, f"procs = %mesh attach {name}")
+            assert reply["status"] == "ok", text(out)
+            out, reply = run(client, f"%%mesh\nf({str(done)!r})", timeout=30)
+            assert reply["status"] == "ok" and done.read_text() == "ran on", text(out)
+        finally:
+            run(client, f"%mesh stop {name}")
+
+
+def test_listen_on_a_rank_of_an_ssh_host_prints_a_forward_that_works(kc, ssh_hosts):
+    """The VS Code path for a rank on another host: the printed ``ssh -L`` command, run as
+    printed (with the test hosts' ssh options), makes the rank's loopback-only debugpy
+    answer at the printed launch config's 127.0.0.1 port."""
+    from monarch_kernel.debug.dap import DapConnection
+
+    s = Session(kc)
+    hosts = ",".join(ssh_hosts.hosts)
+    args = shlex.quote(" ".join(shlex.quote(a) for a in ssh_hosts.ssh_args))
+    out = s.cell(f"procs = %mesh spawn --job ssh --hosts {hosts} -n 1 --python {sys.executable} --ssh-args {args}")
+    assert "2 ranks on job" in out, out
+    out = s.cell("%mesh debug 1 --listen")
+    forward = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) (\S+)", out)
+    assert forward and forward[3] == ssh_hosts.hosts[1], out
+    entry = json.loads(out[out.index("{"):])
+    local_port = int(forward[1])
+    assert entry["connect"] == {"host": "127.0.0.1", "port": local_port}, entry
+    command = shlex.split(forward[0])
+    tunnel = subprocess.Popen([command[0], *ssh_hosts.ssh_args, *command[1:]], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                conn = DapConnection("127.0.0.1", local_port, lambda _m: None, timeout=5)
+                reply = conn.request("initialize", {"adapterID": "python"}).result(10)
+                break
+            except OSError:  # not forwarding yet (TimeoutError and ConnectionError are OSErrors)
+                assert tunnel.poll() is None, f"ssh exited: {tunnel.communicate(timeout=10)[1].decode()}"
+                assert time.monotonic() < deadline, "timed out after 20 s waiting for the ssh forward to answer"
+                time.sleep(0.2)
+        try:
+            assert reply["success"] and reply["body"]["supportsConfigurationDoneRequest"], reply
+        finally:
+            conn.close()
+    finally:
+        tunnel.terminate()
+        tunnel.communicate(timeout=10)
+    s.cell("%mesh stop")
+    s.cell("%mesh kill-job")
