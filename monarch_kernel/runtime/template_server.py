@@ -27,7 +27,7 @@ PR_SET_CHILD_SUBREAPER = 36
 SWEEP_AFTER_S = (0.2, 1.0)  # orphans of a dead rank reach the template soon after it exits
 READ_SIZE = 1 << 16
 BATCH_BYTES = 48 << 10  # output is forwarded in messages of about this size (the socket takes ~200 KiB)
-BEATS_S = 1.0  # how often the ranks' heartbeats are passed on, together
+BEATS_S = 0.25  # how often the ranks' heartbeats are passed on, together (a beat reaches the owner <= 1.25 s old)
 PIPE_SIZE = 1 << 20  # a rank's big write needs fewer wake-ups
 
 
