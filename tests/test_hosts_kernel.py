@@ -56,9 +56,9 @@ def test_a_notebook_spawns_over_ssh_and_debugs_a_remote_rank(ssh_hosts, kc):  # 
 
     out = s.cell("%mesh stop")
     assert "job ssh0 keeps its hosts" in out, out
-    out = s.cell("procs = %mesh spawn --job ssh0 -n 2")
-    assert "mesh procs: 4 ranks on job ssh0" in out, out
-    assert "killed with its meshes procs" in s.cell("%mesh kill-job")
+    out = s.cell("procs = %mesh spawn --job ssh0 -n 2 --name again")
+    assert "mesh again: 4 ranks on job ssh0" in out, out
+    assert "killed with its meshes again" in s.cell("%mesh kill-job")
     assert "killed" in s.cell("%mesh jobs") or "no jobs" in s.cell("%mesh jobs")
 
 
