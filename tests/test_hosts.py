@@ -244,3 +244,36 @@ def test_sync_workspace_makes_an_edited_module_callable_on_remote_ranks(job, tmp
     assert second.files_sent >= 1
     assert [v[0] for v in imp.call.call("remote_mod", "g").get(timeout=30).values()] == ["g", "g"]
     assert procs.sync_workspace(str(src)).files_sent == 0
+
+
+class Dies(Actor):
+    @endpoint
+    def die(self) -> None:
+        os._exit(7)
+
+    @endpoint
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def test_a_dead_remote_rank_restarts_on_its_own_host(job, ssh_hosts):
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+    d = procs.spawn("dies", Dies)
+    old = d.slice(hosts=1).ping.call_one().get(timeout=30)
+    with pytest.raises(ProcessDied, match="exited with code 7"):
+        d.slice(hosts=1).die.call_one().get(timeout=30)
+    procs.restart([1], [(d, Dies, (), {})])
+    new = d.slice(hosts=1).ping.call_one().get(timeout=30)
+    assert new != old and new in ssh_hosts.pids(ssh_hosts.hosts[1])  # a fresh process, on the same host
+
+
+def test_an_agent_that_never_connects_fails_the_start_in_time(ssh_hosts, tmp_path):
+    silent = tmp_path / "silent-python"
+    silent.write_text("#!/bin/sh\nexec sleep 60\n")  # starts, reads nothing, never connects back
+    silent.chmod(0o755)
+    job = SSHJob(python_exe=str(silent), ssh_args=ssh_hosts.ssh_args, start_timeout=3)
+    job.add_mesh("m", [ssh_hosts.hosts[0]])
+    t = time.monotonic()
+    with pytest.raises(TimeoutError, match=rf"agent on {ssh_hosts.hosts[0]} did not connect back in time"):
+        job.state()
+    assert time.monotonic() - t < 15

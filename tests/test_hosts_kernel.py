@@ -103,3 +103,13 @@ def test_a_detached_mesh_on_ssh_hosts_survives_its_kernel(ssh_hosts, kernelspec)
         assert f"[rank 0] '{ssh_hosts.hosts[0]}'" in text(out) and f"[rank 1] '{ssh_hosts.hosts[1]}'" in text(out)
         out, reply = run(client, "%mesh stop farjob")
         assert reply["status"] == "ok", text(out)
+
+
+def test_a_remote_ranks_traceback_shows_the_cell_source(ssh_hosts, kc):
+    s = Session(kc)
+    args = shlex.quote(" ".join(shlex.quote(a) for a in ssh_hosts.ssh_args))
+    s.cell(f"procs = %mesh spawn --job ssh --hosts {ssh_hosts.hosts[1]} -n 1 --python {sys.executable} "
+           f"--ssh-args {args}")
+    out = s.cell("%%mesh\nvalue = 41\nratio = value / (value - 41)")
+    assert "ZeroDivisionError" in out and "ratio = value / (value - 41)" in out, out
+    s.cell("%mesh kill-job")

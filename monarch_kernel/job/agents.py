@@ -47,14 +47,23 @@ def route_to(host: str) -> str:
 class AgentProcess:
     """One host's agent, started by ``argv`` (the launcher command)."""
 
-    def __init__(self, rt: Runtime, host: str, argv: list[str], controller: str, env: dict | None = None):
+    def __init__(self, rt: Runtime, host: str, argv: list[str], controller: str, env: dict | None = None,
+                 remote_kill=None):
+        """``remote_kill(pid)``: how to end the remote process when it never came up (its
+        launcher command then prints ``mk-agent-pid PID`` first); None when ending the
+        launcher ends it (srun)."""
         self.rt = rt
         self.host = host
         self.argv = argv
         self.link = rt.launcher.add_host(host)
         self.stderr: collections.deque[str] = collections.deque(maxlen=40)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     start_new_session=True, env=env)
+        self.remote_kill = remote_kill
+        self.remote_pid: int | None = None
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE if remote_kill else subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, start_new_session=True, env=env)
+        if remote_kill is not None:
+            threading.Thread(target=self._read_pid, name=f"monarch-agent-pid-{host}", daemon=True).start()
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(self.link.credentials(controller))
@@ -63,6 +72,14 @@ class AgentProcess:
             pass  # it exited at once; the watcher says why
         self.exited = threading.Event()
         threading.Thread(target=self._watch, name=f"monarch-agent-{host}", daemon=True).start()
+
+    def _read_pid(self) -> None:
+        assert self.proc.stdout is not None
+        with self.proc.stdout:
+            for raw in self.proc.stdout:
+                word, _, pid = raw.decode(errors="replace").strip().partition(" ")
+                if word == "mk-agent-pid" and pid.isdigit():
+                    self.remote_pid = int(pid)
 
     def _watch(self) -> None:
         assert self.proc.stderr is not None
@@ -107,7 +124,7 @@ class AgentProcess:
                                    "No route to host", "Network is unreachable")):
             return f"cannot reach {self.host} over ssh{said}"
         if code == 255 and self.argv[0] == "ssh":  # ssh's own failure, not the remote command's
-            return f"ssh to {self.host} failed (check ssh_args: {' '.join(self.argv[1:-4])}){said}"
+            return f"ssh to {self.host} failed (check ssh_args: {' '.join(self.argv[1:-3])}){said}"
         if f"No module named {AGENT_MODULE}" in text or "No module named 'monarch_kernel'" in text \
                 or "No module named monarch_kernel" in text:
             return (f"monarch_kernel is not installed for {python} on {self.host}: run "
@@ -120,13 +137,20 @@ class AgentProcess:
 
     def kill(self) -> None:
         """Tell the agent to end its ranks and exit, close its stdin, and end the launcher."""
-        if self.link.alive and self.link.up.done() and self.link.up.error() is None:
+        came_up = self.link.alive and self.link.up.done() and self.link.up.error() is None
+        if came_up:
             self.rt.launcher.end_host(self.link)
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
         except OSError:
             pass
+        if not came_up and self.proc.poll() is None and self.remote_kill and self.remote_pid:
+            # It never connected (stuck, or not reading its stdin): end it on its host.
+            try:
+                self.remote_kill(self.remote_pid)
+            except Exception:  # noqa: BLE001  (best effort: the host may be unreachable)
+                pass
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

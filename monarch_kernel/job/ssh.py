@@ -8,6 +8,7 @@ session, and the session with this controller.
 from __future__ import annotations
 
 import shlex
+import subprocess
 import time
 
 from ..mesh.host_mesh import HostMesh
@@ -52,16 +53,25 @@ class SSHJob(JobTrait):
             seen.update(dict.fromkeys(hosts))
         return list(seen)
 
+    def _ssh(self, host: str) -> list[str]:
+        return ["ssh", "-o", "BatchMode=yes", *self.ssh_args, host, "--"]
+
     def command(self, host: str) -> list[str]:
-        return ["ssh", "-o", "BatchMode=yes", *self.ssh_args, host, "--",
-                shlex.quote(self.python_exe), "-m", AGENT_MODULE]
+        """The agent's ssh command; it says its pid first, so a stuck one can be ended."""
+        return [*self._ssh(host), f"echo mk-agent-pid $$; exec {shlex.quote(self.python_exe)} -m {AGENT_MODULE}"]
+
+    def _remote_kill(self, host: str):
+        def kill(pid: int) -> None:
+            subprocess.run([*self._ssh(host), f"kill -KILL {int(pid)}"], timeout=10, capture_output=True)
+        return kill
 
     def _create(self) -> None:
         if not self._meshes:
             raise ValueError("this job has no hosts: job.add_mesh('workers', ['host1', 'host2']) first")
         rt = Runtime.current()
         controller = controller_address(rt, self.hosts[0])
-        started = {h: AgentProcess(rt, h, self.command(h), controller) for h in self.hosts}
+        started = {h: AgentProcess(rt, h, self.command(h), controller, remote_kill=self._remote_kill(h))
+                   for h in self.hosts}
         deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
         try:
             for agent in started.values():
