@@ -20,7 +20,8 @@ def outputs(nb) -> str:
 
 
 def test_there_are_notebooks():
-    assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "training.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "training.ipynb", "ddp.ipynb", "fsdp.ipynb",
+                                           "tensor_parallel.ipynb"}
 
 
 @pytest.mark.timeout(300)
@@ -41,3 +42,34 @@ def test_notebook_runs(path, kernelspec):
         losses = [float(m) for m in re.findall(r"\[ranks 0-3\] epoch \d: loss ([0-9.]+)", text)]
         assert len(losses) == 8 and losses[-1] < losses[0] / 5
         assert "[ranks 0-3] (2.54, 1.74)" in text
+    if path.stem == "ddp":
+        check_ddp(text)
+    if path.stem == "fsdp":
+        for r in range(4):
+            assert re.search(rf"rank {r}: parameters DDP 16\.\d MiB, FSDP2 4\.\d MiB \(25%\)", text), text
+        assert float(re.search(r"largest loss difference DDP vs FSDP2: (\S+)", text).group(1)) < 1e-4
+    if path.stem == "tensor_parallel":
+        assert "DeviceMesh<{'dp': 2, 'tp': 2} cpu on 'procs'>" in text
+        assert "{'dp': 1/2, 'tp': 1/2} dp, tp = (1, 1) fc1 weight shard (32, 32)" in text
+        assert float(re.search(r"largest difference from the single-process run: (\S+)", text).group(1)) < 1e-4
+
+
+def check_ddp(text: str) -> None:
+    """The DDP notebook: a live plot, a rank killed and replaced, its state pulled from a
+    survivor through RDMABuffer, step numbers continuous and the loss still falling."""
+    assert "DDP training loss, per rank at step 250" in text  # the live plot's last update
+    assert re.search(r"\[rank 2\] rank 2 of mesh 'procs' \(pid \d+ on .+\) killed by signal 9 \(SIGKILL\)", text)
+    assert "[ranks 0-1,3] process group aborted: rank 2 (killed by signal 9 (SIGKILL)) died" in text
+    assert "restarted [rank 2] with fresh namespaces" in text
+    resumed = re.search(r"\[rank 2\] resumed after step (\d+) from rank (\d) via RDMABuffer", text)
+    assert resumed and int(resumed.group(2)) != 2, text
+    start = int(resumed.group(1))
+    assert start >= 150 and f"[ranks 0-1,3] resumed after step {start} from this rank's memory" in text
+    after = text[resumed.end():]
+    steps = [int(s) for s in re.findall(r"\[ranks 0-3\] step (\d+): loss", after)]
+    assert steps == list(range((start // 50 + 1) * 50, 251, 50)), steps  # continuous, from where it stopped
+    losses = {int(s): float(v) for s, v in re.findall(r"\[ranks 0-3\] step (\d+): loss ([0-9.]+)", text)}
+    assert losses[250] < losses[100] < losses[50], losses
+    accuracy = [float(a) for a in re.findall(r"\[ranks 0-3\] held-out accuracy ([0-9.]+)%", text)]
+    assert accuracy and min(accuracy) > 95, accuracy
+    assert "held-out accuracy after recovery:" in text

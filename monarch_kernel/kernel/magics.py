@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import time
 
 from IPython.core.display_functions import display
 from IPython.core.error import UsageError
@@ -165,6 +166,12 @@ def _pdb():
     """ranks stopped in breakpoint(), and talking to them"""
 
 
+@magic_arguments(name="mesh run")
+@argument("words", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS] | -m MODULE [ARGS]")
+def _run():
+    """run a torchrun script on every rank of the current mesh (warm ranks: no process start)"""
+
+
 @magic_arguments(name="%mesh")
 @argument("--ranks", metavar="SPEC", help="0 | 0-3 | 0,2 | ::2")
 @argument("--timeout", type=float, metavar="S")
@@ -177,15 +184,17 @@ def _cell():
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
             "status": _status, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
-            "jobs": _jobs, "kill-job": _kill_job}
+            "jobs": _jobs, "kill-job": _kill_job, "run": _run}
 
 
 _debug.parser.usage = "%(prog)s R [--listen [--host H]] | off"
 _pdb.parser.usage = "%(prog)s [attach R | cast RANKS CMD | continue | --post-mortem on|off]"
+_run.parser.usage = "%(prog)s SCRIPT [ARGS] | -m MODULE [ARGS]"
 
 
 def _usage(fn) -> str:
-    return fn.parser.format_usage().replace("::", "").replace("usage:", "").strip()
+    """One line (argparse wraps long ones)."""
+    return " ".join(fn.parser.format_usage().replace("::", "").replace("usage:", "").split())
 
 
 def _usage_line(fn) -> str:
@@ -229,7 +238,7 @@ class MeshMagics(Magics):
             words = shlex.split(rest)
         except ValueError as e:
             raise UsageError(f"%mesh {cmd}: {e}") from None
-        if cmd in ("debug", "pdb"):  # their own grammar, in debug/
+        if cmd in ("debug", "pdb", "run"):  # their own grammar (the script's arguments are its own)
             return getattr(self, f"_cmd_{cmd}")(words)
         return getattr(self, f"_cmd_{cmd.replace('-', '_')}")(_parse(parser, rest))
 
@@ -373,6 +382,26 @@ class MeshMagics(Magics):
             raise UsageError(f"{a.path!r} is not a folder; type  %mesh sync [path]  "
                              "(a folder of your code; default: the kernel's working directory)")
         print(procs.sync_workspace(path))
+
+    def _cmd_run(self, words):
+        from ..spmd.env import setup_torch_elastic_env
+        from ..spmd.script import console_code
+
+        if not words or words == ["-m"]:
+            raise UsageError("type  %mesh run train.py --lr 0.1  or  %mesh run -m package.train --lr 0.1")
+        argv = list(words)
+        if argv[0] != "-m":
+            path = os.path.expanduser(argv[0])
+            if not os.path.isfile(path):
+                raise UsageError(f"{argv[0]}: no such file here (the kernel's directory is {os.getcwd()}); "
+                                 "for a module of a synced folder type  %mesh run -m MODULE")
+            argv[0] = os.path.abspath(path)
+        procs, _consoles = self.session.get()
+        setup_torch_elastic_env(procs)  # torchrun's variables, a fresh rendezvous port, the death watcher
+        started = time.monotonic()
+        run_on_mesh(self.session, console_code(argv), None, None, line=f"run {shlex.join(words)}")
+        print(f"{words[0] if words[0] != '-m' else words[1]} finished on {rank_label(list(range(len(procs))))} "
+              f"in {time.monotonic() - started:.1f} s")
 
     def _cmd_auto(self, a):
         self.session.get()

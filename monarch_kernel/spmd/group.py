@@ -7,6 +7,9 @@ a group; importing this module imports nothing of torch.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 import sys
 import threading
 from typing import Any
@@ -15,6 +18,7 @@ from .layout import RankEnv
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"device_mesh": None, "spec": None}
+_sockets: list[tuple[int, int]] = []  # (fd, inode) of the TCP connections gloo opened for this rank's groups
 
 
 def current_device_mesh():
@@ -60,7 +64,8 @@ def init_group(backend: str, env: RankEnv, timeout_s: float | None) -> str:
         kwargs: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "init_method": "env://"}
         if timeout_s is not None:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, **kwargs)
+        with recording_sockets():
+            dist.init_process_group(backend, **kwargs)
         return dist.get_backend()
 
 
@@ -71,7 +76,8 @@ def build_device_mesh(device_type: str, shape: tuple, names: tuple) -> tuple:
 
     with _lock:
         _state["device_mesh"] = None
-        mesh = init_device_mesh(device_type, tuple(shape), mesh_dim_names=tuple(names))
+        with recording_sockets():
+            mesh = init_device_mesh(device_type, tuple(shape), mesh_dim_names=tuple(names))
         _state["device_mesh"], _state["spec"] = mesh, (device_type, tuple(shape), tuple(names))
         return tuple(mesh.get_coordinate() or ())
 
@@ -87,6 +93,7 @@ def abort_group(reason: str = "") -> bool:
     import torch.distributed as dist
 
     _state["device_mesh"] = None
+    _shut_sockets()
     try:
         dist.distributed_c10d._abort_process_group()  # noqa: SLF001  (torch's own abort, public in all but name)
     except (AttributeError, RuntimeError, ValueError):
@@ -99,9 +106,76 @@ def abort_group(reason: str = "") -> bool:
     return True
 
 
+@contextlib.contextmanager
+def recording_sockets():
+    """Remember the TCP sockets opened while the block runs (a group's, as it is made), so
+    that ``abort_group`` can shut them: torch's abort of a gloo group leaves its connections
+    up, and an operation queued on it then waits forever; a shut connection fails it at
+    once, here and on every peer (whose side reads end-of-file)."""
+    before = set(_tcp_sockets().values())
+    try:
+        yield
+    finally:
+        _sockets.extend((fd, ino) for fd, ino in _tcp_sockets().items() if ino not in before)
+
+
+def _shut_sockets() -> None:
+    now = _tcp_sockets()
+    for fd, ino in _sockets:
+        if now.get(fd) != ino:
+            continue  # closed since (its number may have been reused: leave that one alone)
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            s.close()
+    _sockets.clear()
+
+
+def _tcp_sockets() -> dict[int, int]:
+    """``{fd: inode}`` of this process's connected TCP sockets (Linux: /proc), leaving out
+    listening ones (gloo's listener must stay: shutting it ends the process) and those of
+    the rendezvous store (``MASTER_PORT``), which torch's own threads use."""
+    store = os.environ.get("MASTER_PORT", "")
+    store_port = f"{int(store):04X}" if store.isdigit() else None
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) <= 9 or cols[3] == "0A":  # 0A: LISTEN
+                        continue
+                    if store_port and store_port in (cols[1].rsplit(":", 1)[-1], cols[2].rsplit(":", 1)[-1]):
+                        continue
+                    inodes.add(int(cols[9]))
+        except OSError:
+            continue
+    out: dict[int, int] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            out[int(name)] = int(link[8:-1])
+    return out
+
+
 def _drop_group() -> None:
     _state["device_mesh"] = None
     if not is_initialized():
+        _sockets.clear()
         return
     import torch.distributed as dist
 
@@ -109,3 +183,4 @@ def _drop_group() -> None:
         dist.destroy_process_group()
     except (RuntimeError, ValueError, AssertionError):
         abort_group()
+    _sockets.clear()

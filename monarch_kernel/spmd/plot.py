@@ -10,11 +10,15 @@ matplotlib are imported when a plot is made, never at import.
 from __future__ import annotations
 
 import base64
+import contextvars
 import io
+import threading
 import time
 
 from ..actor.actor import Actor, current_rank
 from ..actor.endpoint import endpoint
+
+MAX_POINTS = 400  # per line drawn: more are thinned out
 
 
 class LossPlot:
@@ -77,79 +81,105 @@ def _rebuild(actor) -> LossPlot:
 
 
 class _PlotActor(Actor):
+    """Hosted by the kernel: keeps the points; a drawing thread of its own redraws at most
+    every ``every_s``, so logging stays cheap however slow a drawing is."""
+
     def __init__(self, title: str, ylabel: str, logy: bool, every_s: float):
         self.title, self.ylabel, self.logy, self.every_s = title, ylabel, logy, every_s
         self.series: dict[int, list[tuple[int, float]]] = {}
         self.marks: list[tuple[int, str]] = []
         self.displays: list[str] = []
-        self.drawn_at = 0.0
+        self.lock = threading.Lock()  # the points
+        self.draw_lock = threading.Lock()  # one drawing at a time
+        self.dirty = threading.Event()
+        self.drawer: threading.Thread | None = None
 
     @endpoint
     def add_display(self, display_id: str) -> None:
         self.displays.append(display_id)
-        self._draw()
+        self._draw_now()
 
     @endpoint
     def log(self, rank: int, step: int, value: float) -> None:
-        self.series.setdefault(rank, []).append((step, value))
-        if time.monotonic() - self.drawn_at >= self.every_s:
-            self._draw()
+        with self.lock:
+            self.series.setdefault(rank, []).append((step, value))
+        self.dirty.set()
+        if self.drawer is None:
+            self.drawer = threading.Thread(target=self._drawing, name="loss-plot", daemon=True)
+            self.drawer.start()
 
     @endpoint
     def mark(self, step: int, label: str) -> None:
-        self.marks.append((step, label))
-        self._draw()
+        with self.lock:
+            self.marks.append((step, label))
+        self._draw_now()
 
     @endpoint
     def flush(self) -> None:
-        self._draw()
+        self._draw_now()
 
     @endpoint
     def latest_step(self) -> int:
-        return max((s for pts in self.series.values() for s, _ in pts), default=-1)
+        with self.lock:
+            return max((s for pts in self.series.values() for s, _ in pts), default=-1)
 
     @endpoint
     def history(self) -> dict:
-        return {r: list(pts) for r, pts in sorted(self.series.items())}
+        with self.lock:
+            return {r: list(pts) for r, pts in sorted(self.series.items())}
+
+    def _drawing(self) -> None:
+        while True:
+            self.dirty.wait()
+            self.dirty.clear()
+            self._draw_now()
+            time.sleep(self.every_s)
+
+    def _draw_now(self) -> None:
+        # An empty context: ipykernel then sends the update under the cell running now, not
+        # the one that spawned this actor (whose context a worker thread would carry).
+        contextvars.Context().run(self._draw)
 
     def _draw(self) -> None:
         from IPython.display import update_display
 
-        self.drawn_at = time.monotonic()
-        bundle = {"text/plain": self._text()}
-        if self.series:
-            bundle["image/png"] = self._png()
-        for display_id in self.displays:
-            update_display(bundle, raw=True, display_id=display_id)
+        with self.draw_lock:
+            with self.lock:
+                series = {r: sorted(pts) for r, pts in self.series.items()}
+                marks = list(self.marks)
+            bundle = {"text/plain": self._text(series)}
+            if series:
+                bundle["image/png"] = self._png(series, marks)
+            for display_id in self.displays:
+                update_display(bundle, raw=True, display_id=display_id)
 
-    def _text(self) -> str:
-        if not self.series:
+    def _text(self, series) -> str:
+        if not series:
             return f"{self.title}: (no steps yet)"
-        last = {r: pts[-1] for r, pts in sorted(self.series.items())}
+        last = {r: pts[-1] for r, pts in sorted(series.items())}
         step = max(s for s, _ in last.values())
         return f"{self.title} at step {step}: " + ", ".join(f"rank {r} {v:.4g}" for r, (_s, v) in last.items())
 
-    def _png(self) -> str:
+    def _png(self, series, marks) -> str:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(6.4, 3.2), dpi=80)
+        fig = Figure(figsize=(6.4, 3.0), dpi=72, layout="constrained")
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-        for r, pts in sorted(self.series.items()):
-            pts = sorted(pts)
-            ax.plot([s for s, _ in pts], [v for _, v in pts], label=f"rank {r}", linewidth=1.2)
-        for step, label in self.marks:
+        for r, pts in sorted(series.items()):
+            pts = pts[:: max(1, len(pts) // MAX_POINTS)]
+            ax.plot([s for s, _ in pts], [v for _, v in pts], label=f"rank {r}", linewidth=1.0)
+        for step, label in marks:
             ax.axvline(step, color="grey", linestyle="--", linewidth=1)
-            ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), fontsize=8, rotation=90,
+            ax.annotate(label, (step, 0.98), xycoords=("data", "axes fraction"), fontsize=8, rotation=90,
                         va="top", ha="right", color="grey")
         if self.logy:
             ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel(self.ylabel)
-        ax.set_title(self._text() if len(self._text()) < 70 else self.title, fontsize=9)
+        ax.set_title(self.title, fontsize=10)
         ax.legend(fontsize=8, loc="upper right")
-        fig.tight_layout()
         out = io.BytesIO()
         fig.savefig(out, format="png")
         return base64.b64encode(out.getvalue()).decode()

@@ -51,8 +51,9 @@ def run_script(script_args) -> bool:
         if e.code not in (None, 0):
             group.abort_group()
             raise ScriptExit(f"{argv[0]} exited with status {e.code!r}") from None
-    except BaseException:
+    except BaseException as e:
         group.abort_group()  # peers blocked on this rank in a collective fail now, not at the timeout
+        e.__traceback__ = _from_the_script(e.__traceback__)
         raise
     finally:
         guard.remove()
@@ -62,34 +63,48 @@ def run_script(script_args) -> bool:
     return True
 
 
+def _from_the_script(tb):
+    """The traceback from the script's first frame on (without this runner's and runpy's)."""
+    first = tb
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return tb if tb is not None else first
+
+
 class _GroupGuard:
     """While a script runs: its ``init_process_group()`` is a no-op when this rank already
     has a compatible default group (from ``procs.setup_torch_distributed()`` or an earlier
     run), and its ``destroy_process_group()`` keeps a group it did not make.  Without a
-    group both are torch's own."""
+    group they are torch's own (the new group's connections noted, for ``abort_group``)."""
 
     def __init__(self):
         self.patched: list[tuple[object, str, object]] = []
         self.pre_existing = False
 
     def install(self) -> None:
-        dist = sys.modules.get("torch.distributed")
-        if dist is None or not group.is_initialized():
-            return  # no group yet: the script's own init_process_group makes one (env://)
-        self.pre_existing = True
+        try:
+            import torch.distributed as dist  # a torchrun script imports it anyway
+        except ImportError:
+            return
+        if not dist.is_available():
+            return
+        self.pre_existing = dist.is_initialized()
         c10d = sys.modules["torch.distributed.distributed_c10d"]
         real_init, real_destroy = c10d.init_process_group, c10d.destroy_process_group
 
         def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, *args, **kw):
             if not dist.is_initialized():
-                return real_init(backend, init_method, timeout, world_size, rank, *args, **kw)
+                with group.recording_sockets():  # so that a failure elsewhere can cut this group short
+                    return real_init(backend, init_method, timeout, world_size, rank, *args, **kw)
             have = dist.get_world_size(), dist.get_rank()
             if (world_size not in (-1, None) and world_size != have[0]) or (rank not in (-1, None) and rank != have[1]):
                 raise RuntimeError(f"init_process_group(world_size={world_size}, rank={rank}): this rank already "
                                    f"has a group of world size {have[0]} in which it is rank {have[1]}")
             if backend is not None and not _same_backend(str(backend), str(dist.get_backend())):
                 real_destroy()
-                return real_init(backend, init_method, timeout, world_size, rank, *args, **kw)
+                with group.recording_sockets():
+                    return real_init(backend, init_method, timeout, world_size, rank, *args, **kw)
             return None  # already initialised, as the script wants
 
         def destroy_process_group(group=None):
@@ -116,3 +131,8 @@ def _same_backend(wanted: str, have: str) -> bool:
     # "cpu:gloo,cuda:nccl" style: every backend asked for must be in the group's.
     parts = {p.split(":")[-1] for p in wanted.split(",")}
     return parts <= {p.split(":")[-1] for p in have.split(",")}
+
+
+def console_code(script_args) -> str:
+    """The one line a notebook console runs for ``%mesh run`` (leaves no names behind)."""
+    return f"__import__('monarch_kernel.spmd').spmd.run_script({list(script_args)!r}) and None\n"
