@@ -15,7 +15,7 @@ import sys
 from ..actor.actor import Actor, context, current_rank
 from ..actor.endpoint import endpoint
 from . import group
-from .layout import RankEnv, layout_from_point
+from .layout import RankEnv, elastic_layout, layout_from_point
 from .script import run_script
 
 
@@ -28,9 +28,11 @@ class SPMDActor(Actor):
         addr, port = spmd.slice(gpus=0).get_host_port.call_one(None).get()
         spmd.main.call(addr, port, ["train.py", "--lr", "0.1"]).get()
 
-    ``layout``: ``{proc-mesh rank: RankEnv}`` (``setup_torch_elastic_env`` passes one that
-    counts local ranks per host).  It asks for the rank's main thread, so that
-    ``procs.interrupt(spmd)`` cuts a running script short; in a notebook the console has it.
+    ``layout``: ``{proc-mesh rank: RankEnv}`` (``setup_torch_elastic_env`` passes one).
+    Without it, called on its whole mesh, it counts local ranks per host from the mesh's
+    host names; called on a slice, it follows Monarch's rule (the last dim is one host's).
+    It asks for the rank's main thread, so that ``procs.interrupt(spmd)`` cuts a running
+    script short; in a notebook the console has it.
     """
 
     runs_on_main_thread = True
@@ -39,10 +41,14 @@ class SPMDActor(Actor):
         self.layout = dict(layout or {})
 
     def _env(self) -> RankEnv:
-        mine = self.layout.get(current_rank().rank)
+        me = current_rank().rank
+        mine = self.layout.get(me)
         if mine is not None:
             return mine
-        p = context().message_rank  # the point in the mesh the call went to (a slice's own)
+        ctx = context()
+        p, ref = ctx.message_rank, ctx.actor_instance.mesh  # the point the call went to (a slice's own)
+        if ref is not None and ref.hosts and tuple(p.extent.items()) == tuple(ref.dims):
+            return elastic_layout(range(ref.size), ref.hosts)[me]  # the whole mesh: count ranks per host
         return layout_from_point(p.coords, p.extent.sizes)
 
     def _setup_env(self, master_addr: str, master_port: int) -> RankEnv:

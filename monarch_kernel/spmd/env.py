@@ -142,7 +142,7 @@ def _watcher(mesh_id: str, rec: MeshRecord):
         env = rec.env
         if env is None:
             return
-        reason = f"rank {rec.layout[rank].rank} ({info.how()})"
+        reason = f"rank {rank} ({info.how()})"
         threading.Thread(target=_abort_peers, args=(env, rec, rank, reason), name="spmd-abort",
                          daemon=True).start()
 
