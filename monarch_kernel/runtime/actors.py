@@ -47,6 +47,7 @@ class ActorSlot:
         self.rank = rank
         self.runtime = runtime
         self.inbox: Inbox | None = None
+        self.direct: str | None = None  # its own TCP address, on a rank on another host
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.instance = None
@@ -156,10 +157,13 @@ class ActorSlot:
         os.set_blocking(self._wake_r, False)
         address = actor_address(self.mesh.addresses[self.rank], self.actor_id)
         if address == self.mesh.addresses[self.rank]:
-            # A TCP rank: its actors' calls come in through the main inbox (the IO thread
-            # submits them here); this inproc inbox only gathers answers of forwarded calls.
-            address = f"inproc://actor-{id(self)}"
-        self.inbox = Inbox(rt.ctx, address)
+            # A TCP rank: the actor's inbox gets a port of its own, which its answers name
+            # (``direct``); callers send there from then on, and through the rank's main inbox
+            # (the IO thread hands those calls on) until they know it.
+            self.inbox = Inbox(rt.ctx, f"tcp://{rt.bind_ip}:*", rt.curve)
+            self.direct = self.inbox.address
+        else:
+            self.inbox = Inbox(rt.ctx, address)
         watch = [(self.inbox.sock, POLLIN), (self._wake_r, POLLIN)]
         while True:
             while True:

@@ -50,6 +50,7 @@ class Calling:
         self_mesh: MeshRef
         _ids: Iterator[int]
         _unsent_reported: set[str]
+        direct: dict[tuple[str, int, str], str]
 
         def reply_inbox(self) -> Inbox: ...
         def from_address(self, inbox: Inbox, dest: str) -> str: ...
@@ -96,11 +97,16 @@ class Calling:
             self.io.call_soon(fail_late)
         return call
 
-    @staticmethod
-    def target(mesh: MeshRef, rank: int, kind: int, actor: str) -> str:
-        """CALLs go to the actor's own inbox on the rank; everything else to the rank's."""
+    def target(self, mesh: MeshRef, rank: int, kind: int, actor: str) -> str:
+        """CALLs go to the actor's own inbox on the rank; everything else to the rank's.  On a
+        TCP rank an actor's inbox has a port of its own, learnt from its first answer (until
+        then its calls go through the rank's main inbox)."""
         base = mesh.addresses[rank]
-        return actor_address(base, actor) if kind == Kind.CALL else base
+        if kind != Kind.CALL:
+            return base
+        if base[:4] == "tcp:":
+            return self.direct.get((mesh.id, rank, actor), base)
+        return actor_address(base, actor)
 
     def send_control(self, mesh: MeshRef, rank: int, kind: int, call_id: int = 0, extra=None,
                      origin: str | None = None) -> None:
@@ -158,6 +164,10 @@ class Calling:
             return False
 
     def _on_reply(self, h: Header, body: list) -> None:
+        if h.extra and type(h.extra) is list and len(h.extra) == 3 and h.extra[0] == "direct" and h.ranks:
+            addr = h.extra[2]
+            if isinstance(addr, str) and addr.startswith("tcp://"):
+                self.direct[(h.mesh, h.ranks[0], h.extra[1])] = addr  # that actor's own inbox, from now on
         parts = split_parts(h, body)
         if h.hop == 0:
             call = self.calls.get(h.call_id)
@@ -170,8 +180,10 @@ class Calling:
             member = self.memberships.get(h.mesh)
             self._send_reply(st, h.origin, h.call_id, member[1] if member else -1, h.mesh)
 
-    def _send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "") -> None:
-        h = Header(Kind.REPLY, call_id, origin, st.reply_to, mesh_id, ranks=[me], hop=1 if st.to_node else 0)
+    def _send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "", direct=None) -> None:
+        """``direct``: ``["direct", actor, address]``, the answering actor's own TCP inbox."""
+        h = Header(Kind.REPLY, call_id, origin, st.reply_to, mesh_id, ranks=[me], hop=1 if st.to_node else 0,
+                   extra=direct)
         body = join_parts(h, st.parts)
         self.send_or_report(st.reply_to, h, body, f"the answer to call {call_id} from rank {me}")
 

@@ -118,6 +118,7 @@ class Runtime(Receiving, Calling, Serving):
         self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.dead: dict[tuple[str, int], DeathInfo] = {}
+        self.direct: dict[tuple[str, int, str], str] = {}  # (mesh, rank, actor) -> that actor's own TCP inbox
         self.hooks = Hooks()  # how upper layers plug in (hooks.py); nothing is installed here
         self.warm_modules: list[str] = []  # what the template imports before forking (warm())
         # Ports every process of the job can reach, by name: (address, port id).  The root
@@ -210,6 +211,8 @@ class Runtime(Receiving, Calling, Serving):
         ref = self.meshes[mesh_id].ref if mesh_id in self.meshes else self.memberships.get(mesh_id, (None,))[0]
         if ref is not None and 0 <= rank < len(ref.addresses):
             self.transport.forget(ref.addresses[rank])  # every thread drops its sockets to it
+            for key in [k for k in self.direct if k[0] == mesh_id and k[1] == rank]:
+                self.transport.forget(self.direct.pop(key))
         observed = 0
         for call in list(self.calls.values()):
             if call.mesh.id == mesh_id and rank in call.remaining:

@@ -46,11 +46,10 @@ class Serving:
 
         @property
         def port_address(self) -> str: ...
-        @staticmethod
-        def target(mesh: MeshRef, rank: int, kind: int, actor: str) -> str: ...
+        def target(self, mesh: MeshRef, rank: int, kind: int, actor: str) -> str: ...
         def report_failure(self, mesh_id: str, failure: MeshFailure) -> None: ...
         def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool: ...
-        def _send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "") -> None: ...
+        def _send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "", direct=None) -> None: ...
         def _check_size(self, frames: list, what: str) -> None: ...
 
     def _on_call(self, h: Header, body: list) -> None:
@@ -97,12 +96,14 @@ class Serving:
             self._run_endpoint(h, body, mesh, me)
 
     def _complete(self, h: Header, me: int, part: Part) -> None:
+        slot = self.actors.get(h.actor) if h.kind == Kind.CALL else None
+        direct = ["direct", h.actor, slot.direct] if slot is not None and slot.direct else None
         if _lone(h):
-            self._send_reply(NodeState(h.reply_to, False, set(), [part]), h.origin, h.call_id, me, h.mesh)
+            self._send_reply(NodeState(h.reply_to, False, set(), [part]), h.origin, h.call_id, me, h.mesh, direct)
             return
         st = self.nodes.add((h.origin, h.call_id), me, [part])
         if st is not None:
-            self._send_reply(st, h.origin, h.call_id, me, h.mesh)
+            self._send_reply(st, h.origin, h.call_id, me, h.mesh, direct)
 
     def _failure_part(self, me: int, actor: str, method: str, exc: BaseException) -> Part:
         f = RemoteFailure.capture(me, actor, method, exc)
