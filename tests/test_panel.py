@@ -1,11 +1,13 @@
 """The Mesh panel's comm, through a real monarch kernel driven by jupyter_client as
 JupyterLab drives it: the panel opens ``monarch_kernel.panel`` (on a subshell, so its
 buttons work while a cell runs), gets a state whenever something changes and nothing while
-the kernel is idle, and its requests interrupt, restart, spawn and read the log.  Rich
+the kernel is idle, and its requests interrupt, restart, spawn and read the log.  A mesh over
+32 ranks comes summarised (counts, and the ranks not idle), its full table on request.  Rich
 output from several ranks becomes one grid bundle only while a panel is connected."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -34,7 +36,8 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_every_panel_message_round_trips():
     row = RankRow(2, "vm", 123, "dead", "exit code 3", None, None, "bye")
-    state = PanelState([MeshRow("procs", 4, ["vm"], "local", rows=[row], dead=1, current=True)],
+    big = MeshRow("big", 1024, ["vm"], "local", rows=[row], dead=1, counts={"idle": 1023, "dead": 1}, summary=True)
+    state = PanelState([MeshRow("procs", 4, ["vm"], "local", rows=[row], dead=1, current=True), big],
                        [JobRow("ssh0", "ssh", True, ["h1", "h2"], ["procs"])], running=False, kernel_id="k")
     assert PanelState.decode(state.encode()) == state
     logs = LogLines("procs", [[1, 0, "stdout", "hi"]], 0)
@@ -42,6 +45,8 @@ def test_every_panel_message_round_trips():
     assert Reply.decode(Reply(3, False, "no").encode()) == Reply(3, False, "no")
     req = Request("spawn", id=4, n=2, name="side", detach=True)
     assert Request.decode(req.encode()) == req
+    table = Request("table", id=5, mesh="big", full=False)
+    assert Request.decode(table.encode()) == table
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -49,6 +54,7 @@ def test_every_panel_message_round_trips():
     ({"action": "explode"}, "unknown panel action 'explode'"),
     ({"action": "restart", "rank": "2"}, "rank is a number"),
     ({"action": "stop", "colour": "red"}, "Request has no field(s) colour"),
+    ({"action": "table", "mesh": "big", "full": "yes"}, "full is true or false"),
 ])
 def test_malformed_requests_are_refused_with_the_reason(bad, why):
     with pytest.raises(MessageError, match=why.replace("(", r"\(").replace(")", r"\)")):
@@ -116,8 +122,10 @@ class Panel:
     def states(self) -> list[PanelState]:
         return [PanelState.decode(d) for d in self.messages() if d.get("type") == "state"]
 
-    def wait_state(self, what: str, predicate, timeout: float = 10) -> PanelState:
-        return self.io.wait(what, lambda: next((s for s in reversed(self.states()) if predicate(s)), None), timeout,
+    def wait_state(self, what: str, predicate, timeout: float = 10, after: int = 0) -> PanelState:
+        """The newest state that ``predicate`` holds for (of those after the first ``after``)."""
+        return self.io.wait(what, lambda: next((s for s in reversed(self.states()[after:]) if predicate(s)), None),
+                            timeout,
                             detail=lambda: f"last state: {self.states()[-1:] or 'none'}")
 
     def send(self, action: str, **args) -> int:
@@ -236,3 +244,57 @@ def test_rich_output_of_several_ranks_is_one_grid_only_with_a_panel(kc):
         assert [(i["rank"], i["data"]["text/html"]) for i in items] == [(0, "<b>rank 0</b>"), (1, "<b>rank 1</b>")]
     finally:
         p.close()
+
+
+def mesh_of(state: PanelState, name: str = "procs") -> MeshRow | None:
+    return next((m for m in state.meshes if m.name == name), None)
+
+
+def test_a_large_mesh_is_summarised_and_its_full_table_comes_on_demand(kc, panel):
+    """Over status.SUMMARY_OVER ranks a state carries counts by state and the ranks that are
+    not idle only; the "show all ranks" toggle's request gets every row until it is undone."""
+    n = 48
+    out, reply = run(kc, f"procs = %mesh spawn -n {n}", timeout=60)
+    assert reply["status"] == "ok", text(out)
+    state = panel.wait_state(f"{n} idle ranks", lambda s: (m := mesh_of(s)) is not None and not s.running
+                             and m.counts == {"idle": n}, timeout=10)
+    mesh = mesh_of(state)
+    assert mesh is not None and mesh.summary and not mesh.expanded and mesh.rows == [] and mesh.ranks == n, mesh
+    assert len(json.dumps(state.encode())) < 1000  # not 48 rows
+
+    run(kc, "%%mesh --ranks 7\nimport os\nos._exit(3)")
+    state = panel.wait_state("rank 7 dead", lambda s: (m := mesh_of(s)) is not None and m.dead == 1, timeout=5)
+    mesh = mesh_of(state)
+    assert mesh is not None and mesh.counts == {"idle": n - 1, "dead": 1}, mesh.counts
+    assert [(r.rank, r.state) for r in mesh.rows] == [(7, "dead")] and "3" in mesh.rows[0].detail, mesh.rows
+
+    run(kc, "feed = get_ipython().magics_manager.registry['MeshMagics'].session.panel\nfeed._cpu.clear()")
+    msg_id = kc.execute("%%mesh --ranks 0-2\nimport time\ntime.sleep(3)")
+    state = panel.wait_state("ranks 0-2 busy", lambda s: (m := mesh_of(s)) is not None
+                             and m.counts.get("busy") == 3, timeout=5)
+    mesh = mesh_of(state)
+    assert mesh is not None and [(r.rank, r.state) for r in mesh.rows] == [(0, "busy"), (1, "busy"), (2, "busy"),
+                                                                           (7, "dead")], mesh.rows
+    assert all(r.rss_mib for r in mesh.rows[:3]), mesh.rows  # the rows sent are measured
+    panel.io.wait_idle(msg_id, 30)
+    measured = text(run(kc, "print(sorted(feed._cpu) == sorted(r['pid'] for r in procs.rank_states()[:3]))").outputs)
+    assert measured == "True\n", measured  # and only they: not the 44 idle ranks
+
+    seen = len(panel.states())
+    reply = panel.request("table", mesh="procs", full=True)
+    assert reply.ok and reply.message == f"every rank of procs is listed ({n} rows)", reply
+    state = panel.wait_state("every row", lambda s: (m := mesh_of(s)) is not None and len(m.rows) == n
+                             and m.counts.get("busy") is None, timeout=5, after=seen)
+    mesh = mesh_of(state)
+    assert mesh is not None and mesh.expanded and not mesh.summary, mesh
+    assert [r.rank for r in mesh.rows] == list(range(n))
+    assert mesh.rows[7].state == "dead" and all(r.state == "idle" and r.pid and r.rss_mib
+                                                 for r in mesh.rows if r.rank != 7), mesh.rows
+
+    seen = len(panel.states())
+    reply = panel.request("table", mesh="procs", full=False)
+    assert reply.ok, reply
+    state = panel.wait_state("the summary again", lambda s: (m := mesh_of(s)) is not None and m.summary, timeout=5,
+                             after=seen)
+    mesh = mesh_of(state)
+    assert mesh is not None and [r.rank for r in mesh.rows] == [7] and not mesh.expanded, mesh

@@ -3,7 +3,8 @@ kernel: it shows 4 ranks, a rank that exits as dead within 2 s and restarts it, 
 one rank of a running cell, points the debugger at a rank that then stops at a gutter
 breakpoint, lays figures out as a grid, spawns a detached mesh from its dialog, and after
 the kernel shuts down lists, attaches and stops that mesh through the server extension's
-REST API.  Screenshots go to test-artifacts/panel/ (gitignored)."""
+REST API; a mesh of 40 ranks shows counts by state and its dead rank, and every rank on
+demand.  Screenshots go to test-artifacts/panel/ (gitignored)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ CELLS = [
     "%%mesh --ranks 0-1\nimport matplotlib.pyplot as plt\nfrom monarch_kernel import current_rank\n"
     "plt.plot([0, 1], [0, current_rank().rank + 1])\nplt.show()",                   # 5
     "%%mesh\nfrom monarch_kernel import current_rank\nmarker = current_rank().rank * 7",  # 6 (on the dialog's mesh)
+    "big = %mesh spawn -n 40 --name big",                                           # 7 (summarised: > 32 ranks)
+    "%%mesh --ranks 7\nimport os\nos._exit(3)",                                     # 8 (on big)
 ]
 BREAKPOINT_LINE = 4  # ``y = x * 2`` in CELLS[4], the magic line counted as 1
 
@@ -200,6 +203,29 @@ def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path)
         shot(page, "6-two-meshes")
         page.locator(MESH.format("procs") + " [data-action='stop']").click()
         expect(page.locator(MESH.format("procs"))).to_have_count(0, timeout=30_000)
+
+    with nb.step("40 ranks: counts by state in the header, only the dead rank listed, Show all ranks lists all"):
+        big = page.locator(MESH.format("big"))
+        nb.run_cell(7, timeout=90)
+        expect(big.locator(".mk-Mesh-info")).to_contain_text("40 ranks · idle 40 ·", timeout=15_000)
+        expect(big).to_have_attribute("data-summary", "true")
+        expect(big.locator(".mk-Rank")).to_have_count(0)
+        expect(big.locator(".mk-Mesh-note")).to_contain_text("every rank is idle")
+        nb.run_cell(8)
+        expect(big.locator(".mk-Mesh-info")).to_contain_text("40 ranks · idle 39 · dead 1 ·", timeout=5_000)
+        expect(big.locator(".mk-Rank")).to_have_count(1)
+        expect(page.locator(RANK.format("big", 7))).to_have_attribute("data-state", "dead")
+        expect(page.locator(".mk-Status")).to_have_text(re.compile(r"^big: 40 ranks · 1 dead"), timeout=5_000)
+        shot(page, "8-forty-ranks-summarised")
+        big.locator("[data-action='toggle-table']").click()
+        expect(big.locator(".mk-Rank")).to_have_count(40, timeout=10_000)
+        expect(big).to_have_attribute("data-expanded", "true")
+        expect(big.locator("[data-action='toggle-table']")).to_have_text("Summarise")
+        shot(page, "9-forty-ranks-all")
+        big.locator("[data-action='toggle-table']").click()
+        expect(big.locator(".mk-Rank")).to_have_count(1, timeout=10_000)
+        big.locator("[data-action='stop']").click()
+        expect(big).to_have_count(0, timeout=30_000)
 
     with nb.step("shut the kernel down: GET /monarch/meshes still lists the detached mesh"):
         kernels = rest(lab, "/api/kernels")[1]

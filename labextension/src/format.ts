@@ -3,7 +3,13 @@
  * No DOM, no JupyterLab: unit-testable on their own.
  */
 
-import { IMeshRow, IPanelState, IRankRow, LogLine } from './messages';
+import { IMeshRow, IPanelState, IRankRow, LogLine, RankStateName } from './messages';
+
+/** The order the counts of a summarised mesh are told in. */
+export const STATE_ORDER: RankStateName[] = ['idle', 'busy', 'debugger', 'pdb', 'not responding', 'dead'];
+
+/** At most this many rank rows are drawn at once; longer tables are paged. */
+export const PAGE_ROWS = 100;
 
 /** "procs: 4 ranks · 1 dead · rank 1 in debugger" for the current mesh ("" if none). */
 export function statusText(state: IPanelState | null): string {
@@ -15,7 +21,7 @@ export function statusText(state: IPanelState | null): string {
   if (mesh.dead > 0) {
     parts.push(`${mesh.dead} dead`);
   }
-  const busy = mesh.rows.filter(r => r.state === 'busy').length;
+  const busy = mesh.counts?.busy ?? mesh.rows.filter(r => r.state === 'busy').length;
   if (busy > 0) {
     parts.push(`${busy} busy`);
   }
@@ -31,6 +37,27 @@ export function statusText(state: IPanelState | null): string {
     parts.push(`+${others} mesh${others === 1 ? '' : 'es'}`);
   }
   return parts.join(' · ');
+}
+
+/** Whether the kernel summarises this mesh (over its SUMMARY_OVER ranks), expanded or not. */
+export function isLarge(mesh: IMeshRow): boolean {
+  return Boolean(mesh.summary || mesh.expanded);
+}
+
+/** "1024 ranks · idle 1020 · busy 3 · dead 1": the counts by state of a mesh. */
+export function countsText(mesh: IMeshRow): string {
+  const counts: Record<string, number> = { ...(mesh.counts ?? {}) };
+  const known = STATE_ORDER.filter(s => counts[s]);
+  const others = Object.keys(counts).filter(s => counts[s] && !STATE_ORDER.includes(s as RankStateName)).sort();
+  return [`${mesh.ranks} rank${mesh.ranks === 1 ? '' : 's'}`, ...[...known, ...others].map(s => `${s} ${counts[s]}`)]
+    .join(' · ');
+}
+
+/** The rows of page `page` (clamped) of a table of `rows`, `size` a page. */
+export function pageOf<T>(rows: T[], page: number, size: number = PAGE_ROWS): { rows: T[]; page: number; pages: number } {
+  const pages = Math.max(1, Math.ceil(rows.length / size));
+  const at = Math.min(Math.max(0, page), pages - 1);
+  return { rows: rows.slice(at * size, (at + 1) * size), page: at, pages };
 }
 
 /** A rank's state in words: "dead (exit code 3)", "stopped in the debugger". */
@@ -49,7 +76,8 @@ export function stateLabel(row: IRankRow): string {
   }
 }
 
-/** How a mesh is doing: "running", "detached", "2 dead", "stopped". */
+/** How a mesh is doing: "running", "detached", "2 dead", "stopped" (no dead count for a
+ * summarised mesh: its counts by state hold it). */
 export function meshLabel(mesh: IMeshRow): string {
   const words: string[] = [];
   if (mesh.stopped) {
@@ -61,8 +89,8 @@ export function meshLabel(mesh: IMeshRow): string {
   } else {
     words.push('running');
   }
-  if (mesh.dead > 0 && !mesh.stopped) {
-    words.push(`${mesh.dead} dead`);
+  if (mesh.dead > 0 && !mesh.stopped && !isLarge(mesh)) {
+    words.push(`${mesh.dead} dead`); // a summarised mesh's counts say it already
   }
   return words.join(', ');
 }

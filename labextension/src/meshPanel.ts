@@ -10,7 +10,17 @@ import { Widget } from '@lumino/widgets';
 import { attachDetached, listDetached, stopDetached } from './api';
 import { MeshConnection } from './connection';
 import { button, h } from './dom';
-import { formatCpu, formatRss, formatStarted, meshLabel, stateLabel } from './format';
+import {
+  countsText,
+  formatCpu,
+  formatRss,
+  formatStarted,
+  isLarge,
+  meshLabel,
+  PAGE_ROWS,
+  pageOf,
+  stateLabel
+} from './format';
 import { IDetachedMesh, IMeshRow, IPanelState, IRankRow, IReply, IRequest } from './messages';
 
 export interface IMeshPanelOptions {
@@ -126,12 +136,13 @@ export class MeshPanel extends Widget {
   }
 
   private _mesh(mesh: IMeshRow, state: IPanelState): HTMLElement {
+    const large = isLarge(mesh);
     const title = h(
       'div',
       { class: 'mk-Mesh-title' },
       h('span', { class: 'mk-Mesh-name' }, mesh.name),
       h('span', { class: 'mk-Mesh-info' },
-        ` ${mesh.ranks} ranks · ${mesh.hosts.join(', ') || 'no hosts'} · ${meshLabel(mesh)}`),
+        ` ${large ? countsText(mesh) : `${mesh.ranks} ranks`} · ${mesh.hosts.join(', ') || 'no hosts'} · ${meshLabel(mesh)}`),
       mesh.current ? h('span', { class: 'mk-Mesh-current', title: 'the current mesh (%%mesh runs here)' }, ' current') : null
     );
     const buttons = h(
@@ -143,6 +154,13 @@ export class MeshPanel extends Widget {
       mesh.dead > 0 ? button('Restart dead', `Replace the dead ranks of ${mesh.name}`, () => {
         void this._do({ action: 'restart', mesh: mesh.name }, `restarting the dead ranks of ${mesh.name}…`);
       }, { 'data-action': 'restart-dead' }) : null,
+      large ? button(mesh.expanded ? 'Summarise' : 'Show all ranks',
+        mesh.expanded ? `List only the ranks of ${mesh.name} that are not idle`
+          : `List every rank of ${mesh.name} (${mesh.ranks} rows, paged)`, () => {
+          this._pages.delete(mesh.name);
+          void this._do({ action: 'table', mesh: mesh.name, full: !mesh.expanded },
+            mesh.expanded ? `summarising ${mesh.name}…` : `listing every rank of ${mesh.name}…`);
+        }, { 'data-action': 'toggle-table', 'aria-pressed': mesh.expanded ? 'true' : 'false' }) : null,
       button('Log', `Every rank's recent lines of ${mesh.name}`, () => {
         if (this._connection) {
           this._options.showLog(this._connection, mesh.name, null);
@@ -153,13 +171,53 @@ export class MeshPanel extends Widget {
       }, { 'data-action': 'stop' })
     );
     const head = h('tr', {}, ...['rank', 'host', 'pid', 'state', 'CPU', 'RSS', 'last line', ''].map(c => h('th', {}, c)));
-    const rows = mesh.rows.map(r => this._rank(mesh, r, state));
+    const page = pageOf(mesh.rows, this._pages.get(mesh.name) ?? 0);
+    const rows = page.rows.map(r => this._rank(mesh, r, state));
+    const note = mesh.summary
+      ? h('div', { class: 'mk-Mesh-note' }, mesh.rows.length === 0
+        ? `every rank is idle (Show all ranks lists them)`
+        : `${mesh.rows.length} of ${mesh.ranks} ranks are not idle: listed below (Show all ranks lists every rank)`)
+      : null;
     return h(
       'section',
-      { class: 'mk-Mesh', 'data-mesh': mesh.name, 'data-kind': mesh.kind },
+      {
+        class: 'mk-Mesh',
+        'data-mesh': mesh.name,
+        'data-kind': mesh.kind,
+        'data-summary': mesh.summary ? 'true' : 'false',
+        'data-expanded': mesh.expanded ? 'true' : 'false'
+      },
       title,
       buttons,
-      h('table', { class: 'mk-RankGrid' }, h('thead', {}, head), h('tbody', {}, ...rows))
+      note,
+      mesh.rows.length === 0 && mesh.summary
+        ? null
+        : h('table', { class: 'mk-RankGrid' }, h('thead', {}, head), h('tbody', {}, ...rows)),
+      page.pages > 1 ? this._pager(mesh, page.page, page.pages) : null
+    );
+  }
+
+  /** "‹ rows 101–200 of 1024 (ranks 100–199) ›": a long table's pages (PAGE_ROWS rows each). */
+  private _pager(mesh: IMeshRow, page: number, pages: number): HTMLElement {
+    const go = (to: number) => {
+      this._pages.set(mesh.name, to);
+      this._render();
+    };
+    const size = PAGE_ROWS;
+    const first = mesh.rows[page * size]?.rank ?? 0;
+    const last = mesh.rows[Math.min(mesh.rows.length, (page + 1) * size) - 1]?.rank ?? 0;
+    return h(
+      'div',
+      { class: 'mk-Pager', 'data-page': page, 'data-pages': pages },
+      button('‹', 'Previous rows', () => go(page - 1), {
+        'data-action': 'page-previous', ...(page === 0 ? { disabled: 'true' } : {})
+      }),
+      h('span', { class: 'mk-Pager-info' },
+        ` rows ${page * size + 1}–${Math.min(mesh.rows.length, (page + 1) * size)} of ${mesh.rows.length}` +
+        ` (ranks ${first}–${last}) `),
+      button('›', 'Next rows', () => go(page + 1), {
+        'data-action': 'page-next', ...(page === pages - 1 ? { disabled: 'true' } : {})
+      })
     );
   }
 
@@ -250,4 +308,5 @@ export class MeshPanel extends Widget {
   private _detachedMeshes: IDetachedMesh[] = [];
   private _detachedError = '';
   private _meshNames = '';
+  private _pages = new Map<string, number>(); // mesh -> the page of its table shown
 }

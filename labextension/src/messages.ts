@@ -36,7 +36,14 @@ export interface IMeshRow {
   stopped: boolean;
   dead: number;
   log_seq: number;
+  /** Every rank for a small mesh; over SUMMARY_OVER ranks only those not idle, unless expanded. */
   rows: IRankRow[];
+  /** How many ranks are in each state (all of them, whatever `rows` holds). */
+  counts: Partial<Record<RankStateName, number>>;
+  /** `rows` holds only the ranks that are not idle (dead, busy, stopped, not responding). */
+  summary: boolean;
+  /** The panel asked for the full table (request `table`, full: true): `rows` holds every rank. */
+  expanded: boolean;
 }
 
 export interface IJobRow {
@@ -85,7 +92,8 @@ export type Action =
   | 'stop'
   | 'use'
   | 'spawn'
-  | 'log';
+  | 'log'
+  | 'table';
 
 export interface IRequest {
   action: Action;
@@ -104,6 +112,8 @@ export interface IRequest {
   partition?: string;
   time?: string;
   account?: string;
+  /** `table`: every rank's row from now on (true) or the summary again (false). */
+  full?: boolean;
 }
 
 /** What GET /monarch/meshes lists for one detached mesh. */

@@ -6,6 +6,13 @@ It is event driven and must stay so: an idle kernel sends nothing (no timer runs
 cell executes and no rank is busy); while ranks run it sends at most one update per
 ``MIN_GAP_S``, and one per ``TICK_S`` for CPU figures.  It uses the session, the public
 mesh API, the runtime's hooks and the comm manager only.  Runs in the kernel.
+
+A mesh over ``status.SUMMARY_OVER`` ranks is summarised as ``%mesh status`` summarises it:
+its state carries counts by state and rows for the ranks that are not idle (dead, busy,
+stopped, not responding) only, and only those rows are measured.  A panel's ``table``
+request (the "show all ranks" toggle) expands it: every state sent then carries every row
+of that mesh, for every panel on this kernel, until a panel asks for the summary again or
+the last panel closes.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from ..console.console import Console
 from ..debug import proxy
 from ..mesh.ranks import rank_label as _bracketed
 from ..runtime.process import Runtime
-from . import panel_detached
+from . import panel_detached, status
 from .panel_messages import COMM_TARGET, JobRow, LogLines, MeshRow, MessageError, PanelState, RankRow, Reply, Request
 from .status import rss_mib
 
@@ -36,6 +43,7 @@ TICK_S = 1.0  # while a cell runs or a rank is busy: one update a second (CPU, b
 MIN_GAP_S = 0.5  # at most two updates a second, however fast ranks print
 COALESCE_S = 0.05  # a burst of events (a cell's first lines) makes one update
 LOG_LINES = 1000  # recent lines kept per rank for the log tab
+CPU_STALE_S = 3 * TICK_S  # an older CPU sample (a rank not shown since) is not averaged over
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -103,6 +111,7 @@ class PanelFeed:
         self._ticking = False
         self._thread: threading.Thread | None = None
         self._attached: set[str] = set()  # detached meshes marked as attached to this kernel
+        self._expanded: set[str] = set()  # large meshes whose full table a panel asked for (Request "table")
         self._manager = getattr(getattr(self.shell, "kernel", None), "comm_manager", None)
         self._handles: list = []
         self._events = [("pre_run_cell", self._cell_starts), ("post_run_cell", self._cell_ends)]
@@ -199,6 +208,8 @@ class PanelFeed:
         with self._lock:
             if comm in self.comms:
                 self.comms.remove(comm)
+            if not self.comms:
+                self._expanded.clear()  # no panel left to show a full table
 
     def _send_to(self, comm, data: dict) -> None:
         try:
@@ -271,7 +282,7 @@ class PanelFeed:
                 print(f"monarch_kernel: the mesh panel's update failed: {e!r}", file=_stderr())
                 continue
             data = state.encode()
-            self._ticking = state.running or any(r.state == "busy" for m in state.meshes for r in m.rows)
+            self._ticking = state.running or any(m.counts.get("busy") for m in state.meshes)
             if data != self._last:
                 self._last = data
                 self._last_sent_at = time.monotonic()
@@ -287,6 +298,9 @@ class PanelFeed:
         meshes = []
         for name, (procs, _consoles) in list(s.meshes.items()):
             meshes.append(self._mesh(name, procs, target, stopped_pdb))
+        if len(self._cpu) > 2 * sum(m.ranks for m in meshes) + 64:  # pids of ranks gone (restarted, stopped)
+            now = time.monotonic()
+            self._cpu = {pid: v for pid, v in self._cpu.items() if now - v[1] <= CPU_STALE_S}
         jobs = []
         for job_name, job in list(s.jobs.jobs.items()):
             hosts = [h for _n, hm in job.state() for h in hm.host_names] if job.active else []
@@ -296,12 +310,14 @@ class PanelFeed:
         return PanelState(meshes, jobs, self.running, panel_detached.kernel_id(), debug_target)
 
     def _mesh(self, name: str, procs, target, stopped_pdb: set) -> MeshRow:
+        """One mesh as the panel shows it.  Over ``status.SUMMARY_OVER`` ranks it is summarised
+        as ``%mesh status`` is: counts by state, and rows for the ranks that are not idle only
+        (every rank while a panel has it expanded); only the rows sent are measured (CPU, RSS)."""
         s = self.session
         host = s.hosts.get(name)
         rows = procs.rank_states() if host is None else host.status.call_one().get(timeout=10)
         busy = Runtime.current().busy_ranks(procs.ref.id)
-        now = time.monotonic()
-        out = []
+        states = []
         for row in rows:
             r = row["rank"]
             state, detail = row["state"], ""
@@ -317,17 +333,25 @@ class PanelFeed:
                 detail = "stopped in the debugger" if stopped else "JupyterLab's debugger is on this rank"
             else:
                 state = "busy" if r in busy else "idle"
+            states.append({"rank": r, "state": state, "detail": detail, "row": row})
+        expanded = name in self._expanded
+        shown = status.notable(states, expanded)
+        now = time.monotonic()
+        out = []
+        for st in shown:
+            row = st["row"]
             local = not row["death"] and not row.get("remote") and row["pid"]
             cpu = self._cpu_percent(row["pid"], now) if local else None
             rss = rss_mib(row["pid"]) if local else None
-            out.append(RankRow(r, str(row["host"] or ""), row["pid"], state, detail,
+            out.append(RankRow(st["rank"], str(row["host"] or ""), row["pid"], st["state"], st["detail"],
                                None if cpu is None else round(cpu, 1), None if rss is None else round(rss, 1),
-                               s.sink.last_lines.get((name, r), "")[:200]))
+                               s.sink.last_lines.get((name, st["rank"]), "")[:200]))
+        tally = status.counts(states)
         kind = "detached" if host is not None else ("job" if name in s.jobs.meshes else "local")
-        hosts = sorted({row.host for row in out if row.host})
-        return MeshRow(name, len(out), hosts, kind, s.jobs.meshes.get(name, ""), name == s.current,
-                       bool(procs.stopped), sum(1 for row in out if row.state == "dead"),
-                       self.log.newest.get(name, 0), out)
+        hosts = sorted({str(row["host"]) for row in rows if row["host"]})
+        return MeshRow(name, len(rows), hosts, kind, s.jobs.meshes.get(name, ""), name == s.current,
+                       bool(procs.stopped), tally.get("dead", 0), self.log.newest.get(name, 0), out,
+                       counts=tally, summary=shown is not states, expanded=expanded and len(rows) > status.SUMMARY_OVER)
 
     def _cpu_percent(self, pid: int, now: float) -> float | None:
         ticks = cpu_ticks(pid)
@@ -335,8 +359,8 @@ class PanelFeed:
             return None
         before = self._cpu.get(pid)
         self._cpu[pid] = (ticks, now)
-        if before is None or now <= before[1]:
-            return 0.0
+        if before is None or now <= before[1] or now - before[1] > CPU_STALE_S:
+            return 0.0  # first seen (or not sent for a while, as an idle rank of a summarised mesh)
         return 100.0 * (ticks - before[0]) / _CLK_TCK / (now - before[1])
 
     # ------------------------------------------------------------ the buttons
@@ -376,6 +400,16 @@ class PanelFeed:
         return (f"JupyterLab's debugger now debugs rank {req.rank} of {procs.name}: switch the debugger on "
                 f"(the bug icon) and set breakpoints in %%mesh cells")
 
+    def _do_table(self, req: Request) -> str:
+        """The full table of a mesh over ``status.SUMMARY_OVER`` ranks (``full``), kept in
+        every state sent until the panel asks for the summary again (or its last panel closes)."""
+        procs, _c = self._procs(req)
+        if req.full:
+            self._expanded.add(procs.name)
+            return f"every rank of {procs.name} is listed ({len(procs)} rows)"
+        self._expanded.discard(procs.name)
+        return f"{procs.name} is summarised: ranks that are not idle are listed"
+
     def _do_use(self, req: Request) -> str:
         procs, _c = self._procs(req)
         self.session.current = procs.name
@@ -385,6 +419,7 @@ class PanelFeed:
         procs, _c = self._procs(req)
         self.shell.run_line_magic("mesh", f"stop {procs.name}")
         self.log.forget(procs.name)
+        self._expanded.discard(procs.name)
         self._sync_attached()
         return f"stopped {procs.name}"
 

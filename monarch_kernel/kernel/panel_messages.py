@@ -14,7 +14,7 @@ PROTOCOL = 1
 
 # What a rank's ``state`` may be, in the panel's words.
 STATES = ("idle", "busy", "debugger", "pdb", "not responding", "dead")
-ACTIONS = ("hello", "refresh", "interrupt", "restart", "debug", "stop", "use", "spawn", "log")
+ACTIONS = ("hello", "refresh", "interrupt", "restart", "debug", "stop", "use", "spawn", "log", "table")
 
 
 class MessageError(ValueError):
@@ -63,6 +63,9 @@ class MeshRow:
     dead: int = 0
     log_seq: int = 0  # the newest log line's number: the log tab asks again when it grows
     rows: list[RankRow] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # ranks in each state (of STATES), all ranks
+    summary: bool = False  # rows holds only the ranks that are not idle (a mesh over status.SUMMARY_OVER ranks)
+    expanded: bool = False  # a panel asked for the full table (Request "table", full=True): rows holds every rank
 
     @classmethod
     def decode(cls, data: Any) -> MeshRow:
@@ -147,7 +150,8 @@ class Reply:
 class Request:
     """What the panel asks the kernel to do.  ``action`` is one of ``ACTIONS``; the other
     fields are that action's arguments (``spawn`` reads ``n``, ``name``, ``detach`` and the
-    launcher's fields)."""
+    launcher's fields; ``table`` reads ``mesh`` and ``full``: every rank's row in each state
+    from now on, or the summary again)."""
 
     action: str
     id: int = 0
@@ -165,6 +169,7 @@ class Request:
     partition: str = ""
     time: str = ""
     account: str = ""
+    full: bool = True
 
     def encode(self) -> dict:
         return {**asdict(self), "type": "request"}
@@ -180,4 +185,7 @@ class Request:
                 raise MessageError(f"{key} is a number")
         if d.get("rank") is not None and not isinstance(d["rank"], int):
             raise MessageError("rank is a number")
+        for key in ("detach", "full"):
+            if key in d and not isinstance(d[key], bool):
+                raise MessageError(f"{key} is true or false")
         return cls(**d)
