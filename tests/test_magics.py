@@ -17,6 +17,7 @@ OPTIONS = {
     "spawn": ["-n N", "--name NAME", "--env K=V", "--detach M", "--job ssh|slurm|NAME", "--hosts H1,H2",
               "--ssh-args 'ARGS'", "--nodes N", "--partition P", "--time T", "--account A", "--python PATH"],
     "jobs": [],
+    "run": ["SCRIPT [ARGS]", "-m MODULE [ARGS]"],
     "kill-job": ["[name]"],
     "attach": ["name"],
     "list": [],
