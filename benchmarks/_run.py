@@ -24,6 +24,7 @@ JOBS = {
     "W11flat": ("scale", "w11"),
     "W1slurm": ("slurm", "w1_slurm"),
     "panel": ("panel", "w12"),
+    "W10": ("training", "w10"),
 }
 
 
