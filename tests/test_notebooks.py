@@ -59,7 +59,8 @@ def check_ddp(text: str) -> None:
     survivor through RDMABuffer, step numbers continuous and the loss still falling."""
     assert "DDP training loss, per rank at step 250" in text  # the live plot's last update
     assert re.search(r"\[rank 2\] rank 2 of mesh 'procs' \(pid \d+ on .+\) killed by signal 9 \(SIGKILL\)", text)
-    assert "[ranks 0-1,3] process group aborted: rank 2 (killed by signal 9 (SIGKILL)) died" in text
+    # the survivors say why their group ended (before or just after the cell's error, as it happens)
+    assert "process group aborted: rank 2 (killed by signal 9 (SIGKILL)) died" in text
     assert "restarted [rank 2] with fresh namespaces" in text
     resumed = re.search(r"\[rank 2\] resumed after step (\d+) from rank (\d) via RDMABuffer", text)
     assert resumed and int(resumed.group(2)) != 2, text
