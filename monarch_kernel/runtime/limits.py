@@ -29,6 +29,16 @@ def raise_nofile_limit() -> int:
     return soft
 
 
+def open_files_limit() -> int:
+    """The soft RLIMIT_NOFILE (65,535 when unlimited or unknown)."""
+    try:
+        import resource
+    except ImportError:
+        return 65535
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 65535 if soft == resource.RLIM_INFINITY else soft
+
+
 RESERVE = 32  # descriptors kept free: what peers answering us connect with (libzmq aborts on EMFILE in accept)
 
 

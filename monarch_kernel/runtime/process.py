@@ -34,7 +34,7 @@ from .failure import DeathInfo, MeshFailure
 from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
-from .limits import raise_nofile_limit
+from .limits import open_files_limit, raise_nofile_limit
 from .ports import PortTable
 from .receiving import Receiving
 from .serialize import dumps
@@ -85,6 +85,8 @@ class Runtime(Receiving, Calling, Serving):
         self._owns_rundir = False
         self.host = socket.gethostname()
         self.ctx = zmq.Context()
+        # ZeroMQ's own cap (1,023 sockets a context) would bind before the open-files limit does.
+        self.ctx.set(zmq.MAX_SOCKETS, max(1024, min(open_files_limit(), 65535)))
         self.signer = Signer(key, max_frame=config.max_frame())
         self.transport = Transport(self.ctx, self.signer)
         self.transport.io_thread = io.thread
