@@ -21,10 +21,16 @@ from ..console.console import Console
 from ..debug import proxy
 from ..mesh.host_mesh import this_host
 from ..mesh.ranks import rank_label
+from ..runtime import config
 from . import detached, status
 from .mesh_cell import ranks_arg, run_on_mesh
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
+
+
+def spawn_wait(n: int) -> float:
+    """Seconds to wait for ``n`` ranks' consoles: the spawn timeout, and 0.1 s a rank."""
+    return max(config.spawn_timeout(), 0.1 * n)
 
 
 def _count(value: str) -> int:
@@ -262,7 +268,7 @@ class MeshMagics(Magics):
             hosts = s.jobs.host_mesh(job)
             procs = hosts.spawn_procs(per_host={"ranks": a.n}, name=name, env=env)
             consoles = procs.spawn("console", Console)
-            consoles.initialized().get(timeout=60)
+            consoles.initialized().get(timeout=spawn_wait(len(procs)))
             s.add(procs, consoles)
             s.jobs.meshes[procs.name] = job_name
             print(f"mesh {procs.name}: {len(procs)} ranks on job {job_name} "
@@ -274,7 +280,7 @@ class MeshMagics(Magics):
             finally:
                 s.spawning = False
             consoles = procs.spawn("console", Console)
-            consoles.initialized().get(timeout=60)  # the notebook needs its consoles up
+            consoles.initialized().get(timeout=spawn_wait(len(procs)))  # the notebook needs its consoles up
             s.add(procs, consoles)
         s.pdb.tell_ranks(procs.name)
         return procs

@@ -86,7 +86,8 @@ class HostMesh:
         pm = ProcMesh(om.ref, Shape.full(dict(dims)), om)
         if rt.io.is_current():
             return pm
-        timeout = config.spawn_timeout() if timeout is None else timeout
+        # By default the spawn timeout, and at least 0.1 s a rank (a large mesh on a small machine).
+        timeout = max(config.spawn_timeout(), 0.1 * om.ref.size) if timeout is None else timeout
         if not om.ready.wait(timeout):
             pm.stop()
             raise TimeoutError(
