@@ -277,3 +277,25 @@ def test_an_agent_that_never_connects_fails_the_start_in_time(ssh_hosts, tmp_pat
     with pytest.raises(TimeoutError, match=rf"agent on {ssh_hosts.hosts[0]} did not connect back in time"):
         job.state()
     assert time.monotonic() - t < 15
+
+
+class Gloo(Actor):
+    @endpoint
+    def all_reduce(self) -> tuple:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(t)
+        return (dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"]), os.environ["MASTER_ADDR"],
+                t.item())
+
+
+@pytest.mark.timeout(180)
+def test_torch_distributed_spans_two_hosts(job, ssh_hosts):
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+    assert procs.setup_torch_distributed("gloo") == "gloo"
+    got = sorted(procs.spawn("gloo", Gloo).all_reduce.call().get(timeout=120).values())
+    assert [g[:3] for g in got] == [(0, 4, 0), (1, 4, 1), (2, 4, 0), (3, 4, 1)]  # LOCAL_RANK counts per host
+    assert {g[3] for g in got} == {ssh_hosts.hosts[0]}  # rank 0's address on its host, reachable from the other
+    assert {g[4] for g in got} == {6.0}

@@ -13,6 +13,9 @@ from .jobs import KernelJobs
 from .output import CollapsingSink
 from .panel import PanelFeed
 
+CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
+                   "monarch_kernel.debug.pdb_rank", "monarch_kernel.debug.rank_debugpy")
+
 
 class MeshSession:
     """The meshes this kernel spawned or attached, and which one is current."""
@@ -28,6 +31,9 @@ class MeshSession:
         self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
         self.jobs = KernelJobs()  # ssh and slurm jobs started by %mesh spawn --job
         rt = Runtime.current()
+        # The console actor's modules, imported by the template before it forks: on 1,024
+        # ranks, importing them after the fork cost minutes of CPU.
+        rt.warm(CONSOLE_MODULES)
         self.sink = CollapsingSink(rt.io.loop)
         self._handles = [rt.hooks.output.install(self.sink)]
         self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell)]
