@@ -86,9 +86,12 @@ def test_two_hosts_answer_and_the_tree_crosses_them(job, ssh_hosts):
     rt = Runtime.current()
     old, rt.fanout = rt.fanout, 1
     try:
-        sent = rt.transport.sent
-        assert list(m.echo.call(7).get(timeout=30).values()) == [7] * 4
-        assert rt.transport.sent - sent == 1
+        counts = []
+        for _ in range(3):  # the fewest of three: the agents' heartbeats are sent meanwhile too
+            sent = rt.transport.sent
+            assert list(m.echo.call(7).get(timeout=30).values()) == [7] * 4
+            counts.append(rt.transport.sent - sent)
+        assert min(counts) == 1
     finally:
         rt.fanout = old
     # A rank on host 1 calls the actors on host 0 directly.

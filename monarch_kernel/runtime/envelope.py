@@ -22,7 +22,7 @@ _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 
 class Kind(enum.IntEnum):
-    HELLO = 1  # rank -> owner: I am up (payload: pid)
+    HELLO = 1  # unused since hellos travel through the template (template_wire.HELLO); kept for the wire
     CALL = 2  # caller -> ranks (through the tree): run an endpoint
     REPLY = 3  # ranks -> caller: one part per rank
     SPAWN = 4  # owner -> ranks: construct an actor
@@ -36,7 +36,7 @@ class Kind(enum.IntEnum):
     PORT = 12  # any -> the process that opened a port: one value for it
     INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
     REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
-    HEARTBEAT = 15  # rank -> owner, every second: still here
+    HEARTBEAT = 15  # unused since beats travel through the template (template_wire.BEATS); kept for the wire
     HOST = 16  # controller <-> the agent of one of its hosts: one agent_wire message (msgpack)
 
 

@@ -146,8 +146,6 @@ class Runtime(Receiving, Calling, Serving):
             self._on_reply(h, body)
         elif k == Kind.CALL or k == Kind.SPAWN:
             self._on_call(h, body)
-        elif k == Kind.HELLO:
-            self.launcher.on_hello(h.mesh, h.ranks[0] if h.ranks else -1, h.extra, split_parts(h, body))
         elif k == Kind.REDIRECT:
             self._on_redirect(h)
         elif k == Kind.PRUNE:
@@ -169,8 +167,6 @@ class Runtime(Receiving, Calling, Serving):
         elif k == Kind.STOP:
             self.pass_down(h, body)
             self._stop_process()
-        elif k == Kind.HEARTBEAT:
-            self.launcher.on_heartbeat(h.mesh, h.ranks[0] if h.ranks else -1)
         elif k == Kind.WAKE:
             pass
         elif k == Kind.HOST:

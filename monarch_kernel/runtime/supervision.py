@@ -261,11 +261,6 @@ class Supervisor:
         elif back is not None:
             back.set_result(True)
 
-    def on_heartbeat(self, mesh_id: str, rank: int) -> None:
-        om = self.rt.meshes.get(mesh_id)
-        if om is not None and 0 <= rank < om.ref.size:
-            om.last_beat[rank] = time.monotonic()
-
     def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """Start dead ``ranks`` again in place: same rank numbers and addresses, fresh
         processes.  Returns one completion per rank, done when it has connected."""
