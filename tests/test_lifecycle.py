@@ -215,6 +215,25 @@ def test_os_exit_in_endpoint_reports_exit_code_and_stderr():
         assert m.slice(gpus=0).echo.call_one("still here").get(timeout=20) == "still here"
 
 
+@pytest.mark.timeout(60)
+def test_a_restart_asked_for_as_soon_as_the_death_is_seen_never_sees_that_death():
+    """The caller hears ProcessDied while the IO thread is still handling the death (here a
+    death hook holds it there, as slow sends of DEATH notices to other hosts did); a restart
+    asked for at that moment must wait for that handling, not be failed by it."""
+    rt = Runtime.current()
+    slow = rt.hooks.death.install(lambda *_: __import__("time").sleep(0.5))
+    try:
+        with this_host().spawn_procs(per_host={"gpus": 2}, name="restarted") as procs:
+            m = procs.spawn("echo", Echo)
+            old = m.slice(gpus=1).pid.call_one().get(timeout=30)
+            with pytest.raises(ProcessDied):
+                m.slice(gpus=1).exit_with.call_one(7, "bye").get(timeout=30)
+            procs.restart([1], [(m, Echo, (), {})])
+            assert m.slice(gpus=1).pid.call_one().get(timeout=30) != old
+    finally:
+        slow.remove()
+
+
 # ---------------------------------------------------------------- the controller going away
 
 

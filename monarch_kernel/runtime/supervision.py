@@ -264,7 +264,12 @@ class Supervisor:
     def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """Start dead ``ranks`` again in place: same rank numbers and addresses, fresh
         processes.  Returns one completion per rank, done when it has connected."""
-        rt = self.rt
+        return self.rt.io.run(self._restart, om, list(ranks))
+
+    def _restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
+        """On the IO thread, so that it runs wholly after the handling of the death it
+        replaces (``_died`` fails the calls first, which wakes the caller that asks for this
+        restart, and only then fails what waits in ``restarting``)."""
         if om.stopping:
             raise RuntimeError(f"mesh '{om.ref.name}' was stopped; spawn a new one")
         alive = [r for r in ranks if r in om.alive]
@@ -274,7 +279,7 @@ class Supervisor:
         for r in ranks:
             om.restarting[r] = c = Completion()
             done.append(c)
-        rt.io.run(self._revive, om, list(ranks))
+        self._revive(om, ranks)
         return done
 
     def kill(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
