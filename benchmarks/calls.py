@@ -41,12 +41,12 @@ def _call_all(n: int, warmup: int = 100, timed: int = 500, count_msgs: bool = Fa
         if count_msgs:
             rt = Runtime.current()
             calls = 100
-            s, r = rt.transport.sent, rt.transport.received
+            s, r = rt.transport.sent, rt.receiver.received
             for i in range(calls):
                 mesh.echo.call(i).get()
             res["msgs_sent_per_call"] = (rt.transport.sent - s) / calls
-            res["msgs_received_per_call"] = (rt.transport.received - r) / calls
-            res["fanout"] = rt.fanout
+            res["msgs_received_per_call"] = (rt.receiver.received - r) / calls
+            res["fanout"] = rt.caller.fanout
     finally:
         procs.stop().get(timeout=60)
     log(f"call on {n} ranks: {res}")

@@ -59,16 +59,16 @@ def one_size(n: int) -> dict:
         def call(i):
             assert len(mesh.echo.call(i).get(timeout=300)) == n
 
-        s, r, cpu = rt.transport.sent, rt.transport.received, _cpu_s()
+        s, r, cpu = rt.transport.sent, rt.receiver.received, _cpu_s()
         samples = time_calls(call, 5, 40)
         calls = 45
         out["call_all_us"] = summary_us(samples)
         out["msgs_sent_per_call"] = round((rt.transport.sent - s) / calls, 2)
-        out["msgs_received_per_call"] = round((rt.transport.received - r) / calls, 2)
+        out["msgs_received_per_call"] = round((rt.receiver.received - r) / calls, 2)
         out["controller_cpu_ms_per_call"] = round((_cpu_s() - cpu) / calls * 1e3, 2)
         out["controller_fds"] = len(os.listdir("/proc/self/fd"))
         out["controller_rss_MiB_after"] = _rss_mib()
-        out["fanout"] = rt.fanout
+        out["fanout"] = rt.caller.fanout
     finally:
         t = time.perf_counter()
         procs.stop().get(timeout=300)

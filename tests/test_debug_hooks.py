@@ -84,7 +84,7 @@ def test_the_pdb_hub_installs_its_hooks_and_close_removes_them():
         hub.close()
     assert not any(isinstance(w, pdb_controller.ServeWhileWaiting) for w in hooks.wait.all())
     assert hub.mesh_spawned not in hooks.spawned.all()
-    assert not Runtime.current().close_port(hub.port.port_id)  # closed already
+    assert not Runtime.current().ports.close(hub.port.port_id)  # closed already
     hub.close()  # twice is harmless
 
 

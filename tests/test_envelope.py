@@ -11,17 +11,51 @@ import pytest
 
 from monarch_kernel.runtime.auth import BULK, Dropped, Signer
 from monarch_kernel.runtime.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
+from monarch_kernel.runtime.payloads import (PAYLOADS, CallInfo, DeathNotice, InterruptAck, PruneInfo, ReplyInfo,
+                                             ReviveNotice, SpawnInfo)
 from monarch_kernel.runtime.serialize import dumps
 from monarch_kernel.runtime.tree import NodeTable, children, locate, split
 
 pytestmark = pytest.mark.timeout(30)
 
 
+# One payload of each kind's type; kinds absent carry none.
+PAYLOAD_EXAMPLES = {
+    Kind.CALL: CallInfo((("gpus", 4),), (0, 1, 2, 3), True),
+    Kind.SPAWN: SpawnInfo(True),
+    Kind.REPLY: ReplyInfo("act-1", "tcp://10.0.0.2:5555"),
+    Kind.PRUNE: PruneInfo(3),
+    Kind.DEATH: DeathNotice("m2"),
+    Kind.REVIVE: ReviveNotice("m2", 1),
+    Kind.INTERRUPT: InterruptAck("ipc:///a", 9),
+}
+
+
 def test_header_round_trip_every_kind():
     for kind in Kind:
         h = Header(kind, 7, "ipc:///a", "ipc:///b", "m1", "act-1", "step", [3, 4, 5], 4,
-                   Mode.DIRECT, True, 1, [[3, Status.OK, 2]], [[["gpus", 4]], [0, 1, 2, 3]])
+                   Mode.DIRECT, True, 1, [[3, Status.OK, 2]], PAYLOAD_EXAMPLES.get(kind))
         assert Header.decode(h.encode()) == h
+        assert type(Header.decode(h.encode()).payload) is type(PAYLOAD_EXAMPLES.get(kind))
+
+
+def test_every_payload_type_is_in_the_table_and_every_kind_has_a_handler():
+    assert set(PAYLOADS) == set(PAYLOAD_EXAMPLES)
+    from monarch_kernel.runtime.process import Runtime
+
+    assert set(Runtime.current().handlers) == set(Kind)
+
+
+@pytest.mark.parametrize("kind, raw", [
+    (Kind.CALL, [[["gpus", "4"]], [0], False]), (Kind.CALL, [[], [0, "1"], False]), (Kind.CALL, [[], [0]]),
+    (Kind.SPAWN, [1]), (Kind.REPLY, ["a", "ipc:///not-tcp"]), (Kind.PRUNE, ["3"]),
+    (Kind.DEATH, [3]), (Kind.REVIVE, ["m", "1"]), (Kind.INTERRUPT, ["a"]), (Kind.STOP, [1]),
+])
+def test_a_payload_of_the_wrong_shape_makes_the_header_malformed(kind, raw):
+    h = Header(kind, 1, "ipc:///a", "ipc:///a", "m")
+    h.payload = raw  # as a forger would write it
+    with pytest.raises(ValueError, match="malformed header"):
+        Header.decode(h.encode())
 
 
 @pytest.mark.parametrize("garbage", [b"", b"\x00", b"\x93\x01\x02\x03", pickle.dumps([1, 2]), b"\xc1" * 10])

@@ -84,7 +84,7 @@ def test_two_hosts_answer_and_the_tree_crosses_them(job, ssh_hosts):
     assert first < 30
     # Fan-out 1: the controller sends one message per call; the rest is forwarded rank to rank.
     rt = Runtime.current()
-    old, rt.fanout = rt.fanout, 1
+    old, rt.caller.fanout = rt.caller.fanout, 1
     try:
         counts = []
         for _ in range(3):  # the fewest of three: the agents' heartbeats are sent meanwhile too
@@ -93,7 +93,7 @@ def test_two_hosts_answer_and_the_tree_crosses_them(job, ssh_hosts):
             counts.append(rt.transport.sent - sent)
         assert min(counts) == 1
     finally:
-        rt.fanout = old
+        rt.caller.fanout = old
     # A rank on host 1 calls the actors on host 0 directly.
     host0 = m.slice(hosts=0)
     assert m.slice(hosts=1, gpus=0).ask.call_one(host0, "x").get(timeout=30) == ["x", "x"]
@@ -174,13 +174,13 @@ def test_a_wrong_curve_key_is_refused_and_counted(job):
     rt = Runtime.current()
     at_start = rt.stats()["dropped"]
     before = at_start["curve"]
-    assert rt.curve is not None and rt.net_address is not None
+    assert rt.network.curve is not None and rt.network.net_address is not None
     ctx = zmq.Context.instance()
     intruder = ctx.socket(zmq.PUSH)
     public, secret = zmq.curve_keypair()  # the server's key is public; the job's client key is not
-    intruder.curve_serverkey = rt.curve.server_public
+    intruder.curve_serverkey = rt.network.curve.server_public
     intruder.curve_publickey, intruder.curve_secretkey = public, secret
-    intruder.connect(rt.net_address)
+    intruder.connect(rt.network.net_address)
     intruder.send_multipart([b"x" * 32, b"not a header"], zmq.NOBLOCK)
     deadline = time.monotonic() + 10
     while rt.stats()["dropped"]["curve"] == before and time.monotonic() < deadline:

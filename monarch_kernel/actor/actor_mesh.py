@@ -38,6 +38,7 @@ class ActorMesh(Shaped, Generic[T]):
         self._proc_mesh = proc_mesh  # the owner's ProcMesh, for stop state; None in copies
         self._initialized = initialized  # the spawn's Future, in the process that spawned it
         self._owner = owner  # (ActorContext or None,) of its spawner, in the process that spawned it
+        self._call_info = None  # the CallInfo of this slice, once an endpoint has made it
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):
@@ -124,8 +125,7 @@ class ActorMesh(Shaped, Generic[T]):
             raise MeshStopped(f"mesh '{self._proc_ref.name}' was stopped; {self._class_name} "
                               f"'{self._name}' cannot be called. Spawn a new mesh.")
         rt = Runtime.current()
-        if all((self._proc_ref.id, r) in rt.dead and rt.dead[(self._proc_ref.id, r)].stopped
-               for r in self._shape.ranks):
+        if all((info := rt.death(self._proc_ref.id, r)) is not None and info.stopped for r in self._shape.ranks):
             raise MeshStopped(f"mesh '{self._proc_ref.name}' was stopped; spawn a new mesh.")
 
     def __reduce__(self):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..runtime.completion import Completion
 from ..runtime.envelope import Mode, Part, Status
+from ..runtime.payloads import CallInfo
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.process import Runtime
 from ..runtime.serialize import describe_unpicklable, dumps
@@ -177,9 +178,14 @@ class Endpoint:
                 rt.segments.unlink(created)
             raise
 
-    def _slice_info(self):
-        s = self._mesh._shape
-        return [[[label, n] for label, n in zip(s.extent.labels, s.extent.sizes, strict=True)], list(s.ranks)]
+    def _slice_info(self, broadcast: bool = False) -> CallInfo:
+        """The called slice, so that each rank knows its point in it (``context()``)."""
+        m = self._mesh
+        s = m._shape
+        info = m._call_info  # made once per mesh (slices are meshes of their own)
+        if info is None:
+            info = m._call_info = CallInfo(tuple(zip(s.extent.labels, s.extent.sizes, strict=True)), tuple(s.ranks))
+        return info._replace(broadcast=True) if broadcast else info
 
     def call(self, *args, **kwargs) -> Future[ValueMesh]:
         """Run on every rank of the mesh; a ``ValueMesh`` of the answers.  If a rank fails,
@@ -224,21 +230,16 @@ class Endpoint:
         """Run on one rank: the one with the fewest of this process's calls in flight."""
         m = self._mesh
         rt = Runtime.current()
-        busy = {c_rank: 0 for c_rank in m._shape.ranks}
-        for call in list(rt.calls.values()):
-            if call.mesh.id == m._proc_ref.id:
-                for r in call.remaining:
-                    if r in busy:
-                        busy[r] += 1
-        alive = [r for r in m._shape.ranks if (m._proc_ref.id, r) not in rt.dead] or list(m._shape.ranks)
-        rank = min(alive, key=lambda r: busy[r])
+        busy = rt.caller.busy_ranks(m._proc_ref.id)
+        alive = [r for r in m._shape.ranks if rt.death(m._proc_ref.id, r) is None] or list(m._shape.ranks)
+        rank = min(alive, key=lambda r: busy.get(r, 0))
         return self._one(rank, args, kwargs)
 
     def broadcast(self, *args, **kwargs) -> None:
         """Run on every rank without waiting.  Failures go to supervision (the actor mesh's
         owner), not to you, and an exception that escapes the endpoint stops that actor."""
         m = self._mesh
-        info = self._slice_info() + [True]  # fire and forget: an escaping exception stops the actor
+        info = self._slice_info(broadcast=True)  # fire and forget: an escaping exception stops the actor
         pending = self._send(args, kwargs, m._shape.ranks, slice_info=info, callbacks=True)
         actor, name, mesh_id = m._class_name, self._name, m._proc_ref.id
         owner = m._owner

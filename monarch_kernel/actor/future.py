@@ -110,7 +110,7 @@ class Future(Generic[R]):
     def _watched(self) -> None:
         """Nobody will block on the inbox: let the IO thread read it."""
         if self._inbox is not None and not self._completion.done():
-            Runtime.current().watch(self._inbox)
+            Runtime.current().receiver.watch(self._inbox)
 
     def __await__(self):
         if not self._completion.done():

@@ -42,12 +42,12 @@ class Port(Generic[R]):
             frames = dumps(value)
         except Exception as e:
             raise TypeError(f"a value sent to a port cannot be pickled: {describe_unpicklable(value, e)}") from e
-        Runtime.current().send_port(self.address, self.port_id, Part(self.rank, Status.OK, frames))
+        Runtime.current().caller.send_port(self.address, self.port_id, Part(self.rank, Status.OK, frames))
 
     def exception(self, error: BaseException) -> None:
         """Answer with an error; the receiver raises it as an ``ActorError``."""
         failure = RemoteFailure.capture(self.rank, "port", "send", error, frames_to_skip=0)
-        Runtime.current().send_port(self.address, self.port_id, Part(self.rank, Status.RAISED, dumps(failure)))
+        Runtime.current().caller.send_port(self.address, self.port_id, Part(self.rank, Status.RAISED, dumps(failure)))
 
     def __reduce__(self):
         return (Port, (self.address, self.port_id, self.rank))

@@ -121,7 +121,7 @@ class PdbHub:
         self._thread.join(timeout=2 * RECEIVE_POLL_S + 1)
         rt = Runtime.existing()
         if rt is not None:
-            rt.close_port(self.port.port_id)
+            rt.ports.close(self.port.port_id)
 
     # ------------------------------------------------------------ messages from ranks
 
@@ -232,7 +232,7 @@ class PdbHub:
                 raise LookupError(f"mesh '{stop.where.mesh}' is no longer attached")
             # Signed with the mesh's key: a detached mesh's ranks know no other.
             frames = dumps(Reply(line, sources or {}).encode())
-            Runtime.current().send_port(port.address, port.port_id, Part(0, Status.OK, frames),
+            Runtime.current().caller.send_port(port.address, port.port_id, Part(0, Status.OK, frames),
                                         mesh_id=entry[0].ref.id)
         except Exception as e:  # the mesh is gone: so is the session
             stop.output.append(f"pdb on rank {stop.rank}: {e}\n")

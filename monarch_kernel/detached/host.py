@@ -39,7 +39,8 @@ class MeshHost(Actor):
     @endpoint
     def attach(self, port, kernel_pid: int) -> None:
         if self.port is not None and self.port.address != port.address:
-            Runtime.current().forget_peer(self.port.address)
+            rt = Runtime.current()
+            rt.transport.forget(rt.network.reach(rt.address, self.port.address))
         self.port, self.kernel_pid = port, kernel_pid
 
     def forward(self, message: tuple) -> None:
@@ -52,7 +53,7 @@ class MeshHost(Actor):
         except OSError:  # the kernel is gone; wait for the next attach
             self.port = None
             return
-        Runtime.current().send_port(port.address, port.port_id, Part(0, Status.OK, dumps(message)))
+        Runtime.current().caller.send_port(port.address, port.port_id, Part(0, Status.OK, dumps(message)))
 
     @endpoint
     def status(self) -> list[dict]:
@@ -90,11 +91,11 @@ def main() -> None:
     consoles.initialized().get(timeout=60)
     host.initialized().get(timeout=60)
     rt = Runtime.current()
-    instance = rt.actor_instance(host.actor_id)
+    instance = rt.server.actor_instance(host.actor_id)
     instance.procs, instance.consoles, instance.job = procs, consoles, job
     rt.hooks.output.install(lambda mesh, rank, stream, line: instance.forward(("line", mesh, rank, stream, line)))
     rt.hooks.death.install(lambda mesh_id, rank, info: instance.forward(("death", mesh_id, rank, info)))
-    curve = [k.decode() for k in rt.curve.to_wire()] if job is not None and rt.curve is not None else None
+    curve = [k.decode() for k in rt.network.curve.to_wire()] if job is not None and rt.network.curve is not None else None
     record = records.Record(name, os.getpid(), records.start_time(os.getpid()), rt.key.hex(),
                             procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id,
                             curve, job.spec() if job is not None else None)

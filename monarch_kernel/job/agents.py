@@ -25,10 +25,10 @@ AGENT_MODULE = "monarch_kernel.agent"
 def controller_address(rt: Runtime, first_host: str) -> str:
     """Listen for the job's hosts (once) on the address of our route to ``first_host``, or
     on MONARCH_KERNEL_BIND; returns the controller's TCP address."""
-    if rt.net_address is not None:
-        return rt.net_address
+    if rt.network.net_address is not None:
+        return rt.network.net_address
     ip = os.environ.get("MONARCH_KERNEL_BIND") or route_to(first_host)
-    return rt.listen_network(ip)
+    return rt.network.listen(ip)
 
 
 def route_to(host: str) -> str:
@@ -104,7 +104,7 @@ class AgentProcess:
             self.kill()
             raise TimeoutError(
                 f"the agent on {self.host} did not connect back in time (is this controller's address "
-                f"{self.rt.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is)"
+                f"{self.rt.network.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is)"
                 + self._said())
         self.exited.wait(2)
         raise ConnectionError(self.diagnose(python))

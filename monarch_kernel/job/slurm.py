@@ -265,7 +265,7 @@ class SlurmJob(JobTrait):
         """Our TCP address for the agents: on MONARCH_KERNEL_BIND if set, else on our route
         to the first node, found by its name or, when the name does not resolve here (node
         names often resolve only on the cluster), by the NodeAddr Slurm has for it."""
-        if rt.net_address is not None or os.environ.get("MONARCH_KERNEL_BIND"):
+        if rt.network.net_address is not None or os.environ.get("MONARCH_KERNEL_BIND"):
             return controller_address(rt, node)
         try:
             return controller_address(rt, node)

@@ -75,12 +75,12 @@ def attach(session, name: str) -> ProcMesh:
     if record.curve is not None:  # its ranks are on a job's hosts: speak that job's Curve keys
         keys = CurveKeys.from_wire([k.encode() for k in record.curve])
         try:
-            rt.use_job_keys(keys)
+            rt.network.use_job_keys(keys)
         except RuntimeError as e:
             raise UsageError(f"cannot attach {name!r} here: {e}; attach it from a kernel without a job "
                              "of its own (a new notebook)") from None
-        if rt.net_address is None:
-            rt.listen_network(route_to(ref.addresses[0][len("tcp://"):].rsplit(":", 1)[0]), keys)
+        if rt.network.net_address is None:
+            rt.network.listen(route_to(ref.addresses[0][len("tcp://"):].rsplit(":", 1)[0]), keys)
     rt.trust([ref.id, host_ref.id], bytes.fromhex(record.key))
     procs = ProcMesh.from_ref(ref)
     consoles = ActorMesh.from_ref(procs, record.console, "console", Console)
@@ -93,7 +93,7 @@ def attach(session, name: str) -> ProcMesh:
         elif message[0] == "death":
             rt.rank_died(*message[1:])
 
-    port_id = rt.open_port(forwarded, once=False)
+    port_id = rt.ports.open(forwarded, once=False)
     host.attach.call_one(Port(rt.port_address, port_id), os.getpid()).get(timeout=30)
     for row in host.status.call_one().get(timeout=30):
         if row["death"]:  # it died while no kernel was attached

@@ -18,6 +18,7 @@ from ..actor.future import Future
 from ..runtime.context import current_actor
 from ..runtime.envelope import Kind
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
+from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
 from .shape import Shape, Shaped
 
@@ -131,7 +132,7 @@ class ProcMesh(Shaped):
         rt = Runtime.current()
         owner = current_actor.get()  # failures of this actor mesh go to whoever spawns it
         pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN,
-                          extra=_spawn_options(cls), callbacks=True)
+                          options=_spawn_options(cls), callbacks=True)
         ranks, mesh_name = list(self._shape.ranks), self.name
 
         def check(parts):
@@ -166,7 +167,7 @@ class ProcMesh(Shaped):
         for mesh, cls, args, kwargs in actors:
             body = _spawn_body(cls, args, kwargs)
             pending = rt.call(self._ref, mesh.actor_id, "__init__", list(ranks), body, kind=Kind.SPAWN,
-                              extra=_spawn_options(cls))
+                              options=_spawn_options(cls))
 
             def check(parts, name=mesh.name):
                 for r in ranks:
@@ -193,7 +194,7 @@ class ProcMesh(Shaped):
         even inside a blocking call; others at their next bytecode."""
         actor_id = "" if actors is None else actors.actor_id
         ranks = list(self._shape.ranks) if ranks is None else list(ranks)
-        return Runtime.current().interrupt(self._ref, ranks, actor_id, wait=wait)
+        return Runtime.current().caller.interrupt(self._ref, ranks, actor_id, wait=wait)
 
     async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3,
                              level: int = logging.INFO) -> None:
@@ -257,8 +258,8 @@ class ProcMesh(Shaped):
         return f"ProcMesh<'{self.name}' {self.extent!r} {state}>"
 
 
-def _spawn_options(cls) -> dict | None:
-    return {"main_thread": True} if getattr(cls, "runs_on_main_thread", False) else None
+def _spawn_options(cls) -> SpawnInfo | None:
+    return SpawnInfo(main_thread=True) if getattr(cls, "runs_on_main_thread", False) else None
 
 
 def _spawn_body(cls, args, kwargs) -> list:

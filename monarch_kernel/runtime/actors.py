@@ -109,7 +109,7 @@ class ActorSlot:
 
     def _read_meanwhile(self) -> None:
         if self.inbox is not None and self.inbox.ready():
-            self.runtime._read(self.inbox, 64, inline=True)
+            self.runtime.receiver.read(self.inbox, 64, inline=True)
 
     def spawn(self, coro) -> None:
         """On the worker: start a concurrent endpoint; it runs whenever the worker waits."""
@@ -156,14 +156,12 @@ class ActorSlot:
         self.loop = asyncio.new_event_loop()
         os.set_blocking(self._wake_r, False)
         address = actor_address(self.mesh.addresses[self.rank], self.actor_id)
-        if address == self.mesh.addresses[self.rank]:
-            # A TCP rank: the actor's inbox gets a port of its own, which its answers name
-            # (``direct``); callers send there from then on, and through the rank's main inbox
-            # (the IO thread hands those calls on) until they know it.
-            self.inbox = Inbox(rt.ctx, f"tcp://{rt.bind_ip}:*", rt.curve)
+        # On a TCP rank the actor's inbox gets a port of its own, which its answers name
+        # (``direct``); callers send there from then on, and through the rank's main inbox
+        # (the IO thread hands those calls on) until they know it.
+        self.inbox = rt.network.actor_inbox(address)
+        if address.startswith("tcp://"):
             self.direct = self.inbox.address
-        else:
-            self.inbox = Inbox(rt.ctx, address)
         watch = [(self.inbox.sock, POLLIN), (self._wake_r, POLLIN)]
         while True:
             while True:
@@ -177,7 +175,7 @@ class ActorSlot:
                 fn()
             if self.inbox.ready():
                 with self.inbox.lease:
-                    rt._read(self.inbox, 64, inline=True)
+                    rt.receiver.read(self.inbox, 64, inline=True)
                 continue
             self._wait_for_work(watch)
 
@@ -242,6 +240,15 @@ class ActorSlot:
         finally:
             with self._busy_lock:
                 self._busy -= 1
+
+    def enter(self) -> None:
+        """``running()`` without a context manager, for the hot path: call ``leave()`` after."""
+        with self._busy_lock:
+            self._busy += 1
+
+    def leave(self) -> None:
+        with self._busy_lock:
+            self._busy -= 1
 
     def busy(self) -> bool:
         """Whether user code of a sync endpoint is running on the worker now."""

@@ -47,16 +47,16 @@ class AgentLink:
 
     def credentials(self, controller: str, bind: str | None = None) -> bytes:
         """The line to write to the agent's stdin (it holds the job's keys)."""
-        assert self.rt.curve is not None
-        return wire.credentials(self.id, self.rt.key, self.rt.curve, controller, bind, tuple(self.rt.warm_modules))
+        assert self.rt.network.curve is not None
+        return wire.credentials(self.id, self.rt.key, self.rt.network.curve, controller, bind, tuple(self.rt.warm_modules))
 
     # ------------------------------------------------------------ sending (any thread)
 
     def _send(self, msg: dict) -> bool:
         if self.address is None or not self.alive:
             return False
-        h, body = wire.encode(self.id, self.rt.net_address or self.rt.address, msg)
-        return self.rt.send_or_report(self.address, h, body, f"a {msg['op']} for the agent on {self.host}")
+        h, body = wire.encode(self.id, self.rt.network.net_address or self.rt.address, msg)
+        return self.rt.caller.send_or_report(self.address, h, body, f"a {msg['op']} for the agent on {self.host}")
 
     def _tag(self) -> int:
         self._tags += 1

@@ -55,7 +55,7 @@ class PendingCall:
             for p in new:
                 self.on_part(p)
         if finished and new:
-            self.runtime.calls.pop(self.header.call_id, None)
+            self.runtime.caller.calls.pop(self.header.call_id, None)
             self.body = None
             if self.segments:
                 # Every rank that answered has mapped its arguments; one that died never
@@ -75,14 +75,14 @@ class PendingCall:
         rt, h = self.runtime, self.header
         if self.inbox is not None and self.inbox is not rt.inbox:
             # The calling thread may be blocked reading its own inbox: nudge it.
-            rt.send_or_report(self.inbox.address, Header(Kind.WAKE), [], "a wake-up")
+            rt.caller.send_or_report(self.inbox.address, Header(Kind.WAKE), [], "a wake-up")
         if found is None:
             return
         parent, subtree = found
         for child in children(subtree, h.fanout):
-            rt.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
+            rt.caller.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
         if parent is not None and h.mode == 0:
-            rt.send_control(self.mesh, parent, Kind.PRUNE, h.call_id, extra=rank, origin=h.origin)
+            rt.caller.prune(self.mesh, parent, h.call_id, rank, h.origin)
 
     def not_received(self, rank: int) -> None:
         """``rank`` never got the call (its forwarder died first): send its subtree again."""
@@ -98,9 +98,9 @@ class PendingCall:
         for sub in split(todo, self.header.fanout):
             h = self.header
             again = Header(h.kind, h.call_id, h.origin, h.origin, h.mesh, h.actor, h.method,
-                           sub, h.fanout, h.mode, True, 0, [], h.extra)
+                           sub, h.fanout, h.mode, True, 0, [], h.payload)
             again.parts = h.parts
             try:
-                rt.transport.send(rt.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
+                rt.transport.send(rt.caller.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
             except SendFailed as e:
                 self.add([synthetic_part(r, Status.UNSENT, f"{e}") for r in sub])

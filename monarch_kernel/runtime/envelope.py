@@ -8,49 +8,21 @@ authentic.
 
 from __future__ import annotations
 
-import enum
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
+from .kinds import Kind as Kind
+from .kinds import Mode as Mode
+from .kinds import Status as Status
+from .payloads import decode_payload
+
 # A header bigger than this is not a header we wrote.
 MAX_HEADER = 64 * 1024
 
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
-
-
-class Kind(enum.IntEnum):
-    HELLO = 1  # unused since hellos travel through the template (template_wire.HELLO); kept for the wire
-    CALL = 2  # caller -> ranks (through the tree): run an endpoint
-    REPLY = 3  # ranks -> caller: one part per rank
-    SPAWN = 4  # owner -> ranks: construct an actor
-    REDIRECT = 5  # caller -> rank: your parent died, reply to me instead
-    NOT_RECEIVED = 6  # rank -> caller: a REDIRECT for a call I never saw
-    STOP = 7  # owner -> rank: exit now
-    DEATH = 8  # owner -> ranks: a rank of a mesh you may call has died
-    FAILURE = 9  # rank -> mesh owner: an unobserved failure (supervision)
-    PRUNE = 10  # caller -> rank: stop waiting for a child subtree whose root died
-    WAKE = 11  # any -> a thread's inbox: an answer arrived another way; look again
-    PORT = 12  # any -> the process that opened a port: one value for it
-    INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
-    REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
-    HEARTBEAT = 15  # unused since beats travel through the template (template_wire.BEATS); kept for the wire
-    HOST = 16  # controller <-> the agent of one of its hosts: one agent_wire message (msgpack)
-
-
-class Mode(enum.IntEnum):
-    GATHER = 0  # replies are merged on the way up the tree
-    DIRECT = 1  # every rank replies straight to the origin (streams)
-
-
-class Status(enum.IntEnum):
-    OK = 0
-    RAISED = 1  # the endpoint raised; payload is a pickled RemoteFailure
-    DIED = 2  # the rank is gone (filled in by the caller, never sent)
-    STOPPED = 3  # the mesh was stopped
-    UNSENT = 4  # the call could not be sent to the rank (filled in by the caller: SendFailed)
 
 
 @dataclass(slots=True)
@@ -71,18 +43,18 @@ class Header:
     hop: int = 0  # 0: between the origin and a tree root; 1: between two ranks
     # One entry per part: [rank, status, number of out-of-band buffers after its pickle].
     parts: list[list[int]] = field(default_factory=list)
-    # Small typed values that need no pickle (pids, scalar args).
-    extra: Any = None
+    # The kind's typed payload (``payloads.py``): small values that need no pickle.
+    payload: Any = None
 
     _FIELDS = (
         "kind", "call_id", "origin", "reply_to", "mesh", "actor", "method",
-        "ranks", "fanout", "mode", "resend", "hop", "parts", "extra",
+        "ranks", "fanout", "mode", "resend", "hop", "parts", "payload",
     )
 
     def encode(self) -> bytes:
         return _pack((self.kind, self.call_id, self.origin, self.reply_to, self.mesh, self.actor,
                       self.method, self.ranks, self.fanout, self.mode, self.resend, self.hop,
-                      self.parts, self.extra))
+                      self.parts, self.payload))
 
     @classmethod
     def decode(cls, data) -> Header:
@@ -100,6 +72,10 @@ class Header:
         h = cls(*values)
         if not isinstance(h.kind, int) or not isinstance(h.parts, list):
             raise ValueError("malformed header: wrong types")
+        try:
+            h.payload = decode_payload(h.kind, h.payload)
+        except ValueError as e:
+            raise ValueError(f"malformed header: {e}") from None
         for p in h.parts:
             if not (isinstance(p, list) and len(p) == 3 and all(isinstance(x, int) for x in p)):
                 raise ValueError("malformed header: bad part layout")

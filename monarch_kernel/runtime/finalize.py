@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import sys
 import threading
 import time
@@ -74,3 +75,24 @@ def finalize() -> None:
             d.clear()
     m = d = None
     gc.collect()
+
+
+def exit_process(slots) -> None:
+    """Kind.STOP (ProcMesh.stop): the actors stop and run ``__cleanup__``, then the process
+    exits as an interpreter does; on a thread of its own, so that the IO thread still serves
+    the calls cleanups make."""
+    def go():
+        try:
+            stop_actors(list(slots))
+            for slot in list(slots):
+                slot.stop()
+            finalize()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                time.sleep(0.02)  # a STOP passed on to this rank's subtree leaves before we do
+            finally:
+                os._exit(0)
+
+    threading.Thread(target=go, name="monarch-exit", daemon=True).start()

@@ -28,7 +28,7 @@ class Inbox:
     ``curve``); ``net_address``, once ``listen_tcp`` ran, is a second, TCP, address of the
     same socket for peers on other hosts."""
 
-    __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "__weakref__")
+    __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "_timeout_ms", "__weakref__")
 
     def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None):
         self.sock = ctx.socket(zmq.PULL)
@@ -43,6 +43,7 @@ class Inbox:
         self.lease = threading.Lock()
         self.missed = False  # the IO thread found it readable while someone else held it
         self.watched = False  # the IO thread polls it too
+        self._timeout_ms = -1  # the socket's receive timeout (RCVTIMEO), as last set
 
     def listen_tcp(self, ip: str, curve: CurveKeys | None) -> str:
         """Also listen on ``tcp://ip:<free port>`` (a Curve server when ``curve`` is given;
@@ -61,11 +62,20 @@ class Inbox:
             f = sock.recv(_NOBLOCK, copy=False)
         except zmq.Again:
             return None
-        frames = [f]
-        while f.more:
+        return _rest(sock, f)
+
+    def recv_within(self, timeout_ms: int):
+        """One message's frames, waiting up to ``timeout_ms`` in the receive itself (a poll
+        first would cost a second wake-up per message); None when none came."""
+        sock = self.sock
+        if timeout_ms != self._timeout_ms:
+            sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+            self._timeout_ms = timeout_ms
+        try:
             f = sock.recv(0, copy=False)
-            frames.append(f)
-        return frames
+        except zmq.Again:
+            return None
+        return _rest(sock, f)
 
     def ready(self, timeout_ms: int = 0) -> bool:
         """Whether a message is waiting (after up to ``timeout_ms``; -1 waits forever)."""
@@ -73,6 +83,15 @@ class Inbox:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+
+
+def _rest(sock: zmq.Socket, f) -> list:
+    """The frames of a message whose first frame ``f`` was just read."""
+    frames = [f]
+    while f.more:
+        f = sock.recv(0, copy=False)
+        frames.append(f)
+    return frames
 
 
 @functools.lru_cache(maxsize=4096)

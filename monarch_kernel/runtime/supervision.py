@@ -24,6 +24,7 @@ from .agent_link import AgentLink
 from .completion import Completion
 from .context import MeshRef, current_actor, process_mesh
 from .envelope import Kind, Part, Status
+from .payloads import DeathNotice, ReviveNotice
 from .failure import ActorError, DeathInfo, MeshFailure, ProcessDied
 from .launch import LaunchConfig
 from .limits import raise_nofile_limit
@@ -124,7 +125,7 @@ class Supervisor:
             links = [hosts[r // per] for r in range(n)]
             ports = self._reserve(hosts, per)
             addresses = tuple(f"tcp://{links[r].ip}:{ports[links[r].id][r % per]}" for r in range(n))
-            ref = MeshRef(mesh_id, name, dims, addresses, rt.net_address, tuple(link.host for link in links))
+            ref = MeshRef(mesh_id, name, dims, addresses, rt.network.net_address, tuple(link.host for link in links))
         else:
             addresses = tuple(f"ipc://{rt.rundir}/{mesh_id}.{r}" for r in range(n))
             ref = MeshRef(mesh_id, name, dims, addresses, rt.address, (rt.host,) * n)
@@ -191,12 +192,12 @@ class Supervisor:
             remote = om.links is not None
             cfg = LaunchConfig(
                 key=rt.key, rundir=rt.rundir, owner=ref.owner, rank=r, mesh=ref,
-                sys_path=tuple(sys.path), cwd=os.getcwd(), env=env, fanout=rt.fanout,
+                sys_path=tuple(sys.path), cwd=os.getcwd(), env=env, fanout=rt.caller.fanout,
                 master_port=master_port,
                 # The root controller's template removes the run directory if it is killed.
                 cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else [])
-                                   if rt._owns_rundir and not remote else []),
-                bootstrap=om.bootstrap, job_ports=rt.job_ports_for(ref.owner), curve=rt.curve,
+                                   if rt.owns_rundir and not remote else []),
+                bootstrap=om.bootstrap, job_ports=rt.network.job_ports_for(rt.job_ports, rt.address, ref.owner), curve=rt.network.curve,
                 address=ref.addresses[r] if remote else None,
             )
             source, forker = self._forker(om, r)  # an interpreter that will not start raises here, to the spawner
@@ -301,10 +302,10 @@ class Supervisor:
         for r in ranks:
             om.alive.add(r)
             om.up.discard(r)
-            rt.dead.pop((om.ref.id, r), None)
+            rt.caller.revived(om.ref.id, r)
         for other in list(rt.meshes.values()):  # let callers that heard of the death forget it
             for r in ranks:
-                rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE, extra=[om.ref.id, r])
+                rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE, payload=ReviveNotice(om.ref.id, r))
         self._launch(om, om.env, ranks)
 
     # ------------------------------------------------------------ deaths
@@ -347,7 +348,7 @@ class Supervisor:
         self._remove_inboxes(om.ref.addresses[r])
         for reader in om.readers[r]:
             reader.drain()
-        self.rt._drain_inbox()  # answers it sent just before dying still count
+        self.rt.receiver.drain(self.rt.inbox)  # answers it sent just before dying still count
         info = DeathInfo.from_status(om.ref.name, r, pid, om.ref.hosts[r], status, om.readers[r][1].tail)
         info.stopped = om.stopping
         self._died(om, r, info)
@@ -394,9 +395,9 @@ class Supervisor:
             hook(om.ref.id, rank, info)
         body = dumps(info)
         for other in list(rt.meshes.values()):
-            if other.stopping and (other is om or rt._closed):
+            if other.stopping and (other is om or rt.closed):
                 continue  # nobody there will call the dead rank again
-            rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body, extra=om.ref.id)
+            rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body, payload=DeathNotice(om.ref.id))
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
         back = om.restarting.pop(rank, None)
@@ -437,7 +438,7 @@ class Supervisor:
 
         import inspect
 
-        slot = rt.actors.get(owner.actor)
+        slot = rt.server.actors.get(owner.actor)
         if inspect.iscoroutinefunction(handler):
             async def run():
                 try:
@@ -470,7 +471,7 @@ class Supervisor:
             rt.unhandled(failure)
         else:
             my_mesh = process_mesh[0]
-            rt.send_object(rt.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
+            rt.caller.send_object(rt.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
 
     def on_failure_report(self, mesh_id: str, failure: MeshFailure) -> None:
         om = self.rt.meshes.get(mesh_id)
@@ -490,7 +491,7 @@ class Supervisor:
             return
         om.stopping = True
         rt = self.rt
-        rt.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
+        rt.caller.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
         for r in list(om.alive):
             if r not in om.up:
                 self._kill(om, r)

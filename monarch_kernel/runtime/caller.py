@@ -1,0 +1,278 @@
+"""Making calls from this process: the calls in flight, sending a call down the multicast
+tree, the small control messages around it, answers coming back, interrupts and port
+values.  A send that cannot go fails the call at once (``Status.UNSENT``) or, with nobody to
+tell, is logged once per peer.
+
+It owns the calls in flight, what this process knows of dead ranks and the direct TCP
+addresses actors on other hosts named; it reaches the rest of the process only through the
+runtime's parts (transport, network, receiver, ports).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from .calls import PendingCall, synthetic_part
+from .context import MeshRef, process_mesh
+from .envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
+from .failure import DeathInfo, SendFailed
+from .inbox import Inbox, actor_address
+from .payloads import InterruptAck, PruneInfo
+from .serialize import dumps
+from .tree import split
+
+if TYPE_CHECKING:
+    from .process import Runtime
+
+log = logging.getLogger("monarch_kernel.runtime")
+
+
+class Caller:
+    def __init__(self, rt: Runtime, fanout: int):
+        self.rt = rt
+        self.fanout = fanout
+        self.calls: dict[int, PendingCall] = {}
+        self.dead: dict[tuple[str, int], DeathInfo] = {}
+        self.direct: dict[tuple[str, int, str], str] = {}  # (mesh, rank, actor) -> that actor's own TCP inbox
+        self._ids = itertools.count(1)
+        self._unsent_reported: set[str] = set()
+
+    # ------------------------------------------------------------ calls
+
+    def call(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list,
+             *, kind: int = Kind.CALL, mode: int = Mode.GATHER, slice_info=None,
+             on_part=None, fanout: int | None = None, callbacks: bool = False,
+             segments: list | None = None, options=None) -> PendingCall:
+        """Send ``body`` (an encoded part) to ``ranks`` of ``mesh`` through the tree.
+
+        Replies come back to the calling thread's own inbox, unless they are consumed by
+        callbacks (``on_part``, or ``callbacks=True``), which run on the IO thread.
+        ``slice_info``: a CALL's ``CallInfo``; ``options``: a SPAWN's ``SpawnInfo``.
+        """
+        rt = self.rt
+        fanout = fanout or self.fanout
+        self.check_size(body, f"the arguments of {method}")
+        dead = self.dead
+        alive = [r for r in ranks if (mesh.id, r) not in dead] if dead else list(ranks)
+        inbox = rt.inbox if (on_part is not None or callbacks) else rt.receiver.reply_inbox(rt.inbox)
+        origin = rt.network.answerable(inbox, mesh.addresses[0]) if mesh.addresses else inbox.address
+        h = Header(kind, next(self._ids), origin, origin, mesh.id, actor, method,
+                   [], fanout, mode, False, 0, [[-1, Status.OK, len(body) - 1]],
+                   slice_info if options is None else options)
+        call = PendingCall(rt, h, mesh, alive, body, on_part)
+        call.inbox = inbox
+        call.segments = segments
+        call.remaining.update(ranks)
+        self.calls[h.call_id] = call
+        if len(alive) != len(ranks):
+            for r in ranks:
+                if (mesh.id, r) in dead:
+                    call.add([synthetic_part(r, Status.DIED, dead[(mesh.id, r)])])
+        send = rt.transport.send
+        for sub in split(alive, fanout):
+            h.ranks = sub
+            try:
+                send(self.target(mesh, sub[0], kind, actor), h, body)
+            except SendFailed as e:  # the caller hears at once; the rest of the call goes on
+                call.add([synthetic_part(r, Status.UNSENT, f"{e}") for r in sub])
+        h.ranks = []
+        late = [r for r in alive if (mesh.id, r) in dead] if dead else ()
+        if late:  # died while we were sending; the death handler may have missed this call
+            def fail_late() -> None:
+                for r in late:
+                    call.rank_died(r, dead[(mesh.id, r)])
+            rt.io.call_soon(fail_late)
+        return call
+
+    def target(self, mesh: MeshRef, rank: int, kind: int, actor: str) -> str:
+        """CALLs go to the actor's own inbox on the rank; everything else to the rank's.  On a
+        TCP rank an actor's inbox has a port of its own, learnt from its first answer (until
+        then its calls go through the rank's main inbox)."""
+        base = mesh.addresses[rank]
+        if kind != Kind.CALL:
+            return base
+        if base[:4] == "tcp:":
+            return self.direct.get((mesh.id, rank, actor), base)
+        return actor_address(base, actor)
+
+    def on_reply(self, h: Header, body: list) -> None:
+        if h.payload is not None and h.ranks:
+            self.direct[(h.mesh, h.ranks[0], h.payload.actor)] = h.payload.address  # from now on
+        parts = split_parts(h, body)
+        if h.hop == 0:
+            call = self.calls.get(h.call_id)
+            if call is not None and call.inbox is not None and (
+                    h.origin == call.inbox.address or h.origin == call.inbox.net_address):
+                call.add(parts)
+            return
+        st = self.rt.server.nodes.add((h.origin, h.call_id), h.ranks[0], parts)
+        if st is not None:
+            member = self.rt.memberships.get(h.mesh)
+            self.send_reply(st, h.origin, h.call_id, member[1] if member else -1, h.mesh)
+
+    def on_not_received(self, h: Header, _body: list) -> None:
+        call = self.calls.get(h.call_id)
+        if call is not None and h.ranks:
+            call.not_received(h.ranks[0])
+
+    def busy_ranks(self, mesh_id: str) -> dict[int, int]:
+        """Ranks of ``mesh_id`` that calls made from this process wait on, and how many each."""
+        busy: dict[int, int] = {}
+        for call in list(self.calls.values()):
+            if call.mesh.id == mesh_id:
+                for r in call.remaining:
+                    busy[r] = busy.get(r, 0) + 1
+        return busy
+
+    def uses(self, inbox: Inbox) -> bool:
+        """Whether a call in flight waits for answers at ``inbox``."""
+        return any(c.inbox is inbox for c in list(self.calls.values()))
+
+    # ------------------------------------------------------------ deaths
+
+    def rank_died(self, mesh_id: str, rank: int, info: DeathInfo, ref: MeshRef | None) -> int:
+        """On the IO thread: fail this process's calls to the rank and repair their trees.
+        Returns how many calls were waiting on it (and so now hold a ``ProcessDied``)."""
+        if (mesh_id, rank) in self.dead:
+            return 0
+        self.dead[(mesh_id, rank)] = info
+        if ref is not None and 0 <= rank < len(ref.addresses):
+            transport = self.rt.transport
+            transport.forget(ref.addresses[rank])  # every thread drops its sockets to it
+            for key in [k for k in self.direct if k[0] == mesh_id and k[1] == rank]:
+                transport.forget(self.direct.pop(key))
+        observed = 0
+        for call in list(self.calls.values()):
+            if call.mesh.id == mesh_id and rank in call.remaining:
+                observed += 1
+                call.rank_died(rank, info)
+        return observed
+
+    def revived(self, mesh_id: str, rank: int) -> None:
+        self.dead.pop((mesh_id, rank), None)
+
+    # ------------------------------------------------------------ messages nobody waits on
+
+    def send_control(self, mesh: MeshRef, rank: int, kind: int, call_id: int = 0, payload=None,
+                     origin: str | None = None) -> None:
+        """A small message to a rank; ``origin`` names the inbox a call was made from, which
+        is how ranks file the calls they serve."""
+        rt = self.rt
+        origin = origin or rt.network.answerable(rt.inbox, mesh.addresses[rank])
+        h = Header(kind, call_id, origin, origin, mesh.id, ranks=[rank], payload=payload)
+        self.send_or_report(mesh.addresses[rank], h, [], f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'")
+
+    def prune(self, mesh: MeshRef, parent: int, call_id: int, rank: int, origin: str) -> None:
+        self.send_control(mesh, parent, Kind.PRUNE, call_id, PruneInfo(rank), origin)
+
+    def send_tree(self, mesh: MeshRef, ranks, kind: int, body: list | None = None, payload=None) -> None:
+        """A control message (STOP, DEATH, REVIVE) to ``ranks`` of ``mesh`` down the multicast
+        tree: each rank passes it on to its subtree before acting on it, so this process
+        connects to at most ``fanout`` of them however many there are."""
+        ranks = [r for r in ranks if (mesh.id, r) not in self.dead]
+        if not ranks:
+            return
+        body = list(body or [])
+        origin = self.rt.network.answerable(self.rt.inbox, mesh.addresses[ranks[0]])
+        for sub in split(ranks, self.fanout):
+            h = Header(kind, 0, origin, origin, mesh.id, ranks=sub, fanout=self.fanout, payload=payload)
+            if body:
+                h.parts = [[0, Status.OK, len(body) - 1]]
+            self.send_or_report(mesh.addresses[sub[0]], h, body,
+                                f"a {Kind(kind).name} for ranks {sub[0]}-{sub[-1]} of mesh '{mesh.name}'")
+
+    def pass_down(self, h: Header, body: list) -> None:
+        """On a rank: send a tree control message on to this rank's subtree (``send_tree``)."""
+        member = self.rt.memberships.get(h.mesh)
+        if member is None or len(h.ranks) < 2 or h.ranks[0] != member[1]:
+            return
+        mesh = member[0]
+        for sub in split(h.ranks[1:], h.fanout or self.fanout):
+            fwd = Header(h.kind, h.call_id, h.origin, h.reply_to, h.mesh, h.actor, h.method, sub, h.fanout,
+                         h.mode, h.resend, h.hop, h.parts, h.payload)
+            self.send_or_report(mesh.addresses[sub[0]], fwd, body,
+                                f"a {Kind(h.kind).name} for ranks {sub[0]}-{sub[-1]} of mesh '{mesh.name}'")
+
+    def send_object(self, address: str, kind: int, mesh_id: str, obj) -> None:
+        body = dumps(obj)
+        me = self.rt.network.answerable(self.rt.inbox, address)
+        h = Header(kind, 0, me, me, mesh_id)
+        h.parts = [[0, Status.OK, len(body) - 1]]
+        self.send_or_report(address, h, body, f"a {Kind(kind).name} report")
+
+    def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool:
+        """Send a message nobody waits on; a failure is logged (once per peer), since there
+        is no caller to raise it to."""
+        try:
+            self.rt.transport.send(address, h, body)
+            return True
+        except SendFailed as e:
+            if address not in self._unsent_reported:
+                self._unsent_reported.add(address)
+                log.warning("monarch_kernel: %s was not sent: %s", what, e)
+            return False
+
+    def send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "", direct=None) -> None:
+        """``direct``: a ``ReplyInfo``, the answering actor's own TCP inbox."""
+        h = Header(Kind.REPLY, call_id, origin, st.reply_to, mesh_id, ranks=[me], hop=1 if st.to_node else 0,
+                   payload=direct)
+        body = join_parts(h, st.parts)
+        self.send_or_report(st.reply_to, h, body, f"the answer to call {call_id} from rank {me}")
+
+    def check_size(self, frames: list, what: str) -> None:
+        limit = self.rt.signer.max_frame
+        for f in frames:
+            n = f.nbytes if isinstance(f, memoryview) else len(f)
+            if n > limit:
+                raise ValueError(
+                    f"{what} need a {n}-byte frame, over the {limit}-byte limit the receiver "
+                    f"would drop; raise MONARCH_KERNEL_MAX_FRAME (bytes) before spawning"
+                )
+
+    # ------------------------------------------------------------ interrupts and ports
+
+    def interrupt(self, mesh: MeshRef, ranks, actor: str = "", wait: float = 0.0) -> bool:
+        """KeyboardInterrupt in whatever ``actor`` (or every actor) runs on those ranks.
+
+        ``wait``: seconds to wait until every rank has delivered it (what must happen next
+        may depend on it, e.g. resuming a rank stopped in a debugger); True if they all did.
+        """
+        rt = self.rt
+        alive = [r for r in ranks if (mesh.id, r) not in self.dead]
+        acked: set[int] = set()
+        done = threading.Event()
+        port_id = None
+        if wait > 0:
+            def ack(part: Part) -> None:
+                acked.add(part.rank)
+                if acked >= set(alive):
+                    done.set()
+
+            port_id = rt.ports.open(ack, once=False)
+        for r in alive:
+            me = rt.network.answerable(rt.inbox, mesh.addresses[r])
+            h = Header(Kind.INTERRUPT, 0, me, me, mesh.id, actor, ranks=[r],
+                       payload=None if port_id is None else InterruptAck(me, port_id))
+            self.send_or_report(mesh.addresses[r], h, [], f"an interrupt for rank {r} of mesh '{mesh.name}'")
+        if port_id is None:
+            return True
+        ok = not alive or done.wait(wait)
+        rt.ports.close(port_id)
+        return ok
+
+    def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
+        """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
+        a mesh that process belongs to, whose key signs the message (default: our own)."""
+        rt = self.rt
+        address = rt.network.reach(rt.address, address)
+        if address == rt.address or address == rt.inbox.net_address:
+            rt.io.call_soon(rt.ports.deliver, port_id, part)
+            return
+        # By default sign as a member of this process's mesh: whoever opened the port talks
+        # to that mesh, so it holds its key even when the mesh is another job's (detached).
+        me = rt.network.answerable(rt.inbox, address)
+        h = Header(Kind.PORT, port_id, me, address, mesh_id or (process_mesh[0] or rt.self_mesh).id)
+        rt.transport.send(address, h, join_parts(h, [part]))

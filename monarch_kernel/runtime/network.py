@@ -1,0 +1,127 @@
+"""This process's links to other hosts: whether and where it listens on TCP, the job's
+Curve keys and the ZAP handler that checks them, and which of a peer's addresses to use.
+
+A process starts with local (ipc) inboxes only; ``listen_network`` gives every inbox a TCP
+address as well, served with CurveZMQ.  Nothing here sends or reads a message.
+"""
+
+from __future__ import annotations
+
+import zmq
+
+from .auth import DropCounts
+from .curve import CurveKeys, Gatekeeper
+from .inbox import Inbox
+from .io_thread import IOThread
+
+
+class Network:
+    def __init__(self, ctx: zmq.Context, io: IOThread, drops: DropCounts, curve: CurveKeys | None):
+        self.ctx = ctx
+        self.io = io
+        self.drops = drops
+        self.curve = curve
+        self.gatekeeper: Gatekeeper | None = None
+        self.bind_ip: str | None = None  # set once this process has TCP inboxes
+        self.main: Inbox | None = None  # the process's main inbox (set by the runtime)
+        self.on_keys = lambda curve: None  # told when the keys change (the transport's client keys)
+
+    def guard(self) -> None:
+        """Start the ZAP handler before the first TCP bind, so no connection is let in unchecked."""
+        curve = self.curve
+        assert curve is not None, "a TCP inbox needs the job's Curve keys"
+
+        def start():
+            if self.gatekeeper is None:
+                self.gatekeeper = Gatekeeper(self.ctx, self.io.loop, curve, lambda _addr: self.drops.count("curve"))
+
+        self.io.run(start)
+
+    def main_inbox(self, address: str) -> Inbox:
+        """The process's main inbox at ``address``; a TCP address makes this a process on
+        another host, every inbox of which is TCP."""
+        tcp = address.startswith("tcp://")
+        if tcp:
+            self.guard()
+        self.main = Inbox(self.ctx, address, self.curve)
+        if tcp:
+            self.bind_ip = self.main.address[len("tcp://"):].rsplit(":", 1)[0]
+        return self.main
+
+    def thread_inbox(self, base: str, n: int) -> Inbox:
+        """The ``n``-th thread's reply inbox of the process whose main inbox is ``base``."""
+        if base.startswith("tcp://"):  # a process on another host: TCP only
+            return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve)
+        inbox = Inbox(self.ctx, f"{base}.t{n}")
+        if self.bind_ip is not None:  # it listens for other hosts too
+            inbox.listen_tcp(self.bind_ip, self.curve)
+        return inbox
+
+    def actor_inbox(self, address: str) -> Inbox:
+        """An actor's own inbox: at ``address`` (local), or on a port of its own (TCP)."""
+        if address.startswith("tcp://"):
+            return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve)
+        return Inbox(self.ctx, address)
+
+    @property
+    def net_address(self) -> str | None:
+        """The main inbox's TCP address, once this process listens for other hosts."""
+        return self.main.net_address if self.main is not None else None
+
+    def listen(self, ip: str, curve: CurveKeys | None = None) -> str:
+        """Listen for processes on other hosts too: the main inbox gets a TCP address on
+        ``ip``, a CurveZMQ server with the job's keys (made here unless given); later inboxes
+        follow.  Returns the main inbox's TCP address; a second call returns the same."""
+        assert self.main is not None
+        if self.main.net_address is not None:
+            return self.main.net_address
+        if self.curve is None:
+            self.set_keys(curve or CurveKeys.generate())
+        self.guard()
+        self.bind_ip = ip
+        with self.main.lease:
+            return self.main.listen_tcp(ip, self.curve)
+
+    def set_keys(self, curve: CurveKeys) -> None:
+        self.curve = curve
+        self.on_keys(curve)
+
+    def use_job_keys(self, curve: CurveKeys) -> None:
+        """Take another job's Curve keys as this process's own (attaching to a detached mesh
+        on a job's hosts).  Only before this process listens for other hosts: its links there
+        would otherwise hold the old keys."""
+        if curve == self.curve:
+            return
+        if self.net_address is not None:
+            raise RuntimeError("this process already has hosts of its own, whose links use its own keys")
+        self.set_keys(curve)
+
+    def answerable(self, inbox: Inbox, dest: str) -> str:
+        """The address of ``inbox`` a peer at ``dest`` can answer: its TCP one for a TCP peer."""
+        if dest[:4] == "tcp:" and inbox.net_address is None and self.bind_ip is not None:
+            with inbox.lease:
+                inbox.listen_tcp(self.bind_ip, self.curve)
+        return inbox.net_address if dest[:4] == "tcp:" and inbox.net_address else inbox.address
+
+    def port_address(self, address: str) -> str:
+        """Where the ports of the process at ``address`` are reached.  A port travels,
+        pickled, to whoever may answer it: once this process listens for other hosts it names
+        both of its addresses (``ipc://...|tcp://...``) and each sender takes the one it can
+        reach (``reach``), so ranks on this host keep using the local link."""
+        net = self.net_address
+        return f"{address}|{net}" if net and net != address else address
+
+    @staticmethod
+    def reach(own: str, address: str) -> str:
+        """Which of a port's addresses the process at ``own`` sends to: the TCP one from a
+        process on another host (whose own address is TCP), else the local one."""
+        if "|" not in address:
+            return address
+        local, net = address.split("|", 1)
+        return net if own.startswith("tcp://") else local
+
+    def job_ports_for(self, job_ports: dict, own: str, dest: str) -> dict:
+        """``job_ports`` (opened at ``own``) as a process at ``dest`` can reach them."""
+        if dest[:4] != "tcp:" or self.net_address is None:
+            return dict(job_ports)
+        return {k: (self.net_address if a == own else a, p) for k, (a, p) in job_ports.items()}

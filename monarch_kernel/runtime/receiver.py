@@ -1,0 +1,220 @@
+"""Receiving on this process: who reads which inbox, and a thread that blocks on a call's
+answer while reading its own inbox (so a ``.get()`` wakes exactly one thread).
+
+Whoever holds an inbox's lease reads it: the thread blocked on it, or else the IO thread.
+``missed`` records an IO-thread wake-up that found the lease taken, so the reader hands the
+inbox back when it stops reading.  Every authentic message goes to the ``dispatch`` function
+it was made with (the runtime's table); nothing here knows what a kind means, beyond which
+kinds a thread other than the IO thread may handle itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from .auth import DropCounts, Dropped, Signer
+from .completion import Completion
+from .envelope import Header
+from .hooks import Hooks
+from .inbox import Inbox
+from .io_thread import IOThread
+from .kinds import Kind
+
+log = logging.getLogger("monarch_kernel.runtime")
+
+LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
+_INLINE = (Kind.REPLY, Kind.CALL, Kind.SPAWN, Kind.WAKE)  # kinds a reading thread handles itself
+
+
+class Receiver:
+    """Reads this process's inboxes and hands each authentic message to ``dispatch``.
+
+    ``new_inbox(n)`` makes the ``n``-th thread reply inbox (its address depends on how the
+    process listens, which the network part knows); ``in_use(inbox)`` says whether a call
+    still waits for answers there (a thread that ended leaves it to the IO thread).
+    """
+
+    def __init__(self, io: IOThread, signer: Signer, drops: DropCounts, hooks: Hooks,
+                 dispatch: Callable[[Header, list], None], new_inbox: Callable[[int], Inbox],
+                 in_use: Callable[[Inbox], bool]):
+        self.io = io
+        self.signer = signer
+        self.drops = drops
+        self.hooks = hooks
+        self.dispatch = dispatch
+        self._new_inbox = new_inbox
+        self._in_use = in_use
+        self.received = 0  # messages read (forged ones included)
+        self._local = threading.local()
+        self._count = 0
+        self._free: list[Inbox] = []  # reply inboxes of threads that ended, for reuse
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ the IO thread's reading
+
+    def watch(self, inbox: Inbox) -> None:
+        """Have the IO thread read ``inbox`` too (from now on); any thread may ask."""
+        if inbox.watched:
+            return
+        inbox.watched = True
+
+        def register():
+            self.io.loop.add_reader(inbox.sock.getsockopt(zmq.FD), self.drain, inbox)
+            self.drain(inbox)
+
+        self.io.call_soon(register)
+
+    def drain(self, inbox: Inbox) -> None:
+        """On the IO thread: read what waits in ``inbox``, unless another thread holds it."""
+        inbox.missed = True
+        if not inbox.lease.acquire(blocking=False):
+            return
+        inbox.missed = False
+        try:
+            more = self.read(inbox, 10000, inline=False)
+        finally:
+            inbox.lease.release()
+        if more:
+            self.io.loop.call_soon(self.drain, inbox)  # let other callbacks run first
+
+    def read(self, inbox: Inbox, limit: int, inline: bool) -> bool:
+        """Read and handle up to ``limit`` waiting messages; True if more may be waiting.
+
+        ``inline`` readers (threads other than the IO thread) handle replies, calls and
+        wake-ups themselves and pass anything else to the IO thread.
+        """
+        for i in range(limit):
+            # A quick poll instead of a failing recv: raising zmq.Again costs more.
+            if i and not inbox.ready():
+                return False
+            frames = inbox.recv()
+            if frames is None:
+                return False
+            self.handle(frames, inline)
+        return True
+
+    def handle(self, frames: list, inline: bool) -> None:
+        """Check one message and dispatch it (dropped and counted when not authentic)."""
+        self.received += 1
+        try:
+            header, body = self.signer.verify(frames)
+        except Dropped as d:
+            self.drops.count(d.reason)
+            return
+        if not inline or header.kind in _INLINE:
+            self.dispatch_safely(header, body)
+        else:
+            self.io.call_soon(self.dispatch_safely, header, body)
+
+    def dispatch_safely(self, header: Header, body: list) -> None:
+        try:
+            self.dispatch(header, body)
+        except Exception:  # a bug in handling one message must not stop the loop
+            log.exception("error handling a %s", Kind(header.kind).name)
+
+    # ------------------------------------------------------------ threads' own inboxes
+
+    def reply_inbox(self, main: Inbox) -> Inbox:
+        """The inbox replies to the calling thread's calls come back to (``main`` on the IO
+        thread itself)."""
+        if self.io.is_current():
+            return main
+        holder = getattr(self._local, "holder", None)
+        if holder is None:
+            with self._lock:
+                inbox = self._free.pop() if self._free else None
+                if inbox is None:
+                    self._count += 1
+                    n = self._count
+            if inbox is None:
+                inbox = self._new_inbox(n)
+            holder = self._local.holder = _ThreadInbox(self, inbox)
+        return holder.inbox
+
+    def release(self, inbox: Inbox) -> None:
+        """A thread ended: the IO thread reads its inbox (answers to calls it left behind
+        still land) until another thread takes it over."""
+        if self._in_use(inbox):
+            self.watch(inbox)
+        with self._lock:
+            self._free.append(inbox)
+
+    # ------------------------------------------------------------ blocking waits
+
+    def wait(self, completion: Completion, timeout: float | None, inbox: Inbox | None = None) -> bool:
+        """Block until ``completion`` is done, reading ``inbox`` meanwhile if nobody is.
+
+        The wait hook (``hooks.wait``; the kernel installs one) gets a turn between slices,
+        outside the inbox lease: a rank stopped in pdb is served from the cell that waits on it.
+        """
+        if completion.done():
+            return True
+        hook = self.hooks.wait.current()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if inbox is None or self.io.is_current():
+            return self._wait_plain(completion, deadline, hook)
+        while not completion.done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if hook is not None and hook.pending():
+                hook.run(completion)
+                continue
+            if not inbox.lease.acquire(blocking=False):
+                completion.wait(LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S))
+                continue  # another thread is reading it for us
+            try:
+                self._read_until(inbox, completion, deadline, hook)
+            finally:
+                inbox.lease.release()
+                if inbox.missed:
+                    self.io.call_soon(self.drain, inbox)
+        return True
+
+    def _read_until(self, inbox: Inbox, completion: Completion, deadline: float | None, hook) -> None:
+        """Holding the lease: block in ``recv`` (no poll first: the message is there the
+        moment the thread wakes) until done, the deadline, or the hook wants the thread."""
+        while not completion.done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            ms = int(1000 * (LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S)))
+            frames = inbox.recv_within(max(ms, 1))
+            if frames is not None:
+                self.handle(frames, True)
+            elif hook is not None and hook.pending():
+                return
+
+    @staticmethod
+    def _wait_plain(completion: Completion, deadline: float | None, hook) -> bool:
+        if hook is None:
+            return completion.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        while not completion.done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            completion.wait(LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S))
+            if hook.pending():
+                hook.run(completion)
+        return True
+
+
+class _ThreadInbox:
+    """Thread-local owner of a thread's reply inbox: when the thread ends, the inbox goes
+    back to the receiver's pool (so short-lived threads cost no descriptors), read by the IO
+    thread meanwhile so replies to calls it left behind still land."""
+
+    def __init__(self, receiver: Receiver, inbox: Inbox):
+        self.receiver = receiver
+        self.inbox = inbox
+
+    def __del__(self):
+        try:
+            self.receiver.release(self.inbox)
+        except Exception:  # interpreter shutdown
+            pass

@@ -1,0 +1,341 @@
+"""Serving calls on this process: taking a CALL or SPAWN off an inbox, forwarding it down
+the tree, running the endpoint on the actor's worker (sync, or async on the worker's own
+loop) and sending the answer, merged with its subtree's, up the tree.
+
+It owns the actors hosted here and the tree state of the calls passing through; answers go
+out through the caller part (``send_reply``), never by another route.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+from typing import TYPE_CHECKING
+
+from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
+from .context import ActorContext, MeshRef, current_actor
+from .envelope import Header, Kind, Mode, Part, Status
+from .failure import DeathInfo, MeshFailure, RemoteFailure, SendFailed
+from .payloads import ReplyInfo
+from .serialize import describe_unpicklable, dumps
+from .tree import NodeState, NodeTable, split
+
+if TYPE_CHECKING:
+    from .process import Runtime
+
+
+class Server:
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.actors: dict[str, ActorSlot] = {}
+        self.nodes = NodeTable()
+
+    # ------------------------------------------------------------ messages
+
+    def on_call(self, h: Header, body: list) -> None:
+        rt = self.rt
+        member = rt.memberships.get(h.mesh)
+        if member is None or not h.ranks or h.ranks[0] != member[1]:
+            rt.drops.count("malformed")
+            return
+        mesh, me = member
+        if _lone(h):
+            # Sent by the caller to this rank alone: nothing to forward, gather or repair.
+            if h.kind == Kind.SPAWN:
+                self._spawn_actor(h, body, mesh, me)
+            else:
+                self._run_endpoint(h, body, mesh, me)
+            return
+        subs = split(h.ranks[1:], h.fanout)
+        gather = h.mode == Mode.GATHER
+        waiting = {me} | ({s[0] for s in subs} if gather else set())
+        if not self.nodes.start((h.origin, h.call_id), h.reply_to, h.hop > 0, waiting, h.resend):
+            return
+        if subs:
+            self._forward(h, body, mesh, me, subs, gather)
+        if h.kind == Kind.SPAWN:
+            self._spawn_actor(h, body, mesh, me)
+        else:
+            self._run_endpoint(h, body, mesh, me)
+
+    def _forward(self, h: Header, body: list, mesh: MeshRef, me: int, subs: list, gather: bool) -> None:
+        # Children's answers come back to whoever serves this call here: the actor's worker
+        # for CALLs (it cannot finish before its own part anyway), else the IO thread.
+        caller = self.rt.caller
+        back = caller.target(mesh, me, h.kind, h.actor) if gather else h.origin
+        fwd = Header(h.kind, h.call_id, h.origin, back, h.mesh, h.actor, h.method, [], h.fanout, h.mode,
+                     h.resend, 1 if gather else 0, h.parts, h.payload)
+        for s in subs:
+            fwd.ranks = s
+            try:
+                self.rt.transport.send(caller.target(mesh, s[0], h.kind, h.actor), fwd, body)
+            except SendFailed:
+                # The caller knows the whole tree: it sends that subtree again itself, and
+                # its own send fails loudly if the rank is truly unreachable.
+                nack = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[s[0]])
+                caller.send_or_report(h.origin, nack, [], f"a NOT_RECEIVED for rank {s[0]}")
+
+    def on_redirect(self, h: Header, _body: list) -> None:
+        outcome = self.nodes.redirect((h.origin, h.call_id), h.origin)
+        me = self._my_rank(h.mesh)
+        if isinstance(outcome, tuple):
+            self.rt.caller.send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
+        elif outcome == "lost":
+            back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[me])
+            self.rt.caller.send_or_report(h.origin, back, [], f"a NOT_RECEIVED from rank {me}")
+
+    def on_prune(self, h: Header, _body: list) -> None:
+        if h.payload is None:
+            self.rt.drops.count("malformed")
+            return
+        st = self.nodes.prune((h.origin, h.call_id), h.payload.rank)
+        if st is not None:
+            self.rt.caller.send_reply(st, h.origin, h.call_id, h.ranks[0] if h.ranks else -1)
+
+    def on_interrupt(self, h: Header, _body: list) -> None:
+        for actor_id, slot in list(self.actors.items()):
+            if not h.actor or actor_id == h.actor:
+                slot.interrupt()
+        if h.payload is not None:  # the caller waits until it has landed
+            self.rt.caller.send_port(h.payload.address, h.payload.port, Part(self._my_rank(h.mesh), Status.OK,
+                                                                             dumps(None)), mesh_id=h.mesh)
+
+    def _my_rank(self, mesh_id: str) -> int:
+        member = self.rt.memberships.get(mesh_id)
+        return member[1] if member else -1
+
+    # ------------------------------------------------------------ answers
+
+    def complete(self, h: Header, me: int, part: Part) -> None:
+        slot = self.actors.get(h.actor) if h.kind == Kind.CALL else None
+        direct = ReplyInfo(h.actor, slot.direct) if slot is not None and slot.direct else None
+        if _lone(h):
+            self.rt.caller.send_reply(NodeState(h.reply_to, False, set(), [part]), h.origin, h.call_id, me, h.mesh,
+                                      direct)
+            return
+        st = self.nodes.add((h.origin, h.call_id), me, [part])
+        if st is not None:
+            self.rt.caller.send_reply(st, h.origin, h.call_id, me, h.mesh, direct)
+
+    @staticmethod
+    def failure_part(me: int, actor: str, method: str, exc: BaseException) -> Part:
+        return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, actor, method, exc)))
+
+    def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
+        try:
+            frames = dumps(value)
+            self.rt.caller.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
+            return Part(me, Status.OK, frames)
+        except ValueError as e:
+            return self.failure_part(me, actor, method, e)
+        except Exception as e:
+            err = TypeError(f"the result of {actor}.{method} on rank {me} could not be pickled: "
+                            f"{describe_unpicklable(value, e)}")
+            return self.failure_part(me, actor, method, err)
+
+    # ------------------------------------------------------------ actors
+
+    def _spawn_actor(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
+        slot = ActorSlot(h.actor, mesh, me, self.rt)
+        slot.wants_main_thread = bool(h.payload is not None and h.kind == Kind.SPAWN and h.payload.main_thread)
+        self.actors[h.actor] = slot
+
+        def construct():
+            token = None
+            try:
+                cls, args, kwargs = Part(me, 0, body).load()
+                obj = cls.__new__(cls)
+                slot.instance = obj
+                token = current_actor.set(ActorContext(mesh, me, h.actor, obj, me, mesh.dims))
+                obj.__init__(*args, **kwargs)
+                part = Part(me, Status.OK, dumps(None))
+            except BaseException as e:
+                part = self.failure_part(me, h.actor, "__init__", e)
+                slot.instance = None
+                slot.init_failure = part  # later calls fail with this, __init__'s own traceback
+            finally:
+                if token is not None:
+                    current_actor.reset(token)
+            slot.constructed.set_result(part.status == Status.OK)
+            self.complete(h, me, part)
+
+        slot.submit(construct)
+
+    def _refusal(self, slot: ActorSlot | None, h: Header, mesh: MeshRef, me: int) -> Part | None:
+        """Why ``slot`` cannot run this call now (a failure Part), or None if it can."""
+        if slot is None:
+            err = LookupError(
+                f"no actor {h.actor!r} on rank {me} of mesh '{mesh.name}' (it failed to spawn or was stopped)")
+            return self.failure_part(me, h.actor, h.method, err)
+        if slot.failure is not None:  # stopped (or failed): say why, every time
+            return Part(me, slot.failure.status, slot.failure.frames)
+        if slot.halted:
+            # Its procs are stopping (the rank exits next): the caller hears "stopped".
+            info = DeathInfo(mesh.name, me, os.getpid(), socket.gethostname(), stopped=True)
+            return Part(me, Status.STOPPED, [pickle.dumps(info)])
+        if slot.instance is None:
+            if slot.init_failure is not None:
+                return Part(me, slot.init_failure.status, slot.init_failure.frames)
+            err = LookupError(f"actor {h.actor!r} on rank {me} failed in __init__; spawn it again")
+            return self.failure_part(me, h.actor, h.method, err)
+        return None
+
+    def _run_endpoint(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
+        slot = self.actors.get(h.actor)
+        if slot is None and h.method == STOP_METHOD:
+            self.complete(h, me, Part(me, Status.OK, dumps(None)))  # nothing here to stop
+            return
+        if slot is not None and not slot.constructed.done():
+            slot.constructed.add_done_callback(lambda _c: slot.submit(lambda: self._run_endpoint(h, body, mesh, me)))
+            return
+        if slot is not None and h.method == STOP_METHOD:
+            self._stop_actor(slot, h, mesh, me)
+            return
+        refused = self._refusal(slot, h, mesh, me)
+        if refused is not None:
+            self.complete(h, me, refused)
+            return
+        try:
+            fn, is_async = slot.endpoint(h.method)
+        except AttributeError as e:
+            self.complete(h, me, self.failure_part(me, h.actor, h.method, e))
+            return
+        msg_rank, msg_dims = h.payload.point(me) if h.payload is not None else (me, None)
+        ctx = ActorContext(mesh, me, h.actor, slot.instance, msg_rank, msg_dims)
+        # Everything runs on the actor's worker, one message at a time, in arrival order:
+        # async endpoints on its own event loop, concurrent ones as tasks there.
+        if is_async:
+            concurrent = getattr(fn, CONCURRENT_MARK, False)
+
+            def go():
+                coro = self._run_async(slot, fn, ctx, h, body, me)
+                if concurrent:
+                    slot.spawn(coro)
+                else:
+                    slot.run(coro)
+        else:
+            def go():
+                self._run_sync(slot, fn, ctx, h, body, me)
+        if slot.is_current() and not slot.deferring:
+            go()  # the worker read this call itself: no hand-off
+        else:
+            slot.submit(go)
+
+    def _stop_actor(self, slot: ActorSlot, h: Header, mesh: MeshRef, me: int) -> None:
+        """ActorMesh.stop() on this rank: after the messages before it, the actor stops
+        (``ActorSlot.halt``) and every later call fails saying so; its process lives on."""
+        def go():
+            if slot.failure is None:
+                cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
+                err = RuntimeError(f"Actor {cls} '{slot.actor_id}' on rank {me} of mesh '{mesh.name}' is "
+                                   f"stopped: ActorMesh.stop() stopped it. Spawn it again to call it.")
+                slot.failure = self.failure_part(me, h.actor, "", err)  # no method: it answers every call
+            slot.halt(None)
+            self.complete(h, me, Part(me, Status.OK, dumps(None)))
+        if slot.is_current() and not slot.deferring:
+            go()
+        else:
+            slot.submit(go)
+
+    def abort_actor(self, actor_id: str, reason: str) -> None:
+        """``context().actor_instance.abort(reason)``: the actor fails with ``reason``, as in
+        Monarch; later calls fail with it, its concurrent endpoints are cancelled and its
+        ``__cleanup__`` runs once the current message ends, and its supervisor hears."""
+        slot = self.actors.get(actor_id)
+        if slot is None:
+            raise LookupError(f"no actor {actor_id!r} in this process to abort")
+        if slot.failure is not None:
+            return  # it already stopped or failed: the first reason stands
+        mesh, me = slot.mesh, slot.rank
+        cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
+        err = RuntimeError(f"Actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' aborted: {reason}")
+        slot.failure = self.failure_part(me, actor_id, "", err)
+        slot.submit(lambda: slot.halt(err))
+        text = (f"actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' (host {self.rt.host}) aborted: "
+                f"{reason}")
+        self.rt.report_failure(mesh.id, MeshFailure(mesh.name, me, text, remote=slot.failure.load()))
+
+    def actor_instance(self, actor_id: str):
+        """The object behind an actor hosted in this process (None if there is none)."""
+        slot = self.actors.get(actor_id)
+        return slot.instance if slot is not None else None
+
+    def interrupt_actor(self, actor_id: str) -> bool:
+        """In this process: KeyboardInterrupt in ``actor_id``'s running sync endpoint (any
+        thread may ask; used when the IO thread itself may be held by a debugger)."""
+        slot = self.actors.get(actor_id)
+        return slot.interrupt() if slot is not None else False
+
+    # ------------------------------------------------------------ running endpoints
+
+    def _response_port(self, h: Header, me: int) -> tuple[int, tuple]:
+        """For ``@endpoint(explicit_response_port=True)``: a port that answers this call."""
+        port_id = self.rt.ports.open(lambda part: self.complete(h, me, Part(me, part.status, part.frames)), once=True)
+        return port_id, (self.rt.port_address, port_id, me)
+
+    def _run_sync(self, slot: ActorSlot, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
+        token = current_actor.set(ctx)
+        port_id = None
+        try:
+            args, kwargs = Part(me, 0, body).load()
+            if getattr(fn, "__monarch_port__", False):
+                port_id, port = self._response_port(h, me)
+                with slot.running():
+                    fn(port, *args, **kwargs)  # the actor layer turns the triple into a Port
+                return
+            slot.enter()
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                slot.leave()
+            # Let go of the arguments before answering: an argument mapped from shared
+            # memory must be unmapped by the time the caller may reuse its segment.
+            args = kwargs = None
+            part = self._ok_part(me, h.actor, h.method, value)
+            value = None
+        except BaseException as e:
+            if port_id is not None and not self.rt.ports.close(port_id):
+                return  # it already answered through the port
+            hook = self.rt.hooks.endpoint_error.current()
+            if hook is not None and isinstance(e, Exception):
+                hook(e)  # may stop here in post-mortem pdb before the caller hears of it
+            part = self.failure_part(me, h.actor, h.method, e)
+            _stop_if_unobserved(slot, h, part)
+        finally:
+            current_actor.reset(token)
+        self.complete(h, me, part)
+
+    async def _run_async(self, slot: ActorSlot, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
+        current_actor.set(ctx)  # this task's own context copy
+        port_id = None
+        try:
+            args, kwargs = Part(me, 0, body).load()
+            if getattr(fn, "__monarch_port__", False):
+                port_id, port = self._response_port(h, me)
+                await fn(port, *args, **kwargs)
+                return
+            value = await fn(*args, **kwargs)
+            args = kwargs = None  # see _run_sync
+            part = self._ok_part(me, h.actor, h.method, value)
+            value = None
+        except BaseException as e:
+            if port_id is not None and not self.rt.ports.close(port_id):
+                return
+            part = self.failure_part(me, h.actor, h.method, e)
+            _stop_if_unobserved(slot, h, part)
+        self.complete(h, me, part)
+
+
+def _stop_if_unobserved(slot: ActorSlot, h: Header, part: Part) -> None:
+    """An exception escaped an endpoint called with ``broadcast`` (nobody waits for its
+    answer): as in Monarch the actor stops, and every later call to it fails with this.
+    The caller's runtime still reports the failure to the actor mesh's owner."""
+    if h.payload is not None and h.kind == Kind.CALL and h.payload.broadcast and slot.failure is None:
+        slot.failure = part
+
+
+def _lone(h: Header) -> bool:
+    """A call the caller sent straight to one rank (in GATHER mode forwarded calls have
+    hop 1): no tree state is needed for it, since nothing can be redirected to it."""
+    return h.hop == 0 and h.mode == Mode.GATHER and len(h.ranks) == 1 and not h.resend
