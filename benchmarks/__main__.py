@@ -73,6 +73,26 @@ def _run_job(job: str, env: dict, timeout: float) -> dict:
         log(f"--- {job}: {time.perf_counter() - t:.1f} s ---")
 
 
+def _ratios(results: dict) -> None:
+    """W2 and W3 (4 ranks) against their floors measured in the same run (issue 19's targets:
+    W2 <= 1.5x the ipc round trip, W3 on 4 ranks <= 2x the round trip to 4 peers)."""
+    def median(*path):
+        v = results
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        return v
+
+    pairs = {"W2_over_floor": (("W2_call_one_us", "median"), ("floor_pyzmq_rtt_us", "median")),
+             "W3_n4_over_floor": (("W3_call_all_us", "n4", "median"), ("floor_pyzmq_rtt_4_peers_us", "median"))}
+    out = {}
+    for name, (num, den) in pairs.items():
+        a, b = median(*num), median(*den)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+            out[name] = round(a / b, 2)
+    if out:
+        results["ratios"] = out
+
+
 def _version(dist: str):
     from importlib.metadata import PackageNotFoundError, version
 
@@ -99,6 +119,7 @@ def main(argv=None) -> int:
     for wid in ids:
         for job, env, timeout in WORKLOADS[wid]:
             _merge(results, _run_job(job, env, timeout))
+    _ratios(results)
     import zmq
 
     results["meta"] = {"workloads": ids, "elapsed_s": round(time.perf_counter() - t0, 1),

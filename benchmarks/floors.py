@@ -1,5 +1,6 @@
 """Hardware floors on the same machine, for reading the runtime's numbers: raw pyzmq
-DEALER/ROUTER round trip between two processes over ipc (16 B, 2000 after warm-up) and a
+DEALER/ROUTER round trip between two processes over ipc (16 B, 2000 after warm-up; W2's
+floor), the same to 4 peers at once and all answers back (500; W3's floor), and a
 64 MiB zero-copy send over the same socket (the runtime's own transport), a warm numpy copy
 of 64 MiB, and 64 MiB over loopback TCP (sendall/recv_into).
 """
@@ -100,6 +101,51 @@ def pyzmq_rtt() -> dict:
     return summary_us(samples), round(NBYTES / 1e6 / bulk_s, 1)
 
 
+def pyzmq_rtt_peers(n: int = 4) -> dict:
+    """W3's floor: one 16-byte message to each of ``n`` echo processes over ipc (a DEALER
+    per peer, as the runtime has a socket per peer) and all ``n`` answers back."""
+    import zmq
+
+    tmp = tempfile.mkdtemp(prefix="mkbench-zmq-")
+    addrs = [f"ipc://{tmp}/echo{i}" for i in range(n)]
+    procs = [_child(_ZMQ_ECHO, a) for a in addrs]
+    ctx = zmq.Context()
+    socks = [ctx.socket(zmq.DEALER) for _ in addrs]
+    try:
+        for p, s, a in zip(procs, socks, addrs, strict=True):
+            p.stdout.readline()
+            s.connect(a)
+        poller = zmq.Poller()
+        for s in socks:
+            poller.register(s, zmq.POLLIN)
+        msg = b"x" * 16
+
+        def rtt(_i):
+            for s in socks:
+                s.send(msg)
+            left = n
+            while left:
+                for s, _ev in poller.poll():
+                    s.recv()
+                    left -= 1
+
+        samples = time_calls(rtt, 100, 500)
+        for s in socks:
+            s.send(b"stop")
+            s.recv()
+        for p in procs:
+            p.wait(timeout=10)
+    finally:
+        for s in socks:
+            s.close(linger=0)
+        ctx.term()
+        for p in procs:
+            if p.poll() is None:
+                kill_group(p)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return summary_us(samples)
+
+
 def memcpy() -> float:
     import numpy as np
 
@@ -143,6 +189,7 @@ def floors() -> dict:
     t = time.perf_counter()
     rtt, ipc_bulk = pyzmq_rtt()
     out = {"floor_pyzmq_rtt_us": rtt,
+           "floor_pyzmq_rtt_4_peers_us": pyzmq_rtt_peers(4),
            "floor_pyzmq_ipc_64MiB_MBps": ipc_bulk,
            "floor_memcpy_64MiB_MBps": memcpy(),
            "floor_tcp_loopback_64MiB_MBps": tcp_loopback()}

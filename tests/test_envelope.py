@@ -11,8 +11,16 @@ import pytest
 
 from monarch_kernel.runtime.auth import BULK, Dropped, Signer
 from monarch_kernel.runtime.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
-from monarch_kernel.runtime.payloads import (PAYLOADS, CallInfo, DeathNotice, InterruptAck, PruneInfo, ReplyInfo,
-                                             ReviveNotice, SpawnInfo)
+from monarch_kernel.runtime.payloads import (
+    PAYLOADS,
+    CallInfo,
+    DeathNotice,
+    InterruptAck,
+    PruneInfo,
+    ReplyInfo,
+    ReviveNotice,
+    SpawnInfo,
+)
 from monarch_kernel.runtime.serialize import dumps
 from monarch_kernel.runtime.tree import NodeTable, children, locate, split
 

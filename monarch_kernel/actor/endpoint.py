@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..runtime.completion import Completion
 from ..runtime.envelope import Mode, Part, Status
-from ..runtime.payloads import CallInfo
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
+from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
 from ..runtime.serialize import describe_unpicklable, dumps
 from .future import Future

@@ -48,7 +48,8 @@ class AgentLink:
     def credentials(self, controller: str, bind: str | None = None) -> bytes:
         """The line to write to the agent's stdin (it holds the job's keys)."""
         assert self.rt.network.curve is not None
-        return wire.credentials(self.id, self.rt.key, self.rt.network.curve, controller, bind, tuple(self.rt.warm_modules))
+        return wire.credentials(self.id, self.rt.key, self.rt.network.curve, controller, bind,
+                                tuple(self.rt.warm_modules))
 
     # ------------------------------------------------------------ sending (any thread)
 

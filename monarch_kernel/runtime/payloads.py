@@ -19,7 +19,7 @@ def _ints(v) -> bool:
 
 def _flat(v, types: tuple, what: str) -> list:
     """``v`` if it is a list of exactly ``types`` (a flat payload), else ValueError(``what``)."""
-    if not (isinstance(v, list) and len(v) == len(types) and all(type(x) is t for x, t in zip(v, types))):
+    if not (isinstance(v, list) and len(v) == len(types) and all(type(x) is t for x, t in zip(v, types, strict=True))):
         raise ValueError(f"{what} is malformed")
     return v
 

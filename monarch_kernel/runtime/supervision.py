@@ -24,11 +24,11 @@ from .agent_link import AgentLink
 from .completion import Completion
 from .context import MeshRef, current_actor, process_mesh
 from .envelope import Kind, Part, Status
-from .payloads import DeathNotice, ReviveNotice
 from .failure import ActorError, DeathInfo, MeshFailure, ProcessDied
 from .launch import LaunchConfig
 from .limits import raise_nofile_limit
 from .output import LineReader
+from .payloads import DeathNotice, ReviveNotice
 from .serialize import dumps
 from .template_client import TemplateClient
 
@@ -197,7 +197,8 @@ class Supervisor:
                 # The root controller's template removes the run directory if it is killed.
                 cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else [])
                                    if rt.owns_rundir and not remote else []),
-                bootstrap=om.bootstrap, job_ports=rt.network.job_ports_for(rt.job_ports, rt.address, ref.owner), curve=rt.network.curve,
+                bootstrap=om.bootstrap, curve=rt.network.curve,
+                job_ports=rt.network.job_ports_for(rt.job_ports, rt.address, ref.owner),
                 address=ref.addresses[r] if remote else None,
             )
             source, forker = self._forker(om, r)  # an interpreter that will not start raises here, to the spawner
@@ -305,7 +306,8 @@ class Supervisor:
             rt.caller.revived(om.ref.id, r)
         for other in list(rt.meshes.values()):  # let callers that heard of the death forget it
             for r in ranks:
-                rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE, payload=ReviveNotice(om.ref.id, r))
+                rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE,
+                                    payload=ReviveNotice(om.ref.id, r))
         self._launch(om, om.env, ranks)
 
     # ------------------------------------------------------------ deaths
@@ -397,7 +399,8 @@ class Supervisor:
         for other in list(rt.meshes.values()):
             if other.stopping and (other is om or rt.closed):
                 continue  # nobody there will call the dead rank again
-            rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body, payload=DeathNotice(om.ref.id))
+            rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body,
+                                payload=DeathNotice(om.ref.id))
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
         back = om.restarting.pop(rank, None)
