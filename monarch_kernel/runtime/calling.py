@@ -7,7 +7,7 @@ A mixin of ``Runtime``; it uses the runtime's transport, calls in flight and por
 
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -160,7 +160,7 @@ class Calling:
         except SendFailed as e:
             if address not in self._unsent_reported:
                 self._unsent_reported.add(address)
-                print(f"monarch_kernel: {what} was not sent: {e}", file=sys.stderr, flush=True)
+                logging.getLogger(__name__).error("monarch_kernel: %s was not sent: %s", what, e)
             return False
 
     def _on_reply(self, h: Header, body: list) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, finalize, serialize, shm
+from . import agent_wire, config, diagnostics, finalize, serialize, shm
 from .actors import ActorSlot
 from .auth import DropCounts, Signer
 from .calling import Calling
@@ -65,6 +66,7 @@ class Runtime(Receiving, Calling, Serving):
 
     @classmethod
     def _new_controller(cls) -> Runtime:
+        diagnostics.install()
         raise_nofile_limit()
         rundir = tempfile.mkdtemp(prefix="mk-")
         os.chmod(rundir, 0o700)
@@ -240,7 +242,7 @@ class Runtime(Receiving, Calling, Serving):
             if hook is not None:  # never None: the point has a default
                 hook(failure)
         except Exception as e:  # noqa: BLE001  (the hook is user code; the loop must go on)
-            print(f"monarch_kernel: the unhandled-failure hook raised {e!r}", file=sys.stderr, flush=True)
+            logging.getLogger(__name__).error("monarch_kernel: the unhandled-failure hook raised %r", e)
 
     # ------------------------------------------------------------ what upper layers may ask
 

@@ -9,7 +9,7 @@ inbox back when it stops reading.
 
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
+from . import config
 from .auth import Dropped
 from .completion import Completion
 from .envelope import Header, Kind
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .io_thread import IOThread
     from .transport import Transport
 
-LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
+LEASE_RECHECK_S = config.seconds("inbox_lease_recheck")
 
 
 class Receiving:
@@ -116,10 +117,7 @@ class Receiving:
         try:
             self._dispatch(header, body)
         except Exception as e:  # a bug in handling one message must not stop the loop
-            print(f"monarch_kernel: error handling {Kind(header.kind).name}: {e!r}", file=sys.stderr)
-            import traceback
-
-            traceback.print_exc()
+            logging.getLogger(__name__).exception("monarch_kernel: error handling %s: %r", Kind(header.kind).name, e)
 
     def reply_inbox(self) -> Inbox:
         """The inbox replies to the calling thread's calls come back to."""
