@@ -207,9 +207,10 @@ def ensure_kernelspec() -> str:
 
 
 @contextlib.contextmanager
-def kernel(name: str):
-    """A started kernel's client; the kernel is shut down (and waited for) on exit."""
-    km, client = start_new_kernel(kernel_name=name, startup_timeout=60)
+def kernel(name: str, **start):
+    """A started kernel's client; the kernel is shut down (and waited for) on exit.
+    ``start``: for ``KernelManager.start_kernel`` (``extra_arguments=``, ``env=``)."""
+    km, client = start_new_kernel(kernel_name=name, startup_timeout=60, **start)
     try:
         yield client
     finally:

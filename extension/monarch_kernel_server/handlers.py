@@ -15,10 +15,11 @@ from tornado import web
 
 from monarch_kernel.detached import records
 from monarch_kernel.kernel import panel_detached
+from monarch_kernel.runtime import config
 
 HELPER = [sys.executable, "-m", "monarch_kernel.kernel.panel_detached"]
-HELPER_TIMEOUT_S = 60.0
-KERNEL_TIMEOUT_S = 120.0
+HELPER_TIMEOUT_S = config.seconds("server_helper_timeout")
+KERNEL_TIMEOUT_S = config.seconds("server_kernel_timeout")
 
 
 async def run_helper(*args: str, timeout: float = HELPER_TIMEOUT_S) -> tuple[int, dict]:

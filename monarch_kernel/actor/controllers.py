@@ -12,7 +12,7 @@ Example::
 from __future__ import annotations
 
 import contextvars
-import sys
+import logging
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +24,7 @@ from .future import Future
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 PORT_NAME = "controllers"
 
@@ -58,7 +59,7 @@ class _Registry:
         try:
             reply, request = part.load()
         except Exception as e:  # noqa: BLE001  (nobody to answer: say so where it happened)
-            print(f"monarch_kernel: a get_or_spawn_controller request was dropped: {e!r}", file=sys.stderr, flush=True)
+            log.error("monarch_kernel: a get_or_spawn_controller request was dropped: %r", e)
             return
         try:
             name, cls, args, kwargs = pickle.loads(request)

@@ -7,17 +7,19 @@ Replace it (``monarch_kernel.unhandled_fault_hook = fn``) to do more.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
 from ..runtime import config
 from ..runtime.failure import MeshFailure
 
+log = logging.getLogger(__name__)
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
     """Default: print the failure to stderr; never exit the process.  With
     ``MONARCH_KERNEL_STRICT=1`` it then exits the process with status 1, as Monarch's does."""
-    print(f"monarch_kernel: unhandled failure on mesh '{failure.mesh}':\n{failure}", file=sys.stderr, flush=True)
+    log.error("monarch_kernel: unhandled failure on mesh '%s':\n%s", failure.mesh, failure)
     if config.strict():
         # Monarch's hook ends the client; from the IO thread sys.exit would end only that
         # thread, so leave the process at once, as Monarch does, after flushing.
@@ -39,4 +41,4 @@ def _dispatch(failure: MeshFailure) -> None:
     try:
         hook(failure)
     except Exception as e:  # a broken hook must not take the IO thread down
-        print(f"monarch_kernel: unhandled_fault_hook raised {e!r}", file=sys.stderr, flush=True)
+        log.error("monarch_kernel: unhandled_fault_hook raised %r", e)

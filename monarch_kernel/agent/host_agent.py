@@ -17,6 +17,8 @@ import tempfile
 import time
 
 from ..runtime import agent_wire as wire
+from ..runtime import config as settings
+from ..runtime import diagnostics
 from ..runtime.io_thread import IOThread
 from ..runtime.launch import LaunchConfig
 from ..runtime.limits import raise_nofile_limit
@@ -101,7 +103,7 @@ class HostAgent:
         mine = list(sys.path)
         theirs = [p for p in config.get("sys_path") or () if p and p not in mine and os.path.isdir(p)]
         config = dict(config, rundir=self.rundir, sys_path=mine + theirs, cleanup_dirs=[self.rundir],
-                      env=dict(config.get("env") or {}, MONARCH_KERNEL_BIND=self.ip))
+                      env={**(config.get("env") or {}), settings.env_name("bind_address"): self.ip})
         if not os.path.isdir(config.get("cwd") or ""):
             config["cwd"] = os.getcwd()
         assert self.template is not None
@@ -174,11 +176,12 @@ def main() -> int:
         return 2
     creds = wire.read_credentials(line)
     controller = creds["controller"]
-    ip = creds.get("bind") or os.environ.get("MONARCH_KERNEL_BIND") or route_address(controller)
+    ip = creds.get("bind") or settings.bind_address() or route_address(controller)
     rundir = tempfile.mkdtemp(prefix="mk-agent-")
     os.chmod(rundir, 0o700)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C in the user's terminal is the controller's
     raise_nofile_limit()
+    diagnostics.install()
     io = IOThread(name="monarch-agent-io")
     rt = Runtime(creds["key"], rundir, "agent", io, owner=controller, address=f"tcp://{ip}:*",
                  curve=creds["curve"])

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..runtime import config
 from . import wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone, RdmaSetupFailed, TransferError
 
@@ -21,8 +22,8 @@ from .errors import BufferDropped, ForgedHandle, OwnerGone, RdmaSetupFailed, Tra
 # owner whose server is busy with other handshakes turns a connection away; it is tried
 # again shortly.
 
-CONNECT_TIMEOUT_S = 2.0
-BUSY_WAIT_S = 10.0  # how long to keep trying an owner whose server turns connections away
+CONNECT_TIMEOUT_S = config.seconds("data_connect_timeout")
+BUSY_WAIT_S = config.seconds("data_busy_wait")
 
 _pool: dict[tuple, list[socket.socket]] = {}
 _lock = threading.Lock()

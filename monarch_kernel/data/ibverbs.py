@@ -8,11 +8,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
 import socket
 import threading
 import weakref
 
+from ..runtime import config
 from . import client, wire
 
 # A reader opens the usual authenticated data connection to the owner and asks it to connect
@@ -49,9 +49,7 @@ def is_available() -> tuple[bool, str]:
 
 def _settings() -> tuple[str | None, int, int]:
     """The device (None: the first one), port and GID index this process uses."""
-    return (os.environ.get("MONARCH_KERNEL_IB_DEVICE") or None,
-            int(os.environ.get("MONARCH_KERNEL_IB_PORT", "1")),
-            int(os.environ.get("MONARCH_KERNEL_IB_GID_INDEX", "0")))
+    return config.ib_device()
 
 
 def _endpoint():

@@ -40,7 +40,7 @@ MAX_UNAUTHENTICATED = 128
 MAX_UNAUTHENTICATED_PER_PEER = 32
 # accept() errors that mean "out of something for now": wait, then go on.
 _SCARCE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-_BACKOFF_MAX_S = 0.5
+_BACKOFF_MAX_S = config.seconds("data_accept_backoff")
 
 
 @dataclass

@@ -17,14 +17,15 @@ from dataclasses import dataclass, field
 from IPython.core.error import StdinNotImplementedError
 
 from ..actor.port import Channel
+from ..runtime import config
 from ..runtime.envelope import Part, Status
 from ..runtime.process import Runtime
 from ..runtime.serialize import dumps
 from .messages import Ended, Prompt, Reply, Resumed, Stopped, decode
 from .pdb_prompt import PdbCommands, describe
 
-ANNOUNCE_WINDOW_S = 0.2  # ranks stopping within this window are announced together
-RECEIVE_POLL_S = 0.2  # how often the receiver checks whether the hub was closed
+ANNOUNCE_WINDOW_S = config.seconds("pdb_announce_window")
+RECEIVE_POLL_S = config.seconds("pdb_receive_poll")
 
 
 @dataclass

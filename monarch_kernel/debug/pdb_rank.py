@@ -14,6 +14,7 @@ from __future__ import annotations
 import bdb
 import itertools
 import linecache
+import logging
 import pdb
 import sys
 import threading
@@ -23,11 +24,13 @@ from typing import Any
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..actor.port import Channel
+from ..runtime.config import seconds
 from ..runtime.context import process_mesh
 from ..runtime.process import Runtime
 from .messages import RELEASE, Ended, Prompt, Reply, Resumed, Stopped
 
-POLL_S = 0.1  # how often a waiting rank checks for input (and lets an interrupt in)
+log = logging.getLogger(__name__)
+POLL_S = seconds("pdb_rank_poll")
 
 
 @dataclass
@@ -118,7 +121,7 @@ def _start(frame, header=None) -> None:
             return
     why = _cannot_stop()
     if why:
-        print(f"breakpoint() ignored: {why}", file=sys.stderr, flush=True)
+        log.warning("breakpoint() ignored: %s", why)
         return
     p = RankPdb()
     if header is not None:
@@ -245,7 +248,7 @@ class RankPdb(pdb.Pdb):
         try:
             config.port.send(msg.encode())
         except Exception as e:  # the kernel is gone: run on rather than hang
-            print(f"pdb on rank {self.rank}: cannot reach the notebook ({e}); continuing", file=sys.stderr)
+            log.warning("pdb on rank %s: cannot reach the notebook (%s); continuing", self.rank, e)
             raise bdb.BdbQuit from e
 
     def _wait(self) -> Reply:

@@ -17,15 +17,16 @@ from dataclasses import dataclass, field
 
 from ipykernel.compiler import get_file_name, get_tmp_directory, get_tmp_hash_seed
 
+from ..runtime import config
 from . import rank_debugpy
 from .dap import DapClient
 from .inspector import visible
 from .messages import DapEvent, DapResponse
 from .tunnel import TunnelConnection
 
-REPLY_TIMEOUT_S = 60.0
-INITIALIZE_TIMEOUT_S = 15.0  # debugpy answers initialize at once when it takes the connection at all
-INSPECT_TIMEOUT_S = 5.0  # the variable panel asks often: never hold the other requests up long
+REPLY_TIMEOUT_S = config.seconds("dap_reply_timeout")
+INITIALIZE_TIMEOUT_S = config.seconds("dap_initialize_timeout")
+INSPECT_TIMEOUT_S = config.seconds("dap_inspect_timeout")
 
 
 def response(request: dict, success: bool = True, body: dict | None = None, message: str = "") -> dict:

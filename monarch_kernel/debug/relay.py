@@ -20,20 +20,20 @@ from dataclasses import dataclass, field
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..actor.port import Port
-from ..runtime import hosts
+from ..runtime import config, hosts
 from ..runtime.failure import SendFailed
 from . import rank_debugpy
 from .dap import FrameReader, encode
 from .messages import DapClosed, DapFrames, RankHost
 
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = config.seconds("relay_connect_timeout")
 READ_CHUNK = 1 << 16
 # debugpy's adapter (1.8) sends every new client's arrival to the oldest session's client;
 # if that one is still being torn down the send raises, and its accept thread dies, so the
 # rank could never be debugged again.  So a session ends by half-closing and waiting for
 # the adapter to close its side, and a new one connects SETTLE_S after the last one ended.
-SETTLE_S = 0.2
-END_WAIT_S = 3.0  # how long a new session waits for the old ones to end
+SETTLE_S = config.seconds("relay_settle")
+END_WAIT_S = config.seconds("relay_end_wait")
 
 
 @dataclass

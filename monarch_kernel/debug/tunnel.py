@@ -18,18 +18,19 @@ from collections.abc import Callable
 
 from ..actor.errors import ActorError, MeshStopped
 from ..actor.port import Channel, Port, PortReceiver
+from ..runtime import config
 from ..runtime.process import Runtime
 from .dap import DapClient
 from .messages import DapClosed, DapFrames, decode_tunnel
 
-OPEN_TIMEOUT_S = 30.0
-SEND_TIMEOUT_S = 30.0
-CLOSE_WAIT_S = 1.0  # how long close() waits for the relay's last word before saying it itself
-EXIT_TIMEOUT_S = 2.0  # closing sessions as the kernel exits
+OPEN_TIMEOUT_S = config.seconds("tunnel_open_timeout")
+SEND_TIMEOUT_S = config.seconds("tunnel_send_timeout")
+CLOSE_WAIT_S = config.seconds("tunnel_close_wait")
+EXIT_TIMEOUT_S = config.seconds("tunnel_exit_timeout")
 # The relay ends a session it has not heard of for LEASE_S (the kernel died: a detached
 # mesh's rank must not stay stopped for it); an idle session is renewed every RENEW_S.
-LEASE_S = 15.0
-RENEW_S = 3.0
+LEASE_S = config.seconds("tunnel_lease")
+RENEW_S = config.seconds("tunnel_renew")
 
 _open: weakref.WeakSet = weakref.WeakSet()  # sessions to close when the kernel exits
 _exit_lock = threading.Lock()

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import collections
 import ipaddress
-import os
 import socket
 import subprocess
 import threading
 import time
 
+from ..runtime import config
 from ..runtime.process import Runtime
 
 AGENT_MODULE = "monarch_kernel.agent"
@@ -27,7 +27,7 @@ def controller_address(rt: Runtime, first_host: str) -> str:
     on MONARCH_KERNEL_BIND; returns the controller's TCP address."""
     if rt.network.net_address is not None:
         return rt.network.net_address
-    ip = os.environ.get("MONARCH_KERNEL_BIND") or route_to(first_host)
+    ip = config.bind_address() or route_to(first_host)
     return rt.network.listen(ip)
 
 

@@ -38,8 +38,8 @@ while sleep 5; do
 done
 """
 KEEP_SLURM_VARS = frozenset({"SLURM_CONF", "SLURM_CLUSTERS"})  # configuration, not a job's context
-COMMAND_TIMEOUT_S = 60.0  # one sbatch/squeue/scancel call (slurmctld retries when it is busy)
-CANCEL_TIMEOUT_S = 60.0  # scancel until squeue no longer lists the job as active
+COMMAND_TIMEOUT_S = config.seconds("slurm_command_timeout")
+CANCEL_TIMEOUT_S = config.seconds("slurm_cancel_timeout")
 # Pending reasons that waiting does not cure (and "...PerJobLimit": a QOS or account cap on one job).
 NEVER_RUNS = {
     "PartitionNodeLimit": "more nodes than its partition allows or has up (`sinfo -p {partition}` shows them); "
@@ -160,7 +160,7 @@ class SlurmJob(JobTrait):
         variables of a Slurm job this controller may itself run in (they would override
         our flags) and without MONARCH_KERNEL_BIND (this host's address, not the nodes')."""
         return {k: v for k, v in os.environ.items()
-                if not (k.startswith("SLURM_") and k not in KEEP_SLURM_VARS) and k != "MONARCH_KERNEL_BIND"}
+                if not (k.startswith("SLURM_") and k not in KEEP_SLURM_VARS) and k != config.env_name("bind_address")}
 
     def _slurm(self, argv: list[str], input: str | None = None) -> subprocess.CompletedProcess:
         try:
@@ -265,7 +265,7 @@ class SlurmJob(JobTrait):
         """Our TCP address for the agents: on MONARCH_KERNEL_BIND if set, else on our route
         to the first node, found by its name or, when the name does not resolve here (node
         names often resolve only on the cluster), by the NodeAddr Slurm has for it."""
-        if rt.network.net_address is not None or os.environ.get("MONARCH_KERNEL_BIND"):
+        if rt.network.net_address is not None or config.bind_address():
             return controller_address(rt, node)
         try:
             return controller_address(rt, node)

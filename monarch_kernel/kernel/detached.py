@@ -19,11 +19,12 @@ from ..detached import records
 from ..detached.host import MeshHost
 from ..job.agents import route_to
 from ..mesh.proc_mesh import ProcMesh
+from ..runtime import config
 from ..runtime.curve import CurveKeys
 from ..runtime.failure import DeathInfo
 from ..runtime.process import Runtime
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = config.seconds("detached_start_timeout")
 
 
 def _gone(record: records.Record) -> str:

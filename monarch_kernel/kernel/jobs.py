@@ -7,6 +7,7 @@ allocation) for the next ``%mesh spawn --job NAME``; only ``%mesh kill-job`` fre
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
 
@@ -14,6 +15,7 @@ from IPython.core.error import UsageError
 
 from ..job import JobTrait, SlurmJob, SSHJob
 
+log = logging.getLogger(__name__)
 
 class KernelJobs:
     def __init__(self) -> None:
@@ -103,5 +105,5 @@ class KernelJobs:
             try:
                 job.kill()
             except Exception as e:  # noqa: BLE001  (one job's failure must not keep the others)
-                print(f"monarch_kernel: ending a job failed: {e}", file=sys.stderr)
+                log.error("monarch_kernel: ending a job failed: %s", e)
         self.jobs.clear()

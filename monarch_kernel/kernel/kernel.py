@@ -1,14 +1,32 @@
 """``MeshKernel``: ipykernel's IPythonKernel with the ``%mesh`` magics loaded.
 
 Kept thin on purpose: the controller is the runtime, usable without Jupyter; the kernel
-only adds magics and sends rank output into the running cell.
+only adds magics, sends rank output into the running cell, and gives the settings a
+controller reads (``runtime/config.py``) as traitlets: ``--MeshKernel.heartbeat_timeout=7``
+on its command line, or ``c.MeshKernel.heartbeat_timeout = 7`` in a config file.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
-from traitlets import Type
+from jupyter_core.paths import jupyter_config_path
+from traitlets import Bool, Float, Integer, TraitType, Type, Unicode, observe
+from traitlets.config import Application
+
+from ..runtime import config, diagnostics
+
+_TRAITS: dict[type, type[TraitType]] = {int: Integer, float: Float, str: Unicode, bool: Bool}
+
+
+def _setting(name: str) -> Any:
+    """A traitlet for setting ``name`` of ``runtime/config.py``.  None (not configured): the
+    setting's environment variable decides, else its default."""
+    s = config.setting(name)
+    text = f"{s.help}.  Not set: ${s.env}, else {s.default_text()}."
+    return _TRAITS[s.type](None, allow_none=True, help=text).tag(config=True)
 
 
 class MeshKernel(IPythonKernel):
@@ -18,11 +36,29 @@ class MeshKernel(IPythonKernel):
     debugger_class = Type("monarch_kernel.debug.proxy.MeshDebugger")
     banner = "monarch-kernel: Python 3 as the single controller of a mesh (try  %mesh spawn -n 4)"
 
+    # The settings a controller reads; ranks spawned from here get them too (config.exported_env).
+    fanout = _setting("fanout")
+    spawn_timeout = _setting("spawn_timeout")
+    heartbeat_timeout = _setting("heartbeat_timeout")
+    max_frame = _setting("max_frame")
+    max_line = _setting("max_line")
+    send_queue = _setting("send_queue")
+    send_block = _setting("send_block")
+    bind_address = _setting("bind_address")
+    strict = _setting("strict")
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         from . import load_magics
 
+        diagnostics.install()
+        for s in config.kernel_settings():
+            config.set(s.name, getattr(self, s.name))
         load_magics(self.shell)
+
+    @observe(*(s.name for s in config.kernel_settings()))
+    def _setting_changed(self, change) -> None:
+        config.set(change["name"], change["new"])  # None gives the setting back to its variable
 
     def do_shutdown(self, restart):
         from . import unload_magics
@@ -35,6 +71,15 @@ class MeshKernelApp(IPKernelApp):
     name = "monarch-kernel"
     # A traitlets Type, as IPKernelApp declares it; its stubs type the base's value as a plain class.
     kernel_class = Type(MeshKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)  # type: ignore[assignment]
+    classes = [MeshKernel, *IPKernelApp.classes]  # so --help-all lists MeshKernel's settings
+
+    def load_config_file(self, *args, **kwargs) -> None:
+        """IPython's (the profile's ``ipython_config.py`` and ``monarch_kernel_config.py``),
+        then, taking precedence, Jupyter's config path (``jupyter --paths``), as Jupyter's own
+        applications read it: ``jupyter_config`` and ``monarch_kernel_config``, .py or .json."""
+        super().load_config_file(*args, **kwargs)
+        for name in ("jupyter_config", "monarch_kernel_config"):
+            Application.load_config_file(self, name, path=jupyter_config_path())
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Install the ``monarch`` kernelspec: ``python -m monarch_kernel install [--user|--sys-prefix]``."""
+"""``python -m monarch_kernel``: ``install [--user|--sys-prefix]`` installs the ``monarch``
+kernelspec; ``settings [--markdown]`` prints the settings in force (or the README's tables)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,24 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--user", action="store_true", help="for this user only")
     where.add_argument("--sys-prefix", action="store_true", help="into this Python environment")
     where.add_argument("--prefix", help="under this prefix")
+    shown = sub.add_parser("settings", help="the settings in force, each with its environment variable")
+    shown.add_argument("--markdown", action="store_true", help="the README's tables of settings and constants")
     args = p.parse_args(argv)
+    if args.cmd == "settings":
+        return settings(args.markdown)
     prefix = sys.prefix if args.sys_prefix else args.prefix
     path = install(user=args.user, prefix=prefix)
     print(f"installed kernelspec {KERNEL_NAME!r} ({DISPLAY_NAME}) in {path}")
+    return 0
+
+
+def settings(markdown: bool) -> int:
+    from ..runtime import config
+
+    if markdown:
+        sys.stdout.write(config.markdown())
+        return 0
+    for s in config.SETTINGS.values():
+        if s.env:
+            print(f"{s.env}={'' if s.get() is None else s.get()}  ({s.help})")
     return 0

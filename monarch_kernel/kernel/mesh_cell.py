@@ -15,13 +15,14 @@ from IPython.core.error import UsageError
 from ..actor.errors import ActorError
 from ..debug import proxy
 from ..mesh.ranks import RankSpecError, parse_ranks, rank_label
+from ..runtime import config
 from .panel_grid import show_displays
 
 if TYPE_CHECKING:
     from .session import MeshSession
 
-INTERRUPT_GRACE_S = 10.0  # how long an interrupted cell waits for the ranks to stop
-PROGRESS_AFTER_S = 2.0
+INTERRUPT_GRACE_S = config.seconds("interrupt_grace")
+PROGRESS_AFTER_S = config.seconds("progress_after")
 
 
 def ranks_arg(spec: str, n: int, flag: str) -> list[int]:

@@ -18,14 +18,15 @@ import time
 
 from ..console.console import SYNC
 from ..mesh.ranks import rank_label
+from ..runtime import config
 
-WINDOW_S = 0.15  # how long a line waits for the same line from other ranks
+WINDOW_S = config.seconds("collapse_window")
 # A line other ranks are joining waits this long again after each join, up to HOLD_S in all:
 # the ranks of a large mesh reach the same line over a second or so (their cell starts down
 # the tree, on a busy machine).
-JOIN_WINDOW_S = 0.5
-HOLD_S = 2.0
-BATCH_GAP_S = 0.02  # under a flood, at most one write per this interval
+JOIN_WINDOW_S = config.seconds("collapse_join_window")
+HOLD_S = config.seconds("collapse_hold")
+BATCH_GAP_S = config.seconds("output_batch_gap")
 WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about this big
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import os
 import shlex
 import threading
@@ -31,6 +32,8 @@ from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug import proxy
 from ..mesh.ranks import rank_label as _bracketed
+from ..runtime import config
+from ..runtime.diagnostics import PROCESS_STDERR
 from ..runtime.process import Runtime
 from . import panel_detached, status
 from .panel_messages import COMM_TARGET, JobRow, LogLines, MeshRow, MessageError, PanelState, RankRow, Reply, Request
@@ -39,11 +42,12 @@ from .status import rss_mib
 if TYPE_CHECKING:
     from .session import MeshSession
 
-TICK_S = 1.0  # while a cell runs or a rank is busy: one update a second (CPU, busy/idle)
-MIN_GAP_S = 0.5  # at most two updates a second, however fast ranks print
-COALESCE_S = 0.05  # a burst of events (a cell's first lines) makes one update
+log = logging.getLogger(__name__)
+TICK_S = config.seconds("panel_tick")
+MIN_GAP_S = config.seconds("panel_min_gap")
+COALESCE_S = config.seconds("panel_coalesce")
 LOG_LINES = 1000  # recent lines kept per rank for the log tab
-CPU_STALE_S = 3 * TICK_S  # an older CPU sample (a rank not shown since) is not averaged over
+CPU_STALE_S = config.seconds("panel_cpu_stale")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -279,7 +283,7 @@ class PanelFeed:
                 state = self.state()
             except Exception as e:  # noqa: BLE001  (a mesh mid-stop; the next event tries again)
                 self._ticking = True
-                print(f"monarch_kernel: the mesh panel's update failed: {e!r}", file=_stderr())
+                log.error("monarch_kernel: the mesh panel's update failed: %r", e, extra=PROCESS_STDERR)
                 continue
             data = state.encode()
             self._ticking = state.running or any(m.counts.get("busy") for m in state.meshes)
@@ -458,12 +462,6 @@ def spawn_line(req: Request) -> str:
     elif req.launcher and req.launcher != "local":
         words += ["--job", req.launcher]
     return " ".join(shlex.quote(w) for w in words)
-
-
-def _stderr():
-    import sys
-
-    return sys.__stderr__
 
 
 def feed(session: MeshSession) -> PanelFeed:

@@ -8,9 +8,10 @@ import html
 import os
 import threading
 
+from ..runtime import config
 from ..runtime.process import Runtime
 
-REFRESH_S = 1.0
+REFRESH_S = config.seconds("status_refresh")
 
 
 def rss_mib(pid: int | None) -> float | None:

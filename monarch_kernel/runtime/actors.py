@@ -12,11 +12,10 @@ import asyncio
 import contextlib
 import ctypes
 import inspect
+import logging
 import os
 import queue
-import sys
 import threading
-import traceback
 from typing import Any
 
 import zmq
@@ -26,6 +25,7 @@ from .completion import Completion
 from .context import ActorContext, MeshRef, current_actor
 from .inbox import Inbox, actor_address
 
+log = logging.getLogger(__name__)
 POLLIN = int(zmq.POLLIN)
 
 ENDPOINT_MARK = "__monarch_endpoint__"
@@ -225,8 +225,8 @@ class ActorSlot:
                     finally:
                         _in_loop.loop = None
         except BaseException:  # noqa: BLE001  (user code: the stop must go on; the rank's stderr reaches the controller)
-            print(f"monarch_kernel: __cleanup__ of {type(obj).__qualname__} '{self.actor_id}' on rank "
-                  f"{self.rank} raised:\n{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
+            log.error("monarch_kernel: __cleanup__ of %s '%s' on rank %s raised:", type(obj).__qualname__,
+                      self.actor_id, self.rank, exc_info=True)
         finally:
             current_actor.reset(token)
 

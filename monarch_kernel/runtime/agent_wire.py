@@ -10,6 +10,7 @@ import json
 
 import msgpack
 
+from . import config
 from .curve import CurveKeys
 from .envelope import Header, Kind, Part, Status, join_parts, split_parts
 
@@ -30,10 +31,10 @@ BEATS = "beats"  # {pids}: ranks that beat in the last second
 # both ways, every BEAT_S: still here
 BEAT = "beat"
 
-BEAT_S = 0.5
+BEAT_S = config.seconds("agent_beat")
 # A side that hears nothing from the other for this long declares it gone; checked every
 # beat, so a dead host is declared within SILENT_S + BEAT_S = 3 s.
-SILENT_S = 2.5
+SILENT_S = config.seconds("agent_silent")
 
 
 def encode(host_id: str, origin: str, msg: dict) -> tuple[Header, list]:

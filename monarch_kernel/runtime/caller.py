@@ -212,7 +212,7 @@ class Caller:
         except SendFailed as e:
             if address not in self._unsent_reported:
                 self._unsent_reported.add(address)
-                log.warning("monarch_kernel: %s was not sent: %s", what, e)
+                log.error("monarch_kernel: %s was not sent: %s", what, e)
             return False
 
     def send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "", direct=None) -> None:

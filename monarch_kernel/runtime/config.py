@@ -1,91 +1,300 @@
-"""Settings read from the environment, each with the variable that changes it."""
+"""Every setting of monarch-kernel and every timing constant of its code, with its meaning.
+
+The one place they are declared: each is a ``Setting`` in ``SETTINGS``.  A setting with an
+environment variable is read from it at each use (so a cell's ``%env`` takes effect), unless
+a value was given with ``set()`` (the kernel does this for its ``MeshKernel`` traitlets); a
+constant (``env`` None) is fixed.  ``python -m monarch_kernel settings --markdown`` prints
+the README's tables.  The lowest layer: it imports nothing of the project.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One setting: ``name`` in code (and on ``MeshKernel``), its environment variable (None:
+    a constant of the code), its type, default and meaning; ``unit`` of its value; ``kernel``:
+    also a ``MeshKernel`` traitlet; ``minimum``: a smaller value is raised to it; ``shown``:
+    the default as the README says it; ``used_in``: the module of a constant."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    env: str | None = None
+    unit: str = ""
+    kernel: bool = False
+    minimum: float | None = None
+    shown: str = ""
+    used_in: str = ""
+
+    def parse(self, raw: str) -> Any:
+        """The value of the environment variable's text (its own ValueError if it is not one)."""
+        if self.type is bool:
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if self.type is str:
+            return raw or None
+        value = self.type(raw)
+        return value if self.minimum is None else max(self.type(self.minimum), value)
+
+    def default_text(self) -> str:
+        """The default as the README and ``--help-all`` say it."""
+        return self.shown or (f"{self.default:g}" if isinstance(self.default, float) else str(self.default))
+
+    def get(self) -> Any:
+        """The value in force: one given with ``set()``, else the environment's, else the default."""
+        if self.name in _given:
+            return _given[self.name]
+        raw = os.environ.get(self.env) if self.env else None
+        return self.default if raw is None else self.parse(raw)
+
+
+def _env(env, name, type_, default, *, help_, unit="", kernel=False, minimum=None, shown=""):
+    return Setting(name, type_, default, help_, env, unit, kernel, minimum, shown)
+
+
+def _s(name, value, used_in, help_):
+    return Setting(name, float, value, help_, unit="s", used_in=used_in)
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in [
+    # -------------------------------------------- settings (environment; kernel ones also traitlets)
+    _env("MONARCH_KERNEL_FANOUT", "fanout", int, 8, kernel=True, minimum=1,
+         help_="children per node of the multicast tree"),
+    _env("MONARCH_KERNEL_SPAWN_TIMEOUT", "spawn_timeout", float, 60.0, unit="s", kernel=True,
+         help_="seconds to wait for ranks to connect"),
+    _env("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "heartbeat_timeout", float, 10.0, unit="s", kernel=True,
+         help_='seconds without a heartbeat after which a rank shows "not responding" (ranks beat every '
+               '`rank_beat`)'),
+    _env("MONARCH_KERNEL_MAX_FRAME", "max_frame", int, 16 << 30, unit="bytes", kernel=True, shown="16 GiB",
+         help_="largest frame a process accepts, in bytes"),
+    _env("MONARCH_KERNEL_MAX_LINE", "max_line", int, 1 << 20, unit="bytes", kernel=True, minimum=1024,
+         shown="1 MiB", help_="longest piece of one output line the controller holds; longer lines arrive as "
+                              "pieces of this size"),
+    _env("MONARCH_KERNEL_SEND_QUEUE", "send_queue", int, 1000, unit="messages", kernel=True, minimum=1,
+         help_="messages one thread may queue for a peer that is not reading before sends to it wait, then fail"),
+    _env("MONARCH_KERNEL_SEND_BLOCK", "send_block", float, 5.0, unit="s", kernel=True,
+         help_="seconds a caller waits for room in a full queue before `SendFailed` (the IO thread never waits)"),
+    _env("MONARCH_KERNEL_BIND", "bind_address", str, None, kernel=True, shown="the route to the controller",
+         help_="the address a process of a job that spans hosts listens on (its inboxes, its data server); an "
+               "agent sets it for the ranks it forks"),
+    _env("MONARCH_KERNEL_STRICT", "strict", bool, False, kernel=True, shown="off",
+         help_="`1`: Monarch's behaviour where ours differs (exit on an unhandled failure, no mixed sync/async "
+               "endpoints)"),
+    _env("MONARCH_KERNEL_DATA_TRANSPORT", "data_transport", str, None, shown="best per pair",
+         help_="force one data-plane transport (`shm`, `tcp`, `ibverbs` or `cuda_ipc`) instead of the best "
+               "usable one per pair of ranks"),
+    _env("MONARCH_KERNEL_DATA_BIND", "data_bind", str, None,
+         shown="127.0.0.1 on one host; the namespace's addresses across hosts",
+         help_="address(es) data servers listen on (comma-separated; `0.0.0.0` for all)"),
+    _env("MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT", "data_handshake_timeout", float, 5.0, unit="s", minimum=0.01,
+         help_="seconds a data connection has, in all, to prove it holds the job key (read when the server "
+               "starts)"),
+    _env("MONARCH_KERNEL_TCP_STREAMS", "tcp_streams", int, 2, minimum=1,
+         help_="connections one `tcp` transfer of 8 MiB or more is split over (two measured 40-80% faster "
+               "than one on a 2-core loopback; three slower than two)"),
+    _env("MONARCH_KERNEL_NETNS", "netns", str, None, shown="none",
+         help_="network namespace (a name under /run/netns, or a path) ranks enter before they start, to "
+               "place them on separate simulated hosts"),
+    _env("MONARCH_KERNEL_IB_DEVICE", "ib_device", str, None, shown="the first", help_="RDMA device for `ibverbs`"),
+    _env("MONARCH_KERNEL_IB_PORT", "ib_port", int, 1, help_="port of the RDMA device for `ibverbs`"),
+    _env("MONARCH_KERNEL_IB_GID_INDEX", "ib_gid_index", int, 0,
+         help_="GID index for `ibverbs` (RoCE usually needs one other than 0)"),
+    # -------------------------------------------- timing constants of the code
+    # Liveness: ranks beat to their template, which passes beats on; agents and controllers beat.
+    _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
+    _s("template_beats", 0.25, "runtime/template_server.py", "how often a template passes its ranks' beats "
+       "on, together (a beat reaches the owner at most 1.25 s old)"),
+    _s("agent_beat", 0.5, "runtime/agent_wire.py", "how often a host agent and its controller beat to each other"),
+    _s("agent_silent", 2.5, "runtime/agent_wire.py", "silence after which an agent or its controller declares "
+       "the other gone; checked every `agent_beat`, so a dead host is declared within 3 s"),
+    _s("orphan_sweep_first", 0.2, "runtime/template_server.py", "after a rank exits, when its template first "
+       "looks for the rank's orphaned children"),
+    _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
+    _s("stop_grace", 2.0, "runtime/supervision.py", "how long stopped ranks have to exit before they are killed"),
+    _s("cleanup_budget", 1.0, "runtime/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
+       "rank (within `stop_grace`)"),
+    _s("inbox_lease_recheck", 0.05, "runtime/receiving.py", "how often a thread waiting on an inbox that "
+       "another thread reads checks whether it may read it"),
+    # The kernel.
+    _s("collapse_window", 0.15, "kernel/output.py", "how long a line waits for the same line from other ranks"),
+    _s("collapse_join_window", 0.5, "kernel/output.py", "a line other ranks are joining waits this long again "
+       "after each join (the ranks of a large mesh reach it over a second or so)"),
+    _s("collapse_hold", 2.0, "kernel/output.py", "... up to this long in all"),
+    _s("output_batch_gap", 0.02, "kernel/output.py", "under a flood of output, at most one write per this interval"),
+    _s("interrupt_grace", 10.0, "kernel/mesh_cell.py", "how long an interrupted cell waits for the ranks to stop"),
+    _s("progress_after", 2.0, "kernel/mesh_cell.py", "a `%%mesh` cell running this long shows a progress line"),
+    _s("status_refresh", 1.0, "kernel/status.py", "how often the `%mesh status` widget refreshes"),
+    _s("detached_start_timeout", 60.0, "kernel/detached.py", "how long a detached mesh's host process has to start"),
+    _s("panel_tick", 1.0, "kernel/panel.py", "while a cell runs or a rank is busy: one Mesh panel update per tick"),
+    _s("panel_min_gap", 0.5, "kernel/panel.py", "at most one panel update per this interval, however fast ranks print"),
+    _s("panel_coalesce", 0.05, "kernel/panel.py", "a burst of events (a cell's first lines) makes one update"),
+    _s("panel_cpu_stale", 3.0, "kernel/panel.py", "an older CPU sample (a rank not shown since) is not averaged "
+       "over (3 ticks)"),
+    # Debugging.
+    _s("pdb_announce_window", 0.2, "debug/pdb_controller.py",
+       "ranks stopping in pdb within this window are announced together"),
+    _s("pdb_receive_poll", 0.2, "debug/pdb_controller.py",
+       "how often pdb's receiver checks whether its hub was closed"),
+    _s("pdb_rank_poll", 0.1, "debug/pdb_rank.py", "how often a rank waiting in pdb checks for input (and lets "
+       "an interrupt in)"),
+    _s("dap_reply_timeout", 60.0, "debug/rank_target.py", "how long a debugger request to a rank's debugpy waits"),
+    _s("dap_initialize_timeout", 15.0, "debug/rank_target.py", "... an `initialize` (debugpy answers at once "
+       "when it takes the connection at all)"),
+    _s("dap_inspect_timeout", 5.0, "debug/rank_target.py", "... a variable panel request (asked often: never "
+       "holds the others up long)"),
+    _s("tunnel_open_timeout", 30.0, "debug/tunnel.py", "how long opening a debugger tunnel to a rank waits"),
+    _s("tunnel_send_timeout", 30.0, "debug/tunnel.py", "how long the rank's relay has to take one request"),
+    _s("tunnel_close_wait", 1.0, "debug/tunnel.py", "how long closing a tunnel waits for the relay's last word"),
+    _s("tunnel_exit_timeout", 2.0, "debug/tunnel.py", "for closing the debugger sessions as the kernel exits"),
+    _s("tunnel_lease", 15.0, "debug/tunnel.py", "a relay not renewed for this long (the kernel died) ends its session"),
+    _s("tunnel_renew", 3.0, "debug/tunnel.py", "how often an idle debugger session is renewed"),
+    _s("relay_connect_timeout", 10.0, "debug/relay.py", "for a rank's relay to connect to its debugpy"),
+    _s("relay_settle", 0.2, "debug/relay.py", "a new debugger session connects this long after the last one "
+       "ended (debugpy's adapter needs it)"),
+    _s("relay_end_wait", 3.0, "debug/relay.py", "how long a new debugger session waits for the old ones to end"),
+    # Data plane, distributed training, jobs, the server extension.
+    _s("data_connect_timeout", 2.0, "data/client.py", "for a connection to a buffer owner's data server"),
+    _s("data_busy_wait", 10.0, "data/client.py", "how long to keep trying an owner whose server turns "
+       "connections away"),
+    _s("data_accept_backoff", 0.5, "data/server.py", "longest pause of a data server that ran out of file "
+       "descriptors or memory to accept with"),
+    _s("spmd_setup_timeout", 120.0, "spmd/env.py", "for a mesh's torch.distributed environment to be set up"),
+    _s("slurm_command_timeout", 60.0, "job/slurm.py", "one sbatch/squeue/scancel call (slurmctld retries when "
+       "it is busy)"),
+    _s("slurm_cancel_timeout", 60.0, "job/slurm.py", "scancel until squeue no longer lists the job as active"),
+    _s("server_helper_timeout", 60.0, "monarch_kernel_server/handlers.py", "the Jupyter Server extension's "
+       "wait for its helper process"),
+    _s("server_kernel_timeout", 120.0, "monarch_kernel_server/handlers.py", "the Jupyter Server extension's "
+       "wait for a kernel to run its request"),
+]}
+
+_given: dict[str, Any] = {}  # values given with set(), by name
+
+
+def setting(name: str) -> Setting:
+    try:
+        return SETTINGS[name]
+    except KeyError:
+        raise KeyError(f"no setting named {name!r}; the settings are {', '.join(SETTINGS)}") from None
+
+
+def get(name: str) -> Any:
+    """The value of setting ``name`` in force (``get("heartbeat_timeout")`` -> 10.0)."""
+    return setting(name).get()
+
+
+def set(name: str, value: Any) -> None:
+    """Give setting ``name`` a value for this process, ahead of its environment variable;
+    ``None`` takes it back.  The ranks this process spawns get it too (``exported_env()``)."""
+    s = setting(name)
+    if s.env is None:
+        raise ValueError(f"{name} is a constant of the code ({s.used_in}), not a setting; change it there")
+    if value is None:
+        _given.pop(name, None)
+    else:
+        _given[name] = s.parse(str(value)) if isinstance(value, str) else s.type(value)
+
+
+def exported_env() -> dict[str, str]:
+    """The values given with ``set()``, as environment variables: spawned ranks (and what they
+    spawn) see what this process sees.  A spawn's own ``env=`` wins over them."""
+    return {s.env: ("1" if _given[n] else "0") if s.type is bool else str(_given[n])
+            for n, s in SETTINGS.items() if n in _given and s.env}
+
+
+def env_name(name: str) -> str:
+    """The environment variable of setting ``name`` (``env_name("bind_address")`` -> ``MONARCH_KERNEL_BIND``)."""
+    env = setting(name).env
+    assert env is not None, f"{name} is a constant of the code"
+    return env
+
+
+def kernel_settings() -> list[Setting]:
+    """The settings that are also ``MeshKernel`` traitlets: those a controller reads."""
+    return [s for s in SETTINGS.values() if s.kernel]
+
+
+def seconds(name: str) -> float:
+    """A timing constant, in seconds (``seconds("agent_beat")`` -> 0.5)."""
+    s = setting(name)
+    assert s.unit == "s" and s.env is None, f"{name} is not a timing constant"
+    return s.default
+
+
+# Typed accessors of the settings, for the code that reads them.
 def fanout() -> int:
-    """MONARCH_KERNEL_FANOUT: children per node of the multicast tree (default 8)."""
-    return max(1, int(os.environ.get("MONARCH_KERNEL_FANOUT", "8")))
+    return get("fanout")
 
 
 def max_frame() -> int:
-    """MONARCH_KERNEL_MAX_FRAME: largest accepted frame in bytes (default 16 GiB)."""
-    return int(os.environ.get("MONARCH_KERNEL_MAX_FRAME", str(16 << 30)))
+    return get("max_frame")
 
 
 def spawn_timeout() -> float:
-    """MONARCH_KERNEL_SPAWN_TIMEOUT: seconds to wait for ranks to come up (default 60)."""
-    return float(os.environ.get("MONARCH_KERNEL_SPAWN_TIMEOUT", "60"))
-
-
-def data_transport() -> str | None:
-    """MONARCH_KERNEL_DATA_TRANSPORT: force one data-plane transport (ibverbs, cuda_ipc, shm
-    or tcp) instead of the best usable one per pair of ranks."""
-    return os.environ.get("MONARCH_KERNEL_DATA_TRANSPORT") or None
-
-
-def netns() -> str | None:
-    """MONARCH_KERNEL_NETNS: a network namespace (name under /run/netns, or a path) that
-    ranks enter before they start, to place them on separate simulated hosts."""
-    return os.environ.get("MONARCH_KERNEL_NETNS") or None
-
-
-def tcp_streams() -> int:
-    """MONARCH_KERNEL_TCP_STREAMS: connections a tcp transfer of 8 MiB or more is split over
-    (default 2: sender and receiver each copy two streams at once; measured 40-80% faster
-    than one on a 2-core loopback, while three were slower than two)."""
-    return max(1, int(os.environ.get("MONARCH_KERNEL_TCP_STREAMS", "2")))
-
-
-def send_queue() -> int:
-    """MONARCH_KERNEL_SEND_QUEUE: messages a thread may queue for one peer that is not
-    reading before sends to it wait, then fail (default 1000)."""
-    return max(1, int(os.environ.get("MONARCH_KERNEL_SEND_QUEUE", "1000")))
-
-
-def send_block() -> float:
-    """MONARCH_KERNEL_SEND_BLOCK: seconds a calling thread waits for room in a full queue
-    before the call fails (default 5; the IO thread never waits)."""
-    return float(os.environ.get("MONARCH_KERNEL_SEND_BLOCK", "5"))
+    return get("spawn_timeout")
 
 
 def heartbeat_timeout() -> float:
-    """MONARCH_KERNEL_HEARTBEAT_TIMEOUT: seconds without a heartbeat after which a rank is
-    shown "not responding" (default 10; ranks beat every second)."""
-    return float(os.environ.get("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "10"))
+    return get("heartbeat_timeout")
 
 
 def max_line() -> int:
-    """MONARCH_KERNEL_MAX_LINE: longest piece of one output line the controller holds, in
-    bytes (default 1 MiB); a longer line reaches the output sink as pieces of this size."""
-    return max(1024, int(os.environ.get("MONARCH_KERNEL_MAX_LINE", str(1 << 20))))
+    return get("max_line")
 
 
-def data_bind_address() -> str | None:
-    """MONARCH_KERNEL_DATA_BIND: the address data servers listen on for TCP peers (several
-    comma-separated; 0.0.0.0 for every interface).  Unset: loopback when every rank of the job
-    is on this host, else this network namespace's interface addresses (``hosts.py``)."""
-    return os.environ.get("MONARCH_KERNEL_DATA_BIND") or None
+def send_queue() -> int:
+    return get("send_queue")
+
+
+def send_block() -> float:
+    return get("send_block")
 
 
 def bind_address() -> str | None:
-    """MONARCH_KERNEL_BIND: the address a process of a job that spans hosts listens on (its
-    inboxes, its data server).  Unset: the address of its route to the controller; an agent
-    sets it for the ranks it forks."""
-    return os.environ.get("MONARCH_KERNEL_BIND") or None
-
-
-def data_handshake_timeout() -> float:
-    """MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT: seconds a connection to a data server has, in
-    all, to prove it holds the job key (default 5); read when the server starts."""
-    return max(0.01, float(os.environ.get("MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT", "5")))
+    return get("bind_address")
 
 
 def strict() -> bool:
-    """MONARCH_KERNEL_STRICT=1: behave as Monarch where we deliberately differ (default off).
-    An unhandled failure exits the controller with status 1 after it is reported, and an
-    actor class mixing sync and async endpoints is refused at spawn with Monarch's
-    ValueError.  Read at each use, so a test can set it in a subprocess."""
-    return os.environ.get("MONARCH_KERNEL_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+    return get("strict")
+
+
+def data_transport() -> str | None:
+    return get("data_transport")
+
+
+def data_bind_address() -> str | None:
+    return get("data_bind")
+
+
+def data_handshake_timeout() -> float:
+    return get("data_handshake_timeout")
+
+
+def tcp_streams() -> int:
+    return get("tcp_streams")
+
+
+def netns() -> str | None:
+    return get("netns")
+
+
+def ib_device() -> tuple[str | None, int, int]:
+    """(device, port, GID index) for ``ibverbs``."""
+    return get("ib_device"), get("ib_port"), get("ib_gid_index")
+
+
+def markdown() -> str:
+    """The README's two tables: the settings, then the timing constants."""
+    rows = ["| variable | `MeshKernel` trait | default | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{s.env}` | {f'`{s.name}`' if s.kernel else ''} | {s.default_text()} | {s.help} |"
+             for s in SETTINGS.values() if s.env]
+    rows += ["", "| constant | seconds | used in | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.default_text()} | `{s.used_in}` | {s.help} |"
+             for s in SETTINGS.values() if not s.env]
+    return "\n".join(rows) + "\n"
+

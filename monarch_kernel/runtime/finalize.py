@@ -17,7 +17,9 @@ import threading
 import time
 import weakref
 
-CLEANUP_BUDGET_S = 1.0  # for every actor's __cleanup__ together; the controller's grace is 2 s
+from . import config
+
+CLEANUP_BUDGET_S = config.seconds("cleanup_budget")
 
 _at_start: set[str] = set()
 

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-import sys
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -23,6 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .failure import DeathInfo, MeshFailure
 from .output import print_sink
 
+log = logging.getLogger(__name__)
 
 class OutputSink(Protocol):
     """Called on the IO thread for every line a rank of a mesh this process spawned writes
@@ -127,7 +128,7 @@ class HookPoint(Generic[F]):
 
 
 def _print_unhandled(failure: MeshFailure) -> None:
-    print(f"monarch_kernel: unhandled failure: {failure}", file=sys.stderr, flush=True)
+    log.error("monarch_kernel: unhandled failure: %s", failure)
 
 
 class HostHook(Protocol):

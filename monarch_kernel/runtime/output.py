@@ -10,12 +10,15 @@ reaches the sink as pieces of that size).
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import sys
 from collections.abc import Callable
 
 from . import config
+from .diagnostics import PROCESS_STDERR
 
+log = logging.getLogger(__name__)
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".
 Sink = Callable[[str, int, str, str], None]
 
@@ -95,7 +98,7 @@ class LineReader:
         try:
             self._sink()(self.mesh, self.rank, self.stream, line)
         except Exception as e:  # a broken sink must not stop the IO thread
-            print(f"monarch_kernel: output sink failed: {e!r}", file=sys.__stderr__)
+            log.error("monarch_kernel: output sink failed: %r", e, extra=PROCESS_STDERR)
 
     def _feed(self, data: bytes) -> None:
         """Split one chunk into lines; each byte is looked at a bounded number of times."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, finalize, serialize, shm
+from . import agent_wire, config, diagnostics, finalize, serialize, shm
 from .auth import DropCounts, Signer
 from .caller import Caller
 from .completion import Completion
@@ -72,6 +72,7 @@ class Runtime:
 
     @classmethod
     def _new_controller(cls) -> Runtime:
+        diagnostics.install()
         raise_nofile_limit()
         rundir = tempfile.mkdtemp(prefix="mk-")
         os.chmod(rundir, 0o700)

@@ -18,7 +18,7 @@ import sys
 
 import msgpack
 
-from . import config, finalize, rank_logging
+from . import config, diagnostics, finalize, rank_logging
 from .context import process_mesh
 from .envelope import Part, Status
 from .failure import RemoteFailure
@@ -30,7 +30,7 @@ from .main_thread import MainThread
 from .process import Runtime
 from .serialize import dumps
 
-WATCHDOG_S = 1.0
+WATCHDOG_S = config.seconds("rank_beat")
 
 
 def tell_template(control: int, frame: bytes) -> None:
@@ -74,6 +74,7 @@ def run_rank(cfg: LaunchConfig, template_pid: int, control: int) -> None:
     rt.job_ports.update(cfg.job_ports)
     process_mesh[0], process_mesh[1] = ref, rank
     rank_logging.install()
+    diagnostics.install()
     failed = run_bootstrap(cfg.bootstrap, rank)
     # Through the template, which forwards its ranks' hellos and beats together: a rank never
     # needs a connection of its own to its owner to come up or stay known as alive.

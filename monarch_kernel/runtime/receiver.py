@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import zmq
 
+from . import config
 from .auth import DropCounts, Dropped, Signer
 from .completion import Completion
 from .envelope import Header
@@ -27,7 +28,7 @@ from .kinds import Kind
 
 log = logging.getLogger("monarch_kernel.runtime")
 
-LEASE_RECHECK_S = 0.05  # a reader holding the inbox looks up this often
+LEASE_RECHECK_S = config.seconds("inbox_lease_recheck")
 _INLINE = (Kind.REPLY, Kind.CALL, Kind.SPAWN, Kind.WAKE)  # kinds a reading thread handles itself
 
 
@@ -115,7 +116,7 @@ class Receiver:
         try:
             self.dispatch(header, body)
         except Exception:  # a bug in handling one message must not stop the loop
-            log.exception("error handling a %s", Kind(header.kind).name)
+            log.exception("monarch_kernel: error handling %s", Kind(header.kind).name)
 
     # ------------------------------------------------------------ threads' own inboxes
 

@@ -32,7 +32,7 @@ from .payloads import DeathNotice, ReviveNotice
 from .serialize import dumps
 from .template_client import TemplateClient
 
-STOP_GRACE_S = 2.0
+STOP_GRACE_S = config.seconds("stop_grace")
 
 
 def _free_port() -> int:
@@ -192,7 +192,8 @@ class Supervisor:
             remote = om.links is not None
             cfg = LaunchConfig(
                 key=rt.key, rundir=rt.rundir, owner=ref.owner, rank=r, mesh=ref,
-                sys_path=tuple(sys.path), cwd=os.getcwd(), env=env, fanout=rt.caller.fanout,
+                sys_path=tuple(sys.path), cwd=os.getcwd(), env={**config.exported_env(), **env},
+                fanout=rt.caller.fanout,
                 master_port=master_port,
                 # The root controller's template removes the run directory if it is killed.
                 cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else [])

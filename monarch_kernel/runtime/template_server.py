@@ -18,16 +18,17 @@ import sys
 import time
 from typing import NoReturn
 
+from . import config
 from .launch import LaunchConfig
 from .limits import raise_nofile_limit
 from .template_wire import BEATS, EXIT, FORK, FORK_FAILED, FORKED, HELLO, KILL, OUTPUT, READY, pack, recv_msg
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-SWEEP_AFTER_S = (0.2, 1.0)  # orphans of a dead rank reach the template soon after it exits
+SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sweep_last"))
 READ_SIZE = 1 << 16
 BATCH_BYTES = 48 << 10  # output is forwarded in messages of about this size (the socket takes ~200 KiB)
-BEATS_S = 0.25  # how often the ranks' heartbeats are passed on, together (a beat reaches the owner <= 1.25 s old)
+BEATS_S = config.seconds("template_beats")
 PIPE_SIZE = 1 << 20  # a rank's big write needs fewer wake-ups
 
 

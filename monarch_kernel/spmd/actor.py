@@ -14,6 +14,7 @@ import sys
 
 from ..actor.actor import Actor, context, current_rank
 from ..actor.endpoint import endpoint
+from ..runtime import config
 from . import group
 from .layout import RankEnv, elastic_layout, layout_from_point
 from .script import run_script
@@ -68,7 +69,7 @@ class SPMDActor(Actor):
         job's host, else what the name resolves to)."""
         host = socket.gethostname()
         if use_ipaddr:
-            host = os.environ.get("MONARCH_KERNEL_BIND") or _resolve(host)
+            host = config.bind_address() or _resolve(host)
         return host, _free_port(host if use_ipaddr else "")
 
     @endpoint
@@ -79,7 +80,7 @@ class SPMDActor(Actor):
         if not spans_hosts:
             addr = "127.0.0.1"
         else:
-            addr = os.environ.get("MONARCH_KERNEL_BIND") or _route_to(peer) or _resolve(socket.gethostname())
+            addr = config.bind_address() or _route_to(peer) or _resolve(socket.gethostname())
         return addr, _free_port(addr)
 
     @endpoint

@@ -11,11 +11,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime import config
 from ..runtime.process import Runtime
 from .actor import ElasticEnvActor
 from .layout import RankEnv, elastic_layout
 
-SETUP_TIMEOUT_S = 120.0
+SETUP_TIMEOUT_S = config.seconds("spmd_setup_timeout")
 
 
 @dataclass

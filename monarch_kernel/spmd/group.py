@@ -8,6 +8,7 @@ a group; importing this module imports nothing of torch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 from .layout import RankEnv
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _state: dict[str, Any] = {"device_mesh": None, "spec": None}
 _sockets: list[tuple[int, int]] = []  # (fd, inode) of the TCP connections gloo opened for this rank's groups
@@ -102,7 +104,7 @@ def abort_group(reason: str = "") -> bool:
         except (RuntimeError, ValueError, AssertionError):
             pass
     if reason:
-        print(f"process group aborted: {reason}", file=sys.stderr, flush=True)
+        log.warning("process group aborted: %s", reason)
     return True
 
 
