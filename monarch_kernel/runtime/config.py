@@ -118,7 +118,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("stop_grace", 2.0, "runtime/supervision.py", "how long stopped ranks have to exit before they are killed"),
     _s("cleanup_budget", 1.0, "runtime/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),
-    _s("inbox_lease_recheck", 0.05, "runtime/receiving.py", "how often a thread waiting on an inbox that "
+    _s("inbox_lease_recheck", 0.05, "runtime/receiver.py", "how often a thread waiting on an inbox that "
        "another thread reads checks whether it may read it"),
     # The kernel.
     _s("collapse_window", 0.15, "kernel/output.py", "how long a line waits for the same line from other ranks"),
