@@ -190,3 +190,34 @@ def test_node_table_redirect_outcomes():
     st = t.prune(key4, 2)
     assert st is None
     assert t.add(key4, 0, [Part(0, 0, [b""])]).reply_to == "parent"
+
+
+@pytest.mark.parametrize("body", [[b"small"], [b"a", b"b" * 5000, memoryview(b"c" * 70000), b"tail"], []])
+def test_packed_frames_round_trip_to_the_signed_layout(body):
+    """Small parts ride in the first frame with the MAC and header; large ones follow as
+    frames of their own; unpacking gives back exactly what was signed."""
+    from monarch_kernel.runtime.framing import INLINE_MAX, pack, unpack
+
+    s = Signer(secrets.token_bytes(32))
+    h = Header(Kind.CALL, 1, "ipc:///o", "ipc:///o", "m", "a", "f", [0])
+    h.parts = [[0, 0, len(body) - 1]] if body else []
+    logical = s.sign(h, body)
+    packed = pack(logical)
+    sizes = [f.nbytes if isinstance(f, memoryview) else len(f) for f in body]
+    first_big = next((i for i, n in enumerate(sizes) if n >= INLINE_MAX), len(body))
+    assert len(packed) == 1 + len(body) - first_big  # the parts before the first large one are inlined
+    back = unpack(packed)
+    assert [bytes(f) for f in back] == [bytes(f) for f in logical]
+    header, _body = s.verify(back)
+    assert header.method == "f"
+
+
+def test_a_packed_first_frame_that_lies_about_its_lengths_is_dropped():
+    from monarch_kernel.runtime.framing import pack, unpack
+
+    s = Signer(secrets.token_bytes(32))
+    first = pack(_signed(s))[0]
+    for cut, reason in ((first[:-1], "truncated"), (first + b"x", "malformed"), (first[:34], "malformed")):
+        with pytest.raises(Dropped) as info:
+            unpack([cut])
+        assert info.value.reason == reason

@@ -21,6 +21,7 @@ from . import config
 from .auth import DropCounts, Dropped, Signer
 from .completion import Completion
 from .envelope import Header
+from .framing import unpack
 from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
@@ -103,7 +104,7 @@ class Receiver:
         """Check one message and dispatch it (dropped and counted when not authentic)."""
         self.received += 1
         try:
-            header, body = self.signer.verify(frames)
+            header, body = self.signer.verify(unpack(frames))
         except Dropped as d:
             self.drops.count(d.reason)
             return

@@ -21,6 +21,7 @@ from .auth import Signer
 from .curve import CurveKeys
 from .envelope import Header
 from .failure import SendFailed
+from .framing import pack
 from .limits import check_room
 
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -100,11 +101,11 @@ class Transport:
         When the peer's queue is full, waits up to ``MONARCH_KERNEL_SEND_BLOCK`` seconds for
         room (``block=False``, for the IO thread: not at all), then raises ``SendFailed``.
         """
-        frames = self.signer.sign(header, body)
+        frames = pack(self.signer.sign(header, body))
         try:
             sock = self._socket(addr)
             last = len(frames) - 1
-            try:  # the MAC: 32 bytes, copied
+            try:  # the MAC, the header and the small parts: copied
                 _send(sock, frames[0], _MORE_NOBLOCK if last else _NOBLOCK, True)
             except zmq.Again:
                 self._wait_for_room(sock, addr, header, block)
