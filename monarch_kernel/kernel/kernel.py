@@ -53,7 +53,8 @@ class MeshKernel(IPythonKernel):
 
         diagnostics.install()
         for s in config.kernel_settings():
-            config.set(s.name, getattr(self, s.name))
+            if getattr(self, s.name) is not None:  # configured (command line, config file)
+                config.set(s.name, getattr(self, s.name))
         load_magics(self.shell)
 
     @observe(*(s.name for s in config.kernel_settings()))

@@ -290,9 +290,9 @@ def ib_device() -> tuple[str | None, int, int]:
 
 def markdown() -> str:
     """The README's two tables: the settings, then the timing constants."""
-    rows = ["| variable | `MeshKernel` trait | default | meaning |", "|---|---|---|---|"]
-    rows += [f"| `{s.env}` | {f'`{s.name}`' if s.kernel else ''} | {s.default_text()} | {s.help} |"
-             for s in SETTINGS.values() if s.env]
+    rows = ["| variable | `MeshKernel` trait | type | default | meaning |", "|---|---|---|---|---|"]
+    rows += [f"| `{s.env}` | {f'`{s.name}`' if s.kernel else ''} | {s.type.__name__}{f' ({s.unit})' if s.unit else ''}"
+             f" | {s.default_text()} | {s.help} |" for s in SETTINGS.values() if s.env]
     rows += ["", "| constant | seconds | used in | meaning |", "|---|---|---|---|"]
     rows += [f"| `{s.name}` | {s.default_text()} | `{s.used_in}` | {s.help} |"
              for s in SETTINGS.values() if not s.env]
