@@ -140,6 +140,7 @@ class HostAgent:
         if pid is None:  # the template is gone: so are the ranks
             self.shutdown("the template exited")
             return
+        assert status is not None  # the template reports a rank's exit with its wait status
         self.pids.discard(pid)
         self._flush()
         self._say(hw.Exit(pid, status))

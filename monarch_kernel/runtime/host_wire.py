@@ -14,9 +14,11 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import msgpack
+
+M = TypeVar("M", bound="Message")
 
 
 class MalformedMessage(ValueError):
@@ -52,7 +54,7 @@ class Message:
                              use_bin_type=True)
 
     @classmethod
-    def from_values(cls, values: list) -> "Message":
+    def from_values(cls: type[M], values: list) -> M:
         fields = dataclasses.fields(cls)
         required = sum(1 for f in fields if f.default is dataclasses.MISSING
                        and f.default_factory is dataclasses.MISSING)
@@ -66,10 +68,10 @@ class Message:
         return cls(*values)
 
     @classmethod
-    def decode(cls, data: bytes) -> "Message":
+    def decode(cls: type[M], data: bytes) -> M:
         """The message ``encode`` made, which must be of this class (``Message.decode``: any)."""
         msg = decode(data)
-        if cls is not Message and type(msg) is not cls:
+        if not isinstance(msg, cls):
             raise MalformedMessage(f"expected a {cls.OP!r} message, got {msg.OP!r}")
         return msg
 

@@ -280,14 +280,10 @@ class Launcher:
         for r in ranks:
             om.restarting[r] = c = Completion()
             done.append(c)
-        rt = self.rt
         for r in ranks:
             om.alive.add(r)
             om.up.discard(r)
-            rt.dead.pop((om.ref.id, r), None)
-        for other in list(rt.meshes.values()):  # let callers that heard of the death forget it
-            for r in ranks:
-                rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE, extra=[om.ref.id, r])
+        self.rt.supervision.on_revive(om, ranks)
         self._launch(om, om.env, ranks)
         return done
 

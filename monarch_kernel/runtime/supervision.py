@@ -1,10 +1,10 @@
 """The supervision policy: what a rank's death or a reported failure means, and who hears it.
 
 A death is handled once the launcher has recorded it: the calls waiting on the rank fail at
-once (``ProcessDied``), every mesh that might call it is told (``Kind.DEATH``), the mesh's
-spawn or restart in progress fails; a death nobody was waiting for becomes a supervision
-event for the spawning actor's ``__supervise__``, or goes up the chain of owners to the
-controller's unhandled-fault hook.  It decides; it never starts or ends a process.
+once (``ProcessDied``), every mesh that might call it is told (``Kind.DEATH``; ``Kind.REVIVE``
+once it is restarted), the mesh's spawn or restart in progress fails; a death nobody was
+waiting for becomes a supervision event for the spawning actor's ``__supervise__``, or goes up
+the chain of owners to the controller's unhandled-fault hook.  It decides; it never starts or ends a process.
 """
 
 from __future__ import annotations
@@ -45,6 +45,16 @@ class SupervisionPolicy:
             # A death some call of ours was waiting on has already reached its caller as
             # ProcessDied; only deaths nobody saw become supervision events.
             self.supervise(om, MeshFailure(om.ref.name, rank, info.describe(), death=info))
+
+    def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None:
+        """Dead ``ranks`` of ``om`` are being started again: this process and every mesh
+        told of their deaths forget them (``Kind.REVIVE``)."""
+        rt = self.rt
+        for r in ranks:
+            rt.dead.pop((om.ref.id, r), None)
+        for other in list(rt.meshes.values()):
+            for r in ranks:
+                rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE, extra=[om.ref.id, r])
 
     def supervise(self, om: OwnedMesh, failure: MeshFailure) -> None:
         """Offer the failure to the actor that spawned the proc mesh, else pass it up."""

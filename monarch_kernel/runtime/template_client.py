@@ -76,7 +76,7 @@ class TemplateClient:
         self._handlers: dict[type, Callable] = {Output: self._output, Beats: lambda m: self.events.beats(m.pids),
                                                 Hello: lambda m: self.events.hello(m.pid, m.hello),
                                                 Forked: self._forked, ForkFailed: self._fork_failed,
-                                                Exit: self._exit, Ready: self._ready}
+                                                Exit: self._exited, Ready: self._ready}
         loop.add_reader(here.fileno(), self._readable)
 
     def fork(self, config: LaunchConfig, on_forked, on_failed: Callable[[str], None] | None = None) -> None:
@@ -137,7 +137,7 @@ class TemplateClient:
         if cbs is not None and cbs[1] is not None:
             cbs[1](msg.error)
 
-    def _exit(self, msg: Exit) -> None:
+    def _exited(self, msg: Exit) -> None:
         with self._lock:
             self.ranks -= 1
         self.events.exited(msg.pid, msg.status)
