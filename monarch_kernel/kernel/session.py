@@ -105,9 +105,12 @@ class MeshSession:
         procs, consoles = self.get(name)
         host = self.hosts.get(procs.name)
         try:
-            if host is not None:
-                return host.restart.call_one(ranks).get(timeout=120)
-            return procs.restart(ranks, [(consoles, Console, (), {})])
+            if host is None:
+                return procs.restart(ranks, [(consoles, Console, (), {})])
+            done = host.restart.call_one(ranks).get(timeout=120)
+            rt = Runtime.current()  # the host told us of the deaths; it revives only its own meshes' view
+            rt.io.run(rt.supervision.forget_deaths, procs.ref.id, done.ranks)
+            return done
         except ValueError as e:
             raise UsageError(str(e)) from None
         except ActorError as e:

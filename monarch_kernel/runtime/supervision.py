@@ -50,11 +50,16 @@ class SupervisionPolicy:
         """Dead ``ranks`` of ``om`` are being started again: this process and every mesh
         told of their deaths forget them (``Kind.REVIVE``)."""
         rt = self.rt
-        for r in ranks:
-            rt.dead.pop((om.ref.id, r), None)
+        self.forget_deaths(om.ref.id, ranks)
         for other in list(rt.meshes.values()):
             for r in ranks:
                 rt.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE, extra=[om.ref.id, r])
+
+    def forget_deaths(self, mesh_id: str, ranks) -> None:
+        """This process forgets that ``ranks`` of mesh ``mesh_id`` died: they were started
+        again (here, or by the process that owns the mesh: a detached mesh's host)."""
+        for r in ranks:
+            self.rt.dead.pop((mesh_id, r), None)
 
     def supervise(self, om: OwnedMesh, failure: MeshFailure) -> None:
         """Offer the failure to the actor that spawned the proc mesh, else pass it up."""
