@@ -360,10 +360,7 @@ class MeshMagics(Magics):
         done = self.session.restart(procs.name, ranks)  # ProcMesh.restart: the one restart path
         if done.killed:
             print(f"{rank_label(done.killed)} not responding: killing, to replace")
-        if not done.ranks:
-            print("no dead ranks to restart")
-            return
-        print(f"restarted {rank_label(done.ranks)} with fresh namespaces")
+        print(f"restarted {rank_label(done.ranks)} with fresh namespaces" if done.ranks else "no dead ranks to restart")
 
     def _cmd_sync(self, a):
         procs, _consoles = self.session.get()
