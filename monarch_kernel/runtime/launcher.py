@@ -269,8 +269,9 @@ class Launcher:
 
     def _restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """On the IO thread, so that it runs wholly after the handling of the death it
-        replaces (``_died`` fails the calls first, which wakes the caller that asks for this
-        restart, and only then fails what waits in ``restarting``)."""
+        replaces (its handling, ``_died`` and the policy's ``on_death``, fails the calls first,
+        which wakes the caller that asks for this restart, and only then fails what waits in
+        ``restarting``)."""
         if om.stopping:
             raise RuntimeError(f"mesh '{om.ref.name}' was stopped; spawn a new one")
         alive = [r for r in ranks if r in om.alive]
