@@ -285,6 +285,27 @@ def test_detached_mesh_survives_a_kernel_restart(kernelspec):
         assert reply["ename"] == "UsageError" and "no detached mesh named 'keepme'" in reply["evalue"]
 
 
+def test_restart_of_a_detached_mesh_takes_the_same_path(kernelspec):
+    """``%mesh restart`` of a detached mesh: its host process runs ``ProcMesh.restart``, which
+    picks the dead ranks and refuses live ones, as for a mesh of the kernel's own."""
+    with kernel(kernelspec) as client:
+        out, reply = run(client, "procs = %mesh spawn -n 2 --detach again")
+        assert reply["status"] == "ok", text(out)
+        try:
+            out, reply = run(client, "%%mesh --ranks 1\nimport os\nos._exit(9)")
+            assert reply["status"] == "error"
+            out, reply = run(client, "%mesh restart --ranks 0")
+            assert reply["ename"] == "UsageError" and "are alive" in reply["evalue"], reply
+            out, reply = run(client, "%mesh restart")
+            assert reply["status"] == "ok", text(out)
+            assert "restarted [rank 1] with fresh namespaces" in text(out)
+            out, reply = run(client, "%%mesh\nfrom monarch_kernel import current_rank\ncurrent_rank().rank")
+            assert "[rank 0] 0" in text(out) and "[rank 1] 1" in text(out), text(out)
+        finally:
+            out, reply = run(client, "%mesh stop again")
+            assert reply["status"] == "ok", text(out)
+
+
 def test_jupyter_console_drives_the_kernel(kernelspec):
     import subprocess
 

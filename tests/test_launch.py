@@ -15,7 +15,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from monarch_kernel.runtime import template_client, template_server, template_wire
+from monarch_kernel.runtime import host_wire, template_client, template_server, template_wire
 from monarch_kernel.runtime.context import MeshRef
 from monarch_kernel.runtime.launch import LaunchConfig
 
@@ -30,7 +30,7 @@ REF = MeshRef("m1a2b3c4", "gpus", (("hosts", 2), ("gpus", 2)),
 def _config(**over) -> LaunchConfig:
     fields = dict(key=bytes(range(32)), rundir="/tmp/run", owner="ipc:///tmp/run/c42", rank=3, mesh=REF,
                   sys_path=("", "/src", "/usr/lib/python3"), cwd="/src", env={"A": "1", "Ü": "é"},
-                  fanout=8, master_port=29500, cleanup_dirs=("/tmp/run", "/dev/shm/seg"))
+                  fanout=8, cleanup_dirs=("/tmp/run", "/dev/shm/seg"))
     fields.update(over)
     return LaunchConfig(**fields)
 
@@ -60,7 +60,7 @@ def test_mesh_ref_from_wire_names_the_expected_form(bad):
         MeshRef.from_wire(bad)
 
 
-@pytest.mark.parametrize("cfg", [_config(), _config(master_port=None, cleanup_dirs=(), env={}, rank=0)])
+@pytest.mark.parametrize("cfg", [_config(), _config(cleanup_dirs=(), env={}, rank=0)])
 def test_launch_config_round_trips_through_msgpack(cfg):
     wire = cfg.to_wire()
     back = LaunchConfig.from_wire(msgpack.unpackb(msgpack.packb(wire, use_bin_type=True), raw=False))
@@ -70,7 +70,7 @@ def test_launch_config_round_trips_through_msgpack(cfg):
 
 def test_launch_config_wire_keys():
     assert sorted(_config().to_wire()) == sorted(
-        ["key", "rundir", "owner", "rank", "mesh", "sys_path", "cwd", "env", "fanout", "master_port", "cleanup_dirs",
+        ["key", "rundir", "owner", "rank", "mesh", "sys_path", "cwd", "env", "fanout", "cleanup_dirs",
          "bootstrap", "job_ports", "curve", "address"])
 
 
@@ -78,10 +78,10 @@ def test_launch_config_passes_the_template_wire_with_its_fds():
     here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     r, w = os.pipe()
     try:
-        template_wire.send_msg(here, {"op": template_wire.FORK, "tag": 1, "config": _config().to_wire()}, [w])
+        template_wire.send_msg(here, host_wire.Fork(1, _config().to_wire()), [w])
         msg, fds = template_wire.recv_msg(there)
-        assert msg["op"] == "fork" and msg["tag"] == 1
-        assert LaunchConfig.from_wire(msg["config"]) == _config()
+        assert msg.OP == "fork" and msg.tag == 1
+        assert LaunchConfig.from_wire(msg.config) == _config()
         assert len(fds) == 1
         os.write(fds[0], b"x")  # the passed fd is the pipe's write end
         assert os.read(r, 1) == b"x"
@@ -111,7 +111,7 @@ def state():
             "breakpointhook": repr(sys.breakpointhook), "excepthook": repr(sys.excepthook)}
 before = state()
 import monarch_kernel.runtime.template_server, monarch_kernel.runtime.template_client
-import monarch_kernel.runtime.template_wire, monarch_kernel.runtime.launch
+import monarch_kernel.runtime.template_wire, monarch_kernel.runtime.launch, monarch_kernel.runtime.host_wire
 print(json.dumps({"before": before, "after": state()}))
 """
 
@@ -137,10 +137,11 @@ def _module_level_imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", ["template_client", "template_server", "template_wire", "launch"])
+@pytest.mark.parametrize("module", ["template_client", "template_server", "template_wire", "host_wire",
+                                    "process_tree", "launch"])
 def test_template_modules_do_not_import_the_rank_or_runtime_at_import_time(module):
     imported = _module_level_imports(RUNTIME / f"{module}.py")
-    assert not imported & {"rank", "process", "supervision", "serving"}, imported
+    assert not imported & {"rank", "process", "supervision", "launcher", "serving"}, imported
     if module == "template_client":
         assert "template_server" not in imported, "the controller's side imports the template's"
 

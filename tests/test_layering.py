@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -118,3 +119,22 @@ def test_the_layering_check_sees_a_violation(tmp_path):
     tree = ast.parse("from ..kernel import magics\nfrom ..runtime.process import Runtime\n")
     found = [t for _l, t in _imported_packages(pathlib.Path("runtime/x.py"), tree)]
     assert found == ["kernel", "runtime"]
+
+
+TORCHRUN_VARIABLES = re.compile(r"\b(RANK|LOCAL_RANK|GROUP_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)\b")
+
+
+def test_the_runtime_never_names_torchruns_variables():
+    """torch.distributed's environment is spmd's business (it sets it when it makes a process
+    group or runs a script); a plain rank's runtime knows nothing of it."""
+    bad = []
+    for package, rel, tree in _modules():
+        if package != "runtime":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and TORCHRUN_VARIABLES.search(node.value):
+                bad.append(f"{rel}:{node.lineno} names {TORCHRUN_VARIABLES.search(node.value).group(0)}")
+            elif isinstance(node, (ast.Attribute, ast.Name, ast.arg)) and "master_port" in str(
+                    getattr(node, "attr", None) or getattr(node, "id", None) or getattr(node, "arg", "")):
+                bad.append(f"{rel}:{node.lineno} names master_port")
+    assert not bad, "runtime/ names torchrun's variables (set them in spmd/):\n" + "\n".join(bad)

@@ -109,3 +109,34 @@ def test_a_frozen_rank_is_shown_not_responding(monkeypatch):
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+
+def test_restart_kills_and_replaces_a_rank_that_stopped_responding(monkeypatch):
+    """``ProcMesh.restart()``, the one restart path (the magic and the panel call it): with no
+    ranks named it takes the dead ranks and the ones not responding, killing those first;
+    a live rank that responds is refused."""
+    monkeypatch.setenv("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "1.5")
+    with this_host().spawn_procs(per_host={"r": 3}) as procs:
+        consoles = procs.spawn("console", Console)
+        consoles.initialized().get(timeout=30)
+        frozen = procs._owned.pids[1]
+        with pytest.raises(ActorError):
+            consoles.slice(r=2).run.call_one("import os; os._exit(3)", "<t>", "c").get(timeout=10)
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            _wait(lambda: procs.rank_states()[1]["state"] == "not responding", 10, "rank 1 to be shown not responding")
+            with pytest.raises(ValueError, match=r"ranks \[0\] of mesh '.*' are alive; restart replaces dead ranks "
+                                                 r"\(\[2\]\) and ones not responding \(\[1\]\) only"):
+                procs.restart([0, 1])
+            done = procs.restart(actors=[(consoles, Console, (), {})])
+            assert (done.ranks, done.killed) == ([1, 2], [1])
+            assert [row["state"] for row in procs.rank_states()] == ["idle"] * 3
+            assert procs._owned.pids[1] != frozen and not _alive(frozen)
+            value = consoles.run.call("1 + 1", "<t>", "c").get(timeout=10)
+            assert [v["value"] for v in value.values()] == ["2"] * 3
+            assert procs.restart() == ([], [])
+        finally:
+            try:
+                os.kill(frozen, signal.SIGCONT)
+            except ProcessLookupError:
+                pass

@@ -226,6 +226,43 @@ def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
     assert not bad.ok and "no mesh named 'nope'" in bad.message
 
 
+def test_the_panels_restart_kills_and_replaces_a_rank_that_stopped_responding(kc, panel):
+    """The one restart path (``ProcMesh.restart``): the panel's button, like ``%mesh restart``,
+    SIGKILLs a rank that stopped answering heartbeats (here SIGSTOPped) and starts it afresh."""
+    import os
+    import signal
+
+    run(kc, "%env MONARCH_KERNEL_HEARTBEAT_TIMEOUT=1.5")
+    run(kc, "procs = %mesh spawn -n 2")
+    out, _reply = run(kc, "%%mesh\nimport os\nos.getpid()")
+    pids = {int(line.split()[1].rstrip("]")): int(line.split()[-1])
+            for line in text(out).splitlines() if line.startswith("[rank ")}
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # an idle kernel sends no state of its own accord: ask, as the panel's refresh does
+            seen = len(panel.states())
+            panel.send("refresh")
+            state = panel.wait_state("a refreshed state", lambda s: True, after=seen)
+            if ranks(state).get(1, state0).state == "not responding":
+                break
+            assert time.monotonic() < deadline, f"rank 1 never shown not responding: {ranks(state)}"
+            time.sleep(0.5)
+        reply = panel.request("restart", mesh="procs", rank=1)
+        assert reply.ok, reply.message
+        assert reply.message == "restarted rank 1 of procs with fresh namespaces (rank 1 not responding: killed first)"
+        panel.wait_state("rank 1 idle again", lambda s: ranks(s).get(1, state0).state == "idle", timeout=10)
+        out, _reply = run(kc, "%%mesh\nimport os\nos.getpid()")
+        now = {int(line.split()[1].rstrip("]")): int(line.split()[-1])
+               for line in text(out).splitlines() if line.startswith("[rank ")}
+        assert now[0] == pids[0] and now[1] != pids[1], (pids, now)
+    finally:
+        try:
+            os.kill(pids[1], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 GRID_CELL = ("%%mesh\nfrom IPython.display import display, HTML\nfrom monarch_kernel import current_rank\n"
              "display(HTML(f'<b>rank {current_rank().rank}</b>'))")
 

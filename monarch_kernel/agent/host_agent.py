@@ -1,6 +1,6 @@
 """The host agent: forks a controller's ranks on this host and reports on them.
 
-Everything it says goes to the controller as ``agent_wire`` messages over the runtime's own
+Everything it says goes to the controller as ``host_wire`` messages over the runtime's own
 signed, Curve-encrypted link; it holds no state the controller cannot rebuild by starting a
 new agent.  Its ranks run in a local template it starts, as ranks on the controller's own
 host do, and get this host's interpreter, ``sys.path`` and bind address in their launch config.
@@ -19,6 +19,7 @@ import time
 from ..runtime import agent_wire as wire
 from ..runtime import config as settings
 from ..runtime import diagnostics
+from ..runtime import host_wire as hw
 from ..runtime.io_thread import IOThread
 from ..runtime.launch import LaunchConfig
 from ..runtime.limits import raise_nofile_limit
@@ -49,38 +50,37 @@ class HostAgent:
         self.ending = False
         self._output: list = []  # output read this turn, forwarded as one message
         self._flushing = False
+        self._handlers = {hw.Fork: lambda m: self._fork(m.tag, m.config),
+                          hw.Reserve: lambda m: self._say(hw.Ports(m.tag, self._reserve(m.n))),
+                          hw.Kill: self._kill, hw.Bye: lambda m: self.shutdown("the controller ended the job")}
 
     # ------------------------------------------------------------ on the IO thread
 
     def start(self) -> None:
         self.template = TemplateClient(self.rt.io.loop, self, self.warm)
-        self._say({"op": wire.UP, "hostname": socket.gethostname(), "pid": os.getpid(), "ip": self.ip,
-                   "python": sys.executable, "version": _version()})
+        self._say(hw.Up(socket.gethostname(), os.getpid(), self.ip, sys.executable, _version()))
         self.rt.io.loop.call_later(wire.BEAT_S, self._beat)
 
-    def _say(self, msg: dict) -> None:
+    def _say(self, msg: hw.Message) -> None:
         h, body = wire.encode(self.host_id, self.rt.address, msg)
-        self.rt.caller.send_or_report(self.controller, h, body, f"a {msg['op']} for the controller")
+        self.rt.caller.send_or_report(self.controller, h, body, f"a {msg.OP} for the controller")
 
     def _beat(self) -> None:
         silent = time.monotonic() - self.last_heard
         if silent > wire.SILENT_S:
             self.shutdown(f"the controller has been silent for {silent:.1f} s")
-        self._say({"op": wire.BEAT})
+        self._say(hw.Beat())
         self.rt.io.loop.call_later(wire.BEAT_S, self._beat)
 
-    def on_message(self, origin: str, msg: dict) -> None:
+    def on_message(self, origin: str, msg: hw.Message) -> None:
         self.last_heard = time.monotonic()
-        op = msg["op"]
-        if op == wire.FORK:
-            self._fork(msg["tag"], msg["config"])
-        elif op == wire.RESERVE:
-            self._say({"op": wire.PORTS, "tag": msg["tag"], "ports": self._reserve(int(msg["n"]))})
-        elif op == wire.KILL:
-            if self.template is not None and msg.get("pid") in self.pids:
-                self.template.kill(int(msg["pid"]), int(msg.get("signal", signal.SIGKILL)))
-        elif op == wire.BYE:
-            self.shutdown("the controller ended the job")
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(msg)
+
+    def _kill(self, msg: hw.Kill) -> None:
+        if self.template is not None and msg.pid in self.pids:
+            self.template.kill(msg.pid, msg.signal)
 
     def _reserve(self, n: int) -> list[int]:
         """Free ports on the bind address; held open together so they differ, then let go
@@ -110,10 +110,10 @@ class HostAgent:
 
         def forked(pid: int) -> None:
             self.pids.add(pid)
-            self._say({"op": wire.FORKED, "tag": tag, "pid": pid})
+            self._say(hw.Forked(tag, pid))
 
         def failed(why: str) -> None:
-            self._say({"op": wire.FORK_FAILED, "tag": tag, "error": why})
+            self._say(hw.ForkFailed(tag, why))
 
         self.template.fork(LaunchConfig.from_wire(config), forked, failed)
 
@@ -129,22 +129,23 @@ class HostAgent:
         self._flushing = False
         items, self._output = self._output, []
         if items:
-            self._say({"op": wire.OUTPUT, "items": items})
+            self._say(hw.Output(items))
 
     def hello(self, pid: int, hello: bytes) -> None:
         self._flush()  # what the rank printed first goes first
-        self._say({"op": wire.HELLO, "pid": pid, "hello": hello})
+        self._say(hw.Hello(pid, hello))
 
     def beats(self, pids: list) -> None:
-        self._say({"op": wire.BEATS, "pids": pids})
+        self._say(hw.Beats(pids))
 
     def exited(self, pid: int | None, status: int | None) -> None:
         if pid is None:  # the template is gone: so are the ranks
             self.shutdown("the template exited")
             return
+        assert status is not None  # the template reports a rank's exit with its wait status
         self.pids.discard(pid)
         self._flush()
-        self._say({"op": wire.EXIT, "pid": pid, "status": status})
+        self._say(hw.Exit(pid, status))
 
     def shutdown(self, why: str) -> None:
         """End every rank and this process (any thread)."""

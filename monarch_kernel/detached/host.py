@@ -61,8 +61,9 @@ class MeshHost(Actor):
         return self.procs.rank_states()
 
     @endpoint
-    def restart(self, ranks: list[int]) -> None:
-        self.procs.restart(ranks, [(self.consoles, Console, (), {})])
+    def restart(self, ranks: list[int] | None = None):
+        """``ProcMesh.restart`` of the mesh, each restarted rank with a fresh console."""
+        return self.procs.restart(ranks, [(self.consoles, Console, (), {})])
 
     @endpoint
     def stop_mesh(self) -> None:

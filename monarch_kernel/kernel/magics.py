@@ -355,31 +355,12 @@ class MeshMagics(Magics):
         display(live.widget)
 
     def _cmd_restart(self, a):
-        procs, consoles = self.session.get()
-        dead = procs.dead_ranks()
-        if procs.owned:  # ranks that stopped answering heartbeats are replaced too
-            stuck = [row["rank"] for row in procs.rank_states() if row["state"] == "not responding"]
-            if stuck:
-                print(f"{rank_label(stuck)} not responding: killing, to replace")
-                procs.kill(stuck)
-                dead = sorted(set(dead) | set(stuck))
-        if a.ranks is not None:
-            ranks = ranks_arg(a.ranks, len(procs), "--ranks")
-            alive = [r for r in ranks if r not in dead]
-            if alive:
-                raise UsageError(f"ranks {alive} are alive; "
-                                 f"%mesh restart only replaces dead ranks ({dead or 'none are dead'})")
-        else:
-            ranks = dead
-        if not ranks:
-            print("no dead ranks to restart")
-            return
-        host = self.session.hosts.get(procs.name)
-        if host is not None:
-            host.restart.call_one(ranks).get(timeout=120)
-        else:
-            procs.restart(ranks, [(consoles, Console, (), {})])
-        print(f"restarted {rank_label(ranks)} with fresh namespaces")
+        procs, _consoles = self.session.get()
+        ranks = ranks_arg(a.ranks, len(procs), "--ranks") if a.ranks is not None else None
+        done = self.session.restart(procs.name, ranks)  # ProcMesh.restart: the one restart path
+        if done.killed:
+            print(f"{rank_label(done.killed)} not responding: killing, to replace")
+        print(f"restarted {rank_label(done.ranks)} with fresh namespaces" if done.ranks else "no dead ranks to restart")
 
     def _cmd_sync(self, a):
         procs, _consoles = self.session.get()

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
-from ..console.console import Console
 from ..debug import proxy
 from ..mesh.ranks import rank_label as _bracketed
 from ..runtime import config
@@ -379,21 +378,13 @@ class PanelFeed:
         return f"interrupted {rank_label(ranks) if ranks else 'every rank'} of {procs.name}"
 
     def _do_restart(self, req: Request) -> str:
-        procs, consoles = self._procs(req)
-        dead = procs.dead_ranks()
-        ranks = [r for r in (req.ranks if req.ranks is not None else
-                             ([req.rank] if req.rank is not None else dead))]
-        alive = [r for r in ranks if r not in dead]
-        if alive:
-            raise UsageError(f"{rank_label(alive)} of {procs.name} are alive; restart replaces dead ranks only")
-        if not ranks:
+        procs, _consoles = self._procs(req)
+        ranks = req.ranks if req.ranks is not None else ([req.rank] if req.rank is not None else None)
+        done = self.session.restart(procs.name, ranks)  # ProcMesh.restart: the one restart path
+        if not done.ranks:
             return f"no dead ranks in {procs.name}"
-        host = self.session.hosts.get(procs.name)
-        if host is not None:
-            host.restart.call_one(ranks).get(timeout=120)
-        else:
-            procs.restart(ranks, [(consoles, Console, (), {})])
-        return f"restarted {rank_label(ranks)} of {procs.name} with fresh namespaces"
+        killed = f" ({rank_label(done.killed)} not responding: killed first)" if done.killed else ""
+        return f"restarted {rank_label(done.ranks)} of {procs.name} with fresh namespaces{killed}"
 
     def _do_debug(self, req: Request) -> str:
         procs, _consoles = self._procs(req)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from IPython.core.error import UsageError
 
+from ..actor.errors import ActorError
+from ..console.console import Console
 from ..debug.pdb_controller import PdbHub
 from ..runtime.process import Runtime
 from .jobs import KernelJobs
@@ -95,6 +97,26 @@ class MeshSession:
         except ImportError:  # IPython without ipykernel: no debugger to agree with
             return raw, f"<mesh-cell-{abs(hash(raw)):x}>", raw.count("\n", 0, start)
         return raw, get_file_name(raw), raw.count("\n", 0, start)
+
+    def restart(self, name: str, ranks: list[int] | None = None):
+        """Replace the dead and not-responding ranks (or ``ranks``) of mesh ``name``, each
+        with a fresh console: ``ProcMesh.restart``, here or in a detached mesh's host process.
+        Returns its ``Restarted``; a live rank that responds is a ``UsageError``."""
+        procs, consoles = self.get(name)
+        host = self.hosts.get(procs.name)
+        try:
+            if host is None:
+                return procs.restart(ranks, [(consoles, Console, (), {})])
+            done = host.restart.call_one(ranks).get(timeout=120)
+            rt = Runtime.current()  # the host told us of the deaths; it revives only its own meshes' view
+            rt.io.run(rt.supervision.forget_deaths, procs.ref.id, done.ranks)
+            return done
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        except ActorError as e:
+            if isinstance(e.__cause__, ValueError):  # the host refused the ranks
+                raise UsageError(str(e.__cause__)) from None
+            raise
 
     def get(self, name: str | None = None):
         name = name or self.current

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+from typing import NamedTuple
 
 from ..actor.actor_mesh import ActorMesh, endpoint_names
 from ..actor.endpoint import part_value, refuse_mixed_endpoints
@@ -21,6 +22,14 @@ from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied,
 from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
 from .shape import Shape, Shaped
+
+
+class Restarted(NamedTuple):
+    """What ``ProcMesh.restart`` did: the ranks it replaced, and which of them it killed
+    first because they had stopped responding."""
+
+    ranks: list[int]
+    killed: list[int]
 
 
 class ProcMesh(Shaped):
@@ -89,10 +98,33 @@ class ProcMesh(Shaped):
                          "silent_s": info["silent_s"], "remote": info["remote"]})
         return rows
 
-    def restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
-        """Replace dead ``ranks`` with fresh processes (same numbers), then spawn ``actors``
-        (``(ActorMesh, cls, args, kwargs)``) on them again, with fresh state."""
-        self._restart(ranks, actors, timeout)
+    def restart(self, ranks: list[int] | None = None, actors=(), timeout: float = 60, *,
+                kill_unresponsive: bool = True) -> Restarted:
+        """Replace ranks with fresh processes (same numbers), then spawn ``actors``
+        (``(ActorMesh, cls, args, kwargs)``) on them again, with fresh state.  ``ranks``:
+        which (default: every dead rank and, with ``kill_unresponsive``, every rank that
+        stopped answering heartbeats); one not responding is SIGKILLed first.  A live rank
+        that responds is refused (``ValueError``).  The one restart path: ``%mesh restart``
+        and the panel's button call it too.  Returns which ranks it restarted and killed::
+
+            procs.restart()             # Restarted(ranks=[1], killed=[1]): rank 1 had frozen
+        """
+        if self._owned is None:
+            raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can restart it")
+        dead = self.dead_ranks()
+        stuck = [row["rank"] for row in self.rank_states() if row["state"] == "not responding"] \
+            if kill_unresponsive else []
+        chosen = sorted(set(dead) | set(stuck)) if ranks is None else list(ranks)
+        alive = [r for r in chosen if r not in dead and r not in stuck]
+        if alive:
+            raise ValueError(f"ranks {alive} of mesh '{self.name}' are alive; restart replaces dead ranks "
+                             f"({dead or 'none are dead'}) and ones not responding ({stuck or 'none'}) only")
+        killed = [r for r in chosen if r in stuck]
+        if killed:
+            self.kill(killed)
+        if chosen:
+            self._restart(chosen, actors, timeout)
+        return Restarted(chosen, killed)
 
     def kill(self, ranks: list[int], timeout: float = 10) -> None:
         """SIGKILL ``ranks`` (ones that stopped responding); what waits on them fails with
@@ -155,9 +187,7 @@ class ProcMesh(Shaped):
 
     def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
         """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn
-        ``actors`` (``(ActorMesh, cls, args, kwargs)``) on them again, with fresh state."""
-        if self._owned is None:
-            raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can restart it")
+        ``actors`` on them again."""
         rt = Runtime.current()
         for c in rt.launcher.restart(self._owned, ranks):
             if not c.wait(timeout):

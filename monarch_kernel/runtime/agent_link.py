@@ -1,9 +1,10 @@
 """Runs in the controller: its link to the agent on one of its hosts, standing in for the
 local template (``template_client``) when ranks are forked on that host.
 
-The link speaks ``agent_wire`` over the runtime's own signed (and, between hosts, Curve)
-messages.  What the agent's template says of its ranks (output, hellos, heartbeats, exits)
-arrives as messages of the same names and goes to the supervisor as a local template's does.  The link beats
+The link speaks ``host_wire`` messages, framed by ``agent_wire``, over the runtime's own signed
+(and, between hosts, Curve) messages.  What the agent's template says of its ranks (output,
+hellos, heartbeats, exits) arrives as the same messages and goes to the launcher as a local
+template's does.  The link beats
 every ``BEAT_S`` and declares the agent gone after ``SILENT_S`` of silence (a cut link, a dead
 machine), or at once when its launcher says so (the ssh or srun process exited): every rank
 it forked then dies with a reason that names the host.
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from . import agent_wire as wire
+from . import host_wire as hw
 from .completion import Completion
 from .launch import LaunchConfig
 
@@ -40,6 +42,11 @@ class AgentLink:
         self._tags = 0
         self._waiting: dict[int, tuple[Callable, Callable | None]] = {}  # tag -> (forked, failed), IO thread
         self._reserving: dict[int, Completion] = {}  # tag -> the ports asked for
+        self._handlers: dict[type, Callable] = {
+            hw.Output: self._output, hw.Hello: lambda m: self.events.hello(m.pid, m.hello),
+            hw.Beats: lambda m: self.events.beats(m.pids), hw.Ports: self._ports, hw.Forked: self._forked,
+            hw.ForkFailed: self._fork_failed, hw.Exit: lambda m: self.events.exited(m.pid, m.status),
+            hw.Beat: lambda m: None}
 
     @property
     def ip(self) -> str:
@@ -53,11 +60,11 @@ class AgentLink:
 
     # ------------------------------------------------------------ sending (any thread)
 
-    def _send(self, msg: dict) -> bool:
+    def _send(self, msg: hw.Message) -> bool:
         if self.address is None or not self.alive:
             return False
         h, body = wire.encode(self.id, self.rt.network.net_address or self.rt.address, msg)
-        return self.rt.caller.send_or_report(self.address, h, body, f"a {msg['op']} for the agent on {self.host}")
+        return self.rt.caller.send_or_report(self.address, h, body, f"a {msg.OP} for the agent on {self.host}")
 
     def _tag(self) -> int:
         self._tags += 1
@@ -70,7 +77,7 @@ class AgentLink:
         def ask():
             tag = self._tag()
             self._reserving[tag] = got
-            if not self._send({"op": wire.RESERVE, "tag": tag, "n": n}):
+            if not self._send(hw.Reserve(tag, n)):
                 got.set_exception(ConnectionError(f"cannot reach the agent on {self.host}"
                                                   + (f": {self.why_gone}" if self.why_gone else "")))
 
@@ -83,14 +90,14 @@ class AgentLink:
             raise OSError(errno.EPIPE, f"the agent on {self.host} is gone")
         tag = self._tag()
         self._waiting[tag] = (on_forked, on_failed)
-        self._send({"op": wire.FORK, "tag": tag, "config": config.to_wire()})
+        self._send(hw.Fork(tag, config.to_wire()))
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
-        self._send({"op": wire.KILL, "pid": pid, "signal": int(sig)})
+        self._send(hw.Kill(pid, int(sig)))
 
     def close(self) -> None:
         """End the agent and every rank on it (it exits on its own when we do, too)."""
-        self._send({"op": wire.BYE})
+        self._send(hw.Bye())
 
     # ------------------------------------------------------------ hearing (IO thread)
 
@@ -102,36 +109,42 @@ class AgentLink:
             self.gone(f"its agent has been silent for {now - self.last_heard:.1f} s "
                       f"(the host is down or its network link is cut)")
             return
-        self._send({"op": wire.BEAT})
+        self._send(hw.Beat())
 
-    def on_message(self, origin: str, msg: dict) -> None:
+    def on_message(self, origin: str, msg: hw.Message) -> None:
         self.last_heard = time.monotonic()
-        op = msg["op"]
-        ev = self.events
-        if op == wire.OUTPUT:
-            for pid, fd, data in msg.get("items") or ():
-                ev.output(pid, fd, data)
-        elif op == wire.HELLO:
-            ev.hello(msg["pid"], msg["hello"])
-        elif op == wire.BEATS:
-            ev.beats(msg["pids"])
-        elif op == wire.UP:
-            self.address = origin
-            self.info = {k: msg.get(k) for k in ("hostname", "pid", "ip", "python", "version")}
-            if not self.up.done():
-                self.up.set_result(True)
-        elif op == wire.PORTS:
-            got = self._reserving.pop(msg.get("tag", -1), None)
-            if got is not None:
-                got.set_result(msg["ports"])
-        elif op in (wire.FORKED, wire.FORK_FAILED):
-            cbs = self._waiting.pop(msg.get("tag", -1), None)
-            if cbs is not None and op == wire.FORKED:
-                cbs[0](msg["pid"])
-            elif cbs is not None and cbs[1] is not None:
-                cbs[1](f"on {self.host}: {msg.get('error')}")
-        elif op == wire.EXIT:
-            ev.exited(msg["pid"], msg["status"])
+        if type(msg) is hw.Up:  # the one message whose origin matters: where the agent listens
+            self._up(msg, origin)
+            return
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(msg)
+
+    def _output(self, msg: hw.Output) -> None:
+        for pid, fd, data in msg.items:
+            self.events.output(pid, fd, data)
+
+    def _up(self, msg: hw.Up, origin: str) -> None:
+        self.address = origin
+        self.info = {"hostname": msg.hostname, "pid": msg.pid, "ip": msg.ip, "python": msg.python,
+                     "version": msg.version}
+        if not self.up.done():
+            self.up.set_result(True)
+
+    def _ports(self, msg: hw.Ports) -> None:
+        got = self._reserving.pop(msg.tag, None)
+        if got is not None:
+            got.set_result(msg.ports)
+
+    def _forked(self, msg: hw.Forked) -> None:
+        cbs = self._waiting.pop(msg.tag, None)
+        if cbs is not None:
+            cbs[0](msg.pid)
+
+    def _fork_failed(self, msg: hw.ForkFailed) -> None:
+        cbs = self._waiting.pop(msg.tag, None)
+        if cbs is not None and cbs[1] is not None:
+            cbs[1](f"on {self.host}: {msg.error}")
 
     def gone(self, why: str) -> None:
         """On the IO thread: the agent (and so every rank it forked) is gone; ``why`` says how."""

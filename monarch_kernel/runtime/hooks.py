@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .failure import DeathInfo, MeshFailure
+from .host_wire import Message
 from .output import print_sink
 
 log = logging.getLogger(__name__)
@@ -133,9 +134,9 @@ def _print_unhandled(failure: MeshFailure) -> None:
 
 class HostHook(Protocol):
     """Installed by a host's agent (``monarch_kernel.agent``): called on the IO thread with
-    each authenticated ``agent_wire`` message from the controller, and the address it came from."""
+    each authenticated ``host_wire`` message from the controller, and the address it came from."""
 
-    def __call__(self, origin: str, msg: dict, /) -> None: ...
+    def __call__(self, origin: str, msg: Message, /) -> None: ...
 
 
 class Hooks:

@@ -1,6 +1,6 @@
 """What a controller tells its template about each rank to fork: a ``LaunchConfig``.
 
-Built by the controller (``supervision``), carried by the template (``template_server``) and
+Built by the controller (``launcher``), carried by the template (``template_server``) and
 read by the rank it forks (``rank.run_rank``).  Plain data with one wire encoding; it never
 touches the process that holds it.
 """
@@ -40,7 +40,6 @@ class LaunchConfig:
     cwd: str
     env: dict  # set in the rank's environment before its runtime starts
     fanout: int  # children per node when a call is forwarded down a tree of ranks
-    master_port: int | None = None  # the mesh's torch.distributed rendezvous port
     cleanup_dirs: tuple = field(default=())  # the template removes these when it ends
     bootstrap: bytes | None = None  # a pickled function the rank runs before it says hello
     job_ports: dict = field(default_factory=dict)  # name -> (address, port id), job-wide ports
@@ -52,7 +51,7 @@ class LaunchConfig:
         return {
             "key": self.key, "rundir": self.rundir, "owner": self.owner, "rank": self.rank,
             "mesh": self.mesh.to_wire(), "sys_path": list(self.sys_path), "cwd": self.cwd,
-            "env": dict(self.env), "fanout": self.fanout, "master_port": self.master_port,
+            "env": dict(self.env), "fanout": self.fanout,
             "cleanup_dirs": list(self.cleanup_dirs), "bootstrap": self.bootstrap,
             "job_ports": {k: list(v) for k, v in self.job_ports.items()},
             "curve": self.curve.to_wire() if self.curve is not None else None, "address": self.address,
@@ -63,7 +62,7 @@ class LaunchConfig:
         return cls(
             key=d["key"], rundir=d["rundir"], owner=d["owner"], rank=d["rank"],
             mesh=MeshRef.from_wire(d["mesh"]), sys_path=tuple(d["sys_path"]), cwd=d["cwd"],
-            env=dict(d.get("env") or {}), fanout=d["fanout"], master_port=d.get("master_port"),
+            env=dict(d.get("env") or {}), fanout=d["fanout"],
             cleanup_dirs=tuple(d.get("cleanup_dirs") or ()), bootstrap=d.get("bootstrap"),
             job_ports={k: tuple(v) for k, v in (d.get("job_ports") or {}).items()},
             curve=CurveKeys.from_wire(d["curve"]) if d.get("curve") else None, address=d.get("address"),

@@ -67,3 +67,25 @@ def check_room(what: str) -> None:
                                     f"come back); raise it with `ulimit -n` before starting (the hard limit: "
                                     f"/etc/security/limits.conf or systemd's LimitNOFILE), or end meshes and "
                                     f"threads that are no longer used")
+
+
+def limit_error(e: OSError, what: str) -> str:
+    """Why the template could not make ``what`` (a rank's pipes, its process), with the
+    limit and how to raise it."""
+    import resource
+
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        try:
+            held = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            held = -1
+        scope = "the system's" if e.errno == errno.ENFILE else "the template's"
+        return (f"out of file descriptors for {what}: {scope} limit is reached (open files limit {soft}, hard "
+                f"{hard}; the template holds {held}, 3 per rank); raise it with `ulimit -n` (hard: "
+                f"/etc/security/limits.conf or systemd's LimitNOFILE), or spawn fewer ranks per host")
+    if e.errno == errno.EAGAIN:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        return (f"cannot fork {what}: the process limit is reached (max user processes {soft}, hard {hard}); "
+                f"raise it with `ulimit -u`, or spawn fewer ranks")
+    return f"cannot make {what}: {e.strerror}"

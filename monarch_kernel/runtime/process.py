@@ -34,12 +34,13 @@ from .failure import DeathInfo, MeshFailure
 from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
+from .launcher import Launcher
 from .limits import open_files_limit, raise_nofile_limit
 from .network import Network
 from .ports import PortTable
 from .receiver import Receiver
 from .server import Server
-from .supervision import Supervisor
+from .supervision import SupervisionPolicy
 from .transport import Transport
 
 if TYPE_CHECKING:
@@ -122,7 +123,8 @@ class Runtime:
         self.segments = shm.Segments() if shm.available() else None
         if serialize.segments is None:
             serialize.segments = self.segments
-        self.launcher = Supervisor(self)
+        self.launcher = Launcher(self)  # templates, hosts, forks, restarts, kills
+        self.supervision = SupervisionPolicy(self)  # what a death or a failure means, and who hears it
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
                                  (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
@@ -185,7 +187,7 @@ class Runtime:
             finalize.exit_process(list(self.server.actors.values()))
 
     def _on_failure(self, h: Header, body: list) -> None:
-        self.launcher.on_failure_report(h.mesh, split_parts(h, body)[0].load())
+        self.supervision.on_failure_report(h.mesh, split_parts(h, body)[0].load())
 
     def _on_host(self, h: Header, body: list) -> None:
         msg = agent_wire.decode(h, body)
@@ -209,7 +211,7 @@ class Runtime:
     def report_failure(self, mesh_id: str, failure: MeshFailure) -> None:
         """An unobserved failure on a mesh: give it to the mesh's supervisor."""
         if mesh_id in self.meshes:
-            self.io.call_soon(self.launcher.supervise, self.meshes[mesh_id], failure)
+            self.io.call_soon(self.supervision.supervise, self.meshes[mesh_id], failure)
         elif mesh_id in self.memberships and self.memberships[mesh_id][0].owner != self.address:
             self.caller.send_object(self.memberships[mesh_id][0].owner, Kind.FAILURE, mesh_id, failure)
         else:
@@ -218,7 +220,7 @@ class Runtime:
     def report_failure_to(self, owner, failure: MeshFailure) -> None:
         """A failure of an actor mesh this process spawned: to the actor that spawned it
         (``owner``, an ActorContext; None for this process itself), on the IO thread."""
-        self.io.call_soon(self.launcher.supervise_by, owner, failure)
+        self.io.call_soon(self.supervision.supervise_by, owner, failure)
 
     def unhandled(self, failure: MeshFailure) -> None:
         """Give a failure nobody handled to the unhandled hook; a broken hook is reported,

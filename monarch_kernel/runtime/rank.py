@@ -16,12 +16,11 @@ import os
 import pickle
 import sys
 
-import msgpack
-
 from . import config, diagnostics, finalize, rank_logging
 from .context import process_mesh
 from .envelope import Part, Status
 from .failure import RemoteFailure
+from .host_wire import RankHello
 from .hosts import enter_netns
 from .io_thread import IOThread
 from .launch import LaunchConfig
@@ -55,13 +54,6 @@ def run_rank(cfg: LaunchConfig, template_pid: int, control: int) -> None:
     os.environ.update(cfg.env)
     if netns := config.netns():
         enter_netns(netns)  # before any thread or socket exists
-    # torchrun's variables, so torch.distributed.init_process_group() works unchanged.
-    size = ref.size
-    for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", size), ("LOCAL_WORLD_SIZE", size)):
-        os.environ.setdefault(name, str(value))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if cfg.master_port:
-        os.environ.setdefault("MASTER_PORT", str(cfg.master_port))
     main = MainThread()
     main.install()
     io = IOThread(name="monarch-io")
@@ -78,9 +70,8 @@ def run_rank(cfg: LaunchConfig, template_pid: int, control: int) -> None:
     failed = run_bootstrap(cfg.bootstrap, rank)
     # Through the template, which forwards its ranks' hellos and beats together: a rank never
     # needs a connection of its own to its owner to come up or stay known as alive.
-    tell_template(control, msgpack.packb({"mesh": ref.id, "rank": rank, "pid": os.getpid(),
-                                          "failed": None if failed is None else
-                                          [failed.status, [bytes(f) for f in failed.frames]]}, use_bin_type=True))
+    tell_template(control, RankHello(ref.id, rank, os.getpid(), None if failed is None else int(failed.status),
+                                     [] if failed is None else [bytes(f) for f in failed.frames]).encode())
 
     def watchdog():
         if os.getppid() != template_pid:

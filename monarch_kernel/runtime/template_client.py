@@ -1,7 +1,8 @@
 """Runs in the controller (and in a host agent): its handle on a template process that forks
 ranks.
 
-It starts the template (``template_server``) and talks to it over ``template_wire``; it never
+It starts the template (``template_server``) and talks to it in ``host_wire`` messages over
+``template_wire``; it never
 imports the template's side, so the runtime's imports stay acyclic.  The template forwards
 its ranks' output, hellos and heartbeats; they reach the ``TemplateEvents`` given here.
 """
@@ -18,8 +19,9 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from .host_wire import Beats, Exit, Fork, Forked, ForkFailed, Hello, Kill, MalformedMessage, Message, Output, Ready
 from .launch import LaunchConfig
-from .template_wire import BEATS, EXIT, FORK, FORK_FAILED, FORKED, HELLO, KILL, OUTPUT, READY, recv_msg, send_msg
+from .template_wire import recv_msg, send_msg
 
 # conftest.py recognises a template process by "template_server import serve" in its command line.
 SERVE = "from monarch_kernel.runtime.template_server import serve; serve()"
@@ -71,6 +73,10 @@ class TemplateClient:
         self.alive = True
         self.ranks = 0  # forked and not yet exited
         self.nofile: int | None = None  # the template's open-files limit, once it said
+        self._handlers: dict[type, Callable] = {Output: self._output, Beats: lambda m: self.events.beats(m.pids),
+                                                Hello: lambda m: self.events.hello(m.pid, m.hello),
+                                                Forked: self._forked, ForkFailed: self._fork_failed,
+                                                Exit: self._exited, Ready: self._ready}
         loop.add_reader(here.fileno(), self._readable)
 
     def fork(self, config: LaunchConfig, on_forked, on_failed: Callable[[str], None] | None = None) -> None:
@@ -81,11 +87,11 @@ class TemplateClient:
             tag = self._tags
             self._waiting[tag] = (on_forked, on_failed)
             self.ranks += 1
-        send_msg(self._sock, {"op": FORK, "tag": tag, "config": config.to_wire()})
+        send_msg(self._sock, Fork(tag, config.to_wire()))
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         try:
-            send_msg(self._sock, {"op": KILL, "pid": pid, "signal": int(sig)})
+            send_msg(self._sock, Kill(pid, int(sig)))
         except OSError:
             pass
 
@@ -95,6 +101,8 @@ class TemplateClient:
                 msg, _ = recv_msg(self._sock, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
+            except MalformedMessage:
+                continue  # not from our template's code: nothing to act on
             except OSError as e:
                 if e.errno == errno.EAGAIN:
                     return
@@ -107,33 +115,35 @@ class TemplateClient:
                 return
             self._handle(msg)
 
-    def _handle(self, msg: dict) -> None:
-        op = msg["op"]
-        ev = self.events
-        if op == OUTPUT:
-            for pid, fd, data in msg["items"]:
-                ev.output(pid, fd, data)
-        elif op == BEATS:
-            ev.beats(msg["pids"])
-        elif op == HELLO:
-            ev.hello(msg["pid"], msg["hello"])
-        elif op == FORKED or op == FORK_FAILED:
-            with self._lock:
-                cbs = self._waiting.pop(msg["tag"], None)
-                if op == FORK_FAILED:
-                    self.ranks -= 1
-            if cbs is None:
-                return
-            if op == FORKED:
-                cbs[0](msg["pid"])
-            elif cbs[1] is not None:
-                cbs[1](msg["error"])
-        elif op == EXIT:
-            with self._lock:
-                self.ranks -= 1
-            ev.exited(msg["pid"], msg["status"])
-        elif op == READY:
-            self.nofile = msg.get("nofile")
+    def _handle(self, msg: Message) -> None:
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(msg)
+
+    def _output(self, msg: Output) -> None:
+        for pid, fd, data in msg.items:
+            self.events.output(pid, fd, data)
+
+    def _forked(self, msg: Forked) -> None:
+        with self._lock:
+            cbs = self._waiting.pop(msg.tag, None)
+        if cbs is not None:
+            cbs[0](msg.pid)
+
+    def _fork_failed(self, msg: ForkFailed) -> None:
+        with self._lock:
+            cbs = self._waiting.pop(msg.tag, None)
+            self.ranks -= 1
+        if cbs is not None and cbs[1] is not None:
+            cbs[1](msg.error)
+
+    def _exited(self, msg: Exit) -> None:
+        with self._lock:
+            self.ranks -= 1
+        self.events.exited(msg.pid, msg.status)
+
+    def _ready(self, msg: Ready) -> None:
+        self.nofile = msg.nofile
 
     def close(self) -> None:
         """End the template and, with it, every rank it forked."""

@@ -9,7 +9,6 @@ at import time (only in ``serve()``), nor be imported by the controller.
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import selectors
 import signal
@@ -19,62 +18,17 @@ import time
 from typing import NoReturn
 
 from . import config
+from .host_wire import Beats, Exit, Fork, Forked, ForkFailed, Hello, Kill, MalformedMessage, Message, Output, Ready
 from .launch import LaunchConfig
-from .limits import raise_nofile_limit
-from .template_wire import BEATS, EXIT, FORK, FORK_FAILED, FORKED, HELLO, KILL, OUTPUT, READY, pack, recv_msg
+from .limits import limit_error, raise_nofile_limit
+from .process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
+from .template_wire import recv_msg
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sweep_last"))
 READ_SIZE = 1 << 16
 BATCH_BYTES = 48 << 10  # output is forwarded in messages of about this size (the socket takes ~200 KiB)
 BEATS_S = config.seconds("template_beats")
 PIPE_SIZE = 1 << 20  # a rank's big write needs fewer wake-ups
-
-
-def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send ``sig`` when our parent goes; exit if it already has."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the heartbeat still covers us
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(70)
-
-
-def become_subreaper() -> None:
-    """Orphaned descendants come to us instead of PID 1, so they can be ended."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _children_of_self() -> list[int]:
-    me = os.getpid()
-    try:
-        with open(f"/proc/{me}/task/{me}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:  # no /proc children file: scan every process's parent
-        found = []
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/stat") as f:
-                        if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
-                            found.append(int(name))
-                except (OSError, ValueError, IndexError):
-                    continue
-        return found
-
-
-def end_tree(pgid: int) -> None:
-    """SIGKILL a rank's process group (its subprocesses share it unless they left)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # ---------------------------------------------------------------- the template process
@@ -92,8 +46,8 @@ class _Outbox:
         self.queue: collections.deque = collections.deque()
         self.bytes = 0
 
-    def send(self, msg: dict) -> None:
-        data = pack(msg)
+    def send(self, msg: Message) -> None:
+        data = msg.encode()
         if not self.queue:
             try:
                 self.sock.send(data)
@@ -165,7 +119,7 @@ def serve() -> None:
     for f in (sock.fileno(), wake_r, stdin):
         sel.register(f, selectors.EVENT_READ)
     sock.setblocking(False)
-    out.send({"op": READY, "nofile": nofile})
+    out.send(Ready(nofile))
     batch: list = []  # output read this turn: [[pid, fd, data], ...], sent as one message
     batch_bytes = 0
     next_beats = time.monotonic() + BEATS_S
@@ -174,7 +128,7 @@ def serve() -> None:
     def flush_batch():
         nonlocal batch, batch_bytes
         if batch:
-            out.send({"op": OUTPUT, "items": batch})
+            out.send(Output(batch))
             batch, batch_bytes = [], 0
 
     def read_pipe(rank: _Rank, f: int) -> bool:
@@ -215,7 +169,7 @@ def serve() -> None:
                 rank.beat = True
             else:
                 flush_batch()  # what it printed before its hello comes first
-                out.send({"op": HELLO, "pid": rank.pid, "hello": frame})
+                out.send(Hello(rank.pid, frame))
 
     def release(rank: _Rank):
         """A rank exited: forward what its pipes still hold, then close them."""
@@ -231,7 +185,7 @@ def serve() -> None:
     def sweep():
         """End every child that is not a rank: a descendant of a rank that died (ranks are
         subreapers themselves, so a live rank's orphans never come here)."""
-        for pid in _children_of_self():
+        for pid in children_of_self():
             if pid not in children:
                 end_tree(pid)
                 try:
@@ -256,7 +210,7 @@ def serve() -> None:
             sweep()
             now = time.monotonic()
             sweeps.extend(now + d for d in SWEEP_AFTER_S)
-            out.send({"op": EXIT, "pid": pid, "status": status})
+            out.send(Exit(pid, status))
 
     def shutdown() -> NoReturn:
         for pid in list(children):
@@ -272,14 +226,14 @@ def serve() -> None:
             shutil.rmtree(d, ignore_errors=True)
         os._exit(0)
 
-    def fork(msg: dict) -> None:
+    def fork(msg: Fork) -> None:
         # The config is decoded in the child: a bad one costs that rank, not the template.
         if not cleanup:
-            cleanup.extend(msg["config"].get("cleanup_dirs") or [])
+            cleanup.extend(msg.config.get("cleanup_dirs") or [])
         try:
             fds = _rank_pipes()
         except OSError as e:
-            out.send({"op": FORK_FAILED, "tag": msg["tag"], "error": _limit_error(e, "pipes for a new rank")})
+            out.send(ForkFailed(msg.tag, limit_error(e, "pipes for a new rank")))
             return
         (out_r, out_w), (err_r, err_w), (ctl_r, ctl_w) = fds
         try:
@@ -287,7 +241,7 @@ def serve() -> None:
         except OSError as e:
             for f in (out_r, out_w, err_r, err_w, ctl_r, ctl_w):
                 os.close(f)
-            out.send({"op": FORK_FAILED, "tag": msg["tag"], "error": _limit_error(e, "a new process")})
+            out.send(ForkFailed(msg.tag, limit_error(e, "a new process")))
             return
         if pid == 0:
             os.setpgid(0, 0)  # its own process group: its subprocesses end with it
@@ -300,7 +254,7 @@ def serve() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             sock.close()
-            _become_rank(msg["config"], [out_w, err_w, ctl_w], os.getppid())
+            _become_rank(msg.config, [out_w, err_w, ctl_w], os.getppid())
         for f in (out_w, err_w, ctl_w):
             os.close(f)
         rank = children[pid] = _Rank(pid, out_r, err_r, ctl_r)
@@ -313,7 +267,7 @@ def serve() -> None:
             os.setpgid(pid, pid)  # also here, so a kill right after the fork finds the group
         except (ProcessLookupError, PermissionError):
             pass
-        out.send({"op": FORKED, "tag": msg["tag"], "pid": pid})
+        out.send(Forked(msg.tag, pid))
 
     def set_reading(on: bool) -> None:
         """Stop (or start again) reading the ranks' output while the outbox is full."""
@@ -364,15 +318,17 @@ def serve() -> None:
                         msg, _fds = recv_msg(sock)
                     except BlockingIOError:
                         break
+                    except MalformedMessage:
+                        continue
                     except OSError:
                         msg = None
                     if msg is None:
                         shutdown()
-                    if msg.get("op") == FORK:
+                    elif type(msg) is Fork:
                         fork(msg)
-                    elif msg.get("op") == KILL:
+                    elif type(msg) is Kill:
                         try:
-                            os.kill(msg["pid"], msg.get("signal", signal.SIGKILL))
+                            os.kill(msg.pid, msg.signal)
                         except ProcessLookupError:
                             pass
             else:
@@ -386,7 +342,7 @@ def serve() -> None:
             for r in children.values():
                 r.beat = False
             if beats:
-                out.send({"op": BEATS, "pids": beats})
+                out.send(Beats(beats))
             next_beats = now + BEATS_S
         out.flush()
         set_reading(not out.full)
@@ -414,30 +370,6 @@ def _grow_pipe(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     except (ImportError, AttributeError, OSError):  # not Linux, or over pipe-max-size: keep the default
         pass
-
-
-def _limit_error(e: OSError, what: str) -> str:
-    """Why the template could not make ``what``, with the limit and how to raise it."""
-    import errno
-    import resource
-
-    if e.errno in (errno.EMFILE, errno.ENFILE):
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        try:
-            held = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            held = -1
-        scope = "the system's" if e.errno == errno.ENFILE else "the template's"
-        return (f"out of file descriptors for {what}: {scope} limit is reached (open files limit {soft}, hard "
-                f"{hard}; the template holds {held}, 3 per rank); raise it with `ulimit -n` (hard: "
-                f"/etc/security/limits.conf or systemd's LimitNOFILE), or spawn fewer ranks per host")
-    if e.errno == errno.EAGAIN:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-        return (f"cannot fork {what}: the process limit is reached (max user processes {soft}, hard {hard}); "
-                f"raise it with `ulimit -u`, or spawn fewer ranks")
-    return f"cannot make {what}: {e.strerror}"
 
 
 def _warm_up(modules: list[str]) -> None:

@@ -1,0 +1,110 @@
+"""The one typed wire between a controller and what forks its ranks (templates and host
+agents): every message kind round-trips through its msgpack encoding, and through each
+transport's framing; anything else is refused with a reason, never unpickled."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+
+import msgpack
+import pytest
+
+from monarch_kernel.runtime import agent_wire, host_wire, template_wire
+from monarch_kernel.runtime.host_wire import MalformedMessage
+
+pytestmark = pytest.mark.timeout(60)
+
+EXAMPLES = [
+    host_wire.Fork(7, {"rank": 3, "env": {"A": "1"}, "sys_path": ["/src"], "key": b"k" * 32}),
+    host_wire.Kill(1234, 9),
+    host_wire.Reserve(2, 16),
+    host_wire.Bye(),
+    host_wire.Ready(1048576),
+    host_wire.Ready(None),
+    host_wire.Up("node1", 99, "10.0.0.2", "/usr/bin/python3", "0.1.0"),
+    host_wire.Ports(2, [5000, 5001]),
+    host_wire.Forked(7, 4321),
+    host_wire.ForkFailed(7, "out of file descriptors for a new process: raise it with `ulimit -n`"),
+    host_wire.Output([[4321, 1, b"hello\n"], [4321, 2, b"\xff\x00 not utf-8"]]),
+    host_wire.Hello(4321, host_wire.RankHello("m1", 3, 4321).encode()),
+    host_wire.Beats([4321, 4322]),
+    host_wire.Exit(4321, 7 << 8),
+    host_wire.Beat(),
+    host_wire.RankHello("m1", 3, 4321),
+    host_wire.RankHello("m1", 0, 5, 1, [b"\x80\x05pickled failure", b""]),
+]
+
+
+def test_every_message_kind_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(host_wire.OPS.values())
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(msg):
+    data = msg.encode()
+    assert host_wire.decode(data) == msg
+    assert type(msg).decode(data) == msg
+    assert host_wire.Message.decode(data) == msg
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_through_the_agent_framing(msg):
+    h, body = agent_wire.encode("h0123456789", "tcp://10.0.0.1:5555", msg)
+    assert agent_wire.decode(h, body) == msg
+
+
+def test_messages_pass_the_template_framing_with_fds():
+    here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    r, w = os.pipe()
+    try:
+        for msg in EXAMPLES:
+            template_wire.send_msg(here, msg)
+            assert template_wire.recv_msg(there) == (msg, [])
+        template_wire.send_msg(here, host_wire.Kill(1, 15), [w])
+        msg, fds = template_wire.recv_msg(there)
+        assert msg == host_wire.Kill(1, 15) and len(fds) == 1
+        os.close(fds[0])
+        here.send(msgpack.packb(["kill", "one", 15]))
+        with pytest.raises(MalformedMessage, match="field 'pid' of 'kill' is"):
+            template_wire.recv_msg(there)
+    finally:
+        for f in (r, w):
+            os.close(f)
+        here.close()
+        there.close()
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"", "not a msgpack message"),
+    (b"\xc1", "not a msgpack message"),
+    (msgpack.packb(["exit", 1, 2]) + b"\x00", "not a msgpack message"),
+    (msgpack.packb({"op": "exit", "pid": 1, "status": 0}), r"a message is a msgpack list \[op, field, ...\]"),
+    (msgpack.packb([]), r"a message is a msgpack list \[op, field, ...\]"),
+    (msgpack.packb([3, 1]), r"a message is a msgpack list \[op, field, ...\]"),
+    (msgpack.packb(["explode"]), "unknown op 'explode'"),
+    (msgpack.packb(["exit", 1]), r"'exit' takes 2 fields \(pid, status\); got 1"),
+    (msgpack.packb(["exit", 1, 2, 3]), r"'exit' takes 2 fields \(pid, status\); got 3"),
+    (msgpack.packb(["exit", "1", 2]), "field 'pid' of 'exit' is"),
+    (msgpack.packb(["exit", True, 2]), "field 'pid' of 'exit' is"),
+    (msgpack.packb(["beats", [1, "2"]]), "field 'pids' of 'beats' is"),
+    (msgpack.packb(["output", [[1, 1, "text, not bytes"]]]), "field 'items' of 'output' is"),
+    (msgpack.packb(["output", [[1, 1]]]), "field 'items' of 'output' is"),
+    (msgpack.packb(["fork", 1, pickle.dumps({"rank": 0})]), "field 'config' of 'fork' is"),
+    (msgpack.packb(["hello", 1, "not bytes"]), "field 'hello' of 'hello' is"),
+], ids=range(16))
+def test_malformed_input_is_refused_with_the_reason(data, why):
+    with pytest.raises(MalformedMessage, match=why):
+        host_wire.decode(data)
+
+
+def test_a_message_of_another_kind_is_refused_by_the_class_that_expects_one():
+    with pytest.raises(MalformedMessage, match="expected a 'rank_hello' message, got 'exit'"):
+        host_wire.RankHello.decode(host_wire.Exit(1, 0).encode())
+
+
+def test_a_malformed_host_message_decodes_to_none():
+    h, body = agent_wire.encode("h0", "tcp://10.0.0.1:5555", host_wire.Beat())
+    body[-1] = msgpack.packb(["beat", 1, 2])
+    assert agent_wire.decode(h, body) is None
