@@ -115,7 +115,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("orphan_sweep_first", 0.2, "runtime/template_server.py", "after a rank exits, when its template first "
        "looks for the rank's orphaned children"),
     _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
-    _s("stop_grace", 2.0, "runtime/supervision.py", "how long stopped ranks have to exit before they are killed"),
+    _s("stop_grace", 2.0, "runtime/launcher.py", "how long stopped ranks have to exit before they are killed"),
     _s("cleanup_budget", 1.0, "runtime/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),
     _s("inbox_lease_recheck", 0.05, "runtime/receiver.py", "how often a thread waiting on an inbox that "
