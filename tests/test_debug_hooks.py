@@ -15,13 +15,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from monarch_kernel.debug import messages, pdb_controller, pdb_prompt, pdb_rank
+from monarch_kernel.debug import messages
+from monarch_kernel.debug.controller import pdb_controller, pdb_prompt
+from monarch_kernel.debug.rank import pdb_rank
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(60)
 
-MODULES = ["dap", "messages", "rank_debugpy", "inspector", "relay", "tunnel", "pdb_rank", "pdb_prompt",
-           "pdb_controller", "rank_target", "proxy"]
+MODULES = ["dap", "messages", "rank.rank_debugpy", "rank.inspector", "rank.relay", "controller.tunnel", "rank.pdb_rank",
+           "controller.pdb_prompt", "controller.pdb_controller", "controller.rank_target", "controller.proxy"]
 
 
 def test_importing_the_debug_package_installs_nothing():
@@ -68,7 +70,8 @@ def test_pdb_rank_installs_through_the_hooks_and_removes_what_it_installed():
 
 
 def fake_session(meshes=None):
-    return SimpleNamespace(meshes=meshes or {}, spawning=False, sink=SimpleNamespace(context=None))
+    """A ``PdbHost``: what the hub reads of the kernel."""
+    return SimpleNamespace(meshes=meshes or {}, spawning=False, run_in_cell=lambda fn: fn())
 
 
 def test_the_pdb_hub_installs_its_hooks_and_close_removes_them():

@@ -17,10 +17,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from ..actor.host_mesh import this_host
+from ..actor.ranks import rank_label
 from ..console.console import Console
-from ..debug import proxy
-from ..mesh.host_mesh import this_host
-from ..mesh.ranks import rank_label
+from ..debug.controller import proxy
 from ..runtime import config
 from . import detached, status
 from .mesh_cell import ranks_arg, run_on_mesh
@@ -390,8 +390,8 @@ class MeshMagics(Magics):
         print(procs.sync_workspace(path))
 
     def _cmd_run(self, words):
-        from ..spmd.env import setup_torch_elastic_env
-        from ..spmd.script import console_code
+        from ..spmd.controller.env import setup_torch_elastic_env
+        from ..spmd.controller.run import console_code
 
         if not words or words == ["-m"]:
             raise UsageError("type  %mesh run train.py --lr 0.1  or  %mesh run -m package.train --lr 0.1")

@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 
+from ..actor.ranks import rank_label
 from ..console.console import SYNC
-from ..mesh.ranks import rank_label
 
 WINDOW_S = 0.15  # how long a line waits for the same line from other ranks
 # A line other ranks are joining waits this long again after each join, up to HOLD_S in all:

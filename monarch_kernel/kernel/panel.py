@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
+from ..actor.ranks import rank_label
 from ..console.console import Console
-from ..debug import proxy
-from ..mesh.ranks import rank_label as _bracketed
+from ..debug.controller import proxy
 from ..runtime.process import Runtime
 from . import panel_detached, status
 from .panel_messages import COMM_TARGET, JobRow, LogLines, MeshRow, MessageError, PanelState, RankRow, Reply, Request
@@ -45,11 +45,6 @@ COALESCE_S = 0.05  # a burst of events (a cell's first lines) makes one update
 LOG_LINES = 1000  # recent lines kept per rank for the log tab
 CPU_STALE_S = 3 * TICK_S  # an older CPU sample (a rank not shown since) is not averaged over
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def rank_label(ranks) -> str:
-    """"rank 2", "ranks 0-3" (``[rank 2]`` without its brackets, for sentences)."""
-    return _bracketed(ranks).strip("[]")
 
 
 def cpu_ticks(pid: int | None) -> int | None:
@@ -372,7 +367,7 @@ class PanelFeed:
         procs, consoles = self._procs(req)
         ranks = [req.rank] if req.rank is not None else None
         procs.interrupt(consoles, ranks, wait=2.0)
-        return f"interrupted {rank_label(ranks) if ranks else 'every rank'} of {procs.name}"
+        return f"interrupted {rank_label(ranks, brackets=False) if ranks else 'every rank'} of {procs.name}"
 
     def _do_restart(self, req: Request) -> str:
         procs, consoles = self._procs(req)
@@ -381,7 +376,8 @@ class PanelFeed:
                              ([req.rank] if req.rank is not None else dead))]
         alive = [r for r in ranks if r not in dead]
         if alive:
-            raise UsageError(f"{rank_label(alive)} of {procs.name} are alive; restart replaces dead ranks only")
+            raise UsageError(f"{rank_label(alive, brackets=False)} of {procs.name} are alive; "
+                             "restart replaces dead ranks only")
         if not ranks:
             return f"no dead ranks in {procs.name}"
         host = self.session.hosts.get(procs.name)
@@ -389,7 +385,7 @@ class PanelFeed:
             host.restart.call_one(ranks).get(timeout=120)
         else:
             procs.restart(ranks, [(consoles, Console, (), {})])
-        return f"restarted {rank_label(ranks)} of {procs.name} with fresh namespaces"
+        return f"restarted {rank_label(ranks, brackets=False)} of {procs.name} with fresh namespaces"
 
     def _do_debug(self, req: Request) -> str:
         procs, _consoles = self._procs(req)

@@ -16,11 +16,11 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ..actor.errors import ActorError, MeshStopped
-from ..actor.port import Channel, Port, PortReceiver
-from ..runtime.process import Runtime
-from .dap import DapClient
-from .messages import DapClosed, DapFrames, decode_tunnel
+from ...actor.errors import ActorError, MeshStopped
+from ...actor.port import Channel, Port, PortReceiver
+from ...runtime.process import Runtime
+from ..dap import DapClient
+from ..messages import DapClosed, DapFrames, decode_tunnel
 
 OPEN_TIMEOUT_S = 30.0
 SEND_TIMEOUT_S = 30.0

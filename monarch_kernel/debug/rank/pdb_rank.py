@@ -20,12 +20,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..actor.actor import Actor
-from ..actor.endpoint import endpoint
-from ..actor.port import Channel
-from ..runtime.context import process_mesh
-from ..runtime.process import Runtime
-from .messages import RELEASE, Ended, Prompt, Reply, Resumed, Stopped
+from ...actor.actor import Actor
+from ...actor.endpoint import endpoint
+from ...actor.port import Channel
+from ...runtime.context import process_mesh
+from ...runtime.process import Runtime
+from ..messages import RELEASE, Ended, Prompt, Reply, Resumed, Stopped
 
 POLL_S = 0.1  # how often a waiting rank checks for input (and lets an interrupt in)
 

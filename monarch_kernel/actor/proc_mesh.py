@@ -12,13 +12,13 @@ import logging
 import os
 import secrets
 
-from ..actor.actor_mesh import ActorMesh, endpoint_names
-from ..actor.endpoint import part_value, refuse_mixed_endpoints
-from ..actor.future import Future
 from ..runtime.context import current_actor
 from ..runtime.envelope import Kind
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.process import Runtime
+from .actor_mesh import ActorMesh, endpoint_names
+from .endpoint import part_value, refuse_mixed_endpoints
+from .future import Future
 from .shape import Shape, Shaped
 
 
@@ -219,23 +219,6 @@ class ProcMesh(Shaped):
 
         return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
                               auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
-
-    def setup_torch_distributed(self, backend: str | None = None, *, timeout: float | None = None) -> str:
-        """torchrun's variables on every rank, then ``torch.distributed``'s default process
-        group initialised on each (``"gloo"``, ``"nccl"``, or None: nccl when every rank has a
-        GPU, else gloo); returns the backend.  Call it again after ``%mesh restart`` to
-        rebuild the group with the same ranks.  See ``monarch_kernel.spmd``."""
-        from ..spmd.distributed import setup_torch_distributed
-
-        return setup_torch_distributed(self, backend, timeout=timeout)
-
-    def device_mesh(self, names=None, *, mesh_shape=None, device_type: str | None = None):
-        """A ``torch.distributed`` ``DeviceMesh`` on every rank whose dims are this mesh's
-        (``{"hosts": 2, "gpus": 4}`` with ``("dp", "tp")``: 2 x 4); on a rank,
-        ``monarch_kernel.spmd.current_device_mesh()`` is it.  Returns its handle."""
-        from ..spmd.distributed import device_mesh
-
-        return device_mesh(self, names, mesh_shape=mesh_shape, device_type=device_type)
 
     def __enter__(self) -> ProcMesh:
         return self
