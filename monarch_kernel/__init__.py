@@ -2,7 +2,8 @@
 
 Names follow ``monarch.actor``, so Monarch code ports by changing one import.  Layers, top
 to bottom: ``kernel`` (Jupyter), ``console`` and ``debug`` (what runs on ranks for the
-notebook), ``actor`` and ``mesh`` and ``data`` (public), ``runtime`` (internal engine).
+notebook), ``spmd`` (torch.distributed), ``actor`` (actors and meshes, one layer as
+Monarch's ``_src/actor/``) and ``data`` (public), ``runtime`` (internal engine).
 This module only re-exports; importing it installs nothing.
 """
 
