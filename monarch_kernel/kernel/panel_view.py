@@ -129,7 +129,7 @@ class PanelView:
         for st in shown:
             row = st["row"]
             local = not row["death"] and not row.get("remote") and row["pid"]
-            cpu = self.cpu_percent(row["pid"], now) if local else None
+            cpu = self._cpu_percent(row["pid"], now) if local else None
             rss = rss_mib(row["pid"]) if local else None
             out.append(RankRow(st["rank"], str(row["host"] or ""), row["pid"], st["state"], st["detail"],
                                None if cpu is None else round(cpu, 1), None if rss is None else round(rss, 1),

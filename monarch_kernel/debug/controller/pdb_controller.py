@@ -14,11 +14,11 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from IPython.core.error import StdinNotImplementedError
 
-from ...actor.port import Channel
+from ...actor.port import Channel, Port, PortReceiver
 from ...runtime.envelope import Part, Status
 from ...runtime.process import Runtime
 from ...runtime.serialize import dumps
@@ -99,7 +99,9 @@ class PdbHub:
     def __init__(self, host: PdbHost):
         self.host = host
         self.api_meshes: dict[str, tuple] = {}  # name -> (ProcMesh, PdbSetup mesh): spawned in cells
-        self.port, self._receiver = Channel.open()
+        self.port: Port[Any]
+        self._receiver: PortReceiver[Any]
+        self.port, self._receiver = Channel.open()  # the ranks' pdb messages
         self.post_mortem = False
         self.stops: dict[tuple, RankStop] = {}
         self.attached: tuple | None = None  # the key of the RankStop whose prompt we show
