@@ -16,7 +16,7 @@ import textwrap
 import pytest
 from _kernels import run, text
 
-from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel import Actor, current_rank, endpoint, this_host
 from monarch_kernel.actor.workspace import WorkspaceReloadError, scan
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,7 +57,7 @@ class Probe(Actor):
 
 def own_temp_dir() -> None:
     """A bootstrap: each rank gets a temp dir of its own, as if each were on a host of its own."""
-    path = os.path.join(os.environ["WS_TEST_TEMP"], f"rank{os.environ['RANK']}")
+    path = os.path.join(os.environ["WS_TEST_TEMP"], f"rank{current_rank().rank}")
     os.makedirs(path, exist_ok=True)
     os.environ["TMPDIR"] = path
     tempfile.tempdir = None  # gettempdir() looks again
