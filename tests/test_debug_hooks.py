@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import pdb
 import subprocess
 import sys
@@ -141,3 +142,10 @@ def test_attach_at_the_prompt_picks_one_stopped_rank(monkeypatch):
     monkeypatch.setattr(builtins, "input", lambda prompt: "attach 2")
     pdb_prompt.PdbCommands(hub).prompt(hub.stops)
     assert "rank 2 is not stopped; stopped: 1, 3" in "".join(hub.written)
+
+
+def test_the_frames_skipped_when_stepping_are_the_whole_packages():
+    import monarch_kernel
+    from monarch_kernel.debug.rank import rank_debugpy
+
+    assert rank_debugpy.package_dir() == os.path.dirname(os.path.abspath(monarch_kernel.__file__))

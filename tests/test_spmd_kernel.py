@@ -80,7 +80,7 @@ def test_each_ranks_exception_is_shown(mkc):
     assert "[rank 1] Traceback" in got and "ValueError: bad batch on rank 1" in got
     assert f'File "{mkc.script}", line 15, in <module>' in got
     assert "[rank 0] Traceback" in got and "RuntimeError" in got  # its peer, cut short at once
-    assert "runpy" not in got and "spmd/script.py" not in got  # only the script's own frames
+    assert "runpy" not in got and "spmd/rank/script.py" not in got  # only the script's own frames
     out, reply = run(mkc, f"%mesh run {mkc.script} --steps 1", timeout=120)  # the next run makes a new group
     assert reply["status"] == "ok", text(out)
 

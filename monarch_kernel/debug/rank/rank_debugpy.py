@@ -98,4 +98,5 @@ def write_source(path: str, text: str) -> None:
 
 def package_dir() -> str:
     """The monarch_kernel package folder: its frames are skipped when stepping."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.abspath(__file__)  # monarch_kernel/debug/rank/rank_debugpy.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
