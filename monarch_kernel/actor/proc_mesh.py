@@ -220,6 +220,12 @@ class ProcMesh(Shaped):
         return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
                               auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
 
+    def __getattr__(self, name: str):
+        if name in _SPMD_FUNCTIONS:  # torch.distributed is spmd's, a layer above: its free functions
+            raise AttributeError(f"ProcMesh has no {name}(); torch.distributed set-up lives in monarch_kernel.spmd, "
+                                 f"as in Monarch: from monarch_kernel.spmd import {name}; {name}(procs, ...)")
+        raise AttributeError(f"'ProcMesh' object has no attribute {name!r}")
+
     def __enter__(self) -> ProcMesh:
         return self
 
@@ -238,6 +244,9 @@ class ProcMesh(Shaped):
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "running"
         return f"ProcMesh<'{self.name}' {self.extent!r} {state}>"
+
+
+_SPMD_FUNCTIONS = ("setup_torch_distributed", "device_mesh", "setup_torch_elastic_env")
 
 
 def _spawn_options(cls) -> dict | None:
