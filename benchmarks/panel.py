@@ -87,14 +87,14 @@ STATE_COST = """\
 import json as _j, time as _t
 _feed = get_ipython().magics_manager.registry['MeshMagics'].session.panel
 def _cost(expanded):
-    _feed._expanded = set(expanded)
+    _feed.view.expanded = set(expanded)
     _feed.state()
     t0 = _t.perf_counter()
     for _ in range(10):
         _feed.state()
     return round((_t.perf_counter() - t0) / 10 * 1e3, 2)
 _costs = {"summarised_ms": _cost([]), "expanded_ms": _cost(["big"])}
-_feed._expanded = set()
+_feed.view.expanded = set()
 print(_j.dumps(_costs))
 """
 

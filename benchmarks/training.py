@@ -223,8 +223,9 @@ def w10() -> dict:
 def _recover(procs, tmp) -> dict:
     """A rank's SIGKILL mid-training to the first step after resuming, and its parts."""
     from monarch_kernel import ActorError
+    from monarch_kernel.spmd import setup_torch_distributed
 
-    procs.setup_torch_distributed()
+    setup_torch_distributed(procs)
     trainer = procs.spawn("w10trainer", Trainer)
     progress = os.path.join(tmp, "progress")
     fut = trainer.train.call(100000, progress)
@@ -247,7 +248,7 @@ def _recover(procs, tmp) -> dict:
     t_failed = time.time()
     procs.restart([2], [(trainer, Trainer, (), {})])
     t_restarted = time.time()
-    procs.setup_torch_distributed()
+    setup_torch_distributed(procs)
     t_group = time.time()
     with open(progress) as f:
         reached = int(f.read() or 0)

@@ -2,7 +2,8 @@
 
 Names follow ``monarch.actor``, so Monarch code ports by changing one import.  Layers, top
 to bottom: ``kernel`` (Jupyter), ``console`` and ``debug`` (what runs on ranks for the
-notebook), ``actor`` and ``mesh`` and ``data`` (public), ``runtime`` (internal engine).
+notebook), ``spmd`` (torch.distributed), ``actor`` (actors and meshes, one layer as
+Monarch's ``_src/actor/``) and ``data`` (public), ``runtime`` (internal engine).
 This module only re-exports; importing it installs nothing.
 """
 
@@ -22,19 +23,19 @@ from .actor.errors import MeshFailure as MeshFailure
 from .actor.errors import MeshStopped as MeshStopped
 from .actor.errors import ProcessDied as ProcessDied
 from .actor.future import Future as Future
+from .actor.host_mesh import HostMesh as HostMesh
+from .actor.host_mesh import this_host as this_host
+from .actor.host_mesh import this_proc as this_proc
 from .actor.port import Channel as Channel
 from .actor.port import Port as Port
 from .actor.port import PortReceiver as PortReceiver
+from .actor.proc_mesh import ProcMesh as ProcMesh
+from .actor.shape import Extent as Extent
+from .actor.shape import Point as Point
+from .actor.shape import Shape as Shape
 from .actor.shutdown import shutdown_context as shutdown_context
 from .actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from .actor.value_mesh import ValueMesh as ValueMesh
-from .mesh.host_mesh import HostMesh as HostMesh
-from .mesh.host_mesh import this_host as this_host
-from .mesh.host_mesh import this_proc as this_proc
-from .mesh.proc_mesh import ProcMesh as ProcMesh
-from .mesh.shape import Extent as Extent
-from .mesh.shape import Point as Point
-from .mesh.shape import Shape as Shape
 
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import pdb
 import subprocess
 import sys
@@ -15,13 +16,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from monarch_kernel.debug import messages, pdb_controller, pdb_prompt, pdb_rank
+from monarch_kernel.debug import messages
+from monarch_kernel.debug.controller import pdb_controller, pdb_prompt
+from monarch_kernel.debug.rank import pdb_rank
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(60)
 
-MODULES = ["dap", "messages", "rank_debugpy", "inspector", "relay", "tunnel", "pdb_rank", "pdb_prompt",
-           "pdb_controller", "rank_target", "proxy"]
+MODULES = ["dap", "messages", "rank.rank_debugpy", "rank.inspector", "rank.relay", "controller.tunnel", "rank.pdb_rank",
+           "controller.pdb_prompt", "controller.pdb_controller", "controller.rank_target", "controller.proxy"]
 
 
 def test_importing_the_debug_package_installs_nothing():
@@ -68,7 +71,8 @@ def test_pdb_rank_installs_through_the_hooks_and_removes_what_it_installed():
 
 
 def fake_session(meshes=None):
-    return SimpleNamespace(meshes=meshes or {}, spawning=False, sink=SimpleNamespace(context=None))
+    """A ``PdbHost``: what the hub reads of the kernel."""
+    return SimpleNamespace(meshes=meshes or {}, spawning=False, run_in_cell=lambda fn: fn())
 
 
 def test_the_pdb_hub_installs_its_hooks_and_close_removes_them():
@@ -138,3 +142,10 @@ def test_attach_at_the_prompt_picks_one_stopped_rank(monkeypatch):
     monkeypatch.setattr(builtins, "input", lambda prompt: "attach 2")
     pdb_prompt.PdbCommands(hub).prompt(hub.stops)
     assert "rank 2 is not stopped; stopped: 1, 3" in "".join(hub.written)
+
+
+def test_the_frames_skipped_when_stepping_are_the_whole_packages():
+    import monarch_kernel
+    from monarch_kernel.debug.rank import rank_debugpy
+
+    assert rank_debugpy.package_dir() == os.path.dirname(os.path.abspath(monarch_kernel.__file__))

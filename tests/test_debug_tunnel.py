@@ -25,10 +25,10 @@ from _kernels import kernel, run, text
 from test_debug import INITIALIZE, Session, start_debugger
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.debug import proxy
+from monarch_kernel.debug.controller import proxy
+from monarch_kernel.debug.controller.tunnel import TunnelConnection
 from monarch_kernel.debug.messages import DapClosed, RankHost
-from monarch_kernel.debug.relay import DapRelay
-from monarch_kernel.debug.tunnel import TunnelConnection
+from monarch_kernel.debug.rank.relay import DapRelay
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,7 +38,7 @@ LISTENS = re.compile(r"its debugpy listens on ([0-9.]+):(\d+)")
 class DebugpyStarter(Actor):
     @endpoint
     def listen(self) -> tuple[str, int]:
-        from monarch_kernel.debug import rank_debugpy
+        from monarch_kernel.debug.rank import rank_debugpy
 
         return rank_debugpy.listen()
 

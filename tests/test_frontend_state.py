@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_kernel.debug.rank_target import FrontendState, RankTarget, response
+from monarch_kernel.debug.controller.rank_target import FrontendState, RankTarget, response
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -104,5 +104,5 @@ def test_importing_every_module_installs_nothing():
     r = subprocess.run([sys.executable, "-c", SNAPSHOT], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert "monarch_kernel.kernel.magics" in out["names"] and "monarch_kernel.debug.pdb_rank" in out["names"]
+    assert "monarch_kernel.kernel.magics" in out["names"] and "monarch_kernel.debug.rank.pdb_rank" in out["names"]
     assert out["changed"] == {}, out["changed"]

@@ -21,6 +21,7 @@ import zmq
 from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
 from monarch_kernel.job import SSHJob, job_load
 from monarch_kernel.runtime.process import Runtime
+from monarch_kernel.spmd import setup_torch_distributed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -297,7 +298,7 @@ class Gloo(Actor):
 @pytest.mark.timeout(180)
 def test_torch_distributed_spans_two_hosts(job, ssh_hosts):
     procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
-    assert procs.setup_torch_distributed("gloo") == "gloo"
+    assert setup_torch_distributed(procs, "gloo") == "gloo"
     got = sorted(procs.spawn("gloo", Gloo).all_reduce.call().get(timeout=120).values())
     assert [g[:3] for g in got] == [(0, 4, 0), (1, 4, 1), (2, 4, 0), (3, 4, 1)]  # LOCAL_RANK counts per host
     assert {g[3] for g in got} == {ssh_hosts.hosts[0]}  # rank 0's address on its host, reachable from the other

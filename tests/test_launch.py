@@ -152,7 +152,7 @@ def test_the_controller_starts_the_template_by_a_recognisable_command_line():
 
 
 def test_the_template_warm_up_imports_resolve():
-    # A module renamed under actor/ or mesh/ would otherwise surface as every spawn failing.
-    from monarch_kernel.mesh.host_mesh import RANK_MODULES
+    # A module renamed under actor/ would otherwise surface as every spawn failing.
+    from monarch_kernel.actor.host_mesh import RANK_MODULES
 
     template_server._warm_up(list(RANK_MODULES))

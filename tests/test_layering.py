@@ -14,23 +14,31 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "monarch_kernel"
 
-# package -> the packages it may import (besides itself and the top-level re-exports' leaves)
+# package -> the packages it may import (besides itself and the top-level re-exports' leaves).
+# Actors and meshes are one layer (``actor/``, as Monarch's ``_src/actor/``); no two packages
+# may import each other (``test_no_two_packages_may_import_each_other``).
 ALLOWED = {
     "runtime": set(),
     "agent": {"runtime"},
-    "actor": {"runtime", "mesh"},
-    "mesh": {"runtime", "actor"},
-    "data": {"runtime", "actor", "mesh"},
-    "job": {"runtime", "actor", "mesh"},
-    "spmd": {"runtime", "actor", "mesh", "data"},
-    "debug": {"runtime", "actor", "mesh", "data"},
-    "console": {"runtime", "actor", "mesh", "data", "debug"},
-    "detached": {"runtime", "actor", "mesh", "data", "console", "job"},
-    "kernel": {"runtime", "actor", "mesh", "data", "debug", "console", "detached", "job", "spmd"},
+    "actor": {"runtime"},
+    "data": {"runtime", "actor"},
+    "job": {"runtime", "actor"},
+    "spmd": {"runtime", "actor", "data"},
+    "debug": {"runtime", "actor", "data"},
+    "console": {"runtime", "actor", "data", "debug"},
+    "detached": {"runtime", "actor", "data", "console", "job"},
+    "kernel": {"runtime", "actor", "data", "debug", "console", "detached", "job", "spmd"},
 }
-# The one way up, on purpose: Monarch puts setup_torch_distributed and device_mesh on ProcMesh,
-# while their code (and torch) stays in spmd; the two methods import it when called.
-UPWARD = {("mesh/proc_mesh.py", "spmd")}
+# Packages that hold both halves of a feature, in folders by the process that runs them: what
+# runs on a rank never imports what runs in the controller (the kernel, or a script).
+HALVES = {"debug": ("rank", "controller"), "spmd": ("rank", "controller")}
+# torchrun's variables: only spmd/ sets them, when it makes a group or runs a script.
+TORCH_VARIABLES = {
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+}
+MAX_LINES = 450
+MAX_METHODS = 30
 
 
 def _modules():
@@ -40,28 +48,34 @@ def _modules():
         yield package, rel, ast.parse(path.read_text(), str(path))
 
 
-def _imported_packages(rel: pathlib.Path, tree: ast.AST):
-    """(line, package) for each import of another part of monarch_kernel."""
+def _imported_modules(rel: pathlib.Path, tree: ast.AST):
+    """(line, dotted path under monarch_kernel) of each module-level or inner import."""
     here = list(rel.parts[:-1])
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
                 target = base + (node.module.split(".") if node.module else [])
-                if not target:  # "from .. import x": x is a package
-                    for alias in node.names:
-                        yield node.lineno, alias.name
-                    continue
+                names = [target + [a.name] for a in node.names]
             elif node.module and node.module.startswith("monarch_kernel."):
-                target = node.module.split(".")[1:]
+                names = [node.module.split(".")[1:] + [a.name] for a in node.names]
             else:
                 continue
-            if target:
-                yield node.lineno, target[0]
+            for name in names:
+                yield node.lineno, name
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("monarch_kernel."):
-                    yield node.lineno, alias.name.split(".")[1]
+                    yield node.lineno, alias.name.split(".")[1:]
+
+
+def _imported_packages(rel: pathlib.Path, tree: ast.AST):
+    """(line, package) for each import of another part of monarch_kernel."""
+    seen = set()
+    for line, module in _imported_modules(rel, tree):
+        if (line, module[0]) not in seen:
+            seen.add((line, module[0]))
+            yield line, module[0]
 
 
 def test_lower_layers_never_import_upper_ones():
@@ -70,10 +84,47 @@ def test_lower_layers_never_import_upper_ones():
         if package not in ALLOWED:
             continue
         for line, target in _imported_packages(rel, tree):
-            if target != package and target in ALLOWED and target not in ALLOWED[package] \
-                    and (rel.as_posix(), target) not in UPWARD:
+            if target != package and target in ALLOWED and target not in ALLOWED[package]:
                 bad.append(f"{rel}:{line} ({package}) imports {target}")
     assert not bad, "imports that go up (or sideways) a layer:\n" + "\n".join(bad)
+
+
+def test_no_two_packages_may_import_each_other():
+    both = sorted(f"{a} <-> {b}" for a, allowed in ALLOWED.items() for b in allowed
+                  if a < b and a in ALLOWED.get(b, set()))
+    assert not both, "pairs of packages allowed to import each other (one must be the lower layer):\n" + \
+        "\n".join(both)
+
+
+def test_what_runs_on_ranks_never_imports_what_runs_in_the_controller():
+    bad = []
+    for package, rel, tree in _modules():
+        if package not in HALVES or len(rel.parts) < 3 or rel.parts[1] != HALVES[package][0]:
+            continue
+        for line, target in _imported_modules(rel, tree):
+            if target[:2] == [package, HALVES[package][1]]:
+                bad.append(f"{rel}:{line} imports {'.'.join(target)}")
+    assert not bad, "rank-side modules importing controller-side ones:\n" + "\n".join(bad)
+
+
+def test_no_module_is_over_450_lines():
+    bad = []
+    for _package, rel, _tree in _modules():
+        lines = len((ROOT / rel).read_text().splitlines())
+        if lines > MAX_LINES:
+            bad.append(f"{rel}: {lines} lines")
+    assert not bad, f"modules over {MAX_LINES} lines (split them by concept):\n" + "\n".join(bad)
+
+
+def test_no_class_has_over_30_methods():
+    bad = []
+    for _package, rel, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                methods = sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in node.body)
+                if methods > MAX_METHODS:
+                    bad.append(f"{rel}:{node.lineno} {node.name}: {methods} methods")
+    assert not bad, f"classes over {MAX_METHODS} methods (split them by what they do):\n" + "\n".join(bad)
 
 
 def _private_names_defined(tree: ast.AST) -> set[str]:
@@ -119,9 +170,13 @@ def test_the_layering_check_sees_a_violation(tmp_path):
     tree = ast.parse("from ..kernel import magics\nfrom ..runtime.process import Runtime\n")
     found = [t for _l, t in _imported_packages(pathlib.Path("runtime/x.py"), tree)]
     assert found == ["kernel", "runtime"]
+    # a rank-side module importing the controller's half, two ways
+    tree = ast.parse("from ..controller.tunnel import TunnelConnection\nfrom ..controller import proxy\n")
+    found = [m for _l, m in _imported_modules(pathlib.Path("debug/rank/x.py"), tree)]
+    assert found == [["debug", "controller", "tunnel", "TunnelConnection"], ["debug", "controller", "proxy"]]
 
 
-TORCHRUN_VARIABLES = re.compile(r"\b(RANK|LOCAL_RANK|GROUP_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)\b")
+TORCHRUN_VARIABLES = re.compile(r"\b(" + "|".join(sorted(TORCH_VARIABLES)) + r")\b")
 
 
 def test_the_runtime_never_names_torchruns_variables():

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from monarch_kernel.kernel import magics
-from monarch_kernel.kernel.magics import COMMANDS, USAGE, MeshMagics, _auto_transform, _parse, _usage
+from monarch_kernel.kernel import magic_args
+from monarch_kernel.kernel.magic_args import COMMANDS, USAGE
+from monarch_kernel.kernel.magic_args import parse as _parse
+from monarch_kernel.kernel.magic_args import usage as _usage
+from monarch_kernel.kernel.magics import MeshMagics, _auto_transform
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -97,9 +100,9 @@ def test_a_bad_argument_names_the_commands_usage(command, line, says):
 ])
 def test_a_bad_cell_argument_names_the_cell_usage(line, says):
     with pytest.raises(UsageError) as info:
-        _parse(magics._cell, line)
+        _parse(magic_args.cell_args, line)
     assert says in str(info.value)
-    assert str(info.value).endswith(f"; type  {_usage(magics._cell)}")
+    assert str(info.value).endswith(f"; type  {_usage(magic_args.cell_args)}")
 
 
 def test_arguments_parse_to_their_values():
@@ -117,9 +120,9 @@ def test_arguments_parse_to_their_values():
     # debug and pdb keep their words for their own grammar (in debug/)
     assert _parse(COMMANDS["debug"], "1 --listen --host 0.0.0.0").words == ["1", "--listen", "--host", "0.0.0.0"]
     assert _parse(COMMANDS["pdb"], "cast 0-1 p x").words == ["cast", "0-1", "p", "x"]
-    cell = _parse(magics._cell, "")
+    cell = _parse(magic_args.cell_args, "")
     assert vars(cell) == {"ranks": None, "timeout": None, "no_stream": False, "group_outputs": "order"}
-    cell = _parse(magics._cell, "--ranks ::2 --timeout 2.5 --no-stream --group-outputs rank")
+    cell = _parse(magic_args.cell_args, "--ranks ::2 --timeout 2.5 --no-stream --group-outputs rank")
     assert (cell.ranks, cell.timeout, cell.no_stream, cell.group_outputs) == ("::2", 2.5, True, "rank")
 
 

@@ -36,7 +36,7 @@ from monarch_kernel import (
     shutdown_context,
     this_host,
 )
-from monarch_kernel.mesh.shape import Extent, Shape
+from monarch_kernel.actor.shape import Extent, Shape
 from monarch_kernel.runtime.context import MeshRef
 from monarch_kernel.runtime.launch import LaunchConfig
 

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from monarch_kernel import ActorError, Future
-from monarch_kernel.mesh.shape import Extent, Point
+from monarch_kernel.actor.shape import Extent, Point
 from monarch_kernel.runtime.failure import RemoteFailure
 
 

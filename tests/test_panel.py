@@ -14,7 +14,7 @@ import uuid
 import pytest
 from _kernels import iopub, run, text
 
-from monarch_kernel.kernel.panel import RankLog, spawn_line
+from monarch_kernel.kernel.panel import spawn_line
 from monarch_kernel.kernel.panel_grid import GRID_MIME, grid_bundle
 from monarch_kernel.kernel.panel_messages import (
     COMM_TARGET,
@@ -27,6 +27,7 @@ from monarch_kernel.kernel.panel_messages import (
     Reply,
     Request,
 )
+from monarch_kernel.kernel.panel_view import RankLog
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -305,7 +306,7 @@ def test_a_large_mesh_is_summarised_and_its_full_table_comes_on_demand(kc, panel
     assert mesh is not None and mesh.counts == {"idle": n - 1, "dead": 1}, mesh.counts
     assert [(r.rank, r.state) for r in mesh.rows] == [(7, "dead")] and "3" in mesh.rows[0].detail, mesh.rows
 
-    run(kc, "feed = get_ipython().magics_manager.registry['MeshMagics'].session.panel\nfeed._cpu.clear()")
+    run(kc, "feed = get_ipython().magics_manager.registry['MeshMagics'].session.panel\nfeed.view.cpu.clear()")
     msg_id = kc.execute("%%mesh --ranks 0-2\nimport time\ntime.sleep(3)")
     state = panel.wait_state("ranks 0-2 busy", lambda s: (m := mesh_of(s)) is not None
                              and m.counts.get("busy") == 3, timeout=5)
@@ -314,7 +315,8 @@ def test_a_large_mesh_is_summarised_and_its_full_table_comes_on_demand(kc, panel
                                                                            (7, "dead")], mesh.rows
     assert all(r.rss_mib for r in mesh.rows[:3]), mesh.rows  # the rows sent are measured
     panel.io.wait_idle(msg_id, 30)
-    measured = text(run(kc, "print(sorted(feed._cpu) == sorted(r['pid'] for r in procs.rank_states()[:3]))").outputs)
+    code = "print(sorted(feed.view.cpu) == sorted(r['pid'] for r in procs.rank_states()[:3]))"
+    measured = text(run(kc, code).outputs)
     assert measured == "True\n", measured  # and only they: not the 44 idle ranks
 
     seen = len(panel.states())

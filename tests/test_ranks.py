@@ -7,8 +7,8 @@ import doctest
 
 import pytest
 
-from monarch_kernel.mesh import ranks
-from monarch_kernel.mesh.ranks import SPEC_HELP, RankSpecError, parse_ranks, rank_label
+from monarch_kernel.actor import ranks
+from monarch_kernel.actor.ranks import SPEC_HELP, RankSpecError, parse_ranks, rank_label
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -17,7 +17,15 @@ import time
 import pytest
 
 from monarch_kernel import Actor, ActorError, ProcessDied, endpoint, this_host
-from monarch_kernel.spmd import PeerCheckpoint, RankEnv, ScriptExit, SPMDActor, setup_torch_elastic_env
+from monarch_kernel.spmd import (
+    PeerCheckpoint,
+    RankEnv,
+    ScriptExit,
+    SPMDActor,
+    device_mesh,
+    setup_torch_distributed,
+    setup_torch_elastic_env,
+)
 from monarch_kernel.spmd.layout import elastic_layout, layout_from_point
 
 pytestmark = pytest.mark.timeout(240)
@@ -134,7 +142,7 @@ def test_peer_checkpoint_in_one_process():
 
 
 def test_setup_torch_distributed_gives_torchrun_variables_and_a_group(procs, probe):
-    assert procs.setup_torch_distributed() == "gloo"  # None: nccl only where every rank has a GPU
+    assert setup_torch_distributed(procs) == "gloo"  # None: nccl only where every rank has a GPU
     envs = list(probe.env.call().get(timeout=60).values())
     assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]  # one host
@@ -144,15 +152,15 @@ def test_setup_torch_distributed_gives_torchrun_variables_and_a_group(procs, pro
     assert {e["OMP_NUM_THREADS"] for e in envs} == {"1"}  # torchrun's default for several ranks per host
     assert sorted(probe.all_reduce.call().get(timeout=60).values()) == [(r, 4, 6.0) for r in range(4)]
     # again: the group is rebuilt over the same ranks
-    assert procs.setup_torch_distributed("gloo") == "gloo"
+    assert setup_torch_distributed(procs, "gloo") == "gloo"
     assert sorted(probe.all_reduce.call().get(timeout=60).values()) == [(r, 4, 6.0) for r in range(4)]
 
 
 def test_backends_that_cannot_work_say_why(procs):
     with pytest.raises(RuntimeError, match=r"backend='nccl' needs a GPU on every rank, and ranks \[0, 1, 2, 3\]"):
-        procs.setup_torch_distributed("nccl")
+        setup_torch_distributed(procs, "nccl")
     with pytest.raises(ValueError, match="choose 'gloo', 'nccl', or None"):
-        procs.setup_torch_distributed("mpi")
+        setup_torch_distributed(procs, "mpi")
 
 
 def test_nccl_where_every_rank_has_a_gpu():
@@ -161,20 +169,20 @@ def test_nccl_where_every_rank_has_a_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA GPUs (there are none here): the nccl path runs only where every rank has one")
     with this_host().spawn_procs(per_host={"gpus": 1}) as procs:
-        assert procs.setup_torch_distributed() == "nccl"
+        assert setup_torch_distributed(procs) == "nccl"
 
 
 def test_device_mesh_takes_the_proc_meshs_dims(procs, probe):
-    handle = procs.device_mesh(("dp", "tp"))
+    handle = device_mesh(procs, ("dp", "tp"))
     assert repr(handle) == f"DeviceMesh<{{'dp': 2, 'tp': 2}} cpu on '{procs.name}'>"  # the name depends on test order
     got = probe.coordinate.call().get(timeout=60)
     for point, (coord, names, shape) in got.items():
         assert coord == (point["dp"], point["tp"]) and names == ("dp", "tp") and shape == (2, 2)
     with pytest.raises(ValueError, match=r"has dims \{'dp': 2, 'tp': 2\}, so device_mesh needs 2 names, not 3"):
-        procs.device_mesh(("a", "b", "c"))
+        device_mesh(procs, ("a", "b", "c"))
     with pytest.raises(ValueError, match=r"mesh_shape=\(3,\) holds 3 ranks"):
-        procs.device_mesh(("x",), mesh_shape=(3,))
-    procs.device_mesh(("x",), mesh_shape=(4,))
+        device_mesh(procs, ("x",), mesh_shape=(3,))
+    device_mesh(procs, ("x",), mesh_shape=(4,))
     assert sorted(c for c, _n, _s in probe.coordinate.call().get(timeout=60).values()) == [(0,), (1,), (2,), (3,)]
 
 
@@ -203,7 +211,7 @@ def test_spmd_actor_runs_an_unmodified_torchrun_script(procs, probe, tmp_path):
         if a.exit:
             sys.exit(a.exit)
     """))
-    procs.setup_torch_distributed()
+    setup_torch_distributed(procs)
     spmd = procs.spawn("spmd", SPMDActor)
     addr, port = spmd.slice(dp=0, tp=0).get_host_port.call_one(None).get(timeout=60)
     out = tmp_path / "with-group"
@@ -282,7 +290,7 @@ def _wait_for_step(progress, step: int, timeout: float = 120) -> None:
 
 def test_a_killed_rank_is_replaced_and_pulls_the_state_from_a_survivor(procs, tmp_path):
     try:
-        procs.setup_torch_distributed()
+        setup_torch_distributed(procs)
         trainer = procs.spawn("trainer", Trainer)
         progress = str(tmp_path / "step")
         first = trainer.train.call(400, progress)
@@ -300,7 +308,7 @@ def test_a_killed_rank_is_replaced_and_pulls_the_state_from_a_survivor(procs, tm
         assert failed_after < 15, f"the survivors took {failed_after:.1f} s to fail"
 
         procs.restart([2], [(trainer, Trainer, (), {})])
-        assert procs.setup_torch_distributed() == "gloo"
+        assert setup_torch_distributed(procs) == "gloo"
         done = trainer.train.call(80 + 40, progress).get(timeout=120)
         runs = list(done.values())
         start = runs[0]["start"]

@@ -1,7 +1,7 @@
 """``%mesh run`` and torch.compile through a real monarch kernel: an unmodified torchrun
 script on the warm ranks of the current mesh (output streams while it runs, each rank's
 exception is shown, the stop button ends it and the ranks stay warm, a second run starts no
-process), with or without a group made by ``procs.setup_torch_distributed()``; torch.compile
+process), with or without a group made by ``setup_torch_distributed(procs)``; torch.compile
 (inductor) in a ``%%mesh`` cell and in an actor's endpoint.  One kernel and one 2-rank mesh
 for the module."""
 
@@ -80,7 +80,7 @@ def test_each_ranks_exception_is_shown(mkc):
     assert "[rank 1] Traceback" in got and "ValueError: bad batch on rank 1" in got
     assert f'File "{mkc.script}", line 15, in <module>' in got
     assert "[rank 0] Traceback" in got and "RuntimeError" in got  # its peer, cut short at once
-    assert "runpy" not in got and "spmd/script.py" not in got  # only the script's own frames
+    assert "runpy" not in got and "spmd/rank/script.py" not in got  # only the script's own frames
     out, reply = run(mkc, f"%mesh run {mkc.script} --steps 1", timeout=120)  # the next run makes a new group
     assert reply["status"] == "ok", text(out)
 
@@ -101,7 +101,8 @@ def test_the_stop_button_ends_the_script_and_the_ranks_stay_warm(mkc):
 
 
 def test_a_script_that_calls_init_process_group_itself_fits_an_existing_group(mkc):
-    out, reply = run(mkc, "procs.setup_torch_distributed()", timeout=120)
+    cell = "from monarch_kernel.spmd import setup_torch_distributed\nsetup_torch_distributed(procs)"
+    out, reply = run(mkc, cell, timeout=120)
     assert "'gloo'" in text(out), text(out)
     out, reply = run(mkc, f"%mesh run {mkc.script} --steps 2", timeout=120)
     assert reply["status"] == "ok" and "step 1 sum 1" in text(out), text(out)

@@ -17,14 +17,12 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ..mesh.shape import Extent, Point
 from ..runtime.context import MeshRef, current_actor, process_mesh
 from ..runtime.process import Runtime
-
-if TYPE_CHECKING:
-    from ..mesh.proc_mesh import ProcMesh
+from .host_mesh import this_proc
+from .proc_mesh import ProcMesh
+from .shape import Extent, Point
 
 
 class Actor:
@@ -56,9 +54,6 @@ class ActorInstance:
     @property
     def proc_mesh(self) -> ProcMesh:
         """The ProcMesh this actor was spawned on (the controller's own process outside one)."""
-        from ..mesh.host_mesh import this_proc
-        from ..mesh.proc_mesh import ProcMesh
-
         return ProcMesh.from_ref(self.mesh) if self.mesh is not None else this_proc()
 
     def abort(self, reason: str = "") -> None:

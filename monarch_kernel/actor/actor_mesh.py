@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from ..mesh.shape import Shape, Shaped
 from ..runtime.actors import STOP_METHOD
 from ..runtime.context import MeshRef
 from ..runtime.failure import MeshStopped, ProcessDied
 from ..runtime.process import Runtime
 from ..runtime.serialize import dumps
 from .endpoint import ENDPOINT_MARK, Endpoint, part_value
+from .shape import Shape, Shaped
 
 
 def endpoint_names(cls) -> tuple[str, ...]:

@@ -42,7 +42,7 @@ class _Registry:
             if entry is not None:
                 return entry
             entry = self._entries[name] = Completion()
-        from ..mesh.host_mesh import this_proc  # the mesh layer imports this module
+        from .host_mesh import this_proc  # host_mesh imports this module (publish_registry)
 
         try:  # outside the lock: an __init__ may ask for another controller.  A fresh
             # context: the singleton belongs to the job, not to whichever actor asked first.

@@ -11,6 +11,8 @@ import threading
 from ..runtime.completion import Completion
 from ..runtime.process import Runtime
 from .future import Future
+from .proc_mesh import ProcMesh
+from .shape import Shape
 
 
 def shutdown_context() -> Future[None]:
@@ -19,9 +21,6 @@ def shutdown_context() -> Future[None]:
     rt = Runtime.existing()
     if rt is None:
         return Future.ready(None)
-    from ..mesh.proc_mesh import ProcMesh  # the mesh layer imports the actor layer
-    from ..mesh.shape import Shape
-
     stops = [ProcMesh(om.ref, Shape.full(om.ref.dims), om).stop() for om in list(rt.meshes.values())]
     done = Completion()
     if not stops:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from ..mesh.shape import Point, Shape, Shaped
+from .shape import Point, Shape, Shaped
 
 R = TypeVar("R")
 

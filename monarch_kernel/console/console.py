@@ -14,7 +14,7 @@ import sys
 
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
-from ..debug import pdb_rank, rank_debugpy
+from ..debug.rank import pdb_rank, rank_debugpy
 from ..runtime.process import Runtime
 from .cells import LAST, compile_cell, remember_source
 from .display import DisplayCapture

@@ -17,8 +17,8 @@ import threading
 
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
+from ..actor.host_mesh import this_host, this_proc
 from ..console.console import Console
-from ..mesh.host_mesh import this_host, this_proc
 from ..runtime.envelope import Part, Status
 from ..runtime.process import Runtime
 from ..runtime.serialize import dumps

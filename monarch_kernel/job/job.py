@@ -12,7 +12,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 
-from ..mesh.host_mesh import HostMesh, this_host
+from ..actor.host_mesh import HostMesh, this_host
 
 _KINDS: dict[str, type[JobTrait]] = {}  # dumped "kind" -> job class, filled as job classes are defined
 

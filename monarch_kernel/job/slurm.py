@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from ..mesh.host_mesh import HostMesh
+from ..actor.host_mesh import HostMesh
 from ..runtime import config
 from ..runtime.process import Runtime
 from .agents import AGENT_MODULE, AgentProcess, controller_address

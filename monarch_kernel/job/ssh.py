@@ -11,7 +11,7 @@ import shlex
 import subprocess
 import time
 
-from ..mesh.host_mesh import HostMesh
+from ..actor.host_mesh import HostMesh
 from ..runtime import config
 from ..runtime.process import Runtime
 from .agents import AGENT_MODULE, AgentProcess, controller_address

@@ -14,11 +14,11 @@ from IPython.core.error import UsageError
 
 from ..actor.actor_mesh import ActorMesh
 from ..actor.port import Port
+from ..actor.proc_mesh import ProcMesh
 from ..console.console import Console
 from ..detached import records
 from ..detached.host import MeshHost
 from ..job.agents import route_to
-from ..mesh.proc_mesh import ProcMesh
 from ..runtime import config
 from ..runtime.curve import CurveKeys
 from ..runtime.failure import DeathInfo

@@ -33,7 +33,7 @@ class MeshKernel(IPythonKernel):
     implementation = "monarch_kernel"
     implementation_version = "0.1.0"
     # JupyterLab's debugger: the kernel itself, or the rank chosen with %mesh debug R.
-    debugger_class = Type("monarch_kernel.debug.proxy.MeshDebugger")
+    debugger_class = Type("monarch_kernel.debug.controller.proxy.MeshDebugger")
     banner = "monarch-kernel: Python 3 as the single controller of a mesh (try  %mesh spawn -n 4)"
 
     # The settings a controller reads; ranks spawned from here get them too (config.exported_env).

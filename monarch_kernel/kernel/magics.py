@@ -1,13 +1,11 @@
 """``%mesh`` and ``%%mesh``: drive meshes from notebook cells.
 
-One ``Magics`` class.  Every subcommand's arguments are declared once, with IPython's
-``magic_arguments``, so the usage text and the parsing cannot drift apart; every mistake is
-a ``UsageError`` that says what to type instead.  Runs in the kernel.
+One ``Magics`` class; every subcommand's arguments are declared once, in ``magic_args.py``,
+and every mistake is a ``UsageError`` that says what to type instead.  Runs in the kernel.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import time
@@ -15,14 +13,14 @@ import time
 from IPython.core.display_functions import display
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from ..actor.host_mesh import this_host
+from ..actor.ranks import rank_label
 from ..console.console import Console
-from ..debug import proxy
-from ..mesh.host_mesh import this_host
-from ..mesh.ranks import rank_label
+from ..debug.controller import proxy
 from ..runtime import config
 from . import detached, status
+from .magic_args import COMMANDS, USAGE, cell_args, parse
 from .mesh_cell import ranks_arg, run_on_mesh
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
@@ -31,192 +29,6 @@ from .transfer import join_along_ranks, split_along_ranks
 def spawn_wait(n: int) -> float:
     """Seconds to wait for ``n`` ranks' consoles: the spawn timeout, and 0.1 s a rank."""
     return max(config.spawn_timeout(), 0.1 * n)
-
-
-def _count(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError("-n takes a number: %mesh spawn -n 4") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("-n must be at least 1: %mesh spawn -n 4")
-    return n
-
-
-def _name(value: str) -> str:
-    if not value.replace("-", "_").isidentifier():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a name: %mesh spawn -n 4 --detach trainers")
-    return value
-
-
-def _env(value: str) -> tuple[str, str]:
-    k, eq, v = value.partition("=")
-    if not eq or not k:
-        raise argparse.ArgumentTypeError("--env takes NAME=VALUE: %mesh spawn -n 4 --env OMP_NUM_THREADS=1")
-    return k, v
-
-
-# ---------------------------------------------------------------- the subcommands' arguments
-# Each is only a parser (and the line of USAGE it makes); MeshMagics runs them.
-
-
-@magic_arguments(name="mesh spawn")
-@argument("-n", type=_count, default=1, metavar="N", help="ranks to start")
-@argument("--name", type=_name, help="the mesh's name (default procs, procs1, ...)")
-@argument("--env", type=_env, action="append", default=[], metavar="K=V", help="an environment variable for the ranks")
-@argument("--detach", type=_name, metavar="M", help="keep the ranks running after the kernel ends, as mesh M")
-@argument("--job", metavar="ssh|slurm|NAME", help="start the ranks on other hosts: a new ssh or slurm job, or a "
-          "running job's name (%%mesh jobs); -n is then ranks per host")
-@argument("--hosts", metavar="H1,H2", help="--job ssh: the hosts, as ssh reaches them")
-@argument("--ssh-args", metavar="'ARGS'", help="--job ssh: ssh's options, quoted as one, e.g. '-i key -l me'")
-@argument("--nodes", type=_count, metavar="N", help="--job slurm: nodes to allocate")
-@argument("--partition", metavar="P", help="--job slurm: the partition")
-@argument("--time", metavar="T", default="01:00:00", help="--job slurm: the time limit (default 01:00:00)")
-@argument("--account", metavar="A", help="--job slurm: the account")
-@argument("--python", metavar="PATH", help="--job: the interpreter on the hosts (default: this kernel's)")
-def _spawn():
-    """start N ranks (returns the ProcMesh; it becomes current)"""
-
-
-@magic_arguments(name="mesh attach")
-@argument("name", help="the name given to --detach")
-def _attach():
-    """reconnect to a detached mesh (after a kernel restart)"""
-
-
-@magic_arguments(name="mesh list")
-def _list():
-    """the meshes, and detached ones not attached here"""
-
-
-@magic_arguments(name="mesh use")
-@argument("name")
-def _use():
-    """make mesh NAME current"""
-
-
-@magic_arguments(name="mesh stop")
-@argument("name", nargs="?")
-def _stop():
-    """end a mesh (the current one by default)"""
-
-
-@magic_arguments(name="mesh jobs")
-def _jobs():
-    """list the jobs (ssh, slurm) this kernel started, their hosts and meshes"""
-
-
-@magic_arguments(name="mesh kill-job")
-@argument("name", nargs="?", help="the job (default: the only one)")
-def _kill_job():
-    """end a job: stop its meshes, its agents, and free its hosts (scancel for slurm)"""
-
-
-@magic_arguments(name="mesh status")
-@argument("--all", action="store_true", help="every rank, also of a large mesh (otherwise summarised)")
-def _status():
-    """each rank's pid, state, memory and last line"""
-
-
-@magic_arguments(name="mesh restart")
-@argument("--ranks", metavar="SPEC", help="which dead ranks (default: every dead or not responding rank)")
-def _restart():
-    """replace dead ranks (same numbers, fresh namespaces)"""
-
-
-@magic_arguments(name="mesh sync")
-@argument("path", nargs="?", help="the folder (default: the kernel's working directory)")
-def _sync():
-    """send a folder's changed files to the ranks' hosts and re-import them there"""
-
-
-@magic_arguments(name="mesh push")
-@argument("pairs", nargs="+", metavar="name=expr")
-def _push():
-    """set names on every rank"""
-
-
-@magic_arguments(name="mesh pull")
-@argument("name")
-def _pull():
-    """a ValueMesh of name from every rank"""
-
-
-@magic_arguments(name="mesh scatter")
-@argument("pair", metavar="name=expr")
-def _scatter():
-    """split a list/array/tensor across the ranks"""
-
-
-@magic_arguments(name="mesh gather")
-@argument("name")
-def _gather():
-    """join name's pieces from every rank"""
-
-
-@magic_arguments(name="mesh auto")
-@argument("state", choices=["on", "off"], metavar="on|off")
-def _auto():
-    """run every following cell on the mesh"""
-
-
-@magic_arguments(name="mesh debug")
-@argument("words", nargs=argparse.REMAINDER, metavar="R [--listen [--host H]] | off")
-def _debug():
-    """JupyterLab's debugger on rank R (--listen: a VS Code attach config instead)"""
-
-
-@magic_arguments(name="mesh pdb")
-@argument("words", nargs=argparse.REMAINDER, metavar="[attach R | cast RANKS CMD | continue | --post-mortem on|off]")
-def _pdb():
-    """ranks stopped in breakpoint(), and talking to them"""
-
-
-@magic_arguments(name="mesh run")
-@argument("words", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS] | -m MODULE [ARGS]")
-def _run():
-    """run a torchrun script on every rank of the current mesh (warm ranks: no process start)"""
-
-
-@magic_arguments(name="%mesh")
-@argument("--ranks", metavar="SPEC", help="0 | 0-3 | 0,2 | ::2")
-@argument("--timeout", type=float, metavar="S")
-@argument("--no-stream", action="store_true", help="hold the output until the cell ends")
-@argument("--group-outputs", choices=["rank", "order"], default="order", metavar="rank|order")
-def _cell():
-    """run the cell on the ranks"""
-
-
-COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
-            "status": _status, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
-            "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
-            "jobs": _jobs, "kill-job": _kill_job, "run": _run}
-
-
-_debug.parser.usage = "%(prog)s R [--listen [--host H]] | off"
-_pdb.parser.usage = "%(prog)s [attach R | cast RANKS CMD | continue | --post-mortem on|off]"
-_run.parser.usage = "%(prog)s SCRIPT [ARGS] | -m MODULE [ARGS]"
-
-
-def _usage(fn) -> str:
-    """One line (argparse wraps long ones)."""
-    return " ".join(fn.parser.format_usage().replace("::", "").replace("usage:", "").split())
-
-
-def _usage_line(fn) -> str:
-    return f"{_usage(fn)}\n        {fn.parser.description or ''}"
-
-
-USAGE = ("start with  procs = %mesh spawn -n N  (N ranks); every command:\n"
-         + "\n".join(_usage_line(fn) for fn in [*COMMANDS.values(), _cell]))
-
-
-def _parse(fn, argstring: str):
-    """``parse_argstring``, with the usage of that command added to a mistake's message."""
-    try:
-        return parse_argstring(fn, argstring)
-    except UsageError as e:
-        raise UsageError(f"{e}; type  {_usage(fn)}") from None
 
 
 @magics_class
@@ -229,7 +41,7 @@ class MeshMagics(Magics):
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None, local_ns=None):
         if cell is not None:
-            args = _parse(_cell, line)
+            args = parse(cell_args, line)
             if args.group_outputs == "rank" and not args.no_stream:
                 raise UsageError("--group-outputs rank needs the whole output first: add --no-stream")
             return run_on_mesh(self.session, cell, args.ranks, args.timeout, stream=not args.no_stream,
@@ -246,7 +58,7 @@ class MeshMagics(Magics):
             raise UsageError(f"%mesh {cmd}: {e}") from None
         if cmd in ("debug", "pdb", "run"):  # their own grammar (the script's arguments are its own)
             return getattr(self, f"_cmd_{cmd}")(words)
-        return getattr(self, f"_cmd_{cmd.replace('-', '_')}")(_parse(parser, rest))
+        return getattr(self, f"_cmd_{cmd.replace('-', '_')}")(parse(parser, rest))
 
     # ------------------------------------------------------------ subcommands
 
@@ -371,8 +183,8 @@ class MeshMagics(Magics):
         print(procs.sync_workspace(path))
 
     def _cmd_run(self, words):
-        from ..spmd.env import setup_torch_elastic_env
-        from ..spmd.script import console_code
+        from ..spmd.controller.env import setup_torch_elastic_env
+        from ..spmd.controller.run import console_code
 
         if not words or words == ["-m"]:
             raise UsageError("type  %mesh run train.py --lr 0.1  or  %mesh run -m package.train --lr 0.1")

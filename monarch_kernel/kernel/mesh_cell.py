@@ -13,8 +13,8 @@ from IPython.core.display_functions import display
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
-from ..debug import proxy
-from ..mesh.ranks import RankSpecError, parse_ranks, rank_label
+from ..actor.ranks import RankSpecError, parse_ranks, rank_label
+from ..debug.controller import proxy
 from ..runtime import config
 from .panel_grid import show_displays
 

@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 
+from ..actor.ranks import rank_label
 from ..console.console import SYNC
-from ..mesh.ranks import rank_label
 from ..runtime import config
 
 WINDOW_S = config.seconds("collapse_window")

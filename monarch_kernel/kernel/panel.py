@@ -17,10 +17,7 @@ the last panel closes.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
-import os
 import shlex
 import threading
 import time
@@ -29,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
-from ..debug import proxy
-from ..mesh.ranks import rank_label as _bracketed
+from ..actor.ranks import rank_label
+from ..debug.controller import proxy
 from ..runtime import config
 from ..runtime.diagnostics import PROCESS_STDERR
 from ..runtime.process import Runtime
-from . import panel_detached, status
-from .panel_messages import COMM_TARGET, JobRow, LogLines, MeshRow, MessageError, PanelState, RankRow, Reply, Request
-from .status import rss_mib
+from . import panel_detached
+from .panel_messages import COMM_TARGET, LogLines, MessageError, PanelState, Reply, Request
+from .panel_view import PanelView, RankLog
 
 if TYPE_CHECKING:
     from .session import MeshSession
@@ -45,54 +42,6 @@ log = logging.getLogger(__name__)
 TICK_S = config.seconds("panel_tick")
 MIN_GAP_S = config.seconds("panel_min_gap")
 COALESCE_S = config.seconds("panel_coalesce")
-LOG_LINES = 1000  # recent lines kept per rank for the log tab
-CPU_STALE_S = config.seconds("panel_cpu_stale")
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def rank_label(ranks) -> str:
-    """"rank 2", "ranks 0-3" (``[rank 2]`` without its brackets, for sentences)."""
-    return _bracketed(ranks).strip("[]")
-
-
-def cpu_ticks(pid: int | None) -> int | None:
-    """utime + stime of a local process, in clock ticks (from /proc)."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class RankLog:
-    """Each rank's recent output lines, numbered in arrival order across the kernel."""
-
-    def __init__(self, per_rank: int = LOG_LINES):
-        self.per_rank = per_rank
-        self._lines: dict[tuple[str, int], collections.deque] = {}
-        self._seq = itertools.count(1)
-        self.newest: dict[str, int] = {}  # mesh -> seq of its newest line
-
-    def add(self, mesh: str, rank: int, stream: str, line: str) -> None:
-        q = self._lines.get((mesh, rank))
-        if q is None:
-            q = self._lines[(mesh, rank)] = collections.deque(maxlen=self.per_rank)
-        seq = next(self._seq)
-        q.append((seq, rank, stream, line))
-        self.newest[mesh] = seq
-
-    def lines(self, mesh: str, since: int = 0) -> list[list]:
-        got = [list(e) for (m, _r), q in list(self._lines.items()) if m == mesh for e in list(q) if e[0] > since]
-        got.sort(key=lambda e: e[0])
-        return got
-
-    def forget(self, mesh: str) -> None:
-        for key in [k for k in self._lines if k[0] == mesh]:
-            del self._lines[key]
-        self.newest.pop(mesh, None)
 
 
 class PanelFeed:
@@ -102,6 +51,7 @@ class PanelFeed:
         self.session = session
         self.shell = session.shell
         self.log = RankLog()
+        self.view = PanelView(session, self.log)  # builds what is sent
         self.comms: list = []
         self.running = False  # a cell executes
         self.sent = 0  # updates sent (the benchmark reads it)
@@ -110,11 +60,9 @@ class PanelFeed:
         self._closed = False
         self._last: dict | None = None
         self._last_sent_at = 0.0
-        self._cpu: dict[int, tuple[int, float]] = {}  # pid -> (ticks, when)
         self._ticking = False
         self._thread: threading.Thread | None = None
         self._attached: set[str] = set()  # detached meshes marked as attached to this kernel
-        self._expanded: set[str] = set()  # large meshes whose full table a panel asked for (Request "table")
         self._manager = getattr(getattr(self.shell, "kernel", None), "comm_manager", None)
         self._handles: list = []
         self._events = [("pre_run_cell", self._cell_starts), ("post_run_cell", self._cell_ends)]
@@ -212,7 +160,7 @@ class PanelFeed:
             if comm in self.comms:
                 self.comms.remove(comm)
             if not self.comms:
-                self._expanded.clear()  # no panel left to show a full table
+                self.view.expanded.clear()  # no panel left to show a full table
 
     def _send_to(self, comm, data: dict) -> None:
         try:
@@ -291,80 +239,9 @@ class PanelFeed:
                 self._last_sent_at = time.monotonic()
                 self._broadcast(data)
 
-    # ------------------------------------------------------------ what the panel shows
-
     def state(self) -> PanelState:
-        s = self.session
-        dbg = getattr(getattr(self.shell, "kernel", None), "debugger", None)
-        target = getattr(dbg, "target", None)
-        stopped_pdb = {(st.where.mesh, st.rank) for st in s.pdb.waiting()}
-        meshes = []
-        for name, (procs, _consoles) in list(s.meshes.items()):
-            meshes.append(self._mesh(name, procs, target, stopped_pdb))
-        if len(self._cpu) > 2 * sum(m.ranks for m in meshes) + 64:  # pids of ranks gone (restarted, stopped)
-            now = time.monotonic()
-            self._cpu = {pid: v for pid, v in self._cpu.items() if now - v[1] <= CPU_STALE_S}
-        jobs = []
-        for job_name, job in list(s.jobs.jobs.items()):
-            hosts = [h for _n, hm in job.state() for h in hm.host_names] if job.active else []
-            jobs.append(JobRow(job_name, job.kind, job.active, hosts,
-                               [m for m, j in s.jobs.meshes.items() if j == job_name]))
-        debug_target = f"{target.mesh}:{target.rank}" if target is not None and hasattr(target, "rank") else ""
-        return PanelState(meshes, jobs, self.running, panel_detached.kernel_id(), debug_target)
-
-    def _mesh(self, name: str, procs, target, stopped_pdb: set) -> MeshRow:
-        """One mesh as the panel shows it.  Over ``status.SUMMARY_OVER`` ranks it is summarised
-        as ``%mesh status`` is: counts by state, and rows for the ranks that are not idle only
-        (every rank while a panel has it expanded); only the rows sent are measured (CPU, RSS)."""
-        s = self.session
-        host = s.hosts.get(name)
-        rows = procs.rank_states() if host is None else host.status.call_one().get(timeout=10)
-        busy = Runtime.current().busy_ranks(procs.ref.id)
-        states = []
-        for row in rows:
-            r = row["rank"]
-            state, detail = row["state"], ""
-            if row["death"]:
-                state, detail = "dead", str(row["death"])
-            elif state == "not responding":
-                detail = f"silent {row['silent_s']:.0f} s"
-            elif (name, r) in stopped_pdb:
-                state, detail = "pdb", "stopped in pdb"
-            elif target is not None and getattr(target, "mesh", None) == name and getattr(target, "rank", None) == r:
-                stopped = bool(getattr(target, "stopped_threads", None))
-                state = "debugger" if stopped else ("busy" if r in busy else "idle")
-                detail = "stopped in the debugger" if stopped else "JupyterLab's debugger is on this rank"
-            else:
-                state = "busy" if r in busy else "idle"
-            states.append({"rank": r, "state": state, "detail": detail, "row": row})
-        expanded = name in self._expanded
-        shown = status.notable(states, expanded)
-        now = time.monotonic()
-        out = []
-        for st in shown:
-            row = st["row"]
-            local = not row["death"] and not row.get("remote") and row["pid"]
-            cpu = self._cpu_percent(row["pid"], now) if local else None
-            rss = rss_mib(row["pid"]) if local else None
-            out.append(RankRow(st["rank"], str(row["host"] or ""), row["pid"], st["state"], st["detail"],
-                               None if cpu is None else round(cpu, 1), None if rss is None else round(rss, 1),
-                               s.sink.last_lines.get((name, st["rank"]), "")[:200]))
-        tally = status.counts(states)
-        kind = "detached" if host is not None else ("job" if name in s.jobs.meshes else "local")
-        hosts = sorted({str(row["host"]) for row in rows if row["host"]})
-        return MeshRow(name, len(rows), hosts, kind, s.jobs.meshes.get(name, ""), name == s.current,
-                       bool(procs.stopped), tally.get("dead", 0), self.log.newest.get(name, 0), out,
-                       counts=tally, summary=shown is not states, expanded=expanded and len(rows) > status.SUMMARY_OVER)
-
-    def _cpu_percent(self, pid: int, now: float) -> float | None:
-        ticks = cpu_ticks(pid)
-        if ticks is None:
-            return None
-        before = self._cpu.get(pid)
-        self._cpu[pid] = (ticks, now)
-        if before is None or now <= before[1] or now - before[1] > CPU_STALE_S:
-            return 0.0  # first seen (or not sent for a while, as an idle rank of a summarised mesh)
-        return 100.0 * (ticks - before[0]) / _CLK_TCK / (now - before[1])
+        """Every mesh and job of this kernel as the panel shows it now."""
+        return self.view.state(self.running)
 
     # ------------------------------------------------------------ the buttons
 
@@ -375,7 +252,7 @@ class PanelFeed:
         procs, consoles = self._procs(req)
         ranks = [req.rank] if req.rank is not None else None
         procs.interrupt(consoles, ranks, wait=2.0)
-        return f"interrupted {rank_label(ranks) if ranks else 'every rank'} of {procs.name}"
+        return f"interrupted {rank_label(ranks, brackets=False) if ranks else 'every rank'} of {procs.name}"
 
     def _do_restart(self, req: Request) -> str:
         procs, _consoles = self._procs(req)
@@ -383,8 +260,8 @@ class PanelFeed:
         done = self.session.restart(procs.name, ranks)  # ProcMesh.restart: the one restart path
         if not done.ranks:
             return f"no dead ranks in {procs.name}"
-        killed = f" ({rank_label(done.killed)} not responding: killed first)" if done.killed else ""
-        return f"restarted {rank_label(done.ranks)} of {procs.name} with fresh namespaces{killed}"
+        killed = f" ({rank_label(done.killed, brackets=False)} not responding: killed first)" if done.killed else ""
+        return f"restarted {rank_label(done.ranks, brackets=False)} of {procs.name} with fresh namespaces{killed}"
 
     def _do_debug(self, req: Request) -> str:
         procs, _consoles = self._procs(req)
@@ -400,9 +277,9 @@ class PanelFeed:
         every state sent until the panel asks for the summary again (or its last panel closes)."""
         procs, _c = self._procs(req)
         if req.full:
-            self._expanded.add(procs.name)
+            self.view.expanded.add(procs.name)
             return f"every rank of {procs.name} is listed ({len(procs)} rows)"
-        self._expanded.discard(procs.name)
+        self.view.expanded.discard(procs.name)
         return f"{procs.name} is summarised: ranks that are not idle are listed"
 
     def _do_use(self, req: Request) -> str:
@@ -414,7 +291,7 @@ class PanelFeed:
         procs, _c = self._procs(req)
         self.shell.run_line_magic("mesh", f"stop {procs.name}")
         self.log.forget(procs.name)
-        self._expanded.discard(procs.name)
+        self.view.expanded.discard(procs.name)
         self._sync_attached()
         return f"stopped {procs.name}"
 
@@ -462,4 +339,4 @@ def feed(session: MeshSession) -> PanelFeed:
     return f
 
 
-__all__: list[Any] = ["PanelFeed", "RankLog", "feed", "spawn_line"]
+__all__: list[Any] = ["PanelFeed", "feed", "spawn_line"]

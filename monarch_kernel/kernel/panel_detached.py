@@ -112,8 +112,8 @@ def find(name: str) -> records.Record | None:
 
 def _host(record: records.Record):
     from ..actor.actor_mesh import ActorMesh
+    from ..actor.proc_mesh import ProcMesh
     from ..detached.host import MeshHost
-    from ..mesh.proc_mesh import ProcMesh
     from ..runtime.process import Runtime
 
     Runtime.current().trust([record.ref.id, record.host_ref.id], bytes.fromhex(record.key))

@@ -9,18 +9,19 @@ from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..console.console import Console
-from ..debug.pdb_controller import PdbHub
+from ..debug.controller.pdb_controller import PdbHub
 from ..runtime.process import Runtime
 from .jobs import KernelJobs
 from .output import CollapsingSink
 from .panel import PanelFeed
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
-                   "monarch_kernel.debug.pdb_rank", "monarch_kernel.debug.rank_debugpy")
+                   "monarch_kernel.debug.rank.pdb_rank", "monarch_kernel.debug.rank.rank_debugpy")
 
 
 class MeshSession:
-    """The meshes this kernel spawned or attached, and which one is current."""
+    """The meshes this kernel spawned or attached, and which one is current.  It is the
+    ``PdbHost`` its ``PdbHub`` is made with (``meshes``, ``spawning``, ``run_in_cell``)."""
 
     def __init__(self, shell):
         self.shell = shell
@@ -78,6 +79,12 @@ class MeshSession:
         self.hosts.pop(name, None)
         if self.current == name:
             self.current = next(iter(self.meshes), None)
+
+    def run_in_cell(self, fn) -> None:
+        """Run ``fn`` in the running cell's context (the last cell's between cells), so what it
+        prints lands there (``PdbHost.run_in_cell``)."""
+        ctx = self.sink.context
+        ctx.run(fn) if ctx is not None else fn()
 
     def _remember_cell(self, info=None) -> None:
         self.raw_cell = getattr(info, "raw_cell", "") or ""

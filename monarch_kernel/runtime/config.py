@@ -133,37 +133,44 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("panel_tick", 1.0, "kernel/panel.py", "while a cell runs or a rank is busy: one Mesh panel update per tick"),
     _s("panel_min_gap", 0.5, "kernel/panel.py", "at most one panel update per this interval, however fast ranks print"),
     _s("panel_coalesce", 0.05, "kernel/panel.py", "a burst of events (a cell's first lines) makes one update"),
-    _s("panel_cpu_stale", 3.0, "kernel/panel.py", "an older CPU sample (a rank not shown since) is not averaged "
+    _s("panel_cpu_stale", 3.0, "kernel/panel_view.py", "an older CPU sample (a rank not shown since) is not averaged "
        "over (3 ticks)"),
     # Debugging.
-    _s("pdb_announce_window", 0.2, "debug/pdb_controller.py",
+    _s("pdb_announce_window", 0.2, "debug/controller/pdb_controller.py",
        "ranks stopping in pdb within this window are announced together"),
-    _s("pdb_receive_poll", 0.2, "debug/pdb_controller.py",
+    _s("pdb_receive_poll", 0.2, "debug/controller/pdb_controller.py",
        "how often pdb's receiver checks whether its hub was closed"),
-    _s("pdb_rank_poll", 0.1, "debug/pdb_rank.py", "how often a rank waiting in pdb checks for input (and lets "
+    _s("pdb_rank_poll", 0.1, "debug/rank/pdb_rank.py", "how often a rank waiting in pdb checks for input (and lets "
        "an interrupt in)"),
-    _s("dap_reply_timeout", 60.0, "debug/rank_target.py", "how long a debugger request to a rank's debugpy waits"),
-    _s("dap_initialize_timeout", 15.0, "debug/rank_target.py", "... an `initialize` (debugpy answers at once "
+    _s("dap_reply_timeout", 60.0, "debug/controller/rank_target.py",
+       "how long a debugger request to a rank's debugpy waits"),
+    _s("dap_initialize_timeout", 15.0, "debug/controller/rank_target.py",
+       "... an `initialize` (debugpy answers at once "
        "when it takes the connection at all)"),
-    _s("dap_inspect_timeout", 5.0, "debug/rank_target.py", "... a variable panel request (asked often: never "
+    _s("dap_inspect_timeout", 5.0, "debug/controller/rank_target.py",
+       "... a variable panel request (asked often: never "
        "holds the others up long)"),
-    _s("tunnel_open_timeout", 30.0, "debug/tunnel.py", "how long opening a debugger tunnel to a rank waits"),
-    _s("tunnel_send_timeout", 30.0, "debug/tunnel.py", "how long the rank's relay has to take one request"),
-    _s("tunnel_close_wait", 1.0, "debug/tunnel.py", "how long closing a tunnel waits for the relay's last word"),
-    _s("tunnel_exit_timeout", 2.0, "debug/tunnel.py", "for closing the debugger sessions as the kernel exits"),
-    _s("tunnel_lease", 15.0, "debug/tunnel.py", "a relay not renewed for this long (the kernel died) ends its session"),
-    _s("tunnel_renew", 3.0, "debug/tunnel.py", "how often an idle debugger session is renewed"),
-    _s("relay_connect_timeout", 10.0, "debug/relay.py", "for a rank's relay to connect to its debugpy"),
-    _s("relay_settle", 0.2, "debug/relay.py", "a new debugger session connects this long after the last one "
+    _s("tunnel_open_timeout", 30.0, "debug/controller/tunnel.py", "how long opening a debugger tunnel to a rank waits"),
+    _s("tunnel_send_timeout", 30.0, "debug/controller/tunnel.py", "how long the rank's relay has to take one request"),
+    _s("tunnel_close_wait", 1.0, "debug/controller/tunnel.py",
+       "how long closing a tunnel waits for the relay's last word"),
+    _s("tunnel_exit_timeout", 2.0, "debug/controller/tunnel.py",
+       "for closing the debugger sessions as the kernel exits"),
+    _s("tunnel_lease", 15.0, "debug/controller/tunnel.py",
+       "a relay not renewed for this long (the kernel died) ends its session"),
+    _s("tunnel_renew", 3.0, "debug/controller/tunnel.py", "how often an idle debugger session is renewed"),
+    _s("relay_connect_timeout", 10.0, "debug/rank/relay.py", "for a rank's relay to connect to its debugpy"),
+    _s("relay_settle", 0.2, "debug/rank/relay.py", "a new debugger session connects this long after the last one "
        "ended (debugpy's adapter needs it)"),
-    _s("relay_end_wait", 3.0, "debug/relay.py", "how long a new debugger session waits for the old ones to end"),
+    _s("relay_end_wait", 3.0, "debug/rank/relay.py", "how long a new debugger session waits for the old ones to end"),
     # Data plane, distributed training, jobs, the server extension.
     _s("data_connect_timeout", 2.0, "data/client.py", "for a connection to a buffer owner's data server"),
     _s("data_busy_wait", 10.0, "data/client.py", "how long to keep trying an owner whose server turns "
        "connections away"),
     _s("data_accept_backoff", 0.5, "data/server.py", "longest pause of a data server that ran out of file "
        "descriptors or memory to accept with"),
-    _s("spmd_setup_timeout", 120.0, "spmd/env.py", "for a mesh's torch.distributed environment to be set up"),
+    _s("spmd_setup_timeout", 120.0, "spmd/controller/env.py",
+       "for a mesh's torch.distributed environment to be set up"),
     _s("slurm_command_timeout", 60.0, "job/slurm.py", "one sbatch/squeue/scancel call (slurmctld retries when "
        "it is busy)"),
     _s("slurm_cancel_timeout", 60.0, "job/slurm.py", "scancel until squeue no longer lists the job as active"),

@@ -37,7 +37,7 @@ class _Snapshot:
 
     def handle(self):
         if self.buffer is None:
-            from ..data.buffer import RDMABuffer
+            from ...data.buffer import RDMABuffer
 
             self.buffer = RDMABuffer(self.flat, name=self.name)
         return self.buffer

@@ -15,8 +15,8 @@ import io
 import threading
 import time
 
-from ..actor.actor import Actor, current_rank
-from ..actor.endpoint import endpoint
+from ...actor.actor import Actor, current_rank
+from ...actor.endpoint import endpoint
 
 MAX_POINTS = 400  # per line drawn: more are thinned out
 
@@ -36,7 +36,7 @@ class LossPlot:
         if _actor is not None:  # unpickled on a rank
             self._actor = _actor
             return
-        from ..mesh.host_mesh import this_proc
+        from ...actor.host_mesh import this_proc
 
         self._actor = this_proc().spawn("loss_plot", _PlotActor, title, ylabel, logy, every_s)
         self._actor.initialized().get(timeout=30)

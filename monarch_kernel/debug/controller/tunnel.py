@@ -16,12 +16,12 @@ import time
 import weakref
 from collections.abc import Callable
 
-from ..actor.errors import ActorError, MeshStopped
-from ..actor.port import Channel, Port, PortReceiver
-from ..runtime import config
-from ..runtime.process import Runtime
-from .dap import DapClient
-from .messages import DapClosed, DapFrames, decode_tunnel
+from ...actor.errors import ActorError, MeshStopped
+from ...actor.port import Channel, Port, PortReceiver
+from ...runtime import config
+from ...runtime.process import Runtime
+from ..dap import DapClient
+from ..messages import DapClosed, DapFrames, decode_tunnel
 
 OPEN_TIMEOUT_S = config.seconds("tunnel_open_timeout")
 SEND_TIMEOUT_S = config.seconds("tunnel_send_timeout")

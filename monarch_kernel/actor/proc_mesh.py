@@ -13,14 +13,14 @@ import os
 import secrets
 from typing import NamedTuple
 
-from ..actor.actor_mesh import ActorMesh, endpoint_names
-from ..actor.endpoint import part_value, refuse_mixed_endpoints
-from ..actor.future import Future
 from ..runtime.context import current_actor
 from ..runtime.envelope import Kind
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
+from .actor_mesh import ActorMesh, endpoint_names
+from .endpoint import part_value, refuse_mixed_endpoints
+from .future import Future
 from .shape import Shape, Shaped
 
 
@@ -251,22 +251,11 @@ class ProcMesh(Shaped):
         return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
                               auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
 
-    def setup_torch_distributed(self, backend: str | None = None, *, timeout: float | None = None) -> str:
-        """torchrun's variables on every rank, then ``torch.distributed``'s default process
-        group initialised on each (``"gloo"``, ``"nccl"``, or None: nccl when every rank has a
-        GPU, else gloo); returns the backend.  Call it again after ``%mesh restart`` to
-        rebuild the group with the same ranks.  See ``monarch_kernel.spmd``."""
-        from ..spmd.distributed import setup_torch_distributed
-
-        return setup_torch_distributed(self, backend, timeout=timeout)
-
-    def device_mesh(self, names=None, *, mesh_shape=None, device_type: str | None = None):
-        """A ``torch.distributed`` ``DeviceMesh`` on every rank whose dims are this mesh's
-        (``{"hosts": 2, "gpus": 4}`` with ``("dp", "tp")``: 2 x 4); on a rank,
-        ``monarch_kernel.spmd.current_device_mesh()`` is it.  Returns its handle."""
-        from ..spmd.distributed import device_mesh
-
-        return device_mesh(self, names, mesh_shape=mesh_shape, device_type=device_type)
+    def __getattr__(self, name: str):
+        if name in _SPMD_FUNCTIONS:  # torch.distributed is spmd's, a layer above: its free functions
+            raise AttributeError(f"ProcMesh has no {name}(); torch.distributed set-up lives in monarch_kernel.spmd, "
+                                 f"as in Monarch: from monarch_kernel.spmd import {name}; {name}(procs, ...)")
+        raise AttributeError(f"'ProcMesh' object has no attribute {name!r}")
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -286,6 +275,9 @@ class ProcMesh(Shaped):
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "running"
         return f"ProcMesh<'{self.name}' {self.extent!r} {state}>"
+
+
+_SPMD_FUNCTIONS = ("setup_torch_distributed", "device_mesh", "setup_torch_elastic_env")
 
 
 def _spawn_options(cls) -> SpawnInfo | None:

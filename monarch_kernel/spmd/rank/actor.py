@@ -12,11 +12,11 @@ import os
 import socket
 import sys
 
-from ..actor.actor import Actor, context, current_rank
-from ..actor.endpoint import endpoint
-from ..runtime import config
+from ...actor.actor import Actor, context, current_rank
+from ...actor.endpoint import endpoint
+from ...runtime import config
+from ..layout import RankEnv, elastic_layout, layout_from_point
 from . import group
-from .layout import RankEnv, elastic_layout, layout_from_point
 from .script import run_script
 
 
@@ -40,6 +40,7 @@ class SPMDActor(Actor):
 
     def __init__(self, layout: dict | None = None):
         self.layout = dict(layout or {})
+        self.master: tuple[str, int] | None = None  # the rendezvous setup_env last gave this rank
 
     def _env(self) -> RankEnv:
         me = current_rank().rank
@@ -54,7 +55,10 @@ class SPMDActor(Actor):
 
     def _setup_env(self, master_addr: str, master_port: int) -> RankEnv:
         env = self._env()
+        # Every variable torchrun would set, from this package alone: a rank's environment
+        # from its start holds none of them (the runtime knows nothing of torch).
         os.environ.update(env.variables(master_addr, master_port))
+        self.master = (str(master_addr), int(master_port))
         if env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
             # torchrun's default for several ranks per host; torch reads it at import.
             os.environ["OMP_NUM_THREADS"] = "1"
@@ -102,6 +106,9 @@ class SPMDActor(Actor):
     @endpoint
     def init_process_group(self, backend: str, timeout_s: float | None = None) -> str:
         """(Re)build the default process group over the mesh; the backend it got."""
+        if self.master is None:
+            raise RuntimeError("this rank has no rendezvous yet: call  setup_torch_elastic_env(procs)  in the "
+                               "controller (or this actor's setup_env.call(addr, port)) before making a group")
         return group.init_group(backend, self._env(), timeout_s)
 
     @endpoint

@@ -9,6 +9,8 @@ Pure functions; they know nothing of processes.
 [0, 2, 4]
 >>> rank_label([0, 1, 2, 5])
 '[ranks 0-2,5]'
+>>> rank_label([3], brackets=False)
+'rank 3'
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ def parse_ranks(spec: str, n: int) -> list[int]:
     return sorted(set(out))
 
 
-def rank_label(ranks) -> str:
-    """``[rank 3]`` or ``[ranks 0-3,5]``."""
+def rank_label(ranks, *, brackets: bool = True) -> str:
+    """``[rank 3]`` or ``[ranks 0-3,5]``: the label of a group of ranks in output; without
+    ``brackets``, ``rank 3`` or ``ranks 0-3,5``, for sentences."""
     ranks = sorted(set(ranks))
     if len(ranks) == 1:
-        return f"[rank {ranks[0]}]"
+        return f"[rank {ranks[0]}]" if brackets else f"rank {ranks[0]}"
     spans, start, prev = [], ranks[0], ranks[0]
     for r in ranks[1:] + [None]:
         if r is not None and r == prev + 1:
@@ -58,4 +61,5 @@ def rank_label(ranks) -> str:
         spans.append(f"{start}-{prev}" if prev > start else f"{start}")
         if r is not None:
             start = prev = r
-    return f"[ranks {','.join(spans)}]"
+    label = f"ranks {','.join(spans)}"
+    return f"[{label}]" if brackets else label

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 
-from ..actor.actor import Actor
-from ..actor.endpoint import endpoint
-from ..runtime.process import Runtime
+from ...actor.actor import Actor
+from ...actor.endpoint import endpoint
+from ...runtime.process import Runtime
 from . import rank_debugpy
 
 # Names JupyterLab's variable panel should not show: the console's own plumbing.

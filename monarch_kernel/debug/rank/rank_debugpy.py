@@ -63,7 +63,7 @@ def _untrace_io_thread() -> None:
     IO thread is the one that hands calls to the actors, the relay and the inspector included:
     traced, the stopped rank could show neither its stack nor its variables.  It runs no
     user code, so no breakpoint is lost; heartbeats go on while the rank is stopped."""
-    from ..runtime.process import Runtime
+    from ...runtime.process import Runtime
 
     rt = Runtime.existing()
     if rt is not None and not rt.io.is_current():
@@ -98,4 +98,5 @@ def write_source(path: str, text: str) -> None:
 
 def package_dir() -> str:
     """The monarch_kernel package folder: its frames are skipped when stepping."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.abspath(__file__)  # monarch_kernel/debug/rank/rank_debugpy.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(here)))

@@ -74,7 +74,7 @@ def _from_the_script(tb):
 
 class _GroupGuard:
     """While a script runs: its ``init_process_group()`` is a no-op when this rank already
-    has a compatible default group (from ``procs.setup_torch_distributed()`` or an earlier
+    has a compatible default group (from ``setup_torch_distributed(procs)`` or an earlier
     run), and its ``destroy_process_group()`` keeps a group it did not make.  Without a
     group they are torch's own (the new group's connections noted, for ``abort_group``)."""
 
@@ -131,8 +131,3 @@ def _same_backend(wanted: str, have: str) -> bool:
     # "cpu:gloo,cuda:nccl" style: every backend asked for must be in the group's.
     parts = {p.split(":")[-1] for p in wanted.split(",")}
     return parts <= {p.split(":")[-1] for p in have.split(",")}
-
-
-def console_code(script_args) -> str:
-    """The one line a notebook console runs for ``%mesh run`` (leaves no names behind)."""
-    return f"__import__('monarch_kernel.spmd').spmd.run_script({list(script_args)!r}) and None\n"

@@ -12,16 +12,18 @@ from __future__ import annotations
 import linecache
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from IPython.core.error import StdinNotImplementedError
 
-from ..actor.port import Channel
-from ..runtime import config
-from ..runtime.envelope import Part, Status
-from ..runtime.process import Runtime
-from ..runtime.serialize import dumps
-from .messages import Ended, Prompt, Reply, Resumed, Stopped, decode
+from ...actor.port import Channel, Port, PortReceiver
+from ...runtime import config
+from ...runtime.envelope import Part, Status
+from ...runtime.process import Runtime
+from ...runtime.serialize import dumps
+from ..messages import Ended, Prompt, Reply, Resumed, Stopped, decode
 from .pdb_prompt import PdbCommands, describe
 
 ANNOUNCE_WINDOW_S = config.seconds("pdb_announce_window")
@@ -57,6 +59,20 @@ class RankStop:
         return text
 
 
+class PdbHost(Protocol):
+    """What ``PdbHub`` needs of the kernel that makes it (the kernel's ``MeshSession``); the
+    hub reads nothing else of the kernel."""
+
+    #: The meshes the kernel spawned or attached, by name: ``(ProcMesh, console ActorMesh)``;
+    #: their consoles set pdb up on their ranks.
+    meshes: Mapping[str, tuple]
+    #: True while the kernel is spawning a mesh (it sets pdb up through the console itself).
+    spawning: bool
+
+    def run_in_cell(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` so that what it prints lands in the running cell (or the last one)."""
+
+
 class ServeWhileWaiting:
     """The kernel's ``hooks.wait``: a plain cell blocked on a ``Future`` (say
     ``actors.step.call().get()``) serves a rank that stops in pdb meanwhile, at that cell's
@@ -77,14 +93,16 @@ class ServeWhileWaiting:
 class PdbHub:
     """Receives the ranks' pdb messages (on its own thread) and serves them at the prompt.
 
-    Made by the kernel's magics with their ``MeshSession`` (``meshes``, ``spawning``,
-    ``sink``); installs the runtime's wait and spawned hooks until ``close()``.
+    Made by the kernel with a ``PdbHost`` (its ``MeshSession``); installs the runtime's wait
+    and spawned hooks until ``close()``.
     """
 
-    def __init__(self, session):
-        self.session = session
+    def __init__(self, host: PdbHost):
+        self.host = host
         self.api_meshes: dict[str, tuple] = {}  # name -> (ProcMesh, PdbSetup mesh): spawned in cells
-        self.port, self._receiver = Channel.open()
+        self.port: Port[Any]
+        self._receiver: PortReceiver[Any]
+        self.port, self._receiver = Channel.open()  # the ranks' pdb messages
         self.post_mortem = False
         self.stops: dict[tuple, RankStop] = {}
         self.attached: tuple | None = None  # the key of the RankStop whose prompt we show
@@ -220,8 +238,7 @@ class PdbHub:
             sys.stdout.write(text)
             sys.stdout.flush()
 
-        ctx = self.session.sink.context
-        ctx.run(write) if ctx is not None else write()
+        self.host.run_in_cell(write)
 
     def _send(self, stop: RankStop, line: str | None, sources: dict | None = None) -> None:
         entry = self.mesh(stop.where.mesh)
@@ -249,12 +266,12 @@ class PdbHub:
 
     def mesh(self, name: str):
         """(ProcMesh, actors) of the mesh ``name``: %mesh spawn's, or one spawned in a cell."""
-        return self.session.meshes.get(name) or self.api_meshes.get(name)
+        return self.host.meshes.get(name) or self.api_meshes.get(name)
 
     def rank_count(self, stops=()) -> int:
         """How many ranks the meshes of ``stops`` have (every known mesh's, with none): what
         a rank spec at the prompt is parsed against."""
-        names = {s.where.mesh for s in stops} or set(self.session.meshes) | set(self.api_meshes)
+        names = {s.where.mesh for s in stops} or set(self.host.meshes) | set(self.api_meshes)
         sizes = [len(e[0]) for e in map(self.mesh, names) if e is not None]
         return max(sizes + [s.rank + 1 for s in stops], default=0)
 
@@ -377,9 +394,9 @@ class PdbHub:
     def mesh_spawned(self, procs) -> None:
         """``hooks.spawned``: a mesh spawned in a cell (not by ``%mesh spawn``) gets a
         ``PdbSetup`` actor, so its ranks' pdb reports here."""
-        if self.session.spawning or procs.name in self.session.meshes:
+        if self.host.spawning or procs.name in self.host.meshes:
             return
-        from .pdb_rank import PdbSetup
+        from ..rank.pdb_rank import PdbSetup
 
         setup = procs.spawn("mesh_pdb", PdbSetup, self.port, self.post_mortem)
         # Spawning is asynchronous: wait, so that a breakpoint in the user's first call (on

@@ -21,13 +21,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..actor.actor import Actor
-from ..actor.endpoint import endpoint
-from ..actor.port import Channel
-from ..runtime.config import seconds
-from ..runtime.context import process_mesh
-from ..runtime.process import Runtime
-from .messages import RELEASE, Ended, Prompt, Reply, Resumed, Stopped
+from ...actor.actor import Actor
+from ...actor.endpoint import endpoint
+from ...actor.port import Channel
+from ...runtime.config import seconds
+from ...runtime.context import process_mesh
+from ...runtime.process import Runtime
+from ..messages import RELEASE, Ended, Prompt, Reply, Resumed, Stopped
 
 log = logging.getLogger(__name__)
 POLL_S = seconds("pdb_rank_poll")

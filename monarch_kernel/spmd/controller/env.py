@@ -11,10 +11,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime import config
-from ..runtime.process import Runtime
-from .actor import ElasticEnvActor
-from .layout import RankEnv, elastic_layout
+from ...runtime import config
+from ...runtime.process import Runtime
+from ..layout import RankEnv, elastic_layout
+from ..rank.actor import ElasticEnvActor
 
 SETUP_TIMEOUT_S = config.seconds("spmd_setup_timeout")
 
@@ -151,7 +151,7 @@ def _watcher(mesh_id: str, rec: MeshRecord):
 
 
 def _abort_peers(env, rec: MeshRecord, dead: int, reason: str) -> None:
-    from ..actor.errors import ActorError, MeshStopped
+    from ...actor.errors import ActorError, MeshStopped
 
     flat = env.flatten("rank")
     futures = [flat.slice(rank=i).abort.call_one(f"{reason} died")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
-from ..actor.actor import Actor
-from ..actor.endpoint import endpoint
 from ..runtime import rank_logging
+from .actor import Actor
+from .endpoint import endpoint
 
 if TYPE_CHECKING:
-    from ..actor.actor_mesh import ActorMesh
+    from .actor_mesh import ActorMesh
     from .proc_mesh import ProcMesh
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from .layout import RankEnv
+from ..layout import RankEnv
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -25,7 +25,7 @@ _sockets: list[tuple[int, int]] = []  # (fd, inode) of the TCP connections gloo 
 
 def current_device_mesh():
     """The ``torch.distributed.device_mesh.DeviceMesh`` this rank belongs to, as built by
-    ``procs.device_mesh(("dp", "tp"))`` in the controller::
+    ``device_mesh(procs, ("dp", "tp"))`` in the controller::
 
         mesh = current_device_mesh()
         parallelize_module(model, mesh["tp"], plan)
@@ -33,7 +33,7 @@ def current_device_mesh():
     """
     mesh = _state["device_mesh"]
     if mesh is None:
-        raise RuntimeError("no device mesh on this rank yet: call  procs.device_mesh(('dp', 'tp'))  in the "
+        raise RuntimeError("no device mesh on this rank yet: call  device_mesh(procs, ('dp', 'tp'))  in the "
                            "controller (the notebook) first; after %mesh restart call it again")
     return mesh
 

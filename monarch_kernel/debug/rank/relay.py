@@ -17,14 +17,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..actor.actor import Actor
-from ..actor.endpoint import endpoint
-from ..actor.port import Port
-from ..runtime import config, hosts
-from ..runtime.failure import SendFailed
+from ...actor.actor import Actor
+from ...actor.endpoint import endpoint
+from ...actor.port import Port
+from ...runtime import config, hosts
+from ...runtime.failure import SendFailed
+from ..dap import FrameReader, encode
+from ..messages import DapClosed, DapFrames, RankHost
 from . import rank_debugpy
-from .dap import FrameReader, encode
-from .messages import DapClosed, DapFrames, RankHost
 
 CONNECT_TIMEOUT_S = config.seconds("relay_connect_timeout")
 READ_CHUNK = 1 << 16

@@ -2,7 +2,7 @@
 ``attach R``, ``cast RANKS CMD``, ``continue``) and ``%mesh pdb``, as Monarch's debugger has.
 
 Runs in the kernel, for ``PdbHub``.  Ranks are named in the grammar of ``%%mesh --ranks``
-(``mesh/ranks.py``).  It must never send a rank anything the user did not type, and a
+(``actor/ranks.py``).  It must never send a rank anything the user did not type, and a
 mistake at the prompt is told there, never raised out of the cell.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 
-from ..mesh.ranks import RankSpecError, parse_ranks, rank_label
+from ...actor.ranks import RankSpecError, parse_ranks, rank_label
 
 if TYPE_CHECKING:
     from .pdb_controller import PdbHub, RankStop
@@ -31,7 +31,7 @@ MAGIC_USAGE = "type  %mesh pdb [list | attach R | cast RANKS CMD | continue | --
 def describe(stops: list[RankStop]) -> str:
     """"ranks 0-1 stopped at cell line 4" for stops at one place."""
     s = stops[0]
-    who = rank_label([x.rank for x in stops])[1:-1]
+    who = rank_label([x.rank for x in stops], brackets=False)
     if s.where.reason == "post-mortem":
         return f"{who} stopped after {s.where.error} at {s.place()} (post-mortem)"
     return f"{who} stopped at {s.place()}"
@@ -113,7 +113,7 @@ class PdbCommands:
             if rest not in (["on"], ["off"]):
                 raise UsageError("type  %mesh pdb --post-mortem on  or  %mesh pdb --post-mortem off")
             hub.post_mortem = rest[0] == "on"
-            for mesh in list(hub.session.meshes) + list(hub.api_meshes):
+            for mesh in list(hub.host.meshes) + list(hub.api_meshes):
                 hub.tell_ranks(mesh)
             print(f"post-mortem pdb {'on: a rank whose %%mesh cell raises stops in pdb' if hub.post_mortem else 'off'}")
             return

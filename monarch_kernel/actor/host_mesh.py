@@ -8,19 +8,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..actor.controllers import publish_registry
-from ..actor.supervision import route_unhandled
 from ..runtime import config
 from ..runtime.failure import ProcessDied
 from ..runtime.process import Runtime
+from .controllers import publish_registry
 from .proc_mesh import ProcMesh
 from .shape import Extent, Shape
+from .supervision import route_unhandled
 
 _names: dict[str, int] = {}
 # What every rank unpickles: the template imports these before it forks, so ranks start warm.
 RANK_MODULES = tuple(f"monarch_kernel.{m}" for m in (
     "actor.actor", "actor.actor_mesh", "actor.endpoint", "actor.errors", "actor.future", "actor.port",
-    "actor.supervision", "actor.value_mesh", "mesh.host_mesh", "mesh.proc_mesh", "mesh.shape"))
+    "actor.supervision", "actor.value_mesh", "actor.host_mesh", "actor.proc_mesh", "actor.shape"))
 
 
 class HostMesh:

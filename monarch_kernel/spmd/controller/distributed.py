@@ -1,8 +1,9 @@
-"""The controller's ``procs.setup_torch_distributed()`` and ``procs.device_mesh(...)``: a
+"""The controller's ``setup_torch_distributed(procs)`` and ``device_mesh(procs, ...)``: a
 process group on every rank of a mesh, and a ``DeviceMesh`` over it whose dims are the
-mesh's own, rebuilt by calling again after ``%mesh restart``.
+mesh's own, rebuilt by calling again after ``%mesh restart``.  Free functions of the mesh,
+as Monarch's ``monarch.spmd``: the actor layer's ``ProcMesh`` knows nothing of torch.
 
-Runs in the controller; the ranks' half is ``group.py``.  It never imports torch.
+Runs in the controller; the ranks' half is ``rank/group.py``.  It never imports torch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class DeviceMeshHandle:
     device_type: str
 
     def rebuild(self) -> DeviceMeshHandle:
-        """Build it again (after ``%mesh restart`` and ``procs.setup_torch_distributed()``)."""
+        """Build it again (after ``%mesh restart`` and ``setup_torch_distributed(procs)``)."""
         return device_mesh(self.procs, self.names, mesh_shape=self.shape, device_type=self.device_type)
 
     def __repr__(self) -> str:

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from ipykernel.compiler import get_file_name, get_tmp_directory, get_tmp_hash_seed
 
-from ..runtime import config
-from . import rank_debugpy
-from .dap import DapClient
-from .inspector import visible
-from .messages import DapEvent, DapResponse
+from ...runtime import config
+from ..dap import DapClient
+from ..messages import DapEvent, DapResponse
+from ..rank import rank_debugpy
+from ..rank.inspector import visible
 from .tunnel import TunnelConnection
 
 REPLY_TIMEOUT_S = config.seconds("dap_reply_timeout")
@@ -282,7 +282,7 @@ class RankTarget:
             data, md = self.inspector.rich.call_one(name).get(timeout=INSPECT_TIMEOUT_S)
             return response(msg, body={"data": data, "metadata": md})
         # 'clipboard' asks debugpy for the full repr of the (data, metadata) pair.
-        expr = f"__import__('monarch_kernel.debug.inspector', fromlist=['rich']).rich({name})"
+        expr = f"__import__('monarch_kernel.debug.rank.inspector', fromlist=['rich']).rich({name})"
         reply = self.request("evaluate", {"expression": expr, "frameId": args.get("frameId"), "context": "clipboard"})
         if not reply.get("success"):
             return response(msg, False, message=reply.get("message", "cannot evaluate on the rank"))

@@ -23,12 +23,12 @@ from typing import Any
 from ipykernel.debugger import Debugger
 from IPython.core.error import UsageError
 
-from ..actor.errors import ActorError
-from ..runtime import hosts
-from .inspector import Inspector
-from .messages import RankHost
+from ...actor.errors import ActorError
+from ...runtime import hosts
+from ..messages import RankHost
+from ..rank.inspector import Inspector
+from ..rank.relay import DapRelay
 from .rank_target import INSPECT_TIMEOUT_S, REPLY_TIMEOUT_S, FrontendState, RankTarget
-from .relay import DapRelay
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

@@ -1,1 +1,0 @@
-"""Shapes, hosts and proc meshes (public layer above the runtime)."""
