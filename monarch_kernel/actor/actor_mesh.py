@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 from ..runtime.actors import STOP_METHOD
 from ..runtime.context import MeshRef
 from ..runtime.failure import MeshStopped, ProcessDied
+from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
 from ..runtime.serialize import dumps
 from .endpoint import ENDPOINT_MARK, Endpoint, part_value
@@ -38,7 +39,7 @@ class ActorMesh(Shaped, Generic[T]):
         self._proc_mesh = proc_mesh  # the owner's ProcMesh, for stop state; None in copies
         self._initialized = initialized  # the spawn's Future, in the process that spawned it
         self._owner = owner  # (ActorContext or None,) of its spawner, in the process that spawned it
-        self._call_info = None  # the CallInfo of this slice, once an endpoint has made it
+        self._call_info: CallInfo | None = None  # the CallInfo of this slice, once an endpoint has made it
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):

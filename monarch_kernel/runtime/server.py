@@ -193,8 +193,8 @@ class Server:
             self._stop_actor(slot, h, mesh, me)
             return
         refused = self._refusal(slot, h, mesh, me)
-        if refused is not None:
-            self.complete(h, me, refused)
+        if refused is not None or slot is None:  # (no slot is always refused)
+            self.complete(h, me, refused or self.failure_part(me, h.actor, h.method, LookupError(h.actor)))
             return
         try:
             fn, is_async = slot.endpoint(h.method)
