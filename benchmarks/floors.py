@@ -7,6 +7,7 @@ of 64 MiB, and 64 MiB over loopback TCP (sendall/recv_into).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import statistics
@@ -64,7 +65,10 @@ def _child(code: str, *args: str) -> subprocess.Popen:
                             text=True, start_new_session=True)
 
 
-def pyzmq_rtt() -> dict:
+@contextlib.contextmanager
+def echo_peer():
+    """A raw pyzmq echo process over ipc and a DEALER connected to it: ``(process, socket)``;
+    the echo is told to stop, and ended, on the way out."""
     import zmq
 
     tmp = tempfile.mkdtemp(prefix="mkbench-zmq-")
@@ -75,6 +79,20 @@ def pyzmq_rtt() -> dict:
     try:
         p.stdout.readline()
         s.connect(addr)
+        yield p, s
+        s.send(b"stop")
+        s.recv()
+        p.wait(timeout=10)
+    finally:
+        s.close(linger=0)
+        ctx.term()
+        if p.poll() is None:
+            kill_group(p)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pyzmq_rtt() -> dict:
+    with echo_peer() as (_p, s):
         msg = b"x" * 16
 
         def rtt(_i):
@@ -89,15 +107,6 @@ def pyzmq_rtt() -> dict:
             s.recv()
 
         bulk_s = statistics.median(time_calls(bulk, 2, 8))
-        s.send(b"stop")
-        s.recv()
-        p.wait(timeout=10)
-    finally:
-        s.close(linger=0)
-        ctx.term()
-        if p.poll() is None:
-            kill_group(p)
-        shutil.rmtree(tmp, ignore_errors=True)
     return summary_us(samples), round(NBYTES / 1e6 / bulk_s, 1)
 
 
