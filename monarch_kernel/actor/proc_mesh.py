@@ -22,6 +22,8 @@ from .actor_mesh import ActorMesh, endpoint_names
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
 from .shape import Shape, Shaped
+from .stack_report import StackReport
+from .stacks import take as take_stacks
 
 
 class Restarted(NamedTuple):
@@ -135,6 +137,24 @@ class ProcMesh(Shaped):
             if not c.wait(timeout):
                 raise TimeoutError(f"timed out after {timeout:g} s waiting for ranks {list(ranks)} of "
                                    f"'{self.name}' to die")
+
+    def stacks(self, ranks=None, *, native: bool = False, all_threads: bool = False, runtime_frames: bool = False,
+               timeout: float | None = None) -> StackReport:
+        """Every thread's stack of ``ranks`` (this mesh's indices; all by default), ranks with
+        the same stacks grouped, the odd ones out first; taken by py-spy from outside each
+        rank (so a rank stuck in C code or stopped shows too), else by the rank itself.
+        ``native``: C frames too; ``all_threads``: also threads running no user code;
+        ``runtime_frames``: keep monarch_kernel's own frames."""
+        mine = list(self._shape.ranks)
+        if ranks is None:
+            chosen = mine
+        else:
+            bad = [r for r in ranks if not 0 <= r < len(mine)]
+            if bad:
+                raise IndexError(f"ranks {bad} are not in this mesh of {len(mine)} ranks (0-{len(mine) - 1})")
+            chosen = [mine[r] for r in ranks]
+        return take_stacks(self._ref, chosen, native=native, all_threads=all_threads,
+                           runtime_frames=runtime_frames, timeout=timeout)
 
     def slice(self, **dims) -> ProcMesh:
         pm = ProcMesh(self._ref, self._shape.slice(**dims), self._owned)

@@ -52,7 +52,8 @@ class HostAgent:
         self._flushing = False
         self._handlers = {hw.Fork: lambda m: self._fork(m.tag, m.config),
                           hw.Reserve: lambda m: self._say(hw.Ports(m.tag, self._reserve(m.n))),
-                          hw.Kill: self._kill, hw.Bye: lambda m: self.shutdown("the controller ended the job")}
+                          hw.Kill: self._kill, hw.Stacks: self._stacks,
+                          hw.Bye: lambda m: self.shutdown("the controller ended the job")}
 
     # ------------------------------------------------------------ on the IO thread
 
@@ -81,6 +82,17 @@ class HostAgent:
     def _kill(self, msg: hw.Kill) -> None:
         if self.template is not None and msg.pid in self.pids:
             self.template.kill(msg.pid, msg.signal)
+
+    def _stacks(self, msg: hw.Stacks) -> None:
+        """py-spy on ranks of this host, run by their template (their parent); each dump goes
+        back as it comes."""
+        ours = [p for p in msg.pids if p in self.pids]
+        for pid in msg.pids:
+            if pid not in self.pids:
+                self._say(hw.StackDump(msg.tag, pid, -1, b"", b"not a live rank of this host"))
+        if ours and self.template is not None:
+            self.template.stacks(ours, msg.native, lambda d: self._say(hw.StackDump(msg.tag, d.pid, d.status,
+                                                                                     d.out, d.err)))
 
     def _reserve(self, n: int) -> list[int]:
         """Free ports on the bind address; held open together so they differ, then let go

@@ -46,6 +46,7 @@ class MeshKernel(IPythonKernel):
     send_block = _setting("send_block")
     bind_address = _setting("bind_address")
     strict = _setting("strict")
+    stacks_py_spy = _setting("stacks_py_spy")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -98,6 +98,15 @@ def _restart():
     """replace dead ranks (same numbers, fresh namespaces)"""
 
 
+@magic_arguments(name="mesh stacks")
+@argument("ranks", nargs="?", metavar="RANKS", help="which ranks, like 0-3,5 (default: all)")
+@argument("--native", action="store_true", help="C frames too (py-spy --native)")
+@argument("--all-threads", action="store_true", help="also threads that run no user code")
+@argument("--runtime-frames", action="store_true", help="keep monarch_kernel's own frames")
+def _stacks():
+    """every rank's thread stacks, taken from outside by py-spy, ranks with the same stacks grouped"""
+
+
 @magic_arguments(name="mesh sync")
 @argument("path", nargs="?", help="the folder (default: the kernel's working directory)")
 def _sync():
@@ -162,7 +171,7 @@ def cell_args():
 
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
-            "status": _status, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
+            "status": _status, "stacks": _stacks, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
             "jobs": _jobs, "kill-job": _kill_job, "run": _run}
 

@@ -166,6 +166,11 @@ class MeshMagics(Magics):
         s.live = live
         display(live.widget)
 
+    def _cmd_stacks(self, a):
+        procs, _consoles = self.session.get()
+        ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
+        return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames)
+
     def _cmd_restart(self, a):
         procs, _consoles = self.session.get()
         ranks = ranks_arg(a.ranks, len(procs), "--ranks") if a.ranks is not None else None

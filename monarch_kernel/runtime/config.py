@@ -100,6 +100,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_NETNS", "netns", str, None, shown="none",
          help_="network namespace (a name under /run/netns, or a path) ranks enter before they start, to "
                "place them on separate simulated hosts"),
+    _env("MONARCH_KERNEL_STACKS_PY_SPY", "stacks_py_spy", bool, True, kernel=True,
+         help_="`%mesh stacks` runs py-spy from each rank's template or agent; off: ranks dump their own stacks "
+         "(which a rank holding the GIL cannot)"),
     _env("MONARCH_KERNEL_IB_DEVICE", "ib_device", str, None, shown="the first", help_="RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_PORT", "ib_port", int, 1, help_="port of the RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_GID_INDEX", "ib_gid_index", int, 0,
@@ -115,6 +118,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("orphan_sweep_first", 0.2, "runtime/template_server.py", "after a rank exits, when its template first "
        "looks for the rank's orphaned children"),
     _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
+    _s("stack_dump", 10.0, "runtime/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
+       "before its template kills it (`%mesh stacks`)"),
+    _s("stacks_wait", 15.0, "actor/stacks.py", "how long `%mesh stacks` waits for every rank's "
+       "stack, py-spy's and the in-process fallback's together"),
     _s("stop_grace", 2.0, "runtime/launcher.py", "how long stopped ranks have to exit before they are killed"),
     _s("cleanup_budget", 1.0, "runtime/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),
@@ -264,6 +271,10 @@ def send_block() -> float:
 
 def bind_address() -> str | None:
     return get("bind_address")
+
+
+def stacks_py_spy() -> bool:
+    return get("stacks_py_spy")
 
 
 def strict() -> bool:

@@ -106,6 +106,16 @@ class Reserve(Message):
 
 
 @dataclass(frozen=True)
+class Stacks(Message):
+    """``py-spy dump`` each of ``pids`` (ranks forked there); answered by one ``StackDump`` per pid."""
+
+    OP = "stacks"
+    tag: int
+    pids: list[int]
+    native: bool
+
+
+@dataclass(frozen=True)
 class Bye(Message):
     """(agents) End every rank and exit (``job.kill()``)."""
 
@@ -184,6 +194,19 @@ class Beats(Message):
 
 
 @dataclass(frozen=True)
+class StackDump(Message):
+    """What py-spy said of one rank: its exit ``status`` (-1: it could not run), its JSON
+    ``out`` and the tail of its ``err``."""
+
+    OP = "stack_dump"
+    tag: int
+    pid: int
+    status: int
+    out: bytes
+    err: bytes
+
+
+@dataclass(frozen=True)
 class Exit(Message):
     """A rank was reaped; ``status`` as ``os.waitpid`` gives it."""
 
@@ -216,7 +239,8 @@ class RankHello(Message):
 
 
 OPS: dict[str, type[Message]] = {cls.OP: cls for cls in (
-    Fork, Kill, Reserve, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats, Exit, Beat, RankHello)}
+    Fork, Kill, Reserve, Stacks, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats, StackDump, Exit, Beat,
+    RankHello)}
 
 
 def decode(data: bytes) -> Message:

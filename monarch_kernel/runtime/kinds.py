@@ -20,6 +20,7 @@ class Kind(enum.IntEnum):
     PORT = 12  # any -> the process that opened a port: one value for it
     INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
     REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
+    STACKS = 15  # caller -> rank: dump your threads' stacks yourself (when py-spy cannot)
     HOST = 16  # controller <-> the agent of one of its hosts: one agent_wire message (msgpack)
 
 

@@ -118,6 +118,17 @@ class InterruptAck(NamedTuple):
         return cls(*_flat(v, (str, int), "an INTERRUPT's acknowledgement port"))
 
 
+class StacksAsk(NamedTuple):
+    """STACKS: the port (at ``address``) that hears the rank's own dump of its threads."""
+
+    address: str
+    port: int
+
+    @classmethod
+    def decode(cls, v) -> StacksAsk:
+        return cls(*_flat(v, (str, int), "a STACKS answer port"))
+
+
 PAYLOADS: dict[int, Any] = {
     Kind.CALL: CallInfo,
     Kind.SPAWN: SpawnInfo,
@@ -126,6 +137,7 @@ PAYLOADS: dict[int, Any] = {
     Kind.DEATH: DeathNotice,
     Kind.REVIVE: ReviveNotice,
     Kind.INTERRUPT: InterruptAck,
+    Kind.STACKS: StacksAsk,
 }
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, diagnostics, finalize, serialize, shm
+from . import agent_wire, config, diagnostics, finalize, serialize, shm, stack_dump
 from .auth import DropCounts, Signer
 from .caller import Caller
 from .completion import Completion
@@ -141,6 +141,7 @@ class Runtime:
             Kind.PRUNE: self.server.on_prune,
             Kind.NOT_RECEIVED: self.caller.on_not_received,
             Kind.INTERRUPT: self.server.on_interrupt,
+            Kind.STACKS: lambda h, body: stack_dump.on_stacks(self, h, body),
             Kind.PORT: self._on_port,
             Kind.WAKE: _nothing,
             Kind.DEATH: self._on_death,

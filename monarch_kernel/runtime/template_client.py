@@ -19,7 +19,21 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from .host_wire import Beats, Exit, Fork, Forked, ForkFailed, Hello, Kill, MalformedMessage, Message, Output, Ready
+from .host_wire import (
+    Beats,
+    Exit,
+    Fork,
+    Forked,
+    ForkFailed,
+    Hello,
+    Kill,
+    MalformedMessage,
+    Message,
+    Output,
+    Ready,
+    StackDump,
+    Stacks,
+)
 from .launch import LaunchConfig
 from .template_wire import recv_msg, send_msg
 
@@ -76,7 +90,8 @@ class TemplateClient:
         self._handlers: dict[type, Callable] = {Output: self._output, Beats: lambda m: self.events.beats(m.pids),
                                                 Hello: lambda m: self.events.hello(m.pid, m.hello),
                                                 Forked: self._forked, ForkFailed: self._fork_failed,
-                                                Exit: self._exited, Ready: self._ready}
+                                                Exit: self._exited, Ready: self._ready, StackDump: self._dump}
+        self._dumps: dict[int, list] = {}  # tag -> [on_dump, pids still to come]
         loop.add_reader(here.fileno(), self._readable)
 
     def fork(self, config: LaunchConfig, on_forked, on_failed: Callable[[str], None] | None = None) -> None:
@@ -88,6 +103,24 @@ class TemplateClient:
             self._waiting[tag] = (on_forked, on_failed)
             self.ranks += 1
         send_msg(self._sock, Fork(tag, config.to_wire()))
+
+    def stacks(self, pids: list[int], native: bool, on_dump: Callable[[StackDump], None]) -> None:
+        """On the IO thread: ``py-spy dump`` each rank of ``pids`` (it is their parent, so
+        ptrace_scope=1 allows it); ``on_dump`` hears one ``StackDump`` per pid."""
+        with self._lock:
+            self._tags += 1
+            tag = self._tags
+        self._dumps[tag] = [on_dump, len(pids)]
+        send_msg(self._sock, Stacks(tag, list(pids), bool(native)))
+
+    def _dump(self, msg: StackDump) -> None:
+        waiting = self._dumps.get(msg.tag)
+        if waiting is None:
+            return
+        waiting[1] -= 1
+        if waiting[1] <= 0:
+            del self._dumps[msg.tag]
+        waiting[0](msg)
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         try:

@@ -18,10 +18,25 @@ import time
 from typing import NoReturn
 
 from . import config
-from .host_wire import Beats, Exit, Fork, Forked, ForkFailed, Hello, Kill, MalformedMessage, Message, Output, Ready
+from .host_wire import (
+    Beats,
+    Exit,
+    Fork,
+    Forked,
+    ForkFailed,
+    Hello,
+    Kill,
+    MalformedMessage,
+    Message,
+    Output,
+    Ready,
+    StackDump,
+    Stacks,
+)
 from .launch import LaunchConfig
 from .limits import limit_error, raise_nofile_limit
 from .process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
+from .stack_sampler import StackSampler, rank_tracer
 from .template_wire import recv_msg
 
 SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sweep_last"))
@@ -116,6 +131,7 @@ def serve() -> None:
     sweeps: list[float] = []  # monotonic times at which to end orphans of dead ranks
     out = _Outbox(sock)
     sel = selectors.DefaultSelector()  # epoll: thousands of pipes, past select()'s 1,024
+    sampler = StackSampler(sel, lambda tag, pid, status, o, e: out.send(StackDump(tag, pid, status, o, e)))
     for f in (sock.fileno(), wake_r, stdin):
         sel.register(f, selectors.EVENT_READ)
     sock.setblocking(False)
@@ -186,7 +202,7 @@ def serve() -> None:
         """End every child that is not a rank: a descendant of a rank that died (ranks are
         subreapers themselves, so a live rank's orphans never come here)."""
         for pid in children_of_self():
-            if pid not in children:
+            if pid not in children and not sampler.owns(pid):
                 end_tree(pid)
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -201,6 +217,8 @@ def serve() -> None:
                 return
             if pid == 0:
                 return
+            if sampler.reaped(pid, status):
+                continue
             rank = children.pop(pid, None)
             if rank is None:
                 continue  # an orphan we ended
@@ -295,6 +313,8 @@ def serve() -> None:
                 sweep()
             if sweeps:
                 timeout = min(timeout, max(0.0, min(sweeps) - now))
+        if sampler.next_deadline is not None:
+            timeout = min(timeout, max(0.0, sampler.next_deadline - now))
         if out.queue:
             timeout = min(timeout, 0.01)  # the socket had no room: try again soon
         try:
@@ -326,15 +346,21 @@ def serve() -> None:
                         shutdown()
                     elif type(msg) is Fork:
                         fork(msg)
+                    elif type(msg) is Stacks:
+                        for pid in msg.pids:
+                            if pid not in children:
+                                out.send(StackDump(msg.tag, pid, -1, b"", b"not a live rank of this template"))
+                        sampler.start(msg.tag, [p for p in msg.pids if p in children], msg.native)
                     elif type(msg) is Kill:
                         try:
                             os.kill(msg.pid, msg.signal)
                         except ProcessLookupError:
                             pass
-            else:
+            elif not sampler.readable(f):
                 rank = by_fd.get(f)
                 if rank is not None:
                     read_pipe(rank, f)
+        sampler.tick()
         flush_batch()
         now = time.monotonic()
         if now >= next_beats:
@@ -403,6 +429,7 @@ def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
         # typeshed marks these Final; the rank's own stdio is what they must name from here on.
         sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
         die_with_parent(template_pid)
+        rank_tracer(template_pid)
         from .rank import run_rank
 
         run_rank(LaunchConfig.from_wire(wire_config), template_pid, control)

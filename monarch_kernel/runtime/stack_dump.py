@@ -1,0 +1,109 @@
+"""Every thread's stack of some ranks, for ``%mesh stacks``: taken from outside by py-spy
+(run by each rank's template or host agent), or by the rank itself when py-spy cannot.
+
+Both ways give the same shape, py-spy's ``dump --json``: a list of threads, each
+``{"thread_id", "thread_name", "active", "owns_gil", "frames": [{"name", "filename",
+"line"}, ...]}`` with the innermost frame first.  ``sample`` runs in the process that
+spawned the mesh; ``on_stacks`` on a rank, on its IO thread (the rank's own dump, which
+needs the IO thread to get the GIL now and then); ``ask`` in any process that may call
+the mesh, a detached one included.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import traceback
+
+from .completion import Completion
+from .context import MeshRef
+from .envelope import Header, Kind, Part, Status, join_parts
+from .host_wire import StackDump
+from .payloads import StacksAsk
+from .serialize import dumps
+
+
+def sample(rt, om, ranks: list[int], native: bool) -> Completion:
+    """py-spy each of ``ranks`` of a mesh this process spawned (``om``: its ``OwnedMesh``),
+    from any thread: a completion of ``{rank: StackDump}`` (status -1: no dump, and ``err``
+    says why), done once every rank has answered."""
+    got = Completion()
+    dumps_: dict[int, StackDump] = {}
+
+    def check() -> None:
+        if len(dumps_) >= len(ranks) and not got.done():
+            got.set_result(dict(dumps_))
+
+    def go() -> None:
+        forkers: dict[int, tuple] = {}
+        for r in ranks:
+            pid = om.pids[r]
+            forker = (om.links[r] if om.links is not None
+                      else rt.launcher.templates.get(om.sources[r] or ""))
+            if pid is None or r not in om.alive or forker is None:
+                why = "the rank is not running" if forker is not None or pid is None else "its template is gone"
+                dumps_[r] = StackDump(0, pid or 0, -1, b"", why.encode())
+                continue
+            forkers.setdefault(id(forker), (forker, {}))[1][pid] = r
+        for forker, by_pid in forkers.values():
+            def on_dump(d: StackDump, by_pid=by_pid) -> None:
+                if d.pid in by_pid:
+                    dumps_[by_pid[d.pid]] = d
+                    check()
+            forker.stacks(list(by_pid), native, on_dump)
+        check()
+
+    rt.io.call_soon(go)
+    return got
+
+
+def threads_now() -> list[dict]:
+    """This process's threads and their stacks, in py-spy's JSON shape."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = []
+    for ident, frame in sys._current_frames().items():
+        frames = [{"name": f.name, "filename": f.filename, "line": f.lineno or 0}
+                  for f in reversed(traceback.extract_stack(frame))]
+        out.append({"thread_id": ident, "thread_name": names.get(ident, ""), "active": ident == me,
+                    "owns_gil": ident == me, "frames": frames})
+    return out
+
+
+def on_stacks(rt, h: Header, _body: list) -> None:
+    """On a rank's IO thread: answer a STACKS with this process's own dump."""
+    if not isinstance(h.payload, StacksAsk):
+        rt.drops.count("malformed")
+        return
+    member = rt.memberships.get(h.mesh)
+    me = member[1] if member is not None else -1
+    data = json.dumps(threads_now()).encode()
+    rt.caller.send_port(h.payload.address, h.payload.port, Part(me, Status.OK, dumps(data)), mesh_id=h.mesh)
+
+
+def ask(rt, mesh: MeshRef, ranks: list[int], timeout: float) -> dict[int, bytes]:
+    """Ask each of ``ranks`` for its own dump (``on_stacks``); ``{rank: JSON}`` of those that
+    answered within ``timeout`` seconds (a rank stuck holding the GIL cannot)."""
+    got: dict[int, bytes] = {}
+    done = threading.Event()
+    want = {r for r in ranks if rt.death(mesh.id, r) is None}
+
+    def hear(part: Part) -> None:
+        value = part.load()
+        if isinstance(value, bytes) and part.rank in want:
+            got[part.rank] = value
+            if want <= set(got):
+                done.set()
+
+    port_id = rt.ports.open(hear, once=False)
+    try:
+        for r in want:
+            me = rt.network.answerable(rt.inbox, mesh.addresses[r])
+            h = Header(Kind.STACKS, 0, me, me, mesh.id, ranks=[r], payload=StacksAsk(me, port_id))
+            rt.caller.send_or_report(mesh.addresses[r], h, join_parts(h, []), f"a stacks request for rank {r}")
+        if want:
+            done.wait(timeout)
+    finally:
+        rt.ports.close(port_id)
+    return dict(got)

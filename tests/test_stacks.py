@@ -1,0 +1,129 @@
+"""``procs.stacks()``: every rank's threads, taken from outside by py-spy (run by the rank's
+template), grouped.  The situations are real: ranks blocked in a gloo all_reduce that one
+rank, stuck loading data, never joins; a SIGSTOPped rank; a rank holding the GIL in C
+code; and the rank's own dump when py-spy is off."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel.actor.stack_report import StackReport
+from monarch_kernel.runtime import config
+from monarch_kernel.spmd import setup_torch_distributed
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def load_batch(seconds: float) -> None:
+    """The data loader of the test: rank 3 is stuck in it."""
+    time.sleep(seconds)
+
+
+class Trainer(Actor):
+    @endpoint
+    def step(self, slow_rank: int) -> int:
+        import torch
+        import torch.distributed as dist
+
+        from monarch_kernel import current_rank
+
+        if current_rank().rank == slow_rank:
+            load_batch(600)
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        return int(t[0])
+
+
+class Poke(Actor):
+    """A second actor on the same ranks: its own worker, free while the trainer's is stuck."""
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def spin(self) -> int:
+        return sum(range(10**12))  # C code holding the GIL, for minutes
+
+
+def _until(what, cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"{what} within {timeout:g} s; last: {last!r}")
+
+
+@pytest.fixture(scope="module")
+def eight():
+    procs = this_host().spawn_procs(per_host={"gpus": 8})
+    setup_torch_distributed(procs, "gloo")
+    yield procs, procs.spawn("trainer", Trainer), procs.spawn("poke", Poke)
+    procs.stop().get(timeout=30)
+
+
+def _frames(report: StackReport, rank: int) -> list[str]:
+    stack = next(s for s in report.stacks if s.rank == rank)
+    return [f.name for t in stack.threads for f in t.frames]
+
+
+def test_seven_ranks_in_all_reduce_and_the_one_loading_data_stand_apart(eight):
+    procs, trainer, _ = eight
+    trainer.step.call(3)  # never returns: the mesh is stopped at the end
+
+    def grouped():
+        r = procs.stacks()
+        ok = [len(g.ranks) for g in r.groups] == [1, 7] and r.odd_ranks() == [3]
+        return r if ok and "load_batch" in _frames(r, 3) else None
+
+    report = _until("rank 3 alone in its group, in load_batch", grouped)
+    assert all(s.method == "py-spy" for s in report.stacks), report.methods()
+    majority = report.groups[-1]
+    assert majority.ranks == [0, 1, 2, 4, 5, 6, 7]
+    text = repr(report)
+    assert text.splitlines()[0] == "Stacks of mesh 'procs': 8 ranks in 2 groups"
+    summary = report.summary()
+    assert summary[0].startswith("[rank 3] ") and "load_batch" in summary[0]
+    assert summary[1].startswith("[ranks 0-2,4-7] ") and "step" in summary[1]
+    assert "monarch_kernel" not in text  # the runtime's own frames are folded away
+    full = procs.stacks([3], runtime_frames=True)
+    assert any("monarch_kernel" in f.filename for t in full.stacks[0].threads for f in t.frames)
+    assert "<table>" in report._repr_html_()
+    with pytest.raises(IndexError, match="not in this mesh of 8 ranks"):
+        procs.stacks([8])
+
+
+def test_a_stopped_rank_and_one_holding_the_gil_in_c_code_still_show(eight):
+    procs, _, poke = eight
+    pid = poke.slice(gpus=5).pid.call_one().get(timeout=30)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        r = procs.stacks([5], all_threads=True)
+        assert r.stacks[0].method == "py-spy" and r.stacks[0].threads, r
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    spinner = poke.slice(gpus=6)
+    spinner.spin.call_one()
+    r = _until("rank 6 seen in Poke.spin", lambda: (lambda x: x if "Poke.spin" in _frames(x, 6) else None)(
+        procs.stacks([6])))
+    assert r.stacks[0].method == "py-spy"
+
+
+def test_with_py_spy_off_ranks_dump_their_own_stacks(eight):
+    procs, _, _ = eight
+    config.set("stacks_py_spy", False)
+    try:
+        r = procs.stacks([0, 1], all_threads=True, runtime_frames=True)
+    finally:
+        config.set("stacks_py_spy", None)
+    for s in r.stacks:
+        assert s.method.startswith("in-process (py-spy: off"), s.method
+        assert any(t.name == "MainThread" for t in s.threads), s
