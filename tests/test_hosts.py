@@ -271,6 +271,25 @@ def test_a_dead_remote_rank_restarts_on_its_own_host(job, ssh_hosts):
     assert new != old and new in ssh_hosts.pids(ssh_hosts.hosts[1])  # a fresh process, on the same host
 
 
+def test_stacks_of_ranks_on_other_hosts_are_read_by_their_agents(job):
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+    m = procs.spawn("where", Where)
+    m.slice(hosts=1).nap.call_one(60)  # one rank busy, the other idle
+
+    def napping():
+        r = procs.stacks()
+        return r if any(f.name.endswith("nap") for t in r.stacks[1].threads for f in t.frames) else None
+
+    deadline = time.monotonic() + 60
+    while (report := napping()) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert report is not None, procs.stacks()
+    assert [s.method for s in report.stacks] == ["py-spy", "py-spy"]  # run by each host's agent
+    assert [s.host for s in report.stacks] == list(procs.ref.hosts)
+    assert report.summary()[0].startswith("[rank 1] Where.nap (test_hosts.py:")
+    assert report.summary()[1] == "[rank 0] idle: no user code running"  # a tie: the idle group goes last
+
+
 def test_an_agent_that_never_connects_fails_the_start_in_time(ssh_hosts, tmp_path):
     silent = tmp_path / "silent-python"
     silent.write_text("#!/bin/sh\nexec sleep 60\n")  # starts, reads nothing, never connects back

@@ -241,6 +241,19 @@ def test_status_is_a_table_and_a_live_widget(kc):
     collector.wait("the status widget to show a busy rank", shown_busy, 30)
 
 
+def test_stacks_groups_the_ranks_and_names_the_one_in_user_code(kc):
+    run(kc, "procs = %mesh spawn -n 3")
+    run(kc, "%%mesh --ranks 1\nimport threading, time\ndef stuck_in_load():\n    time.sleep(600)\n"
+            "threading.Thread(target=stuck_in_load, name='loader', daemon=True).start()")
+    out, reply = run(kc, "%mesh stacks")
+    assert reply["status"] == "ok", text(out)
+    t = text(out)
+    assert "Stacks of mesh 'procs': 3 ranks in 2 groups" in t and "taken by py-spy: ranks 0-2" in t
+    assert "[rank 1] stuck_in_load (" in t and "[ranks 0,2] idle: no user code running" in t
+    out, reply = run(kc, "%mesh stacks 0-5")
+    assert reply["ename"] == "UsageError" and "the mesh has ranks 0-2" in reply["evalue"]
+
+
 def test_long_cell_shows_progress(kc):
     run(kc, "procs = %mesh spawn -n 2")
     msg_id = kc.execute("%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"

@@ -27,6 +27,7 @@ OPTIONS = {
     "use": ["name"],
     "stop": ["[name]"],
     "status": ["--all"],
+    "stacks": ["[RANKS]", "--native", "--all-threads", "--runtime-frames"],
     "restart": ["--ranks SPEC"],
     "sync": ["[path]"],
     "push": ["name=expr"],

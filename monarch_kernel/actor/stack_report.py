@@ -120,8 +120,11 @@ class StackReport:
                 groups[k].ranks.append(s.rank)
             else:
                 groups[k] = StackGroup([s.rank], s)
-        # The majority last; the smallest (the odd ones out) first.
-        self.groups = sorted(groups.values(), key=lambda g: (len(g.ranks), g.ranks[0]))
+        # The majority last; the smallest (the odd ones out) first; of groups as large, idle ones later.
+        self.groups = sorted(groups.values(), key=lambda g: (len(g.ranks), self._idle(g), g.ranks[0]))
+
+    def _idle(self, g: StackGroup) -> bool:
+        return not g.sample.error and not any(frames for _name, frames in self._threads(g))
 
     def odd_ranks(self) -> list[int]:
         """The ranks outside the largest group (the ones whose stacks differ from the majority)."""

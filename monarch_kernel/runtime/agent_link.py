@@ -22,6 +22,7 @@ from . import agent_wire as wire
 from . import host_wire as hw
 from .completion import Completion
 from .launch import LaunchConfig
+from .stack_dump import PendingDumps
 
 
 class AgentLink:
@@ -46,8 +47,8 @@ class AgentLink:
             hw.Output: self._output, hw.Hello: lambda m: self.events.hello(m.pid, m.hello),
             hw.Beats: lambda m: self.events.beats(m.pids), hw.Ports: self._ports, hw.Forked: self._forked,
             hw.ForkFailed: self._fork_failed, hw.Exit: lambda m: self.events.exited(m.pid, m.status),
-            hw.Beat: lambda m: None, hw.StackDump: self._dump}
-        self._dumps: dict[int, list] = {}  # tag -> [on_dump, pids still to come], IO thread
+            hw.Beat: lambda m: None, hw.StackDump: lambda m: self._dumps.arrived(m)}
+        self._dumps = PendingDumps()  # IO thread
 
     @property
     def ip(self) -> str:
@@ -96,21 +97,12 @@ class AgentLink:
     def stacks(self, pids: list[int], native: bool, on_dump: Callable[[hw.StackDump], None]) -> None:
         """On the IO thread: py-spy each rank of ``pids`` there (the host's template runs it)."""
         tag = self._tag()
-        self._dumps[tag] = [on_dump, len(pids)]
+        self._dumps.add(tag, len(pids), on_dump)
         if not self._send(hw.Stacks(tag, list(pids), bool(native))):
-            del self._dumps[tag]
+            self._dumps.drop(tag)
             why = f"the agent on {self.host} is gone" + (f": {self.why_gone}" if self.why_gone else "")
             for pid in pids:
                 on_dump(hw.StackDump(tag, pid, -1, b"", why.encode()))
-
-    def _dump(self, msg: hw.StackDump) -> None:
-        waiting = self._dumps.get(msg.tag)
-        if waiting is None:
-            return
-        waiting[1] -= 1
-        if waiting[1] <= 0:
-            del self._dumps[msg.tag]
-        waiting[0](msg)
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         self._send(hw.Kill(pid, int(sig)))

@@ -24,6 +24,28 @@ from .payloads import StacksAsk
 from .serialize import dumps
 
 
+class PendingDumps:
+    """The ``StackDump``s a template client or an agent link still waits for, by tag."""
+
+    def __init__(self):
+        self._waiting: dict[int, list] = {}  # tag -> [on_dump, pids still to come]
+
+    def add(self, tag: int, n: int, on_dump) -> None:
+        self._waiting[tag] = [on_dump, n]
+
+    def drop(self, tag: int) -> None:
+        self._waiting.pop(tag, None)
+
+    def arrived(self, msg: StackDump) -> None:
+        waiting = self._waiting.get(msg.tag)
+        if waiting is None:
+            return
+        waiting[1] -= 1
+        if waiting[1] <= 0:
+            del self._waiting[msg.tag]
+        waiting[0](msg)
+
+
 def sample(rt, om, ranks: list[int], native: bool) -> Completion:
     """py-spy each of ``ranks`` of a mesh this process spawned (``om``: its ``OwnedMesh``),
     from any thread: a completion of ``{rank: StackDump}`` (status -1: no dump, and ``err``

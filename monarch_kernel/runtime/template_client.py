@@ -35,6 +35,7 @@ from .host_wire import (
     Stacks,
 )
 from .launch import LaunchConfig
+from .stack_dump import PendingDumps
 from .template_wire import recv_msg, send_msg
 
 # conftest.py recognises a template process by "template_server import serve" in its command line.
@@ -90,8 +91,9 @@ class TemplateClient:
         self._handlers: dict[type, Callable] = {Output: self._output, Beats: lambda m: self.events.beats(m.pids),
                                                 Hello: lambda m: self.events.hello(m.pid, m.hello),
                                                 Forked: self._forked, ForkFailed: self._fork_failed,
-                                                Exit: self._exited, Ready: self._ready, StackDump: self._dump}
-        self._dumps: dict[int, list] = {}  # tag -> [on_dump, pids still to come]
+                                                Exit: self._exited, Ready: self._ready,
+                                                StackDump: lambda m: self._dumps.arrived(m)}
+        self._dumps = PendingDumps()
         loop.add_reader(here.fileno(), self._readable)
 
     def fork(self, config: LaunchConfig, on_forked, on_failed: Callable[[str], None] | None = None) -> None:
@@ -110,17 +112,8 @@ class TemplateClient:
         with self._lock:
             self._tags += 1
             tag = self._tags
-        self._dumps[tag] = [on_dump, len(pids)]
+        self._dumps.add(tag, len(pids), on_dump)
         send_msg(self._sock, Stacks(tag, list(pids), bool(native)))
-
-    def _dump(self, msg: StackDump) -> None:
-        waiting = self._dumps.get(msg.tag)
-        if waiting is None:
-            return
-        waiting[1] -= 1
-        if waiting[1] <= 0:
-            del self._dumps[msg.tag]
-        waiting[0](msg)
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         try:
