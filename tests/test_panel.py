@@ -227,6 +227,28 @@ def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
     assert not bad.ok and "no mesh named 'nope'" in bad.message
 
 
+def test_the_stacks_button_works_while_a_cell_runs(kc, panel):
+    run(kc, "procs = %mesh spawn -n 3")
+    msg_id = kc.execute("%%mesh\nimport time\ndef wait_for_data():\n    time.sleep(1 if __import__('monarch_kernel')"
+                        ".current_rank().rank != 1 else 30)\nwait_for_data()")
+    panel.wait_state("the cell running", lambda s: s.running and ranks(s).get(1, state0).state == "busy", timeout=10)
+    deadline = time.monotonic() + 20
+    while True:  # ranks 0 and 2 finish their second first; rank 1 waits on
+        reply = panel.request("stacks", mesh="procs", timeout=30)
+        assert reply.ok, reply.message
+        if "rank 1 differs from the rest" in reply.message or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert reply.message == "stacks of procs: 2 groups, rank 1 differs from the rest", reply
+    assert "[rank 1] wait_for_data (" in reply.report and "[ranks 0,2] idle" in reply.report, reply.report
+    one = panel.request("stacks", mesh="procs", rank=1)
+    assert one.ok and one.report.startswith("Stacks of mesh 'procs': 1 ranks in 1 group"), one
+    bad = panel.request("stacks", mesh="procs", rank=7)
+    assert not bad.ok and "not in this mesh of 3 ranks" in bad.message, bad
+    panel.request("interrupt", mesh="procs", rank=1)
+    panel.io.wait_idle(msg_id, 30)
+
+
 def test_the_panels_restart_kills_and_replaces_a_rank_that_stopped_responding(kc, panel):
     """The one restart path (``ProcMesh.restart``): the panel's button, like ``%mesh restart``,
     SIGKILLs a rank that stopped answering heartbeats (here SIGSTOPped) and starts it afresh."""

@@ -30,7 +30,7 @@ CELLS = [
     "procs = %mesh spawn -n 4",                                                     # 0
     "%%mesh --ranks 2\nimport os\nos._exit(3)",                                     # 1
     "%%mesh\nprint('alive')",                                                       # 2
-    "%%mesh\nimport time\ntime.sleep(8)\nprint('slept')",                           # 3
+    "%%mesh\nimport time\ntime.sleep(12)\nprint('slept')",                          # 3
     "%%mesh --ranks 1\nfrom monarch_kernel import current_rank\nx = 41 + current_rank().rank\ny = x * 2\n"
     "print('y', y)",                                                                # 4
     "%%mesh --ranks 0-1\nimport matplotlib.pyplot as plt\nfrom monarch_kernel import current_rank\n"
@@ -146,6 +146,14 @@ def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path)
     with nb.step("a long cell, then rank 1's interrupt button: KeyboardInterrupt on rank 1 only"):
         nb.start_cell(3)
         expect(page.locator(RANK.format("procs", 1))).to_have_attribute("data-state", "busy", timeout=10_000)
+        page.locator(MESH.format("procs") + " [data-action='stacks']").click()  # while the cell runs
+        stacks = page.locator(".mk-Stacks-text").first
+        expect(stacks).to_contain_text("Stacks of mesh 'procs': 4 ranks", timeout=30_000)
+        expect(stacks).to_contain_text("taken by py-spy")
+        shot(page, "stacks-while-a-cell-runs")
+        # Close the tab: the notebook is the active widget again (the debugger follows it).
+        page.locator(".lm-TabBar-tab:has-text('Stacks: procs') .lm-TabBar-tabCloseIcon").click()
+        expect(page.locator(".mk-Stacks")).to_have_count(0, timeout=5_000)
         page.locator(RANK.format("procs", 1) + " [data-action='interrupt']").click()
         out = nb.wait_cell(3, timeout=30)
         assert "[ranks 0,2-3] slept" in out.splitlines() and "KeyboardInterrupt" in out, out

@@ -20,6 +20,7 @@ import { MeshConnection } from './connection';
 import { gridRendererFactory } from './gridRenderer';
 import { meshIcon } from './icon';
 import { LogView } from './logView';
+import { StacksView } from './stacksView';
 import { IRequest } from './messages';
 import { MeshPanel } from './meshPanel';
 import { NewMeshBody } from './newMeshDialog';
@@ -85,6 +86,25 @@ const meshes: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(widget.id);
     };
 
+    const stacks = new Map<string, MainAreaWidget<StacksView>>();
+    const showStacks = (mesh: string, rank: number | null, report: string) => {
+      const key = `${mesh}/${rank ?? 'all'}`;
+      let widget: MainAreaWidget<StacksView> | undefined = stacks.get(key);
+      if (!widget || widget.isDisposed) {
+        widget = new MainAreaWidget({ content: new StacksView() });
+        widget.id = `monarch-stacks-${mesh}-${rank ?? 'all'}-${Date.now()}`;
+        widget.title.label = rank === null ? `Stacks: ${mesh}` : `Stacks: ${mesh} rank ${rank}`;
+        widget.title.icon = meshIcon;
+        widget.title.closable = true;
+        stacks.set(key, widget);
+        widget.disposed.connect(() => stacks.delete(key));
+        app.shell.add(widget, 'main', { mode: 'split-bottom' });
+      }
+      const shown = widget;
+      shown.content.setReport(report);
+      app.shell.activateById(shown.id);
+    };
+
     const newMesh = async (connection: MeshConnection) => {
       const result = await showDialog<IRequest>({
         title: 'New mesh',
@@ -100,7 +120,7 @@ const meshes: JupyterFrontEndPlugin<void> = {
       }
     };
 
-    const panel = new MeshPanel({ showLog, newMesh: c => void newMesh(c) });
+    const panel = new MeshPanel({ showLog, newMesh: c => void newMesh(c), showStacks });
     panel.title.icon = meshIcon;
     app.shell.add(panel, 'right', { rank: 900 });
     restorer?.add(panel, panel.id);

@@ -28,6 +28,8 @@ export interface IMeshPanelOptions {
   showLog: (connection: MeshConnection, mesh: string, rank: number | null) => void;
   /** Ask for a new mesh's settings and spawn it. */
   newMesh: (connection: MeshConnection) => void;
+  /** Open (or refresh) the tab holding a stacks report of `mesh` (one rank's, or every rank's). */
+  showStacks: (mesh: string, rank: number | null, report: string) => void;
 }
 
 export class MeshPanel extends Widget {
@@ -84,6 +86,14 @@ export class MeshPanel extends Widget {
     if (names !== this._meshNames) {
       this._meshNames = names; // a mesh came or went: an attach or a stop shows in Detached too
       void this.refreshDetached();
+    }
+  }
+
+  private async _stacks(mesh: string, rank: number | null): Promise<void> {
+    const who = rank === null ? `every rank of ${mesh}` : `rank ${rank} of ${mesh}`;
+    const reply = await this._do({ action: 'stacks', mesh, rank }, `reading the stacks of ${who}…`);
+    if (reply.ok && reply.report) {
+      this._options.showStacks(mesh, rank, reply.report);
     }
   }
 
@@ -161,6 +171,9 @@ export class MeshPanel extends Widget {
           void this._do({ action: 'table', mesh: mesh.name, full: !mesh.expanded },
             mesh.expanded ? `summarising ${mesh.name}…` : `listing every rank of ${mesh.name}…`);
         }, { 'data-action': 'toggle-table', 'aria-pressed': mesh.expanded ? 'true' : 'false' }) : null,
+      button('Stacks', `Every rank's stacks of ${mesh.name}, grouped (py-spy; works while a cell runs)`, () => {
+        void this._stacks(mesh.name, null);
+      }, { 'data-action': 'stacks' }),
       button('Log', `Every rank's recent lines of ${mesh.name}`, () => {
         if (this._connection) {
           this._options.showLog(this._connection, mesh.name, null);
@@ -236,6 +249,9 @@ export class MeshPanel extends Widget {
       dead ? null : button('Debug', `Debug rank ${row.rank}: JupyterLab's debugger switches to it (%mesh debug ${row.rank})`, () => {
         void this._do({ action: 'debug', mesh: mesh.name, rank: row.rank }, `pointing the debugger at rank ${row.rank}…`);
       }, { 'data-action': 'debug', ...(debugging ? { 'aria-pressed': 'true' } : {}) }),
+      dead ? null : button('Stacks', `Rank ${row.rank}'s thread stacks (py-spy)`, () => {
+        void this._stacks(mesh.name, row.rank);
+      }, { 'data-action': 'rank-stacks' }),
       button('Log', `Show rank ${row.rank}'s log`, () => {
         if (this._connection) {
           this._options.showLog(this._connection, mesh.name, row.rank);

@@ -79,6 +79,8 @@ export interface IReply {
   id: number;
   ok: boolean;
   message: string;
+  /** A text to open in a tab of its own (`stacks`: the grouped stacks). */
+  report?: string;
 }
 
 export type KernelMessage = IPanelState | ILogLines | IReply;
@@ -93,7 +95,8 @@ export type Action =
   | 'use'
   | 'spawn'
   | 'log'
-  | 'table';
+  | 'table'
+  | 'stacks';
 
 export interface IRequest {
   action: Action;

@@ -203,8 +203,11 @@ class PanelFeed:
             return
         try:
             message = getattr(self, f"_do_{req.action}")(req)
-            reply = Reply(req.id, True, message or "")
-        except (UsageError, ActorError, TimeoutError, ValueError, RuntimeError) as e:
+            report = ""
+            if isinstance(message, tuple):  # (the sentence, a report for a tab of its own)
+                message, report = message
+            reply = Reply(req.id, True, message or "", report)
+        except (UsageError, ActorError, TimeoutError, ValueError, RuntimeError, IndexError) as e:
             reply = Reply(req.id, False, str(e))
         self._send_to(comm, reply.encode())
         self._last = None
@@ -262,6 +265,17 @@ class PanelFeed:
             return f"no dead ranks in {procs.name}"
         killed = f" ({rank_label(done.killed, brackets=False)} not responding: killed first)" if done.killed else ""
         return f"restarted {rank_label(done.ranks, brackets=False)} of {procs.name} with fresh namespaces{killed}"
+
+    def _do_stacks(self, req: Request) -> tuple[str, str]:
+        """The grouped stacks of the mesh (or of one rank), while a cell may be running: the
+        panel's comm has its own thread, and py-spy reads the ranks from outside."""
+        procs, _consoles = self._procs(req)
+        ranks = [req.rank] if req.rank is not None else req.ranks
+        report = procs.stacks(ranks)
+        odd = report.odd_ranks()
+        return (f"stacks of {procs.name}: {len(report.groups)} group{'s' if len(report.groups) != 1 else ''}"
+                + (f", {rank_label(odd, brackets=False)} differ{'s' if len(odd) == 1 else ''} from the rest"
+                   if odd else ""), repr(report))
 
     def _do_debug(self, req: Request) -> str:
         procs, _consoles = self._procs(req)

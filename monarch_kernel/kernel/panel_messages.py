@@ -14,7 +14,7 @@ PROTOCOL = 1
 
 # What a rank's ``state`` may be, in the panel's words.
 STATES = ("idle", "busy", "debugger", "pdb", "not responding", "dead")
-ACTIONS = ("hello", "refresh", "interrupt", "restart", "debug", "stop", "use", "spawn", "log", "table")
+ACTIONS = ("hello", "refresh", "interrupt", "restart", "debug", "stop", "use", "spawn", "log", "table", "stacks")
 
 
 class MessageError(ValueError):
@@ -131,11 +131,13 @@ class LogLines:
 
 @dataclass
 class Reply:
-    """The answer to one ``Request``: ``ok`` and a sentence to show."""
+    """The answer to one ``Request``: ``ok`` and a sentence to show; ``report``: a text the
+    panel opens in a tab of its own (``stacks``: the grouped stacks)."""
 
     id: int
     ok: bool
     message: str = ""
+    report: str = ""
     type: str = "reply"
 
     def encode(self) -> dict:
