@@ -28,6 +28,7 @@ OPTIONS = {
     "stop": ["[name]"],
     "status": ["--all"],
     "stacks": ["[RANKS]", "--native", "--all-threads", "--runtime-frames"],
+    "watchdog": ["SECONDS|off"],
     "restart": ["--ranks SPEC"],
     "sync": ["[path]"],
     "push": ["name=expr"],

@@ -62,6 +62,11 @@ export function pageOf<T>(rows: T[], page: number, size: number = PAGE_ROWS): { 
 
 /** A rank's state in words: "dead (exit code 3)", "stopped in the debugger". */
 export function stateLabel(row: IRankRow): string {
+  const base = baseStateLabel(row);
+  return row.stack_differs ? `${base} · stack differs` : base;
+}
+
+function baseStateLabel(row: IRankRow): string {
   switch (row.state) {
     case 'dead':
       return row.detail ? `dead (${row.detail})` : 'dead';

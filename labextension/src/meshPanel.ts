@@ -260,7 +260,11 @@ export class MeshPanel extends Widget {
     );
     return h(
       'tr',
-      { class: 'mk-Rank', 'data-rank': row.rank, 'data-state': row.state, title: row.detail },
+      {
+        class: 'mk-Rank', 'data-rank': row.rank, 'data-state': row.state,
+        ...(row.stack_differs ? { 'data-stack-differs': 'true' } : {}),
+        title: row.stack_differs ? `${row.detail} (its stacks differ from the majority's: press Stacks)`.trim() : row.detail
+      },
       h('td', { class: 'mk-Rank-rank' }, String(row.rank)),
       h('td', { class: 'mk-Rank-host' }, row.host),
       h('td', { class: 'mk-Rank-pid' }, row.pid === null ? '' : String(row.pid)),

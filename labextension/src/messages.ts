@@ -24,6 +24,8 @@ export interface IRankRow {
   cpu: number | null;
   rss_mib: number | null;
   last: string;
+  /** The watchdog found this rank's stacks unlike the majority's (while the cell runs). */
+  stack_differs: boolean;
 }
 
 export interface IMeshRow {

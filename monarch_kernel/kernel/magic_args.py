@@ -107,6 +107,12 @@ def _stacks():
     """every rank's thread stacks, taken from outside by py-spy, ranks with the same stacks grouped"""
 
 
+@magic_arguments(name="mesh watchdog")
+@argument("seconds", metavar="SECONDS|off", help="after how long a cell's wait on ranks shows their stacks")
+def _watchdog():
+    """show the grouped stacks once when a cell has waited on ranks that long (off by default)"""
+
+
 @magic_arguments(name="mesh sync")
 @argument("path", nargs="?", help="the folder (default: the kernel's working directory)")
 def _sync():
@@ -171,7 +177,7 @@ def cell_args():
 
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
-            "status": _status, "stacks": _stacks, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
+            "status": _status, "stacks": _stacks, "watchdog": _watchdog, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
             "jobs": _jobs, "kill-job": _kill_job, "run": _run}
 

@@ -171,6 +171,21 @@ class MeshMagics(Magics):
         ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
         return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames)
 
+    def _cmd_watchdog(self, a):
+        if a.seconds == "off":
+            self.session.watchdog.set(None)
+            print("watchdog off")
+            return
+        try:
+            seconds = float(a.seconds)
+        except ValueError:
+            seconds = 0.0
+        if not seconds > 0:
+            raise UsageError(f"%mesh watchdog {a.seconds}: give seconds (a number over 0) or off; "
+                             f"type  %mesh watchdog 60")
+        self.session.watchdog.set(seconds)
+        print(f"watchdog on: a cell that waits on ranks for {seconds:g} s shows their stacks")
+
     def _cmd_restart(self, a):
         procs, _consoles = self.session.get()
         ranks = ranks_arg(a.ranks, len(procs), "--ranks") if a.ranks is not None else None

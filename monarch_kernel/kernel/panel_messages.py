@@ -43,6 +43,7 @@ class RankRow:
     cpu: float | None = None  # percent of one core since the previous update (None: remote or unknown)
     rss_mib: float | None = None
     last: str = ""  # its last output line
+    stack_differs: bool = False  # the watchdog found its stacks unlike the majority's (this cell)
 
     @classmethod
     def decode(cls, data: Any) -> RankRow:

@@ -14,6 +14,7 @@ from ..runtime.process import Runtime
 from .jobs import KernelJobs
 from .output import CollapsingSink
 from .panel import PanelFeed
+from .watchdog import Watchdog
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
                    "monarch_kernel.debug.rank.pdb_rank", "monarch_kernel.debug.rank.rank_debugpy")
@@ -39,7 +40,9 @@ class MeshSession:
         rt.warm(CONSOLE_MODULES)
         self.sink = CollapsingSink(rt.io.loop)
         self._handles = [rt.hooks.output.install(self.sink)]
-        self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell)]
+        self.watchdog = Watchdog(self)  # %mesh watchdog: stacks of ranks a cell has waited on too long
+        self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell),
+                        ("pre_run_cell", self.watchdog.cell_starts), ("post_run_cell", self.watchdog.cell_ends)]
         for event, fn in self._events:
             shell.events.register(event, fn)
         self.pdb = PdbHub(self)
@@ -60,6 +63,8 @@ class MeshSession:
             except ValueError:
                 pass
         self._events = []
+        self.watchdog.set(None)
+        self.watchdog.cell_ends()
         self.panel.close()
         self.pdb.close()
         self.jobs.close()

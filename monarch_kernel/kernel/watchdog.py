@@ -1,0 +1,77 @@
+"""``%mesh watchdog SECONDS``: when a cell has waited on ranks that long, their grouped
+stacks are shown once in the cell's output, and the Mesh panel marks the ranks whose
+stacks differ from the majority (they are the ones to look at).  Off by default.
+
+A timer per cell, on a thread of its own: the cell's thread is blocked in the wait it is
+watching.  It looks only at meshes with calls still pending from this kernel, so a cell
+that computes locally for a long time is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from IPython.display import display
+
+from ..runtime.process import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class Watchdog:
+    def __init__(self, session):
+        self.session = session
+        self.seconds: float | None = None  # None: off
+        self.odd: dict[str, set[int]] = {}  # mesh -> ranks whose stacks differ, while the cell runs
+        self._timer: threading.Timer | None = None
+        self._cell = 0  # which cell the timer watches (a late timer of an ended cell does nothing)
+
+    def set(self, seconds: float | None) -> None:
+        self.seconds = seconds if seconds else None
+
+    def cell_starts(self, *_a) -> None:
+        self._cancel()
+        self._cell += 1
+        self.odd.clear()
+        if self.seconds:
+            self._timer = threading.Timer(self.seconds, self._fire, (self._cell,))
+            self._timer.daemon = True
+            self._timer.name = "mesh-watchdog"
+            self._timer.start()
+
+    def cell_ends(self, *_a) -> None:
+        self._cancel()
+        self._cell += 1
+        if self.odd:
+            self.odd.clear()
+            self.session.panel.changed()
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self, cell: int) -> None:
+        rt = Runtime.current()
+        for name, (procs, _consoles) in list(self.session.meshes.items()):
+            if cell != self._cell:
+                return  # the cell ended meanwhile
+            if not rt.busy_ranks(procs.ref.id):
+                continue
+            try:
+                report = procs.stacks()
+            except Exception as e:  # noqa: BLE001 - a mesh mid-stop: nothing to show
+                log.warning("monarch_kernel: the watchdog could not read the stacks of %s: %s", name, e)
+                continue
+            if cell != self._cell:
+                return
+            self.odd[name] = set(report.odd_ranks())
+            secs = f"{self.seconds:g}"
+
+            def show(report=report, name=name, secs=secs) -> None:
+                print(f"%mesh watchdog: the cell has waited on {name} for {secs} s; its ranks are here:")
+                display(report)
+
+            self.session.run_in_cell(show)
+            self.session.panel.changed()
