@@ -177,7 +177,8 @@ def cell_args():
 
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
-            "status": _status, "stacks": _stacks, "watchdog": _watchdog, "restart": _restart, "sync": _sync, "push": _push, "pull": _pull,
+            "status": _status, "stacks": _stacks, "watchdog": _watchdog, "restart": _restart, "sync": _sync,
+            "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
             "jobs": _jobs, "kill-job": _kill_job, "run": _run}
 
