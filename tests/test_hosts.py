@@ -277,8 +277,9 @@ def test_stacks_of_ranks_on_other_hosts_are_read_by_their_agents(job):
     m.slice(hosts=1).nap.call_one(60)  # one rank busy, the other idle
 
     def napping():
-        r = procs.stacks()
-        return r if any(f.name.endswith("nap") for t in r.stacks[1].threads for f in t.frames) else None
+        r = procs.stacks(method="py-spy")
+        busy = any(f.name.endswith("nap") for t in r.stacks[1].threads for f in t.frames)
+        return r if busy and r.summary()[-1] == "[rank 0] idle: no user code running" else None  # (imports done)
 
     deadline = time.monotonic() + 60
     while (report := napping()) is None and time.monotonic() < deadline:

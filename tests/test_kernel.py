@@ -248,8 +248,10 @@ def test_stacks_groups_the_ranks_and_names_the_one_in_user_code(kc):
     out, reply = run(kc, "%mesh stacks")
     assert reply["status"] == "ok", text(out)
     t = text(out)
-    assert "Stacks of mesh 'procs': 3 ranks in 2 groups" in t and "taken by py-spy: ranks 0-2" in t
+    assert "Stacks of mesh 'procs': 3 ranks in 2 groups" in t and "taken by in-process: ranks 0-2" in t
     assert "[rank 1] stuck_in_load (" in t and "[ranks 0,2] idle: no user code running" in t
+    out, reply = run(kc, "%mesh stacks 1 --py-spy")
+    assert "taken by py-spy: rank 1" in text(out) and "[rank 1] stuck_in_load (" in text(out), text(out)
     out, reply = run(kc, "%mesh stacks 0-5")
     assert reply["ename"] == "UsageError" and "the mesh has ranks 0-2" in reply["evalue"]
 

@@ -27,7 +27,7 @@ OPTIONS = {
     "use": ["name"],
     "stop": ["[name]"],
     "status": ["--all"],
-    "stacks": ["[RANKS]", "--native", "--all-threads", "--runtime-frames"],
+    "stacks": ["[RANKS]", "--native", "--all-threads", "--runtime-frames", "--py-spy"],
     "watchdog": ["SECONDS|off"],
     "restart": ["--ranks SPEC"],
     "sync": ["[path]"],

@@ -251,8 +251,8 @@ def test_the_stacks_button_works_while_a_cell_runs(kc, panel):
 
 def test_the_watchdog_shows_the_stacks_once_and_the_panel_marks_the_odd_rank(kc, panel):
     run(kc, "procs = %mesh spawn -n 3")
-    out, reply = run(kc, "%mesh watchdog 1.5")
-    assert "watchdog on: a cell that waits on ranks for 1.5 s shows their stacks" in text(out)
+    out, reply = run(kc, "%mesh watchdog 3")
+    assert "watchdog on: a cell that waits on ranks for 3 s shows their stacks" in text(out)
     out, reply = run(kc, "%mesh watchdog soon")
     assert reply["ename"] == "UsageError" and "type  %mesh watchdog 60" in reply["evalue"]
     msg_id = kc.execute("%%mesh\nimport time\nfrom monarch_kernel import current_rank\ndef slow_io():\n"
@@ -261,7 +261,7 @@ def test_the_watchdog_shows_the_stacks_once_and_the_panel_marks_the_odd_rank(kc,
     assert [r.stack_differs for r in ranks(state).values()] == [False, True, False]
     panel.request("interrupt", mesh="procs", rank=1)
     got = text(panel.io.wait_idle(msg_id, 30))
-    assert got.count("%mesh watchdog: the cell has waited on procs for 1.5 s") == 1, got
+    assert got.count("%mesh watchdog: the cell has waited on procs for 3 s") == 1, got
     assert "[rank 1] slow_io (" in got and "[ranks 0,2] idle" in got, got
     panel.wait_state("the mark gone with the cell", lambda s: not s.running and not any(
         r.stack_differs for r in ranks(s).values()), timeout=10)

@@ -1,7 +1,7 @@
-"""``procs.stacks()``: every rank's threads, taken from outside by py-spy (run by the rank's
-template), grouped.  The situations are real: ranks blocked in a gloo all_reduce that one
-rank, stuck loading data, never joins; a SIGSTOPped rank; a rank holding the GIL in C
-code; and the rank's own dump when py-spy is off."""
+"""``procs.stacks()``: every rank's threads, grouped; each rank's own dump where it can
+answer, py-spy (run by the rank's template) from outside where it cannot.  The situations
+are real: ranks blocked in a gloo all_reduce that one rank, stuck loading data, never
+joins; a SIGSTOPped rank; a rank holding the GIL in C code."""
 
 from __future__ import annotations
 
@@ -85,7 +85,10 @@ def test_seven_ranks_in_all_reduce_and_the_one_loading_data_stand_apart(eight):
         return r if ok and "load_batch" in _frames(r, 3) else None
 
     report = _until("rank 3 alone in its group, in load_batch", grouped)
-    assert all(s.method == "py-spy" for s in report.stacks), report.methods()
+    assert list(report.methods()) == ["in-process"], report.methods()  # every rank answered itself
+    outside = procs.stacks(method="py-spy")
+    assert list(outside.methods()) == ["py-spy"] and outside.odd_ranks() == [3], outside
+    assert outside.summary() == report.summary()  # the same frames, read both ways
     majority = report.groups[-1]
     assert majority.ranks == [0, 1, 2, 4, 5, 6, 7]
     text = repr(report)
@@ -117,13 +120,20 @@ def test_a_stopped_rank_and_one_holding_the_gil_in_c_code_still_show(eight):
     assert r.stacks[0].method == "py-spy"
 
 
-def test_with_py_spy_off_ranks_dump_their_own_stacks(eight):
-    procs, _, _ = eight
+def test_a_rank_that_cannot_answer_and_may_not_be_read_says_why(eight):
+    procs, _, poke = eight
+    pid = poke.slice(gpus=4).pid.call_one().get(timeout=30)
+    os.kill(pid, signal.SIGSTOP)
     config.set("stacks_py_spy", False)
     try:
-        r = procs.stacks([0, 1], all_threads=True, runtime_frames=True)
+        r = procs.stacks([0, 4], all_threads=True, runtime_frames=True, timeout=3)
     finally:
         config.set("stacks_py_spy", None)
-    for s in r.stacks:
-        assert s.method.startswith("in-process (py-spy: off"), s.method
-        assert any(t.name == "MainThread" for t in s.threads), s
+        os.kill(pid, signal.SIGCONT)
+    ok, stopped = r.stacks
+    assert ok.method == "in-process" and any(t.name == "MainThread" for t in ok.threads), ok
+    assert stopped.method == "none" and "py-spy: off (MONARCH_KERNEL_STACKS_PY_SPY=0)" in stopped.error, stopped
+    assert "did not dump its own stacks within 3 s" in stopped.error
+    assert f"[rank 4] no stack: {stopped.error}" in r.summary()
+    with pytest.raises(ValueError, match="choose one of auto, py-spy, in-process"):
+        procs.stacks(method="gdb")

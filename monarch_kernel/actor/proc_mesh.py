@@ -139,12 +139,14 @@ class ProcMesh(Shaped):
                                    f"'{self.name}' to die")
 
     def stacks(self, ranks=None, *, native: bool = False, all_threads: bool = False, runtime_frames: bool = False,
-               timeout: float | None = None) -> StackReport:
+               method: str = "auto", timeout: float | None = None) -> StackReport:
         """Every thread's stack of ``ranks`` (this mesh's indices; all by default), ranks with
-        the same stacks grouped, the odd ones out first; taken by py-spy from outside each
-        rank (so a rank stuck in C code or stopped shows too), else by the rank itself.
-        ``native``: C frames too; ``all_threads``: also threads running no user code;
-        ``runtime_frames``: keep monarch_kernel's own frames."""
+        the same stacks grouped, the odd ones out first.  ``method``: ``"auto"`` asks each
+        rank for its own dump, and reads those that do not answer (stopped, or in C code
+        holding the GIL) from outside with py-spy; ``"py-spy"`` reads every rank from
+        outside; ``"in-process"`` only asks.  ``native``: C frames too (py-spy);
+        ``all_threads``: also threads running no user code; ``runtime_frames``: keep
+        monarch_kernel's own frames."""
         mine = list(self._shape.ranks)
         if ranks is None:
             chosen = mine
@@ -154,7 +156,7 @@ class ProcMesh(Shaped):
                 raise IndexError(f"ranks {bad} are not in this mesh of {len(mine)} ranks (0-{len(mine) - 1})")
             chosen = [mine[r] for r in ranks]
         return take_stacks(self._ref, chosen, native=native, all_threads=all_threads,
-                           runtime_frames=runtime_frames, timeout=timeout)
+                           runtime_frames=runtime_frames, method=method, timeout=timeout)
 
     def slice(self, **dims) -> ProcMesh:
         pm = ProcMesh(self._ref, self._shape.slice(**dims), self._owned)

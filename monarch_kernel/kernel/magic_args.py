@@ -103,8 +103,10 @@ def _restart():
 @argument("--native", action="store_true", help="C frames too (py-spy --native)")
 @argument("--all-threads", action="store_true", help="also threads that run no user code")
 @argument("--runtime-frames", action="store_true", help="keep monarch_kernel's own frames")
+@argument("--py-spy", action="store_true", help="read every rank from outside (by default only those that "
+          "do not dump their own stacks at once)")
 def _stacks():
-    """every rank's thread stacks, taken from outside by py-spy, ranks with the same stacks grouped"""
+    """every rank's thread stacks, ranks with the same stacks grouped (py-spy reads ranks that cannot answer)"""
 
 
 @magic_arguments(name="mesh watchdog")

@@ -169,7 +169,8 @@ class MeshMagics(Magics):
     def _cmd_stacks(self, a):
         procs, _consoles = self.session.get()
         ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
-        return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames)
+        return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
+                            method="py-spy" if a.py_spy else "auto")
 
     def _cmd_watchdog(self, a):
         if a.seconds == "off":

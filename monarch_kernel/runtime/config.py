@@ -101,8 +101,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
          help_="network namespace (a name under /run/netns, or a path) ranks enter before they start, to "
                "place them on separate simulated hosts"),
     _env("MONARCH_KERNEL_STACKS_PY_SPY", "stacks_py_spy", bool, True, kernel=True,
-         help_="`%mesh stacks` runs py-spy from each rank's template or agent; off: ranks dump their own stacks "
-         "(which a rank holding the GIL cannot)"),
+         help_="`%mesh stacks` may run py-spy (from each rank's template or agent) on ranks that do not dump "
+         "their own stacks in time; off: only the ranks' own dumps"),
     _env("MONARCH_KERNEL_IB_DEVICE", "ib_device", str, None, shown="the first", help_="RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_PORT", "ib_port", int, 1, help_="port of the RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_GID_INDEX", "ib_gid_index", int, 0,
@@ -120,6 +120,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
     _s("stack_dump", 10.0, "runtime/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
        "before its template kills it (`%mesh stacks`)"),
+    _s("stacks_self_wait", 1.0, "actor/stacks.py", "how long `%mesh stacks` waits for ranks to dump their own "
+       "stacks before it sends py-spy to those that did not"),
     _s("stacks_wait", 15.0, "actor/stacks.py", "how long `%mesh stacks` waits for every rank's "
        "stack, py-spy's and the in-process fallback's together"),
     _s("stop_grace", 2.0, "runtime/launcher.py", "how long stopped ranks have to exit before they are killed"),

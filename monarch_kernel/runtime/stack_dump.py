@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import traceback
 
 from .completion import Completion
 from .context import MeshRef
@@ -85,9 +84,14 @@ def threads_now() -> list[dict]:
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     out = []
-    for ident, frame in sys._current_frames().items():
-        frames = [{"name": f.name, "filename": f.filename, "line": f.lineno or 0}
-                  for f in reversed(traceback.extract_stack(frame))]
+    for ident, top in sys._current_frames().items():
+        frames = []
+        frame = top
+        while frame is not None:  # innermost first; qualified names, as py-spy gives them
+            code = frame.f_code
+            frames.append({"name": getattr(code, "co_qualname", code.co_name), "filename": code.co_filename,
+                           "line": frame.f_lineno or 0})
+            frame = frame.f_back
         out.append({"thread_id": ident, "thread_name": names.get(ident, ""), "active": ident == me,
                     "owns_gil": ident == me, "frames": frames})
     return out
