@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import types
 
 from .completion import Completion
 from .context import MeshRef
@@ -83,10 +84,10 @@ def threads_now() -> list[dict]:
     """This process's threads and their stacks, in py-spy's JSON shape."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
-    out = []
+    out: list[dict] = []
     for ident, top in sys._current_frames().items():
         frames = []
-        frame = top
+        frame: types.FrameType | None = top
         while frame is not None:  # innermost first; qualified names, as py-spy gives them
             code = frame.f_code
             frames.append({"name": getattr(code, "co_qualname", code.co_name), "filename": code.co_filename,
