@@ -291,6 +291,8 @@ def test_detached_mesh_survives_a_kernel_restart(kernelspec):
         assert "[ranks 0-1] back" in t and "[rank 0] 0" in t and "[rank 1] 7" in t
         out, reply = run(client, "%mesh status")
         assert "(detached)" in text(out) and "alive" in text(out)
+        out, reply = run(client, "%mesh stacks")  # the ranks' own dumps: this kernel did not spawn them
+        assert "Stacks of mesh 'keepme': 2 ranks in 1 group" in text(out) and "taken by in-process" in text(out)
         out, reply = run(client, "%mesh stop keepme")
         assert reply["status"] == "ok", text(out)
     assert_gone(pids, 10, "%mesh stop left ranks of the detached mesh running")
