@@ -118,6 +118,10 @@ def test_a_stopped_rank_and_one_holding_the_gil_in_c_code_still_show(eight):
     r = _until("rank 6 seen in Poke.spin", lambda: (lambda x: x if "Poke.spin" in _frames(x, 6) else None)(
         procs.stacks([6])))
     assert r.stacks[0].method == "py-spy"
+    native = procs.stacks([6], native=True)  # C frames too: where the spinning rank is in the interpreter
+    assert native.stacks[0].method == "py-spy --native", native
+    names = [f.name for t in native.stacks[0].threads for f in t.frames]
+    assert "Poke.spin" in names and any(n.startswith(("builtin_sum", "_Py", "Py")) for n in names), names
 
 
 def test_a_rank_that_cannot_answer_and_may_not_be_read_says_why(eight):
