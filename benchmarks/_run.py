@@ -26,6 +26,7 @@ JOBS = {
     "panel": ("panel", "w12"),
     "W10": ("training", "w10"),
     "W14stacks": ("stacks", "w14_stacks"),
+    "W14recorder": ("stacks", "w14_recorder"),
 }
 
 

@@ -45,3 +45,37 @@ def w14_stacks() -> dict:
         finally:
             procs.stop().get(timeout=120)
     return {"W14_stacks": out}
+
+
+def w14_recorder() -> dict:
+    """The collectives flight recorder's cost on W10's DDP step: the same script on two warm
+    4-rank meshes, one with torch's recorder off (TORCH_FR_BUFFER_SIZE=0 on its ranks), one
+    with it on (setup's default), runs interleaved A B A B A B; medians of the step times."""
+    from monarch_kernel import this_host
+    from monarch_kernel.spmd import SPMDActor
+
+    from .training import N, SCRIPT, _mesh_run, _step_ms
+
+    tmp = tempfile.mkdtemp(prefix="mk-w14-")
+    script = os.path.join(tmp, "train_ddp.py")
+    with open(script, "w") as f:
+        f.write(SCRIPT)
+    args = ["--steps", "220", "--warmup", "20"]
+    off = this_host().spawn_procs(per_host={"gpus": N}, env={"TORCH_FR_BUFFER_SIZE": "0"})
+    on = this_host().spawn_procs(per_host={"gpus": N})
+    steps: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        actors = {"off": off.spawn("spmd", SPMDActor), "on": on.spawn("spmd", SPMDActor)}
+        meshes = {"off": off, "on": on}
+        for i in range(3):
+            for kind in ("off", "on"):
+                rows, _ = _mesh_run(meshes[kind], actors[kind], script, args, tmp, f"{kind}-{i}")
+                steps[kind].append(_step_ms(rows))
+    finally:
+        off.stop().get(timeout=60)
+        on.stop().get(timeout=60)
+    a, b = statistics.median(steps["off"]), statistics.median(steps["on"])
+    out = {"step_ms_off": round(a, 3), "step_ms_on": round(b, 3), "overhead_pct": round(100 * (b - a) / a, 1),
+           "runs": steps}
+    log(f"W14 recorder: {out}")
+    return {"W14_recorder": out}

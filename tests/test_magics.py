@@ -29,6 +29,7 @@ OPTIONS = {
     "status": ["--all"],
     "stacks": ["[RANKS]", "--native", "--all-threads", "--runtime-frames", "--py-spy"],
     "watchdog": ["SECONDS|off"],
+    "collectives": [],
     "restart": ["--ranks SPEC"],
     "sync": ["[path]"],
     "push": ["name=expr"],

@@ -14,7 +14,7 @@ import pytest
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.actor.stack_report import StackReport
 from monarch_kernel.runtime import config
-from monarch_kernel.spmd import setup_torch_distributed
+from monarch_kernel.spmd import collectives, setup_torch_distributed
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,6 +102,12 @@ def test_seven_ranks_in_all_reduce_and_the_one_loading_data_stand_apart(eight):
     assert "<table>" in report._repr_html_()
     with pytest.raises(IndexError, match="not in this mesh of 8 ranks"):
         procs.stacks([8])
+    # The flight recorder: seven ranks inside all_reduce #1, rank 3 never entered it.
+    fr = collectives(procs)
+    assert fr.holding_up() == [3], fr
+    assert fr.lines()[0].startswith("default_pg: ranks 0-2,4-7 in all_reduce #1 (started "), fr.lines()
+    assert "; rank 3 last finished #0 and is at test_stacks.py:" in fr.lines()[0] and "(load_batch)" in fr.lines()[0]
+    assert "[rank 3] load_batch (" in repr(fr)  # with its stack
 
 
 def test_a_stopped_rank_and_one_holding_the_gil_in_c_code_still_show(eight):
@@ -141,3 +147,39 @@ def test_a_rank_that_cannot_answer_and_may_not_be_read_says_why(eight):
     assert f"[rank 4] no stack: {stopped.error}" in r.summary()
     with pytest.raises(ValueError, match="choose one of auto, py-spy, in-process"):
         procs.stacks(method="gdb")
+
+
+class Recorded(Actor):
+    @endpoint
+    def collectives_recorded_in_python(self) -> dict:
+        import socket
+
+        import torch
+        import torch.distributed as dist
+
+        from monarch_kernel.spmd.rank import flight
+
+        flight.python_recorder()  # as on a torch without its own recorder
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        try:
+            dist.all_reduce(torch.ones(3))
+            dist.broadcast(torch.ones(2, dtype=torch.int64), 0)
+            return flight.snapshot()
+        finally:
+            dist.destroy_process_group()
+
+
+def test_a_torch_without_its_recorder_is_recorded_in_python():
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        snap = procs.spawn("rec", Recorded).collectives_recorded_in_python.call_one().get(timeout=120)
+    finally:
+        procs.stop().get(timeout=30)
+    assert snap["recorder"] == "python"
+    g = snap["groups"]["default_pg"]
+    assert (g["last_enqueued"], g["last_completed"]) == (2, 2)
+    assert [(e["op"], e["sizes"], e["dtype"]) for e in g["entries"]] == [("all_reduce", [[3]], "float32"),
+                                                                          ("broadcast", [[2]], "int64")]

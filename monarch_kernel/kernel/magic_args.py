@@ -109,6 +109,11 @@ def _stacks():
     """every rank's thread stacks, ranks with the same stacks grouped (py-spy reads ranks that cannot answer)"""
 
 
+@magic_arguments(name="mesh collectives")
+def _collectives():
+    """where each rank is in its process groups' collectives, and which ranks hold the others up"""
+
+
 @magic_arguments(name="mesh watchdog")
 @argument("seconds", metavar="SECONDS|off", help="after how long a cell's wait on ranks shows their stacks")
 def _watchdog():
@@ -179,7 +184,8 @@ def cell_args():
 
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
-            "status": _status, "stacks": _stacks, "watchdog": _watchdog, "restart": _restart, "sync": _sync,
+            "status": _status, "stacks": _stacks, "collectives": _collectives, "watchdog": _watchdog,
+            "restart": _restart, "sync": _sync,
             "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
             "jobs": _jobs, "kill-job": _kill_job, "run": _run}

@@ -172,6 +172,12 @@ class MeshMagics(Magics):
         return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
                             method="py-spy" if a.py_spy else "auto")
 
+    def _cmd_collectives(self, _a):
+        from ..spmd.controller.collectives import collectives
+
+        procs, _consoles = self.session.get()
+        return collectives(procs)
+
     def _cmd_watchdog(self, a):
         if a.seconds == "off":
             self.session.watchdog.set(None)

@@ -15,6 +15,8 @@ import threading
 from IPython.display import display
 
 from ..runtime.process import Runtime
+from ..spmd.controller.collectives import collectives
+from ..spmd.controller.env import has_record
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +70,25 @@ class Watchdog:
                 return
             self.odd[name] = set(report.odd_ranks())
             secs = f"{self.seconds:g}"
+            flight = _collectives(procs)
 
-            def show(report=report, name=name, secs=secs) -> None:
+            def show(report=report, name=name, secs=secs, flight=flight) -> None:
                 print(f"%mesh watchdog: the cell has waited on {name} for {secs} s; its ranks are here:")
+                if flight:
+                    print("\n".join(flight))
                 display(report)
 
             self.session.run_in_cell(show)
             self.session.panel.changed()
+
+
+def _collectives(procs) -> list[str]:
+    """The flight recorder's lines when some ranks wait inside a collective (else none)."""
+    if not has_record(procs):
+        return []
+    try:
+        report = collectives(procs, stacks=False)
+    except Exception as e:  # noqa: BLE001 - the stacks still show
+        log.warning("monarch_kernel: the watchdog could not read the collectives of %s: %s", procs.name, e)
+        return []
+    return [f"  {line}" for line in report.lines()] if report.holding_up() else []

@@ -11,6 +11,8 @@ only this package sets torchrun's variables.  This module only re-exports; impor
 imports no torch and starts nothing.
 """
 
+from .controller.collectives import CollectivesReport as CollectivesReport
+from .controller.collectives import collectives as collectives
 from .controller.distributed import DeviceMeshHandle as DeviceMeshHandle
 from .controller.distributed import device_mesh as device_mesh
 from .controller.distributed import setup_torch_distributed as setup_torch_distributed
@@ -24,6 +26,6 @@ from .rank.group import current_device_mesh as current_device_mesh
 from .rank.script import ScriptExit as ScriptExit
 from .rank.script import run_script as run_script
 
-__all__ = ["DeviceMeshHandle", "LossPlot", "PeerCheckpoint", "RankEnv", "SPMDActor", "ScriptExit",
-           "current_device_mesh", "device_mesh", "run_script", "setup_torch_distributed", "setup_torch_elastic_env",
-           "setup_torch_elastic_env_async"]
+__all__ = ["CollectivesReport", "DeviceMeshHandle", "LossPlot", "PeerCheckpoint", "RankEnv", "SPMDActor", "ScriptExit",
+           "collectives", "current_device_mesh", "device_mesh", "run_script", "setup_torch_distributed",
+           "setup_torch_elastic_env", "setup_torch_elastic_env_async"]

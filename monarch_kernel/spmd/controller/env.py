@@ -39,6 +39,12 @@ _records: dict[tuple, MeshRecord] = {}
 _records_lock = threading.Lock()
 
 
+def has_record(procs) -> bool:
+    """Whether torchrun's variables were set up on ``procs`` (so its ranks may be in collectives)."""
+    with _records_lock:
+        return (procs.ref.id, tuple(procs.shape.ranks)) in _records
+
+
 def record(procs) -> MeshRecord:
     """The mesh's record, its ``ElasticEnvActor`` spawned (again, if a rank was replaced)."""
     ref = procs.ref

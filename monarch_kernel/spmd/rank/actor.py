@@ -16,7 +16,7 @@ from ...actor.actor import Actor, context, current_rank
 from ...actor.endpoint import endpoint
 from ...runtime import config
 from ..layout import RankEnv, elastic_layout, layout_from_point
-from . import group
+from . import flight, group
 from .script import run_script
 
 
@@ -58,6 +58,7 @@ class SPMDActor(Actor):
         # Every variable torchrun would set, from this package alone: a rank's environment
         # from its start holds none of them (the runtime knows nothing of torch).
         os.environ.update(env.variables(master_addr, master_port))
+        flight.enable(os.environ)  # torch's collectives recorder, for the groups made from here on
         self.master = (str(master_addr), int(master_port))
         if env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
             # torchrun's default for several ranks per host; torch reads it at import.
@@ -114,6 +115,11 @@ class SPMDActor(Actor):
     @endpoint
     def init_device_mesh(self, device_type: str, shape: tuple, names: tuple) -> tuple:
         return group.build_device_mesh(device_type, shape, names)
+
+    @endpoint
+    def collectives(self, last: int = 4) -> dict:
+        """This rank's recent collectives per group (``%mesh collectives``)."""
+        return flight.snapshot(last)
 
     @endpoint
     def abort(self, reason: str = "") -> bool:
