@@ -54,7 +54,7 @@ def w14_recorder() -> dict:
     from monarch_kernel import this_host
     from monarch_kernel.spmd import SPMDActor
 
-    from .training import N, SCRIPT, _mesh_run, _step_ms
+    from .training import SCRIPT, N, _mesh_run, _step_ms
 
     tmp = tempfile.mkdtemp(prefix="mk-w14-")
     script = os.path.join(tmp, "train_ddp.py")

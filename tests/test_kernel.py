@@ -256,6 +256,17 @@ def test_stacks_groups_the_ranks_and_names_the_one_in_user_code(kc):
     assert reply["ename"] == "UsageError" and "the mesh has ranks 0-2" in reply["evalue"]
 
 
+def test_a_profiled_cell_shows_the_report_and_saves_one_trace(kc, tmp_path):
+    run(kc, "procs = %mesh spawn -n 2")
+    run(kc, f"import os; os.chdir({str(tmp_path)!r})")
+    out, reply = run(kc, "%%mesh --profile\nimport torch\nfor _ in range(20):\n    torch.mm(torch.randn(64, 64), "
+                         "torch.randn(64, 64))")
+    assert reply["status"] == "ok", text(out)
+    t = text(out)
+    assert "Profile of mesh 'procs': 2 ranks; trace: " in t and "aten::mm" in t, t
+    assert len(list(tmp_path.glob("monarch-profile-procs-*.json"))) == 1
+
+
 def test_long_cell_shows_progress(kc):
     run(kc, "procs = %mesh spawn -n 2")
     msg_id = kc.execute("%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"

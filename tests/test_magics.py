@@ -40,7 +40,7 @@ OPTIONS = {
     "debug": ["R", "--listen", "--host H", "off"],
     "pdb": ["attach R", "cast RANKS CMD", "continue", "--post-mortem on|off"],
 }
-CELL_OPTIONS = ["--ranks SPEC", "--timeout S", "--no-stream", "--group-outputs rank|order"]
+CELL_OPTIONS = ["--ranks SPEC", "--timeout S", "--no-stream", "--group-outputs rank|order", "--profile"]
 
 
 def usage_line(command: str) -> str:
@@ -124,7 +124,8 @@ def test_arguments_parse_to_their_values():
     assert _parse(COMMANDS["debug"], "1 --listen --host 0.0.0.0").words == ["1", "--listen", "--host", "0.0.0.0"]
     assert _parse(COMMANDS["pdb"], "cast 0-1 p x").words == ["cast", "0-1", "p", "x"]
     cell = _parse(magic_args.cell_args, "")
-    assert vars(cell) == {"ranks": None, "timeout": None, "no_stream": False, "group_outputs": "order"}
+    assert vars(cell) == {"ranks": None, "timeout": None, "no_stream": False, "group_outputs": "order",
+                          "profile": False}
     cell = _parse(magic_args.cell_args, "--ranks ::2 --timeout 2.5 --no-stream --group-outputs rank")
     assert (cell.ranks, cell.timeout, cell.no_stream, cell.group_outputs) == ("::2", 2.5, True, "rank")
 

@@ -299,7 +299,8 @@ class ProcMesh(Shaped):
         return f"ProcMesh<'{self.name}' {self.extent!r} {state}>"
 
 
-_SPMD_FUNCTIONS = ("setup_torch_distributed", "device_mesh", "setup_torch_elastic_env", "collectives")
+_SPMD_FUNCTIONS = ("setup_torch_distributed", "device_mesh", "setup_torch_elastic_env", "collectives",
+                   "profile")
 
 
 def _spawn_options(cls) -> SpawnInfo | None:

@@ -179,6 +179,8 @@ def _run():
 @argument("--timeout", type=float, metavar="S")
 @argument("--no-stream", action="store_true", help="hold the output until the cell ends")
 @argument("--group-outputs", choices=["rank", "order"], default="order", metavar="rank|order")
+@argument("--profile", action="store_true", help="torch.profiler on every rank for the cell: top ops, slowest "
+          "ranks, steps, and one merged trace file")
 def cell_args():
     """run the cell on the ranks"""
 

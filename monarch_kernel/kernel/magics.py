@@ -44,6 +44,8 @@ class MeshMagics(Magics):
             args = parse(cell_args, line)
             if args.group_outputs == "rank" and not args.no_stream:
                 raise UsageError("--group-outputs rank needs the whole output first: add --no-stream")
+            if args.profile:
+                return self._profiled(cell, args, line)
             return run_on_mesh(self.session, cell, args.ranks, args.timeout, stream=not args.no_stream,
                                by_rank=args.group_outputs == "rank", line=line)
         cmd, _, rest = line.strip().partition(" ")
@@ -59,6 +61,18 @@ class MeshMagics(Magics):
         if cmd in ("debug", "pdb", "run"):  # their own grammar (the script's arguments are its own)
             return getattr(self, f"_cmd_{cmd}")(words)
         return getattr(self, f"_cmd_{cmd.replace('-', '_')}")(parse(parser, rest))
+
+    def _profiled(self, cell: str, args, line: str):
+        """``%%mesh --profile``: the cell under torch.profiler on every rank, then the report."""
+        from ..spmd.controller.profile import profile
+
+        procs, _consoles = self.session.get()
+        prof = profile(procs)
+        with prof:
+            value = run_on_mesh(self.session, cell, args.ranks, args.timeout, stream=not args.no_stream,
+                                by_rank=args.group_outputs == "rank", line=line)
+        display(prof.report)
+        return value
 
     # ------------------------------------------------------------ subcommands
 

@@ -19,6 +19,8 @@ from .controller.distributed import setup_torch_distributed as setup_torch_distr
 from .controller.env import setup_torch_elastic_env as setup_torch_elastic_env
 from .controller.env import setup_torch_elastic_env_async as setup_torch_elastic_env_async
 from .controller.plot import LossPlot as LossPlot
+from .controller.profile import profile as profile
+from .controller.profile_report import ProfileReport as ProfileReport
 from .layout import RankEnv as RankEnv
 from .rank.actor import SPMDActor as SPMDActor
 from .rank.checkpoint import PeerCheckpoint as PeerCheckpoint
@@ -26,6 +28,6 @@ from .rank.group import current_device_mesh as current_device_mesh
 from .rank.script import ScriptExit as ScriptExit
 from .rank.script import run_script as run_script
 
-__all__ = ["CollectivesReport", "DeviceMeshHandle", "LossPlot", "PeerCheckpoint", "RankEnv", "SPMDActor", "ScriptExit",
-           "collectives", "current_device_mesh", "device_mesh", "run_script", "setup_torch_distributed",
-           "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
+__all__ = ["CollectivesReport", "DeviceMeshHandle", "LossPlot", "PeerCheckpoint", "ProfileReport", "RankEnv",
+           "SPMDActor", "ScriptExit", "collectives", "current_device_mesh", "device_mesh", "profile", "run_script",
+           "setup_torch_distributed", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]

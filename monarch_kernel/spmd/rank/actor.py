@@ -16,7 +16,7 @@ from ...actor.actor import Actor, context, current_rank
 from ...actor.endpoint import endpoint
 from ...runtime import config
 from ..layout import RankEnv, elastic_layout, layout_from_point
-from . import flight, group
+from . import flight, group, profiler
 from .script import run_script
 
 
@@ -120,6 +120,18 @@ class SPMDActor(Actor):
     def collectives(self, last: int = 4) -> dict:
         """This rank's recent collectives per group (``%mesh collectives``)."""
         return flight.snapshot(last)
+
+    @endpoint
+    def profile_start(self, cuda: bool | None = None) -> bool:
+        return profiler.start(cuda)
+
+    @endpoint
+    def profile_stop(self) -> dict:
+        return profiler.stop()
+
+    @endpoint
+    def clock(self) -> int:
+        return profiler.clock()
 
     @endpoint
     def abort(self, reason: str = "") -> bool:
