@@ -271,7 +271,7 @@ def test_a_dead_remote_rank_restarts_on_its_own_host(job, ssh_hosts):
     assert new != old and new in ssh_hosts.pids(ssh_hosts.hosts[1])  # a fresh process, on the same host
 
 
-def test_stacks_of_ranks_on_other_hosts_are_read_by_their_agents(job):
+def test_stacks_and_usage_of_ranks_on_other_hosts_are_read_by_their_agents(job):
     procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
     m = procs.spawn("where", Where)
     m.slice(hosts=1).nap.call_one(60)  # one rank busy, the other idle
@@ -289,6 +289,14 @@ def test_stacks_of_ranks_on_other_hosts_are_read_by_their_agents(job):
     assert [s.host for s in report.stacks] == list(procs.ref.hosts)
     assert report.summary()[0].startswith("[rank 1] Where.nap (test_hosts.py:")
     assert report.summary()[1] == "[rank 0] idle: no user code running"  # a tie: the idle group goes last
+    # %mesh top's and the panel's samples: each host's agent reads its ranks' /proc.
+    from monarch_kernel.kernel.metrics import RankMetrics
+
+    metrics = RankMetrics()
+    metrics.sample(procs)
+    second = metrics.sample(procs)
+    assert all(p.rss_mib and p.rss_mib > 10 for p in second.values()), second
+    assert all(p.cpu is not None for p in second.values()), second
 
 
 def test_an_agent_that_never_connects_fails_the_start_in_time(ssh_hosts, tmp_path):

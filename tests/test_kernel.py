@@ -267,6 +267,24 @@ def test_a_profiled_cell_shows_the_report_and_saves_one_trace(kc, tmp_path):
     assert len(list(tmp_path.glob("monarch-profile-procs-*.json"))) == 1
 
 
+def test_top_refreshes_a_table_of_every_ranks_cpu_and_memory(kc):
+    run(kc, "procs = %mesh spawn -n 2")
+    kc.execute("%%mesh --ranks 1\nimport threading\ndef burn():\n    while True:\n        pass\n"
+               "threading.Thread(target=burn, daemon=True).start()")
+    out, reply = run(kc, "%mesh top --count 3 --interval 0.5")
+    assert reply["status"] == "ok", text(out)
+    updates = [m.content["data"]["text/plain"] for m in iopub(kc).messages if m.msg_type == "update_display_data"]
+    assert len(updates) >= 2, "the table refreshes in place"
+    table = updates[-1].splitlines()
+    assert table[0].split()[:4] == ["rank", "host", "CPU", "%"], table
+    rows = {int(line.split()[0]): line for line in table[1:] if line.strip()[:1].isdigit()}
+    assert sorted(rows) == [0, 1], table
+    cpu1 = float(rows[1].split()[2])
+    assert cpu1 > 30, rows[1]  # the rank spinning a thread (one core of two, on a busy machine)
+    out, reply = run(kc, "%mesh top --interval 0")
+    assert reply["ename"] == "UsageError" and "type  %mesh top --interval 1" in reply["evalue"]
+
+
 def test_long_cell_shows_progress(kc):
     run(kc, "procs = %mesh spawn -n 2")
     msg_id = kc.execute("%%mesh\nimport time\nfrom monarch_kernel import current_rank\n"

@@ -30,6 +30,7 @@ OPTIONS = {
     "stacks": ["[RANKS]", "--native", "--all-threads", "--runtime-frames", "--py-spy"],
     "watchdog": ["SECONDS|off"],
     "collectives": [],
+    "top": ["--interval S", "--count N"],
     "restart": ["--ranks SPEC"],
     "sync": ["[path]"],
     "push": ["name=expr"],

@@ -22,6 +22,7 @@ from monarch_kernel.kernel.panel_messages import (
     LogLines,
     MeshRow,
     MessageError,
+    Metrics,
     PanelState,
     RankRow,
     Reply,
@@ -48,6 +49,10 @@ def test_every_panel_message_round_trips():
     assert Request.decode(req.encode()) == req
     table = Request("table", id=5, mesh="big", full=False)
     assert Request.decode(table.encode()) == table
+    series = Metrics("procs", {"0": {"cpu": [None, 12.5], "rss_mib": [80.1, 80.2]}})
+    assert Metrics.decode(series.encode()) == series
+    stacks = Reply(6, True, "stacks of procs: 1 group", "Stacks of mesh 'procs': 4 ranks in 1 group")
+    assert Reply.decode(stacks.encode()) == stacks
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -266,6 +271,19 @@ def test_the_watchdog_shows_the_stacks_once_and_the_panel_marks_the_odd_rank(kc,
     panel.wait_state("the mark gone with the cell", lambda s: not s.running and not any(
         r.stack_differs for r in ranks(s).values()), timeout=10)
     run(kc, "%mesh watchdog off")
+
+
+def test_the_panel_polls_metrics_and_gets_each_ranks_history(kc, panel):
+    run(kc, "procs = %mesh spawn -n 2")
+    before = len(panel.messages())
+    for _ in range(3):
+        panel.send("metrics", mesh="procs")
+    got = panel.io.wait("three metrics answers", lambda: (lambda m: m if len(m) >= 3 else None)(
+        [d for d in panel.messages()[before:] if d.get("type") == "metrics"]), 30)
+    last = Metrics.decode(got[-1])
+    assert last.mesh == "procs" and sorted(last.ranks) == ["0", "1"]
+    assert len(last.ranks["0"]["cpu"]) == 3 and last.ranks["0"]["cpu"][0] is None  # no rate from one sample
+    assert all(isinstance(v, float) and v > 10 for v in last.ranks["1"]["rss_mib"]), last.ranks["1"]
 
 
 def test_the_panels_restart_kills_and_replaces_a_rank_that_stopped_responding(kc, panel):

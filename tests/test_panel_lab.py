@@ -130,6 +130,12 @@ def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path)
         nb.run_cell(0)
         expect(page.locator(MESH.format("procs") + " .mk-Rank")).to_have_count(4, timeout=10_000)
         expect(page.locator(".mk-Status")).to_have_text("procs: 4 ranks", timeout=10_000)
+        # The sparklines: the panel samples each rank once a second while it shows.
+        spark = page.locator(RANK.format("procs", 0) + " .mk-Rank-spark .mk-Spark-rss")
+        expect(spark).to_have_count(1, timeout=15_000)
+        page.wait_for_function("sel => (document.querySelector(sel)?.getAttribute('points') || '').split(' ')"
+                               ".length >= 2", arg=RANK.format("procs", 0) + " .mk-Rank-spark .mk-Spark-rss",
+                               timeout=15_000)
         shot(page, "1-four-ranks")
 
     with nb.step("os._exit on rank 2: dead within 2 s; restart: alive, and every rank answers"):
@@ -149,7 +155,7 @@ def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path)
         page.locator(MESH.format("procs") + " [data-action='stacks']").click()  # while the cell runs
         stacks = page.locator(".mk-Stacks-text").first
         expect(stacks).to_contain_text("Stacks of mesh 'procs': 4 ranks", timeout=30_000)
-        expect(stacks).to_contain_text("taken by py-spy")
+        expect(stacks).to_contain_text("[ranks 0-3] <module> (")  # the cell, on every rank
         shot(page, "stacks-while-a-cell-runs")
         # Close the tab: the notebook is the active widget again (the debugger follows it).
         page.locator(".lm-TabBar-tab:has-text('Stacks: procs') .lm-TabBar-tabCloseIcon").click()

@@ -10,6 +10,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import {
   COMM_TARGET,
   ILogLines,
+  IMetrics,
   IPanelState,
   IReply,
   IRequest,
@@ -67,6 +68,15 @@ export class MeshConnection {
       });
       comm.send({ type: 'request', ...req, id } as any);
     });
+  }
+
+  /** Sample a mesh's ranks now; their history arrives on `metricsReceived`. */
+  requestMetrics(mesh: string): void {
+    this._comm?.send({ type: 'request', action: 'metrics', mesh } as any);
+  }
+
+  get metricsReceived(): ISignal<this, IMetrics> {
+    return this._metricsReceived;
   }
 
   /** Ask for a mesh's log lines after `since`; they arrive on `logReceived`. */
@@ -128,6 +138,8 @@ export class MeshConnection {
       this._stateChanged.emit(msg);
     } else if (msg.type === 'log') {
       this._logReceived.emit(msg);
+    } else if (msg.type === 'metrics') {
+      this._metricsReceived.emit(msg);
     } else if (msg.type === 'reply') {
       const done = this._pending.get(msg.id);
       this._pending.delete(msg.id);
@@ -153,4 +165,5 @@ export class MeshConnection {
   private _pending = new Map<number, (reply: IReply) => void>();
   private _stateChanged = new Signal<this, IPanelState | null>(this);
   private _logReceived = new Signal<this, ILogLines>(this);
+  private _metricsReceived = new Signal<this, IMetrics>(this);
 }

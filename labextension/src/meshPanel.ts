@@ -21,7 +21,7 @@ import {
   pageOf,
   stateLabel
 } from './format';
-import { IDetachedMesh, IMeshRow, IPanelState, IRankRow, IReply, IRequest } from './messages';
+import { IDetachedMesh, IMeshRow, IMetrics, IPanelState, IRankRow, IReply, IRequest } from './messages';
 
 export interface IMeshPanelOptions {
   /** Open the log tab of `mesh`, filtered to `rank` (null: every rank). */
@@ -30,6 +30,33 @@ export interface IMeshPanelOptions {
   newMesh: (connection: MeshConnection) => void;
   /** Open (or refresh) the tab holding a stacks report of `mesh` (one rank's, or every rank's). */
   showStacks: (mesh: string, rank: number | null, report: string) => void;
+}
+
+const METRICS_POLL_MS = 1000;
+const SVG = 'http://www.w3.org/2000/svg';
+
+/** Two small lines: CPU % on a 0-100 scale, RSS scaled to its own maximum. */
+function sparklines(cpu: (number | null)[], rss: (number | null)[]): SVGElement {
+  const width = 80;
+  const height = 16;
+  const svg = document.createElementNS(SVG, 'svg');
+  svg.setAttribute('width', String(width));
+  svg.setAttribute('height', String(height));
+  svg.setAttribute('class', 'mk-Spark');
+  const line = (values: (number | null)[], top: number, cls: string) => {
+    const n = values.length;
+    const pts = values
+      .map((v, i) => (v === null ? null : `${((i / Math.max(1, n - 1)) * width).toFixed(1)},${(height - 1 - (Math.min(v, top) / (top || 1)) * (height - 2)).toFixed(1)}`))
+      .filter((p): p is string => p !== null);
+    const el = document.createElementNS(SVG, 'polyline');
+    el.setAttribute('points', pts.join(' '));
+    el.setAttribute('class', cls);
+    svg.appendChild(el);
+  };
+  line(cpu, 100, 'mk-Spark-cpu');
+  const known = rss.filter((v): v is number => v !== null);
+  line(rss, known.length ? Math.max(...known) : 1, 'mk-Spark-rss');
+  return svg;
 }
 
 export class MeshPanel extends Widget {
@@ -57,8 +84,11 @@ export class MeshPanel extends Widget {
       return;
     }
     this._connection?.stateChanged.disconnect(this._onState, this);
+    this._connection?.metricsReceived.disconnect(this._onMetrics, this);
     this._connection = connection;
+    this._metrics.clear();
     connection?.stateChanged.connect(this._onState, this);
+    connection?.metricsReceived.connect(this._onMetrics, this);
     this._say('');
     this._render();
     void this.refreshDetached();
@@ -78,6 +108,45 @@ export class MeshPanel extends Widget {
   dispose(): void {
     this._connection?.stateChanged.disconnect(this._onState, this);
     super.dispose();
+  }
+
+  /** While the panel shows: sample every mesh's ranks once a second (the sparklines). */
+  protected onAfterShow(): void {
+    this._poll();
+  }
+
+  protected onBeforeHide(): void {
+    if (this._timer !== null) {
+      window.clearTimeout(this._timer);
+      this._timer = null;
+    }
+  }
+
+  private _poll(): void {
+    if (this._timer !== null) {
+      window.clearTimeout(this._timer);
+    }
+    this._timer = null;
+    if (!this.isVisible || this.isDisposed) {
+      return;
+    }
+    for (const m of this._connection?.state?.meshes ?? []) {
+      if (!m.stopped && m.rows.length > 0) {
+        this._connection?.requestMetrics(m.name);
+      }
+    }
+    this._timer = window.setTimeout(() => this._poll(), METRICS_POLL_MS);
+  }
+
+  private _onMetrics(_: MeshConnection, metrics: IMetrics): void {
+    this._metrics.set(metrics.mesh, metrics);
+    for (const [rank, series] of Object.entries(metrics.ranks)) {
+      const cell = this._body.querySelector(
+        `.mk-Mesh[data-mesh="${CSS.escape(metrics.mesh)}"] .mk-Rank[data-rank="${rank}"] .mk-Rank-spark`);
+      if (cell) {
+        cell.replaceChildren(sparklines(series.cpu, series.rss_mib));
+      }
+    }
   }
 
   private _onState(_: MeshConnection, state: IPanelState | null): void {
@@ -183,7 +252,7 @@ export class MeshPanel extends Widget {
         void this._do({ action: 'stop', mesh: mesh.name }, `stopping ${mesh.name}…`);
       }, { 'data-action': 'stop' })
     );
-    const head = h('tr', {}, ...['rank', 'host', 'pid', 'state', 'CPU', 'RSS', 'last line', ''].map(c => h('th', {}, c)));
+    const head = h('tr', {}, ...['rank', 'host', 'pid', 'state', 'CPU', 'RSS', 'history', 'last line', ''].map(c => h('th', {}, c)));
     const page = pageOf(mesh.rows, this._pages.get(mesh.name) ?? 0);
     const rows = page.rows.map(r => this._rank(mesh, r, state));
     const note = mesh.summary
@@ -271,6 +340,8 @@ export class MeshPanel extends Widget {
       h('td', { class: 'mk-Rank-state' }, stateLabel(row)),
       h('td', { class: 'mk-Rank-cpu' }, formatCpu(row.cpu)),
       h('td', { class: 'mk-Rank-rss' }, formatRss(row.rss_mib)),
+      h('td', { class: 'mk-Rank-spark', title: 'CPU % (blue) and RSS (orange) over the last minutes' },
+        ...this._spark(mesh.name, row.rank)),
       h('td', { class: 'mk-Rank-last', title: row.last }, row.last),
       actions
     );
@@ -319,7 +390,14 @@ export class MeshPanel extends Widget {
     );
   }
 
+  private _spark(mesh: string, rank: number): SVGElement[] {
+    const series = this._metrics.get(mesh)?.ranks[String(rank)];
+    return series ? [sparklines(series.cpu, series.rss_mib)] : [];
+  }
+
   private _options: IMeshPanelOptions;
+  private _metrics = new Map<string, IMetrics>(); // mesh -> its last samples
+  private _timer: number | null = null;
   private _connection: MeshConnection | null = null;
   private _header: HTMLElement;
   private _message: HTMLElement;

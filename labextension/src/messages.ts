@@ -76,6 +76,13 @@ export interface ILogLines {
   since: number;
 }
 
+/** A mesh's samples per rank, oldest first (the sparklines); keys are ranks as strings. */
+export interface IMetrics {
+  type: 'metrics';
+  mesh: string;
+  ranks: Record<string, { cpu: (number | null)[]; rss_mib: (number | null)[] }>;
+}
+
 export interface IReply {
   type: 'reply';
   id: number;
@@ -85,7 +92,7 @@ export interface IReply {
   report?: string;
 }
 
-export type KernelMessage = IPanelState | ILogLines | IReply;
+export type KernelMessage = IPanelState | ILogLines | IReply | IMetrics;
 
 export type Action =
   | 'hello'
@@ -98,7 +105,8 @@ export type Action =
   | 'spawn'
   | 'log'
   | 'table'
-  | 'stacks';
+  | 'stacks'
+  | 'metrics';
 
 export interface IRequest {
   action: Action;

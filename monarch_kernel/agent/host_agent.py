@@ -18,7 +18,7 @@ import time
 
 from ..runtime import agent_wire as wire
 from ..runtime import config as settings
-from ..runtime import diagnostics
+from ..runtime import diagnostics, proc_stats
 from ..runtime import host_wire as hw
 from ..runtime.io_thread import IOThread
 from ..runtime.launch import LaunchConfig
@@ -53,6 +53,8 @@ class HostAgent:
         self._handlers = {hw.Fork: lambda m: self._fork(m.tag, m.config),
                           hw.Reserve: lambda m: self._say(hw.Ports(m.tag, self._reserve(m.n))),
                           hw.Kill: self._kill, hw.Stacks: self._stacks,
+                          hw.Usage: lambda m: self._say(hw.Usages(m.tag, proc_stats.usages(
+                              [p for p in m.pids if p in self.pids]).items)),
                           hw.Bye: lambda m: self.shutdown("the controller ended the job")}
 
     # ------------------------------------------------------------ on the IO thread

@@ -109,6 +109,13 @@ def _stacks():
     """every rank's thread stacks, ranks with the same stacks grouped (py-spy reads ranks that cannot answer)"""
 
 
+@magic_arguments(name="mesh top")
+@argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
+@argument("--count", type=int, default=0, metavar="N", help="stop after N refreshes (default: until interrupted)")
+def _top():
+    """each rank's CPU and memory, with sparklines, refreshing in the cell until interrupted"""
+
+
 @magic_arguments(name="mesh collectives")
 def _collectives():
     """where each rank is in its process groups' collectives, and which ranks hold the others up"""
@@ -186,7 +193,7 @@ def cell_args():
 
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
-            "status": _status, "stacks": _stacks, "collectives": _collectives, "watchdog": _watchdog,
+            "status": _status, "stacks": _stacks, "top": _top, "collectives": _collectives, "watchdog": _watchdog,
             "restart": _restart, "sync": _sync,
             "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,

@@ -22,6 +22,7 @@ from ..runtime import config
 from . import detached, status
 from .magic_args import COMMANDS, USAGE, cell_args, parse
 from .mesh_cell import ranks_arg, run_on_mesh
+from .metrics import top_table
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
 
@@ -185,6 +186,29 @@ class MeshMagics(Magics):
         ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
         return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
                             method="py-spy" if a.py_spy else "auto")
+
+    def _cmd_top(self, a):
+        if a.interval <= 0 or a.count < 0:
+            raise UsageError("%mesh top: --interval is seconds over 0 and --count a number of refreshes; "
+                             "type  %mesh top --interval 1")
+        procs, _consoles = self.session.get()
+        hosts = {r: str(h or "") for r, h in zip(procs.shape.ranks, procs.ref.hosts, strict=False)}
+        handle = None
+        n = 0
+        try:
+            while True:
+                self.session.metrics.sample(procs)
+                table = top_table(self.session.metrics, procs, hosts)
+                if handle is None:
+                    handle = display({"text/plain": table}, raw=True, display_id=True)
+                else:
+                    handle.update({"text/plain": table}, raw=True)
+                n += 1
+                if a.count and n >= a.count:
+                    return None
+                time.sleep(a.interval)
+        except KeyboardInterrupt:
+            return None  # the stop button ends it
 
     def _cmd_collectives(self, _a):
         from ..spmd.controller.collectives import collectives

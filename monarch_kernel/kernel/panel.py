@@ -32,7 +32,7 @@ from ..runtime import config
 from ..runtime.diagnostics import PROCESS_STDERR
 from ..runtime.process import Runtime
 from . import panel_detached
-from .panel_messages import COMM_TARGET, LogLines, MessageError, PanelState, Reply, Request
+from .panel_messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
 from .panel_view import PanelView, RankLog
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 TICK_S = config.seconds("panel_tick")
 MIN_GAP_S = config.seconds("panel_min_gap")
 COALESCE_S = config.seconds("panel_coalesce")
+METRIC_POINTS = 120  # samples per rank the panel's sparklines show (2 minutes at its poll of one a second)
 
 
 class PanelFeed:
@@ -197,6 +198,9 @@ class PanelFeed:
         if req.action == "log":
             self._send_to(comm, LogLines(req.mesh, self.log.lines(req.mesh, req.since), req.since).encode())
             return
+        if req.action == "metrics":  # a panel showing sparklines polls: sample now, answer with the history
+            self._send_to(comm, self._metrics(req).encode())
+            return
         if req.action in ("hello", "refresh"):
             self._last = None
             self._publish(comm, self.state().encode())
@@ -276,6 +280,16 @@ class PanelFeed:
         return (f"stacks of {procs.name}: {len(report.groups)} group{'s' if len(report.groups) != 1 else ''}"
                 + (f", {rank_label(odd, brackets=False)} differ{'s' if len(odd) == 1 else ''} from the rest"
                    if odd else ""), repr(report))
+
+    def _metrics(self, req: Request) -> Metrics:
+        try:
+            procs, _consoles = self._procs(req)
+        except UsageError:
+            return Metrics(req.mesh, {})
+        self.session.metrics.sample(procs)
+        series = {str(r): {"cpu": [p.cpu for p in pts], "rss_mib": [p.rss_mib for p in pts]}
+                  for r in procs.shape.ranks for pts in [self.session.metrics.series(procs.name, r)[-METRIC_POINTS:]]}
+        return Metrics(procs.name, series)
 
     def _do_debug(self, req: Request) -> str:
         procs, _consoles = self._procs(req)

@@ -14,7 +14,8 @@ PROTOCOL = 1
 
 # What a rank's ``state`` may be, in the panel's words.
 STATES = ("idle", "busy", "debugger", "pdb", "not responding", "dead")
-ACTIONS = ("hello", "refresh", "interrupt", "restart", "debug", "stop", "use", "spawn", "log", "table", "stacks")
+ACTIONS = ("hello", "refresh", "interrupt", "restart", "debug", "stop", "use", "spawn", "log", "table", "stacks",
+           "metrics")
 
 
 class MessageError(ValueError):
@@ -127,6 +128,23 @@ class LogLines:
 
     @classmethod
     def decode(cls, data: Any) -> LogLines:
+        return cls(**_check(cls, data))
+
+
+@dataclass
+class Metrics:
+    """A mesh's samples per rank, oldest first (the panel's sparklines): ``ranks`` maps a rank
+    (as a string: JSON keys) to ``{"cpu": [percent or None, ...], "rss_mib": [...]}``."""
+
+    mesh: str
+    ranks: dict[str, dict[str, list]]
+    type: str = "metrics"
+
+    def encode(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def decode(cls, data: Any) -> Metrics:
         return cls(**_check(cls, data))
 
 

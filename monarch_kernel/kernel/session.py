@@ -12,6 +12,7 @@ from ..console.console import Console
 from ..debug.controller.pdb_controller import PdbHub
 from ..runtime.process import Runtime
 from .jobs import KernelJobs
+from .metrics import RankMetrics
 from .output import CollapsingSink
 from .panel import PanelFeed
 from .watchdog import Watchdog
@@ -40,6 +41,7 @@ class MeshSession:
         rt.warm(CONSOLE_MODULES)
         self.sink = CollapsingSink(rt.io.loop)
         self._handles = [rt.hooks.output.install(self.sink)]
+        self.metrics = RankMetrics()  # CPU and memory per rank, sampled while %mesh top or a panel watches
         self.watchdog = Watchdog(self)  # %mesh watchdog: stacks of ranks a cell has waited on too long
         self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell),
                         ("pre_run_cell", self.watchdog.cell_starts), ("post_run_cell", self.watchdog.cell_ends)]

@@ -47,7 +47,9 @@ class AgentLink:
             hw.Output: self._output, hw.Hello: lambda m: self.events.hello(m.pid, m.hello),
             hw.Beats: lambda m: self.events.beats(m.pids), hw.Ports: self._ports, hw.Forked: self._forked,
             hw.ForkFailed: self._fork_failed, hw.Exit: lambda m: self.events.exited(m.pid, m.status),
-            hw.Beat: lambda m: None, hw.StackDump: lambda m: self._dumps.arrived(m)}
+            hw.Beat: lambda m: None, hw.StackDump: lambda m: self._dumps.arrived(m),
+            hw.Usages: lambda m: (self._usage.pop(m.tag, lambda _m: None))(m)}
+        self._usage: dict[int, Callable] = {}  # tag -> who hears the Usages, IO thread
         self._dumps = PendingDumps()  # IO thread
 
     @property
@@ -103,6 +105,14 @@ class AgentLink:
             why = f"the agent on {self.host} is gone" + (f": {self.why_gone}" if self.why_gone else "")
             for pid in pids:
                 on_dump(hw.StackDump(tag, pid, -1, b"", why.encode()))
+
+    def usage(self, pids: list[int], on_usages: Callable[[hw.Usages], None]) -> None:
+        """On the IO thread: CPU ticks and memory of ranks there (their agent reads /proc)."""
+        tag = self._tag()
+        self._usage[tag] = on_usages
+        if not self._send(hw.Usage(tag, list(pids))):
+            del self._usage[tag]
+            on_usages(hw.Usages(tag, []))
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         self._send(hw.Kill(pid, int(sig)))

@@ -120,6 +120,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
     _s("stack_dump", 10.0, "runtime/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
        "before its template kills it (`%mesh stacks`)"),
+    _s("collectives_ask", 5.0, "spmd/controller/collectives.py", "how long `%mesh collectives` waits for each rank "
+       "to say where it is in its collectives (one in C code holding the GIL cannot)"),
     _s("stacks_self_wait", 1.0, "actor/stacks.py", "how long `%mesh stacks` waits for ranks to dump their own "
        "stacks before it sends py-spy to those that did not"),
     _s("stacks_wait", 15.0, "actor/stacks.py", "how long `%mesh stacks` waits for every rank's "

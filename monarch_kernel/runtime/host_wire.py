@@ -116,6 +116,15 @@ class Stacks(Message):
 
 
 @dataclass(frozen=True)
+class Usage(Message):
+    """(agents) CPU ticks and resident memory of each of ``pids``; answered by ``Usages``."""
+
+    OP = "usage"
+    tag: int
+    pids: list[int]
+
+
+@dataclass(frozen=True)
 class Bye(Message):
     """(agents) End every rank and exit (``job.kill()``)."""
 
@@ -207,6 +216,15 @@ class StackDump(Message):
 
 
 @dataclass(frozen=True)
+class Usages(Message):
+    """``[pid, CPU ticks, resident bytes]`` each (-1, -1: the process is gone)."""
+
+    OP = "usages"
+    tag: int
+    items: list[tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
 class Exit(Message):
     """A rank was reaped; ``status`` as ``os.waitpid`` gives it."""
 
@@ -239,8 +257,8 @@ class RankHello(Message):
 
 
 OPS: dict[str, type[Message]] = {cls.OP: cls for cls in (
-    Fork, Kill, Reserve, Stacks, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats, StackDump, Exit, Beat,
-    RankHello)}
+    Fork, Kill, Reserve, Stacks, Usage, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats, StackDump,
+    Usages, Exit, Beat, RankHello)}
 
 
 def decode(data: bytes) -> Message:

@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass, field
 
 from ...actor.ranks import rank_label
+from ...runtime import config
 from .env import record
 
-ASK_S = 5.0  # how long a rank has to say where it is (one stuck holding the GIL cannot)
+ASK_S = config.seconds("collectives_ask")
 
 
 @dataclass

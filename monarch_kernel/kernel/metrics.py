@@ -1,0 +1,93 @@
+"""Each rank's CPU % and resident memory over the last minutes, for ``%mesh top`` and the Mesh
+panel's sparklines.  Sampled only when asked (``%mesh top`` refreshing, a panel polling), so
+an idle kernel sends nothing; ranks on other hosts are read by their host's agent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from ..runtime import proc_stats
+from ..runtime.process import Runtime
+
+HISTORY = 300  # samples kept per rank (5 minutes at one a second)
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class Point:
+    at: float
+    cpu: float | None  # percent of one core since the previous sample
+    rss_mib: float | None
+
+
+class RankMetrics:
+    """The samples of every rank of the session's meshes, by (mesh, rank)."""
+
+    def __init__(self):
+        self.history: dict[tuple[str, int], deque[Point]] = {}
+        self._last: dict[tuple[str, int], tuple[int, float, int]] = {}  # key -> (ticks, when, pid)
+
+    def sample(self, procs, timeout: float = 5.0) -> dict[int, Point]:
+        """One sample of each rank of ``procs`` (a mesh this kernel spawned; others are blank)."""
+        rt = Runtime.current()
+        om = rt.meshes.get(procs.ref.id)
+        ranks = list(procs.shape.ranks)
+        now = time.monotonic()
+        got: dict = {}
+        if om is not None:
+            done = proc_stats.sample(rt, om, ranks)
+            if done.wait(timeout) and done.error() is None:
+                got = done.result()
+        out = {}
+        for r in ranks:
+            key = (procs.name, r)
+            pid = om.pids[r] if om is not None else None
+            u = got.get(r)
+            cpu = rss = None
+            if u is not None and pid is not None:
+                ticks, rss_bytes = u
+                rss = round(rss_bytes / (1 << 20), 1)
+                before = self._last.get(key)
+                if before is not None and before[2] == pid and now > before[1]:
+                    cpu = round(100.0 * (ticks - before[0]) / _CLK_TCK / (now - before[1]), 1)
+                self._last[key] = (ticks, now, pid)
+            p = Point(now, cpu, rss)
+            self.history.setdefault(key, deque(maxlen=HISTORY)).append(p)
+            out[r] = p
+        return out
+
+    def series(self, mesh: str, rank: int) -> list[Point]:
+        return list(self.history.get((mesh, rank), ()))
+
+    def forget(self, mesh: str) -> None:
+        for key in [k for k in self.history if k[0] == mesh]:
+            self.history.pop(key, None)
+            self._last.pop(key, None)
+
+
+def sparkline(values: list[float | None], top: float | None = None, width: int = 30) -> str:
+    """``▁▃▇█``: the last ``width`` values scaled to ``top`` (their maximum by default)."""
+    vals = [v for v in values[-width:]]
+    known = [v for v in vals if v is not None]
+    high = top if top else (max(known) if known else 0)
+    if not high:
+        return "".join(" " if v is None else SPARK[0] for v in vals)
+    return "".join(" " if v is None else SPARK[min(len(SPARK) - 1, int(len(SPARK) * v / high))] for v in vals)
+
+
+def top_table(metrics: RankMetrics, procs, hosts: dict[int, str]) -> str:
+    """``%mesh top``'s table: rank, host, CPU %, RSS and their sparklines."""
+    lines = [f"{'rank':>4}  {'host':12} {'CPU %':>6}  {'CPU (last samples)':30}  {'RSS MiB':>8}  RSS"]
+    for r in procs.shape.ranks:
+        s = metrics.series(procs.name, r)
+        last = s[-1] if s else Point(0, None, None)
+        cpu = "" if last.cpu is None else f"{last.cpu:.0f}"
+        rss = "" if last.rss_mib is None else f"{last.rss_mib:.0f}"
+        lines.append(f"{r:>4}  {hosts.get(r, '')[:12]:12} {cpu:>6}  {sparkline([p.cpu for p in s], 100):30}  "
+                     f"{rss:>8}  {sparkline([p.rss_mib for p in s], width=20)}")
+    return "\n".join(lines)
