@@ -50,7 +50,8 @@ def w14_stacks() -> dict:
 def w14_recorder() -> dict:
     """The collectives flight recorder's cost on W10's DDP step: the same script on two warm
     4-rank meshes, one with torch's recorder off (TORCH_FR_BUFFER_SIZE=0 on its ranks), one
-    with it on (setup's default), runs interleaved A B A B A B; medians of the step times."""
+    with it on (setup's default), runs interleaved; and the profiler's cost: the same run
+    inside ``spmd.profile`` on the second mesh.  Medians of the step times."""
     from monarch_kernel import this_host
     from monarch_kernel.spmd import SPMDActor
 
@@ -63,19 +64,25 @@ def w14_recorder() -> dict:
     args = ["--steps", "220", "--warmup", "20"]
     off = this_host().spawn_procs(per_host={"gpus": N}, env={"TORCH_FR_BUFFER_SIZE": "0"})
     on = this_host().spawn_procs(per_host={"gpus": N})
-    steps: dict[str, list[float]] = {"off": [], "on": []}
+    steps: dict[str, list[float]] = {"off": [], "on": [], "profiled": []}
     try:
         actors = {"off": off.spawn("spmd", SPMDActor), "on": on.spawn("spmd", SPMDActor)}
         meshes = {"off": off, "on": on}
+        from monarch_kernel.spmd import profile
+
         for i in range(3):
             for kind in ("off", "on"):
                 rows, _ = _mesh_run(meshes[kind], actors[kind], script, args, tmp, f"{kind}-{i}")
                 steps[kind].append(_step_ms(rows))
+            with profile(on, os.path.join(tmp, f"trace-{i}.json")):  # torch.profiler on every rank
+                rows, _ = _mesh_run(on, actors["on"], script, args, tmp, f"profiled-{i}")
+            steps["profiled"].append(_step_ms(rows))
     finally:
         off.stop().get(timeout=60)
         on.stop().get(timeout=60)
     a, b = statistics.median(steps["off"]), statistics.median(steps["on"])
+    c = statistics.median(steps["profiled"])
     out = {"step_ms_off": round(a, 3), "step_ms_on": round(b, 3), "overhead_pct": round(100 * (b - a) / a, 1),
-           "runs": steps}
+           "step_ms_profiled": round(c, 3), "profiler_overhead_pct": round(100 * (c - b) / b, 1), "runs": steps}
     log(f"W14 recorder: {out}")
     return {"W14_recorder": out}
