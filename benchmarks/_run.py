@@ -25,6 +25,8 @@ JOBS = {
     "W1slurm": ("slurm", "w1_slurm"),
     "panel": ("panel", "w12"),
     "W10": ("training", "w10"),
+    "W13c": ("tensor_collectives", "w13_collectives"),
+    "W13c16": ("tensor_collectives", "w13_collectives_16"),
 }
 
 

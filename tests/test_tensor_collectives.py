@@ -41,7 +41,7 @@ class CollectiveProbe(Actor):
 
         me = current_rank().rank
         self.coll = Collectives(dims, ranks, me, address)
-        self.gloo = Collectives(dims, ranks, me, address, transfer="gloo")
+        self.forced = {m: Collectives(dims, ranks, me, address, transfer=m) for m in ("direct", "gloo")}
         return self.coll.point
 
     @endpoint
@@ -71,12 +71,15 @@ class CollectiveProbe(Actor):
         return self.coll.submesh(dims, ranks).reduce(shard(me, torch.float32), None, "sum", stream="side")
 
     @endpoint
-    def transfer(self, pairs: list, nbytes: int, gloo: bool):
+    def transfer(self, pairs: list, nbytes: int, mode: str):
         me = current_rank().rank
         t = torch.arange(nbytes // 4, dtype=torch.float32) + 1000 * me
-        coll = self.gloo if gloo else self.coll
-        got = coll.transfer(t if any(s == me for s, _ in pairs) else None, pairs, like=t)
+        got = self.forced[mode].transfer(t if any(s == me for s, _ in pairs) else None, pairs, like=t)
         return None if got is None else (got[:3].tolist(), got[-1].item(), got.shape[0])
+
+    @endpoint
+    def paths(self, peer: int) -> list:
+        return [self.coll.transfer_path(peer), self.forced["gloo"].transfer_path(peer)]
 
     @endpoint
     def bad(self, case: str):
@@ -117,8 +120,9 @@ def expected(parts: list, reduction: str):
 
 
 def test_every_reduction_over_one_dim_the_other_and_both(mesh):
+    bitwise, other = (torch.int64, torch.int8), (torch.float32, torch.int32)
     cases = [(dims, red, False, dtype) for dims in DIM_SETS for red in REDUCTIONS
-             for dtype in ((torch.int64, torch.int8) if red in ("band", "bor", "bxor") else (torch.float32, torch.int32))
+             for dtype in (bitwise if red in ("band", "bor", "bxor") else other)
              if not (red == "stack" and dims is None)]
     cases.append((("a", "b"), "sum", False, torch.float64))
     got = mesh.reduce.call(cases).get(timeout=90)
@@ -169,15 +173,19 @@ def test_a_slice_reduces_over_its_own_ranks(mesh):
     assert all(torch.equal(v, want) for v in got.values())
 
 
-@pytest.mark.parametrize("gloo", [False, True], ids=["direct", "gloo"])
-def test_tensors_move_between_slices(mesh, gloo):
+@pytest.mark.parametrize("mode", ["direct", "gloo"])
+def test_tensors_move_between_slices(mesh, mode):
     n = 4 << 20
     # a=0 -> a=1, rank for rank (a pipeline stage's activations)
-    got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(0, 2), (1, 3)], n, gloo).get(timeout=60).items()}
+    got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(0, 2), (1, 3)], n, mode).get(timeout=60).items()}
     assert got[0] is None and got[1] is None
     for dst, src in ((2, 0), (3, 1)):
         assert got[dst] == ([1000.0 * src, 1000.0 * src + 1, 1000.0 * src + 2], 1000.0 * src + n // 4 - 1, n // 4)
     # both ways at once, and one source to several destinations
-    got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(0, 2), (2, 0), (2, 1), (3, 3)], 64, gloo)
+    got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(0, 2), (2, 0), (2, 1), (3, 3)], 64, mode)
            .get(timeout=60).items()}
     assert [got[r][0][0] for r in range(4)] == [2000.0, 2000.0, 0.0, 3000.0]
+
+
+def test_ranks_of_one_host_copy_tensors_directly(mesh):
+    assert mesh.slice(a=1, b=0).paths.call_one(0).get(timeout=30) == ["direct", "gloo"]

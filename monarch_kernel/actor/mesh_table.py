@@ -66,6 +66,9 @@ def _text(title: str, head: list[str], body: list[list[str]]) -> str:
 def _html(title: str, head: list[str], body: list[list[str]], row_headers: bool) -> str:
     cap = f"<caption>{html.escape(title)}</caption>" if title else ""
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    trs = "".join("<tr>" + "".join(f"<th>{html.escape(v)}</th>" if row_headers and i == 0 else f"<td>{html.escape(v)}</td>"
-                                   for i, v in enumerate(row)) + "</tr>" for row in body)
+    def cells(row: list[str]) -> str:
+        return "".join(f"<th>{html.escape(v)}</th>" if row_headers and i == 0 else f"<td>{html.escape(v)}</td>"
+                       for i, v in enumerate(row))
+
+    trs = "".join(f"<tr>{cells(row)}</tr>" for row in body)
     return f"<table>{cap}<thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import reductions
+from . import buffers, reductions
 from .groups import Groups, StoreAddress, backend_for
 from .transfer import Transfers
 
@@ -130,7 +130,7 @@ class Collectives:
                 else:
                     result = reductions.combine(_all_to_all(pg, src), reduction)
             elif op is not None:
-                result = src if inplace or src is not local else src.clone()  # src: already a copy
+                result = src if inplace or src is not local else _copy(src)  # src: already a copy
                 if pg is not None:
                     pg.allreduce([result], op).wait()
             else:
@@ -151,9 +151,14 @@ class Collectives:
         ``like`` (a tensor, real, fake or meta, of the shape and dtype it receives) and gets
         the tensor back; a rank that only sends gets None.  A source may send to several
         destinations; a destination receives once.  CPU tensors between ranks of one host
-        are copied straight out of the source's memory (``direct``), else over gloo; CUDA
-        tensors over nccl."""
+        are copied straight out of the source's memory (``direct``), others go over gloo;
+        CUDA tensors over nccl (``transfer_path`` says which)."""
         return self._transfers.run(local, [(int(s), int(d)) for s, d in pairs], like, stream)
+
+    def transfer_path(self, peer: int) -> str:
+        """How CPU tensors move between this rank and ``peer``: ``"direct"`` (one copy, on
+        one host) or ``"gloo"``."""
+        return "direct" if self._transfers.direct_with(int(peer)) else "gloo"
 
     def close(self) -> None:
         """Drop the groups of this store, in this process: what waits on one fails."""
@@ -198,10 +203,14 @@ def _as_bytes(t: Any) -> Any:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _all_gather(pg, src: Any, n: int) -> Any:
-    import torch
+def _copy(src: Any) -> Any:
+    out = buffers.empty(src.shape, src.dtype, src.device)
+    out.copy_(src)
+    return out
 
-    out = torch.empty((n, *src.shape), dtype=src.dtype, device=src.device)
+
+def _all_gather(pg, src: Any, n: int) -> Any:
+    out = buffers.empty((n, *src.shape), src.dtype, src.device)
     if pg is None:
         out[0].copy_(src)
     else:
@@ -210,9 +219,7 @@ def _all_gather(pg, src: Any, n: int) -> Any:
 
 
 def _all_to_all(pg, src: Any) -> Any:
-    import torch
-
-    out = torch.empty_like(src, memory_format=torch.contiguous_format)
+    out = buffers.empty(src.shape, src.dtype, src.device)
     if pg is None:
         out.copy_(src)
     else:
@@ -221,10 +228,9 @@ def _all_to_all(pg, src: Any) -> Any:
 
 
 def _reduce_scatter(pg, src: Any, op) -> Any:
-    import torch
     import torch.distributed as dist
 
-    out = torch.empty(src.shape[1:], dtype=src.dtype, device=src.device)
+    out = buffers.empty(src.shape[1:], src.dtype, src.device)
     opts = dist.ReduceScatterOptions()
     opts.reduceOp = op
     pg._reduce_scatter_base(out.reshape(-1), src.reshape(-1), opts).wait()

@@ -46,7 +46,7 @@ class StoreServer:
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=config.collective_timeout())
-        self._store = dist.TCPStore(host, 0, is_master=True,
+        self._store: Any = dist.TCPStore(host, 0, is_master=True,
                                     wait_for_workers=False, timeout=timeout)
         self.address = StoreAddress(host, int(self._store.port), prefix or secrets.token_hex(4))
 
@@ -101,7 +101,7 @@ class Groups:
 
         store = dist.PrefixStore(self.key("group", backend, stream, ",".join(map(str, members))), self.store)
         if backend == "gloo":
-            opts = dist.ProcessGroupGloo._Options()
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._timeout = self.timeout
             host = "127.0.0.1" if self.address.host in LOOPBACK else (config.bind_address() or "")
             device = (dist.ProcessGroupGloo.create_device(hostname=host) if host
