@@ -69,6 +69,7 @@ class Groups:
         self.store = dist.TCPStore(address.host, address.port, is_master=False, wait_for_workers=False,
                                    timeout=self.timeout)
         self._groups: dict[tuple, Any] = {}
+        self._making: dict[tuple, threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -88,13 +89,25 @@ class Groups:
         ``stream``, made on first use; ``me`` is this process's rank, one of ``members``."""
         k = (backend, stream, members)
         with self._lock:
-            if self._closed:
-                raise RuntimeError("these collectives were closed (the mesh was deactivated or a rank "
-                                   "failed); activate the mesh again for new ones")
+            self._check_open()
             pg = self._groups.get(k)
+            if pg is not None:
+                return pg
+            making = self._making.setdefault(k, threading.Lock())
+        with making:  # one group at a time per key; others (other streams) are made meanwhile
+            with self._lock:
+                self._check_open()
+                pg = self._groups.get(k)
             if pg is None:
-                pg = self._groups[k] = self._make(members, members.index(me), backend, stream)
+                pg = self._make(members, members.index(me), backend, stream)
+                with self._lock:
+                    self._groups[k] = pg
             return pg
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("these collectives were closed (the mesh was deactivated or a rank "
+                               "failed); activate the mesh again for new ones")
 
     def _make(self, members: tuple[int, ...], index: int, backend: str, stream: str):
         import torch.distributed as dist
