@@ -66,6 +66,25 @@ class CollectiveProbe(Actor):
         return [same, t, same_y, y]
 
     @endpoint
+    def on_two_streams(self, rounds: int) -> list:
+        """Two threads at once, each on a stream of its own (groups of their own)."""
+        import threading
+
+        me = current_rank().rank
+        got: dict = {}
+
+        def run(stream: str, dims: str) -> None:
+            got[stream] = [self.coll.reduce(shard(me, torch.float32) * i, dims, "sum", stream=stream)
+                           for i in range(1, rounds + 1)]
+
+        threads = [threading.Thread(target=run, args=args) for args in (("x", "a"), ("y", "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return [got["x"], got["y"]]
+
+    @endpoint
     def view_of_slice(self, dims: dict, ranks: list):
         me = current_rank().rank
         return self.coll.submesh(dims, ranks).reduce(shard(me, torch.float32), None, "sum", stream="side")
@@ -165,6 +184,15 @@ def test_reduce_in_place_writes_into_the_tensor(mesh):
         assert torch.equal(t, expected([shard(m, torch.float32) for m in members(rank, ("a",))], "max"))
         rows = {m: torch.stack([shard(m, torch.int64)[0], shard(m + 4, torch.int64)[0]]) for m in range(4)}
         assert torch.equal(y, torch.stack([rows[m][point["b"]] for m in members(rank, ("b",))]))
+
+
+def test_streams_reduce_at_once(mesh):
+    got = mesh.on_two_streams.call(3).get(timeout=60)
+    for point, (over_a, over_b) in got.items():
+        rank = point["a"] * 2 + point["b"]
+        for i, (ra, rb) in enumerate(zip(over_a, over_b, strict=True), 1):
+            assert torch.equal(ra, expected([shard(m, torch.float32) * i for m in members(rank, ("a",))], "sum"))
+            assert torch.equal(rb, expected([shard(m, torch.float32) * i for m in members(rank, ("b",))], "sum"))
 
 
 def test_a_slice_reduces_over_its_own_ranks(mesh):

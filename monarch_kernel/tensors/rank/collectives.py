@@ -5,7 +5,10 @@ It knows the activated mesh's dims, the proc-mesh rank at each of its points, an
 process's rank; it never sees the executor or the controller.  Groups per set of dims are
 made by their members at first use (``groups.py``), so nothing here depends on torch's
 default group or on torchrun's variables.  A call is collective over its group: every
-member must make it, in the same order as the others (the controller's order of ops).
+member must make it, in the same order as the others (the controller's order of ops), or
+on another ``stream`` (a name: each stream has groups of its own, so two threads may
+reduce at once).  A collective that fails (a peer died) leaves its group unusable: close
+these collectives and make new ones over a store address with a fresh prefix.
 
     coll = Collectives({"hosts": 2, "gpus": 2}, ranks=[0, 1, 2, 3], rank=me, store=address)
     total = coll.reduce(t, "gpus", "sum")            # all_reduce over gpus
