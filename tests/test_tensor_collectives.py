@@ -101,6 +101,19 @@ class CollectiveProbe(Actor):
         return [self.coll.transfer_path(peer), self.forced["gloo"].transfer_path(peer)]
 
     @endpoint
+    def on_cuda(self) -> list:
+        """nccl: a native sum and a gathered band over b (one GPU per b), and a transfer
+        between ranks on different GPUs; results back on the CPU."""
+        me = current_rank().rank
+        torch.cuda.set_device(me % 2)
+        dev = torch.device("cuda", me % 2)
+        out = [self.coll.reduce(shard(me, dt).to(dev), "b", red).cpu()
+               for red, dt in (("sum", torch.float32), ("band", torch.int64))]
+        t = shard(me, torch.float32).to(dev)
+        got = self.coll.transfer(t if me == 0 else None, [(0, 3)], like=t) if me in (0, 3) else None
+        return [*out, None if got is None else got.cpu()]
+
+    @endpoint
     def bad(self, case: str):
         me = current_rank().rank
         if case == "stack over two dims":
@@ -217,3 +230,15 @@ def test_tensors_move_between_slices(mesh, mode):
 
 def test_ranks_of_one_host_copy_tensors_directly(mesh):
     assert mesh.slice(a=1, b=0).paths.call_one(0).get(timeout=30) == ["direct", "gloo"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="needs 2 CUDA GPUs (nccl gives each rank of a group its own GPU); there are none here")
+def test_nccl_on_cuda_tensors(mesh):
+    got = mesh.on_cuda.call().get(timeout=120)
+    for point, (total, band, moved) in got.items():
+        rank = point["a"] * 2 + point["b"]
+        group = members(rank, ("b",))
+        assert torch.equal(total, expected([shard(m, torch.float32) for m in group], "sum"))
+        assert torch.equal(band, expected([shard(m, torch.int64) for m in group], "band"))
+        assert (moved is None) == (rank != 3) and (rank != 3 or torch.equal(moved, shard(0, torch.float32)))
