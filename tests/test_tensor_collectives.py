@@ -226,6 +226,9 @@ def test_tensors_move_between_slices(mesh, mode):
     got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(0, 2), (2, 0), (2, 1), (3, 3)], 64, mode)
            .get(timeout=60).items()}
     assert [got[r][0][0] for r in range(4)] == [2000.0, 2000.0, 0.0, 3000.0]
+    # a rank that keeps its own tensor and sends it on too
+    got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(1, 1), (1, 3)], 64, mode).get(timeout=60).items()}
+    assert got[0] is None and got[2] is None and got[1][0][0] == got[3][0][0] == 1000.0
 
 
 def test_ranks_of_one_host_copy_tensors_directly(mesh):

@@ -78,8 +78,11 @@ class Transfers:
             raise TypeError(f"rank {me} sends in {pairs}, so it needs its tensor, not {type(local).__name__}")
         if source is not None and source != me and like is None:
             raise TypeError(f"rank {me} receives in {pairs}: pass like= (a tensor of the shape and dtype it gets)")
+        mine = local.clone(memory_format=torch.contiguous_format) if source == me else None
         if source == me:
-            return local.clone(memory_format=torch.contiguous_format)
+            source = None  # what this rank keeps is copied; it may still send to others
+        if not sends and source is None:
+            return mine
         data: Any = local.contiguous() if sends else None
         out: Any = None
         if source is not None:
@@ -90,7 +93,7 @@ class Transfers:
             self._nccl(pairs, data, out, stream)
         else:
             self._gloo(sends, source, data, out, stream)
-        return out
+        return mine if mine is not None else out
 
     def _pair(self, peer: int, backend: str, stream: str):
         members = (min(self._rank, peer), max(self._rank, peer))
