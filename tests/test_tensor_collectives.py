@@ -58,8 +58,9 @@ class CollectiveProbe(Actor):
     @endpoint
     def in_place(self) -> list:
         me = current_rank().rank
-        t = shard(me, torch.float32)
+        t = shard(me, torch.float32).requires_grad_()  # a parameter's values reduce too
         same = self.coll.reduce_(t, "a", "max") is t
+        t = t.detach()
         x = torch.stack([shard(me, torch.int64)[0], shard(me + 4, torch.int64)[0]])
         y = x.t().contiguous().t()  # not contiguous: the result still lands in it
         same_y = self.coll.reduce_(y, "b", "stack", scatter=True) is y

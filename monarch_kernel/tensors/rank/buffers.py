@@ -6,7 +6,9 @@ gives them back on free, so each such result faults all its pages in again: for 
 sum on a loaded 2-core machine that doubled the time of the reduction itself.  Here a
 result's memory comes from a few anonymous mappings kept warm: once the last tensor (or
 view) over one is gone, the mapping is free for the next result.  Bounded (``POOL_BYTES``);
-smaller results, and CUDA ones, use torch's allocators.  Nothing runs at import.
+smaller results, and CUDA ones, use torch's allocators.  Such a tensor's storage cannot be
+resized (``resize_`` to a larger size raises); everything else is an ordinary CPU tensor.
+Nothing runs at import.
 """
 
 from __future__ import annotations

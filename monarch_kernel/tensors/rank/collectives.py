@@ -24,6 +24,7 @@ from typing import Any
 
 from . import buffers, reductions
 from .groups import Groups, StoreAddress, backend_for
+from .links import Links
 from .transfer import Transfers
 
 
@@ -122,7 +123,8 @@ class Collectives:
         reductions.check(reduction, scatter, inplace, len(self._dims_arg(dims)), local, n)
         backend = backend_for(local.device.type)
         pg = self._groups.group(members, self._rank, backend, stream) if n > 1 else None
-        src = local.contiguous()
+        plain = local.detach()  # values only: a reduction is no autograd op
+        src = plain.contiguous()  # plain itself when it is contiguous
         if reduction == "stack":
             result = _all_to_all(pg, src) if scatter else _all_gather(pg, src, n)
         else:
@@ -133,14 +135,14 @@ class Collectives:
                 else:
                     result = reductions.combine(_all_to_all(pg, src), reduction)
             elif op is not None:
-                result = src if inplace or src is not local else _copy(src)  # src: already a copy
+                result = src if inplace or src is not plain else _copy(src)  # src: already a copy
                 if pg is not None:
                     pg.allreduce([result], op).wait()
             else:
                 result = reductions.combine(_all_gather(pg, src, n), reduction)
         if inplace:
-            if result is not local:
-                local.copy_(result)
+            if result is not plain:
+                plain.copy_(result)
             return local
         return result
 
@@ -164,7 +166,8 @@ class Collectives:
         return "direct" if self._transfers.direct_with(int(peer)) else "gloo"
 
     def close(self) -> None:
-        """Drop the groups of this store, in this process: what waits on one fails."""
+        """Drop the groups and links of this store, in this process: what waits on one fails."""
+        Links.close_for(self._store)
         self._groups.close()
 
     # ------------------------------------------------------------ helpers

@@ -85,6 +85,15 @@ class Links:
             s.settimeout(config.collective_timeout())
             self._early.setdefault(_peer_pid(s), []).append(s)
 
+    @classmethod
+    def close_for(cls, address) -> None:
+        """Close this process's links over the store at ``address``."""
+        with cls._shared_lock:
+            gone = [k for k in cls._shared if k[0] == address]
+            links = [cls._shared.pop(k) for k in gone]
+        for link in links:
+            link.close()
+
     def close(self) -> None:
         with self._lock:
             for s in [*self._links.values(), *(x for xs in self._early.values() for x in xs)]:
