@@ -27,6 +27,8 @@ JOBS = {
     "W10": ("training", "w10"),
     "W14stacks": ("stacks", "w14_stacks"),
     "W14recorder": ("stacks", "w14_recorder"),
+    "W13c": ("tensor_collectives", "w13_collectives"),
+    "W13c16": ("tensor_collectives", "w13_collectives_16"),
 }
 
 

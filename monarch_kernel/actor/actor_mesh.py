@@ -83,16 +83,24 @@ class ActorMesh(Shaped, Generic[T]):
 
     def slice(self, **dims) -> ActorMesh:
         """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
-        # A slice's failures go where its parent's go.
-        return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
-                         self._endpoints, self._shape.slice(**dims), self._proc_mesh,
-                         initialized=self._initialized, owner=self._owner)
+        return self._with_shape(self._shape.slice(**dims))
 
     def flatten(self, dim: str) -> ActorMesh[T]:
         """The same actors over one dimension ``dim``; calls see ``message_rank`` in it."""
-        return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
-                         self._endpoints, self._shape.flatten(dim), self._proc_mesh,
-                         initialized=self._initialized, owner=self._owner)
+        return self._with_shape(self._shape.flatten(dim))
+
+    def rename(self, **names: str) -> ActorMesh[T]:
+        """The same actors with dims renamed (``rename(gpus="tp")``); calls see the new names."""
+        return self._with_shape(self._shape.rename(**names))
+
+    def split(self, **kwargs) -> ActorMesh[T]:
+        """The same actors with dims split, as ``ProcMesh.split``."""
+        return self._with_shape(self._shape.split(**kwargs))
+
+    def _with_shape(self, shape: Shape) -> ActorMesh[T]:
+        # A view's failures go where its parent's go.
+        return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name, self._endpoints, shape,
+                         self._proc_mesh, initialized=self._initialized, owner=self._owner)
 
     def stop(self):
         """Stop these actors on every rank of the mesh, but not their processes, as

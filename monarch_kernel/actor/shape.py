@@ -207,6 +207,59 @@ class Shape:
             raise TypeError(f"flatten takes the new dimension's name, e.g. flatten('rank'); got {dim!r}")
         return Shape(Extent({dim: len(self.ranks)}), self.ranks)
 
+    def rename(self, **names: str) -> Shape:
+        """Dims renamed, the rest kept, the same points and ranks:
+        ``rename(hosts="dp", gpus="tp")``."""
+        for old, new in names.items():
+            if not isinstance(new, str) or not new:
+                raise TypeError(f"rename takes new names as strings, e.g. rename({old}='dp'); got {old}={new!r}")
+        return self.split(**{old: (new,) for old, new in names.items()})
+
+    def split(self, **kwargs) -> Shape:
+        """Dims split into several, row-major (so the ranks keep their order), as Monarch's
+        ``mesh.split(hosts=("dp", "pp"), gpus=("tp", "cp"), pp=2, cp=2)``: a dim maps to
+        the names it becomes, a new name to its size; one new name per split may go
+        unsized, and is what is left."""
+        labels = self.extent.labels
+        splits: dict[str, tuple] = {}
+        sizes: dict[str, int] = {}
+        for key, value in kwargs.items():
+            if key in labels:
+                if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
+                    raise TypeError(f"split {key}= takes the names it becomes, e.g. {key}=('dp', 'pp'); "
+                                    f"got {value!r}")
+                splits[key] = tuple(value)
+            elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                sizes[key] = value
+            else:
+                raise ValueError(f"{key!r} is not a dim of this mesh ({self.extent.describe()}), so split takes it "
+                                 f"as a new dim's size, a positive int; got {key}={value!r}")
+        out: list[tuple[str, int]] = []
+        for label, size in zip(labels, self.extent.sizes, strict=True):
+            names = splits.get(label, (label,))
+            unsized = [n for n in names if n not in sizes]
+            if len(unsized) > 1:
+                raise ValueError(f"split {label}={names!r} leaves {unsized[0]!r} and {unsized[1]!r} unsized; give "
+                                 f"all but one a size, e.g. {unsized[1]}=2")
+            known = 1
+            for n in names:
+                known *= sizes.get(n, 1)
+            if unsized:
+                if size % known:
+                    raise ValueError(f"dim {label!r} of size {size} does not split evenly into {names!r} "
+                                     f"(the sized ones make {known})")
+                sizes[unsized[0]] = size // known
+            elif known != size:
+                raise ValueError(f"dim {label!r} has size {size}, but {names!r} multiply to {known}")
+            out.extend((n, sizes.pop(n)) for n in names)
+        names_out = [n for n, _ in out]
+        dup = sorted({n for n in names_out if names_out.count(n) > 1})
+        if dup:
+            raise ValueError(f"the split mesh would have dim {dup[0]!r} twice; give each dim its own name")
+        if sizes:
+            raise ValueError(f"split was given sizes of {', '.join(map(repr, sizes))}, which no dim splits into")
+        return Shape(Extent(out), self.ranks)
+
     def __repr__(self) -> str:
         return f"Shape({self.extent!r}, ranks={list(self.ranks)})"
 

@@ -107,6 +107,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_IB_PORT", "ib_port", int, 1, help_="port of the RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_GID_INDEX", "ib_gid_index", int, 0,
          help_="GID index for `ibverbs` (RoCE usually needs one other than 0)"),
+    _env("MONARCH_KERNEL_COLLECTIVE_TIMEOUT", "collective_timeout", float, 300.0, unit="s", minimum=1,
+         help_="seconds a distributed tensor's reduction or `to_mesh` (and making its process group) waits for "
+               "the other ranks before it fails"),
+    _env("MONARCH_KERNEL_TENSOR_TRANSFER", "tensor_transfer", str, None, shown="best per pair",
+         help_="force how `to_mesh` moves CPU tensors between two ranks: `direct` (one copy out of the peer's "
+               "memory, same host only) or `gloo` (torch send/recv)"),
     # -------------------------------------------- timing constants of the code
     # Liveness: ranks beat to their template, which passes beats on; agents and controllers beat.
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
@@ -299,6 +305,14 @@ def data_handshake_timeout() -> float:
 
 def tcp_streams() -> int:
     return get("tcp_streams")
+
+
+def collective_timeout() -> float:
+    return get("collective_timeout")
+
+
+def tensor_transfer() -> str | None:
+    return get("tensor_transfer")
 
 
 def netns() -> str | None:
