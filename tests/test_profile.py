@@ -50,7 +50,7 @@ def test_a_profiled_block_merges_every_ranks_trace_and_names_the_straggler(tmp_p
         names = {(e["pid"], e["name"]) for e in trace["traceEvents"] if e.get("ph") == "X"}
         assert {(0, "aten::mm"), (1, "aten::mm"), (0, "step"), (1, "step")} <= names
         text = repr(prof)
-        assert text.startswith(f"Profile of mesh 'procs': 2 ranks; trace: {path}") and "aten::mm" in text
+        assert text.startswith(f"Profile of mesh '{procs.name}': 2 ranks; trace: {path}") and "aten::mm" in text
         assert "<img src='data:image/png;base64," in prof._repr_html_()
         with pytest.raises(AttributeError, match="from monarch_kernel.spmd import profile"):
             procs.profile()

@@ -92,7 +92,7 @@ def test_seven_ranks_in_all_reduce_and_the_one_loading_data_stand_apart(eight):
     majority = report.groups[-1]
     assert majority.ranks == [0, 1, 2, 4, 5, 6, 7]
     text = repr(report)
-    assert text.splitlines()[0] == "Stacks of mesh 'procs': 8 ranks in 2 groups"
+    assert text.splitlines()[0] == f"Stacks of mesh '{procs.name}': 8 ranks in 2 groups"
     summary = report.summary()
     assert summary[0].startswith("[rank 3] ") and "load_batch" in summary[0]
     assert summary[1].startswith("[ranks 0-2,4-7] ") and "step" in summary[1]
