@@ -35,6 +35,7 @@ static const char *FIELD_NAMES[NFIELDS] = {
     "ranks", "fanout", "mode", "resend", "hop", "parts", "payload"};
 static PyObject *fields[NFIELDS];
 static PyObject *payload_cache; /* bytes(kind, raw payload) -> decoded payload */
+static PyObject *empty_tuple;
 
 /* ------------------------------------------------------------------ keys */
 
@@ -558,7 +559,11 @@ static PyObject *decode_header(Checks *ck, const unsigned char *hb, Py_ssize_t h
         }
     }
     in.at = hlen;
-    h = PyObject_Vectorcall(ck->header_cls, values, NFIELDS, NULL);
+    /* The Header without running its (Python) __init__: the fields set one by one. */
+    PyTypeObject *cls = (PyTypeObject *)ck->header_cls;
+    h = cls->tp_new(cls, empty_tuple, NULL);
+    for (int j = 0; h != NULL && j < NFIELDS; j++)
+        if (PyObject_SetAttr(h, fields[j], values[j]) < 0) Py_CLEAR(h);
 fail:
     for (int j = 0; j < NFIELDS; j++) Py_XDECREF(values[j]);
     return h;
@@ -568,7 +573,7 @@ fail:
 static PyObject *dropped(const char *reason) { return PyUnicode_FromString(reason); }
 
 static PyObject *wire_open(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyObject_TypeCheck(args[0], &KeysType) || !PyList_Check(args[2])) {
+    if (nargs != 7 || !PyObject_TypeCheck(args[0], &KeysType) || !PyList_Check(args[2]) || !PyType_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError,
                         "open(keys, keyring, frames: list, header_cls, decode_payload, max_frame, max_frames)");
         return NULL;
@@ -924,7 +929,8 @@ PyMODINIT_FUNC PyInit__wire(void) {
         if (fields[i] == NULL) return NULL;
     }
     payload_cache = PyDict_New();
-    if (payload_cache == NULL) return NULL;
+    empty_tuple = PyTuple_New(0);
+    if (payload_cache == NULL || empty_tuple == NULL) return NULL;
     PyObject *m = PyModule_Create(&wiremodule);
     if (m == NULL) return NULL;
     Py_INCREF(&KeysType);

@@ -378,8 +378,9 @@ def _warm_up(modules: list[str]) -> None:
     classes ranks unpickle; the upper layers name them, see ``Runtime.warm``)."""
     import importlib
 
-    from . import rank  # noqa: F401
+    from . import native, rank  # noqa: F401
 
+    native.is_available()  # the wire's C extension too, so forks share its pages
     for name in modules:
         importlib.import_module(name)
 
