@@ -380,7 +380,7 @@ def _warm_up(modules: list[str]) -> None:
 
     from . import native, rank  # noqa: F401
 
-    native.is_available()  # the wire's C extension too, so forks share its pages
+    native.sockets()  # the wire's C extension too, bound to libzmq once, so forks share it
     for name in modules:
         importlib.import_module(name)
 
