@@ -9,6 +9,7 @@ import secrets
 import numpy as np
 import pytest
 
+from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime.auth import BULK, Dropped, Signer
 from monarch_kernel.runtime.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
 from monarch_kernel.runtime.payloads import (
@@ -341,3 +342,34 @@ def test_the_setting_turns_the_c_path_off(monkeypatch):
     from monarch_kernel.runtime import native
 
     assert Signer(secrets.token_bytes(32)).native == native.is_available()[0]
+
+
+class WireProbe(Actor):
+    @endpoint
+    def native(self) -> bool:
+        from monarch_kernel.runtime.process import Runtime
+
+        return Runtime.current().signer.native
+
+    @endpoint
+    def echo(self, x):
+        return x
+
+
+@pytest.mark.timeout(120)
+def test_ranks_on_the_pure_python_path_and_a_native_controller_understand_each_other():
+    """Real ranks forced onto the pure-Python path (MONARCH_KERNEL_NATIVE_WIRE=0) answer a
+    controller on the C path: small calls, a tree call, and a large out-of-band frame."""
+    _native_or_skip()
+    from monarch_kernel.runtime.process import Runtime
+
+    assert Runtime.current().signer.native
+    dropped = dict(Runtime.current().stats()["dropped"])
+    with this_host().spawn_procs(per_host={"r": 3}, env={"MONARCH_KERNEL_NATIVE_WIRE": "0"}) as procs:
+        m = procs.spawn("wireprobe", WireProbe)
+        assert list(m.native.call().get(timeout=60).values()) == [False, False, False]
+        big = np.arange(40_000)  # 320 KB: a frame of its own after the first
+        for got in m.echo.call(big).get(timeout=30).values():
+            assert np.array_equal(got, big)
+        assert m.slice(r=1).echo.call_one("x" * 10).get(timeout=30) == "x" * 10
+        assert Runtime.current().stats()["dropped"] == dropped  # nothing the controller could not read
