@@ -6,13 +6,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 # System packages: rdma-core and libibverbs' headers (so pip builds the ibverbs extension),
+# OpenSSL's headers (so it builds the wire's native hot path, native/wire.c),
 # Debian's pyverbs, iproute2 (network namespaces as simulated hosts in the tests), and
 # chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright); for the
 # multi-host tests (tests/cluster.py), an sshd per simulated host and a small Slurm cluster:
 # openssh-server/-client, slurmctld, slurmd, slurm-client and munge.  The tests start their
 # own daemons with their own configuration; on a machine with systemd, installing these
 # also enables (and may start) the system's sshd, munge and Slurm services.
-SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium \
+SYSDEPS := iproute2 libibverbs-dev libssl-dev rdma-core python3-pyverbs chromium \
 	openssh-server openssh-client slurmctld slurmd slurm-client munge
 SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
 

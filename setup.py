@@ -1,4 +1,4 @@
-"""Builds the optional native ibverbs extension and lists the wheel's data files;
+"""Builds the optional native extensions (ibverbs, the wire's hot path) and lists the wheel's data files;
 everything else is in pyproject.toml.
 
 The extension needs libibverbs' headers (Debian: libibverbs-dev).  Without them the package
@@ -23,17 +23,23 @@ class OptionalBuildExt(build_ext):
     def run(self):
         try:
             super().run()
-        except Exception as e:  # noqa: BLE001 - the transport reports it is missing
-            print(f"warning: the ibverbs extension was not built ({e}); the ibverbs transport is off")
+        except Exception as e:  # noqa: BLE001 - each part reports its extension is missing
+            print(f"warning: the native extensions were not built ({e}); {MISSING.get('*')}")
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:  # noqa: BLE001
-            print(f"warning: {ext.name} was not built ({e}); the ibverbs transport is off")
+            print(f"warning: {ext.name} was not built ({e}); {MISSING[ext.name]}")
 
 
 HEADERS = os.path.exists("/usr/include/infiniband/verbs.h")
+# The wire's hot path (native/wire.c) needs OpenSSL's headers (Debian: libssl-dev); without
+# them messages take the pure-Python path, the same wire format, slower.
+SSL_HEADERS = os.path.exists("/usr/include/openssl/sha.h")
+MISSING = {"monarch_kernel.data._ibverbs": "the ibverbs transport is off",
+           "monarch_kernel.runtime._wire": "messages take the pure-Python path",
+           "*": "the ibverbs transport is off and messages take the pure-Python path"}
 HERE = os.path.dirname(os.path.abspath(__file__))
 LABEXT_NAME = "monarch-kernel-panel"
 # The same as monarch_kernel.kernel.kernelspec.spec() but for the interpreter (a test checks it).
@@ -67,9 +73,16 @@ def data_files():
     return files
 
 
+EXTENSIONS = []
+if HEADERS:
+    EXTENSIONS.append(Extension("monarch_kernel.data._ibverbs", ["native/ibverbs.c"], libraries=["ibverbs"],
+                                extra_compile_args=["-O2", "-Wall"]))
+if SSL_HEADERS:
+    EXTENSIONS.append(Extension("monarch_kernel.runtime._wire", ["native/wire.c"], libraries=["crypto", "dl"],
+                                extra_compile_args=["-O2", "-Wall"]))
+
 setup(
-    ext_modules=[Extension("monarch_kernel.data._ibverbs", ["native/ibverbs.c"], libraries=["ibverbs"],
-                           extra_compile_args=["-O2", "-Wall"])] if HEADERS else [],
+    ext_modules=EXTENSIONS,
     cmdclass={"build_ext": OptionalBuildExt},
     data_files=data_files(),
 )

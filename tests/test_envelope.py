@@ -9,6 +9,7 @@ import secrets
 import numpy as np
 import pytest
 
+from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime.auth import BULK, Dropped, Signer
 from monarch_kernel.runtime.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
 from monarch_kernel.runtime.payloads import (
@@ -106,10 +107,15 @@ def test_sign_verify_and_every_rejection():
     frames = _signed(s)
     header, body = s.verify(frames)
     assert header.method == "f" and Part(0, 0, body).load() == ("x", 1)
+    _every_rejection(key, frames, lambda frames, signer=s: signer.verify(frames), lambda **kw: Signer(key, **kw))
 
-    def reason(frames, signer=s):
+
+def _every_rejection(key, frames, check, signer):
+    """The drop reason of each kind of bad message, checked with ``check(frames, signer)``;
+    ``signer(**kw)`` makes a signer of the path under test."""
+    def reason(frames, *more):
         with pytest.raises(Dropped) as info:
-            signer.verify(frames)
+            check(frames, *more)
         return info.value.reason
 
     assert reason([b"garbage"]) == "unsigned"
@@ -120,7 +126,8 @@ def test_sign_verify_and_every_rejection():
     assert reason(tampered) == "forged"
     assert reason(frames[:-1]) == "truncated"
     assert reason([frames[0], b"\xc1\xc1", *frames[2:]]) == "malformed"
-    assert reason(frames, Signer(key, max_frame=4)) == "oversized"
+    assert reason(frames, signer(max_frame=4)) == "oversized"
+    return reason
 
 
 def test_bulk_buffers_are_bound_by_length():
@@ -221,3 +228,148 @@ def test_a_packed_first_frame_that_lies_about_its_lengths_is_dropped():
         with pytest.raises(Dropped) as info:
             unpack([cut])
         assert info.value.reason == reason
+
+
+# ---------------------------------------------------------------- seal/open, both paths
+# ``Signer.seal``/``open`` run in C (native/wire.c) where it is built, else in Python; the
+# two speak one wire format.  Every test below runs on each path, and across them.
+
+def _native_or_skip():
+    from monarch_kernel.runtime import native
+
+    ok, why = native.is_available()
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.fixture(params=["python", "native"])
+def wire(request):
+    if request.param == "native":
+        _native_or_skip()
+    return request.param == "native"
+
+
+def _headers():
+    yield Header(Kind.CALL, 7, "ipc:///a", "ipc:///b", "m1", "act-1", "step", [3, 4, 5], 4, Mode.GATHER,
+                 False, 1, [[-1, Status.OK, 0]], PAYLOAD_EXAMPLES[Kind.CALL])
+    yield Header(Kind.REPLY, 2**40, "ipc:///a", "ipc:///b", "m1", ranks=[0], parts=[[0, 0, 1], [1, 1, 0]],
+                 payload=PAYLOAD_EXAMPLES[Kind.REPLY])
+    yield Header(Kind.WAKE)
+    yield Header(Kind.CALL, -5, "é" * 40, "x" * 300, ranks=list(range(100)), parts=[[-1, 0, 2]])
+
+
+@pytest.mark.parametrize("sealer, opener", [(False, False), (True, True), (True, False), (False, True)],
+                         ids=["python", "native", "native-to-python", "python-to-native"])
+def test_seal_open_round_trip(sealer, opener):
+    if sealer or opener:
+        _native_or_skip()
+    key = secrets.token_bytes(32)
+    out, into = Signer(key, wire=sealer), Signer(key, wire=opener)
+    assert (out.native, into.native) == (sealer, opener)
+    for h in _headers():
+        n = sum(1 + p[2] for p in h.parts)
+        for sizes in ([10] * n, [70000] * n, [5, BULK + 1, 100][:n] + [1] * max(0, n - 3), [0] * n):
+            body = [secrets.token_bytes(k) for k in sizes[:n]]
+            frames = out.seal(h, body)
+            back, got = into.open(frames)
+            assert back == h and type(back.payload) is type(h.payload)
+            assert [bytes(f) for f in got] == body
+            bad = [bytearray(bytes(f)) for f in frames]
+            bad[0][-1] ^= 1  # the last byte of the first frame: a part, or the header
+            with pytest.raises(Dropped):
+                into.open([bytes(f) for f in bad])
+        # The logical layout (what tools and tests write by hand) opens the same way.
+        body = [b"p"] * n
+        assert into.open(out.sign(h, body))[0] == h
+
+
+def test_open_drops_what_verify_drops(wire):
+    key = secrets.token_bytes(32)
+    s = Signer(key, wire=wire)
+    frames = _signed(s)
+    assert s.open(frames)[0].method == "f"
+    reason = _every_rejection(key, frames, lambda frames, signer=s: signer.open(frames),
+                              lambda **kw: Signer(key, wire=wire, **kw))
+    first = s.seal(Header(Kind.CALL, 1, "o", "o", "m", "a", "f", [0], parts=[[0, 0, 0]]), [b"x"])[0]
+    assert reason([first[:-1]]) == "truncated"
+    assert reason([first + b"x"]) == "malformed"
+    assert reason([first[:34]]) == "malformed"
+    other = Signer(secrets.token_bytes(32), wire=wire)
+    s.add_key(["theirs"], other_key := secrets.token_bytes(32))
+    theirs = Signer(other_key, wire=wire)
+    h = Header(Kind.WAKE, mesh="theirs")
+    assert s.open(theirs.seal(h, []))[0].mesh == "theirs"  # a trusted mesh of another job's key
+    assert reason(other.seal(h, [])) == "forged"
+
+
+def test_both_paths_drop_the_same_corruptions_for_the_same_reason():
+    _native_or_skip()
+    import random
+
+    key = secrets.token_bytes(32)
+    native, python = Signer(key, wire=True), Signer(key, wire=False)
+    h = Header(Kind.CALL, 1, "ipc:///o", "ipc:///o", "m", "a", "f", [0], parts=[[-1, 0, 1]],
+               payload=PAYLOAD_EXAMPLES[Kind.CALL])
+    good = python.seal(h, [pickle.dumps((1, 2)), b"abc"])
+    rng = random.Random(7)
+
+    def outcome(signer, frames):
+        try:
+            signer.open(frames)
+            return "ok"
+        except Dropped as d:
+            return d.reason
+
+    for _ in range(3000):
+        first = bytearray(good[0])
+        op = rng.random()
+        extra = []
+        if op < 0.5:
+            for _ in range(rng.randint(1, 3)):
+                first[rng.randrange(len(first))] = rng.randrange(256)
+        elif op < 0.8:
+            del first[rng.randrange(len(first)):]
+        else:
+            extra = [secrets.token_bytes(rng.randint(0, 40))]
+        frames = [bytes(first), *extra]
+        assert outcome(native, frames) == outcome(python, frames), frames
+
+
+def test_the_setting_turns_the_c_path_off(monkeypatch):
+    monkeypatch.setenv("MONARCH_KERNEL_NATIVE_WIRE", "0")
+    assert not Signer(secrets.token_bytes(32)).native
+    monkeypatch.setenv("MONARCH_KERNEL_NATIVE_WIRE", "1")
+    from monarch_kernel.runtime import native
+
+    assert Signer(secrets.token_bytes(32)).native == native.is_available()[0]
+
+
+class WireProbe(Actor):
+    @endpoint
+    def native(self) -> bool:
+        from monarch_kernel.runtime.process import Runtime
+
+        return Runtime.current().signer.native
+
+    @endpoint
+    def echo(self, x):
+        return x
+
+
+@pytest.mark.timeout(120)
+def test_ranks_on_the_pure_python_path_and_a_native_controller_understand_each_other():
+    """Real ranks forced onto the pure-Python path (MONARCH_KERNEL_NATIVE_WIRE=0) answer a
+    controller on the C path: small calls, a tree call, and a large out-of-band frame."""
+    _native_or_skip()
+    from monarch_kernel.runtime.process import Runtime
+
+    assert Runtime.current().signer.native
+    dropped = dict(Runtime.current().stats()["dropped"])
+    with this_host().spawn_procs(per_host={"r": 3}, env={"MONARCH_KERNEL_NATIVE_WIRE": "0"}) as procs:
+        m = procs.spawn("wireprobe", WireProbe)
+        assert list(m.native.call().get(timeout=60).values()) == [False, False, False]
+        big = np.arange(40_000)  # 320 KB: a frame of its own after the first
+        for got in m.echo.call(big).get(timeout=30).values():
+            assert np.array_equal(got, big)
+        assert m.slice(r=1).echo.call_one("x" * 10).get(timeout=30) == "x" * 10
+        assert Runtime.current().stats()["dropped"] == dropped  # nothing the controller could not read

@@ -45,7 +45,8 @@ class ActorMesh(Shaped, Generic[T]):
         if name.startswith("_"):
             raise AttributeError(name)
         if name in self._endpoints:
-            return Endpoint(self, name)
+            ep = self.__dict__[name] = Endpoint(self, name)  # found as an attribute from now on
+            return ep
         raise AttributeError(
             f"{self._class_name} has no endpoint {name!r}; its endpoints are: "
             f"{', '.join(self._endpoints) or '(none)'}. Mark methods with @endpoint."
@@ -128,14 +129,19 @@ class ActorMesh(Shaped, Generic[T]):
 
         return Future(pending.completion, stopped, pending.inbox)
 
-    def _check_running(self) -> None:
+    def _check_running(self) -> Runtime:
+        """Raise ``MeshStopped`` if the mesh was stopped; else this process's runtime."""
         pm = self._proc_mesh
-        if pm is not None and pm.stopped:
+        rt = Runtime.current()
+        dead = rt.any_dead()
+        if pm is not None and (pm.stopped_here() or (dead and pm.stopped)):
             raise MeshStopped(f"mesh '{self._proc_ref.name}' was stopped; {self._class_name} "
                               f"'{self._name}' cannot be called. Spawn a new mesh.")
-        rt = Runtime.current()
+        if not dead:
+            return rt
         if all((info := rt.death(self._proc_ref.id, r)) is not None and info.stopped for r in self._shape.ranks):
             raise MeshStopped(f"mesh '{self._proc_ref.name}' was stopped; spawn a new mesh.")
+        return rt
 
     def __reduce__(self):
         return (ActorMesh, (self._proc_ref, self._actor_id, self._name, self._class_name,

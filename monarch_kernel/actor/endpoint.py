@@ -22,7 +22,7 @@ from ..runtime.envelope import Mode, Part, Status
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
-from ..runtime.serialize import describe_unpicklable, dumps
+from ..runtime.serialize import describe_unpicklable, dumps, dumps_plain
 from .future import Future
 from .value_mesh import ValueMesh
 
@@ -160,8 +160,11 @@ class Endpoint:
 
     def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None, callbacks=False):
         m = self._mesh
-        m._check_running()
-        rt = Runtime.current()
+        rt = m._check_running()
+        body = dumps_plain((args, kwargs))
+        if body is not None:  # scalars: nothing to put in shared memory
+            return rt.caller.call(m._proc_ref, m._actor_id, self._name, ranks, body, mode=mode,
+                                  on_part=on_part, slice_info=slice_info, callbacks=callbacks)
         what = f"{m._class_name}.{self._name}"
         hosts = m._proc_ref.hosts
         if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
@@ -212,7 +215,7 @@ class Endpoint:
     def call_one(self, *args, **kwargs) -> Future:
         """Run on the mesh's only rank; an error unless the mesh has exactly one."""
         shape = self._mesh._shape
-        if len(shape) != 1:
+        if len(shape.ranks) != 1:
             first = shape.extent.labels[0] if shape.extent.labels else "dim"
             raise ValueError(
                 f"call_one needs a mesh of exactly one rank; this one has {len(shape)} "

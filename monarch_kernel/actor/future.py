@@ -91,7 +91,7 @@ class Future(Generic[R]):
                     "cannot block on .get() inside an async endpoint or on the IO loop: "
                     "use `await fut` instead"
                 )
-            if not (rt.wait(c, timeout, self._inbox) if rt is not None else c.wait(timeout)):
+            if not (rt.receiver.wait(c, timeout, self._inbox) if rt is not None else c.wait(timeout)):
                 raise TimeoutError(
                     f"no answer within {timeout} s (the call is still running; .get() again to keep waiting)")
         return self._finish()

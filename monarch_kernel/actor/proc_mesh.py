@@ -51,13 +51,20 @@ class ProcMesh(Shaped):
         """The picklable reference to this mesh (what ``ProcMesh.from_ref`` takes back)."""
         return self._ref
 
+    def stopped_here(self) -> bool:
+        """Stopped through this handle or another slice of the same mesh (``stopped`` also
+        counts a mesh whose every rank ended by a stop)."""
+        return self._stopped or (self._owned is not None and self._owned.stopping)
+
     @property
     def stopped(self) -> bool:
         """Stopped through this handle, another slice of the same mesh, or (seen from
         elsewhere) every rank ended by a stop."""
-        if self._stopped or (self._owned is not None and self._owned.stopping):
+        if self.stopped_here():
             return True
         rt = Runtime.current()
+        if not rt.any_dead():
+            return False
         deaths = [rt.death(self._ref.id, r) for r in self._shape.ranks]
         return bool(deaths) and all(d is not None and d.stopped for d in deaths)
 

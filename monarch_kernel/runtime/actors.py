@@ -54,6 +54,7 @@ class ActorSlot:
         self.constructed = Completion()  # result: None, or the failure raised by __init__
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._ident: int | None = None  # the worker's thread id, once it runs
         self._kinds: dict[str, bool] = {}
         self.stopped = False
         self._busy = 0  # > 0 while user code of a sync endpoint runs on the worker
@@ -84,7 +85,7 @@ class ActorSlot:
             pass  # already signalled, or stopping
 
     def is_current(self) -> bool:
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._ident
 
     def run(self, coro) -> None:
         """On the worker: run one async endpoint to its end (its own task, so its context
@@ -152,6 +153,7 @@ class ActorSlot:
                 pass
 
     def _work(self) -> None:
+        self._ident = threading.get_ident()
         rt = self.runtime
         self.loop = asyncio.new_event_loop()
         os.set_blocking(self._wake_r, False)
@@ -162,22 +164,36 @@ class ActorSlot:
         self.inbox = rt.network.actor_inbox(address)
         if address.startswith("tcp://"):
             self.direct = self.inbox.address
-        watch = [(self.inbox.sock, POLLIN), (self._wake_r, POLLIN)]
+        inbox, work = self.inbox, self._queue
+        read = rt.receiver.read
+        watch = [(inbox.sock, POLLIN), (self._wake_r, POLLIN)]
         while True:
-            while True:
-                try:
-                    fn = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            while not work.empty():
+                fn = work.get_nowait()
                 if fn is None:
                     self._close()
                     return
                 fn()
-            if self.inbox.ready():
-                with self.inbox.lease:
-                    rt.receiver.read(self.inbox, 64, inline=True)
+            # One message at a time: the wait below returns at once while more are waiting,
+            # so each message costs one poll and one receive.
+            if self._tasks:
+                if inbox.ready():
+                    with inbox.lease:
+                        read(inbox, 64, inline=True)
+                    continue
+                self._wait_for_work(watch)
                 continue
-            self._wait_for_work(watch)
+            ready = zmq_poll(watch, -1)
+            if not ready:
+                continue
+            if len(ready) > 1 or ready[0][0] is self._wake_r:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if ready[0][0] is inbox.sock:
+                with inbox.lease:
+                    read(inbox, 1, inline=True)
 
     def _close(self) -> None:
         """The actor stopped: its concurrent tasks are cancelled, then its loop closed."""
@@ -277,6 +293,9 @@ class ActorSlot:
 
     def endpoint(self, method: str):
         """Return ``(bound method, is_async)``; raises AttributeError naming the endpoints."""
+        is_async = self._kinds.get(method)
+        if is_async is not None:  # an endpoint already called: its class has not changed
+            return getattr(self.instance, method), is_async
         cls = type(self.instance)
         fn = getattr(cls, method, None)
         if fn is None or not getattr(fn, ENDPOINT_MARK, False):

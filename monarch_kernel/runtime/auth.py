@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from . import native
 from .envelope import MAX_HEADER, Header
+from .payloads import decode_payload
 
 BULK = 1 << 20
 SMALL = 1 << 16  # below this, join and hash once
@@ -58,9 +60,20 @@ def _len(f) -> int:
 class Signer:
     """Signs outgoing frames and verifies incoming ones with one shared key."""
 
-    def __init__(self, key: bytes, max_frame: int = 1 << 34, max_frames: int = 1 << 16):
+    def __init__(self, key: bytes, max_frame: int = 1 << 34, max_frames: int = 1 << 16,
+                 wire: bool | None = None):
+        """``wire``: use the C hot path (``native.py``) for ``seal``/``open`` (None: when it is
+        built and ``MONARCH_KERNEL_NATIVE_WIRE`` allows; False: pure Python)."""
         if len(key) < 16:
             raise ValueError("the job key must be at least 16 bytes")
+        from . import framing  # (framing imports this module)
+
+        self._pack, self._unpack = framing.pack, framing.unpack
+        self._wire = native.wire() if wire is not False else None
+        if wire and self._wire is None:
+            raise RuntimeError(native.is_available()[1])
+        self._keys = self._wire.Keys(key) if self._wire is not None else None
+        self._native_ring: dict = {}  # mesh id -> Keys, beside ``keyring``
         # HMAC-SHA256 (RFC 2104) with the padded-key states hashed once: OpenSSL's own
         # HMAC set-up costs more than hashing a small message.
         padded = key.ljust(64, b"\0") if len(key) <= 64 else hashlib.sha256(key).digest().ljust(64, b"\0")
@@ -95,9 +108,33 @@ class Signer:
 
     def add_key(self, mesh_ids, key: bytes) -> None:
         """Speak to (and accept messages about) these meshes with their own job's key."""
-        other = Signer(key, self.max_frame, self.max_frames)
+        other = Signer(key, self.max_frame, self.max_frames, wire=self._wire is not None)
         for m in mesh_ids:
             self.keyring[m] = other
+            self._native_ring[m] = other._keys
+
+    @property
+    def native(self) -> bool:
+        """Whether ``seal`` and ``open`` run in C."""
+        return self._wire is not None
+
+    def seal(self, header: Header, body: list) -> list:
+        """The frames to send: signed, with the MAC, the header and the small parts in the
+        first frame (``framing.py``)."""
+        if self._wire is None:
+            return self._pack(self.sign(header, body))
+        signer = self.keyring.get(header.mesh, self) if self.keyring else self
+        return self._wire.seal(signer._keys, header, body)
+
+    def open(self, frames: list) -> tuple[Header, list]:
+        """``(header, body)`` of the message received as ``frames``, or raise ``Dropped``."""
+        if self._wire is None:
+            return self.verify(self._unpack(frames))
+        got = self._wire.open(self._keys, self._native_ring, frames, Header, decode_payload,
+                              self.max_frame, self.max_frames)
+        if type(got) is str:
+            raise Dropped(got)
+        return got
 
     def sign(self, header: Header, body: list) -> list:
         hb = header.encode()

@@ -54,7 +54,8 @@ class Caller:
         """
         rt = self.rt
         fanout = fanout or self.fanout
-        self.check_size(body, f"the arguments of {method}")
+        if self.oversized(body):
+            self.check_size(body, f"the arguments of {method}")
         dead = self.dead
         alive = [r for r in ranks if (mesh.id, r) not in dead] if dead else list(ranks)
         inbox = rt.inbox if (on_part is not None or callbacks) else rt.receiver.reply_inbox(rt.inbox)
@@ -72,7 +73,7 @@ class Caller:
                 if (mesh.id, r) in dead:
                     call.add([synthetic_part(r, Status.DIED, dead[(mesh.id, r)])])
         send = rt.transport.send
-        for sub in split(alive, fanout):
+        for sub in (alive,) if len(alive) == 1 else split(alive, fanout):
             h.ranks = sub
             try:
                 send(self.target(mesh, sub[0], kind, actor), h, body)
@@ -210,17 +211,37 @@ class Caller:
             self.rt.transport.send(address, h, body)
             return True
         except SendFailed as e:
-            if address not in self._unsent_reported:
-                self._unsent_reported.add(address)
-                log.error("monarch_kernel: %s was not sent: %s", what, e)
+            self._not_sent(address, what, e)
             return False
+
+    def _not_sent(self, address: str, what: str, e: SendFailed) -> None:
+        if address not in self._unsent_reported:
+            self._unsent_reported.add(address)
+            log.error("monarch_kernel: %s was not sent: %s", what, e)
 
     def send_reply(self, st, origin: str, call_id: int, me: int, mesh_id: str = "", direct=None) -> None:
         """``direct``: a ``ReplyInfo``, the answering actor's own TCP inbox."""
-        h = Header(Kind.REPLY, call_id, origin, st.reply_to, mesh_id, ranks=[me], hop=1 if st.to_node else 0,
-                   payload=direct)
-        body = join_parts(h, st.parts)
-        self.send_or_report(st.reply_to, h, body, f"the answer to call {call_id} from rank {me}")
+        self.send_parts(st.reply_to, st.to_node, st.parts, origin, call_id, me, mesh_id, direct)
+
+    def send_parts(self, reply_to: str, to_node: bool, parts: list, origin: str, call_id: int, me: int,
+                   mesh_id: str, direct) -> None:
+        """The answer (``parts``) to call ``call_id`` made at ``origin``, to ``reply_to``: the
+        caller, or (``to_node``) the tree node that gathers it."""
+        h = Header(Kind.REPLY, call_id, origin, reply_to, mesh_id, "", "", [me], 8, Mode.GATHER, False,
+                   1 if to_node else 0, [], direct)
+        body = join_parts(h, parts)
+        try:
+            self.rt.transport.send(reply_to, h, body)
+        except SendFailed as e:
+            self._not_sent(reply_to, f"the answer to call {call_id} from rank {me}", e)
+
+    def oversized(self, frames: list) -> bool:
+        """Whether a frame of ``frames`` is over the limit receivers drop (``check_size`` says how)."""
+        limit = self.rt.signer.max_frame
+        for f in frames:
+            if (f.nbytes if type(f) is memoryview else len(f)) > limit:
+                return True
+        return False
 
     def check_size(self, frames: list, what: str) -> None:
         limit = self.rt.signer.max_frame

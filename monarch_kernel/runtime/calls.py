@@ -26,6 +26,9 @@ def synthetic_part(rank: int, status: int, obj) -> Part:
 
 
 class PendingCall:
+    __slots__ = ("runtime", "header", "mesh", "ranks", "body", "on_part", "remaining", "parts", "resent",
+                 "completion", "inbox", "segments", "_lock")
+
     def __init__(self, runtime, header: Header, mesh: MeshRef, ranks: list[int], body: list,
                  on_part: Callable[[Part], None] | None):
         self.runtime = runtime

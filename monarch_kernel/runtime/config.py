@@ -85,6 +85,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_STRICT", "strict", bool, False, kernel=True, shown="off",
          help_="`1`: Monarch's behaviour where ours differs (exit on an unhandled failure, no mixed sync/async "
                "endpoints)"),
+    _env("MONARCH_KERNEL_NATIVE_WIRE", "native_wire", bool, True, shown="on (when built)",
+         help_="`0`: sign, check and frame messages in pure Python even where the C extension "
+               "(`native/wire.c`) is built (same wire format; slower)"),
     _env("MONARCH_KERNEL_DATA_TRANSPORT", "data_transport", str, None, shown="best per pair",
          help_="force one data-plane transport (`shm`, `tcp`, `ibverbs` or `cuda_ipc`) instead of the best "
                "usable one per pair of ranks"),
@@ -289,6 +292,10 @@ def stacks_py_spy() -> bool:
 
 def strict() -> bool:
     return get("strict")
+
+
+def native_wire() -> bool:
+    return SETTINGS["native_wire"].get()
 
 
 def data_transport() -> str | None:

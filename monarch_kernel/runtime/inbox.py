@@ -16,11 +16,16 @@ import threading
 import zmq
 from zmq.backend import zmq_poll
 
+from . import native
 from .curve import CurveKeys
 
 # Plain ints: pyzmq's flag enums cost more to combine than the calls they modify.
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
+# The first frame (the MAC, the header and the small parts; see framing.py) is received as
+# bytes: cheaper than a zmq.Frame for small messages; the large frames after it as Frames.
+_recv = zmq.backend.Socket.recv
 
 
 class Inbox:
@@ -28,7 +33,8 @@ class Inbox:
     ``curve``); ``net_address``, once ``listen_tcp`` ran, is a second, TCP, address of the
     same socket for peers on other hosts."""
 
-    __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "_timeout_ms", "__weakref__")
+    __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "_timeout_ms", "_ptr", "_recv",
+                 "__weakref__")
 
     def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None):
         self.sock = ctx.socket(zmq.PULL)
@@ -44,6 +50,9 @@ class Inbox:
         self.missed = False  # the IO thread found it readable while someone else held it
         self.watched = False  # the IO thread polls it too
         self._timeout_ms = -1  # the socket's receive timeout (RCVTIMEO), as last set
+        fast = native.sockets()
+        self._ptr = self.sock.underlying  # libzmq's socket, for the C receive
+        self._recv = fast.recv if fast is not None else None
 
     def listen_tcp(self, ip: str, curve: CurveKeys | None) -> str:
         """Also listen on ``tcp://ip:<free port>`` (a Curve server when ``curve`` is given;
@@ -58,11 +67,16 @@ class Inbox:
     def recv(self):
         """One message's frames, or None when nothing is waiting."""
         sock = self.sock
+        if self._recv is not None:
+            got = self._recv(self._ptr, _NOBLOCK)
+            if got is None:
+                return None
+            return _rest(sock, got[0]) if got[1] else [got[0]]
         try:
-            f = sock.recv(_NOBLOCK, copy=False)
+            f = _recv(sock, _NOBLOCK, True)
         except zmq.Again:
             return None
-        return _rest(sock, f)
+        return _rest(sock, f) if sock.get(_RCVMORE) else [f]
 
     def recv_within(self, timeout_ms: int):
         """One message's frames, waiting up to ``timeout_ms`` in the receive itself (a poll
@@ -71,27 +85,34 @@ class Inbox:
         if timeout_ms != self._timeout_ms:
             sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
             self._timeout_ms = timeout_ms
+        if self._recv is not None:
+            got = self._recv(self._ptr, 0)
+            if got is None:
+                return None
+            return _rest(sock, got[0]) if got[1] else [got[0]]
         try:
-            f = sock.recv(0, copy=False)
+            f = _recv(sock, 0, True)
         except zmq.Again:
             return None
-        return _rest(sock, f)
+        return _rest(sock, f) if sock.get(_RCVMORE) else [f]
 
     def ready(self, timeout_ms: int = 0) -> bool:
         """Whether a message is waiting (after up to ``timeout_ms``; -1 waits forever)."""
         return bool(zmq_poll([(self.sock, _POLLIN)], timeout_ms))
 
     def close(self) -> None:
+        self._recv = None  # (its libzmq socket is gone)
         self.sock.close(linger=0)
 
 
-def _rest(sock: zmq.Socket, f) -> list:
-    """The frames of a message whose first frame ``f`` was just read."""
-    frames = [f]
-    while f.more:
+def _rest(sock: zmq.Socket, first: bytes) -> list:
+    """The frames of a message whose first frame ``first`` was just read, and more follow."""
+    frames: list = [first]
+    while True:
         f = sock.recv(0, copy=False)
         frames.append(f)
-    return frames
+        if not f.more:
+            return frames
 
 
 @functools.lru_cache(maxsize=4096)

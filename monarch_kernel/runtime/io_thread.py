@@ -10,6 +10,8 @@ import asyncio
 import concurrent.futures
 import threading
 
+_get_ident = threading.get_ident
+
 
 class IOThread:
     def __init__(self, name: str = "monarch-io", start: bool = True):
@@ -17,11 +19,13 @@ class IOThread:
         self._ready = threading.Event()
         if not start:
             self.thread = threading.current_thread()
+            self._ident = self.thread.ident
             asyncio.set_event_loop(self.loop)
             return
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
         self._ready.wait()
+        self._ident = self.thread.ident
 
     @classmethod
     def in_this_thread(cls) -> IOThread:
@@ -34,7 +38,7 @@ class IOThread:
         self.loop.run_forever()
 
     def is_current(self) -> bool:
-        return threading.current_thread() is self.thread
+        return _get_ident() == self._ident
 
     def call_soon(self, fn, *args) -> None:
         if self.is_current():

@@ -111,7 +111,25 @@ class Runtime:
         self.address = self.inbox.address
         self.caller = Caller(self, config.fanout())
         self.server = Server(self)
-        self.receiver = Receiver(io, self.signer, self.drops, self.hooks, self.dispatch,
+        # The dispatch table: every kind this process accepts, and the part that handles it.
+        self.handlers: dict[int, Callable[[Header, list], None]] = {
+            Kind.CALL: self.server.on_call,
+            Kind.SPAWN: self.server.on_call,
+            Kind.REPLY: self.caller.on_reply,
+            Kind.REDIRECT: self.server.on_redirect,
+            Kind.PRUNE: self.server.on_prune,
+            Kind.NOT_RECEIVED: self.caller.on_not_received,
+            Kind.INTERRUPT: self.server.on_interrupt,
+            Kind.STACKS: lambda h, body: stack_dump.on_stacks(self, h, body),
+            Kind.PORT: self._on_port,
+            Kind.WAKE: _nothing,
+            Kind.DEATH: self._on_death,
+            Kind.REVIVE: self._on_revive,
+            Kind.STOP: self._on_stop,
+            Kind.FAILURE: self._on_failure,
+            Kind.HOST: self._on_host,
+        }
+        self.receiver = Receiver(io, self.signer, self.drops, self.hooks, self.handlers,
                                  lambda n: self.network.thread_inbox(self.address, n), self.caller.uses)
         self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
@@ -132,24 +150,6 @@ class Runtime:
             process_mesh[0], process_mesh[1] = self.self_mesh, 0
         self.closed = False
         self._exiting = False
-        # The dispatch table: every kind this process accepts, and the part that handles it.
-        self.handlers: dict[int, Callable[[Header, list], None]] = {
-            Kind.CALL: self.server.on_call,
-            Kind.SPAWN: self.server.on_call,
-            Kind.REPLY: self.caller.on_reply,
-            Kind.REDIRECT: self.server.on_redirect,
-            Kind.PRUNE: self.server.on_prune,
-            Kind.NOT_RECEIVED: self.caller.on_not_received,
-            Kind.INTERRUPT: self.server.on_interrupt,
-            Kind.STACKS: lambda h, body: stack_dump.on_stacks(self, h, body),
-            Kind.PORT: self._on_port,
-            Kind.WAKE: _nothing,
-            Kind.DEATH: self._on_death,
-            Kind.REVIVE: self._on_revive,
-            Kind.STOP: self._on_stop,
-            Kind.FAILURE: self._on_failure,
-            Kind.HOST: self._on_host,
-        }
         io.call_soon(self.receiver.watch, self.inbox)
 
     def _keys_changed(self, curve: CurveKeys) -> None:
@@ -158,12 +158,9 @@ class Runtime:
     # ------------------------------------------------------------ the dispatch table
 
     def dispatch(self, h: Header, body: list) -> None:
-        """Hand one authentic message to its kind's handler (an unknown kind is counted)."""
-        handler = self.handlers.get(h.kind)
-        if handler is None:
-            self.drops.count("malformed")
-        else:
-            handler(h, body)
+        """Hand one authentic message to its kind's handler (an unknown kind is counted); the
+        receiver reads the same table."""
+        self.receiver.dispatch_safely(h, body)
 
     def _on_port(self, h: Header, body: list) -> None:
         parts = split_parts(h, body)
@@ -246,6 +243,10 @@ class Runtime:
     def death(self, mesh_id: str, rank: int) -> DeathInfo | None:
         """How ``rank`` of mesh ``mesh_id`` died, if this process knows it did."""
         return self.caller.dead.get((mesh_id, rank))
+
+    def any_dead(self) -> bool:
+        """Whether this process knows of any dead rank at all (``death`` says which)."""
+        return bool(self.caller.dead)
 
     def busy_ranks(self, mesh_id: str) -> set[int]:
         """Ranks of ``mesh_id`` that calls made from this process still wait on."""

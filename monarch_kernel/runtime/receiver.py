@@ -21,7 +21,6 @@ from . import config
 from .auth import DropCounts, Dropped, Signer
 from .completion import Completion
 from .envelope import Header
-from .framing import unpack
 from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
@@ -30,11 +29,12 @@ from .kinds import Kind
 log = logging.getLogger("monarch_kernel.runtime")
 
 LEASE_RECHECK_S = config.seconds("inbox_lease_recheck")
-_INLINE = (Kind.REPLY, Kind.CALL, Kind.SPAWN, Kind.WAKE)  # kinds a reading thread handles itself
+_INLINE = frozenset((Kind.REPLY, Kind.CALL, Kind.SPAWN, Kind.WAKE))  # kinds a reading thread handles itself
 
 
 class Receiver:
-    """Reads this process's inboxes and hands each authentic message to ``dispatch``.
+    """Reads this process's inboxes and hands each authentic message to its kind's handler
+    in ``handlers`` (the runtime's dispatch table; an unknown kind is counted as malformed).
 
     ``new_inbox(n)`` makes the ``n``-th thread reply inbox (its address depends on how the
     process listens, which the network part knows); ``in_use(inbox)`` says whether a call
@@ -42,13 +42,13 @@ class Receiver:
     """
 
     def __init__(self, io: IOThread, signer: Signer, drops: DropCounts, hooks: Hooks,
-                 dispatch: Callable[[Header, list], None], new_inbox: Callable[[int], Inbox],
+                 handlers: dict[int, Callable[[Header, list], None]], new_inbox: Callable[[int], Inbox],
                  in_use: Callable[[Inbox], bool]):
         self.io = io
         self.signer = signer
         self.drops = drops
         self.hooks = hooks
-        self.dispatch = dispatch
+        self.handlers = handlers
         self._new_inbox = new_inbox
         self._in_use = in_use
         self.received = 0  # messages read (forged ones included)
@@ -104,18 +104,23 @@ class Receiver:
         """Check one message and dispatch it (dropped and counted when not authentic)."""
         self.received += 1
         try:
-            header, body = self.signer.verify(unpack(frames))
+            header, body = self.signer.open(frames)
         except Dropped as d:
             self.drops.count(d.reason)
             return
-        if not inline or header.kind in _INLINE:
-            self.dispatch_safely(header, body)
-        else:
+        if inline and header.kind not in _INLINE:
             self.io.call_soon(self.dispatch_safely, header, body)
+        else:
+            self.dispatch_safely(header, body)
 
     def dispatch_safely(self, header: Header, body: list) -> None:
+        """Hand one authentic message to its handler; what a handler raises is logged."""
+        handler = self.handlers.get(header.kind)
+        if handler is None:
+            self.drops.count("malformed")
+            return
         try:
-            self.dispatch(header, body)
+            handler(header, body)
         except Exception:  # a bug in handling one message must not stop the loop
             log.exception("monarch_kernel: error handling %s", Kind(header.kind).name)
 
@@ -160,35 +165,41 @@ class Receiver:
         deadline = None if timeout is None else time.monotonic() + timeout
         if inbox is None or self.io.is_current():
             return self._wait_plain(completion, deadline, hook)
-        while not completion.done():
+        while True:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
             if hook is not None and hook.pending():
                 hook.run(completion)
-                continue
-            if not inbox.lease.acquire(blocking=False):
+            elif not inbox.lease.acquire(blocking=False):
+                # another thread is reading it for us
                 completion.wait(LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S))
-                continue  # another thread is reading it for us
-            try:
-                self._read_until(inbox, completion, deadline, hook)
-            finally:
-                inbox.lease.release()
-                if inbox.missed:
-                    self.io.call_soon(self.drain, inbox)
-        return True
+            else:
+                try:
+                    self._read_until(inbox, completion, deadline, hook)
+                finally:
+                    inbox.lease.release()
+                    if inbox.missed:
+                        self.io.call_soon(self.drain, inbox)
+            if completion.done():
+                return True
 
     def _read_until(self, inbox: Inbox, completion: Completion, deadline: float | None, hook) -> None:
-        """Holding the lease: block in ``recv`` (no poll first: the message is there the
-        moment the thread wakes) until done, the deadline, or the hook wants the thread."""
-        while not completion.done():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            ms = int(1000 * (LEASE_RECHECK_S if left is None else min(left, LEASE_RECHECK_S)))
+        """Holding the lease, with ``completion`` not done: block in ``recv`` (no poll first:
+        the message is there the moment the thread wakes) until done, the deadline, or the
+        hook wants the thread."""
+        ms = int(1000 * LEASE_RECHECK_S)
+        while True:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                ms = int(1000 * min(left, LEASE_RECHECK_S))
             frames = inbox.recv_within(max(ms, 1))
             if frames is not None:
                 self.handle(frames, True)
+                if completion.done():
+                    return
             elif hook is not None and hook.pending():
                 return
 

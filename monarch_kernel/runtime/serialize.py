@@ -103,6 +103,32 @@ def _rebuild_array_shm(path, nbytes, dtype, shape):
     return np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
 
 
+_SCALARS = frozenset((int, float, bool, str, type(None)))
+
+
+def is_plain(obj) -> bool:
+    """Whether ``obj`` is a scalar, or a call's ``(args, kwargs)`` of scalars: nothing in it
+    can be a tensor, an array or a reference to ``__main__``, so ``pickle`` alone does."""
+    t = type(obj)
+    if t in _SCALARS:
+        return t is not str or len(obj) < _OOB_MIN
+    if t is tuple and len(obj) == 2 and type(obj[0]) is tuple and type(obj[1]) is dict and len(obj[0]) < 8:
+        scalars = _SCALARS
+        for a in obj[0]:
+            if type(a) not in scalars or (type(a) is str and len(a) >= _OOB_MIN):
+                return False
+        for a in obj[1].values():
+            if type(a) not in scalars or (type(a) is str and len(a) >= _OOB_MIN):
+                return False
+        return True
+    return False
+
+
+def dumps_plain(obj) -> list | None:
+    """``dumps(obj)`` when ``obj`` is ``plain`` (no shared memory can be involved), else None."""
+    return [pickle.dumps(obj, 5)] if is_plain(obj) else None
+
+
 def dumps(obj) -> list:
     """Pickle ``obj``; returns ``[pickle_bytes, buffer, ...]`` ready to be zmq frames.
 
@@ -110,6 +136,8 @@ def dumps(obj) -> list:
     any reference to ``__main__`` (which the receiver does not share), goes to cloudpickle,
     which pickles such classes and functions by value.
     """
+    if is_plain(obj):
+        return [pickle.dumps(obj, 5)]
     bufs: list = []
     f = io.BytesIO()
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
 from .context import ActorContext, MeshRef, current_actor
-from .envelope import Header, Kind, Mode, Part, Status
+from .envelope import Header, Kind, Mode, Part, Status, load
 from .failure import DeathInfo, MeshFailure, RemoteFailure, SendFailed
 from .payloads import ReplyInfo
 from .serialize import describe_unpicklable, dumps
@@ -111,8 +111,7 @@ class Server:
         slot = self.actors.get(h.actor) if h.kind == Kind.CALL else None
         direct = ReplyInfo(h.actor, slot.direct) if slot is not None and slot.direct else None
         if _lone(h):
-            self.rt.caller.send_reply(NodeState(h.reply_to, False, set(), [part]), h.origin, h.call_id, me, h.mesh,
-                                      direct)
+            self.rt.caller.send_parts(h.reply_to, False, [part], h.origin, h.call_id, me, h.mesh, direct)
             return
         st = self.nodes.add((h.origin, h.call_id), me, [part])
         if st is not None:
@@ -125,7 +124,8 @@ class Server:
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
             frames = dumps(value)
-            self.rt.caller.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
+            if self.rt.caller.oversized(frames):
+                self.rt.caller.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
             return Part(me, Status.OK, frames)
         except ValueError as e:
             return self.failure_part(me, actor, method, e)
@@ -144,7 +144,7 @@ class Server:
         def construct():
             token = None
             try:
-                cls, args, kwargs = Part(me, 0, body).load()
+                cls, args, kwargs = load(body)
                 obj = cls.__new__(cls)
                 slot.instance = obj
                 token = current_actor.set(ActorContext(mesh, me, h.actor, obj, me, mesh.dims))
@@ -192,7 +192,8 @@ class Server:
         if slot is not None and h.method == STOP_METHOD:
             self._stop_actor(slot, h, mesh, me)
             return
-        refused = self._refusal(slot, h, mesh, me)
+        ready = slot is not None and slot.failure is None and not slot.halted and slot.instance is not None
+        refused = None if ready else self._refusal(slot, h, mesh, me)
         if refused is not None or slot is None:  # (no slot is always refused)
             self.complete(h, me, refused or self.failure_part(me, h.actor, h.method, LookupError(h.actor)))
             return
@@ -214,6 +215,9 @@ class Server:
                     slot.spawn(coro)
                 else:
                     slot.run(coro)
+        elif slot.is_current() and not slot.deferring:
+            self._run_sync(slot, fn, ctx, h, body, me)  # the worker read this call itself: no hand-off
+            return
         else:
             def go():
                 self._run_sync(slot, fn, ctx, h, body, me)
@@ -278,7 +282,7 @@ class Server:
         token = current_actor.set(ctx)
         port_id = None
         try:
-            args, kwargs = Part(me, 0, body).load()
+            args, kwargs = load(body)
             if getattr(fn, "__monarch_port__", False):
                 port_id, port = self._response_port(h, me)
                 with slot.running():
@@ -310,7 +314,7 @@ class Server:
         current_actor.set(ctx)  # this task's own context copy
         port_id = None
         try:
-            args, kwargs = Part(me, 0, body).load()
+            args, kwargs = load(body)
             if getattr(fn, "__monarch_port__", False):
                 port_id, port = self._response_port(h, me)
                 await fn(port, *args, **kwargs)

@@ -404,8 +404,9 @@ def _warm_up(modules: list[str]) -> None:
     classes ranks unpickle; the upper layers name them, see ``Runtime.warm``)."""
     import importlib
 
-    from . import rank  # noqa: F401
+    from . import native, rank  # noqa: F401
 
+    native.sockets()  # the wire's C extension too, bound to libzmq once, so forks share it
     for name in modules:
         importlib.import_module(name)
 

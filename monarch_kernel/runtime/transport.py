@@ -21,8 +21,8 @@ from .auth import Signer
 from .curve import CurveKeys
 from .envelope import Header
 from .failure import SendFailed
-from .framing import pack
 from .limits import check_room
+from .native import sockets
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
@@ -66,6 +66,8 @@ class Transport:
         self.received = 0  # messages read, heartbeats apart (heartbeats)
         self.heartbeats = 0
         self.send_failures = 0
+        fast = sockets()
+        self._send_first = fast.send if fast is not None else None  # libzmq's send, straight from C
 
     def _socket(self, addr: str) -> zmq.Socket:
         socks = getattr(self._local, "socks", None)
@@ -101,15 +103,21 @@ class Transport:
         When the peer's queue is full, waits up to ``MONARCH_KERNEL_SEND_BLOCK`` seconds for
         room (``block=False``, for the IO thread: not at all), then raises ``SendFailed``.
         """
-        frames = pack(self.signer.sign(header, body))
+        frames = self.signer.seal(header, body)
         try:
             sock = self._socket(addr)
             last = len(frames) - 1
-            try:  # the MAC, the header and the small parts: copied
-                _send(sock, frames[0], _MORE_NOBLOCK if last else _NOBLOCK, True)
-            except zmq.Again:
-                self._wait_for_room(sock, addr, header, block)
-                _send(sock, frames[0], _MORE_NOBLOCK if last else _NOBLOCK, True)
+            fast = self._send_first
+            if fast is not None:  # the MAC, the header and the small parts: copied
+                if not fast(sock.underlying, frames[0], _MORE_NOBLOCK if last else _NOBLOCK):
+                    self._wait_for_room(sock, addr, header, block)
+                    _send(sock, frames[0], _MORE_NOBLOCK if last else _NOBLOCK, True)
+            else:
+                try:
+                    _send(sock, frames[0], _MORE_NOBLOCK if last else _NOBLOCK, True)
+                except zmq.Again:
+                    self._wait_for_room(sock, addr, header, block)
+                    _send(sock, frames[0], _MORE_NOBLOCK if last else _NOBLOCK, True)
             # Once the first frame is queued, ZeroMQ takes the rest of the message whole.
             for i in range(1, last + 1):
                 f = frames[i]
