@@ -38,6 +38,8 @@ PUBLIC = {
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
+    "RemoteException", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "inspect", "no_mesh",
+    "reduce", "reduce_", "remote", "send", "show", "slice_mesh", "to_mesh",
 }
 
 

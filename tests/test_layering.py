@@ -20,18 +20,19 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "monarch_kernel"
 ALLOWED = {
     "runtime": set(),
     "agent": {"runtime"},
-    "actor": {"runtime"},
+    "tensors": {"runtime"},
+    "actor": {"runtime", "tensors"},
     "data": {"runtime", "actor"},
     "job": {"runtime", "actor"},
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
     "detached": {"runtime", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "actor", "data", "debug", "console", "detached", "job", "spmd"},
+    "kernel": {"runtime", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).
-HALVES = {"debug": ("rank", "controller"), "spmd": ("rank", "controller")}
+HALVES = {"debug": ("rank", "controller"), "spmd": ("rank", "controller"), "tensors": ("rank", "controller")}
 # torchrun's variables: only spmd/ sets them, when it makes a group or runs a script.
 TORCH_VARIABLES = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",

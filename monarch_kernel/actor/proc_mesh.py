@@ -251,6 +251,34 @@ class ProcMesh(Shaped):
         return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
                               auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
 
+    def activate(self):
+        """A context in which torch calls run on every rank of this mesh, as Monarch's: the
+        tensors made inside are distributed (``monarch_kernel.Tensor``), their shapes known at
+        once, their values on the ranks (``inspect(t)`` fetches one shard)::
+
+            with procs.activate():
+                t = torch.rand(3, 4)
+                u = t @ t.T
+            inspect(u, gpus=1)
+        """
+        from .tensor_engine import tensor_mesh
+
+        return tensor_mesh(self).activate()
+
+    def rank_tensor(self, dim: str):
+        """A distributed 0-dim int64 tensor: each rank's index along ``dim``."""
+        from ..tensors.controller.remote import rank_tensor
+        from .tensor_engine import tensor_mesh
+
+        return rank_tensor(tensor_mesh(self), dim)
+
+    def rank_tensors(self) -> dict:
+        """``{dim: rank_tensor(dim)}`` for every dim."""
+        from ..tensors.controller.remote import rank_tensors
+        from .tensor_engine import tensor_mesh
+
+        return rank_tensors(tensor_mesh(self))
+
     def __getattr__(self, name: str):
         if name in _SPMD_FUNCTIONS:  # torch.distributed is spmd's, a layer above: its free functions
             raise AttributeError(f"ProcMesh has no {name}(); torch.distributed set-up lives in monarch_kernel.spmd, "

@@ -104,6 +104,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_IB_PORT", "ib_port", int, 1, help_="port of the RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_GID_INDEX", "ib_gid_index", int, 0,
          help_="GID index for `ibverbs` (RoCE usually needs one other than 0)"),
+    _env("MONARCH_KERNEL_TENSOR_BATCH", "tensor_batch", int, 512, unit="ops", minimum=1,
+         help_="distributed tensor ops the controller records before it sends them to the ranks as one batch"),
+    _env("MONARCH_KERNEL_TENSOR_FLUSH", "tensor_flush", float, 0.005, unit="s", minimum=0.0005,
+         help_="longest time a recorded distributed tensor op waits on the controller before its batch is sent"),
     # -------------------------------------------- timing constants of the code
     # Liveness: ranks beat to their template, which passes beats on; agents and controllers beat.
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),

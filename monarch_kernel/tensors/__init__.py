@@ -1,0 +1,5 @@
+"""Distributed tensors: torch code recorded on the controller inside ``procs.activate()``
+and run by an executor on every rank.  ``controller/`` records and fetches; ``rank/``
+executes; ``messages.py`` is what travels between them.  Below ``actor/``: it reaches the
+ranks only through a small ``Backend`` the actor layer implements.  Importing it imports
+nothing else (torch loads once a tensor exists)."""

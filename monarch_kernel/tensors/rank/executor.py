@@ -1,0 +1,315 @@
+"""The executor: one per rank and proc mesh, holding the rank's shard of every live
+distributed tensor (ref -> tensor) and running the controller's batches in order.
+
+An op that raises poisons its results with this rank's traceback, and whatever reads a
+poisoned value is poisoned in turn; the executor itself never raises, so the rank stays
+alive and later ops run.  Batches may arrive out of order (they travel down the multicast
+tree, fetches straight to one rank): each carries its sequence number, and a request waits
+until the batches sent before it have run.  Used only once a tensor exists, so it imports
+torch.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..messages import BACKWARD, COLLECTIVE, DELETE, GRAD_MODE, OP, RANKS, SET_ATTR, Poisoned, Ref
+
+_EXECUTORS: dict[str, Executor] = {}  # engine key -> this process's executor for it
+_SEQ = (list, tuple)
+_running: list = [None]  # the executor whose batch runs now (for functions that ask their rank)
+
+
+class _PoisonedInput(Exception):
+    def __init__(self, poisoned: Poisoned):
+        self.poisoned = poisoned
+
+
+def executor_for(key: str) -> Executor | None:
+    return _EXECUTORS.get(key)
+
+
+def local_shard(key: str, ref: int, seq: int, timeout: float = 60.0):
+    """The local shard of a distributed tensor passed to an endpoint on these procs: found in
+    this process's executor once the batch that made it has run (waits for it)."""
+    ex = _EXECUTORS.get(key)
+    if ex is None:
+        raise RuntimeError("a distributed tensor reached a process that has no tensor engine for its mesh: "
+                           "pass it only to actors spawned on the procs it lives on")
+    return ex.shard(ref, seq, timeout)
+
+
+class Executor:
+    def __init__(self, rank: int, key: str, seed: int | None = None):
+        self.rank = rank
+        self.key = key
+        self.env: dict[int, Any] = {}
+        self.done = 0  # sequence number of the last batch run
+        self._early: dict[int, tuple] = {}  # batches that overtook an earlier one
+        self._waiting: dict[int, list] = {}  # seq -> requests parked until it has run
+        self._cond = threading.Condition()
+        self._selected = True  # whether this rank runs the ops that follow (RANKS)
+        self._collectives: Any = None
+        self._handlers: list[Callable[[tuple], None]] = [
+            self._op, self._delete, self._grad_mode, self._ranks, self._backward, self._set_attr, self._collective]
+        if seed is not None:
+            torch.manual_seed(seed)
+        _EXECUTORS[key] = self
+
+    def close(self) -> None:
+        self.env.clear()
+        if _EXECUTORS.get(self.key) is self:
+            del _EXECUTORS[self.key]
+
+    # ------------------------------------------------------------ batches
+
+    def run_batch(self, seq: int, payload: bytes, made: list[int]) -> None:
+        """Run batch ``seq`` (pickled messages; ``made``: the refs its ops bind) once every
+        earlier one has run."""
+        if seq != self.done + 1:
+            self._early[seq] = (payload, made)
+            return
+        while True:
+            self._run(payload, made)
+            with self._cond:
+                self.done = seq
+                self._cond.notify_all()
+            for req in self._waiting.pop(seq, ()):
+                self._answer(*req)
+            seq += 1
+            early = self._early.pop(seq, None)
+            if early is None:
+                return
+            payload, made = early
+
+    def _run(self, payload: bytes, made: list[int]) -> None:
+        try:
+            messages = pickle.loads(payload)
+        except Exception as e:  # an op's function that this rank cannot import, say
+            poison = Poisoned(self.rank, "loading a batch of ops", "".join(traceback.format_exception(e)))
+            for ref in made:
+                self.env[ref] = poison
+            return
+        handlers = self._handlers
+        _running[0] = self
+        for m in messages:
+            handlers[m[0]](m)
+
+    # ------------------------------------------------------------ handlers
+
+    def _op(self, m: tuple) -> None:
+        if not self._selected:
+            return
+        _, func, args, kwargs, out, deep = m
+        try:
+            if deep:
+                args, kwargs = self._resolve((args, kwargs))
+            else:
+                args = self._flat(args)
+            result = func(*args, **kwargs)
+        except _PoisonedInput as p:
+            self._bind_poison(out, p.poisoned)
+            return
+        except Exception as e:
+            self._bind_poison(out, self._poison(func, e))
+            return
+        self._bind(out, result)
+
+    def _flat(self, args: tuple) -> list:
+        env = self.env
+        resolved = []
+        for a in args:
+            if type(a) is Ref:
+                a = env.get(a.id, _MISSING)
+                if type(a) is Poisoned:
+                    raise _PoisonedInput(a)
+                if a is _MISSING:
+                    raise KeyError("a distributed tensor that does not exist on this rank (it was made on other "
+                                   "ranks of the mesh, or already deleted)")
+            resolved.append(a)
+        return resolved
+
+    def _resolve(self, obj):
+        t = type(obj)
+        if t is Ref:
+            v = self.env.get(obj.id, _MISSING)
+            if type(v) is Poisoned:
+                raise _PoisonedInput(v)
+            if v is _MISSING:
+                raise KeyError("a distributed tensor that does not exist on this rank (it was made on other "
+                               "ranks of the mesh, or already deleted)")
+            return v
+        if t in _SEQ:
+            return t(self._resolve(x) for x in obj)
+        if t is dict:
+            return {k: self._resolve(v) for k, v in obj.items()}
+        return obj
+
+    def _bind(self, out, value) -> None:
+        if out is None:
+            return
+        if type(out) is int:
+            self.env[out] = value
+            return
+        if not isinstance(value, (list, tuple)) or len(value) != len(out):
+            self._bind_poison(out, Poisoned(self.rank, "an op", f"it returned {type(value).__name__}, not the "
+                                            f"{len(out)} results the controller expected\n"))
+            return
+        for o, v in zip(out, value, strict=True):
+            self._bind(o, v)
+
+    def _bind_poison(self, out, poisoned: Poisoned) -> None:
+        if out is None:
+            return
+        if type(out) is int:
+            self.env[out] = poisoned
+            return
+        for o in out:
+            self._bind_poison(o, poisoned)
+
+    def _poison(self, func, e: BaseException) -> Poisoned:
+        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+        module = getattr(func, "__module__", None)
+        what = f"{module}.{name}" if module and module not in ("torch._C", "builtins") else name
+        return Poisoned(self.rank, what, "".join(traceback.format_exception(e)))
+
+    def _delete(self, m: tuple) -> None:
+        env = self.env
+        for ref in m[1]:
+            env.pop(ref, None)
+
+    def _grad_mode(self, m: tuple) -> None:
+        torch.set_grad_enabled(m[1])
+
+    def _ranks(self, m: tuple) -> None:
+        self._selected = m[1] is None or self.rank in m[1]
+
+    def _backward(self, m: tuple) -> None:
+        if not self._selected:
+            return
+        _, loss, gradient, retain, binds = m
+        grads = tuple(g for _p, g in binds)
+        try:
+            loss_t, g = self._resolve((Ref(loss), gradient))
+            loss_t.backward(g, retain_graph=retain)
+            for p, ref in binds:
+                self.env[ref] = self._resolve(Ref(p)).grad
+        except _PoisonedInput as p:
+            self._bind_poison(grads, p.poisoned)
+        except Exception as e:
+            self._bind_poison(grads, self._poison(torch.Tensor.backward, e))
+
+    def _set_attr(self, m: tuple) -> None:
+        if not self._selected:
+            return
+        _, ref, name, value = m
+        try:
+            target, value = self._resolve((Ref(ref), value))
+            setattr(target, name, value)
+        except _PoisonedInput as p:
+            self.env[ref] = p.poisoned
+        except Exception as e:
+            self.env[ref] = self._poison(setattr, e)
+
+    def _collective(self, m: tuple) -> None:
+        """Reductions and moves between meshes: handed to the rank's ``Collectives``."""
+        request = m[1]
+        try:
+            if self._collectives is None:
+                self._collectives = _load_collectives()(self)
+            self._collectives.run(request)
+        except Exception as e:
+            self._bind_poison(getattr(request, "out", None), self._poison(type(self._collectives or self), e))
+
+    # ------------------------------------------------------------ values back to the controller
+
+    def request(self, seq: int, fn, args, kwargs, reply: Callable[[Any], None]) -> None:
+        """Answer ``fn(*args, **kwargs)`` (``fn`` None: ``args[0]``), refs resolved, once
+        batch ``seq`` has run: ``reply`` gets the value (tensors detached, on the CPU) or a
+        ``Poisoned``."""
+        if seq <= self.done:
+            self._answer(fn, args, kwargs, reply)
+        else:
+            self._waiting.setdefault(seq, []).append((fn, args, kwargs, reply))
+
+    def _answer(self, fn, args, kwargs, reply) -> None:
+        try:
+            args, kwargs = self._resolve((args, kwargs))
+            value = args[0] if fn is None else fn(*args, **kwargs)
+            value = _to_controller(value)
+        except _PoisonedInput as p:
+            value = p.poisoned
+        except Exception as e:
+            value = self._poison(fn, e)
+        reply(value)
+
+    def shard(self, ref: int, seq: int, timeout: float):
+        """From any thread: the tensor at ``ref`` once batch ``seq`` has run."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.done >= seq, timeout):
+                raise TimeoutError(f"timed out after {timeout:g} s waiting for the tensor engine to make a "
+                                   "distributed tensor passed to this endpoint")
+        v = self.env.get(ref, _MISSING)
+        if type(v) is Poisoned:
+            from ..messages import RemoteException
+
+            raise RemoteException(v)
+        if v is _MISSING:
+            raise KeyError("the distributed tensor passed to this endpoint does not exist on this rank")
+        return v
+
+    def stats(self) -> dict:
+        """Live refs on this rank, and the bytes their tensors hold."""
+        n = nbytes = 0
+        for v in self.env.values():
+            if isinstance(v, torch.Tensor):
+                n += 1
+                nbytes += v.numel() * v.element_size()
+        return {"refs": len(self.env), "tensors": n, "bytes": nbytes, "done": self.done}
+
+
+_MISSING = object()
+
+
+def coordinate(ranks: tuple, sizes: tuple, axis: int):
+    """On a rank, inside a batch: this rank's index along dim ``axis`` of the mesh whose
+    ranks (row-major) are ``ranks`` and dims ``sizes`` (``procs.rank_tensor(dim)``)."""
+    ex = _running[0]
+    flat = ranks.index(ex.rank)
+    for size in reversed(sizes[axis + 1:]):
+        flat //= size
+    return torch.tensor(flat % sizes[axis])
+
+
+def _to_controller(value):
+    """What a fetch sends back: tensors detached, on the CPU, and no bigger than they are
+    (a small view of a large tensor would pickle all of its storage)."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        elif t.untyped_storage().nbytes() > t.numel() * t.element_size():
+            t = t.clone()
+        return t
+    if type(value) in _SEQ:
+        return type(value)(_to_controller(v) for v in value)
+    if type(value) is dict:
+        return {k: _to_controller(v) for k, v in value.items()}
+    return value
+
+
+def _load_collectives():
+    import importlib
+
+    try:
+        module = importlib.import_module(f"{__package__}.collectives")
+    except ImportError as e:
+        raise NotImplementedError("reductions and to_mesh: wired when collectives land") from e
+    return module.Collectives
+
