@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..messages import BACKWARD, OP, SET_ATTR
 from .meshes import TensorMesh, state
+from .tensor import LEAF as _LEAF
 from .tensor import LOCAL, VALUE_FUNCS, Tensor, fake_of, value_error
 
 FACTORIES = {torch.rand, torch.randn, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
@@ -28,7 +29,6 @@ _ATOMS = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtyp
 _SEQ = (list, tuple)
 _MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu}
 _BACKWARD = {torch.Tensor.backward, torch.autograd.backward}
-_LEAF = {}  # _leaves of a leaf that needs grad (it reaches itself)
 _CACHE: dict = {}
 _CACHE_LIMIT = 8192
 

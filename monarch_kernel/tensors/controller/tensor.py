@@ -173,6 +173,10 @@ def fake_of(t: Tensor) -> torch.Tensor:
         f = f.as_strided(size, stride, offset)
     if rg:
         f.requires_grad_(True)
-        if t._leaves is not None and id(t) not in t._leaves:
-            f = f.clone()
+        if t._leaves is not LEAF:
+            with torch.enable_grad():
+                f = f.clone()
     return f
+
+
+LEAF: dict = {}  # the ``_leaves`` of a leaf that needs grad (it reaches only itself)

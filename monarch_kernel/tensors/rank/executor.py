@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..messages import BACKWARD, COLLECTIVE, DELETE, GRAD_MODE, OP, RANKS, SET_ATTR, Poisoned, Ref
+from ..messages import BACKWARD, COLLECTIVE, DELETE, GRAD_MODE, OP, RANKS, SET_ATTR, Poisoned, Ref, unpack_tensor
 
 _EXECUTORS: dict[str, Executor] = {}  # engine key -> this process's executor for it
 _SEQ = (list, tuple)
@@ -56,6 +57,8 @@ class Executor:
         self._cond = threading.Condition()
         self._selected = True  # whether this rank runs the ops that follow (RANKS)
         self._collectives: Any = None
+        self.busy_s = 0.0  # time spent running ops
+        self.ops = 0  # messages run
         self._handlers: list[Callable[[tuple], None]] = [
             self._op, self._delete, self._grad_mode, self._ranks, self._backward, self._set_attr, self._collective]
         if seed is not None:
@@ -98,8 +101,11 @@ class Executor:
             return
         handlers = self._handlers
         _running[0] = self
+        start = time.perf_counter()
         for m in messages:
             handlers[m[0]](m)
+        self.busy_s += time.perf_counter() - start
+        self.ops += len(messages)
 
     # ------------------------------------------------------------ handlers
 
@@ -271,10 +277,26 @@ class Executor:
             if isinstance(v, torch.Tensor):
                 n += 1
                 nbytes += v.numel() * v.element_size()
-        return {"refs": len(self.env), "tensors": n, "bytes": nbytes, "done": self.done}
+        return {"refs": len(self.env), "tensors": n, "bytes": nbytes, "done": self.done, "ops": self.ops,
+                "busy_s": self.busy_s}
 
 
 _MISSING = object()
+_PACK_MAX = 4096  # smaller tensors travel as bytes; larger ones as the runtime's zero-copy frames
+
+
+class _Packed:
+    """A small CPU tensor on its way to the controller, as its bytes."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t):
+        self.t = t
+
+    def __reduce__(self):
+        t = self.t.resolve_conj().resolve_neg().contiguous()
+        raw = t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return (unpack_tensor, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
 
 
 def coordinate(ranks: tuple, sizes: tuple, axis: int):
@@ -294,7 +316,10 @@ def _to_controller(value):
         t = value.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        elif t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        nbytes = t.numel() * t.element_size()
+        if nbytes < _PACK_MAX and t.layout == torch.strided and not t.is_quantized:
+            return _Packed(t)
+        if t.untyped_storage().nbytes() > nbytes:
             t = t.clone()
         return t
     if type(value) in _SEQ:
