@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 from ..runtime.actors import CONCURRENT_MARK, ENDPOINT_MARK, in_actor_event_loop
 
+RREF_METHOD = "__monarch_rref__"  # the Actor endpoint that runs another for ``rref`` (never listed)
+
 
 def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, concurrent: bool = False,
              instrument: bool = True):
@@ -49,6 +51,7 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, c
         setattr(f, ENDPOINT_MARK, True)
         setattr(f, CONCURRENT_MARK, concurrent)
         f.__monarch_port__ = explicit_response_port
+        f.__monarch_propagate__ = propagate
         return f
 
     return mark(fn) if fn is not None else mark
@@ -76,7 +79,7 @@ def refuse_mixed_endpoints(cls: type) -> None:
     if not config.strict():
         return
     marked = [(n, getattr(cls, n)) for n in sorted(dir(cls))
-              if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)]
+              if getattr(getattr(cls, n, None), ENDPOINT_MARK, False) and n != RREF_METHOD]
     sync = [n for n, f in marked if not inspect.iscoroutinefunction(f)]
     async_ = [n for n, f in marked if inspect.iscoroutinefunction(f)]
     if sync and async_:
@@ -265,6 +268,16 @@ class Endpoint:
                     return
 
         pending.completion.add_done_callback(check)
+
+    def rref(self, *args, **kwargs):
+        """Run on every rank; the result stays there as a distributed tensor (its shape from
+        ``@endpoint(propagate=...)``), usable at once in ``activate()`` code::
+
+            o = torch.relu(linear.forward.rref(t))
+        """
+        from .tensor_engine import rref
+
+        return rref(self._mesh, self._name, args, kwargs)
 
     def stream(self, *args, **kwargs) -> Stream:
         """Run on every rank; one Future per rank, in the order they answer.  Iterate it

@@ -18,7 +18,7 @@ from ..runtime.envelope import Kind
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
-from .actor_mesh import ActorMesh, endpoint_names
+from .actor_mesh import ActorMesh, endpoint_names, propagators
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
 from .shape import Shape, Shaped
@@ -182,8 +182,10 @@ class ProcMesh(Shaped):
                     return  # one event per failed spawn, as for a broadcast
 
         pending.completion.add_done_callback(constructed)
-        return ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self,
-                         initialized=Future(pending.completion, check), owner=(owner,))
+        mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
+                                    self, initialized=Future(pending.completion, check), owner=(owner,))
+        mesh._propagators = propagators(cls)
+        return mesh
 
     def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
         """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn

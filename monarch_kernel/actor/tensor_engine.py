@@ -19,6 +19,11 @@ from .shape import Point, Shape
 from .value_mesh import ValueMesh
 
 
+# What a request answers when it overtook the batch it must follow (batches go down the tree,
+# requests straight to a rank): the controller asks again, and then the rank waits for it.
+NOT_YET = "__monarch_kernel_tensor_not_yet__"
+
+
 class TensorEngine(Actor):
     """Holds this rank's executor (the shards of every live distributed tensor)."""
 
@@ -32,17 +37,21 @@ class TensorEngine(Actor):
     def run(self, seq: int, payload: bytes, made: list) -> None:
         self.executor.run_batch(seq, payload, made)
 
+    @endpoint
+    def request(self, seq: int, fn, args, kwargs):
+        return self.executor.answer(seq, fn, args, kwargs, NOT_YET)
+
     @endpoint(explicit_response_port=True)
-    def request(self, port, seq: int, fn, args, kwargs) -> None:
+    def request_later(self, port, seq: int, fn, args, kwargs) -> None:
         self.executor.request(seq, fn, args, kwargs, port.send)
 
     @endpoint
     def send_to(self, seq: int, fn, args, kwargs, port) -> None:
         self.executor.request(seq, fn, args, kwargs, port.send)
 
-    @endpoint(explicit_response_port=True)
-    def stats(self, port, seq: int) -> None:
-        self.executor.request(seq, self.executor.stats, (), {}, port.send)
+    @endpoint
+    def stats(self, seq: int):
+        return self.executor.answer(seq, self.executor.stats, (), {}, NOT_YET)
 
     def __cleanup__(self, exc) -> None:
         self.executor.close()
@@ -70,18 +79,28 @@ class EngineBackend:
 
     def _over(self, shape) -> ActorMesh:
         e = self.engines
-        return ActorMesh(e.proc_ref, e.actor_id, e.name, "TensorEngine", ("request", "run", "send_to", "stats"),
-                         shape)
+        return ActorMesh(e.proc_ref, e.actor_id, e.name, "TensorEngine", e._endpoints, shape)
 
     def send(self, seq: int, payload: bytes, made: list) -> None:
         self.engines.run.broadcast(seq, payload, made)
 
     def request(self, rank: int, seq: int, fn, args, kwargs, transform):
-        return self._at(rank).request.call_one(seq, fn, args, kwargs).map(transform)
+        def settle(v):
+            if isinstance(v, str) and v == NOT_YET:
+                v = self._at(rank).request_later.call_one(seq, fn, args, kwargs).get()
+            return transform(v)
+
+        return self._at(rank).request.call_one(seq, fn, args, kwargs).map(settle)
 
     def request_all(self, shape, seq: int, fn, args, kwargs, transform):
+        ranks = list(shape.ranks)
+
         def each(vm: ValueMesh) -> ValueMesh:
-            return ValueMesh(vm.shape, [transform(v) for v in vm.values()])
+            values = list(vm.values())
+            for i, v in enumerate(values):
+                if isinstance(v, str) and v == NOT_YET:
+                    values[i] = self._at(ranks[i]).request_later.call_one(seq, fn, args, kwargs).get()
+            return ValueMesh(vm.shape, [transform(v) for v in values])
 
         return self._over(shape).request.call(seq, fn, args, kwargs).map(each)
 
@@ -89,7 +108,8 @@ class EngineBackend:
         self._over(shape).send_to.broadcast(seq, fn, args, kwargs, port)
 
     def stats(self, seq: int):
-        return self.engines.stats.call(seq)
+        """A Future of a ValueMesh of each rank's executor stats (refs, bytes, ops, busy_s)."""
+        return self.request_all(self.engines.shape, seq, _stats, (), {}, lambda v: v)
 
 
 _CLIENTS: dict[str, object] = {}  # proc mesh id -> its MeshClient
@@ -114,3 +134,54 @@ def tensor_mesh(procs):
     from ..tensors.controller.meshes import TensorMesh
 
     return TensorMesh(tensor_client(procs), procs.shape, procs)
+
+
+def _stats():
+    from ..tensors.rank.executor import current_stats
+
+    return current_stats()
+
+
+def rref(mesh: ActorMesh, method: str, args, kwargs):
+    """``endpoint.rref(...)``: the endpoint runs on every rank of ``mesh``; its result stays
+    there as distributed tensors, whose shapes ``propagate`` gives now."""
+    from ..tensors.controller.meshes import active
+    from ..tensors.controller.remote import promise
+    from .endpoint import RREF_METHOD, Endpoint
+
+    propagate = (mesh._propagators or {}).get(method)
+    if propagate is None:
+        raise ValueError(f"{mesh._class_name}.{method}.rref(...) needs its result's shape: declare it with "
+                         f"@endpoint(propagate=lambda *args: ...) (a function of the arguments' fake tensors)")
+    pm = mesh._proc_mesh
+    tm = active()
+    if tm is None or tm.client.backend.key.split("/")[0] != mesh.proc_ref.id:
+        if pm is None:
+            raise ValueError("rref needs the actors' proc mesh active: `with procs.activate():`")
+        tm = tensor_mesh(pm.slice(**{}) if not len(mesh.shape.extent) else pm)
+    result, out = promise(tm, propagate, args, kwargs)
+    Endpoint(mesh, RREF_METHOD).broadcast(tm.client.backend.key, method, out, args, kwargs)
+    return result
+
+
+def keep_result(actor, key: str, method: str, out, args, kwargs) -> None:
+    """On a rank (``Actor.__monarch_rref__``): run ``method`` and bind its result to ``out``
+    in the tensor engine's executor."""
+    import asyncio
+    import inspect
+
+    from ..tensors.rank.executor import executor_for
+
+    ex = executor_for(key, timeout=60.0)
+    if ex is None:
+        raise RuntimeError("rref: this process has no tensor engine for the mesh (activate the actors' procs)")
+    fn = getattr(type(actor), method)
+    fn = getattr(fn, "__wrapped__", fn)
+    try:
+        value = fn(actor, *args, **kwargs)
+        if inspect.iscoroutine(value):
+            value = asyncio.run(value)
+    except Exception as e:  # noqa: BLE001  (the error poisons the results; whoever reads them hears of it)
+        ex.fulfill(out, error=e, what=f"{type(actor).__qualname__}.{method}")
+        return
+    ex.fulfill(out, value)

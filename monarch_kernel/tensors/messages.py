@@ -14,6 +14,7 @@ RANKS = 3  # (RANKS, frozenset of ranks or None): which ranks run the ops that f
 BACKWARD = 4  # (BACKWARD, loss ref, gradient ref or None, retain_graph, [(param ref, grad ref), ...])
 SET_ATTR = 5  # (SET_ATTR, ref, name, value): value a Ref, None or a constant
 COLLECTIVE = 6  # (COLLECTIVE, request): handed to the rank's Collectives (reductions, to_mesh)
+PROMISE = 7  # (PROMISE, [ref, ...]): refs an actor's endpoint will bind (``rref``); ops reading them wait
 
 
 class Ref:

@@ -68,6 +68,16 @@ class RecordingMode(TorchFunctionMode):
         return record(mesh, func, args, kwargs, tensors, deep)
 
 
+def record_view(func, args, kwargs):
+    """A view of a distributed tensor taken outside ``activate()``: on its own mesh."""
+    tensors, deep = _find(args, kwargs)
+    mesh = tensors[0]._mesh
+    for t in tensors:
+        if not t._mesh.same(mesh):
+            raise ValueError(f"{_name(func)}(): tensors of meshes {mesh.describe()} and {t._mesh.describe()}")
+    return record(mesh, func, args, kwargs, tensors, deep)
+
+
 def _name(func) -> str:
     if getattr(func, "__name__", "") in ("__get__", "__set__"):
         return f"Tensor.{func.__self__.__name__}"

@@ -21,7 +21,7 @@ import importlib
 
 import torch
 
-from ..messages import OP
+from ..messages import OP, PROMISE
 from .fetch import _raise_poisoned
 from .meshes import TensorMesh, active
 from .recorder import _find, build
@@ -215,3 +215,21 @@ def rank_tensor(mesh: TensorMesh, dim: str) -> Tensor:
 
 def rank_tensors(mesh: TensorMesh) -> dict:
     return {d: rank_tensor(mesh, d) for d in mesh.labels}
+
+
+def promise(mesh: TensorMesh, propagate, args, kwargs):
+    """``rref``: handles for what an actor's endpoint will return (shapes from ``propagate``
+    of the arguments' fakes), promised to the ranks, and sent; returns them and their refs."""
+    from .meshes import no_mesh
+
+    fargs, fkwargs = _fakes(args), _fakes(kwargs)
+    with no_mesh.activate(), torch.device("meta"):
+        outputs = propagate(*fargs, **fkwargs)
+    tensors, _deep = _find(args, kwargs)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    client = mesh.client
+    made: list[int] = []
+    result, out = build(_plan_new(outputs, device), tensors, (), mesh, client, made)
+    client.record((PROMISE, made), made, mesh.rank_set, torch.is_grad_enabled())
+    client.flush()
+    return result, out

@@ -43,6 +43,13 @@ VALUE_FUNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, to
                torch.Tensor.data_ptr, torch.Tensor.untyped_storage, torch.Tensor.storage}
 
 
+# Views may be taken outside activate() too (Monarch's guide passes ``t[0]`` to an endpoint).
+VIEWS = {torch.Tensor.__getitem__, torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.select,
+         torch.Tensor.narrow, torch.Tensor.squeeze, torch.Tensor.unsqueeze, torch.Tensor.transpose,
+         torch.Tensor.permute, torch.Tensor.flatten, torch.Tensor.t, torch.Tensor.T.__get__,  # type: ignore[attr-defined]
+         torch.Tensor.detach, torch.Tensor.expand, torch.Tensor.view_as}
+
+
 def value_error(func) -> RuntimeError:
     name = getattr(func, "__name__", repr(func))
     return RuntimeError(f"{name}() needs a distributed tensor's value, which lives on the ranks: fetch one rank's "
@@ -89,6 +96,10 @@ class Tensor(torch.Tensor):
                 return func(*args, **(kwargs or {}))
         if func in VALUE_FUNCS:
             raise value_error(func)
+        if func in VIEWS:  # a view computes nothing: it is recorded on the tensor's own mesh
+            from .recorder import record_view
+
+            return record_view(func, args, kwargs or {})
         name = getattr(func, "__name__", repr(func))
         raise RuntimeError(
             f"{name}() on a distributed tensor outside `with procs.activate():`; run it inside "

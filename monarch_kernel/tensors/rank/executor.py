@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from ..messages import BACKWARD, COLLECTIVE, DELETE, GRAD_MODE, OP, RANKS, SET_ATTR, Poisoned, Ref, unpack_tensor
+from ..messages import BACKWARD, COLLECTIVE, DELETE, GRAD_MODE, OP, PROMISE, RANKS, SET_ATTR, Poisoned, Ref, unpack_tensor
 
 _EXECUTORS: dict[str, Executor] = {}  # engine key -> this process's executor for it
+_REGISTERED = threading.Condition()  # notified when an executor registers
 _SEQ = (list, tuple)
 _running: list = [None]  # the executor whose batch runs now (for functions that ask their rank)
 
@@ -32,17 +33,21 @@ class _PoisonedInput(Exception):
         self.poisoned = poisoned
 
 
-def executor_for(key: str) -> Executor | None:
-    return _EXECUTORS.get(key)
+def executor_for(key: str, timeout: float = 0.0) -> Executor | None:
+    """This process's executor for engine ``key``, waiting up to ``timeout`` s for it to start."""
+    with _REGISTERED:
+        _REGISTERED.wait_for(lambda: key in _EXECUTORS, timeout)
+        return _EXECUTORS.get(key)
 
 
 def local_shard(key: str, ref: int, seq: int, timeout: float = 60.0):
     """The local shard of a distributed tensor passed to an endpoint on these procs: found in
     this process's executor once the batch that made it has run (waits for it)."""
-    ex = _EXECUTORS.get(key)
-    if ex is None:
-        raise RuntimeError("a distributed tensor reached a process that has no tensor engine for its mesh: "
-                           "pass it only to actors spawned on the procs it lives on")
+    with _REGISTERED:  # the engine may still be starting (importing torch) on this rank
+        if not _REGISTERED.wait_for(lambda: key in _EXECUTORS, timeout):
+            raise RuntimeError("a distributed tensor reached a process that has no tensor engine for its mesh: "
+                               "pass it only to actors spawned on the procs it lives on")
+        ex = _EXECUTORS[key]
     return ex.shard(ref, seq, timeout)
 
 
@@ -60,10 +65,14 @@ class Executor:
         self.busy_s = 0.0  # time spent running ops
         self.ops = 0  # messages run
         self._handlers: list[Callable[[tuple], None]] = [
-            self._op, self._delete, self._grad_mode, self._ranks, self._backward, self._set_attr, self._collective]
+            self._op, self._delete, self._grad_mode, self._ranks, self._backward, self._set_attr, self._collective,
+            self._promise]
+        self._promised: set[int] = set()  # refs an actor's endpoint will bind (rref)
         if seed is not None:
             torch.manual_seed(seed)
-        _EXECUTORS[key] = self
+        with _REGISTERED:
+            _EXECUTORS[key] = self
+            _REGISTERED.notify_all()
 
     def close(self) -> None:
         self.env.clear()
@@ -132,24 +141,34 @@ class Executor:
         resolved = []
         for a in args:
             if type(a) is Ref:
-                a = env.get(a.id, _MISSING)
+                ref = a.id
+                a = env.get(ref, _MISSING)
+                if a is _MISSING:
+                    a = self._missing(ref)
                 if type(a) is Poisoned:
                     raise _PoisonedInput(a)
-                if a is _MISSING:
-                    raise KeyError("a distributed tensor that does not exist on this rank (it was made on other "
-                                   "ranks of the mesh, or already deleted)")
             resolved.append(a)
         return resolved
+
+    def _missing(self, ref: int):
+        """A ref not bound here: one an actor's endpoint promised waits for it (``rref``)."""
+        if ref in self._promised:
+            with self._cond:
+                if self._cond.wait_for(lambda: ref in self.env, _PROMISE_TIMEOUT_S):
+                    return self.env[ref]
+            return Poisoned(self.rank, "rref", f"the actor's endpoint did not make its result within "
+                                               f"{_PROMISE_TIMEOUT_S:g} s\n")
+        raise KeyError("a distributed tensor that does not exist on this rank (it was made on other ranks of the "
+                       "mesh, or already deleted)")
 
     def _resolve(self, obj):
         t = type(obj)
         if t is Ref:
             v = self.env.get(obj.id, _MISSING)
+            if v is _MISSING:
+                v = self._missing(obj.id)
             if type(v) is Poisoned:
                 raise _PoisonedInput(v)
-            if v is _MISSING:
-                raise KeyError("a distributed tensor that does not exist on this rank (it was made on other "
-                               "ranks of the mesh, or already deleted)")
             return v
         if t in _SEQ:
             return t(self._resolve(x) for x in obj)
@@ -189,6 +208,23 @@ class Executor:
         env = self.env
         for ref in m[1]:
             env.pop(ref, None)
+        if self._promised:
+            self._promised.difference_update(m[1])
+
+    def _promise(self, m: tuple) -> None:
+        if self._selected:
+            with self._cond:
+                self._promised.update(r for r in m[1] if r not in self.env)
+
+    def fulfill(self, out, value=None, error: BaseException | None = None, what: str = "an endpoint") -> None:
+        """From an actor's thread: bind what its endpoint returned (or its error) to the refs
+        an ``rref`` promised."""
+        with self._cond:
+            if error is not None:
+                self._bind_poison(out, Poisoned(self.rank, what, "".join(traceback.format_exception(error))))
+            else:
+                self._bind(out, value)
+            self._cond.notify_all()
 
     def _grad_mode(self, m: tuple) -> None:
         torch.set_grad_enabled(m[1])
@@ -244,16 +280,25 @@ class Executor:
         else:
             self._waiting.setdefault(seq, []).append((fn, args, kwargs, reply))
 
+    def answer(self, seq: int, fn, args, kwargs, not_yet):
+        """``request`` answered now: the value, or ``not_yet`` if batch ``seq`` has not run."""
+        if seq > self.done:
+            return not_yet
+        return self._value(fn, args, kwargs)
+
     def _answer(self, fn, args, kwargs, reply) -> None:
+        reply(self._value(fn, args, kwargs))
+
+    def _value(self, fn, args, kwargs):
+        _running[0] = self
         try:
             args, kwargs = self._resolve((args, kwargs))
             value = args[0] if fn is None else fn(*args, **kwargs)
-            value = _to_controller(value)
+            return _to_controller(value)
         except _PoisonedInput as p:
-            value = p.poisoned
+            return p.poisoned
         except Exception as e:
-            value = self._poison(fn, e)
-        reply(value)
+            return self._poison(fn, e)
 
     def shard(self, ref: int, seq: int, timeout: float):
         """From any thread: the tensor at ``ref`` once batch ``seq`` has run."""
@@ -282,6 +327,7 @@ class Executor:
 
 
 _MISSING = object()
+_PROMISE_TIMEOUT_S = 300.0  # how long an op waits for an actor's endpoint to bind its rref result
 _PACK_MAX = 4096  # smaller tensors travel as bytes; larger ones as the runtime's zero-copy frames
 
 
@@ -297,6 +343,11 @@ class _Packed:
         t = self.t.resolve_conj().resolve_neg().contiguous()
         raw = t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return (unpack_tensor, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+
+
+def current_stats() -> dict:
+    """On a rank, inside a request: the executor's ``stats()``."""
+    return _running[0].stats()
 
 
 def coordinate(ranks: tuple, sizes: tuple, axis: int):
