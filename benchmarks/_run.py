@@ -25,6 +25,7 @@ JOBS = {
     "W1slurm": ("slurm", "w1_slurm"),
     "panel": ("panel", "w12"),
     "W10": ("training", "w10"),
+    "W13": ("tensors", "w13"),
 }
 
 

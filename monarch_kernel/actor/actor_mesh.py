@@ -96,9 +96,9 @@ class ActorMesh(Shaped, Generic[T]):
     def slice(self, **dims) -> ActorMesh:
         """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
         # A slice's failures go where its parent's go.
-        m = ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
-                      self._endpoints, self._shape.slice(**dims), self._proc_mesh,
-                      initialized=self._initialized, owner=self._owner)
+        m: ActorMesh = ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name,
+                                 self._endpoints, self._shape.slice(**dims), self._proc_mesh,
+                                 initialized=self._initialized, owner=self._owner)
         m._propagators = self._propagators
         return m
 

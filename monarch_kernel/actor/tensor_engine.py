@@ -18,7 +18,6 @@ from .endpoint import endpoint
 from .shape import Point, Shape
 from .value_mesh import ValueMesh
 
-
 # What a request answers when it overtook the batch it must follow (batches go down the tree,
 # requests straight to a rank): the controller asks again, and then the rank waits for it.
 NOT_YET = "__monarch_kernel_tensor_not_yet__"

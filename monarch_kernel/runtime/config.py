@@ -110,6 +110,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
          help_="longest time a recorded distributed tensor op waits on the controller before its batch is sent"),
     # -------------------------------------------- timing constants of the code
     # Liveness: ranks beat to their template, which passes beats on; agents and controllers beat.
+    _s("tensor_promise_timeout", 300.0, "tensors/rank/executor.py", "how long a distributed tensor op on a rank "
+       "waits for an actor's endpoint to make the result an `rref` promised"),
+    _s("tensor_shard_timeout", 60.0, "tensors/rank/executor.py", "how long an endpoint waits for the tensor engine "
+       "to make a distributed tensor passed to it"),
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
     _s("template_beats", 0.25, "runtime/template_server.py", "how often a template passes its ranks' beats "
        "on, together (a beat reaches the owner at most 1.25 s old)"),

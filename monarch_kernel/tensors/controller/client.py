@@ -46,6 +46,8 @@ class Backend(Protocol):
 
 class _Handle(weakref.ref):
     __slots__ = ("ref", "client")
+    ref: int
+    client: MeshClient
 
 
 def _died(h: _Handle) -> None:

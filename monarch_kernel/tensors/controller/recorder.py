@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from ..messages import BACKWARD, OP, SET_ATTR
 from .meshes import TensorMesh, state
 from .tensor import LEAF as _LEAF
-from .tensor import LOCAL, VALUE_FUNCS, Tensor, fake_of, value_error
+from .tensor import GRAD, LOCAL, VALUE_FUNCS, Tensor, fake_of, value_error
 
 FACTORIES = {torch.rand, torch.randn, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
              torch.arange, torch.linspace, torch.logspace, torch.eye, torch.tensor, torch.as_tensor,
@@ -131,7 +131,7 @@ def _sig(a):
 
 def _key(func, args, kwargs, grad: bool):
     try:
-        k = (func, grad, tuple(_sig(a) for a in args))
+        k: tuple = (func, grad, tuple(_sig(a) for a in args))
         if kwargs:
             k = (*k, tuple((n, _sig(v)) for n, v in kwargs.items()))
         return k
@@ -332,7 +332,7 @@ def backward(mesh: TensorMesh, loss: Tensor, gradient=None, retain_graph=None, c
     binds, made = [], []
     for p in leaves:
         with DisableTorchFunctionSubclass():
-            g = torch.Tensor.grad.__get__(p)  # type: ignore[attr-defined]
+            g = GRAD.__get__(p)
         if g is None:
             ref = client.new_ref()
             size, stride, offset, dtype, device, _rg = p._meta
@@ -340,7 +340,7 @@ def backward(mesh: TensorMesh, loss: Tensor, gradient=None, retain_graph=None, c
             client.adopt(g)
             made.append(ref)
             with DisableTorchFunctionSubclass():
-                torch.Tensor.grad.__set__(p, g)  # type: ignore[attr-defined]
+                GRAD.__set__(p, g)
         binds.append((p._ref, g._ref))
     gref = gradient._r if type(gradient) is Tensor else gradient
     client.record((BACKWARD, loss._ref, gref, bool(retain_graph or create_graph), binds), made, mesh.rank_set,
@@ -355,7 +355,7 @@ def set_attr(mesh: TensorMesh, name: str, target: Tensor, value) -> None:
         if value is not None and (type(value) is not Tensor or value._meta[:5] != (*target._meta[:4], target.device)):
             raise RuntimeError("assigned grad has data of a different size, type or mesh")
         with DisableTorchFunctionSubclass():
-            torch.Tensor.grad.__set__(target, value)  # type: ignore[attr-defined]
+            GRAD.__set__(target, value)
     elif name == "requires_grad":
         _regrad(target, bool(value), ())
     elif name == "data":

@@ -34,7 +34,8 @@ for _n in _METHODS:
     _f = getattr(torch.Tensor, _n, None)
     if _f is not None:
         LOCAL.add(_f)
-LOCAL.add(torch.Tensor.grad.__get__)  # type: ignore[attr-defined]
+GRAD: Any = torch._C.TensorBase.__dict__["grad"]  # the .grad descriptor (typed as a Tensor in the stubs)
+LOCAL.add(GRAD.__get__)
 
 # Functions whose answer is a tensor's value: the controller does not have it.
 VALUE_FUNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
@@ -152,7 +153,7 @@ class Tensor(torch.Tensor):
         raise RuntimeError("a distributed tensor cannot be deep-copied on the controller; make a copy on the "
                            "ranks inside activate() (t.clone())")
 
-    def __repr__(self, *, tensor_contents=None) -> str:
+    def __repr__(self, *, tensor_contents=None) -> str:  # type: ignore[override]
         with DisableTorchFunctionSubclass():
             size = list(self.size())
             dtype, device, rg = self.dtype, self.device, self.requires_grad

@@ -20,7 +20,20 @@ from typing import Any
 
 import torch
 
-from ..messages import BACKWARD, COLLECTIVE, DELETE, GRAD_MODE, OP, PROMISE, RANKS, SET_ATTR, Poisoned, Ref, unpack_tensor
+from ...runtime import config
+from ..messages import (
+    BACKWARD,
+    COLLECTIVE,
+    DELETE,
+    GRAD_MODE,
+    OP,
+    PROMISE,
+    RANKS,
+    SET_ATTR,
+    Poisoned,
+    Ref,
+    unpack_tensor,
+)
 
 _EXECUTORS: dict[str, Executor] = {}  # engine key -> this process's executor for it
 _REGISTERED = threading.Condition()  # notified when an executor registers
@@ -40,9 +53,10 @@ def executor_for(key: str, timeout: float = 0.0) -> Executor | None:
         return _EXECUTORS.get(key)
 
 
-def local_shard(key: str, ref: int, seq: int, timeout: float = 60.0):
+def local_shard(key: str, ref: int, seq: int, timeout: float | None = None):
     """The local shard of a distributed tensor passed to an endpoint on these procs: found in
     this process's executor once the batch that made it has run (waits for it)."""
+    timeout = _SHARD_TIMEOUT_S if timeout is None else timeout
     with _REGISTERED:  # the engine may still be starting (importing torch) on this rank
         if not _REGISTERED.wait_for(lambda: key in _EXECUTORS, timeout):
             raise RuntimeError("a distributed tensor reached a process that has no tensor engine for its mesh: "
@@ -64,9 +78,10 @@ class Executor:
         self._collectives: Any = None
         self.busy_s = 0.0  # time spent running ops
         self.ops = 0  # messages run
-        self._handlers: list[Callable[[tuple], None]] = [
-            self._op, self._delete, self._grad_mode, self._ranks, self._backward, self._set_attr, self._collective,
-            self._promise]
+        table: dict[int, Callable[[tuple], None]] = {
+            OP: self._op, DELETE: self._delete, GRAD_MODE: self._grad_mode, RANKS: self._ranks,
+            BACKWARD: self._backward, SET_ATTR: self._set_attr, COLLECTIVE: self._collective, PROMISE: self._promise}
+        self._handlers = [table[kind] for kind in range(len(table))]  # indexed by a message's kind
         self._promised: set[int] = set()  # refs an actor's endpoint will bind (rref)
         if seed is not None:
             torch.manual_seed(seed)
@@ -327,7 +342,8 @@ class Executor:
 
 
 _MISSING = object()
-_PROMISE_TIMEOUT_S = 300.0  # how long an op waits for an actor's endpoint to bind its rref result
+_PROMISE_TIMEOUT_S = config.seconds("tensor_promise_timeout")
+_SHARD_TIMEOUT_S = config.seconds("tensor_shard_timeout")
 _PACK_MAX = 4096  # smaller tensors travel as bytes; larger ones as the runtime's zero-copy frames
 
 
