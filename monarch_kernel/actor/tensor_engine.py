@@ -129,10 +129,19 @@ def tensor_client(procs):
 
 
 def tensor_mesh(procs):
-    """The ``TensorMesh`` of ``procs`` (a whole proc mesh or a slice of one)."""
+    """The ``TensorMesh`` of ``procs`` (a whole proc mesh or a slice of one): the same one
+    each time for the same ranks, so handles compare their meshes by identity."""
     from ..tensors.controller.meshes import TensorMesh
 
-    return TensorMesh(tensor_client(procs), procs.shape, procs)
+    client = tensor_client(procs)
+    key = (id(client), procs.shape.ranks, procs.shape.extent)
+    mesh = _MESHES.get(key)
+    if mesh is None or mesh.client is not client:
+        mesh = _MESHES[key] = TensorMesh(client, procs.shape, procs)
+    return mesh
+
+
+_MESHES: dict[tuple, object] = {}  # (client, ranks, extent) -> its TensorMesh
 
 
 def _stats():

@@ -109,7 +109,9 @@ class MeshClient:
             self._start_flusher()
 
     def flush(self) -> int:
-        """Send what was recorded (and the deletes); returns the last batch's seq."""
+        """Send what was recorded (and the deletes); returns the last batch's seq.  The
+        batch is encoded and sent outside the lock (recording goes on meanwhile); batches
+        may so leave out of order, and the ranks put them back in order."""
         dead = self.dead
         with self._lock:
             batch, made = self._batch, self._made
@@ -126,8 +128,7 @@ class MeshClient:
             self._batch, self._made = [], []
             self.seq += 1
             seq = self.seq
-            payload = _encode(batch)
-            self.backend.send(seq, payload, made)  # under the lock: batches leave in order
+        self.backend.send(seq, _encode(batch), made)
         return seq
 
     def _start_flusher(self) -> None:

@@ -49,7 +49,8 @@ class TensorMesh:
     def rank_at(self, shard: dict | None = None, **coords) -> int:
         """The client's rank at ``coords`` of this mesh (dims left out: index 0)."""
         where = dict(shard or {}, **coords)
-        unknown = sorted(set(where) - set(self.labels))
+        # A dim the mesh lacks is one of size 1 (Monarch's meshes have ``hosts`` even on one host).
+        unknown = sorted(d for d in set(where) - set(self.labels) if where[d] != 0)
         if unknown:
             raise ValueError(f"the mesh {self.describe()} has no dimension {unknown[0]!r}; its dimensions are "
                              f"{', '.join(self.labels) or 'none'}")

@@ -130,13 +130,21 @@ def _sig(a):
 
 
 def _key(func, args, kwargs, grad: bool):
+    sig: list = [func, grad]
     try:
-        k: tuple = (func, grad, tuple(_sig(a) for a in args))
+        for a in args:
+            t = type(a)
+            if t is Tensor:
+                sig.append(a._meta)
+            elif t is int or t is float:
+                sig.append((t, a))
+            else:
+                sig.append(_sig(a))
         if kwargs:
-            k = (*k, tuple((n, _sig(v)) for n, v in kwargs.items()))
-        return k
+            sig.append(tuple((n, _sig(v)) for n, v in kwargs.items()))
     except _Uncacheable:
         return None
+    return tuple(sig)
 
 
 def _plan(func, args, kwargs, tensors: list):
@@ -250,7 +258,7 @@ def record(mesh: TensorMesh, func, args, kwargs, tensors: list, deep: bool):
     name = getattr(func, "__name__", "")
     if name == "__get__":  # .T, .data, .real: their getters do not pickle
         func, args = operator.attrgetter(func.__self__.__name__), args[:1]
-    enc = tuple(a._r if type(a) is Tensor else a for a in args)
+    enc = tuple([a._r if type(a) is Tensor else a for a in args])
     if deep:
         from .client import encode_value
 
