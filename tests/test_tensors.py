@@ -164,6 +164,23 @@ def test_a_module_trains_on_every_rank(procs):
     torch.testing.assert_close(inspect(model.weight.grad, gpus=2).shape, torch.Size([1, 4]))
 
 
+def test_grad_generator_and_borrows_on_a_stream(procs):
+    comms = mk.Stream("comms")
+    with procs.activate():
+        model = torch.nn.Linear(3, 2)
+        loss = model(torch.ones(4, 3)).sum()
+        params = list(model.parameters())
+        grads = []
+        for g in mk.grad_generator(loss, params):
+            g_c, borrow = comms.borrow(g, mutable=True)
+            with comms.activate():
+                assert mk.get_active_stream() is comms
+                grads.append(g_c * 1)
+            borrow.drop()
+    assert [g.shape for g in grads] == [(2, 3), (2,)]
+    assert inspect(grads[0], gpus=1).tolist() == [[4.0] * 3] * 2 and inspect(grads[1]).tolist() == [4.0, 4.0]
+
+
 def test_remote_functions_send_and_fetch(procs):
     with procs.activate():
         d = doubled(torch.ones(2))

@@ -366,6 +366,12 @@ def current_stats() -> dict:
     return _running[0].stats()
 
 
+def gradients(roots, wrt, grad_roots):
+    """On a rank (``grad_generator``): ``torch.autograd.grad``, zeros where an input is unused."""
+    grads = torch.autograd.grad(roots, wrt, grad_roots, allow_unused=True)
+    return tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt, strict=True))
+
+
 def coordinate(ranks: tuple, sizes: tuple, axis: int):
     """On a rank, inside a batch: this rank's index along dim ``axis`` of the mesh whose
     ranks (row-major) are ``ranks`` and dims ``sizes`` (``procs.rank_tensor(dim)``)."""
