@@ -2,7 +2,8 @@
 in a fresh controller process, and print one JSON object (indent=1) on stdout.
 IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts: needs root) panel (W12: the Mesh panel)
 W1slurm (W1 over Slurm: needs root and Slurm's daemons) W10 (distributed training, torchrun beside
-the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries).  Progress and ranks' output go to stderr.
+the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries).
+Progress and ranks' output go to stderr.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Monarch's getting-started guide (``docs/source/examples/getting_started.py``, its
-distributed tensors, remote functions and ``send`` included) and its ping-pong example (``docs/source/examples/ping_pong.py``), each
-run as a script with only ``monarch.actor`` and ``monarch`` -> ``monarch_kernel`` (and
-``monarch.rdma`` -> ``monarch_kernel.rdma``) changed.  The scripts are written here in our own words; they follow
+distributed tensors, remote functions and ``send`` included) and its ping-pong example
+(``docs/source/examples/ping_pong.py``), each run as a script with only ``monarch.actor`` and
+``monarch`` -> ``monarch_kernel`` (and ``monarch.rdma`` -> ``monarch_kernel.rdma``) changed.
+The scripts are written here in our own words; they follow
 the guide's steps in order and make every call it makes."""
 
 from __future__ import annotations

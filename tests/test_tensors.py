@@ -99,6 +99,16 @@ def test_shapes_are_known_at_once_and_values_come_from_each_rank(procs):
     assert "gpus=1" in repr(show(r, gpus=range(2))) and "<table>" in show(r, gpus=None)._repr_html_()
 
 
+def test_live_tensors_are_listed_per_mesh(procs):
+    from monarch_kernel.actor.tensor_engine import live_tensors
+
+    with procs.activate():
+        t = torch.zeros(16, 4, dtype=torch.float64)
+    rows = live_tensors()["procs"]
+    assert {"shape": [16, 4], "dtype": "float64", "device": "cpu", "bytes": 512} in rows
+    del t
+
+
 def test_outside_activate_values_need_a_fetch(procs):
     with procs.activate():
         t = torch.ones(4, 4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import sys
 from typing import NamedTuple
 
 from ..runtime.context import current_actor
@@ -216,6 +217,9 @@ class ProcMesh(Shaped):
                 raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
             rt = Runtime.current()
             self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
+            engines = sys.modules.get(f"{__package__}.tensor_engine")  # loaded once tensors were used
+            if engines is not None:
+                engines.forget(self._ref.id)
         return self._stop_future
 
     def interrupt(self, actors=None, ranks=None, wait: float = 0.0) -> bool:

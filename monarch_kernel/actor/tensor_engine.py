@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from typing import Any
 
 from .actor import Actor, current_rank
 from .actor_mesh import ActorMesh
@@ -111,7 +112,7 @@ class EngineBackend:
         return self.request_all(self.engines.shape, seq, _stats, (), {}, lambda v: v)
 
 
-_CLIENTS: dict[str, object] = {}  # proc mesh id -> its MeshClient
+_CLIENTS: dict[str, Any] = {}  # proc mesh id -> its MeshClient
 _LOCK = threading.Lock()
 
 
@@ -126,6 +127,25 @@ def tensor_client(procs):
                 client.close()
             client = _CLIENTS[procs.ref.id] = MeshClient(EngineBackend(procs))
     return client
+
+
+def forget(mesh_id: str) -> None:
+    """The proc mesh stopped: its client stops sending (and its flush thread ends)."""
+    with _LOCK:
+        client = _CLIENTS.pop(mesh_id, None)
+    if client is not None:
+        client.close()
+
+
+def live_tensors() -> dict[str, list[dict]]:
+    """``{mesh name: [{shape, dtype, device, bytes}, ...]}``: the live distributed tensors
+    (``%mesh tensors``; bytes are each rank's)."""
+    out: dict[str, list[dict]] = {}
+    for client in list(_CLIENTS.values()):
+        rows = client.listing()
+        if rows:
+            out[client.name] = rows
+    return out
 
 
 def tensor_mesh(procs):

@@ -183,8 +183,20 @@ class MeshClient:
         return (local_shard, (self.backend.key, t._ref, seq))
 
     def live(self) -> list:
-        """The live handles (for listings)."""
+        """The live handles."""
         return [t for h in list(self.handles.values()) if (t := h()) is not None]
+
+    def listing(self) -> list[dict]:
+        """``{shape, dtype, device, bytes}`` of each live handle (bytes: each rank's shard)."""
+        rows = []
+        for t in self.live():
+            size, _stride, _off, dtype, device, _rg = t._meta
+            n = 1
+            for s in size:
+                n *= s
+            rows.append({"shape": list(size), "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+                         "bytes": n * dtype.itemsize})
+        return rows
 
 
 def encode_value(obj):

@@ -18,8 +18,8 @@ from torch.overrides import TorchFunctionMode
 
 from ..messages import BACKWARD, OP, SET_ATTR
 from .meshes import TensorMesh, state
-from .tensor import LEAF as _LEAF
 from .tensor import GRAD, LOCAL, VALUE_FUNCS, Tensor, fake_of, value_error
+from .tensor import LEAF as _LEAF
 
 FACTORIES = {torch.rand, torch.randn, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
              torch.arange, torch.linspace, torch.logspace, torch.eye, torch.tensor, torch.as_tensor,
