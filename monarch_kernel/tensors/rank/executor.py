@@ -137,11 +137,22 @@ class Executor:
         if not self._selected:
             return
         _, func, args, kwargs, out, deep = m
+        env = self.env
         try:
             if deep:
                 args, kwargs = self._resolve((args, kwargs))
-            else:
-                args = self._flat(args)
+            else:  # the common case, inline: refs only at the top level of args
+                resolved = []
+                for a in args:
+                    if type(a) is Ref:
+                        ref = a.id
+                        a = env.get(ref, _MISSING)
+                        if a is _MISSING:
+                            a = self._missing(ref)
+                        if type(a) is Poisoned:
+                            raise _PoisonedInput(a)
+                    resolved.append(a)
+                args = resolved
             result = func(*args, **kwargs)
         except _PoisonedInput as p:
             self._bind_poison(out, p.poisoned)
@@ -149,7 +160,10 @@ class Executor:
         except Exception as e:
             self._bind_poison(out, self._poison(func, e))
             return
-        self._bind(out, result)
+        if type(out) is int:
+            env[out] = result
+        else:
+            self._bind(out, result)
 
     def _flat(self, args: tuple) -> list:
         env = self.env
