@@ -210,6 +210,10 @@ def test_actors_see_their_ranks_shard_and_make_distributed_results(procs):
         t = torch.ones(3, 3)
         o = torch.relu(linear.forward.rref(t)) + 1
     assert list(linear.total.call(r).get(timeout=60).values()) == [10.0, 11.0, 12.0, 13.0]
+    with this_host().spawn_procs(per_host={"gpus": 1}) as other:
+        elsewhere = other.spawn("linear", Linear)
+        with pytest.raises(TypeError, match="passed to actors on other procs"):
+            elsewhere.total.call(r)
     assert o.shape == (3, 3) and inspect(o, gpus=2).tolist() == [[3.0] * 3] * 3
 
 

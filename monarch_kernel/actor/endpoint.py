@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -167,12 +168,18 @@ class Endpoint:
         rt = Runtime.current()
         what = f"{m._class_name}.{self._name}"
         hosts = m._proc_ref.hosts
-        if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
-            # Same host: large arrays and tensors go through shared memory.
-            with rt.segments.track() as created:
-                body = encode_args(what, args, kwargs)
-        else:
-            body, created = encode_args(what, args, kwargs), None
+        tensors = sys.modules.get("monarch_kernel.tensors.controller.client")  # loaded once tensors exist
+        token = tensors.destination.set(m._proc_ref.id) if tensors is not None else None
+        try:
+            if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
+                # Same host: large arrays and tensors go through shared memory.
+                with rt.segments.track() as created:
+                    body = encode_args(what, args, kwargs)
+            else:
+                body, created = encode_args(what, args, kwargs), None
+        finally:
+            if token is not None:
+                tensors.destination.reset(token)
         try:
             return rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
                            on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)

@@ -65,6 +65,7 @@ class EngineBackend:
 
         root = ProcMesh(procs.ref, Shape.full(procs.ref.dims), procs._owned)
         self.name = procs.name
+        self.mesh_id = procs.ref.id
         self.key = f"{procs.ref.id}/{secrets.token_hex(4)}"
         self.world = len(root.shape)
         self.engines: ActorMesh = root.spawn("tensor_engine", TensorEngine, self.key)
@@ -183,7 +184,7 @@ def rref(mesh: ActorMesh, method: str, args, kwargs):
                          f"@endpoint(propagate=lambda *args: ...) (a function of the arguments' fake tensors)")
     pm = mesh._proc_mesh
     tm = active()
-    if tm is None or tm.client.backend.key.split("/")[0] != mesh.proc_ref.id:
+    if tm is None or tm.client.backend.mesh_id != mesh.proc_ref.id:
         if pm is None:
             raise ValueError("rref needs the actors' proc mesh active: `with procs.activate():`")
         tm = tensor_mesh(pm.slice(**{}) if not len(mesh.shape.extent) else pm)

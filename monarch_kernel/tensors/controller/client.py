@@ -10,6 +10,7 @@ may run inside the recording code), which goes out with the next batch.
 from __future__ import annotations
 
 import collections
+import contextvars
 import itertools
 import pickle
 import threading
@@ -23,10 +24,11 @@ from ..messages import DELETE, GRAD_MODE, RANKS
 
 class Backend(Protocol):
     """How a client reaches its ranks; the actor layer implements it over a tensor engine
-    actor on every rank.  ``key`` names the executors; ``world``: ranks of the proc mesh;
-    ``name``: the mesh's, for messages."""
+    actor on every rank.  ``key`` names the executors; ``mesh_id``: the proc mesh's id;
+    ``world``: its ranks; ``name``: its name, for messages."""
 
     key: str
+    mesh_id: str
     world: int
     name: str
 
@@ -42,6 +44,10 @@ class Backend(Protocol):
 
     def send_to_port(self, shape, seq: int, fn, args, kwargs, port) -> None:
         """Every rank of ``shape`` sends its ``fn(...)`` to ``port``."""
+
+
+# The proc mesh whose actors the arguments being pickled go to (set by the actor layer).
+destination: contextvars.ContextVar[str | None] = contextvars.ContextVar("destination", default=None)
 
 
 class _Handle(weakref.ref):
@@ -179,6 +185,11 @@ class MeshClient:
         the rank looks its shard up in its executor."""
         from ..rank.executor import local_shard
 
+        dest = destination.get()
+        if dest is not None and dest != self.backend.mesh_id:
+            raise ValueError(f"a distributed tensor of mesh '{self.name}' passed to actors on other procs; an actor "
+                             "gets a rank's shard only on the procs the tensor lives on (move it with to_mesh, or "
+                             "send inspect(t))")
         seq = self.flush()
         return (local_shard, (self.backend.key, t._ref, seq))
 
