@@ -2,8 +2,9 @@
 in a fresh controller process, and print one JSON object (indent=1) on stdout.
 IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts: needs root) panel (W12: the Mesh panel)
 W1slurm (W1 over Slurm: needs root and Slurm's daemons) W10 (distributed training, torchrun beside
-the mesh) W13c (distributed tensors' reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8,
-64 and 256 ranks; the collectives recorder's and the profiler's cost on W10's step).  Progress and ranks'
+the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries)
+W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
+ranks; the collectives recorder's and the profiler's cost on W10's step).  Progress and ranks'
 output go to stderr.
 """
 
@@ -35,6 +36,7 @@ WORKLOADS = {
     "W1slurm": [("W1slurm", {}, 180)],
     "panel": [("panel", {}, 120)],
     "W10": [("W10", {}, 900)],
+    "W13": [("W13", {}, 900)],
     "W14": [("W14stacks", {}, 600), ("W14recorder", {}, 600)],
     "W13c": [("W13c", {}, 900), ("W13c16", {}, 1500)],
     # Not in the default run (make bench-scale): minutes, and about 6 GiB at 1,024 ranks.

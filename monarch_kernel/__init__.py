@@ -3,7 +3,9 @@
 Names follow ``monarch.actor``, so Monarch code ports by changing one import.  Layers, top
 to bottom: ``kernel`` (Jupyter), ``console`` and ``debug`` (what runs on ranks for the
 notebook), ``spmd`` (torch.distributed), ``actor`` (actors and meshes, one layer as
-Monarch's ``_src/actor/``) and ``data`` (public), ``runtime`` (internal engine).
+Monarch's ``_src/actor/``) and ``data`` (public), ``tensors`` (distributed tensors: recorded
+on the controller, run by an executor on the ranks; below ``actor``, reached through its
+``Backend``), ``runtime`` (internal engine).  The tensor names load torch on first use.
 This module only re-exports; importing it installs nothing.
 """
 
@@ -44,7 +46,22 @@ __all__ = [
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
+    # distributed tensors (Monarch's top-level ``monarch`` names)
+    "RemoteException", "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
+    "get_active_stream", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "send", "show",
+    "slice_mesh", "to_mesh",
 ]
+
+# Distributed tensors load on first use (they import torch): name -> module under tensors/.
+_TENSOR_NAMES = {
+    "RemoteException": "messages", "Tensor": "controller.tensor",
+    "call_on_shard_and_fetch": "controller.fetch", "fetch_shard": "controller.fetch",
+    "inspect": "controller.fetch", "show": "controller.fetch",
+    "get_active_mesh": "controller.meshes", "no_mesh": "controller.meshes", "slice_mesh": "controller.meshes",
+    "reduce": "controller.collective_calls", "reduce_": "controller.collective_calls",
+    "to_mesh": "controller.collective_calls", "remote": "controller.remote", "send": "controller.remote",
+    "Stream": "controller.streams", "get_active_stream": "controller.streams", "grad_generator": "controller.streams",
+}
 
 
 def __getattr__(name: str):
@@ -53,6 +70,12 @@ def __getattr__(name: str):
         from .data import RDMABuffer
 
         return RDMABuffer
+    if name in _TENSOR_NAMES:
+        import importlib
+
+        value = getattr(importlib.import_module(f".tensors.{_TENSOR_NAMES[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'monarch_kernel' has no attribute {name!r}")
 
 

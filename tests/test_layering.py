@@ -28,7 +28,7 @@ ALLOWED = {
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
     "detached": {"runtime", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "actor", "data", "debug", "console", "detached", "job", "spmd"},
+    "kernel": {"runtime", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).

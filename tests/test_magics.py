@@ -24,6 +24,7 @@ OPTIONS = {
     "kill-job": ["[name]"],
     "attach": ["name"],
     "list": [],
+    "tensors": [],
     "use": ["name"],
     "stop": ["[name]"],
     "status": ["--all"],

@@ -21,7 +21,7 @@ def outputs(nb) -> str:
 
 def test_there_are_notebooks():
     assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "training.ipynb", "ddp.ipynb", "fsdp.ipynb",
-                                           "tensor_parallel.ipynb"}
+                                           "tensor_parallel.ipynb", "distributed_tensors.ipynb"}
 
 
 @pytest.mark.timeout(300)
@@ -44,6 +44,14 @@ def test_notebook_runs(path, kernelspec):
         assert "[ranks 0-3] (2.54, 1.74)" in text
     if path.stem == "ddp":
         check_ddp(text)
+    if path.stem == "distributed_tensors":
+        assert "monarch_kernel.Tensor(mesh='procs' {hosts=2, gpus=2}, shape=[3, 3], dtype=torch.float32" in text
+        assert "rank (hosts=1, gpus=0): torch.Size([3, 3])" in text
+        assert "poisoned: IndexError: index 7 is out of bounds for dimension 0 with size 3" in text
+        assert "later ops still run: True" in text
+        first, last = map(float, re.search(r"loss on rank 3: ([0-9.]+) -> ([0-9.]+)", text).groups())
+        assert last < first / 2
+        assert re.search(r"procs: \d+ tensors, [0-9,]+ bytes per rank", text)
     if path.stem == "fsdp":
         for r in range(4):
             assert re.search(rf"rank {r}: parameters DDP 16\.\d MiB, FSDP2 4\.\d MiB \(25%\)", text), text

@@ -14,12 +14,23 @@ from ..runtime.failure import MeshStopped, ProcessDied
 from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
 from ..runtime.serialize import dumps
-from .endpoint import ENDPOINT_MARK, Endpoint, part_value
+from .endpoint import ENDPOINT_MARK, RREF_METHOD, Endpoint, part_value
 from .shape import Shape, Shaped
 
 
 def endpoint_names(cls) -> tuple[str, ...]:
-    return tuple(sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)))
+    return tuple(sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)
+                        and n != RREF_METHOD))
+
+
+def propagators(cls) -> dict:
+    """``{endpoint: its propagate=}`` for the endpoints that declare one (``rref``)."""
+    out = {}
+    for n in endpoint_names(cls):
+        p = getattr(getattr(cls, n), "__monarch_propagate__", None)
+        if p is not None:
+            out[n] = p
+    return out
 
 
 T = TypeVar("T")
@@ -40,6 +51,7 @@ class ActorMesh(Shaped, Generic[T]):
         self._initialized = initialized  # the spawn's Future, in the process that spawned it
         self._owner = owner  # (ActorContext or None,) of its spawner, in the process that spawned it
         self._call_info: CallInfo | None = None  # the CallInfo of this slice, once an endpoint has made it
+        self._propagators: dict | None = None  # endpoint -> propagate=, where the class is known (rref)
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):
@@ -100,8 +112,10 @@ class ActorMesh(Shaped, Generic[T]):
 
     def _with_shape(self, shape: Shape) -> ActorMesh[T]:
         # A view's failures go where its parent's go.
-        return ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name, self._endpoints, shape,
-                         self._proc_mesh, initialized=self._initialized, owner=self._owner)
+        m: ActorMesh[T] = ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name, self._endpoints,
+                                    shape, self._proc_mesh, initialized=self._initialized, owner=self._owner)
+        m._propagators = self._propagators
+        return m
 
     def stop(self):
         """Stop these actors on every rank of the mesh, but not their processes, as

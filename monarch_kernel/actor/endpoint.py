@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
 from ..runtime.actors import CONCURRENT_MARK, ENDPOINT_MARK, in_actor_event_loop
+
+RREF_METHOD = "__monarch_rref__"  # the Actor endpoint that runs another for ``rref`` (never listed)
 
 
 def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, concurrent: bool = False,
@@ -49,6 +52,7 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, c
         setattr(f, ENDPOINT_MARK, True)
         setattr(f, CONCURRENT_MARK, concurrent)
         f.__monarch_port__ = explicit_response_port
+        f.__monarch_propagate__ = propagate
         return f
 
     return mark(fn) if fn is not None else mark
@@ -76,7 +80,7 @@ def refuse_mixed_endpoints(cls: type) -> None:
     if not config.strict():
         return
     marked = [(n, getattr(cls, n)) for n in sorted(dir(cls))
-              if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)]
+              if getattr(getattr(cls, n, None), ENDPOINT_MARK, False) and n != RREF_METHOD]
     sync = [n for n, f in marked if not inspect.iscoroutinefunction(f)]
     async_ = [n for n, f in marked if inspect.iscoroutinefunction(f)]
     if sync and async_:
@@ -167,12 +171,18 @@ class Endpoint:
                                   on_part=on_part, slice_info=slice_info, callbacks=callbacks)
         what = f"{m._class_name}.{self._name}"
         hosts = m._proc_ref.hosts
-        if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
-            # Same host: large arrays and tensors go through shared memory.
-            with rt.segments.track() as created:
-                body = encode_args(what, args, kwargs)
-        else:
-            body, created = encode_args(what, args, kwargs), None
+        tensors = sys.modules.get("monarch_kernel.tensors.controller.client")  # loaded once tensors exist
+        token = tensors.destination.set(m._proc_ref.id) if tensors is not None else None
+        try:
+            if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
+                # Same host: large arrays and tensors go through shared memory.
+                with rt.segments.track() as created:
+                    body = encode_args(what, args, kwargs)
+            else:
+                body, created = encode_args(what, args, kwargs), None
+        finally:
+            if token is not None:
+                tensors.destination.reset(token)
         try:
             return rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
                            on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
@@ -268,6 +278,16 @@ class Endpoint:
                     return
 
         pending.completion.add_done_callback(check)
+
+    def rref(self, *args, **kwargs):
+        """Run on every rank; the result stays there as a distributed tensor (its shape from
+        ``@endpoint(propagate=...)``), usable at once in ``activate()`` code::
+
+            o = torch.relu(linear.forward.rref(t))
+        """
+        from .tensor_engine import rref
+
+        return rref(self._mesh, self._name, args, kwargs)
 
     def stream(self, *args, **kwargs) -> Stream:
         """Run on every rank; one Future per rank, in the order they answer.  Iterate it

@@ -124,6 +124,15 @@ class Future(Generic[R]):
         except BaseException:
             pass  # raised again, transformed, by _finish
 
+    def map(self, fn: Callable[[R], Any]) -> Future:
+        """A Future of ``fn(value)``, resolved when this one is (its error passes through)."""
+        inner = self._transform
+
+        def both(raw):
+            return fn(inner(raw) if inner is not None else raw)
+
+        return Future(self._completion, both, self._inbox)
+
     def then(self, fn: Callable[[Future[R]], None]) -> None:
         """Run ``fn(self)`` once done, on whichever thread finishes it."""
         self._completion.add_done_callback(lambda _c: fn(self))

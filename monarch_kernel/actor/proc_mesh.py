@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import sys
 from typing import NamedTuple
 
 from ..runtime.context import current_actor
@@ -18,7 +19,7 @@ from ..runtime.envelope import Kind
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
-from .actor_mesh import ActorMesh, endpoint_names
+from .actor_mesh import ActorMesh, endpoint_names, propagators
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
 from .shape import Shape, Shaped
@@ -230,8 +231,10 @@ class ProcMesh(Shaped):
                     return  # one event per failed spawn, as for a broadcast
 
         pending.completion.add_done_callback(constructed)
-        return ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape, self,
-                         initialized=Future(pending.completion, check), owner=(owner,))
+        mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
+                                    self, initialized=Future(pending.completion, check), owner=(owner,))
+        mesh._propagators = propagators(cls)
+        return mesh
 
     def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
         """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn
@@ -262,6 +265,9 @@ class ProcMesh(Shaped):
                 raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
             rt = Runtime.current()
             self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
+            engines = sys.modules.get(f"{__package__}.tensor_engine")  # loaded once tensors were used
+            if engines is not None:
+                engines.forget(self._ref.id)
         return self._stop_future
 
     def interrupt(self, actors=None, ranks=None, wait: float = 0.0) -> bool:
@@ -298,6 +304,34 @@ class ProcMesh(Shaped):
 
         return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
                               auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
+
+    def activate(self):
+        """A context in which torch calls run on every rank of this mesh, as Monarch's: the
+        tensors made inside are distributed (``monarch_kernel.Tensor``), their shapes known at
+        once, their values on the ranks (``inspect(t)`` fetches one shard)::
+
+            with procs.activate():
+                t = torch.rand(3, 4)
+                u = t @ t.T
+            inspect(u, gpus=1)
+        """
+        from .tensor_engine import tensor_mesh
+
+        return tensor_mesh(self).activate()
+
+    def rank_tensor(self, dim: str):
+        """A distributed 0-dim int64 tensor: each rank's index along ``dim``."""
+        from ..tensors.controller.remote import rank_tensor
+        from .tensor_engine import tensor_mesh
+
+        return rank_tensor(tensor_mesh(self), dim)
+
+    def rank_tensors(self) -> dict:
+        """``{dim: rank_tensor(dim)}`` for every dim."""
+        from ..tensors.controller.remote import rank_tensors
+        from .tensor_engine import tensor_mesh
+
+        return rank_tensors(tensor_mesh(self))
 
     def __getattr__(self, name: str):
         if name in _SPMD_FUNCTIONS:  # torch.distributed is spmd's, a layer above: its free functions

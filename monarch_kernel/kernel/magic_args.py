@@ -63,6 +63,11 @@ def _list():
     """the meshes, and detached ones not attached here"""
 
 
+@magic_arguments(name="mesh tensors")
+def _tensors():
+    """the live distributed tensors of each mesh: shape, dtype, bytes per rank"""
+
+
 @magic_arguments(name="mesh use")
 @argument("name")
 def _use():
@@ -192,7 +197,7 @@ def cell_args():
     """run the cell on the ranks"""
 
 
-COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "use": _use, "stop": _stop,
+COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "tensors": _tensors, "use": _use, "stop": _stop,
             "status": _status, "stacks": _stacks, "top": _top, "collectives": _collectives, "watchdog": _watchdog,
             "restart": _restart, "sync": _sync,
             "push": _push, "pull": _pull,

@@ -132,6 +132,18 @@ class MeshMagics(Magics):
         for line in others:
             print(line)
 
+    def _cmd_tensors(self, _a):
+        from ..actor.tensor_engine import live_tensors
+
+        rows = live_tensors()
+        if not rows:
+            print("no distributed tensors; make some inside  with procs.activate():")
+        for mesh, tensors in rows.items():
+            total = sum(t["bytes"] for t in tensors)
+            print(f"{mesh}: {len(tensors)} tensors, {total:,} bytes per rank")
+            for t in tensors:
+                print(f"  {t['shape']} {t['dtype']} on {t['device']}: {t['bytes']:,} bytes per rank")
+
     def _cmd_use(self, a):
         self.session.get(a.name)
         self.session.current = a.name

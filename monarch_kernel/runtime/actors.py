@@ -299,7 +299,8 @@ class ActorSlot:
         cls = type(self.instance)
         fn = getattr(cls, method, None)
         if fn is None or not getattr(fn, ENDPOINT_MARK, False):
-            names = sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False))
+            names = sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)
+                           and not n.startswith("__monarch_"))  # the Actor base class's own (rref)
             raise AttributeError(
                 f"{cls.__qualname__} has no endpoint {method!r}; its endpoints are: "
                 f"{', '.join(names) or '(none)'}. Mark methods with @endpoint."

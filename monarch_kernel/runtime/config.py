@@ -116,8 +116,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_TENSOR_TRANSFER", "tensor_transfer", str, None, shown="best per pair",
          help_="force how `to_mesh` moves CPU tensors between two ranks: `direct` (one copy out of the peer's "
                "memory, same host only) or `gloo` (torch send/recv)"),
+    _env("MONARCH_KERNEL_TENSOR_BATCH", "tensor_batch", int, 512, unit="ops", minimum=1,
+         help_="distributed tensor ops the controller records before it sends them to the ranks as one batch"),
+    _env("MONARCH_KERNEL_TENSOR_FLUSH", "tensor_flush", float, 0.005, unit="s", minimum=0.0005,
+         help_="longest time a recorded distributed tensor op waits on the controller before its batch is sent"),
     # -------------------------------------------- timing constants of the code
     # Liveness: ranks beat to their template, which passes beats on; agents and controllers beat.
+    _s("tensor_promise_timeout", 300.0, "tensors/rank/executor.py", "how long a distributed tensor op on a rank "
+       "waits for an actor's endpoint to make the result an `rref` promised"),
+    _s("tensor_shard_timeout", 60.0, "tensors/rank/executor.py", "how long an endpoint waits for the tensor engine "
+       "to make a distributed tensor passed to it"),
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
     _s("template_beats", 0.25, "runtime/template_server.py", "how often a template passes its ranks' beats "
        "on, together (a beat reaches the owner at most 1.25 s old)"),

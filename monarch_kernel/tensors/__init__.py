@@ -1,3 +1,5 @@
-"""Distributed tensors (issue 20): the controller's recording of torch ops (``controller/``)
-and what runs on every rank (``rank/``: the executor, the collectives).  Below the actor
-layer: it imports only the runtime.  Importing it imports nothing of torch."""
+"""Distributed tensors: torch code recorded on the controller inside ``procs.activate()``
+and run by an executor on every rank.  ``controller/`` records and fetches; ``rank/``
+executes and reduces (``collectives.py``); ``messages.py`` is what travels between them.
+Below ``actor/``: it reaches the ranks only through a small ``Backend`` the actor layer
+implements.  Importing it imports nothing else (torch loads once a tensor exists)."""

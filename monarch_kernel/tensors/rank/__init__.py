@@ -1,2 +1,3 @@
-"""The ranks' half of distributed tensors: what runs on every rank of an activated mesh.
-It never imports the controller's half."""
+"""The ranks' half of distributed tensors: the executor that runs recorded batches in
+order, and the collectives it reduces and moves tensors with.  Never imports the
+controller's half."""

@@ -1,0 +1,238 @@
+"""``MeshClient``: the controller's side of one proc mesh's tensor engine.  It hands out
+refs, keeps the batch being recorded, and sends it to every rank through its ``Backend``
+(when a fetch needs it, when ``activate()`` ends, at ``tensor_batch`` ops, or after
+``tensor_flush`` seconds); it never waits for the ranks itself.
+
+Handles that die add their refs to a delete list (from any thread, lock-free: a finalizer
+may run inside the recording code), which goes out with the next batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import itertools
+import pickle
+import threading
+import time
+import weakref
+from typing import Any, Protocol
+
+from ...runtime import config
+from ..messages import DELETE, GRAD_MODE, RANKS
+
+
+class Backend(Protocol):
+    """How a client reaches its ranks; the actor layer implements it over a tensor engine
+    actor on every rank.  ``key`` names the executors; ``mesh_id``: the proc mesh's id;
+    ``world``: its ranks; ``name``: its name, for messages."""
+
+    key: str
+    mesh_id: str
+    world: int
+    name: str
+
+    def send(self, seq: int, payload: bytes, made: list[int]) -> None:
+        """Batch ``seq`` to every rank, one-way, in the order of ``seq``."""
+
+    def request(self, rank: int, seq: int, fn, args, kwargs, transform) -> Any:
+        """A Future of ``transform(fn(*args, **kwargs))`` computed on ``rank`` after batch
+        ``seq`` (``fn`` None: ``args[0]``)."""
+
+    def request_all(self, shape, seq: int, fn, args, kwargs, transform) -> Any:
+        """The same on every rank of ``shape``: a Future of a ValueMesh."""
+
+    def send_to_port(self, shape, seq: int, fn, args, kwargs, port) -> None:
+        """Every rank of ``shape`` sends its ``fn(...)`` to ``port``."""
+
+
+# The proc mesh whose actors the arguments being pickled go to (set by the actor layer).
+destination: contextvars.ContextVar[str | None] = contextvars.ContextVar("destination", default=None)
+
+
+class _Handle(weakref.ref):
+    __slots__ = ("ref", "client")
+    ref: int
+    client: MeshClient
+
+
+def _died(h: _Handle) -> None:
+    client = h.client
+    client.dead.append(h.ref)
+    client.handles.pop(h.ref, None)
+
+
+class MeshClient:
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.world = backend.world
+        self.name = backend.name
+        self.handles: dict[int, _Handle] = {}  # ref -> the live handle
+        self.dead: collections.deque = collections.deque()  # refs whose handles died
+        self._refs = itertools.count(1)
+        self._lock = threading.Lock()
+        self._batch: list = []
+        self._made: list[int] = []
+        self.seq = 0  # the last batch sent
+        self._grad = True  # the grad mode the ranks are in after what was recorded
+        self._ranks: frozenset | None = None  # the ranks the recorded ops run on
+        self._limit = config.get("tensor_batch")
+        self._delay = config.get("tensor_flush")
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------ recording
+
+    def new_ref(self) -> int:
+        return next(self._refs)
+
+    def adopt(self, t) -> None:
+        """Track a new handle: when it dies, its ref is deleted on the ranks."""
+        h = _Handle(t, _died)
+        h.ref, h.client = t._ref, self
+        self.handles[t._ref] = h
+
+    def record(self, msg: tuple, made: list[int], ranks, grad: bool) -> None:
+        """Append one message for ``ranks`` (None: all), recorded in grad mode ``grad``."""
+        with self._lock:
+            batch = self._batch
+            if not batch and self._flusher is not None:
+                self._wake.set()
+            if ranks is not self._ranks and ranks != self._ranks:
+                batch.append((RANKS, ranks))
+                self._ranks = ranks
+            if grad is not self._grad:
+                batch.append((GRAD_MODE, grad))
+                self._grad = grad
+            batch.append(msg)
+            if made:
+                self._made.extend(made)
+            full = len(batch) >= self._limit
+        if full:
+            self.flush()
+        elif self._flusher is None:
+            self._start_flusher()
+
+    def flush(self) -> int:
+        """Send what was recorded (and the deletes); returns the last batch's seq.  The
+        batch is encoded and sent outside the lock (recording goes on meanwhile); batches
+        may so leave out of order, and the ranks put them back in order."""
+        dead = self.dead
+        with self._lock:
+            batch, made = self._batch, self._made
+            if dead:
+                refs = []
+                try:
+                    while True:
+                        refs.append(dead.popleft())
+                except IndexError:
+                    pass
+                batch.append((DELETE, refs))
+            if not batch:
+                return self.seq
+            self._batch, self._made = [], []
+            self.seq += 1
+            seq = self.seq
+        self.backend.send(seq, _encode(batch), made)
+        return seq
+
+    def _start_flusher(self) -> None:
+        with self._lock:
+            if self._flusher is not None:
+                return
+            self._flusher = threading.Thread(target=self._flush_later, name="monarch-kernel-tensor-flush",
+                                             daemon=True)
+        self._flusher.start()
+        self._wake.set()
+
+    def _flush_later(self) -> None:
+        """Sends a batch that has waited ``tensor_flush`` seconds: ops recorded in a long
+        ``activate()`` block (or a loop without fetches) start on the ranks meanwhile."""
+        wake = self._wake
+        while not self.closed:
+            wake.wait()
+            wake.clear()
+            if self.closed:
+                return
+            time.sleep(self._delay)
+            try:
+                if self._batch:
+                    self.flush()
+            except Exception:  # noqa: BLE001  (the mesh stopped: the next fetch says so)
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+
+    # ------------------------------------------------------------ values
+
+    def request(self, rank: int, fn, args, kwargs, transform):
+        seq = self.flush()
+        return self.backend.request(rank, seq, fn, encode_value(args), encode_value(kwargs), transform)
+
+    def request_all(self, shape, fn, args, kwargs, transform):
+        seq = self.flush()
+        return self.backend.request_all(shape, seq, fn, encode_value(args), encode_value(kwargs), transform)
+
+    def send_to_port(self, shape, fn, args, kwargs, port) -> None:
+        seq = self.flush()
+        self.backend.send_to_port(shape, seq, fn, encode_value(args), encode_value(kwargs), port)
+
+    def pickled_handle(self, t):
+        """``__reduce_ex__`` of a handle passed to an actor: after what was recorded is sent,
+        the rank looks its shard up in its executor."""
+        from ..rank.executor import local_shard
+
+        dest = destination.get()
+        if dest is not None and dest != self.backend.mesh_id:
+            raise ValueError(f"a distributed tensor of mesh '{self.name}' passed to actors on other procs; an actor "
+                             "gets a rank's shard only on the procs the tensor lives on (move it with to_mesh, or "
+                             "send inspect(t))")
+        seq = self.flush()
+        return (local_shard, (self.backend.key, t._ref, seq))
+
+    def live(self) -> list:
+        """The live handles."""
+        return [t for h in list(self.handles.values()) if (t := h()) is not None]
+
+    def listing(self) -> list[dict]:
+        """``{shape, dtype, device, bytes}`` of each live handle (bytes: each rank's shard)."""
+        rows = []
+        for t in self.live():
+            size, _stride, _off, dtype, device, _rg = t._meta
+            n = 1
+            for s in size:
+                n *= s
+            rows.append({"shape": list(size), "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+                         "bytes": n * dtype.itemsize})
+        return rows
+
+
+def encode_value(obj):
+    """``obj`` with its distributed tensors as ``Ref`` (lists, tuples and dicts looked into)."""
+    from .tensor import Tensor
+
+    t = type(obj)
+    if t is Tensor:
+        return obj._r
+    if t in (list, tuple):
+        return t(encode_value(x) for x in obj)
+    if t is dict:
+        return {k: encode_value(v) for k, v in obj.items()}
+    return obj
+
+
+def _encode(batch: list) -> bytes:
+    """The C pickler when it can (several times faster); cloudpickle for functions defined in
+    a notebook or ``__main__``, which the ranks cannot import."""
+    try:
+        data = pickle.dumps(batch, protocol=5)
+        if b"__main__" not in data:
+            return data
+    except Exception:  # noqa: BLE001  (a lambda, a local class: cloudpickle pickles those by value)
+        pass
+    import cloudpickle
+
+    return cloudpickle.dumps(batch, protocol=5)

@@ -1,0 +1,102 @@
+"""What the controller sends an executor, and what comes back for a failed value.
+
+A batch is a list of tuples whose first item is one of the kinds below; distributed
+tensors inside an op's arguments travel as ``Ref``.  Pure data: no torch at import, and
+both halves import it.
+"""
+
+from __future__ import annotations
+
+OP = 0  # (OP, func, args, kwargs, out, deep): out is a ref, a tuple of outs, or None
+DELETE = 1  # (DELETE, [ref, ...])
+GRAD_MODE = 2  # (GRAD_MODE, enabled)
+RANKS = 3  # (RANKS, frozenset of ranks or None): which ranks run the ops that follow
+BACKWARD = 4  # (BACKWARD, loss ref, gradient ref or None, retain_graph, [(param ref, grad ref), ...])
+SET_ATTR = 5  # (SET_ATTR, ref, name, value): value a Ref, None or a constant
+COLLECTIVE = 6  # (COLLECTIVE, request): handed to the rank's Collectives (reductions, to_mesh)
+PROMISE = 7  # (PROMISE, [ref, ...]): refs an actor's endpoint will bind (``rref``); ops reading them wait
+
+
+class Ref:
+    """A distributed tensor inside a message: its id on the ranks."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int):
+        self.id = id
+
+    def __reduce__(self):
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.id})"
+
+
+def unpack_tensor(raw: bytes, dtype: str, shape: tuple):
+    """A small tensor sent as its bytes (torch's own pickling costs about 0.3 ms a tensor)."""
+    import torch
+
+    if not raw:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+
+
+class Poisoned:
+    """The value of a ref whose op failed on a rank (or read a poisoned input): the rank's
+    traceback, kept until the ref is deleted and raised by whoever fetches it."""
+
+    __slots__ = ("rank", "what", "traceback")
+
+    def __init__(self, rank: int, what: str, traceback: str):
+        self.rank, self.what, self.traceback = rank, what, traceback
+
+    def __reduce__(self):
+        return (Poisoned, (self.rank, self.what, self.traceback))
+
+    def __repr__(self) -> str:
+        return f"<poisoned on rank {self.rank} by {self.what}>"
+
+
+class RemoteException(Exception):
+    """A distributed tensor's value failed on a rank: the op that failed there, the rank and
+    its traceback.  Later ops still run; only what depends on the failed value is poisoned::
+
+        with procs.activate():
+            bad = x @ torch.ones(5, 5)      # a shape the controller could not check
+        inspect(bad)                          # RemoteException: ... on rank 0 ...
+    """
+
+    def __init__(self, poisoned: Poisoned):
+        self.rank, self.what, self.remote_traceback = poisoned.rank, poisoned.what, poisoned.traceback
+        super().__init__(f"{poisoned.what} failed on rank {poisoned.rank}; its traceback there:\n"
+                         f"{poisoned.traceback.rstrip()}")
+
+    def __reduce__(self):
+        return (_remote_exception, (self.rank, self.what, self.remote_traceback))
+
+
+def _remote_exception(rank: int, what: str, traceback: str) -> RemoteException:
+    return RemoteException(Poisoned(rank, what, traceback))
+
+
+class Collective:
+    """A ``COLLECTIVE`` message's request, for the rank's ``Collectives``: ``kind``
+    ("reduce" or "to_mesh"), the input ref ``source`` and output ref ``out`` (the same for
+    an in-place reduce), the mesh (``labels``, ``sizes``, row-major ``ranks``), the ``dims``
+    reduced over, ``reduction`` and ``scatter``; for to_mesh, ``dest_ranks`` (the other
+    mesh's ranks, row-major, same dims)."""
+
+    __slots__ = ("kind", "source", "out", "labels", "sizes", "ranks", "dims", "reduction", "scatter", "dest_ranks",
+                 "like")
+
+    def __init__(self, kind: str, source: int, out: int, labels: tuple, sizes: tuple, ranks: tuple,
+                 dims: tuple = (), reduction: str = "sum", scatter: bool = False, dest_ranks: tuple = (),
+                 like: tuple | None = None):
+        self.kind, self.source, self.out = kind, source, out
+        self.labels, self.sizes, self.ranks = labels, sizes, ranks
+        self.dims, self.reduction, self.scatter, self.dest_ranks = dims, reduction, scatter, dest_ranks
+        self.like = like  # to_mesh: (shape, dtype) of what a destination receives
+
+    def __reduce__(self):
+        return (Collective, (self.kind, self.source, self.out, self.labels, self.sizes, self.ranks, self.dims,
+                             self.reduction, self.scatter, self.dest_ranks, self.like))

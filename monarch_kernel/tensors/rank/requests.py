@@ -1,0 +1,76 @@
+"""What a rank's executor does with a ``COLLECTIVE`` message: the reduction or the move it
+asks for, carried out by ``Collectives`` over the mesh (or slice) it names, reading its
+input from the executor's refs and binding its output there.
+
+One ``Collectives`` per mesh the requests name, all over the rendezvous store the
+controller made when it spawned the tensor engines (``TensorEngine``'s ``store``), so a
+mesh and its slices share their process groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import Collective, Poisoned
+from .collectives import Collectives
+
+
+class CollectiveRequests:
+    def __init__(self, executor):
+        self.executor = executor
+        self._meshes: dict[tuple, Collectives] = {}
+
+    def _over(self, labels: tuple, sizes: tuple, ranks: tuple) -> Collectives:
+        key = (tuple(labels), tuple(sizes), tuple(ranks))
+        c = self._meshes.get(key)
+        if c is None:
+            store = self.executor.store
+            if store is None:
+                raise RuntimeError("this tensor engine has no rendezvous store: reductions need the engines the "
+                                   "controller spawns with procs.activate()")
+            c = self._meshes[key] = Collectives(list(zip(labels, sizes, strict=True)), ranks, self.executor.rank,
+                                                store)
+        return c
+
+    def _input(self, ref: int) -> Any:
+        value = self.executor.env.get(ref)
+        if isinstance(value, Poisoned):
+            raise RuntimeError(f"its input failed on rank {value.rank} ({value.what}):\n{value.traceback}")
+        if value is None:
+            raise KeyError(f"no tensor {ref} on rank {self.executor.rank} (it was deleted)")
+        return value
+
+    def run(self, req: Collective) -> None:
+        ex = self.executor
+        if req.kind == "reduce":
+            if ex.rank not in req.ranks:
+                return
+            c = self._over(req.labels, req.sizes, req.ranks)
+            local = self._input(req.source)
+            dims = tuple(req.dims) or None
+            if req.out == req.source:
+                c.reduce_(local, dims, req.reduction, req.scatter)
+            else:
+                ex.env[req.out] = c.reduce(local, dims, req.reduction, req.scatter)
+        elif req.kind == "to_mesh":
+            pairs = list(zip(req.ranks, req.dest_ranks, strict=True))
+            mine = req.ranks if ex.rank in req.ranks else req.dest_ranks
+            if ex.rank not in mine:
+                return
+            c = self._over(req.labels, req.sizes, mine)
+            local = self._input(req.source) if ex.rank in req.ranks else None
+            like = None
+            if req.like is not None:
+                import torch
+
+                like = torch.empty(req.like[0], dtype=req.like[1], device="meta")
+            got = c.transfer(local, pairs, like)
+            if ex.rank in req.dest_ranks:
+                ex.env[req.out] = got
+        else:
+            raise ValueError(f"unknown collective {req.kind!r}")
+
+    def close(self) -> None:
+        for c in self._meshes.values():
+            c.close()
+        self._meshes.clear()
