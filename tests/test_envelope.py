@@ -21,6 +21,7 @@ from monarch_kernel.runtime.payloads import (
     ReplyInfo,
     ReviveNotice,
     SpawnInfo,
+    StacksAsk,
 )
 from monarch_kernel.runtime.serialize import dumps
 from monarch_kernel.runtime.tree import NodeTable, children, locate, split
@@ -37,6 +38,7 @@ PAYLOAD_EXAMPLES = {
     Kind.DEATH: DeathNotice("m2"),
     Kind.REVIVE: ReviveNotice("m2", 1),
     Kind.INTERRUPT: InterruptAck("ipc:///a", 9),
+    Kind.STACKS: StacksAsk("ipc:///a", 10),
 }
 
 

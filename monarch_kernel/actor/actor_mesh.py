@@ -94,22 +94,6 @@ class ActorMesh(Shaped, Generic[T]):
         return cls(proc_mesh.ref, actor_id, name, actor_class.__qualname__, endpoint_names(actor_class),
                    Shape.full(proc_mesh.ref.dims), proc_mesh)
 
-    def slice(self, **dims) -> ActorMesh:
-        """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
-        return self._with_shape(self._shape.slice(**dims))
-
-    def flatten(self, dim: str) -> ActorMesh[T]:
-        """The same actors over one dimension ``dim``; calls see ``message_rank`` in it."""
-        return self._with_shape(self._shape.flatten(dim))
-
-    def rename(self, **names: str) -> ActorMesh[T]:
-        """The same actors with dims renamed (``rename(gpus="tp")``); calls see the new names."""
-        return self._with_shape(self._shape.rename(**names))
-
-    def split(self, **kwargs) -> ActorMesh[T]:
-        """The same actors with dims split, as ``ProcMesh.split``."""
-        return self._with_shape(self._shape.split(**kwargs))
-
     def _with_shape(self, shape: Shape) -> ActorMesh[T]:
         # A view's failures go where its parent's go.
         m: ActorMesh[T] = ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name, self._endpoints,

@@ -166,25 +166,6 @@ class ProcMesh(Shaped):
         return take_stacks(self._ref, chosen, native=native, all_threads=all_threads,
                            runtime_frames=runtime_frames, method=method, timeout=timeout)
 
-    def slice(self, **dims) -> ProcMesh:
-        """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
-        return self._with_shape(self._shape.slice(**dims))
-
-    def flatten(self, dim: str) -> ProcMesh:
-        """The same procs over one dimension ``dim`` (``{"hosts": 2, "gpus": 4}`` ->
-        ``{dim: 8}``), in row-major order."""
-        return self._with_shape(self._shape.flatten(dim))
-
-    def rename(self, **names: str) -> ProcMesh:
-        """The same procs with dims renamed, the rest kept: ``procs.rename(gpus="tp")``."""
-        return self._with_shape(self._shape.rename(**names))
-
-    def split(self, **kwargs) -> ProcMesh:
-        """The same procs with dims split into several, row-major, as Monarch's:
-        ``procs.split(hosts=("dp", "pp"), pp=2)`` turns ``{"hosts": 4, "gpus": 8}`` into
-        ``{"dp": 2, "pp": 2, "gpus": 8}`` (one new name per split may go unsized)."""
-        return self._with_shape(self._shape.split(**kwargs))
-
     def to_table(self):
         """Which rank sits at each point: a text table (a ``str``) that a notebook shows as
         HTML; ``print(procs.to_table())``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TypeVar
 
 
 class Extent(Mapping):
@@ -264,6 +265,9 @@ class Shape:
         return f"Shape({self.extent!r}, ranks={list(self.ranks)})"
 
 
+_S = TypeVar("_S", bound="Shaped")
+
+
 class Shaped:
     """Mixin for things laid out over a ``Shape`` held in ``self._shape``."""
 
@@ -294,6 +298,29 @@ class Shaped:
         for d in dim:
             n *= self.size(d)
         return n
+
+    # Views: the same things over another shape, as ``_with_shape`` (the class's own) makes them.
+    def _with_shape(self: _S, shape: Shape) -> _S:
+        raise NotImplementedError
+
+    def slice(self: _S, **dims) -> _S:
+        """The sub-mesh at ``dims`` (ints drop a dim; slices and ranges keep it)."""
+        return self._with_shape(self._shape.slice(**dims))
+
+    def flatten(self: _S, dim: str) -> _S:
+        """The same over one dimension ``dim`` (``{"hosts": 2, "gpus": 4}`` -> ``{dim: 8}``),
+        in row-major order; calls see ``message_rank`` in it."""
+        return self._with_shape(self._shape.flatten(dim))
+
+    def rename(self: _S, **names: str) -> _S:
+        """The same with dims renamed, the rest kept: ``procs.rename(gpus="tp")``."""
+        return self._with_shape(self._shape.rename(**names))
+
+    def split(self: _S, **kwargs) -> _S:
+        """The same with dims split into several, row-major, as Monarch's:
+        ``procs.split(hosts=("dp", "pp"), pp=2)`` turns ``{"hosts": 4, "gpus": 8}`` into
+        ``{"dp": 2, "pp": 2, "gpus": 8}`` (one new name per split may go unsized)."""
+        return self._with_shape(self._shape.split(**kwargs))
 
     @property
     def sizes(self) -> dict[str, int]:
