@@ -33,7 +33,7 @@ EXAMPLES = [
     host_wire.Hello(4321, host_wire.RankHello("m1", 3, 4321).encode()),
     host_wire.Beats([4321, 4322]),
     host_wire.StackDump(3, 4321, 0, b'[{"thread_name": "MainThread", "frames": []}]', b""),
-    host_wire.Usages(4, [[4321, 1200, 88 << 20], [4322, -1, -1]]),
+    host_wire.Usages(4, [[4321, 1200, 88 << 20, 35, 2048], [4322, -1, -1, -1, -1]]),
     host_wire.Exit(4321, 7 << 8),
     host_wire.Beat(),
     host_wire.RankHello("m1", 3, 4321),

@@ -35,8 +35,8 @@ export interface IMeshPanelOptions {
 const METRICS_POLL_MS = 1000;
 const SVG = 'http://www.w3.org/2000/svg';
 
-/** Two small lines: CPU % on a 0-100 scale, RSS scaled to its own maximum. */
-function sparklines(cpu: (number | null)[], rss: (number | null)[]): SVGElement {
+/** Small lines: CPU % (and GPU %, where a rank uses a GPU) on a 0-100 scale, RSS scaled to its own maximum. */
+function sparklines(cpu: (number | null)[], rss: (number | null)[], gpu: (number | null)[] = []): SVGElement {
   const width = 80;
   const height = 16;
   const svg = document.createElementNS(SVG, 'svg');
@@ -56,6 +56,9 @@ function sparklines(cpu: (number | null)[], rss: (number | null)[]): SVGElement 
   line(cpu, 100, 'mk-Spark-cpu');
   const known = rss.filter((v): v is number => v !== null);
   line(rss, known.length ? Math.max(...known) : 1, 'mk-Spark-rss');
+  if (gpu.some(v => v !== null)) {
+    line(gpu, 100, 'mk-Spark-gpu');
+  }
   return svg;
 }
 
@@ -144,7 +147,7 @@ export class MeshPanel extends Widget {
       const cell = this._body.querySelector(
         `.mk-Mesh[data-mesh="${CSS.escape(metrics.mesh)}"] .mk-Rank[data-rank="${rank}"] .mk-Rank-spark`);
       if (cell) {
-        cell.replaceChildren(sparklines(series.cpu, series.rss_mib));
+        cell.replaceChildren(sparklines(series.cpu, series.rss_mib, series.gpu ?? []));
       }
     }
   }
@@ -340,7 +343,7 @@ export class MeshPanel extends Widget {
       h('td', { class: 'mk-Rank-state' }, stateLabel(row)),
       h('td', { class: 'mk-Rank-cpu' }, formatCpu(row.cpu)),
       h('td', { class: 'mk-Rank-rss' }, formatRss(row.rss_mib)),
-      h('td', { class: 'mk-Rank-spark', title: 'CPU % (blue) and RSS (orange) over the last minutes' },
+      h('td', { class: 'mk-Rank-spark', title: 'CPU % (blue), RSS (orange) and GPU % (green, where used) over the last minutes' },
         ...this._spark(mesh.name, row.rank)),
       h('td', { class: 'mk-Rank-last', title: row.last }, row.last),
       actions
@@ -392,7 +395,7 @@ export class MeshPanel extends Widget {
 
   private _spark(mesh: string, rank: number): SVGElement[] {
     const series = this._metrics.get(mesh)?.ranks[String(rank)];
-    return series ? [sparklines(series.cpu, series.rss_mib)] : [];
+    return series ? [sparklines(series.cpu, series.rss_mib, series.gpu ?? [])] : [];
   }
 
   private _options: IMeshPanelOptions;

@@ -80,7 +80,7 @@ export interface ILogLines {
 export interface IMetrics {
   type: 'metrics';
   mesh: string;
-  ranks: Record<string, { cpu: (number | null)[]; rss_mib: (number | null)[] }>;
+  ranks: Record<string, { cpu: (number | null)[]; rss_mib: (number | null)[]; gpu?: (number | null)[] }>;
 }
 
 export interface IReply {

@@ -23,6 +23,8 @@ class Point:
     at: float
     cpu: float | None  # percent of one core since the previous sample
     rss_mib: float | None
+    gpu: float | None = None  # utilisation % of the rank's GPU (None: it uses none)
+    gpu_mib: float | None = None
 
 
 class RankMetrics:
@@ -48,15 +50,17 @@ class RankMetrics:
             key = (procs.name, r)
             pid = om.pids[r] if om is not None else None
             u = got.get(r)
-            cpu = rss = None
+            cpu = rss = gpu = gpu_mib = None
             if u is not None and pid is not None:
-                ticks, rss_bytes = u
+                ticks, rss_bytes, gpu_pct, gpu_used = u
+                if gpu_pct >= 0:
+                    gpu, gpu_mib = float(gpu_pct), float(gpu_used)
                 rss = round(rss_bytes / (1 << 20), 1)
                 before = self._last.get(key)
                 if before is not None and before[2] == pid and now > before[1]:
                     cpu = round(100.0 * (ticks - before[0]) / _CLK_TCK / (now - before[1]), 1)
                 self._last[key] = (ticks, now, pid)
-            p = Point(now, cpu, rss)
+            p = Point(now, cpu, rss, gpu, gpu_mib)
             self.history.setdefault(key, deque(maxlen=HISTORY)).append(p)
             out[r] = p
         return out
@@ -81,13 +85,20 @@ def sparkline(values: list[float | None], top: float | None = None, width: int =
 
 
 def top_table(metrics: RankMetrics, procs, hosts: dict[int, str]) -> str:
-    """``%mesh top``'s table: rank, host, CPU %, RSS and their sparklines."""
-    lines = [f"{'rank':>4}  {'host':12} {'CPU %':>6}  {'CPU (last samples)':30}  {'RSS MiB':>8}  RSS"]
-    for r in procs.shape.ranks:
-        s = metrics.series(procs.name, r)
+    """``%mesh top``'s table: rank, host, CPU %, RSS and their sparklines (and GPU % and
+    memory where a rank uses a GPU)."""
+    series = {r: metrics.series(procs.name, r) for r in procs.shape.ranks}
+    gpus = any(p.gpu is not None for s in series.values() for p in s)
+    head = f"{'rank':>4}  {'host':12} {'CPU %':>6}  {'CPU (last samples)':30}  {'RSS MiB':>8}  RSS"
+    lines = [head + (f"{'':16}  {'GPU %':>6}  {'GPU MiB':>8}" if gpus else "")]
+    for r, s in series.items():
         last = s[-1] if s else Point(0, None, None)
         cpu = "" if last.cpu is None else f"{last.cpu:.0f}"
         rss = "" if last.rss_mib is None else f"{last.rss_mib:.0f}"
-        lines.append(f"{r:>4}  {hosts.get(r, '')[:12]:12} {cpu:>6}  {sparkline([p.cpu for p in s], 100):30}  "
-                     f"{rss:>8}  {sparkline([p.rss_mib for p in s], width=20)}")
+        line = (f"{r:>4}  {hosts.get(r, '')[:12]:12} {cpu:>6}  {sparkline([p.cpu for p in s], 100):30}  "
+                f"{rss:>8}  {sparkline([p.rss_mib for p in s], width=20):20}")
+        if gpus:
+            line += (f"  {'' if last.gpu is None else f'{last.gpu:.0f}':>6}  "
+                     f"{'' if last.gpu_mib is None else f'{last.gpu_mib:.0f}':>8}")
+        lines.append(line.rstrip())
     return "\n".join(lines)

@@ -287,7 +287,8 @@ class PanelFeed:
         except UsageError:
             return Metrics(req.mesh, {})
         self.session.metrics.sample(procs)
-        series = {str(r): {"cpu": [p.cpu for p in pts], "rss_mib": [p.rss_mib for p in pts]}
+        series = {str(r): {"cpu": [p.cpu for p in pts], "rss_mib": [p.rss_mib for p in pts],
+                           "gpu": [p.gpu for p in pts], "gpu_mib": [p.gpu_mib for p in pts]}
                   for r in procs.shape.ranks for pts in [self.session.metrics.series(procs.name, r)[-METRIC_POINTS:]]}
         return Metrics(procs.name, series)
 

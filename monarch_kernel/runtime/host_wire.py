@@ -217,11 +217,12 @@ class StackDump(Message):
 
 @dataclass(frozen=True)
 class Usages(Message):
-    """``[pid, CPU ticks, resident bytes]`` each (-1, -1: the process is gone)."""
+    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB]`` each (-1: the process is gone, or
+    it uses no GPU)."""
 
     OP = "usages"
     tag: int
-    items: list[tuple[int, int, int]]
+    items: list[tuple[int, int, int, int, int]]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ sampled unless asked: an idle kernel sends nothing.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 from . import host_wire as hw
 from .completion import Completion
@@ -28,15 +30,54 @@ def usage(pid: int | None) -> tuple[int, int] | None:
         return None
 
 
+def gpu_usage(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """``{pid: (GPU utilisation %, GPU memory MiB)}`` of those of ``pids`` that use an NVIDIA
+    GPU of this host (the utilisation is their GPU's); empty without ``nvidia-smi``."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None or not pids:
+        return {}
+    try:
+        apps = subprocess.run([smi, "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=3).stdout
+        gpus = subprocess.run([smi, "--query-gpu=uuid,utilization.gpu", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=3).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return parse_gpu_usage(apps, gpus, set(pids))
+
+
+def parse_gpu_usage(apps: str, gpus: str, pids: set[int]) -> dict[int, tuple[int, int]]:
+    """``nvidia-smi``'s two CSV answers (compute apps; GPUs) -> ``gpu_usage``'s map."""
+    util = {}
+    for line in gpus.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[1].isdigit():
+            util[parts[0]] = int(parts[1])
+    out: dict[int, tuple[int, int]] = {}
+    for line in apps.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit() and int(parts[0]) in pids and parts[2].isdigit():
+            pid = int(parts[0])
+            mem = out.get(pid, (0, 0))[1] + int(parts[2])
+            out[pid] = (max(out.get(pid, (0, 0))[0], util.get(parts[1], 0)), mem)
+    return out
+
+
+def measure(pids: list[int]) -> list[tuple[int, int, int, int, int]]:
+    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB]`` each (-1: gone, or no GPU)."""
+    gpu = gpu_usage(pids)
+    return [(p, *(usage(p) or (-1, -1)), *gpu.get(p, (-1, -1))) for p in pids]
+
+
 def usages(pids: list[int]) -> hw.Usages:
-    return hw.Usages(0, [(p, *(usage(p) or (-1, -1))) for p in pids])
+    return hw.Usages(0, measure(pids))
 
 
 def sample(rt, om, ranks: list[int]) -> Completion:
-    """From any thread: ``{rank: (ticks, rss bytes) or None}`` of ranks of a mesh this process
-    spawned; ranks on other hosts through their agents."""
+    """From any thread: ``{rank: (ticks, rss bytes, GPU %, GPU MiB) or None}`` of ranks of a
+    mesh this process spawned (GPU -1: none); ranks on other hosts through their agents."""
     got = Completion()
-    out: dict[int, tuple[int, int] | None] = {}
+    out: dict[int, tuple | None] = {}
 
     def check() -> None:
         if len(out) >= len(ranks) and not got.done():
@@ -44,17 +85,22 @@ def sample(rt, om, ranks: list[int]) -> Completion:
 
     def go() -> None:
         links: dict[int, tuple] = {}
+        here: dict[int, int] = {}
         for r in ranks:
             pid = om.pids[r]
-            if om.links is None or pid is None or r not in om.alive:
-                out[r] = usage(pid) if r in om.alive else None
+            if pid is None or r not in om.alive:
+                out[r] = None
+            elif om.links is None:
+                here[pid] = r
             else:
                 links.setdefault(id(om.links[r]), (om.links[r], {}))[1][pid] = r
+        for pid, ticks, rss, gpu, gpu_mib in measure(list(here)):
+            out[here[pid]] = None if ticks < 0 else (ticks, rss, gpu, gpu_mib)
         for link, by_pid in links.values():
             def heard(msg: hw.Usages, by_pid=by_pid) -> None:
-                for pid, ticks, rss in msg.items:
+                for pid, ticks, rss, gpu, gpu_mib in msg.items:
                     if pid in by_pid:
-                        out[by_pid[pid]] = None if ticks < 0 else (ticks, rss)
+                        out[by_pid[pid]] = None if ticks < 0 else (ticks, rss, gpu, gpu_mib)
                 for r in by_pid.values():
                     out.setdefault(r, None)
                 check()
