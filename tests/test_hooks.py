@@ -73,8 +73,9 @@ SNAPSHOT = textwrap.dedent("""
     import json, os, signal, sys, threading, atexit, importlib, pkgutil
     # Third-party modules with import-time effects of their own (exit handlers; debugpy, which
     # ipykernel's debugger imports, sets sys.breakpointhook) are imported first: what is
-    # checked is what importing this package's modules adds.
-    import zmq, msgpack, cloudpickle, ipykernel.debugger
+    # checked is what importing this package's modules adds.  torch too: the distributed
+    # tensors' modules (loaded only once a tensor exists) import it, and it registers exit handlers.
+    import zmq, msgpack, cloudpickle, ipykernel.debugger, torch
     import IPython.core.display_functions as df, IPython.display as ipd
     def state():
         return {

@@ -4,6 +4,7 @@ Chrome-trace file with a process row per rank, and a report that names the slow 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -21,10 +22,13 @@ class Worker(Actor):
 
         from monarch_kernel import current_rank
 
+        slow = current_rank().rank == 1
         for _ in range(3):
             with record_function("step"):
-                for _ in range(n * (8 if current_rank().rank == 1 else 1)):  # rank 1: eight times the work
+                for _ in range(n * (8 if slow else 1)):  # rank 1: eight times the ops
                     torch.mm(torch.randn(96, 96), torch.randn(96, 96))
+                if slow:
+                    time.sleep(0.3)  # and waits in each step: a straggler on any machine
 
 
 def test_a_profiled_block_merges_every_ranks_trace_and_names_the_straggler(tmp_path):
@@ -34,7 +38,7 @@ def test_a_profiled_block_merges_every_ranks_trace_and_names_the_straggler(tmp_p
         w.work.call(1).get(timeout=60)  # torch imported and warm
         path = tmp_path / "trace.json"
         with profile(procs, str(path)) as prof:
-            w.work.call(20).get(timeout=120)
+            w.work.call(5).get(timeout=120)
         report = prof.report
         assert report is not None and report.path == str(path)
         assert [r.rank for r in report.ranks] == [0, 1]
@@ -42,7 +46,9 @@ def test_a_profiled_block_merges_every_ranks_trace_and_names_the_straggler(tmp_p
         assert report.stragglers() == [1], repr(report)
         assert report.straggler_line().startswith("straggler: rank 1 over 20% above the median")
         mm = next(row for row in report.top_ops() if row["op"] == "aten::mm")
-        assert mm["slowest_rank"] == 1 and mm["calls"] == 3 * 20 * 9 and mm["spread_pct"] > 50, mm
+        assert mm["calls"] == 3 * 5 * 9, mm
+        step = next(row for row in report.top_ops() if row["op"] == "step")
+        assert step["slowest_rank"] == 1 and step["spread_pct"] > 50, step
         assert all(abs(r.offset_us) < 1e6 for r in report.ranks)  # one host: the same clock, nearly
         trace = json.loads(path.read_text())
         rows = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}

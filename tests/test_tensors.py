@@ -88,7 +88,7 @@ def test_shapes_are_known_at_once_and_values_come_from_each_rank(procs):
     assert get_active_mesh() is None
     assert isinstance(u, Tensor) and isinstance(u, torch.Tensor)
     assert u.shape == (3, 3) and u.dtype == torch.float32 and u.mesh is procs
-    assert repr(u) == ("monarch_kernel.Tensor(mesh='procs' {gpus=4}, shape=[3, 3], dtype=torch.float32, "
+    assert repr(u) == (f"monarch_kernel.Tensor(mesh='{procs.name}' {{gpus=4}}, shape=[3, 3], dtype=torch.float32, "
                        "device=cpu)")
     shards = [fetch_shard(t, gpus=i).get(timeout=60) for i in range(4)]
     assert all(s.shape == (3, 4) for s in shards)
@@ -104,7 +104,7 @@ def test_live_tensors_are_listed_per_mesh(procs):
 
     with procs.activate():
         t = torch.zeros(16, 4, dtype=torch.float64)
-    rows = live_tensors()["procs"]
+    rows = live_tensors()[procs.name]
     assert {"shape": [16, 4], "dtype": "float64", "device": "cpu", "bytes": 512} in rows
     del t
 

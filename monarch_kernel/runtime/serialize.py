@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import warnings
 
 import cloudpickle
 
@@ -70,6 +71,9 @@ def _reduce_tensor(torch, t):
     return _rebuild_tensor, (pickle.PickleBuffer(raw), dtype, tuple(t.shape), t.requires_grad)
 
 
+_COPY_BELOW = 1 << 20
+
+
 def _rebuild_tensor(buf, dtype, shape, requires_grad):
     import torch
 
@@ -77,6 +81,18 @@ def _rebuild_tensor(buf, dtype, shape, requires_grad):
     if mv.nbytes == 0:
         t = torch.empty(shape, dtype=getattr(torch, dtype))
     else:
+        if mv.readonly:
+            # A small tensor packed into the message's one frame (read-only bytes): a copy is
+            # cheap; a large frame is this message's own, so its memory may back the tensor.
+            if mv.nbytes < _COPY_BELOW:
+                mv = memoryview(bytearray(mv))
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    t = torch.frombuffer(mv, dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+                if requires_grad:
+                    t.requires_grad_(True)
+                return t
         t = torch.frombuffer(mv, dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
     if requires_grad:
         t.requires_grad_(True)
