@@ -144,18 +144,8 @@ class Executor:
         try:
             if deep:
                 args, kwargs = self._resolve((args, kwargs))
-            else:  # the common case, inline: refs only at the top level of args
-                resolved = []
-                for a in args:
-                    if type(a) is Ref:
-                        ref = a.id
-                        a = env.get(ref, _MISSING)
-                        if a is _MISSING:
-                            a = self._missing(ref)
-                        if type(a) is Poisoned:
-                            raise _PoisonedInput(a)
-                    resolved.append(a)
-                args = resolved
+            else:  # the common case: refs only at the top level of args
+                args = self._flat(args)
             result = func(*args, **kwargs)
         except _PoisonedInput as p:
             self._bind_poison(out, p.poisoned)
