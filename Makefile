@@ -71,8 +71,10 @@ lint: setup
 	$(BIN)/ruff check monarch_kernel benchmarks examples tests
 	$(BIN)/mypy monarch_kernel
 
+# The suite on two workers (tests/conftest.py: each module one unit, longest first); TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 bench: setup
 	$(BIN)/python -m benchmarks
