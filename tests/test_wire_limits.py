@@ -1,0 +1,130 @@
+"""Bytes from outside, over real sockets, to a real rank: a 1 GiB unsigned frame on the
+rank's ipc inbox is refused by ZeroMQ before it is buffered (``MONARCH_KERNEL_MAX_WIRE_FRAME``,
+ZMQ_MAXMSGSIZE) while legitimate values larger than that still pass, in pieces; garbage on
+the rank's data server, before and after the handshake, is refused and counted.  The rank
+stays up and answers after each."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import socket
+
+import psutil
+import pytest
+import torch
+import zmq
+from _actors import Echo, wait_for  # noqa: I001  (tests/ is on sys.path)
+
+from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
+from monarch_kernel.data import wire
+from monarch_kernel.runtime import config, framing
+from monarch_kernel.runtime.process import Runtime
+
+GIB = 1 << 30
+
+
+class Owner(Actor):
+    def __init__(self):
+        self.kept = []
+
+    @endpoint
+    def make(self, n: int) -> RDMABuffer:
+        t = (torch.arange(n) % 256).to(torch.uint8)
+        self.kept.append(t)
+        return RDMABuffer(t)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        yield procs, procs.spawn("echo", Echo), procs.spawn("owner", Owner)
+
+
+def rejected(echo, rank: int) -> dict:
+    return echo.slice(gpus=rank).stats.call_one().get(timeout=30)["rejected"]
+
+
+@pytest.mark.timeout(90)
+def test_a_gib_frame_on_a_ranks_ipc_inbox_is_refused_before_it_is_buffered(mesh):
+    procs, echo, _owner = mesh
+    assert config.max_wire_frame() == 64 << 20 < GIB
+    rank = psutil.Process(echo.slice(gpus=0).pid.call_one().get(timeout=30))
+    rss_before = rank.memory_info().rss
+    dropped_before = rejected(echo, 0).get("zmq/disconnected", 0)
+
+    ctx = zmq.Context()
+    frame = mmap.mmap(-1, GIB)  # untouched pages: sending it costs this process no memory
+    try:
+        s = ctx.socket(zmq.PUSH)
+        s.connect(procs._ref.addresses[0])  # the rank's main inbox, as any local process could
+        s.send(frame, copy=False)
+        # ZeroMQ reads the frame's length, refuses it and ends the connection.
+        assert wait_for(lambda: rejected(echo, 0).get("zmq/disconnected", 0) > dropped_before, timeout=30), \
+            "the rank never counted the refused connection"
+        s.close(linger=0)
+    finally:
+        ctx.term()
+        del frame
+    grew = rank.memory_info().rss - rss_before
+    assert grew < GIB // 4, f"the rank's memory grew by {grew >> 20} MiB while refusing a 1 GiB frame"
+    assert echo.slice(gpus=0).echo.call_one("after").get(timeout=30) == "after"
+
+
+@pytest.mark.timeout(90)
+def test_values_larger_than_the_wire_frame_limit_still_pass_in_pieces(mesh):
+    _procs, echo, _owner = mesh
+    big = random.randbytes(1024) * (framing.CHUNK // 1024) + b"tail"  # pickled in-band: one frame over CHUNK
+    assert len(big) > config.max_wire_frame()
+    assert echo.slice(gpus=1).echo.call_one(big).get(timeout=60) == big  # there and back
+
+
+@pytest.mark.timeout(60)
+def test_garbage_on_a_ranks_data_server_is_refused_and_counted(mesh):
+    _procs, echo, owner = mesh
+    buf = owner.slice(gpus=1).make.call_one(4096).get(timeout=30)
+    h = buf._h
+    before = rejected(echo, 1)
+    key = Runtime.current().key
+
+    # Garbage where the client's half of the handshake goes.
+    with socket.create_connection((h.addresses[0], h.port), timeout=10) as s:
+        assert s.recv(len(wire.MAGIC)) == wire.MAGIC
+        s.sendall(os.urandom(wire.NONCE + wire.MAC))
+        assert _closed(s)
+    # With the key, a request whose blob claims 4 GiB: refused before anything is buffered.
+    with socket.create_connection((h.addresses[0], h.port), timeout=10) as s:
+        wire.client_handshake(s, key)
+        s.sendall(wire.Request(wire.Op.IB_CONNECT, h.id, h.token, 0, 0).encode() + wire.LENGTH.pack(0xFFFFFFFF))
+        assert _closed(s)
+    # With the key, requests of random bytes: each answered with a status, never a crash.
+    rng = random.Random(22)
+    with socket.create_connection((h.addresses[0], h.port), timeout=10) as s:
+        wire.client_handshake(s, key)
+        for _ in range(50):
+            raw = bytearray(rng.randbytes(wire.REQUEST.size))
+            raw[0] = rng.choice([wire.Op.CHECK, 0, 9, 200])  # never READ/WRITE/MAP: they would move bytes
+            s.sendall(bytes(raw))
+            reply = wire.recv_reply(s)
+            assert reply.status != wire.Status.OK or raw[0] == wire.Op.CHECK
+
+    def counted():
+        now = rejected(echo, 1)
+        return (now.get("data/handshake", 0) > before.get("data/handshake", 0)
+                and now.get("data/oversized", 0) > before.get("data/oversized", 0))
+
+    assert wait_for(counted, timeout=30), rejected(echo, 1)
+    dst = torch.empty(4096, dtype=torch.uint8)
+    buf.read_into(dst).get(timeout=30)
+    assert torch.equal(dst, (torch.arange(4096) % 256).to(torch.uint8))
+
+
+def _closed(s: socket.socket) -> bool:
+    """Whether the server closed ``s`` (EOF, or a reset), waiting up to its timeout."""
+    try:
+        while s.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
