@@ -8,11 +8,15 @@ error; rejections are counted on the process's ``rejects`` registry."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pathlib
 import pickle
 import secrets
 import socket
 import struct
+import subprocess
+import sys
 
 import msgpack
 import pytest
@@ -58,6 +62,32 @@ def _wires() -> list[str]:
     from monarch_kernel.runtime import native
 
     return ["python"] + (["native"] if native.wire() is not None else [])
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_rejections_are_counted_by_wire_and_reason_and_logged_at_powers_of_two(caplog):
+    reg = rejects.Rejects()
+    with caplog.at_level(logging.INFO, logger="monarch_kernel"):
+        for _ in range(9):
+            reg.count("panel", "malformed", "a test")
+        reg.count("dap", "oversized", level=logging.INFO)
+    said = [r.getMessage() for r in caplog.records if r.name == "monarch_kernel.rejects"]
+    assert said == [f"monarch_kernel: rejected input on the panel wire (malformed): a test; {n} so far"
+                    for n in (1, 2, 4, 8)] + ["monarch_kernel: rejected input on the dap wire (oversized); 1 so far"]
+    assert reg.snapshot() == {("panel", "malformed"): 9, ("dap", "oversized"): 1}
+
+
+def test_the_runtime_reports_every_wires_rejections_in_its_stats():
+    from monarch_kernel.runtime.process import Runtime
+
+    rt = Runtime.current()
+    before = rt.stats()
+    rt.receiver.handle([b"not a message"], False)  # what its inbox would hand it
+    after = rt.stats()
+    assert after["dropped"]["unsigned"] == before["dropped"]["unsigned"] + 1
+    assert after["rejected"]["envelope/unsigned"] == before["rejected"].get("envelope/unsigned", 0) + 1
 
 
 # ---------------------------------------------------------------- the envelope
@@ -463,3 +493,17 @@ def test_rest_attach_body_names_a_kernel_or_raises_value_error(body):
         assert "kernel_id" in str(e)
         return
     assert isinstance(kid, str) and kid
+
+
+# ---------------------------------------------------------------- coverage-guided, briefly
+
+
+def test_atheris_finds_no_crash_in_a_short_run(tmp_path):
+    """The same decoders under libFuzzer for a few seconds (``tests/atheris_wires.py``; run it
+    longer by hand).  A crash would leave its input in ``tmp_path``."""
+    pytest.importorskip("atheris", reason="atheris is installed with the test extras on Python 3.11 only")
+    script = pathlib.Path(__file__).with_name("atheris_wires.py")
+    out = subprocess.run([sys.executable, str(script), "-runs=10000", "-max_total_time=3",
+                          f"-artifact_prefix={tmp_path}/"], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,6 @@ import socket
 
 import psutil
 import pytest
-import torch
 import zmq
 from _actors import Echo, wait_for  # noqa: I001  (tests/ is on sys.path)
 
@@ -25,34 +24,38 @@ from monarch_kernel.runtime.process import Runtime
 GIB = 1 << 30
 
 
+PATTERN = bytes(range(256)) * 16
+
+
 class Owner(Actor):
     def __init__(self):
         self.kept = []
 
     @endpoint
-    def make(self, n: int) -> RDMABuffer:
-        t = (torch.arange(n) % 256).to(torch.uint8)
-        self.kept.append(t)
-        return RDMABuffer(t)
+    def make(self) -> RDMABuffer:
+        b = bytearray(PATTERN)
+        self.kept.append(b)
+        return RDMABuffer(b)
 
 
 @pytest.fixture(scope="module")
 def mesh():
-    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+    """One rank: its inbox and its data server are what the tests aim at."""
+    with this_host().spawn_procs(per_host={"gpus": 1}) as procs:
         yield procs, procs.spawn("echo", Echo), procs.spawn("owner", Owner)
 
 
-def rejected(echo, rank: int) -> dict:
-    return echo.slice(gpus=rank).stats.call_one().get(timeout=30)["rejected"]
+def rejected(echo) -> dict:
+    return echo.stats.call_one().get(timeout=30)["rejected"]
 
 
 @pytest.mark.timeout(90)
 def test_a_gib_frame_on_a_ranks_ipc_inbox_is_refused_before_it_is_buffered(mesh):
     procs, echo, _owner = mesh
     assert config.max_wire_frame() == 64 << 20 < GIB
-    rank = psutil.Process(echo.slice(gpus=0).pid.call_one().get(timeout=30))
+    rank = psutil.Process(echo.pid.call_one().get(timeout=30))
     rss_before = rank.memory_info().rss
-    dropped_before = rejected(echo, 0).get("zmq/disconnected", 0)
+    dropped_before = rejected(echo).get("zmq/disconnected", 0)
 
     ctx = zmq.Context()
     frame = mmap.mmap(-1, GIB)  # untouched pages: sending it costs this process no memory
@@ -61,7 +64,7 @@ def test_a_gib_frame_on_a_ranks_ipc_inbox_is_refused_before_it_is_buffered(mesh)
         s.connect(procs._ref.addresses[0])  # the rank's main inbox, as any local process could
         s.send(frame, copy=False)
         # ZeroMQ reads the frame's length, refuses it and ends the connection.
-        assert wait_for(lambda: rejected(echo, 0).get("zmq/disconnected", 0) > dropped_before, timeout=30), \
+        assert wait_for(lambda: rejected(echo).get("zmq/disconnected", 0) > dropped_before, timeout=30), \
             "the rank never counted the refused connection"
         s.close(linger=0)
     finally:
@@ -69,23 +72,23 @@ def test_a_gib_frame_on_a_ranks_ipc_inbox_is_refused_before_it_is_buffered(mesh)
         del frame
     grew = rank.memory_info().rss - rss_before
     assert grew < GIB // 4, f"the rank's memory grew by {grew >> 20} MiB while refusing a 1 GiB frame"
-    assert echo.slice(gpus=0).echo.call_one("after").get(timeout=30) == "after"
+    assert echo.echo.call_one("after").get(timeout=30) == "after"
 
 
 @pytest.mark.timeout(90)
 def test_values_larger_than_the_wire_frame_limit_still_pass_in_pieces(mesh):
     _procs, echo, _owner = mesh
-    big = random.randbytes(1024) * (framing.CHUNK // 1024) + b"tail"  # pickled in-band: one frame over CHUNK
+    big = random.randbytes(1024) * (framing.CHUNK // 1024) + b"tail"  # pickled in-band: a frame over CHUNK
     assert len(big) > config.max_wire_frame()
-    assert echo.slice(gpus=1).echo.call_one(big).get(timeout=60) == big  # there and back
+    assert echo.echo.call_one(big).get(timeout=60) == big  # there and back
 
 
 @pytest.mark.timeout(60)
 def test_garbage_on_a_ranks_data_server_is_refused_and_counted(mesh):
     _procs, echo, owner = mesh
-    buf = owner.slice(gpus=1).make.call_one(4096).get(timeout=30)
+    buf = owner.make.call_one().get(timeout=30)
     h = buf._h
-    before = rejected(echo, 1)
+    before = rejected(echo)
     key = Runtime.current().key
 
     # Garbage where the client's half of the handshake goes.
@@ -110,14 +113,14 @@ def test_garbage_on_a_ranks_data_server_is_refused_and_counted(mesh):
             assert reply.status != wire.Status.OK or raw[0] == wire.Op.CHECK
 
     def counted():
-        now = rejected(echo, 1)
+        now = rejected(echo)
         return (now.get("data/handshake", 0) > before.get("data/handshake", 0)
                 and now.get("data/oversized", 0) > before.get("data/oversized", 0))
 
-    assert wait_for(counted, timeout=30), rejected(echo, 1)
-    dst = torch.empty(4096, dtype=torch.uint8)
+    assert wait_for(counted, timeout=30), rejected(echo)
+    dst = bytearray(len(PATTERN))
     buf.read_into(dst).get(timeout=30)
-    assert torch.equal(dst, (torch.arange(4096) % 256).to(torch.uint8))
+    assert dst == PATTERN
 
 
 def _closed(s: socket.socket) -> bool:

@@ -160,7 +160,7 @@ class DataServer:
             backoff = 0.0
             peer = _peer(sock, addr, via)
             if not self._admit(peer):
-                rejects.count("data", "busy", f"too many connections still proving the key ({peer})", logging.INFO)
+                rejects.count("data", "busy", f"too many connections still proving the key ({peer})", logging.DEBUG)
                 wire.turn_away(sock)
                 continue
             try:

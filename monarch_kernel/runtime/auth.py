@@ -41,7 +41,8 @@ class Dropped(Exception):
 
 
 # Post-authentication "malformed" drops also happen in normal runs (an answer to a port that
-# closed meanwhile): logged at INFO; the others say someone sent what no process of the job would.
+# closed meanwhile): logged at DEBUG (ranks show INFO in the notebook); the others say
+# someone sent what no process of the job would.
 _QUIET = frozenset(("malformed",))
 
 
@@ -60,7 +61,7 @@ class DropCounts:
 
     def count(self, reason: str) -> None:
         setattr(self, reason, getattr(self, reason) + 1)
-        rejects.count("envelope", reason, level=logging.INFO if reason in _QUIET else logging.WARNING)
+        rejects.count("envelope", reason, level=logging.DEBUG if reason in _QUIET else logging.WARNING)
 
 
 def _len(f) -> int:

@@ -61,7 +61,7 @@ class Network:
         frame was over ``max_wire_frame`` (ZMQ_MAXMSGSIZE) or whose bytes were not ZMTP."""
         self._monitor = inbox.sock.get_monitor_socket(
             zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        self.io.loop.add_reader(self._monitor.getsockopt(zmq.FD), self._events, inbox.address)
+        self.io.loop.add_reader(int(self._monitor.get(zmq.FD)), self._events, inbox.address)
         self._events(inbox.address)
 
     def _events(self, address: str) -> None:
@@ -73,11 +73,11 @@ class Network:
                 return
             except zmq.ZMQError:  # the context is ending
                 return
-            if event == zmq.EVENT_DISCONNECTED:
+            if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                rejects.count("zmq", "not_zmtp", f"a connection to {address} did not speak ZMTP")
+            else:  # normal too (a peer exits, a thread's socket closes): logged at DEBUG only
                 rejects.count("zmq", "disconnected", f"a connection to {address} ended (the peer closed it, or "
-                              "ZeroMQ refused a frame over MONARCH_KERNEL_MAX_WIRE_FRAME)", logging.INFO)
-            else:
-                rejects.count("zmq", "handshake", f"a connection to {address} did not speak ZMTP")
+                              "ZeroMQ refused a frame over MONARCH_KERNEL_MAX_WIRE_FRAME)", logging.DEBUG)
 
     def thread_inbox(self, base: str, n: int) -> Inbox:
         """The ``n``-th thread's reply inbox of the process whose main inbox is ``base``."""
