@@ -32,6 +32,14 @@ class Owner(Actor):
         self.kept = []
 
     @endpoint
+    def array(self, n: int):
+        import numpy as np
+
+        a = np.full(n, 7, dtype=np.uint8)
+        a[-1] = n % 251
+        return a
+
+    @endpoint
     def make(self) -> RDMABuffer:
         b = bytearray(PATTERN)
         self.kept.append(b)
@@ -52,7 +60,7 @@ def rejected(echo) -> dict:
 @pytest.mark.timeout(90)
 def test_a_gib_frame_on_a_ranks_ipc_inbox_is_refused_before_it_is_buffered(mesh):
     procs, echo, _owner = mesh
-    assert config.max_wire_frame() == 64 << 20 < GIB
+    assert config.max_wire_frame() == framing.CHUNK < GIB
     rank = psutil.Process(echo.pid.call_one().get(timeout=30))
     rss_before = rank.memory_info().rss
     dropped_before = rejected(echo).get("zmq/disconnected", 0)
@@ -77,10 +85,13 @@ def test_a_gib_frame_on_a_ranks_ipc_inbox_is_refused_before_it_is_buffered(mesh)
 
 @pytest.mark.timeout(90)
 def test_values_larger_than_the_wire_frame_limit_still_pass_in_pieces(mesh):
-    _procs, echo, _owner = mesh
-    big = random.randbytes(1024) * (framing.CHUNK // 1024) + b"tail"  # pickled in-band: a frame over CHUNK
-    assert len(big) > config.max_wire_frame()
-    assert echo.echo.call_one(big).get(timeout=60) == big  # there and back
+    """A rank's reply of an array over the limit, and of exactly the piece size, arrives
+    whole (out of band: the array's bytes are one frame of their own)."""
+    _procs, _echo, owner = mesh
+    for n in (framing.CHUNK + 8, framing.CHUNK):
+        a = owner.array.call_one(n).get(timeout=60)
+        assert a.nbytes == n and a[0] == 7 and a[-1] == n % 251
+        del a
 
 
 @pytest.mark.timeout(60)

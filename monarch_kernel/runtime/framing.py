@@ -18,7 +18,9 @@ INLINE_MAX = 1 << 16  # body frames below this, up to this much in all, ride in 
 # A frame of this size or more goes as pieces of exactly CHUNK bytes and a last, shorter (maybe
 # empty) one: every ZeroMQ frame then fits under an inbox's ZMQ_MAXMSGSIZE
 # (``config.max_wire_frame``), and a frame of exactly CHUNK bytes always means "continued".
-CHUNK = 64 << 20
+# Larger than the 64 MiB tensors of the benchmarks and most arguments, so those still arrive
+# as one frame with no copy; four times smaller than the 1 GiB frame an inbox must refuse.
+CHUNK = 256 << 20
 _HEAD = struct.Struct("<IH")  # header length, number of inlined body frames
 
 
@@ -84,6 +86,8 @@ def join(frames: list) -> list:
     for f in frames:
         run.append(f)
         if len(f) != CHUNK:
+            if len(run) == 2 and not len(f):  # a frame of exactly CHUNK bytes: no copy
+                run.pop()
             out.append(run[0] if len(run) == 1 else b"".join(_view(p) for p in run))
             run = []
     if run:
