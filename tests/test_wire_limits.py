@@ -16,7 +16,7 @@ import pytest
 import zmq
 from _actors import Echo, wait_for  # noqa: I001  (tests/ is on sys.path)
 
-from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
+from monarch_kernel import Actor, ActorError, RDMABuffer, endpoint, this_host
 from monarch_kernel.data import wire
 from monarch_kernel.runtime import config, framing
 from monarch_kernel.runtime.process import Runtime
@@ -132,6 +132,20 @@ def test_garbage_on_a_ranks_data_server_is_refused_and_counted(mesh):
     dst = bytearray(len(PATTERN))
     buf.read_into(dst).get(timeout=30)
     assert dst == PATTERN
+
+
+def huge_failure() -> None:
+    raise ValueError("x" * (1 << 20))
+
+
+@pytest.mark.timeout(60)
+def test_a_bootstrap_error_too_large_for_the_control_pipe_still_fails_the_spawn():
+    """The rank's hello (its bootstrap's error) must fit the template's control frame: a
+    1 MiB error arrives cut short, and the spawn fails with it rather than waiting."""
+    with pytest.raises(ActorError) as info:
+        this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=huge_failure, timeout=45)
+    text = str(info.value)
+    assert "ValueError: xxxx" in text and "is too large to report from a rank's bootstrap" in text
 
 
 def _closed(s: socket.socket) -> bool:
