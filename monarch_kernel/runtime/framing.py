@@ -1,5 +1,6 @@
 """How a signed message rides in ZeroMQ frames: the MAC, the header and the small parts
-packed into the first frame, large buffers after it as frames of their own.
+packed into the first frame, large buffers after it as frames of their own (one of CHUNK
+bytes or more as pieces that each fit under a receiver's ZMQ_MAXMSGSIZE: ``pieces``/``join``).
 
 ZeroMQ's cost is per frame (each is queued, framed and read on its own); a small call is one
 frame.  ``pack`` and ``unpack`` move between this layout and the logical one ``Signer``
