@@ -7,6 +7,7 @@ nor order transfers that cannot see each other (other buffers, disjoint bytes, t
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Hashable
@@ -60,7 +61,7 @@ class IssueOrder:
             pending.append(p)
             ready = p.waits == 0  # read under the lock: a finishing transfer may start p itself
         if ready:
-            self._start(lambda: self._run(buffer, p))
+            self._start(functools.partial(self._run, buffer, p))
 
     def running(self, buffer: Hashable) -> int:
         """Transfers on ``buffer`` started and not finished (waiting ones included)."""
@@ -82,4 +83,4 @@ class IssueOrder:
                     if q.waits == 0:
                         ready.append(q)
             for q in ready:
-                self._start(lambda q=q: self._run(buffer, q))
+                self._start(functools.partial(self._run, buffer, q))
