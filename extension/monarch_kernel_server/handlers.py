@@ -91,23 +91,34 @@ class MeshApiHandler(APIHandler):
         return "".join(out).strip()
 
 
+async def with_ranks(found: list[dict], *names: str) -> list[dict]:
+    """``found`` (``panel_detached.describe`` of records) with each running mesh's rank pids,
+    hosts and dead ranks, asked of its host by a helper (``names``: only those meshes)."""
+    if any(m["state"] == "running" for m in found):
+        _code, ranks = await run_helper("list", *names)
+        for m in found:
+            got = ranks.get(m["name"], {})
+            m["pids"] = got.get("pids", [])
+            m["hosts"] = got.get("hosts") or m["hosts"]
+            m["dead"] = got.get("dead", [])
+            if "error" in got:
+                m["error"] = got["error"]
+    return found
+
+
 class MeshesHandler(MeshApiHandler):
     @web.authenticated
     async def get(self) -> None:
-        found = [panel_detached.describe(r) for r in records.all_records()]
-        if any(m["state"] == "running" for m in found):
-            _code, ranks = await run_helper("list")
-            for m in found:
-                got = ranks.get(m["name"], {})
-                m["pids"] = got.get("pids", [])
-                m["hosts"] = got.get("hosts") or m["hosts"]
-                m["dead"] = got.get("dead", [])
-                if "error" in got:
-                    m["error"] = got["error"]
+        found = await with_ranks([panel_detached.describe(r) for r in records.all_records()])
         self.finish(json.dumps({"meshes": found}))
 
 
 class MeshHandler(MeshApiHandler):
+    @web.authenticated
+    async def get(self, name: str) -> None:
+        (found,) = await with_ranks([panel_detached.describe(self._record(name))], name)
+        self.finish(json.dumps(found))
+
     @web.authenticated
     async def delete(self, name: str) -> None:
         record = self._record(name)
@@ -144,10 +155,16 @@ class AttachHandler(MeshApiHandler):
         self.finish(json.dumps({"message": said or f"attached {name!r} to kernel {kernel_id}", "kernel": kernel_id}))
 
 
-def setup_handlers(web_app) -> None:
-    base = url_path_join(web_app.settings["base_url"], "monarch", "meshes")
-    web_app.add_handlers(".*$", [
+def routes(base_url: str = "/") -> list[tuple[str, type[MeshApiHandler]]]:
+    """Every route (a URL pattern, its handler) under ``base_url``; README.md's REST table
+    lists each one's methods, bodies and status codes (tests/test_server_api.py compares)."""
+    base = url_path_join(base_url, "monarch", "meshes")
+    return [
         (base + r"/?", MeshesHandler),
         (base + r"/([^/]+)/attach/?", AttachHandler),
         (base + r"/([^/]+)/?", MeshHandler),
-    ])
+    ]
+
+
+def setup_handlers(web_app) -> None:
+    web_app.add_handlers(".*$", routes(web_app.settings["base_url"]))
