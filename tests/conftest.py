@@ -169,7 +169,8 @@ SLOW_MODULES = {
     "test_notebooks": 60, "test_tensors": 60, "test_tensor_collectives": 50, "test_debug": 60,
     "test_spmd": 60, "test_data": 50, "test_monarch_names": 50, "test_panel": 50, "test_stacks": 40,
     "test_profile": 40, "test_lifecycle": 40, "test_spmd_kernel": 40, "test_monarch_examples": 40,
-    "test_packaging": 100, "test_server_api": 50, "test_fuzz_wires": 30, "test_wire_limits": 30, "test_output": 30, "test_leaks": 30, "test_workspace": 30, "test_liveness": 30,
+    "test_packaging": 100, "test_server_api": 50, "test_fuzz_wires": 30, "test_wire_limits": 30,
+    "test_output": 30, "test_leaks": 30, "test_workspace": 30, "test_liveness": 30,
 }
 
 

@@ -222,7 +222,8 @@ def test_writes_one_caller_starts_land_in_the_order_it_started_them(pair, n, val
     the zeros of the first of two writes): six rounds of 16 small writes always showed it.
     9 MiB: over tcp each write is also split over three connections."""
     transport, owner, readers = pair
-    buf = owner.share.call_one(f"order{n}", torch.full((n,), 255, dtype=torch.uint8)).get(timeout=120)  # the owner may import torch here first
+    full = torch.full((n,), 255, dtype=torch.uint8)
+    buf = owner.share.call_one(f"order{n}", full).get(timeout=120)  # the owner may import torch here first
     for _ in range(rounds):
         # A read started after the writes sees the last of them, too.
         assert readers.slice(ranks=0).writes_then_read.call_one(buf, n, values).get(timeout=60) == [values[-1]]
