@@ -183,7 +183,7 @@ _MESHES: dict[tuple, object] = {}  # (client, ranks, extent) -> its TensorMesh
 
 
 def _stats():
-    from ..tensors.rank.executor import current_stats
+    from ..tensors.rank.values import current_stats
 
     return current_stats()
 
