@@ -38,12 +38,12 @@ def stream_name(stream) -> str:
 def mutates(func, args, kwargs, t) -> bool:
     """Whether ``func(*args, **kwargs)`` writes to ``t`` (in-place ops, ``out=``, setters)."""
     out = kwargs.get("out") if kwargs else None
-    if out is not None and (out is t or (type(out) in (list, tuple) and any(x is t for x in out))):
+    if out is not None and (out is t or (isinstance(out, (list, tuple)) and any(x is t for x in out))):
         return True
     name = getattr(func, "__name__", "")
     if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.endswith("__")):
         a0 = args[0] if args else None
-        return a0 is t or (type(a0) in (list, tuple) and any(x is t for x in a0))
+        return a0 is t or (isinstance(a0, (list, tuple)) and any(x is t for x in a0))
     return False
 
 

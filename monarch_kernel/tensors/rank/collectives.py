@@ -129,7 +129,8 @@ class Collectives:
         pg = self._groups.group(members, self._rank, backend, stream) if n > 1 else None
         plain = local.detach()  # values only: a reduction is no autograd op
         src = plain.contiguous()  # plain itself when it is contiguous
-        flag = flag_work = None
+        flag: Any = None
+        flag_work = None
         if pg is not None:  # whether some member's input failed: beside the data, on the same group
             flag = torch.tensor([0 if failed is None else failed + 1], dtype=torch.int64, device=local.device)
             flag_work = pg.allreduce([flag], dist.ReduceOp.MAX)

@@ -420,7 +420,7 @@ class Executor:
     def stats(self) -> dict:
         """Live refs on this rank, and the bytes their tensors hold."""
         n = nbytes = 0
-        for v in self.env.values():
+        for v in list(self.env.values()):  # streams' threads may bind meanwhile
             if isinstance(v, torch.Tensor):
                 n += 1
                 nbytes += v.numel() * v.element_size()
