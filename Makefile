@@ -12,7 +12,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d
 # multi-host tests (tests/cluster.py), an sshd per simulated host and a small Slurm cluster:
 # openssh-server/-client, slurmctld, slurmd, slurm-client and munge.  The tests start their
 # own daemons with their own configuration; on a machine with systemd, installing these
-# also enables (and may start) the system's sshd, munge and Slurm services.
+# also enables (and may start) the system's sshd, munge and Slurm services.  Node.js (20.19
+# or newer, for the Mesh panel's build) is not among them: Debian 12's nodejs is too old, so
+# it comes from NodeSource or nvm; the panel's build says so when node is missing.
 SYSDEPS := iproute2 libibverbs-dev libssl-dev rdma-core python3-pyverbs chromium \
 	openssh-server openssh-client slurmctld slurmd slurm-client munge
 SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
@@ -37,13 +39,17 @@ $(STAMP): pyproject.toml setup.py $(SYSSTAMP)
 
 # The Mesh panel: the JupyterLab extension built with jlpm (JupyterLab's yarn, in .venv) from
 # labextension/, then linked into .venv with the server extension, as the wheel installs them
-# (an editable install carries neither; tests/test_packaging.py checks the wheel itself).
+# (an editable install carries neither; a wheel builds the labextension itself, setup.py's
+# build_labextension, and tests/test_packaging.py checks that wheel).
 LABEXT := labextension/prebuilt/package.json
 LABSRC := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
 	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
 PANEL := $(VENV)/.panel-installed
 
 $(LABEXT): $(LABSRC) $(STAMP)
+	@command -v node >/dev/null || { echo "error: the Mesh panel (labextension/) is built with Node.js 20.19 or newer," \
+	  "and there is no node on PATH: install it (NodeSource's packages or nvm; Debian 12's nodejs 18 is too old)," \
+	  "then make again" >&2; exit 1; }
 	cd labextension && PATH=$(abspath $(BIN)):$$PATH jlpm install --immutable >/dev/null \
 	  && PATH=$(abspath $(BIN)):$$PATH jlpm build >/dev/null
 	touch $@
@@ -71,8 +77,10 @@ lint: setup
 	$(BIN)/ruff check monarch_kernel benchmarks examples tests
 	$(BIN)/mypy monarch_kernel
 
+# The suite on two workers (tests/conftest.py: each module one unit, longest first); TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 bench: setup
 	$(BIN)/python -m benchmarks

@@ -19,6 +19,9 @@ from cluster import slurm_cluster, slurm_cluster_session, ssh_hosts, ssh_hosts_s
 
 SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs modules on parallel workers
+    # each worker marks its own processes, so one worker's leak check never sees another's
+    os.environ[SESSION_MARK] = f"{os.environ[SESSION_MARK].split('/')[0]}/{os.environ['PYTEST_XDIST_WORKER']}"
 _MARK = os.environ[SESSION_MARK]
 
 # Hermetic per-user state: Jupyter's and IPython's directories start empty in every run, as
@@ -149,3 +152,43 @@ def ipython_kc():
 
     with kernel("python3") as client:
         yield client
+
+
+# ---------------------------------------------------------------- parallel workers
+# `make test` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``): each module
+# is one unit of work, so its module-scoped meshes and kernels stay on one worker, and the
+# modules that share a simulated cluster (a session fixture) are one unit together.  Units
+# start longest first, so the two workers finish at about the same time.
+
+CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slurm", "test_debug_tunnel"}
+# Seconds each of the slowest modules took in a serial run on 2 cores; a module not named here
+# counts as short.  Only the order of the units depends on them.
+SLOW_MODULES = {
+    "test_scale": 120, "test_kernel": 90, "test_hosts": 80, "test_slurm": 60, "test_cluster": 30,
+    "test_hosts_kernel": 40, "test_debug_tunnel": 40, "test_panel_lab": 60, "test_jupyterlab": 60,
+    "test_notebooks": 60, "test_tensors": 60, "test_tensor_collectives": 50, "test_debug": 60,
+    "test_spmd": 60, "test_data": 50, "test_monarch_names": 50, "test_panel": 50, "test_stacks": 40,
+    "test_profile": 40, "test_lifecycle": 40, "test_spmd_kernel": 40, "test_monarch_examples": 40,
+    "test_packaging": 40, "test_output": 30, "test_leaks": 30, "test_workspace": 30, "test_liveness": 30,
+}
+
+
+def _module(item) -> str:
+    return item.nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
+
+
+def _unit(item) -> str:
+    return "cluster" if _module(item) in CLUSTER_MODULES else _module(item)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    if not getattr(config.option, "numprocesses", None):
+        return  # a serial run keeps pytest's order
+    weight: dict[str, float] = {}
+    for module, unit in {_module(i): _unit(i) for i in items}.items():
+        weight[unit] = weight.get(unit, 0.0) + SLOW_MODULES.get(module, 0.0)
+    first = {u: n for n, u in enumerate(dict.fromkeys(_unit(i) for i in items))}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_unit(item)))
+    items.sort(key=lambda i: (-weight[_unit(i)], first[_unit(i)]))  # stable: each module keeps its order

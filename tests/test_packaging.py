@@ -1,16 +1,26 @@
-"""One ``pip install`` gives Jupyter everything: the wheel built from this tree, installed
+"""One ``pip install`` gives Jupyter everything: the wheel built from a clean copy of this
+tree (no labextension/prebuilt, no compiled TypeScript: what a fresh clone has), installed
 into a fresh virtual environment, makes ``jupyter kernelspec list``, ``jupyter labextension
 list`` and ``jupyter server extension list`` show the kernel, the Mesh panel and the REST
-API.  The fresh environment borrows its dependencies (torch, Jupyter) from this one through
-a plain path entry (no download); monarch_kernel itself comes from the wheel."""
+API; the build ran the panel's production ``jlpm build`` itself, and stops with a message
+saying what to install when Node.js is missing.  The fresh environment borrows its
+dependencies (torch, Jupyter) from this one through a plain path entry (no download);
+monarch_kernel itself comes from the wheel.
+
+The copy takes labextension/node_modules from this checkout when it has one, as hard links:
+it is what ``make setup`` left there, ``jlpm install --immutable`` of the committed
+yarn.lock, which the build runs again in the copy (it then only checks it); without it the
+build installs the packages itself (from yarn's cache, else the registry)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -18,6 +28,8 @@ import pytest
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parent.parent
+PANEL = "share/jupyter/labextensions/monarch-kernel-panel"
+BUILT = ("labextension/prebuilt", "labextension/lib", "labextension/tsconfig.tsbuildinfo")
 
 
 def sh(*cmd, env=None, timeout=240, cwd=ROOT) -> str:
@@ -27,16 +39,58 @@ def sh(*cmd, env=None, timeout=240, cwd=ROOT) -> str:
     return p.stdout + p.stderr
 
 
+def clean_copy(dest: Path, node_modules: bool = True) -> Path:
+    """The files of this tree that git does not ignore (tracked or new, as they are now), so
+    none of the labextension's build output; ``node_modules``: hard links to this tree's."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+    assert not any((dest / b).exists() for b in BUILT), "the copy carries labextension build output"
+    if node_modules and (ROOT / "labextension" / "node_modules").is_dir():
+        linked = subprocess.run(["cp", "-al", str(ROOT / "labextension" / "node_modules"), str(dest / "labextension")],
+                                capture_output=True)
+        if linked.returncode != 0:  # another filesystem: the build installs the packages itself
+            shutil.rmtree(dest / "labextension" / "node_modules", ignore_errors=True)
+    return dest
+
+
+def pip_wheel(src: Path, out: Path, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(out), str(src)], capture_output=True, text=True, env=env, timeout=280, cwd=src)
+
+
+def venv_bin_only() -> dict:
+    """This environment with PATH reduced to the interpreter's own scripts: no node there."""
+    return dict(os.environ, PATH=sysconfig.get_path("scripts"))
+
+
+def panel_files(names: list[str]) -> set[str]:
+    return {n.split(f"{PANEL}/", 1)[1] for n in names if f"{PANEL}/" in n}
+
+
+def check_panel(files: set[str]) -> None:
+    assert {"package.json", "install.json", "static/style.js"} <= files, sorted(files)
+    assert any(f.startswith("static/remoteEntry.") and f.endswith(".js") for f in files), sorted(files)
+    for schema in (ROOT / "labextension" / "schema").glob("*.json"):
+        assert f"schemas/monarch-kernel-panel/{schema.name}" in files, sorted(files)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed: the wheel's build needs it "
+                    "for the Mesh panel (see README.md)")
+@pytest.mark.timeout(480)  # two wheel builds (one with the panel's), an sdist, a venv, three Jupyter apps
 def test_the_wheel_installs_the_kernelspec_the_panel_and_the_server_extension(tmp_path):
-    if not (ROOT / "labextension" / "prebuilt" / "package.json").exists():
-        pytest.skip("labextension/prebuilt is not built (make builds it: cd labextension && jlpm build)")
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
-       str(ROOT))
+    tree = clean_copy(tmp_path / "tree")
+    built = pip_wheel(tree, tmp_path / "dist")
+    assert built.returncode == 0, f"pip wheel exited {built.returncode}:\n{built.stderr[-3000:]}"
+    assert (tree / "labextension" / "prebuilt" / "package.json").exists()  # built by the wheel's build
     (wheel,) = (tmp_path / "dist").glob("monarch_kernel-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     data = [n.split(".data/data/", 1)[1] for n in names if ".data/data/" in n]
     assert "share/jupyter/kernels/monarch/kernel.json" in data
-    assert "share/jupyter/labextensions/monarch-kernel-panel/package.json" in data
+    check_panel(panel_files(names))
     assert "etc/jupyter/jupyter_server_config.d/monarch_kernel_server.json" in data
     spec = json.loads(zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("kernels/monarch/kernel.json"))))
     from monarch_kernel.kernel.kernelspec import spec as installed_spec
@@ -73,6 +127,31 @@ def test_the_wheel_installs_the_kernelspec_the_panel_and_the_server_extension(tm
     server = jupyter("jupyter_server.extension.serverextension:ServerExtensionApp", "list")
     assert "monarch_kernel_server" in server and "enabled" in server, server
     assert "monarch_kernel_server  \x1b[32mOK" in server or "monarch_kernel_server  OK" in server, server
+
+
+    # The sdist carries the built panel (and its sources); a wheel built from it, with no
+    # node on PATH, carries the panel too.
+    sh(sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "sdist"), cwd=tree)
+    (sdist,) = (tmp_path / "sdist").glob("monarch_kernel-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+        members = [m.split("/", 1)[1] for m in tar.getnames() if "/" in m]
+    assert {"native/wire.c", "native/ibverbs.c", "labextension/src/index.ts", "labextension/yarn.lock",
+            "labextension/prebuilt/package.json"} <= set(members), sorted(members)
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    again = pip_wheel(unpacked, tmp_path / "dist2", env=venv_bin_only())
+    assert again.returncode == 0, f"pip wheel of the sdist exited {again.returncode}:\n{again.stderr[-3000:]}"
+    (wheel2,) = (tmp_path / "dist2").glob("monarch_kernel-*.whl")
+    assert panel_files(zipfile.ZipFile(wheel2).namelist()) == panel_files(names)
+
+
+def test_without_node_the_wheel_build_stops_and_says_what_to_install(tmp_path):
+    tree = clean_copy(tmp_path / "tree", node_modules=False)
+    built = pip_wheel(tree, tmp_path / "dist", env=venv_bin_only())
+    assert built.returncode != 0 and not list((tmp_path / "dist").glob("*.whl"))
+    out = " ".join((built.stdout + built.stderr).split())
+    assert ("building monarch-kernel builds its Mesh panel (the JupyterLab extension in labextension/), which "
+            "needs Node.js, and there is no `node` on PATH: install Node.js 20.19 or newer") in out, out[-3000:]
 
 
 def test_install_user_still_writes_the_kernelspec(tmp_path):

@@ -25,11 +25,23 @@ SCRIPT = textwrap.dedent('''
     def fds():
         return len(os.listdir("/proc/self/fd"))
 
+    def settled(most=None):
+        """The descriptor count once closing sockets are gone: at or under ``most``, or
+        unchanged for half a second (within 30 s either way)."""
+        deadline, last, since = time.monotonic() + 30, fds(), time.monotonic()
+        while time.monotonic() < deadline and not (most is not None and last <= most):
+            time.sleep(0.05)
+            now = fds()
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since > 0.5:
+                break
+        return last
+
     n = int(sys.argv[1])
     with this_host().spawn_procs(per_host={"gpus": 8}) as warm:  # the runtime, a template, a thread's inbox
         warm.spawn("echo", Echo).echo.call(0).get(timeout=60)
-    time.sleep(0.5)
-    out = {"before": fds()}
+    out = {"before": settled()}
     t = time.monotonic()
     procs = this_host().spawn_procs(per_host={"gpus": n}, timeout=240)
     out["spawn_s"] = round(time.monotonic() - t, 1)
@@ -40,8 +52,7 @@ SCRIPT = textwrap.dedent('''
         m.echo.call(i).get(timeout=120)
     out["after_calls"] = fds()
     procs.stop().get(timeout=120)
-    time.sleep(0.5)
-    out["after_stop"] = fds()
+    out["after_stop"] = settled(most=out["before"] + 8)
     print(json.dumps(out), flush=True)
 ''')
 

@@ -13,7 +13,25 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent('''
-    import sys, time
+    import os, sys, threading
+
+    class Watch:
+        """stderr, noting when the unhandled failure's report has been written to it."""
+        reported = threading.Event()
+
+        def __init__(self, stream):
+            self.stream = stream
+
+        def write(self, text):
+            if "nobody handles this" in text:
+                self.reported.set()
+            return self.stream.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    sys.stderr = Watch(sys.stderr)  # before the runtime starts, so its reports go through it
+
     from monarch_kernel import Actor, endpoint, this_host
 
     class Mixed(Actor):
@@ -37,7 +55,10 @@ SCRIPT = textwrap.dedent('''
     except ValueError as e:
         print("refused:", e, flush=True)
     procs.spawn("boom", Boom).go.broadcast()
-    time.sleep(5)   # the unhandled failure arrives meanwhile
+    if not Watch.reported.wait(60):
+        print("no report of the unhandled failure within 60 s", flush=True)
+    if os.environ.get("MONARCH_KERNEL_STRICT"):
+        threading.Event().wait(60)  # strict mode exits meanwhile, once it has reported
     print("still here", flush=True)
     procs.stop().get(timeout=30)
 ''')

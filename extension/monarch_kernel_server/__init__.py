@@ -3,11 +3,13 @@ Mesh panel shows even when no kernel has them attached.
 
     GET    /monarch/meshes                  every detached mesh: name, ranks, hosts, pids,
                                             start time, the kernel attached (if any)
+    GET    /monarch/meshes/{name}           that one (404 if there is none)
     DELETE /monarch/meshes/{name}           stop it (its ranks and host end)
     POST   /monarch/meshes/{name}/attach    {"kernel_id": ID}: that kernel attaches it
 
 Jupyter Server's own authentication guards every request (token or cookie, and XSRF for
-cookies); errors are JSON with a ``message``.  The server process never becomes a mesh
+cookies); errors are JSON with a ``message``.  README.md's REST table lists every route's
+bodies and status codes.  The server process never becomes a mesh
 controller: what needs the mesh's connection runs in a short-lived helper process
 (``monarch_kernel.kernel.panel_detached``) or in the kernel itself.
 """

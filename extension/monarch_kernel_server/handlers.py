@@ -15,7 +15,7 @@ from tornado import web
 
 from monarch_kernel.detached import records
 from monarch_kernel.kernel import panel_detached
-from monarch_kernel.runtime import config
+from monarch_kernel.runtime import config, rejects
 
 HELPER = [sys.executable, "-m", "monarch_kernel.kernel.panel_detached"]
 HELPER_TIMEOUT_S = config.seconds("server_helper_timeout")
@@ -38,6 +38,18 @@ async def run_helper(*args: str, timeout: float = HELPER_TIMEOUT_S) -> tuple[int
     except ValueError:
         tail = err.decode(errors="replace").strip().splitlines()[-3:]
         raise web.HTTPError(500, f"the helper ({' '.join(args)}) failed: {' | '.join(tail)}") from None
+
+
+def attach_kernel_id(body: bytes) -> str:
+    """The kernel id an attach request's body names (``{"kernel_id": "..."}``); ValueError,
+    saying what the body must be, for anything else."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        raise ValueError('the body is JSON: {"kernel_id": "..."}') from None
+    if not isinstance(data, dict) or not isinstance(data.get("kernel_id"), str) or not data["kernel_id"]:
+        raise ValueError('the body names the kernel: {"kernel_id": "..."}')
+    return data["kernel_id"]
 
 
 class MeshApiHandler(APIHandler):
@@ -79,23 +91,34 @@ class MeshApiHandler(APIHandler):
         return "".join(out).strip()
 
 
+async def with_ranks(found: list[dict], *names: str) -> list[dict]:
+    """``found`` (``panel_detached.describe`` of records) with each running mesh's rank pids,
+    hosts and dead ranks, asked of its host by a helper (``names``: only those meshes)."""
+    if any(m["state"] == "running" for m in found):
+        _code, ranks = await run_helper("list", *names)
+        for m in found:
+            got = ranks.get(m["name"], {})
+            m["pids"] = got.get("pids", [])
+            m["hosts"] = got.get("hosts") or m["hosts"]
+            m["dead"] = got.get("dead", [])
+            if "error" in got:
+                m["error"] = got["error"]
+    return found
+
+
 class MeshesHandler(MeshApiHandler):
     @web.authenticated
     async def get(self) -> None:
-        found = [panel_detached.describe(r) for r in records.all_records()]
-        if any(m["state"] == "running" for m in found):
-            _code, ranks = await run_helper("list")
-            for m in found:
-                got = ranks.get(m["name"], {})
-                m["pids"] = got.get("pids", [])
-                m["hosts"] = got.get("hosts") or m["hosts"]
-                m["dead"] = got.get("dead", [])
-                if "error" in got:
-                    m["error"] = got["error"]
+        found = await with_ranks([panel_detached.describe(r) for r in records.all_records()])
         self.finish(json.dumps({"meshes": found}))
 
 
 class MeshHandler(MeshApiHandler):
+    @web.authenticated
+    async def get(self, name: str) -> None:
+        (found,) = await with_ranks([panel_detached.describe(self._record(name))], name)
+        self.finish(json.dumps(found))
+
     @web.authenticated
     async def delete(self, name: str) -> None:
         record = self._record(name)
@@ -117,15 +140,13 @@ class AttachHandler(MeshApiHandler):
     @web.authenticated
     async def post(self, name: str) -> None:
         try:
-            body = json.loads(self.request.body or b"")
-        except ValueError:
-            raise web.HTTPError(400, 'the body is JSON: {"kernel_id": "..."}') from None
-        if not isinstance(body, dict) or not isinstance(body.get("kernel_id"), str) or not body["kernel_id"]:
-            raise web.HTTPError(400, 'the body names the kernel: {"kernel_id": "..."}')
+            kernel_id = attach_kernel_id(self.request.body or b"")
+        except ValueError as e:
+            rejects.count("rest", "malformed", str(e))
+            raise web.HTTPError(400, str(e)) from None
         record = self._record(name)
         if not record.alive():
             raise web.HTTPError(409, f"detached mesh {name!r} is gone: its host process is no longer running")
-        kernel_id = body["kernel_id"]
         holder = panel_detached.attached_kernel(name)
         if holder is not None and holder != kernel_id and holder in self.kernel_manager:
             raise web.HTTPError(409, f"detached mesh {name!r} is attached to kernel {holder}; stop it there, "
@@ -134,10 +155,16 @@ class AttachHandler(MeshApiHandler):
         self.finish(json.dumps({"message": said or f"attached {name!r} to kernel {kernel_id}", "kernel": kernel_id}))
 
 
-def setup_handlers(web_app) -> None:
-    base = url_path_join(web_app.settings["base_url"], "monarch", "meshes")
-    web_app.add_handlers(".*$", [
+def routes(base_url: str = "/") -> list[tuple[str, type[MeshApiHandler]]]:
+    """Every route (a URL pattern, its handler) under ``base_url``; README.md's REST table
+    lists each one's methods, bodies and status codes (tests/test_server_api.py compares)."""
+    base = url_path_join(base_url, "monarch", "meshes")
+    return [
         (base + r"/?", MeshesHandler),
         (base + r"/([^/]+)/attach/?", AttachHandler),
         (base + r"/([^/]+)/?", MeshHandler),
-    ])
+    ]
+
+
+def setup_handlers(web_app) -> None:
+    web_app.add_handlers(".*$", routes(web_app.settings["base_url"]))

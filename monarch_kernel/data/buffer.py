@@ -23,6 +23,7 @@ from ..runtime.process import Runtime
 from . import client, cuda_ipc, ibverbs, shm, tcp, wire
 from .errors import ForgedHandle, TransferError
 from .memory import Memory, as_memory, copy, prefix
+from .order import IssueOrder
 from .server import DataServer, Registered
 from .transports import choose, get_rdma_backend
 
@@ -71,6 +72,18 @@ def _executor() -> ThreadPoolExecutor:
         if _pool is None or _pool_pid != os.getpid() or _pool._shutdown:  # noqa: SLF001
             _pool, _pool_pid = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mk-data"), os.getpid()
         return _pool
+
+
+_issue_order: IssueOrder | None = None
+
+
+def _order() -> IssueOrder:
+    """This process's transfers, each started after the earlier ones it conflicts with."""
+    global _issue_order
+    with _pool_lock:
+        if _issue_order is None or _issue_order.pid != os.getpid():
+            _issue_order = IssueOrder(lambda fn: _executor().submit(fn))
+        return _issue_order
 
 
 class ByteSize(int):
@@ -247,7 +260,8 @@ class RDMABuffer:
 
     def _launch(self, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
         """Start a transfer whose range is already checked; in the owner's process it is
-        done on return."""
+        done on return.  Elsewhere it starts once every transfer this process started earlier
+        on overlapping bytes of this buffer (one of the two a write) has finished."""
         h = self._h
         if self._server is not None and self._server.pid == os.getpid():
             self._local_copy(op, mem, offset)
@@ -263,7 +277,8 @@ class RDMABuffer:
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits
                 c.set_exception(e)
 
-        _executor().submit(run)
+        # In the order this caller started them, wherever two touch the same bytes (order.py).
+        _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes, run)
         return Future(c)
 
     def _local_copy(self, op: wire.Op, mem: Memory, offset: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import errno
 import hmac
+import logging
 import os
 import secrets
 import socket
@@ -16,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..runtime import config, hosts
+from ..runtime import config, hosts, rejects
 from ..runtime.context import process_mesh
 from . import cuda_ipc, ibverbs, shm, tcp, wire
 from .memory import Memory
@@ -159,6 +160,7 @@ class DataServer:
             backoff = 0.0
             peer = _peer(sock, addr, via)
             if not self._admit(peer):
+                rejects.count("data", "busy", f"too many connections still proving the key ({peer})", logging.DEBUG)
                 wire.turn_away(sock)
                 continue
             try:
@@ -195,6 +197,10 @@ class DataServer:
                 if via == "tcp":
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 wire.server_handshake(sock, self.key, time.monotonic() + self.handshake_timeout)
+            except (OSError, wire.HandshakeFailed) as e:
+                why = "timeout" if isinstance(e, TimeoutError) else "handshake"
+                rejects.count("data", why, f"a connection from {peer} ({via}): {e}")
+                return
             finally:
                 self._admitted(peer)
             sock.settimeout(None)

@@ -14,6 +14,8 @@ import struct
 import time
 from dataclasses import dataclass
 
+from ..runtime import rejects
+
 # One stream socket (Unix on one host, TCP across hosts) carries many requests, one at a
 # time.  The handshake proves both ends hold the job key with fresh nonces on both sides, so
 # a recorded session cannot be replayed; after it, bulk bytes travel unhashed, as on the
@@ -55,6 +57,9 @@ class Status(enum.IntEnum):
 REQUEST = struct.Struct("<BQ16sQQ")  # op, buffer id, token, offset, nbytes
 REPLY = struct.Struct("<BI")  # status, length of the message that follows
 LENGTH = struct.Struct("<I")  # length of a blob (IB_CONNECT's queue-pair details)
+# A reply's message is a sentence, a JSON line (MAP) or a queue pair's details; a blob, a
+# queue pair's details: far below this.  A longer length is refused before it is read.
+MAX_MESSAGE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,11 @@ def _known(kind: type[enum.IntEnum], n: int):
 
 class HandshakeFailed(ConnectionError):
     pass
+
+
+class ProtocolError(ConnectionError):
+    """The peer sent what this wire never carries (a length over ``MAX_MESSAGE``); the
+    connection is closed."""
 
 
 class Busy(ConnectionError):
@@ -180,7 +190,15 @@ def recv_request(sock: socket.socket) -> Request:
 
 def recv_blob(sock: socket.socket) -> bytes:
     (n,) = LENGTH.unpack(recv_exact(sock, LENGTH.size))
-    return recv_exact(sock, n)
+    return recv_exact(sock, _bounded(n, "a request's blob"))
+
+
+def _bounded(n: int, what: str) -> int:
+    if n > MAX_MESSAGE:
+        rejects.count("data", "oversized", f"{what} of {n} bytes (at most {MAX_MESSAGE})")
+        raise ProtocolError(f"{what} of {n} bytes is over the data plane's {MAX_MESSAGE}-byte limit: "
+                            "the peer is not a monarch-kernel data server or client of this version")
+    return n
 
 
 def send_reply(sock: socket.socket, status: Status, message: bytes = b"") -> None:
@@ -190,7 +208,7 @@ def send_reply(sock: socket.socket, status: Status, message: bytes = b"") -> Non
 def decode_reply_head(raw: bytes) -> tuple[Status | int, int]:
     """The status and message length of a reply's fixed-size head."""
     status, n = REPLY.unpack(raw)
-    return _known(Status, status), n
+    return _known(Status, status), _bounded(n, "a reply's message")
 
 
 def recv_reply(sock: socket.socket) -> Reply:

@@ -17,6 +17,7 @@ import socket
 import threading
 from collections.abc import Callable
 
+from ..runtime import rejects
 from .messages import DapEvent, DapRequest, DapResponse, decode_dap
 
 HEADER = b"Content-Length: "
@@ -28,30 +29,80 @@ def encode(msg: dict) -> bytes:
     return HEADER + str(len(body)).encode("ascii") + SEPARATOR + body
 
 
+class FrameError(ValueError):
+    """Bytes that are not a DAP stream (``reason``: what is wrong, as counted); the stream
+    cannot be read further."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
 class FrameReader:
-    """Splits a byte stream into DAP messages (``Content-Length`` framed JSON)."""
+    """Splits a byte stream into DAP messages (``Content-Length`` framed JSON objects).
+
+    Anything else raises ``FrameError``, counted on this process's ``rejects`` as wire
+    ``dap``: a header block over ``MAX_HEADER`` bytes, a missing or non-decimal length, a body
+    over ``MAX_BODY`` (refused before it is buffered), or a body that is not a JSON object.
+    """
+
+    MAX_HEADER = 1024  # "Content-Length: N" and perhaps a Content-Type line
+    MAX_BODY = 64 << 20  # a source or variables response is large; not this large
 
     def __init__(self):
-        self._buf = b""
+        self._buf = bytearray()
+        self._length: int | None = None  # the current message's, once its header is read
 
     def feed(self, data: bytes) -> list[dict]:
-        self._buf += data
+        try:
+            return self._feed(data)
+        except FrameError as e:
+            rejects.count("dap", e.reason, str(e))
+            raise
+
+    def _feed(self, data: bytes) -> list[dict]:
+        buf = self._buf
+        buf.extend(data)
         out: list[dict] = []
         while True:
-            end = self._buf.find(SEPARATOR)
-            if end < 0:
+            if self._length is None:
+                end = buf.find(SEPARATOR, 0, self.MAX_HEADER + len(SEPARATOR))
+                if end < 0:
+                    if len(buf) > self.MAX_HEADER:
+                        raise FrameError("oversized", f"a DAP header block over {self.MAX_HEADER} bytes")
+                    return out
+                self._length = self._header_length(bytes(buf[:end]))
+                del buf[:end + len(SEPARATOR)]
+            if len(buf) < self._length:
                 return out
-            length = None
-            for line in self._buf[:end].split(b"\r\n"):
-                if line.startswith(HEADER):
-                    length = int(line[len(HEADER):])
-            if length is None:
-                raise ValueError(f"DAP header without Content-Length: {self._buf[:end]!r}")
-            start = end + len(SEPARATOR)
-            if len(self._buf) - start < length:
-                return out
-            out.append(json.loads(self._buf[start:start + length].decode("utf-8")))
-            self._buf = self._buf[start + length:]
+            body = bytes(buf[:self._length])
+            del buf[:self._length]
+            self._length = None
+            out.append(self._body(body))
+
+    def _header_length(self, header: bytes) -> int:
+        length = None
+        for line in header.split(b"\r\n"):
+            if line.startswith(HEADER):
+                value = line[len(HEADER):].strip()
+                if not value.isdigit():
+                    raise FrameError("malformed", f"a DAP Content-Length that is not a number: {value[:40]!r}")
+                length = int(value)
+        if length is None:
+            raise FrameError("malformed", f"DAP header without Content-Length: {header[:80]!r}")
+        if length > self.MAX_BODY:
+            raise FrameError("oversized", f"a DAP message of {length} bytes (at most {self.MAX_BODY})")
+        return length
+
+    @staticmethod
+    def _body(body: bytes) -> dict:
+        try:
+            msg = json.loads(body.decode("utf-8"))
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise FrameError("malformed", f"a DAP body that is not JSON: {e}") from None
+        if not isinstance(msg, dict):
+            raise FrameError("malformed", f"a DAP message is a JSON object, not {type(msg).__name__}")
+        return msg
 
 
 class DapClient:

@@ -25,6 +25,16 @@ from ..actor.port import Port
 RELEASE = "\x00release"  # a Reply's line in place of a typed one: nobody will answer, run on
 
 
+def _int(v) -> int:
+    """A DAP sequence number as sent, or 0 for anything that is not an int (so a bad one
+    matches no request)."""
+    return v if type(v) is int else 0
+
+
+def _obj(v) -> dict | None:
+    return v if isinstance(v, dict) else None
+
+
 def _fields(cls) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
@@ -40,7 +50,21 @@ def _check(cls, obj, kind: str) -> dict:
     if missing or extra:
         raise ValueError(f"a {kind!r} message has fields {list(names)}; "
                          f"missing {missing}, unexpected {extra}")
-    return {n: obj[n] for n in names}
+    values = {n: obj[n] for n in names}
+    for f in dataclasses.fields(cls):
+        allowed = _WIRE_TYPES.get(f.type) if isinstance(f.type, str) else None
+        v = values[f.name]
+        if allowed is not None and (not isinstance(v, allowed) or (type(v) is bool and bool not in allowed)):
+            raise ValueError(f"field {f.name!r} of a {kind!r} message is {f.type}, not {type(v).__name__}")
+    return values
+
+
+# What each annotation (a string: this module's annotations are not evaluated) may be on the
+# wire, as JSON-like values; an int field never takes a bool.
+_WIRE_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,), "int": (int,), "bool": (bool,), "tuple": (list, tuple), "list": (list,), "dict": (dict,),
+    "str | None": (str, type(None)), "Port | None": (list, tuple, type(None)),
+}
 
 
 class _PdbMessage:
@@ -86,8 +110,10 @@ class Stopped:
         values = _check(cls, obj, cls.KIND)
         values["missing"] = tuple(values["missing"])
         if values["reply"] is not None:
-            address, port_id, rank = values["reply"]
-            values["reply"] = Port(address, port_id, rank)
+            reply = values["reply"]
+            if not (len(reply) == 3 and type(reply[0]) is str and type(reply[1]) is int and type(reply[2]) is int):
+                raise ValueError(f"a 'pdb.stopped' message's reply port is [address, port, rank], not {reply!r:.80}")
+            values["reply"] = Port(*reply)
         return cls(**values)
 
 
@@ -174,7 +200,7 @@ class DapRequest:
 
     @classmethod
     def decode(cls, msg: dict) -> DapRequest:
-        return cls(msg.get("seq", 0), str(msg.get("command", "")), msg.get("arguments"))
+        return cls(_int(msg.get("seq")), str(msg.get("command", "")), _obj(msg.get("arguments")))
 
 
 @dataclass
@@ -199,8 +225,8 @@ class DapResponse:
 
     @classmethod
     def decode(cls, msg: dict) -> DapResponse:
-        return cls(msg.get("request_seq", 0), str(msg.get("command", "")), bool(msg.get("success", False)),
-                   msg.get("body"), str(msg.get("message", "")), msg.get("seq", 0))
+        return cls(_int(msg.get("request_seq")), str(msg.get("command", "")), msg.get("success") is True,
+                   _obj(msg.get("body")), str(msg.get("message", "")), _int(msg.get("seq")))
 
 
 @dataclass
@@ -219,7 +245,7 @@ class DapEvent:
 
     @classmethod
     def decode(cls, msg: dict) -> DapEvent:
-        return cls(str(msg.get("event", "")), msg.get("body"), msg.get("seq", 0))
+        return cls(str(msg.get("event", "")), _obj(msg.get("body")), _int(msg.get("seq")))
 
 
 DAP_MESSAGES = {cls.KIND: cls for cls in (DapRequest, DapResponse, DapEvent)}

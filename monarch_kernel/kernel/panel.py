@@ -28,7 +28,7 @@ from IPython.core.error import UsageError
 from ..actor.errors import ActorError
 from ..actor.ranks import rank_label
 from ..debug.controller import proxy
-from ..runtime import config
+from ..runtime import config, rejects
 from ..runtime.diagnostics import PROCESS_STDERR
 from ..runtime.process import Runtime
 from . import panel_detached
@@ -193,6 +193,7 @@ class PanelFeed:
         try:
             req = Request.decode(data)
         except MessageError as e:
+            rejects.count("panel", "malformed", str(e))
             self._send_to(comm, Reply(data.get("id", 0) if isinstance(data, dict) else 0, False, str(e)).encode())
             return
         if req.action == "log":

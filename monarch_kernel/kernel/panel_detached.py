@@ -135,13 +135,14 @@ def stop(record: records.Record, timeout: float = 60) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``list``: one JSON object per line for each running record (with its ranks' pids);
-    ``stop NAME``: stop it.  Exit status 2: no such mesh."""
+    """``list [NAME...]``: one JSON object, name to ranks' pids, hosts and dead ranks, for
+    each running record (or only those named); ``stop NAME``: stop it.  Exit status 2: no
+    such mesh."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["list"]:
         out: dict[str, dict] = {}
         for record in records.all_records():
-            if not record.alive():
+            if not record.alive() or (args[1:] and record.name not in args[1:]):
                 continue
             try:
                 rows = rank_rows(record)
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         stop(found)
         print(json.dumps({"message": f"stopped detached mesh {args[1]!r}"}))
         return 0
-    print("usage: python -m monarch_kernel.kernel.panel_detached list | stop NAME", file=sys.stderr)
+    print("usage: python -m monarch_kernel.kernel.panel_detached list [NAME...] | stop NAME", file=sys.stderr)
     return 1
 
 

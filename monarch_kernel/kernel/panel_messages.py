@@ -202,13 +202,23 @@ class Request:
         d = _check(cls, data)
         action = d.get("action")
         if action not in ACTIONS:
-            raise MessageError(f"unknown panel action {action!r}; one of {', '.join(ACTIONS)}")
-        for key in ("id", "n", "nodes", "since"):
-            if key in d and not isinstance(d[key], int):
-                raise MessageError(f"{key} is a number")
-        if d.get("rank") is not None and not isinstance(d["rank"], int):
-            raise MessageError("rank is a number")
-        for key in ("detach", "full"):
-            if key in d and not isinstance(d[key], bool):
-                raise MessageError(f"{key} is true or false")
+            raise MessageError(f"unknown panel action {action!r:.40}; one of {', '.join(ACTIONS)}")
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v, kind = d[f.name], _REQUEST_TYPES[str(f.type)]
+            if kind == "list[int] | None":
+                ok = v is None or (isinstance(v, list) and all(type(x) is int for x in v))
+            elif kind == "int | None":
+                ok = v is None or type(v) is int
+            else:
+                ok = type(v) is {"str": str, "int": int, "bool": bool}[kind]
+            if not ok:
+                raise MessageError(f"{f.name} is {_SAID[kind]}; got {type(v).__name__}")
         return cls(**d)
+
+
+# Request's annotations (strings here) and how a wrong one is said to the panel.
+_REQUEST_TYPES = {t: t for t in ("str", "int", "bool", "int | None", "list[int] | None")}
+_SAID = {"str": "a string", "int": "a number", "bool": "true or false", "int | None": "a number or null",
+         "list[int] | None": "a list of numbers or null"}

@@ -72,6 +72,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
                '`rank_beat`)'),
     _env("MONARCH_KERNEL_MAX_FRAME", "max_frame", int, 16 << 30, unit="bytes", kernel=True, shown="16 GiB",
          help_="largest frame a process accepts, in bytes"),
+    _env("MONARCH_KERNEL_MAX_WIRE_FRAME", "max_wire_frame", int, 256 << 20, unit="bytes", minimum=256 << 20,
+         shown="256 MiB", help_="largest ZeroMQ frame an inbox reads: ZeroMQ refuses a longer one as soon as it "
+                                "reads its length, before buffering it, and drops that connection.  Larger values "
+                                "travel in 256 MiB pieces, so this never limits what a call carries (at least "
+                                "256 MiB)"),
     _env("MONARCH_KERNEL_MAX_LINE", "max_line", int, 1 << 20, unit="bytes", kernel=True, minimum=1024,
          shown="1 MiB", help_="longest piece of one output line the controller holds; longer lines arrive as "
                               "pieces of this size"),
@@ -270,6 +275,10 @@ def fanout() -> int:
 
 def max_frame() -> int:
     return get("max_frame")
+
+
+def max_wire_frame() -> int:
+    return get("max_wire_frame")
 
 
 def spawn_timeout() -> float:

@@ -1,5 +1,6 @@
 """How a signed message rides in ZeroMQ frames: the MAC, the header and the small parts
-packed into the first frame, large buffers after it as frames of their own.
+packed into the first frame, large buffers after it as frames of their own (one of CHUNK
+bytes or more as pieces that each fit under a receiver's ZMQ_MAXMSGSIZE: ``pieces``/``join``).
 
 ZeroMQ's cost is per frame (each is queued, framed and read on its own); a small call is one
 frame.  ``pack`` and ``unpack`` move between this layout and the logical one ``Signer``
@@ -15,6 +16,12 @@ import struct
 from .auth import MAC_LEN, Dropped
 
 INLINE_MAX = 1 << 16  # body frames below this, up to this much in all, ride in the first frame
+# A frame of this size or more goes as pieces of exactly CHUNK bytes and a last, shorter (maybe
+# empty) one: every ZeroMQ frame then fits under an inbox's ZMQ_MAXMSGSIZE
+# (``config.max_wire_frame``), and a frame of exactly CHUNK bytes always means "continued".
+# Larger than the 64 MiB tensors of the benchmarks and most arguments, so those still arrive
+# as one frame with no copy; four times smaller than the 1 GiB frame an inbox must refuse.
+CHUNK = 256 << 20
 _HEAD = struct.Struct("<IH")  # header length, number of inlined body frames
 
 
@@ -37,6 +44,8 @@ def pack(frames: list) -> list:
 def unpack(frames: list) -> list:
     """``[first, large...]`` (zmq Frames or buffers) -> ``[mac, header, body...]`` as
     memoryviews over the received bytes; ``Dropped`` when the first frame cannot be cut."""
+    if not frames:  # (ZeroMQ never delivers none; a caller that passes none gets a drop)
+        raise Dropped("unsigned")
     first = frames[0]
     buf = first.buffer if hasattr(first, "buffer") else memoryview(first)
     if buf.nbytes <= MAC_LEN:
@@ -59,3 +68,33 @@ def unpack(frames: list) -> list:
         at += k
     out.extend(frames[1:])
     return out
+
+
+def pieces(f) -> list:
+    """``f`` (a frame of CHUNK bytes or more) as the ZeroMQ frames that carry it: zero-copy
+    views of CHUNK bytes each, then the rest (empty when the size is a multiple of CHUNK)."""
+    view = memoryview(f).cast("B") if not isinstance(f, memoryview) or f.format != "B" or f.ndim != 1 else f
+    n = view.nbytes
+    return [view[i:i + CHUNK] for i in range(0, n - n % CHUNK, CHUNK)] + [view[n - n % CHUNK:]]
+
+
+def join(frames: list) -> list:
+    """Received ZeroMQ frames with every run of CHUNK-sized pieces (and the piece after it)
+    joined back into one frame.  A run the message ends in is joined as it is (a sender
+    cut short): the MAC check then refuses it."""
+    out: list = []
+    run: list = []
+    for f in frames:
+        run.append(f)
+        if len(f) != CHUNK:
+            if len(run) == 2 and not len(f):  # a frame of exactly CHUNK bytes: no copy
+                run.pop()
+            out.append(run[0] if len(run) == 1 else b"".join(_view(p) for p in run))
+            run = []
+    if run:
+        out.append(b"".join(_view(p) for p in run))
+    return out
+
+
+def _view(f):
+    return f.buffer if hasattr(f, "buffer") else f

@@ -16,8 +16,9 @@ import threading
 import zmq
 from zmq.backend import zmq_poll
 
-from . import native
+from . import config, native
 from .curve import CurveKeys
+from .framing import CHUNK, join
 
 # Plain ints: pyzmq's flag enums cost more to combine than the calls they modify.
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -40,6 +41,9 @@ class Inbox:
         self.sock = ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
+        # A frame longer than this is refused while ZeroMQ reads its length, never buffered:
+        # the runtime's own large frames come in pieces (framing.CHUNK) that fit.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_wire_frame())
         tcp = address.startswith("tcp://")
         if tcp and curve is not None:
             curve.serve(self.sock)
@@ -106,13 +110,16 @@ class Inbox:
 
 
 def _rest(sock: zmq.Socket, first: bytes) -> list:
-    """The frames of a message whose first frame ``first`` was just read, and more follow."""
+    """The frames of a message whose first frame ``first`` was just read, and more follow
+    (a large frame's pieces joined back: ``framing.join``)."""
     frames: list = [first]
+    pieced = False
     while True:
         f = sock.recv(0, copy=False)
         frames.append(f)
+        pieced = pieced or len(f) == CHUNK
         if not f.more:
-            return frames
+            return join(frames) if pieced else frames
 
 
 @functools.lru_cache(maxsize=4096)

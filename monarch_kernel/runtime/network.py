@@ -7,8 +7,12 @@ address as well, served with CurveZMQ.  Nothing here sends or reads a message.
 
 from __future__ import annotations
 
-import zmq
+import logging
 
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from . import rejects
 from .auth import DropCounts
 from .curve import CurveKeys, Gatekeeper
 from .inbox import Inbox
@@ -25,6 +29,7 @@ class Network:
         self.bind_ip: str | None = None  # set once this process has TCP inboxes
         self.main: Inbox | None = None  # the process's main inbox (set by the runtime)
         self.on_keys = lambda curve: None  # told when the keys change (the transport's client keys)
+        self._monitor: zmq.Socket | None = None  # the main inbox's ZeroMQ events (watch_refusals)
 
     def guard(self) -> None:
         """Start the ZAP handler before the first TCP bind, so no connection is let in unchecked."""
@@ -46,7 +51,33 @@ class Network:
         self.main = Inbox(self.ctx, address, self.curve)
         if tcp:
             self.bind_ip = self.main.address[len("tcp://"):].rsplit(":", 1)[0]
+        self.io.call_soon(self._watch_refusals, self.main)
         return self.main
+
+    def _watch_refusals(self, inbox: Inbox) -> None:
+        """On the IO thread: count the connections ZeroMQ ends on the main inbox (the one
+        every process of the job, and anyone else on the host, can reach).  ZeroMQ gives no
+        reason beyond the event: a connection that ends is a peer that closed, or one whose
+        frame was over ``max_wire_frame`` (ZMQ_MAXMSGSIZE) or whose bytes were not ZMTP."""
+        self._monitor = inbox.sock.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        self.io.loop.add_reader(int(self._monitor.get(zmq.FD)), self._events, inbox.address)
+        self._events(inbox.address)
+
+    def _events(self, address: str) -> None:
+        mon = self._monitor
+        while mon is not None:
+            try:
+                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # the context is ending
+                return
+            if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                rejects.count("zmq", "not_zmtp", f"a connection to {address} did not speak ZMTP")
+            else:  # normal too (a peer exits, a thread's socket closes): logged at DEBUG only
+                rejects.count("zmq", "disconnected", f"a connection to {address} ended (the peer closed it, or "
+                              "ZeroMQ refused a frame over MONARCH_KERNEL_MAX_WIRE_FRAME)", logging.DEBUG)
 
     def thread_inbox(self, base: str, n: int) -> Inbox:
         """The ``n``-th thread's reply inbox of the process whose main inbox is ``base``."""

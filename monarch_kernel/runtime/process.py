@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, diagnostics, finalize, serialize, shm, stack_dump
+from . import agent_wire, config, diagnostics, finalize, rejects, serialize, shm, stack_dump
 from .auth import DropCounts, Signer
 from .caller import Caller
 from .completion import Completion
@@ -282,6 +282,8 @@ class Runtime:
             "received": self.receiver.received,
             "dropped": {"unsigned": d.unsigned, "forged": d.forged, "truncated": d.truncated,
                         "oversized": d.oversized, "malformed": d.malformed, "curve": d.curve},
+            # Every wire's rejections in this process (rejects.py), "wire/reason": count.
+            "rejected": {f"{w}/{r}": n for (w, r), n in sorted(rejects.snapshot().items())},
         }
 
     def shutdown(self) -> None:

@@ -28,6 +28,7 @@ from .limits import raise_nofile_limit
 from .main_thread import MainThread
 from .process import Runtime
 from .serialize import dumps
+from .template_wire import MAX_CONTROL
 
 WATCHDOG_S = config.seconds("rank_beat")
 
@@ -100,5 +101,11 @@ def run_bootstrap(pickled: bytes | None, rank: int) -> Part | None:
 
             asyncio.run(finish())
     except BaseException as e:  # noqa: BLE001  (it fails the spawn, with its traceback, instead)
-        return Part(rank, Status.RAISED, dumps(RemoteFailure.capture(rank, "bootstrap", name, e)))
+        frames = dumps(RemoteFailure.capture(rank, "bootstrap", name, e))
+        n = sum(memoryview(f).nbytes for f in frames)
+        if n > MAX_CONTROL - 4096:  # the hello must fit the template's pipe frame: say less
+            short = RuntimeError(f"{type(e).__name__}: {str(e)[:2000]} (the whole error, {n} bytes pickled, "
+                                 "is too large to report from a rank's bootstrap)")
+            frames = dumps(RemoteFailure.capture(rank, "bootstrap", name, short))
+        return Part(rank, Status.RAISED, frames)
     return None

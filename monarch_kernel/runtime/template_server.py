@@ -8,7 +8,6 @@ at import time (only in ``serve()``), nor be imported by the controller.
 
 from __future__ import annotations
 
-import collections
 import os
 import selectors
 import signal
@@ -27,7 +26,6 @@ from .host_wire import (
     Hello,
     Kill,
     MalformedMessage,
-    Message,
     Output,
     Ready,
     StackDump,
@@ -37,7 +35,7 @@ from .launch import LaunchConfig
 from .limits import limit_error, raise_nofile_limit
 from .process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
 from .stack_sampler import StackSampler, rank_tracer
-from .template_wire import recv_msg
+from .template_wire import ControlReader, Outbox, recv_msg
 
 SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sweep_last"))
 READ_SIZE = 1 << 16
@@ -49,42 +47,6 @@ PIPE_SIZE = 1 << 20  # a rank's big write needs fewer wake-ups
 # ---------------------------------------------------------------- the template process
 
 
-class _Outbox:
-    """Messages for the controller, sent without ever blocking the template: what the
-    socket cannot take now waits here, and while too much waits the ranks' output is not
-    read (so ranks that print faster than the controller reads wait on their pipes)."""
-
-    LIMIT = 8 << 20
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.queue: collections.deque = collections.deque()
-        self.bytes = 0
-
-    def send(self, msg: Message) -> None:
-        data = msg.encode()
-        if not self.queue:
-            try:
-                self.sock.send(data)
-                return
-            except BlockingIOError:
-                pass
-        self.queue.append(data)
-        self.bytes += len(data)
-
-    def flush(self) -> None:
-        while self.queue:
-            try:
-                self.sock.send(self.queue[0])
-            except BlockingIOError:
-                return
-            self.bytes -= len(self.queue.popleft())
-
-    @property
-    def full(self) -> bool:
-        return self.bytes > self.LIMIT
-
-
 class _Rank:
     """What the template holds for one rank it forked: the read ends of its stdout, stderr
     and control pipes (the control pipe carries its hello and its heartbeats)."""
@@ -94,7 +56,7 @@ class _Rank:
     def __init__(self, pid: int, out_r: int, err_r: int, ctl_r: int):
         self.pid = pid
         self.fds = {out_r: 1, err_r: 2, ctl_r: 0}  # fd -> 1 stdout, 2 stderr, 0 control
-        self.control = bytearray()
+        self.control = ControlReader()
         self.beat = False
 
 
@@ -129,7 +91,7 @@ def serve() -> None:
     stdin = sys.stdin.fileno()
     cleanup: list[str] = []  # the controller's run directory, if it is ours to remove
     sweeps: list[float] = []  # monotonic times at which to end orphans of dead ranks
-    out = _Outbox(sock)
+    out = Outbox(sock)
     sel = selectors.DefaultSelector()  # epoll: thousands of pipes, past select()'s 1,024
     sampler = StackSampler(sel, lambda tag, pid, status, o, e: out.send(StackDump(tag, pid, status, o, e)))
     for f in (sock.fileno(), wake_r, stdin):
@@ -164,8 +126,7 @@ def serve() -> None:
             return False
         kind = rank.fds[f]
         if kind == 0:
-            rank.control.extend(data)
-            control(rank)
+            control(rank, data)
         else:
             batch.append([rank.pid, kind, data])
             batch_bytes += len(data)
@@ -173,15 +134,9 @@ def serve() -> None:
                 flush_batch()
         return True
 
-    def control(rank: _Rank):
-        buf = rank.control
-        while len(buf) >= 4:
-            n = int.from_bytes(buf[:4], "big")
-            if len(buf) < 4 + n:
-                return
-            frame = bytes(buf[4:4 + n])
-            del buf[:4 + n]
-            if n == 0:
+    def control(rank: _Rank, data: bytes):
+        for frame in rank.control.feed(data):
+            if not frame:
                 rank.beat = True
             else:
                 flush_batch()  # what it printed before its hello comes first

@@ -1,19 +1,27 @@
 """The framing between a controller and its template: one ``host_wire`` message per datagram
 of a ``SOCK_SEQPACKET`` socketpair, with file descriptors passed alongside (``SCM_RIGHTS``).
 Both processes import it (``template_client`` in the controller, ``template_server`` in the
-template); it holds framing only, never either side's state.
+template); it holds framing (and the template's outbox, a send queue), never either side's
+state: which ranks exist, what they print.
 """
 
 from __future__ import annotations
 
 import array
+import collections
+import contextlib
+import errno
 import os
 import socket
 
+from . import rejects
 from .host_wire import MalformedMessage, Message, decode
 
 MAX_MSG = 1 << 20  # a launch config is a few KiB (sys.path and env are its largest parts); output ~48 KiB
 _MAX_FDS = 16
+# A rank's hello travels on inside one ``Hello`` datagram, which must fit the socket's send
+# buffer whole (net.core.wmem_default, about 200 KiB, where wmem_max allows no more).
+MAX_CONTROL = 160 << 10
 
 
 def send_msg(sock: socket.socket, msg: Message, fds=()) -> None:
@@ -23,6 +31,59 @@ def send_msg(sock: socket.socket, msg: Message, fds=()) -> None:
         sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     else:
         sock.send(data)
+
+
+class Outbox:
+    """(the template's) Messages for the controller, sent without ever blocking the template: what the
+    socket cannot take now waits here, and while too much waits the ranks' output is not
+    read (so ranks that print faster than the controller reads wait on their pipes)."""
+
+    LIMIT = 8 << 20
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.queue: collections.deque = collections.deque()
+        self.bytes = 0
+        # A datagram must fit the socket's send buffer whole; ask for room for the largest
+        # (the kernel caps this at net.core.wmem_max, often ~200 KiB).
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_MSG)
+
+    def send(self, msg: Message) -> None:
+        data = msg.encode()
+        if not self.queue:
+            try:
+                self.sock.send(data)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                self._refused(msg.OP, data, e)
+                return
+        self.queue.append(data)
+        self.bytes += len(data)
+
+    def flush(self) -> None:
+        while self.queue:
+            try:
+                self.sock.send(self.queue[0])
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._refused("queued", self.queue[0], e)
+            self.bytes -= len(self.queue.popleft())
+
+    @staticmethod
+    def _refused(op: str, data: bytes, e: OSError) -> None:
+        """A message the socket will never take (over its datagram limit): count it, go on."""
+        if e.errno != errno.EMSGSIZE:
+            raise e
+        rejects.count("template", "oversized", f"a {op!r} message of {len(data)} bytes is larger than the "
+                      "template's socket takes in one datagram; it was dropped")
+
+    @property
+    def full(self) -> bool:
+        return self.bytes > self.LIMIT
 
 
 def recv_msg(sock: socket.socket, flags: int = 0) -> tuple[Message | None, list[int]]:
@@ -40,7 +101,39 @@ def recv_msg(sock: socket.socket, flags: int = 0) -> tuple[Message | None, list[
         return None, fds
     try:
         return decode(data), fds
-    except MalformedMessage:
+    except MalformedMessage as e:
         for f in fds:
             os.close(f)
+        rejects.count("template", "malformed", str(e))
         raise
+
+
+class ControlReader:
+    """Cuts what a rank writes on its control pipe into frames (``[4-byte big-endian length]
+    [frame]``; an empty frame is a beat).  A frame over ``MAX_CONTROL`` is counted and the
+    pipe is read no further (nothing after it can be trusted to be a frame boundary)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self.broken = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The whole frames ``data`` completes, in order (``b""`` for a beat)."""
+        if self.broken:
+            return []
+        buf = self._buf
+        buf.extend(data)
+        out: list[bytes] = []
+        while len(buf) >= 4:
+            n = int.from_bytes(buf[:4], "big")
+            if n > MAX_CONTROL:
+                self.broken = True
+                buf.clear()
+                rejects.count("template", "oversized", f"a rank's control frame of {n} bytes is over {MAX_CONTROL}")
+                return out
+            if len(buf) < 4 + n:
+                break
+            out.append(bytes(buf[4:4 + n]))
+            del buf[:4 + n]
+        return out
+

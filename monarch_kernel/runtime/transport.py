@@ -21,6 +21,7 @@ from .auth import Signer
 from .curve import CurveKeys
 from .envelope import Header
 from .failure import SendFailed
+from .framing import CHUNK, pieces
 from .limits import check_room
 from .native import sockets
 
@@ -121,6 +122,12 @@ class Transport:
             # Once the first frame is queued, ZeroMQ takes the rest of the message whole.
             for i in range(1, last + 1):
                 f = frames[i]
+                n = _size(f)
+                if n >= CHUNK:  # in pieces that each fit under the receiver's ZMQ_MAXMSGSIZE
+                    cut = pieces(f)
+                    for p in cut[:-1]:
+                        _send(sock, p, _MORE_NOBLOCK, False)
+                    f = cut[-1]
                 _send(sock, f, _MORE_NOBLOCK if i < last else _NOBLOCK, _size(f) < _COPY_BELOW)
         except zmq.Again:
             self.send_failures += 1

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from IPython.core.error import StdinNotImplementedError
 
 from ...actor.port import Channel, Port, PortReceiver
-from ...runtime import config
+from ...runtime import config, rejects
 from ...runtime.envelope import Part, Status
 from ...runtime.process import Runtime
 from ...runtime.serialize import dumps
@@ -159,7 +159,8 @@ class PdbHub:
             pending = None
             try:
                 msg = decode(raw)
-            except ValueError:  # a malformed message: skip it, keep listening
+            except ValueError as e:  # a malformed message: skip it, keep listening
+                rejects.count("pdb", "malformed", str(e))
                 continue
             self._on_message(msg)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ...actor.errors import ActorError, MeshStopped
 from ...actor.port import Channel, Port, PortReceiver
-from ...runtime import config
+from ...runtime import config, rejects
 from ...runtime.process import Runtime
 from ..dap import DapClient
 from ..messages import DapClosed, DapFrames, decode_tunnel
@@ -96,7 +96,8 @@ class TunnelConnection(DapClient):
             pending = None
             try:
                 msg = decode_tunnel(value)
-            except ValueError:
+            except ValueError as e:
+                rejects.count("tunnel", "malformed", str(e))
                 continue  # not ours to guess at
             if isinstance(msg, DapFrames):
                 self._received(msg.messages)
