@@ -48,8 +48,8 @@ __all__ = [
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
     # distributed tensors (Monarch's top-level ``monarch`` names)
     "RemoteException", "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
-    "get_active_stream", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "send", "show",
-    "slice_mesh", "to_mesh",
+    "get_active_stream", "grad_function", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote",
+    "send", "show", "slice_mesh", "to_mesh",
 ]
 
 # Distributed tensors load on first use (they import torch): name -> module under tensors/.
@@ -61,6 +61,7 @@ _TENSOR_NAMES = {
     "reduce": "controller.collective_calls", "reduce_": "controller.collective_calls",
     "to_mesh": "controller.collective_calls", "remote": "controller.remote", "send": "controller.remote",
     "Stream": "controller.streams", "get_active_stream": "controller.streams", "grad_generator": "controller.streams",
+    "grad_function": "controller.streams",
 }
 
 

@@ -39,8 +39,8 @@ PUBLIC = {
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
     "RemoteException", "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
-    "get_active_stream", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "send", "show",
-    "slice_mesh", "to_mesh",
+    "get_active_stream", "grad_function", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote",
+    "send", "show", "slice_mesh", "to_mesh",
 }
 
 

@@ -39,7 +39,8 @@ pytestmark = pytest.mark.timeout(180)
 def test_every_panel_message_round_trips():
     row = RankRow(2, "vm", 123, "dead", "exit code 3", None, None, "bye")
     big = MeshRow("big", 1024, ["vm"], "local", rows=[row], dead=1, counts={"idle": 1023, "dead": 1}, summary=True)
-    state = PanelState([MeshRow("procs", 4, ["vm"], "local", rows=[row], dead=1, current=True), big],
+    state = PanelState([MeshRow("procs", 4, ["vm"], "local", rows=[row], dead=1, current=True, tensors=2,
+                                tensor_bytes=268), big],
                        [JobRow("ssh0", "ssh", True, ["h1", "h2"], ["procs"])], running=False, kernel_id="k")
     assert PanelState.decode(state.encode()) == state
     logs = LogLines("procs", [[1, 0, "stdout", "hi"]], 0)
@@ -283,7 +284,7 @@ def test_the_watchdog_shows_the_stacks_once_and_the_panel_marks_the_odd_rank(kc,
     run(kc, "%mesh watchdog off")
 
 
-def test_the_panel_polls_metrics_and_gets_each_ranks_history(kc, panel):
+def test_the_panel_polls_metrics_gets_each_ranks_history_and_counts_tensors(kc, panel):
     run(kc, "procs = %mesh spawn -n 2")
     before = len(panel.messages())
     for _ in range(3):
@@ -294,6 +295,16 @@ def test_the_panel_polls_metrics_and_gets_each_ranks_history(kc, panel):
     assert last.mesh == "procs" and sorted(last.ranks) == ["0", "1"]
     assert len(last.ranks["0"]["cpu"]) == 3 and last.ranks["0"]["cpu"][0] is None  # no rate from one sample
     assert all(isinstance(v, float) and v > 10 for v in last.ranks["1"]["rss_mib"]), last.ranks["1"]
+
+    # The mesh's distributed tensors: their count and bytes per rank, as %mesh tensors has them.
+    out, reply = run(kc, "import torch\nwith procs.activate():\n    t = torch.zeros(16, 4)\n    u = torch.ones(3)",
+                     timeout=120)
+    assert reply["status"] == "ok", text(out)
+    state = panel.wait_state("two tensors counted", lambda s: getattr(mesh_of(s), "tensors", 0) == 2)
+    assert mesh_of(state).tensor_bytes == 16 * 4 * 4 + 3 * 4
+    run(kc, "del t")
+    state = panel.wait_state("one tensor left", lambda s: getattr(mesh_of(s), "tensors", 0) == 1)
+    assert mesh_of(state).tensor_bytes == 12
 
 
 def test_the_panels_restart_kills_and_replaces_a_rank_that_stopped_responding(kc, panel):

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -59,6 +60,40 @@ def doubled(x):
 @remote
 def pid():
     return os.getpid()
+
+
+def _rank_state():
+    """State a rank keeps between ops (these functions travel by value, so not in globals):
+    ``gate``, opened by the main stream and awaited on a comms stream; ``ran``, the backward
+    passes of ``traced`` that ran."""
+    import types
+
+    return sys.modules.setdefault("_monarch_kernel_test_state", types.SimpleNamespace(gate=threading.Event(),
+                                                                                      ran=[]))
+
+
+@remote(propagate=lambda: torch.empty(()))
+def wait_for_gate():
+    return torch.tensor(float(_rank_state().gate.wait(30)))
+
+
+@remote(propagate=lambda: torch.empty(()))
+def open_gate():
+    _rank_state().gate.set()
+    return torch.tensor(1.0)
+
+
+@remote(propagate=lambda: torch.empty((), dtype=torch.int64))
+def backward_passes():
+    return torch.tensor(len(_rank_state().ran))
+
+
+@mk.grad_function
+def traced(x):
+    def backward(g):
+        _rank_state().ran.append(1)
+        return g * 3  # not the true gradient: this function's own
+    return x * 1, backward
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +297,86 @@ def test_reductions_over_mesh_dims_and_moves_between_slices(procs):
     with second.activate():
         y = moved * 2
     assert [float(inspect(y, gpus=i)) for i in range(2)] == [14.0, 16.0]
+
+
+def test_streams_run_at_the_same_time_on_each_rank(procs):
+    comms = mk.Stream("gate")
+    with procs.activate():
+        with comms.activate():
+            waited = wait_for_gate()  # on the comms stream's thread: waits for the main stream
+        opened = open_gate()  # recorded after it, on the main stream
+        with comms.activate():
+            assert waited._stream is comms and mk.get_active_stream() is comms
+    assert [float(inspect(waited, gpus=g)) for g in range(4)] == [1.0] * 4  # 0.0: the streams ran one by one
+    assert float(inspect(opened)) == 1.0
+
+
+def test_borrows_order_streams_and_their_rules_are_checked_at_once(procs):
+    comms = mk.Stream("comms")
+    with procs.activate():
+        t = torch.ones(2)
+        with comms.activate(), pytest.raises(RuntimeError, match="a tensor of the main stream used on stream 'comms'"):
+            t + 1
+        t_c, borrow = comms.borrow(t, mutable=True)
+        with pytest.raises(RuntimeError, match="borrowed mutably by stream 'comms'"):
+            t + 1
+        with comms.activate():
+            t_c.mul_(5)  # the main stream sees it after the drop
+            t_c.reduce_("gpus", "sum")
+        borrow.drop()
+        seen = t + 1
+        with comms.activate(), pytest.raises(RuntimeError, match="after borrow.drop"):
+            t_c + 1
+        r_c, read_only = comms.borrow(t)
+        with comms.activate(), pytest.raises(RuntimeError, match="writes to a tensor borrowed read-only"):
+            r_c.add_(1)
+        with pytest.raises(RuntimeError, match="writes to a tensor borrowed read-only"):
+            t.add_(1)
+        with comms.activate():
+            doubled = r_c * 2
+        read_only.drop()
+        t.add_(1)  # writable again
+    assert inspect(seen, gpus=2).tolist() == [21.0, 21.0]
+    assert inspect(doubled).tolist() == [40.0, 40.0] and inspect(t).tolist() == [21.0, 21.0]
+
+
+def test_grad_generator_runs_the_backward_only_as_far_as_asked(procs):
+    comms = mk.Stream("probe")
+    with procs.activate():
+        first = torch.nn.Linear(3, 3)
+        last = torch.nn.Linear(3, 1)
+        x = torch.ones(2, 3)
+        loss = last(traced(first(x))).sum()
+        params = [last.weight, last.bias, first.weight, first.bias]
+        grads, seen = [], []
+        for g in mk.grad_generator(loss, params):
+            g_c, borrow = comms.borrow(g)
+            with comms.activate():
+                seen.append(backward_passes())  # before the next gradient: only what this one needed ran
+            borrow.drop()
+            grads.append(g)
+        expected_h = first(x)
+    assert [int(inspect(s, gpus=1)) for s in seen] == [0, 0, 1, 1]
+    w = inspect(last.weight)
+    torch.testing.assert_close(inspect(grads[0]), inspect(expected_h).sum(0, keepdim=True))
+    torch.testing.assert_close(inspect(grads[3]), 3 * 2 * w[0])  # through traced's own backward (x3)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_whose_reduce_input_failed_takes_part_so_its_peers_fail_at_once(procs):
+    with procs.activate():
+        i = procs.rank_tensor("gpus")
+        bad = torch.zeros(3)[i.reshape(1)]  # out of bounds on rank 3 only
+        total = bad.reduce("gpus", "sum")
+        in_place = bad.clone()
+        in_place.reduce_("gpus", "max")
+        after = (i.float() + 1).reduce("gpus", "sum")  # the group goes on working
+    for g in (0, 3):
+        with pytest.raises(RemoteException, match="failed on rank 3"):
+            inspect(total, gpus=g)
+    with pytest.raises(RemoteException, match="failed on rank 3"):
+        inspect(in_place, gpus=1)
+    assert float(inspect(after, gpus=2)) == 10.0
 
 
 @pytest.mark.timeout(150)

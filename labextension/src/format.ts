@@ -100,6 +100,25 @@ export function meshLabel(mesh: IMeshRow): string {
   return words.join(', ');
 }
 
+/** "3 tensors, 1.5 KiB per rank": a mesh's live distributed tensors ("" when it has none). */
+export function tensorsText(mesh: IMeshRow): string {
+  const n = mesh.tensors ?? 0;
+  if (n === 0) {
+    return '';
+  }
+  return `${n} tensor${n === 1 ? '' : 's'}, ${formatBytes(mesh.tensor_bytes ?? 0)} per rank`;
+}
+
+export function formatBytes(n: number): string {
+  const units = ['bytes', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${n} bytes` : `${n < 10 ? n.toFixed(1) : Math.round(n)} ${units[i]}`;
+}
+
 export function formatCpu(cpu: number | null): string {
   return cpu === null ? '' : `${Math.round(cpu)}%`;
 }

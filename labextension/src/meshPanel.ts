@@ -19,7 +19,8 @@ import {
   meshLabel,
   PAGE_ROWS,
   pageOf,
-  stateLabel
+  stateLabel,
+  tensorsText
 } from './format';
 import { IDetachedMesh, IMeshRow, IMetrics, IPanelState, IRankRow, IReply, IRequest } from './messages';
 
@@ -225,6 +226,10 @@ export class MeshPanel extends Widget {
       h('span', { class: 'mk-Mesh-name' }, mesh.name),
       h('span', { class: 'mk-Mesh-info' },
         ` ${large ? countsText(mesh) : `${mesh.ranks} ranks`} · ${mesh.hosts.join(', ') || 'no hosts'} · ${meshLabel(mesh)}`),
+      tensorsText(mesh)
+        ? h('span', { class: 'mk-Mesh-tensors', title: 'live distributed tensors (%mesh tensors lists them)' },
+          ` · ${tensorsText(mesh)}`)
+        : null,
       mesh.current ? h('span', { class: 'mk-Mesh-current', title: 'the current mesh (%%mesh runs here)' }, ' current') : null
     );
     const buttons = h(

@@ -46,6 +46,9 @@ export interface IMeshRow {
   summary: boolean;
   /** The panel asked for the full table (request `table`, full: true): `rows` holds every rank. */
   expanded: boolean;
+  /** Live distributed tensors of the mesh (`%mesh tensors` lists them), and their bytes on each rank. */
+  tensors?: number;
+  tensor_bytes?: number;
 }
 
 export interface IJobRow {

@@ -166,6 +166,16 @@ def live_tensors() -> dict[str, list[dict]]:
     return out
 
 
+def tensor_totals(mesh_id: str) -> tuple[int, int]:
+    """``(count, bytes per rank)`` of the live distributed tensors of proc mesh ``mesh_id``
+    (the Mesh panel); ``(0, 0)`` before its first ``activate()``."""
+    client = _CLIENTS.get(mesh_id)
+    if client is None:
+        return 0, 0
+    rows = client.listing()
+    return len(rows), sum(r["bytes"] for r in rows)
+
+
 def tensor_mesh(procs):
     """The ``TensorMesh`` of ``procs`` (a whole proc mesh or a slice of one): the same one
     each time for the same ranks, so handles compare their meshes by identity."""
@@ -183,7 +193,7 @@ _MESHES: dict[tuple, object] = {}  # (client, ranks, extent) -> its TensorMesh
 
 
 def _stats():
-    from ..tensors.rank.executor import current_stats
+    from ..tensors.rank.values import current_stats
 
     return current_stats()
 

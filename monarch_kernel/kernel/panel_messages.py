@@ -68,6 +68,8 @@ class MeshRow:
     counts: dict[str, int] = field(default_factory=dict)  # ranks in each state (of STATES), all ranks
     summary: bool = False  # rows holds only the ranks that are not idle (a mesh over status.SUMMARY_OVER ranks)
     expanded: bool = False  # a panel asked for the full table (Request "table", full=True): rows holds every rank
+    tensors: int = 0  # live distributed tensors of the mesh (``%mesh tensors`` lists them)
+    tensor_bytes: int = 0  # ... and the bytes they hold on each rank
 
     @classmethod
     def decode(cls, data: Any) -> MeshRow:

@@ -13,6 +13,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from ..actor.tensor_engine import tensor_totals
 from ..runtime import config
 from ..runtime.process import Runtime
 from . import panel_detached, status
@@ -139,9 +140,11 @@ class PanelView:
         tally = status.counts(states)
         kind = "detached" if host is not None else ("job" if name in s.jobs.meshes else "local")
         hosts = sorted({str(row["host"]) for row in rows if row["host"]})
+        n_tensors, tensor_bytes = tensor_totals(procs.ref.id)
         return MeshRow(name, len(rows), hosts, kind, s.jobs.meshes.get(name, ""), name == s.current,
                        bool(procs.stopped), tally.get("dead", 0), self.log.newest.get(name, 0), out,
-                       counts=tally, summary=shown is not states, expanded=expanded and len(rows) > status.SUMMARY_OVER)
+                       counts=tally, summary=shown is not states, expanded=expanded and len(rows) > status.SUMMARY_OVER,
+                       tensors=n_tensors, tensor_bytes=tensor_bytes)
 
     def _cpu_percent(self, pid: int, now: float) -> float | None:
         ticks = cpu_ticks(pid)

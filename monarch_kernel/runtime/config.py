@@ -131,6 +131,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "waits for an actor's endpoint to make the result an `rref` promised"),
     _s("tensor_shard_timeout", 60.0, "tensors/rank/executor.py", "how long an endpoint waits for the tensor engine "
        "to make a distributed tensor passed to it"),
+    _s("tensor_stream_join", 5.0, "tensors/rank/streams.py", "how long a closing tensor engine waits for each "
+       "of its streams' threads to finish what it runs"),
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
     _s("template_beats", 0.25, "runtime/template_server.py", "how often a template passes its ranks' beats "
        "on, together (a beat reaches the owner at most 1.25 s old)"),

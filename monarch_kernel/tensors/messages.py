@@ -7,14 +7,22 @@ both halves import it.
 
 from __future__ import annotations
 
+# Kinds below ``ROUTING`` run on a stream (the main one inline, others on their own thread);
+# the rest steer the dispatch itself and act at once, in the order they arrive.
 OP = 0  # (OP, func, args, kwargs, out, deep): out is a ref, a tuple of outs, or None
-DELETE = 1  # (DELETE, [ref, ...])
-GRAD_MODE = 2  # (GRAD_MODE, enabled)
-RANKS = 3  # (RANKS, frozenset of ranks or None): which ranks run the ops that follow
-BACKWARD = 4  # (BACKWARD, loss ref, gradient ref or None, retain_graph, [(param ref, grad ref), ...])
-SET_ATTR = 5  # (SET_ATTR, ref, name, value): value a Ref, None or a constant
-COLLECTIVE = 6  # (COLLECTIVE, request): handed to the rank's Collectives (reductions, to_mesh)
-PROMISE = 7  # (PROMISE, [ref, ...]): refs an actor's endpoint will bind (``rref``); ops reading them wait
+BACKWARD = 1  # (BACKWARD, loss ref, gradient ref or None, retain_graph, [(param ref, grad ref), ...])
+SET_ATTR = 2  # (SET_ATTR, ref, name, value): value a Ref, None or a constant
+COLLECTIVE = 3  # (COLLECTIVE, request): handed to the rank's Collectives (reductions, to_mesh)
+PROMISE = 4  # (PROMISE, [ref, ...]): refs an actor's endpoint will bind (``rref``); ops reading them wait
+GRADS = 5  # (GRADS, session ref, roots, wrt, grad_roots): a backward pass, run lazily (``grad_generator``)
+GRAD = 6  # (GRAD, session ref, index, out ref): run that backward until gradient ``index`` exists
+ROUTING = 7
+GRAD_MODE = 7  # (GRAD_MODE, enabled)
+RANKS = 8  # (RANKS, frozenset of ranks or None): which ranks run the ops that follow
+DELETE = 9  # (DELETE, [ref, ...]): after every stream has run what was sent before it
+STREAM = 10  # (STREAM, key or None): the stream the ops that follow run on (None: the main one)
+BORROW = 11  # (BORROW, src ref, new ref, from key, to key): ``to`` sees ``src`` once ``from`` reached here
+DROP = 12  # (DROP, new ref, src ref, mutable, from key, to key): ``from`` goes on once ``to`` reached here
 
 
 class Ref:
@@ -84,7 +92,8 @@ class Collective:
     ("reduce" or "to_mesh"), the input ref ``source`` and output ref ``out`` (the same for
     an in-place reduce), the mesh (``labels``, ``sizes``, row-major ``ranks``), the ``dims``
     reduced over, ``reduction`` and ``scatter``; for to_mesh, ``dest_ranks`` (the other
-    mesh's ranks, row-major, same dims)."""
+    mesh's ranks, row-major, same dims); ``like``: the input's (shape, dtype), for a rank
+    whose input failed (it still takes part, so its peers hear of the failure at once)."""
 
     __slots__ = ("kind", "source", "out", "labels", "sizes", "ranks", "dims", "reduction", "scatter", "dest_ranks",
                  "like")
@@ -95,7 +104,7 @@ class Collective:
         self.kind, self.source, self.out = kind, source, out
         self.labels, self.sizes, self.ranks = labels, sizes, ranks
         self.dims, self.reduction, self.scatter, self.dest_ranks = dims, reduction, scatter, dest_ranks
-        self.like = like  # to_mesh: (shape, dtype) of what a destination receives
+        self.like = like  # (shape, dtype): what a to_mesh destination receives, or a reduce's input
 
     def __reduce__(self):
         return (Collective, (self.kind, self.source, self.out, self.labels, self.sizes, self.ranks, self.dims,

@@ -19,7 +19,8 @@ import weakref
 from typing import Any, Protocol
 
 from ...runtime import config
-from ..messages import DELETE, GRAD_MODE, RANKS
+from ..messages import DELETE, GRAD_MODE, RANKS, STREAM
+from .meshes import state
 
 
 class Backend(Protocol):
@@ -69,6 +70,7 @@ class MeshClient:
         self.name = backend.name
         self.handles: dict[int, _Handle] = {}  # ref -> the live handle
         self.dead: collections.deque = collections.deque()  # refs whose handles died
+        self.later: collections.deque = collections.deque()  # messages from finalizers, for the next batch
         self._refs = itertools.count(1)
         self._lock = threading.Lock()
         self._batch: list = []
@@ -76,6 +78,7 @@ class MeshClient:
         self.seq = 0  # the last batch sent
         self._grad = True  # the grad mode the ranks are in after what was recorded
         self._ranks: frozenset | None = None  # the ranks the recorded ops run on
+        self._stream: Any = None  # the stream they run on (None: the main one)
         self._limit = config.get("tensor_batch")
         self._delay = config.get("tensor_flush")
         self._wake = threading.Event()
@@ -94,11 +97,16 @@ class MeshClient:
         self.handles[t._ref] = h
 
     def record(self, msg: tuple, made: list[int], ranks, grad: bool) -> None:
-        """Append one message for ``ranks`` (None: all), recorded in grad mode ``grad``."""
+        """Append one message for ``ranks`` (None: all), recorded in grad mode ``grad``, on
+        the active stream."""
+        stream = state.stream
         with self._lock:
             batch = self._batch
             if not batch and self._flusher is not None:
                 self._wake.set()
+            if stream is not self._stream:
+                batch.append((STREAM, None if stream is None else stream.key))
+                self._stream = stream
             if ranks is not self._ranks and ranks != self._ranks:
                 batch.append((RANKS, ranks))
                 self._ranks = ranks
@@ -118,9 +126,11 @@ class MeshClient:
         """Send what was recorded (and the deletes); returns the last batch's seq.  The
         batch is encoded and sent outside the lock (recording goes on meanwhile); batches
         may so leave out of order, and the ranks put them back in order."""
-        dead = self.dead
+        dead, later = self.dead, self.later
         with self._lock:
             batch, made = self._batch, self._made
+            while later:
+                batch.append(later.popleft())
             if dead:
                 refs = []
                 try:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from ..messages import COLLECTIVE, Collective
-from .meshes import TensorMesh, active
+from .borrows import check_use
+from .meshes import TensorMesh, active, state
 from .tensor import Tensor
 
 REDUCTIONS = ("stack", "sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -32,9 +33,11 @@ def _dims(mesh: TensorMesh, dims) -> tuple:
     return dims
 
 
-def _mesh(t: Tensor, mesh) -> TensorMesh:
+def _mesh(t: Tensor, mesh, writes: bool = False) -> TensorMesh:
     if type(t) is not Tensor:
         raise TypeError(f"reduce takes a distributed tensor, not {type(t).__name__}")
+    if t._stream is not state.stream or t._access is not None:
+        check_use(t, state.stream, "reduce_()" if writes else "reduce()", writes)
     m = active() or t._mesh
     if not t._mesh.same(m):
         raise ValueError(f"a tensor of mesh {t._mesh.describe()} reduced while {m.describe()} is active")
@@ -68,6 +71,10 @@ def _contiguous(size) -> tuple:
     return tuple(reversed(stride))
 
 
+def _like(t: Tensor) -> tuple:
+    return (tuple(t._meta[0]), t._meta[3], str(t._meta[4]))
+
+
 def reduce(t: Tensor, dims=None, reduction: str = "sum", scatter: bool = False, mesh=None) -> Tensor:
     """``t`` reduced across mesh dims ``dims`` (a name, several, or None: all); with
     ``scatter`` each rank keeps its part of the result."""
@@ -78,19 +85,19 @@ def reduce(t: Tensor, dims=None, reduction: str = "sum", scatter: bool = False, 
     ref = client.new_ref()
     out = Tensor(meta, m, ref)
     client.adopt(out)
-    req = Collective("reduce", t._ref, ref, m.labels, m.sizes, m.ranks, dims, reduction, scatter)
+    req = Collective("reduce", t._ref, ref, m.labels, m.sizes, m.ranks, dims, reduction, scatter, like=_like(t))
     client.record((COLLECTIVE, req), [ref], m.rank_set, torch.is_grad_enabled())
     return out
 
 
 def reduce_(t: Tensor, dims=None, reduction: str = "sum", scatter: bool = False, mesh=None) -> Tensor:
     """``reduce`` into ``t`` itself (its shape must not change: no stack, no scatter)."""
-    m = _mesh(t, mesh)
+    m = _mesh(t, mesh, writes=True)
     dims = _dims(m, dims)
     if reduction == "stack" or scatter:
         raise ValueError("reduce_ keeps the tensor's shape: use reduce() for stack or scatter")
     _meta(t, m, dims, reduction, scatter)
-    req = Collective("reduce", t._ref, t._ref, m.labels, m.sizes, m.ranks, dims, reduction, scatter)
+    req = Collective("reduce", t._ref, t._ref, m.labels, m.sizes, m.ranks, dims, reduction, scatter, like=_like(t))
     m.client.record((COLLECTIVE, req), [], m.rank_set, torch.is_grad_enabled())
     return t
 
@@ -102,6 +109,8 @@ def to_mesh(t: Tensor, mesh) -> Tensor:
 
     if type(t) is not Tensor:
         raise TypeError(f"to_mesh takes a distributed tensor, not {type(t).__name__}")
+    if t._stream is not state.stream or t._access is not None:
+        check_use(t, state.stream, "to_mesh()", False)
     src = t._mesh
     dest = mesh if isinstance(mesh, _TM) else _tensor_mesh_of(mesh, src)
     if dest.client is not src.client:

@@ -14,6 +14,7 @@ from typing import Any
 class _State:
     mesh: TensorMesh | None = None  # the mesh recording now (None: none, or inside no_mesh)
     depth = 0  # activate() blocks entered and not left
+    stream: Any = None  # the Stream recording now (None: the main one)
 
 
 state = _State()

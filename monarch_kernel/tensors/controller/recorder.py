@@ -17,6 +17,7 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
 from ..messages import BACKWARD, OP, SET_ATTR
+from .borrows import check_use, mutates
 from .meshes import TensorMesh, state
 from .tensor import GRAD, LOCAL, VALUE_FUNCS, Tensor, fake_of, value_error
 from .tensor import LEAF as _LEAF
@@ -53,11 +54,14 @@ class RecordingMode(TorchFunctionMode):
         if mesh is None:
             raise RuntimeError(f"{_name(func)}() on a distributed tensor inside `no_mesh`: leave no_mesh (or "
                                "fetch a shard with inspect(t)) to use it")
+        stream = state.stream
         for t in tensors:
             if t._mesh is not mesh and not t._mesh.same(mesh):
                 raise ValueError(f"{_name(func)}(): a tensor of mesh {t._mesh.describe()} used while mesh "
                                  f"{mesh.describe()} is active; activate its own mesh, or move it with "
                                  "t.to_mesh(other)")
+            if t._stream is not stream or t._access is not None:
+                check_use(t, stream, f"{_name(func)}()", mutates(func, args, kwargs, t))
         if func in VALUE_FUNCS:
             raise value_error(func)
         if func in _BACKWARD:

@@ -22,8 +22,9 @@ import importlib
 import torch
 
 from ..messages import OP, PROMISE
+from .borrows import check_use
 from .fetch import _raise_poisoned
-from .meshes import TensorMesh, active
+from .meshes import TensorMesh, active, state
 from .recorder import _find, build
 from .tensor import Tensor, fake_of, meta_of
 
@@ -131,9 +132,10 @@ def send(fn, args=(), kwargs=None, port=None, selection: str = "all") -> None:
     mesh.client.send_to_port(mesh.shape, function, args, kwargs, port)
 
 
-def record_call(mesh: TensorMesh, function, outputs, args, kwargs):
+def record_call(mesh: TensorMesh, function, outputs, args, kwargs, autograd: bool = False):
     """Record ``function(*args, **kwargs)`` on every rank of ``mesh``; ``outputs``: its
-    results as fakes (each becomes a new distributed tensor) or plain values."""
+    results as fakes (each becomes a new distributed tensor) or plain values.  ``autograd``:
+    results that need grad reach the inputs' leaves (``loss.backward()`` gives those grads)."""
     from .client import encode_value
 
     tensors, _deep = _find(args, kwargs)
@@ -141,11 +143,14 @@ def record_call(mesh: TensorMesh, function, outputs, args, kwargs):
         if not t._mesh.same(mesh):
             raise ValueError(f"a tensor of mesh {t._mesh.describe()} passed to a remote function on "
                              f"{mesh.describe()}; move it with t.to_mesh(other)")
+        if t._stream is not state.stream or t._access is not None:
+            check_use(t, state.stream, f"{getattr(function, '__name__', 'a remote function')}()", False)
     device = tensors[0].device if tensors else torch.device("cpu")
     plan = _plan_new(outputs, device)
     client = mesh.client
     made: list[int] = []
-    result, out = build(plan, tensors, (), mesh, client, made)
+    rg_inputs = [t for t in tensors if t._meta[5]] if autograd and torch.is_grad_enabled() else ()
+    result, out = build(plan, tensors, rg_inputs, mesh, client, made)
     client.record((OP, function, encode_value(tuple(args)), encode_value(kwargs), out, True), made, mesh.rank_set,
                   torch.is_grad_enabled())
     return result
@@ -201,7 +206,7 @@ def _run_described(function, *args, **kwargs):
 
 def rank_tensor(mesh: TensorMesh, dim: str) -> Tensor:
     """A 0-dim int64 distributed tensor: each rank's index along ``dim``."""
-    from ..rank.executor import coordinate
+    from ..rank.values import coordinate
 
     if dim not in mesh.labels:
         raise ValueError(f"the mesh {mesh.describe()} has no dimension {dim!r}; its dimensions are "

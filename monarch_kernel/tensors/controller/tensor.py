@@ -15,6 +15,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from ..messages import Ref
+from .meshes import state
 
 # Functions that read only a tensor's metadata: answered by the handle itself, no message.
 _GETTERS = ("shape", "dtype", "device", "requires_grad", "is_leaf", "grad_fn", "layout", "ndim", "is_cuda",
@@ -73,6 +74,8 @@ class Tensor(torch.Tensor):
     _r: Ref
     _meta: tuple
     _leaves: dict | None  # id -> the leaf handles its autograd graph reaches (None: needs no grad)
+    _stream: Any  # the Stream it is used on (None: the main one)
+    _access: Any  # None: read and write; else the borrows that limit it (``streams.Access``)
 
     @staticmethod
     def __new__(cls, meta: tuple, mesh, ref: int):
@@ -84,6 +87,8 @@ class Tensor(torch.Tensor):
         t._r = Ref(ref)
         t._meta = meta
         t._leaves = None
+        t._stream = state.stream
+        t._access = None
         return t
 
     def __init__(self, *args, **kwargs):

@@ -92,7 +92,7 @@ class Collectives:
     # ------------------------------------------------------------ reductions
 
     def reduce(self, local: Any, dims: str | Sequence[str] | None = None, reduction: str = "sum",
-               scatter: bool = False, *, out: Any = None, stream: str = "default") -> Any:
+               scatter: bool = False, *, out: Any = None, stream: str = "default", failed: int | None = None) -> Any:
         """Monarch's ``t.reduce(dims, reduction, scatter)`` on this rank's shard ``local``;
         returns this rank's shard of the result (a new tensor, or ``out`` filled)::
 
@@ -100,21 +100,25 @@ class Collectives:
             stack                    -> all_gather        (new outer dim of the group's size)
             sum, scatter=True        -> reduce_scatter    (outer dim, of the group's size, split)
             stack, scatter=True      -> all_to_all        (same shape)
+
+        ``failed``: this rank's input failed (on that rank): it takes part (``local``: zeros)
+        so that every peer raises ``PeerFailed`` at once rather than waiting for it.
         """
-        result = self._reduce(local, dims, reduction, scatter, False, stream)
+        result = self._reduce(local, dims, reduction, scatter, False, stream, failed)
         if out is not None:
             out.copy_(result)
             return out
         return result
 
     def reduce_(self, local: Any, dims: str | Sequence[str] | None = None, reduction: str = "sum",
-                scatter: bool = False, *, stream: str = "default") -> Any:
+                scatter: bool = False, *, stream: str = "default", failed: int | None = None) -> Any:
         """``reduce`` into ``local`` itself (for shapes that do not change: an elementwise
         reduction, or stack with scatter); returns ``local``."""
-        return self._reduce(local, dims, reduction, scatter, True, stream)
+        return self._reduce(local, dims, reduction, scatter, True, stream, failed)
 
-    def _reduce(self, local, dims, reduction: str, scatter: bool, inplace: bool, stream: str):
+    def _reduce(self, local, dims, reduction: str, scatter: bool, inplace: bool, stream: str, failed: int | None):
         import torch
+        import torch.distributed as dist
 
         if not isinstance(local, torch.Tensor):
             raise TypeError(f"reduce takes a torch.Tensor, not {type(local).__name__}")
@@ -125,6 +129,11 @@ class Collectives:
         pg = self._groups.group(members, self._rank, backend, stream) if n > 1 else None
         plain = local.detach()  # values only: a reduction is no autograd op
         src = plain.contiguous()  # plain itself when it is contiguous
+        flag: Any = None
+        flag_work = None
+        if pg is not None:  # whether some member's input failed: beside the data, on the same group
+            flag = torch.tensor([0 if failed is None else failed + 1], dtype=torch.int64, device=local.device)
+            flag_work = pg.allreduce([flag], dist.ReduceOp.MAX)
         if reduction == "stack":
             result = _all_to_all(pg, src) if scatter else _all_gather(pg, src, n)
         else:
@@ -140,6 +149,11 @@ class Collectives:
                     pg.allreduce([result], op).wait()
             else:
                 result = reductions.combine(_all_gather(pg, src, n), reduction)
+        if flag_work is not None:
+            flag_work.wait()
+            origin = int(flag.item()) - 1
+            if origin >= 0 and failed is None:
+                raise PeerFailed(origin, members)
         if inplace:
             if result is not plain:
                 plain.copy_(result)
@@ -201,6 +215,15 @@ class Collectives:
 
     def __repr__(self) -> str:
         return f"Collectives<rank {self._rank} at {self.point} of {self.dims}>"
+
+
+class PeerFailed(RuntimeError):
+    """A reduction whose input failed on some member: its result here is poisoned too."""
+
+    def __init__(self, origin: int, members: tuple):
+        self.origin = origin
+        super().__init__(f"the input of a member of this reduction (ranks {list(members)}) failed on rank {origin}; "
+                         f"inspect that tensor on rank {origin} for the op that failed and its traceback")
 
 
 def _as_bytes(t: Any) -> Any:

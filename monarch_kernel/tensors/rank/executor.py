@@ -11,6 +11,7 @@ torch.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import threading
 import time
@@ -23,22 +24,29 @@ import torch
 from ...runtime import config
 from ..messages import (
     BACKWARD,
+    BORROW,
     COLLECTIVE,
     DELETE,
+    DROP,
+    GRAD,
     GRAD_MODE,
+    GRADS,
     OP,
     PROMISE,
     RANKS,
+    ROUTING,
     SET_ATTR,
+    STREAM,
     Poisoned,
     Ref,
-    unpack_tensor,
 )
+from .backward import LazyBackward
+from .streams import Streams, current_stream
+from .values import _running, _to_controller
 
 _EXECUTORS: dict[str, Executor] = {}  # engine key -> this process's executor for it
 _REGISTERED = threading.Condition()  # notified when an executor registers
 _SEQ = (list, tuple)
-_running: list = [None]  # the executor whose batch runs now (for functions that ask their rank)
 
 
 class _PoisonedInput(Exception):
@@ -71,17 +79,22 @@ class Executor:
         self.key = key
         self.store = store  # the StoreAddress reductions meet over (made by the controller)
         self.env: dict[int, Any] = {}
-        self.done = 0  # sequence number of the last batch run
+        self.done = 0  # the last batch that every stream has run (requests after it are answered)
+        self._main = 0  # the last batch dispatched (and run on the main stream)
+        self._pending: dict[int, int] = {}  # seq -> streams still running some of it
         self._early: dict[int, tuple] = {}  # batches that overtook an earlier one
         self._waiting: dict[int, list] = {}  # seq -> requests parked until it has run
         self._cond = threading.Condition()
         self._selected = True  # whether this rank runs the ops that follow (RANKS)
         self._collectives: Any = None
+        self.streams = Streams(self.env, rank)
         self.busy_s = 0.0  # time spent running ops
         self.ops = 0  # messages run
         table: dict[int, Callable[[tuple], None]] = {
-            OP: self._op, DELETE: self._delete, GRAD_MODE: self._grad_mode, RANKS: self._ranks,
-            BACKWARD: self._backward, SET_ATTR: self._set_attr, COLLECTIVE: self._collective, PROMISE: self._promise}
+            OP: self._op, BACKWARD: self._backward, SET_ATTR: self._set_attr, COLLECTIVE: self._collective,
+            PROMISE: self._promise, GRADS: self._grads, GRAD: self._grad, GRAD_MODE: self._grad_mode,
+            RANKS: self._ranks, DELETE: functools.partial(self.streams.delete, self._delete),
+            STREAM: self.streams.switch, BORROW: self.streams.borrow, DROP: self.streams.drop}
         self._handlers = [table[kind] for kind in range(len(table))]  # indexed by a message's kind
         self._promised: set[int] = set()  # refs an actor's endpoint will bind (rref)
         if seed is not None:
@@ -91,6 +104,10 @@ class Executor:
             _REGISTERED.notify_all()
 
     def close(self) -> None:
+        self.streams.close()
+        for v in list(self.env.values()):
+            if type(v) is LazyBackward:
+                v.stop()
         self.env.clear()
         if self._collectives is not None:
             self._collectives.close()
@@ -102,16 +119,12 @@ class Executor:
     def run_batch(self, seq: int, payload: bytes, made: list[int]) -> None:
         """Run batch ``seq`` (pickled messages; ``made``: the refs its ops bind) once every
         earlier one has run."""
-        if seq != self.done + 1:
+        if seq != self._main + 1:
             self._early[seq] = (payload, made)
             return
         while True:
             self._run(payload, made)
-            with self._cond:
-                self.done = seq
-                self._cond.notify_all()
-            for req in self._waiting.pop(seq, ()):
-                self._answer(*req)
+            self._dispatched(seq)
             seq += 1
             early = self._early.pop(seq, None)
             if early is None:
@@ -129,16 +142,61 @@ class Executor:
         handlers = self._handlers
         _running[0] = self
         start = time.perf_counter()
+        to = self.streams.current
+        selected = self._selected
         for m in messages:
-            handlers[m[0]](m)
+            k = m[0]
+            if k >= ROUTING:  # steers the dispatch: acts now
+                handlers[k](m)
+                to, selected = self.streams.current, self._selected
+            elif not selected:
+                pass
+            elif to is None:  # the main stream: inline
+                handlers[k](m)
+            else:
+                to.put_op(handlers[k], m)
         self.busy_s += time.perf_counter() - start
         self.ops += len(messages)
+
+    def _dispatched(self, seq: int) -> None:
+        """Batch ``seq`` ran on the main stream and went to the others: once they have run
+        their part, requests that follow it are answered."""
+        n = self.streams.mark(self._marked, seq) if self.streams.workers else 0
+        with self._cond:
+            self._main = seq
+            if n:
+                self._pending[seq] = n
+            ready = self._advance()
+        for req in ready:
+            self._answer(*req)
+
+    def _marked(self, seq: int) -> None:
+        """On a stream's thread: it ran its part of batch ``seq``."""
+        with self._cond:
+            left = self._pending[seq] - 1
+            if left:
+                self._pending[seq] = left
+            else:
+                del self._pending[seq]
+            ready = self._advance()
+        for req in ready:
+            self._answer(*req)
+
+    def _advance(self) -> list:
+        """(Holding ``_cond``.) Move ``done`` over the batches every stream has run; the
+        requests now due."""
+        ready: list = []
+        start = self.done
+        while self.done < self._main and self.done + 1 not in self._pending:
+            self.done += 1
+            ready.extend(self._waiting.pop(self.done, ()))
+        if self.done != start:
+            self._cond.notify_all()
+        return ready
 
     # ------------------------------------------------------------ handlers
 
     def _op(self, m: tuple) -> None:
-        if not self._selected:
-            return
         _, func, args, kwargs, out, deep = m
         env = self.env
         try:
@@ -229,14 +287,38 @@ class Executor:
     def _delete(self, m: tuple) -> None:
         env = self.env
         for ref in m[1]:
-            env.pop(ref, None)
+            v = env.pop(ref, None)
+            if type(v) is LazyBackward:
+                v.stop()
         if self._promised:
             self._promised.difference_update(m[1])
 
+    def _grads(self, m: tuple) -> None:
+        """A backward pass whose gradients ``GRAD`` asks for one at a time (``grad_generator``)."""
+        _, session, roots, wrt, grad_roots = m
+        try:
+            roots, wrt, grad_roots = self._resolve((roots, wrt, grad_roots))
+            self.env[session] = LazyBackward(roots, wrt, grad_roots)
+        except _PoisonedInput as p:
+            self.env[session] = p.poisoned
+        except Exception as e:
+            self.env[session] = self._poison(LazyBackward, e)
+
+    def _grad(self, m: tuple) -> None:
+        _, session, index, out = m
+        s = self.env.get(session)
+        if type(s) is not LazyBackward:
+            self.env[out] = s if type(s) is Poisoned else Poisoned(self.rank, "grad_generator", "its backward pass "
+                                                                   "was deleted before this gradient\n")
+            return
+        try:
+            self.env[out] = s.get(index)
+        except Exception as e:
+            self.env[out] = self._poison(torch.autograd.grad, e)
+
     def _promise(self, m: tuple) -> None:
-        if self._selected:
-            with self._cond:
-                self._promised.update(r for r in m[1] if r not in self.env)
+        with self._cond:
+            self._promised.update(r for r in m[1] if r not in self.env)
 
     def fulfill(self, out, value=None, error: BaseException | None = None, what: str = "an endpoint") -> None:
         """From an actor's thread: bind what its endpoint returned (or its error) to the refs
@@ -255,8 +337,6 @@ class Executor:
         self._selected = m[1] is None or self.rank in m[1]
 
     def _backward(self, m: tuple) -> None:
-        if not self._selected:
-            return
         _, loss, gradient, retain, binds = m
         grads = tuple(g for _p, g in binds)
         try:
@@ -270,8 +350,6 @@ class Executor:
             self._bind_poison(grads, self._poison(torch.Tensor.backward, e))
 
     def _set_attr(self, m: tuple) -> None:
-        if not self._selected:
-            return
         _, ref, name, value = m
         try:
             target, value = self._resolve((Ref(ref), value))
@@ -287,7 +365,7 @@ class Executor:
         try:
             if self._collectives is None:
                 self._collectives = _load_collectives()(self)
-            self._collectives.run(request)
+            self._collectives.run(request, current_stream())
         except Exception as e:
             self._bind_poison(getattr(request, "out", None), self._poison(type(self._collectives or self), e))
 
@@ -297,10 +375,12 @@ class Executor:
         """Answer ``fn(*args, **kwargs)`` (``fn`` None: ``args[0]``), refs resolved, once
         batch ``seq`` has run: ``reply`` gets the value (tensors detached, on the CPU) or a
         ``Poisoned``."""
-        if seq <= self.done:
-            self._answer(fn, args, kwargs, reply)
-        else:
-            self._waiting.setdefault(seq, []).append((fn, args, kwargs, reply))
+        if seq > self.done:
+            with self._cond:  # a stream's thread may move ``done`` meanwhile
+                if seq > self.done:
+                    self._waiting.setdefault(seq, []).append((fn, args, kwargs, reply))
+                    return
+        self._answer(fn, args, kwargs, reply)
 
     def answer(self, seq: int, fn, args, kwargs, not_yet):
         """``request`` answered now: the value, or ``not_yet`` if batch ``seq`` has not run."""
@@ -340,7 +420,7 @@ class Executor:
     def stats(self) -> dict:
         """Live refs on this rank, and the bytes their tensors hold."""
         n = nbytes = 0
-        for v in self.env.values():
+        for v in list(self.env.values()):  # streams' threads may bind meanwhile
             if isinstance(v, torch.Tensor):
                 n += 1
                 nbytes += v.numel() * v.element_size()
@@ -351,62 +431,6 @@ class Executor:
 _MISSING = object()
 _PROMISE_TIMEOUT_S = config.seconds("tensor_promise_timeout")
 _SHARD_TIMEOUT_S = config.seconds("tensor_shard_timeout")
-_PACK_MAX = 4096  # smaller tensors travel as bytes; larger ones as the runtime's zero-copy frames
-
-
-class _Packed:
-    """A small CPU tensor on its way to the controller, as its bytes."""
-
-    __slots__ = ("t",)
-
-    def __init__(self, t):
-        self.t = t
-
-    def __reduce__(self):
-        t = self.t.resolve_conj().resolve_neg().contiguous()
-        raw = t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return (unpack_tensor, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
-
-
-def current_stats() -> dict:
-    """On a rank, inside a request: the executor's ``stats()``."""
-    return _running[0].stats()
-
-
-def gradients(roots, wrt, grad_roots):
-    """On a rank (``grad_generator``): ``torch.autograd.grad``, zeros where an input is unused."""
-    grads = torch.autograd.grad(roots, wrt, grad_roots, allow_unused=True)
-    return tuple(torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt, strict=True))
-
-
-def coordinate(ranks: tuple, sizes: tuple, axis: int):
-    """On a rank, inside a batch: this rank's index along dim ``axis`` of the mesh whose
-    ranks (row-major) are ``ranks`` and dims ``sizes`` (``procs.rank_tensor(dim)``)."""
-    ex = _running[0]
-    flat = ranks.index(ex.rank)
-    for size in reversed(sizes[axis + 1:]):
-        flat //= size
-    return torch.tensor(flat % sizes[axis])
-
-
-def _to_controller(value):
-    """What a fetch sends back: tensors detached, on the CPU, and no bigger than they are
-    (a small view of a large tensor would pickle all of its storage)."""
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        nbytes = t.numel() * t.element_size()
-        if nbytes < _PACK_MAX and t.layout == torch.strided and not t.is_quantized:
-            return _Packed(t)
-        if t.untyped_storage().nbytes() > nbytes:
-            t = t.clone()
-        return t
-    if type(value) in _SEQ:
-        return type(value)(_to_controller(v) for v in value)
-    if type(value) is dict:
-        return {k: _to_controller(v) for k, v in value.items()}
-    return value
 
 
 def _load_collectives():

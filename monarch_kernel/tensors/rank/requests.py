@@ -40,18 +40,29 @@ class CollectiveRequests:
             raise KeyError(f"no tensor {ref} on rank {self.executor.rank} (it was deleted)")
         return value
 
-    def run(self, req: Collective) -> None:
+    def run(self, req: Collective, stream: str = "default") -> None:
+        """Carry out ``req`` on ``stream`` (each stream has process groups of its own)."""
         ex = self.executor
         if req.kind == "reduce":
             if ex.rank not in req.ranks:
                 return
             c = self._over(req.labels, req.sizes, req.ranks)
-            local = self._input(req.source)
-            dims = tuple(req.dims) or None
-            if req.out == req.source:
-                c.reduce_(local, dims, req.reduction, req.scatter)
+            local = ex.env.get(req.source)
+            failed = local if type(local) is Poisoned else None
+            if failed is not None and req.like is not None:
+                # Take part with zeros, saying so, so that the peers fail now (not after a timeout).
+                import torch
+
+                local = torch.zeros(req.like[0], dtype=req.like[1], device=req.like[2])
             else:
-                ex.env[req.out] = c.reduce(local, dims, req.reduction, req.scatter)
+                local = self._input(req.source)
+            dims = tuple(req.dims) or None
+            origin = None if failed is None else failed.rank
+            if req.out == req.source:
+                c.reduce_(local, dims, req.reduction, req.scatter, stream=stream, failed=origin)
+            else:
+                result = c.reduce(local, dims, req.reduction, req.scatter, stream=stream, failed=origin)
+                ex.env[req.out] = result if failed is None else failed
         elif req.kind == "to_mesh":
             pairs = list(zip(req.ranks, req.dest_ranks, strict=True))
             mine = req.ranks if ex.rank in req.ranks else req.dest_ranks
@@ -64,7 +75,7 @@ class CollectiveRequests:
                 import torch
 
                 like = torch.empty(req.like[0], dtype=req.like[1], device="meta")
-            got = c.transfer(local, pairs, like)
+            got = c.transfer(local, pairs, like, stream=stream)
             if ex.rank in req.dest_ranks:
                 ex.env[req.out] = got
         else:
