@@ -39,6 +39,11 @@ T = TypeVar("T")
 class ActorMesh(Shaped, Generic[T]):
     """Actors of class ``T``, one per rank (``ActorMesh[Trainer]`` in annotations)."""
 
+    def __class_getitem__(cls, _item):
+        """``ActorMesh[...]`` is the class itself at run time, as in Monarch (the parameter is
+        for type checkers), so it can be called, subclassed and compared."""
+        return cls
+
     def __init__(self, proc_ref: MeshRef, actor_id: str, name: str, class_name: str,
                  endpoints: tuple[str, ...], shape: Shape, proc_mesh=None, *, initialized=None, owner=None):
         self._proc_ref = proc_ref
