@@ -207,8 +207,8 @@ class ProcMesh(Shaped):
                 except (ProcessDied, MeshStopped, SendFailed):
                     continue  # a death or a stop has its own report (or is no failure)
                 except ActorError as e:
-                    rt.report_failure_to(owner, MeshFailure(mesh_name, r, str(e), remote=e.failure,
-                                                            actor=actor_path(owner, cls.__qualname__, actor_id, r, dims)))
+                    path = actor_path(owner, cls.__qualname__, actor_id, r, dims)
+                    rt.report_failure_to(owner, MeshFailure(mesh_name, r, str(e), remote=e.failure, actor=path))
 
         pending.completion.add_done_callback(constructed)
         if owner is not None:  # it stops when the actor that spawns it does

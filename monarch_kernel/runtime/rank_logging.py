@@ -24,7 +24,7 @@ class _ActorPrefix(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         if hasattr(record, "actor_prefix"):  # this handler says where itself, its own way
-            record = logging.makeLogRecord({**record.__dict__, "msg": record.actor_msg})
+            record = logging.makeLogRecord({**record.__dict__, "msg": record.__dict__["actor_msg"]})
         ctx = current_actor.get()
         if ctx is not None:
             name = actor_name(ctx.actor)
