@@ -366,8 +366,8 @@ def test_logging_option_is_a_coroutine_and_sets_the_forwarded_level(tmp_path):
         assert f"[actor=Worker 'workers' rank {rank}] WARNING some.library: library: default" in err, err
         assert f"[actor=Worker 'workers' rank {rank}] DEBUG Worker: debug: at-debug" in err, err
         # Monarch's prefix on what the actor's own handlers write, under the controller's label.
-        assert f"[rank {rank}] [actor=<root>.<Worker workers{{'gpus': {rank}/2}}>] through its own handler" \
-            in done.stdout, done.stdout
+        prefix = f"[rank {rank}] [actor=<root>.<test_monarch_names.Worker workers{{'gpus': {rank}/2}}>]"
+        assert f"{prefix} through its own handler" in done.stdout, done.stdout
     assert "debug: default" not in err
     assert "at-error" not in err and "not-streamed" not in err
 

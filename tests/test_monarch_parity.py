@@ -127,11 +127,11 @@ def test_an_init_that_raises_reaches_the_hook_at_once_once_per_rank(procs, fault
     wait_for(lambda: len(faults) >= 2, timeout=15)
     assert sorted(f.rank for f in faults) == [0, 1]
     report = next(f for f in faults if f.rank == 1).report()
-    assert report.startswith("The actor <root>.<Broken broken{'r': 1/2}> and all its descendants have failed:\n"
-                             "  Actor call broken.__init__ failed."), report
+    assert report.startswith("The actor <root>.<test_monarch_parity.Broken broken{'r': 1/2}> and all its "
+                             "descendants have failed:\n  Actor call broken.__init__ failed."), report
     assert "ValueError: no data loader on this rank" in report and 'in __init__' in report
     assert str(faults[0]).startswith(f"MeshFailure(mesh_name=parity, crashed_ranks=[{faults[0].rank}], "
-                                     "event=The actor <root>.<Broken broken")
+                                     "event=The actor <root>.<test_monarch_parity.Broken broken")
 
 
 def test_actor_error_names_the_mesh_as_the_user_did(procs):
@@ -158,8 +158,8 @@ def test_a_childs_broadcast_failure_reaches_the_parent_while_it_awaits(procs, fa
     parent = procs.slice(r=0).spawn("parent", Parent, procs.slice(r=1))
     failures = parent.break_child.call_one().get(timeout=30)
     assert len(failures) == 1 and "the child gave up" in failures[0]
-    assert "The actor <root>.<Parent parent{'r': 0/2}>.<Child child{'r': 1/2}> and all its descendants" \
-        in failures[0], failures[0]
+    assert ("The actor <root>.<test_monarch_parity.Parent parent{'r': 0/2}>.<test_monarch_parity.Child "
+            "child{'r': 1/2}> and all its descendants have failed:") in failures[0], failures[0]
     assert faults == []  # handled by the parent
 
 

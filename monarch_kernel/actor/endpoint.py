@@ -271,7 +271,8 @@ class Endpoint:
                     try:
                         part_value(part, actor, name)
                     except ActorError as e:
-                        path = actor_path(owner[0] if owner else None, actor, m._actor_id, rank, m._proc_ref.dims)
+                        cls = f"{m._class_module}.{actor}" if m._class_module else actor
+                        path = actor_path(owner[0] if owner else None, cls, m._actor_id, rank, m._proc_ref.dims)
                         report(MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure, actor=path))
                 elif part.status == Status.UNSENT:  # nobody waits for a broadcast: supervision hears
                     what = f"broadcast of {actor}.{name} never reached rank {rank}: {part.load()}"

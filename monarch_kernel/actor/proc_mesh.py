@@ -207,7 +207,7 @@ class ProcMesh(Shaped):
                 except (ProcessDied, MeshStopped, SendFailed):
                     continue  # a death or a stop has its own report (or is no failure)
                 except ActorError as e:
-                    path = actor_path(owner, cls.__qualname__, actor_id, r, dims)
+                    path = actor_path(owner, f"{cls.__module__}.{cls.__qualname__}", actor_id, r, dims)
                     rt.report_failure_to(owner, MeshFailure(mesh_name, r, str(e), remote=e.failure, actor=path))
 
         pending.completion.add_done_callback(constructed)
@@ -215,7 +215,7 @@ class ProcMesh(Shaped):
             rt.server.note_spawned(owner.actor, self._ref, actor_id, ranks)
         mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
                                     self, initialized=Future(pending.completion, check), owner=(owner,))
-        mesh._propagators = propagators(cls)
+        mesh._propagators, mesh._class_module = propagators(cls), cls.__module__
         return mesh
 
     def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:

@@ -91,15 +91,17 @@ def point_text(rank: int, dims) -> str:
 
 
 def actor_display(class_name: str, actor_id: str, rank: int, dims) -> str:
-    """One actor as Monarch names it in reports: ``<Class name{point}>``."""
+    """One actor as Monarch names it in reports: ``<module.Class name{point}>``."""
     what = f"{class_name} " if class_name else ""
     return f"<{what}{actor_name(actor_id)}{point_text(rank, dims)}>"
 
 
 def actor_path(parent: ActorContext | None, class_name: str, actor_id: str, rank: int, dims) -> str:
-    """Where an actor sits, as Monarch's reports say: ``<root>.<Parent p{...}>.<Child c{...}>``
+    """Where an actor sits, as Monarch's reports say: ``<root>.<mod.Parent p{...}>.<mod.Child c{...}>``
     (``parent``: the actor that spawned its mesh; None: the controller, ``<root>``)."""
     head = "<root>"
     if parent is not None:
-        head += "." + actor_display(type(parent.instance).__qualname__, parent.actor, parent.rank, parent.mesh.dims)
+        cls = type(parent.instance)
+        head += "." + actor_display(f"{cls.__module__}.{cls.__qualname__}", parent.actor, parent.rank,
+                                    parent.mesh.dims)
     return f"{head}.{actor_display(class_name, actor_id, rank, dims)}"

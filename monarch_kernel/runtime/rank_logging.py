@@ -5,7 +5,7 @@ Installed by the rank entry point, never at import.  It is logging's handler of 
 so a rank whose code configures logging itself (``basicConfig``, its own handlers) keeps
 exactly that configuration and never sees a record twice.  Once ``logging_option`` asks
 to stream (``prefix_records``), records made inside an actor also carry Monarch's
-``[actor=<root>.<Cls name{point}>]`` prefix, whichever handler writes them.
+``[actor=<root>.<mod.Cls name{point}>]`` prefix, whichever handler writes them.
 """
 
 from __future__ import annotations
@@ -66,14 +66,16 @@ _plain_factory = None
 
 
 def _prefixed_record(*args, **kwargs) -> logging.LogRecord:
-    """Monarch's actor prefix on a record made inside an actor: ``[actor=<root>.<Cls
+    """Monarch's actor prefix on a record made inside an actor: ``[actor=<root>.<mod.Cls
     name{point}>] message``, whichever handler writes it (the actor's own, to its stdout
     or a file); empty messages (torch's structured traces) are left as they are."""
     assert _plain_factory is not None
     record = _plain_factory(*args, **kwargs)
     ctx = current_actor.get() if _prefixing else None
     if ctx is not None:
-        prefix = f"[actor={actor_path(None, type(ctx.instance).__qualname__, ctx.actor, ctx.rank, ctx.mesh.dims)}] "
+        cls = type(ctx.instance)
+        where = actor_path(None, f"{cls.__module__}.{cls.__qualname__}", ctx.actor, ctx.rank, ctx.mesh.dims)
+        prefix = f"[actor={where}] "
         record.actor_prefix, record.actor_msg = prefix, record.msg
         if record.msg:
             record.msg = f"{prefix}{record.msg}"
