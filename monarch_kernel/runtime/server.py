@@ -153,7 +153,7 @@ class Server:
         def construct():
             token = None
             # While __init__ runs (it may never return) the IO thread reads the actor's inbox:
-            # calls queue behind __init__, and a stop is answered at once, as in Monarch.
+            # calls queue behind __init__, and a stop need not wait for it (``_stop_after_init``).
             assert slot.inbox is not None
             self.rt.receiver.watch(slot.inbox)
             try:
