@@ -146,7 +146,7 @@ class Parent(Actor):
         self.child_procs = None
 
     def __supervise__(self, failure):
-        self.seen.append(str(failure))
+        self.seen.append(failure.report())
         if self.handle == "raise":
             raise RuntimeError("supervisor broke")
         return self.handle == "handle"

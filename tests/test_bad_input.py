@@ -400,14 +400,16 @@ def test_init_raising_fails_spawn_with_remote_traceback(monkeypatch):
         with pytest.raises(ActorError) as later:
             bad.slice(gpus=0).echo.call_one(1).get(timeout=30)
         assert "KeyError: 'cannot start actor: no GPU'" in str(later.value) and later.value.method == "__init__"
-        wait_for(lambda: events, timeout=10)
-        assert len(events) == 1 and "cannot start actor: no GPU" in str(events[0])
+        wait_for(lambda: len(events) >= 2, timeout=10)
+        # One event per rank whose __init__ raised, as in Monarch.
+        assert sorted(e.rank for e in events) == [0, 1]
+        assert all("cannot start actor: no GPU" in str(e) for e in events)
         err = info.value
         assert isinstance(err.__cause__, KeyError)
         assert err.__cause__.args == ("cannot start actor: no GPU",)
         text = str(err)
         assert "raised on rank 0" in text and "KeyError: 'cannot start actor: no GPU'" in text
-        assert re.match(r"Actor call bad-\w+\.__init__ failed\.\n It raised on rank 0 \(pid \d+ on ", text)
+        assert re.match(r"Actor call bad\.__init__ failed\.\n It raised on rank 0 \(pid \d+ on ", text)
         assert "Traceback of where the remote call failed (most recent call last):" in text
         assert 'raise KeyError(f"cannot start actor: {reason}")  # the line the test looks for' in text
         assert re.search(r'File ".*_actors\.py", line \d+, in __init__', err.remote_traceback)
@@ -429,7 +431,7 @@ def test_endpoint_raising_value_error():
         assert err.rank == 2 and err.method == "fail_on"
         assert "raised on rank 2" in str(err) and "ValueError: bad value 5 on rank 2" in str(err)
         # Monarch's leading line and traceback heading, then where it happened.
-        assert re.match(r"Actor call echo-\w+\.fail_on failed\.\n It raised on rank 2 \(pid \d+ on ", str(err))
+        assert re.match(r"Actor call echo\.fail_on failed\.\n It raised on rank 2 \(pid \d+ on ", str(err))
         assert " Traceback of where the remote call failed (most recent call last):\n" in str(err)
         assert 'raise ValueError(f"bad value {value!r} on rank {bad_rank}")' in err.remote_traceback
         assert "in fail_on" in err.remote_traceback

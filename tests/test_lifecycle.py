@@ -466,7 +466,7 @@ def test_unhandled_child_failure_reaches_controller_hook(faults, handle):
         got = wait_for(lambda: [f for f in list(faults) if f.mesh == "child"], 30)
         assert len(got) == 1, got
         f = got[0]
-        text = str(f)
+        text = f.report()
         assert f.rank == 1 and f.death is not None and f.death.signal == 9
         assert text.startswith(f"rank 1 of mesh 'child' (pid {killed} on ")
         assert "killed by signal 9 (SIGKILL)" in text
@@ -487,7 +487,7 @@ def test_rank_death_with_no_call_in_flight_reaches_hook(faults):
         os.kill(pids[1], signal.SIGKILL)
         got = wait_for(lambda: [f for f in list(faults) if f.mesh == "lonely"], 30)
         assert len(got) == 1
-        assert str(got[0]).startswith(f"rank 1 of mesh 'lonely' (pid {pids[1]} on ")
+        assert got[0].report().startswith(f"rank 1 of mesh 'lonely' (pid {pids[1]} on ")
         assert m.slice(gpus=0).echo.call_one(1).get(timeout=20) == 1
     # Stopping the mesh is not a failure.
     assert [f for f in faults if f.mesh == "lonely"] == got

@@ -332,7 +332,9 @@ def test_getting_started_guide_runs_with_the_import_changed(tmp_path):
     assert "steps: ['trainer 0 stepped', 'trainer 1 stepped', 'trainer 2 stepped', 'trainer 3 stepped']" in out
     assert "dsteps: " + str(["Step with data <fake data 1> and input = None"] * 4) in out
     assert "It didn't say hello" in out
-    assert "[rank 0] Failure received: Actor call child-" in out  # the supervisor runs on rank 0
+    # The supervisor runs on rank 0; the report is worded as Monarch's, with the mesh path.
+    assert "[rank 0] Failure received: The actor <root>.<__main__.SupervisorActor supervisor{'gpus': 0/8}>." \
+        "<__main__.Errorful child{}> and all its descendants have failed:" in out, out
     assert "Mesh failure was not handled: True" in out
     assert "weights synced: True" in out
     assert "{gpus=4}, shape=[3, 4], dtype=torch.float32, device=cpu)" in out  # a distributed tensor's repr

@@ -106,6 +106,15 @@ class Worker(Actor):
         return dict(context().message_rank)
 
     @endpoint
+    def log_to_stdout(self, text: str) -> None:
+        out = logging.getLogger("to.stdout")
+        if not out.handlers:  # the actor's own handler, as Monarch's users add them
+            out.addHandler(logging.StreamHandler(sys.stdout))
+            out.propagate = False
+        out.warning(text)
+        sys.stdout.flush()
+
+    @endpoint
     def log(self, text: str) -> None:
         self.logger.info("own logger: %s", text)
         logging.getLogger("some.library").warning("library: %s", text)
@@ -176,8 +185,7 @@ def test_flatten_and_size_without_processes():
 
 
 def test_generic_meshes_and_logger():
-    assert ActorMesh[Worker].__origin__ is ActorMesh
-    assert ValueMesh[int].__origin__ is ValueMesh
+    assert ActorMesh[Worker] is ActorMesh and ValueMesh[int] is ValueMesh  # the class itself, as Monarch's
     w = Worker()
     assert isinstance(w.logger, logging.Logger) and w.logger.name == "Worker"
     assert w.logger.level == logging.DEBUG and w.logger is w.logger
@@ -342,6 +350,7 @@ def test_logging_option_is_a_coroutine_and_sets_the_forwarded_level(tmp_path):
         workers.log.call("not-streamed").get(timeout=20)
         asyncio.run(procs.logging_option(level=logging.DEBUG))
         workers.log.call("at-debug").get(timeout=20)
+        workers.log_to_stdout.call("through its own handler").get(timeout=20)
         try:
             asyncio.run(procs.logging_option(level=1000))
         except ValueError as e:
@@ -355,6 +364,9 @@ def test_logging_option_is_a_coroutine_and_sets_the_forwarded_level(tmp_path):
         assert f"[actor=Worker 'workers' rank {rank}] INFO Worker: own logger: default" in err, err
         assert f"[actor=Worker 'workers' rank {rank}] WARNING some.library: library: default" in err, err
         assert f"[actor=Worker 'workers' rank {rank}] DEBUG Worker: debug: at-debug" in err, err
+        # Monarch's prefix on what the actor's own handlers write, under the controller's label.
+        prefix = f"[rank {rank}] [actor=<root>.<test_monarch_names.Worker workers{{'gpus': {rank}/2}}>]"
+        assert f"{prefix} through its own handler" in done.stdout, done.stdout
     assert "debug: default" not in err
     assert "at-error" not in err and "not-streamed" not in err
 

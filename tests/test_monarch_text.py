@@ -1,6 +1,6 @@
 """Monarch's wording where its users print or match on it: the ``ActorError`` string, the
-``Point`` string and the ``Future()`` construction error.  Our content (rank, pid, host,
-traceback) is kept; only the framing is Monarch's."""
+``Point`` string, the ``Future()`` construction error and ``ValueMesh[int]``.  Our content
+(rank, pid, host, traceback) is kept; only the framing is Monarch's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from monarch_kernel import ActorError, Future
+from monarch_kernel import ActorError, ActorMesh, Future, ValueMesh
 from monarch_kernel.actor.shape import Extent, Point
 from monarch_kernel.runtime.failure import RemoteFailure
 
@@ -42,8 +42,9 @@ def test_actor_error_leads_with_monarchs_line_then_says_where():
 
 @pytest.mark.timeout(10)
 def test_future_is_built_as_monarchs_is():
+    # Before: "Future.__init__() missing 1 required keyword-only argument: 'coro'".
     with pytest.raises(TypeError, match=re.escape(
-            "Future.__init__() missing 1 required keyword-only argument: 'coro'")):
+            "Future objects are returned by Monarch operations and cannot be constructed directly")):
         Future()
     with pytest.raises(TypeError, match=re.escape(
             "Future.__init__() takes 1 positional argument but 2 were given")):
@@ -65,3 +66,9 @@ def test_future_is_built_as_monarchs_is():
 
     with pytest.raises(KeyError):
         Future(coro=fails()).get(timeout=5)
+
+
+@pytest.mark.timeout(10)
+def test_generic_meshes_are_the_class_itself_at_run_time():
+    # Before: typing's _GenericAlias, which isinstance() and some Monarch code refuse.
+    assert ValueMesh[int] is ValueMesh and ActorMesh["Trainer"] is ActorMesh

@@ -39,6 +39,11 @@ T = TypeVar("T")
 class ActorMesh(Shaped, Generic[T]):
     """Actors of class ``T``, one per rank (``ActorMesh[Trainer]`` in annotations)."""
 
+    def __class_getitem__(cls, _item):
+        """``ActorMesh[...]`` is the class itself at run time, as in Monarch (the parameter is
+        for type checkers), so it can be called, subclassed and compared."""
+        return cls
+
     def __init__(self, proc_ref: MeshRef, actor_id: str, name: str, class_name: str,
                  endpoints: tuple[str, ...], shape: Shape, proc_mesh=None, *, initialized=None, owner=None):
         self._proc_ref = proc_ref
@@ -52,6 +57,7 @@ class ActorMesh(Shaped, Generic[T]):
         self._owner = owner  # (ActorContext or None,) of its spawner, in the process that spawned it
         self._call_info: CallInfo | None = None  # the CallInfo of this slice, once an endpoint has made it
         self._propagators: dict | None = None  # endpoint -> propagate=, where the class is known (rref)
+        self._class_module = ""  # the class's module, where known: failure reports name it as Monarch's do
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):
@@ -98,7 +104,7 @@ class ActorMesh(Shaped, Generic[T]):
         # A view's failures go where its parent's go.
         m: ActorMesh[T] = ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name, self._endpoints,
                                     shape, self._proc_mesh, initialized=self._initialized, owner=self._owner)
-        m._propagators = self._propagators
+        m._propagators, m._class_module = self._propagators, self._class_module
         return m
 
     def stop(self):
@@ -143,7 +149,7 @@ class ActorMesh(Shaped, Generic[T]):
 
     def __reduce__(self):
         return (ActorMesh, (self._proc_ref, self._actor_id, self._name, self._class_name,
-                            self._endpoints, self._shape))
+                            self._endpoints, self._shape), {"_class_module": self._class_module})
 
     def __repr__(self) -> str:
         return f"ActorMesh<{self._class_name} '{self._name}' {self.extent!r}>"

@@ -19,6 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.completion import Completion
+from ..runtime.context import actor_path
 from ..runtime.envelope import Mode, Part, Status
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.payloads import CallInfo
@@ -30,7 +31,7 @@ from .value_mesh import ValueMesh
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
-from ..runtime.actors import CONCURRENT_MARK, ENDPOINT_MARK, in_actor_event_loop
+from ..runtime.actors import CONCURRENT_MARK, ENDPOINT_MARK
 
 RREF_METHOD = "__monarch_rref__"  # the Actor endpoint that runs another for ``rref`` (never listed)
 
@@ -264,18 +265,19 @@ class Endpoint:
             else:
                 rt.report_failure(mesh_id, failure)
 
-        def check(c):
+        def check(c):  # one event per actor that failed (each of them stopped), as in Monarch
             for rank, part in c.result().items():
                 if part.status == Status.RAISED:
                     try:
                         part_value(part, actor, name)
                     except ActorError as e:
-                        report(MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure))
-                    return
-                if part.status == Status.UNSENT:  # nobody waits for a broadcast: supervision hears
+                        cls = f"{m._class_module}.{actor}" if m._class_module else actor
+                        path = actor_path(owner[0] if owner else None, cls, m._actor_id, rank, m._proc_ref.dims)
+                        report(MeshFailure(m._proc_ref.name, rank, str(e), remote=e.failure, actor=path))
+                elif part.status == Status.UNSENT:  # nobody waits for a broadcast: supervision hears
                     what = f"broadcast of {actor}.{name} never reached rank {rank}: {part.load()}"
                     report(MeshFailure(m._proc_ref.name, rank, what))
-                    return
+                    return  # the first unreachable rank says it for the rest
 
         pending.completion.add_done_callback(check)
 
@@ -291,8 +293,8 @@ class Endpoint:
 
     def stream(self, *args, **kwargs) -> Stream:
         """Run on every rank; one Future per rank, in the order they answer.  Iterate it
-        (``for fut in ...``) in plain code, or ``async for fut in ...`` in async code (an
-        async endpoint or cell), which never blocks the event loop."""
+        (``for fut in ...``) anywhere, an async endpoint included (that actor waits, as in
+        Monarch), or ``async for fut in ...`` in async code, which never blocks its loop."""
         shape = self._mesh._shape
         stream = Stream(len(shape), self._mesh._class_name, self._name)
         self._send(args, kwargs, shape.ranks, mode=Mode.DIRECT, on_part=stream.arrived, slice_info=self._slice_info())
@@ -324,9 +326,11 @@ class Stream:
         return self
 
     def __next__(self) -> Future:
+        # Inside an async endpoint this blocks that actor's own worker, as in Monarch (it takes
+        # one message at a time anyway); the answers arrive on the IO thread, which never waits.
         rt = Runtime.existing()
-        if rt is not None and (rt.io.is_current() or in_actor_event_loop()):
-            raise RuntimeError("iterating a stream() inside an async endpoint would block the event loop: "
+        if rt is not None and rt.io.is_current():
+            raise RuntimeError("iterating a stream() on the IO thread would block it: "
                                "use `async for fut in ....stream(...)` instead")
         slot = self._take()
         while not slot.wait(0.1):  # in slices, so that an interrupt gets in

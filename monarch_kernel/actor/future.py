@@ -20,6 +20,8 @@ from ..runtime.process import Runtime
 
 R = TypeVar("R")
 _UNSET = object()
+FUTURE_NOT_BUILT = ("Future objects are returned by Monarch operations and cannot be constructed directly "
+                    "(to wrap a coroutine: Future(coro=some_coroutine()))")
 
 
 def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Completion:
@@ -44,11 +46,12 @@ class Future(Generic[R]):
     def __init__(self, completion: Completion | None = None,
                  transform: Callable[[Any], R] | None = None, inbox=None, *,
                  coro: Coroutine[Any, Any, R] | None = None):
-        # Users build one as Monarch's users do, ``Future(coro=some_coroutine())``, and a
-        # wrong construction fails with the TypeError Python gives for Monarch's signature.
+        # Monarch's Futures come only from its operations, and ``Future()`` says so in
+        # Monarch's words; ``Future(coro=some_coroutine())`` is this project's one way to
+        # build one from a coroutine.
         if completion is None:
             if coro is None:
-                raise TypeError("Future.__init__() missing 1 required keyword-only argument: 'coro'")
+                raise TypeError(FUTURE_NOT_BUILT)
             completion = _run_coroutine(coro)
         elif not isinstance(completion, Completion) or coro is not None:
             raise TypeError("Future.__init__() takes 1 positional argument but 2 were given "

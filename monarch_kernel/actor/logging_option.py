@@ -25,6 +25,7 @@ class LogControl(Actor):
     @endpoint
     def set_level(self, level: int | None) -> None:
         rank_logging.set_level(level)
+        rank_logging.prefix_records(level is not None)  # Monarch's [actor=...] on the actors' records
 
 
 _controls: weakref.WeakKeyDictionary[ProcMesh, ActorMesh] = weakref.WeakKeyDictionary()

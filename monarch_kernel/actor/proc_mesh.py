@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import sys
 from typing import NamedTuple
 
-from ..runtime.context import current_actor
+from ..runtime.context import actor_path, current_actor, new_actor_id
 from ..runtime.envelope import Kind
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
 from ..runtime.payloads import SpawnInfo
@@ -189,32 +188,34 @@ class ProcMesh(Shaped):
         if not isinstance(cls, type):
             raise TypeError(f"spawn takes an Actor class, not {type(cls).__name__}")
         refuse_mixed_endpoints(cls)
-        actor_id = f"{name}-{secrets.token_hex(3)}"
+        actor_id = new_actor_id(name)
         body = _spawn_body(cls, args, kwargs)
         rt = Runtime.current()
         owner = current_actor.get()  # failures of this actor mesh go to whoever spawns it
         pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN,
                           options=_spawn_options(cls), callbacks=True)
-        ranks, mesh_name = list(self._shape.ranks), self.name
+        ranks, mesh_name, dims = list(self._shape.ranks), self.name, self._ref.dims
 
         def check(parts):
             for r in ranks:
                 part_value(parts[r], name, "__init__")
 
         def constructed(done) -> None:  # on the IO thread, once every rank answered
-            for r in ranks:
+            for r in ranks:  # one event per rank whose __init__ raised, as in Monarch
                 try:
                     part_value(done.result()[r], name, "__init__")
                 except (ProcessDied, MeshStopped, SendFailed):
                     continue  # a death or a stop has its own report (or is no failure)
                 except ActorError as e:
-                    rt.report_failure_to(owner, MeshFailure(mesh_name, r, str(e), remote=e.failure))
-                    return  # one event per failed spawn, as for a broadcast
+                    path = actor_path(owner, f"{cls.__module__}.{cls.__qualname__}", actor_id, r, dims)
+                    rt.report_failure_to(owner, MeshFailure(mesh_name, r, str(e), remote=e.failure, actor=path))
 
         pending.completion.add_done_callback(constructed)
+        if owner is not None:  # it stops when the actor that spawns it does
+            rt.server.note_spawned(owner.actor, self._ref, actor_id, ranks)
         mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
                                     self, initialized=Future(pending.completion, check), owner=(owner,))
-        mesh._propagators = propagators(cls)
+        mesh._propagators, mesh._class_module = propagators(cls), cls.__module__
         return mesh
 
     def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:

@@ -20,6 +20,11 @@ R = TypeVar("R")
 class ValueMesh(Shaped, Generic[R]):
     __slots__ = ("_shape", "_values")
 
+    def __class_getitem__(cls, _item):
+        """``ValueMesh[...]`` is the class itself at run time, as in Monarch (the parameter is
+        for type checkers), so it can be called, subclassed and compared."""
+        return cls
+
     def __init__(self, shape: Shape, values: list):
         if len(values) != len(shape):
             raise ValueError(f"{len(values)} values for a mesh of {len(shape)} points")

@@ -9,6 +9,7 @@ on it that make progress whenever the worker waits.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import inspect
@@ -21,6 +22,7 @@ from typing import Any
 import zmq
 from zmq.backend import zmq_poll
 
+from . import config
 from .completion import Completion
 from .context import ActorContext, MeshRef, current_actor
 from .inbox import Inbox, actor_address
@@ -31,6 +33,7 @@ POLLIN = int(zmq.POLLIN)
 ENDPOINT_MARK = "__monarch_endpoint__"
 CONCURRENT_MARK = "__monarch_concurrent__"
 STOP_METHOD = "__monarch_stop__"  # the message ActorMesh.stop() sends; never an endpoint's name
+CLEANUP_BUDGET_S = config.seconds("cleanup_budget")  # for what a stopping actor spawned
 _in_loop = threading.local()  # .loop: the actor loop this thread is running now, if any
 
 
@@ -52,7 +55,9 @@ class ActorSlot:
         os.set_blocking(self._wake_w, False)
         self.instance = None
         self.constructed = Completion()  # result: None, or the failure raised by __init__
+        self.init_started: float | None = None  # when __init__ itself began (its class loaded)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._soon: collections.deque = collections.deque()  # submit_soon's, run by whichever path first
         self._thread: threading.Thread | None = None
         self._ident: int | None = None  # the worker's thread id, once it runs
         self._kinds: dict[str, bool] = {}
@@ -83,6 +88,27 @@ class ActorSlot:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
             pass  # already signalled, or stopping
+
+    def submit_soon(self, fn) -> None:
+        """Run ``fn`` on the worker soon: between messages, or while a running async
+        endpoint awaits (on its loop), so that supervision never waits for the endpoint
+        that may be waiting for it.  ``fn`` finds the loop running in the second case."""
+        self._soon.append(fn)
+        loop = self.loop
+        if self.deferring and loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._run_soon)
+            except RuntimeError:
+                pass  # its loop is closed: the actor stopped, the queue still runs it
+        self.submit(self._run_soon)
+
+    def _run_soon(self) -> None:
+        while self._soon:
+            try:
+                fn = self._soon.popleft()
+            except IndexError:
+                return  # the other path took it
+            fn()
 
     def is_current(self) -> bool:
         return threading.get_ident() == self._ident
@@ -179,7 +205,8 @@ class ActorSlot:
             if self._tasks:
                 if inbox.ready():
                     with inbox.lease:
-                        read(inbox, 64, inline=True)
+                        if work.empty():
+                            read(inbox, 64, inline=True)
                     continue
                 self._wait_for_work(watch)
                 continue
@@ -193,7 +220,10 @@ class ActorSlot:
                     pass
             if ready[0][0] is inbox.sock:
                 with inbox.lease:
-                    read(inbox, 1, inline=True)
+                    # While __init__ ran the IO thread read this inbox too (``construct``): what
+                    # it read is queued, and goes first.
+                    if work.empty():
+                        read(inbox, 1, inline=True)
 
     def _close(self) -> None:
         """The actor stopped: its concurrent tasks are cancelled, then its loop closed."""
@@ -212,7 +242,8 @@ class ActorSlot:
 
     def halt(self, exc: BaseException | None) -> None:
         """On the worker: the actor stops, as Monarch's does.  Its concurrent endpoints are
-        cancelled (their callers hear of it), then ``__cleanup__(exc)`` runs, sync or async;
+        cancelled (their callers hear of it), the meshes it spawned are stopped
+        (``Server.stop_spawned``), then ``__cleanup__(exc)`` runs, sync or async;
         what it raises is reported on stderr, never raised.  Then the instance is let go of,
         so the actor's own finalizers can run.  Once only."""
         if self.halted:
@@ -224,6 +255,8 @@ class ActorSlot:
             t.cancel()
         if tasks and loop is not None and not loop.is_running():
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        # What it spawned stops with it (the calls its __cleanup__ makes to others still go).
+        self.runtime.server.stop_spawned(self.actor_id, CLEANUP_BUDGET_S)
         obj, self.instance = self.instance, None
         fn = getattr(obj, "__cleanup__", None) if obj is not None else None
         if fn is None:

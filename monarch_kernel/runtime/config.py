@@ -153,6 +153,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("stop_grace", 2.0, "runtime/launcher.py", "how long stopped ranks have to exit before they are killed"),
     _s("cleanup_budget", 1.0, "runtime/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),
+    _s("stop_init_grace", 2.0, "runtime/server.py", "how long `ActorMesh.stop()` waits for a running `__init__` "
+       "to return (then `__cleanup__` runs) before it stops the actor without it"),
     _s("inbox_lease_recheck", 0.05, "runtime/receiver.py", "how often a thread waiting on an inbox that "
        "another thread reads checks whether it may read it"),
     # The kernel.

@@ -62,3 +62,46 @@ process_mesh: list = [None, 0]  # [MeshRef | None, rank]
 current_actor: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(
     "monarch_kernel_actor", default=None
 )
+
+
+def new_actor_id(name: str) -> str:
+    """A unique id for an actor mesh the user named ``name`` (``trainers`` ->
+    ``trainers-1a2b3c``); ``actor_name`` gives the name back."""
+    import secrets
+
+    return f"{name}-{secrets.token_hex(3)}"
+
+
+def actor_name(actor_id: str) -> str:
+    """The name the user gave an actor mesh: its id without the suffix ``new_actor_id``
+    added (ids made otherwise, ``"bootstrap"`` say, are their own name)."""
+    name, sep, suffix = actor_id.rpartition("-")
+    if sep and len(suffix) == 6 and all(c in "0123456789abcdef" for c in suffix):
+        return name
+    return actor_id
+
+
+def point_text(rank: int, dims) -> str:
+    """Rank ``rank`` of ``dims`` as Monarch prints a point: ``{'hosts': 1/2, 'gpus': 1/4}``."""
+    coords = []
+    for label, size in reversed(tuple(dims)):
+        coords.append(f"{label!r}: {rank % size}/{size}")
+        rank //= size
+    return "{" + ", ".join(reversed(coords)) + "}"
+
+
+def actor_display(class_name: str, actor_id: str, rank: int, dims) -> str:
+    """One actor as Monarch names it in reports: ``<module.Class name{point}>``."""
+    what = f"{class_name} " if class_name else ""
+    return f"<{what}{actor_name(actor_id)}{point_text(rank, dims)}>"
+
+
+def actor_path(parent: ActorContext | None, class_name: str, actor_id: str, rank: int, dims) -> str:
+    """Where an actor sits, as Monarch's reports say: ``<root>.<mod.Parent p{...}>.<mod.Child c{...}>``
+    (``parent``: the actor that spawned its mesh; None: the controller, ``<root>``)."""
+    head = "<root>"
+    if parent is not None:
+        cls = type(parent.instance)
+        head += "." + actor_display(f"{cls.__module__}.{cls.__qualname__}", parent.actor, parent.rank,
+                                    parent.mesh.dims)
+    return f"{head}.{actor_display(class_name, actor_id, rank, dims)}"

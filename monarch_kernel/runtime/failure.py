@@ -99,17 +99,22 @@ class MeshFailure:
     death: DeathInfo | None = None
     remote: RemoteFailure | None = None
     chain: list[str] = field(default_factory=list)  # supervisors that did not handle it
+    actor: str = ""  # the failed actor's path, ``<root>.<mod.Cls name{point}>``, when an actor failed
 
     def report(self) -> str:
         """What failed, where and why, with the supervisors that passed it on (a method,
-        as in Monarch)."""
+        as in Monarch, and worded as Monarch's when an actor failed)."""
         s = self.text
+        if self.actor:
+            body = "\n".join("  " + line if line else line for line in s.splitlines())
+            s = f"The actor {self.actor} and all its descendants have failed:\n{body}"
         for c in self.chain:
             s += f"\n  (not handled by {c})"
         return s
 
     def __str__(self) -> str:
-        return self.report()
+        # Monarch's form, which its users print and match on; the report is its event.
+        return f"MeshFailure(mesh_name={self.mesh}, crashed_ranks=[{self.rank}], event={self.report()})"
 
 
 # ---------------------------------------------------------------- exceptions users catch

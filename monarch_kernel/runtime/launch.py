@@ -25,6 +25,9 @@ class LaunchConfig:
     ...                    job_ports={"controllers": ("ipc:///r/c", 3)})
     >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
     True
+    >>> cfg = LaunchConfig(b"k" * 32, "/r", "ipc:///r/c", 0, ref, (), "/", {}, 8, python="/venv/bin/python")
+    >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
+    True
     >>> cfg = LaunchConfig(b"k" * 32, "/r", "tcp://10.0.0.2:5000", 0, ref, (), "/", {}, 8,
     ...                    curve=CurveKeys(b"a" * 40, b"b" * 40, b"c" * 40, b"d" * 40), address="tcp://10.0.0.3:6000")
     >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
@@ -45,6 +48,7 @@ class LaunchConfig:
     job_ports: dict = field(default_factory=dict)  # name -> (address, port id), job-wide ports
     curve: CurveKeys | None = None  # the job's Curve keys: for TCP links (ranks on other hosts)
     address: str | None = None  # where the rank's inbox listens, when not ipc under rundir (TCP)
+    python: str | None = None  # the interpreter the spawner asked for; the rank's own procs start with it
 
     def to_wire(self) -> dict:
         """A msgpack-friendly dict (``key`` stays bytes: msgpack carries it, JSON would not)."""
@@ -55,6 +59,7 @@ class LaunchConfig:
             "cleanup_dirs": list(self.cleanup_dirs), "bootstrap": self.bootstrap,
             "job_ports": {k: list(v) for k, v in self.job_ports.items()},
             "curve": self.curve.to_wire() if self.curve is not None else None, "address": self.address,
+            "python": self.python,
         }
 
     @classmethod
@@ -66,4 +71,5 @@ class LaunchConfig:
             cleanup_dirs=tuple(d.get("cleanup_dirs") or ()), bootstrap=d.get("bootstrap"),
             job_ports={k: tuple(v) for k, v in (d.get("job_ports") or {}).items()},
             curve=CurveKeys.from_wire(d["curve"]) if d.get("curve") else None, address=d.get("address"),
+            python=d.get("python"),
         )

@@ -45,6 +45,9 @@ class Launcher:
         self.links: dict[str, AgentLink] = {}  # agents of this process's hosts, by link id
         self._beating = False
         self._count = 0  # templates started
+        # The interpreter procs start with unless the spawn names one: in a rank, its own
+        # spawner's (``HostMesh.with_python_executable``), so that its procs start through it too.
+        self.python: str | None = None
         # Ranks one template may hold: 3 pipes each, within the open-files limit it will have.
         self.per_template = max(16, (raise_nofile_limit() - 100) // 3)
 
@@ -58,7 +61,7 @@ class Launcher:
     def spawn(self, name: str, dims: tuple, env: dict | None = None, *, bootstrap: bytes | None = None,
               python: str | None = None, hosts: list | None = None) -> OwnedMesh:
         """Launch a mesh's ranks; ``bootstrap`` (pickled) runs on each before it says hello,
-        ``python`` is the interpreter they run (default: this one).  ``hosts``: AgentLinks
+        ``python`` is the interpreter they run (default: ``self.python``, else this one's).  ``hosts``: AgentLinks
         (``add_host``) the ranks are spread over, in order, the same number on each; without
         them every rank is forked here."""
         rt = self.rt
@@ -77,7 +80,7 @@ class Launcher:
             addresses = tuple(f"ipc://{rt.rundir}/{mesh_id}.{r}" for r in range(n))
             ref = MeshRef(mesh_id, name, dims, addresses, rt.address, (rt.host,) * n)
         om = OwnedMesh(ref, current_actor.get())
-        om.bootstrap, om.python, om.links = bootstrap, python or sys.executable, links
+        om.bootstrap, om.python, om.links = bootstrap, python or self.python or sys.executable, links
         rt.meshes[mesh_id] = om
         if n == 0:
             om.ready.set_result(True)
@@ -145,6 +148,7 @@ class Launcher:
                 bootstrap=om.bootstrap, curve=rt.network.curve,
                 job_ports=rt.network.job_ports_for(rt.job_ports, rt.address, ref.owner),
                 address=ref.addresses[r] if remote else None,
+                python=om.python if om.python != sys.executable and not remote else None,
             )
             source, forker = self._forker(om, r)  # an interpreter that will not start raises here, to the spawner
             om.sources[r] = source

@@ -61,6 +61,7 @@ def run_rank(cfg: LaunchConfig, template_pid: int, control: int) -> None:
     rt = Runtime(cfg.key, cfg.rundir, f"{ref.id}.{rank}", io, owner=cfg.owner, address=cfg.address,
                  curve=cfg.curve)
     rt.main_thread = main
+    rt.launcher.python = cfg.python  # procs this rank spawns start through the same interpreter
     rt.caller.fanout = cfg.fanout
     Runtime._current = rt
     rt.memberships[ref.id] = (ref, rank)

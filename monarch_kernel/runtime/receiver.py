@@ -71,6 +71,14 @@ class Receiver:
 
         self.io.call_soon(register)
 
+    def unwatch(self, inbox: Inbox) -> None:
+        """The IO thread stops reading ``inbox`` (``watch`` undone); any thread may ask."""
+        if not inbox.watched:
+            return
+        inbox.watched = False
+        fd = inbox.sock.getsockopt(zmq.FD)
+        self.io.call_soon(self.io.loop.remove_reader, fd)
+
     def drain(self, inbox: Inbox) -> None:
         """On the IO thread: read what waits in ``inbox``, unless another thread holds it."""
         inbox.missed = True

@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import threading
+import time
 from typing import TYPE_CHECKING
 
+from . import config
 from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
-from .context import ActorContext, MeshRef, current_actor
+from .context import ActorContext, MeshRef, actor_name, current_actor
 from .envelope import Header, Kind, Mode, Part, Status, load
 from .failure import DeathInfo, MeshFailure, RemoteFailure, SendFailed
 from .payloads import ReplyInfo
@@ -24,12 +27,16 @@ from .tree import NodeState, NodeTable, split
 if TYPE_CHECKING:
     from .process import Runtime
 
+STOP_INIT_GRACE_S = config.seconds("stop_init_grace")
+
 
 class Server:
     def __init__(self, rt: Runtime):
         self.rt = rt
         self.actors: dict[str, ActorSlot] = {}
         self.nodes = NodeTable()
+        # actor id -> the actor meshes it spawned: (proc mesh, actor id, ranks); they stop with it
+        self.spawned: dict[str, list[tuple[MeshRef, str, list[int]]]] = {}
 
     # ------------------------------------------------------------ messages
 
@@ -119,7 +126,9 @@ class Server:
 
     @staticmethod
     def failure_part(me: int, actor: str, method: str, exc: BaseException) -> Part:
-        return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, actor, method, exc)))
+        """``exc`` as the answer of ``actor`` (its id); the failure names the actor mesh as
+        the user named it, as Monarch's ``ActorError`` does."""
+        return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, actor_name(actor), method, exc)))
 
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
@@ -143,10 +152,15 @@ class Server:
 
         def construct():
             token = None
+            # While __init__ runs (it may never return) the IO thread reads the actor's inbox:
+            # calls queue behind __init__, and a stop need not wait for it (``_stop_after_init``).
+            assert slot.inbox is not None
+            self.rt.receiver.watch(slot.inbox)
             try:
                 cls, args, kwargs = load(body)
                 obj = cls.__new__(cls)
                 slot.instance = obj
+                slot.init_started = time.monotonic()
                 token = current_actor.set(ActorContext(mesh, me, h.actor, obj, me, mesh.dims))
                 obj.__init__(*args, **kwargs)
                 part = Part(me, Status.OK, dumps(None))
@@ -157,7 +171,9 @@ class Server:
             finally:
                 if token is not None:
                     current_actor.reset(token)
-            slot.constructed.set_result(part.status == Status.OK)
+            with slot.inbox.lease:  # the IO thread is not inside a read: what it read is queued
+                self.rt.receiver.unwatch(slot.inbox)
+                slot.constructed.set_result(part.status == Status.OK)
             self.complete(h, me, part)
 
         slot.submit(construct)
@@ -187,6 +203,12 @@ class Server:
             self.complete(h, me, Part(me, Status.OK, dumps(None)))  # nothing here to stop
             return
         if slot is not None and not slot.constructed.done():
+            if h.method == STOP_METHOD:  # its __init__ still runs (it may never return)
+                self._stop_after_init(slot, h, body, mesh, me)
+                return
+            if slot.failure is not None:  # stopped while __init__ ran: say so now
+                self.complete(h, me, Part(me, slot.failure.status, slot.failure.frames))
+                return
             slot.constructed.add_done_callback(lambda _c: slot.submit(lambda: self._run_endpoint(h, body, mesh, me)))
             return
         if slot is not None and h.method == STOP_METHOD:
@@ -242,6 +264,37 @@ class Server:
         else:
             slot.submit(go)
 
+    def _stop_after_init(self, slot: ActorSlot, h: Header, body: list, mesh: MeshRef, me: int) -> None:
+        """ActorMesh.stop() while ``__init__`` runs: the usual stop once it returns (then
+        ``__cleanup__`` runs), unless it runs ``stop_init_grace`` longer: then at once."""
+        first = threading.Lock()  # whichever comes first, once
+
+        def constructed(_c) -> None:
+            if first.acquire(blocking=False):
+                slot.submit(lambda: self._run_endpoint(h, body, mesh, me))
+
+        def late() -> None:  # on the IO thread; the grace counts from __init__'s start
+            started = slot.init_started
+            left = STOP_INIT_GRACE_S - (time.monotonic() - started) if started is not None else STOP_INIT_GRACE_S
+            if left > 0:  # (its class and arguments may still be loading: their imports)
+                self.rt.io.loop.call_later(left, late)
+            elif first.acquire(blocking=False):
+                self._stop_unconstructed(slot, h, mesh, me)
+
+        slot.constructed.add_done_callback(constructed)
+        self.rt.io.call_soon(self.rt.io.loop.call_later, STOP_INIT_GRACE_S, late)
+
+    def _stop_unconstructed(self, slot: ActorSlot, h: Header, mesh: MeshRef, me: int) -> None:
+        """ActorMesh.stop() while ``__init__`` runs: the actor is stopped at once (every call
+        fails saying so, and the stop returns, as in Monarch); its worker is left to finish
+        ``__init__``, if it ever does, and then refuses what was queued behind it."""
+        if slot.failure is None:
+            err = RuntimeError(f"Actor '{actor_name(slot.actor_id)}' on rank {me} of mesh '{mesh.name}' is stopped: "
+                               f"ActorMesh.stop() stopped it before its __init__ returned. Spawn it again to call it.")
+            slot.failure = self.failure_part(me, h.actor, "", err)
+        slot.halted = True  # no __cleanup__: there is no constructed instance to clean up
+        self.complete(h, me, Part(me, Status.OK, dumps(None)))
+
     def abort_actor(self, actor_id: str, reason: str) -> None:
         """``context().actor_instance.abort(reason)``: the actor fails with ``reason``, as in
         Monarch; later calls fail with it, its concurrent endpoints are cancelled and its
@@ -259,6 +312,34 @@ class Server:
         text = (f"actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' (host {self.rt.host}) aborted: "
                 f"{reason}")
         self.rt.report_failure(mesh.id, MeshFailure(mesh.name, me, text, remote=slot.failure.load()))
+
+    def note_spawned(self, owner: str, ref: MeshRef, actor_id: str, ranks: list[int]) -> None:
+        """Actor ``owner`` (hosted here) spawned actor mesh ``actor_id`` on ``ranks`` of
+        ``ref``: it stops when ``owner`` does (``stop_spawned``)."""
+        if owner in self.actors:
+            self.spawned.setdefault(owner, []).append((ref, actor_id, list(ranks)))
+
+    def stop_spawned(self, owner: str, timeout: float) -> None:
+        """On ``owner``'s worker, as it stops: the actor meshes it spawned stop too (their
+        ``__cleanup__`` runs, and so on down), and so do the proc meshes it spawned, as in
+        Monarch.  Waits at most ``timeout`` s for them; the stops go on regardless."""
+        rt = self.rt
+        waits = []
+        for ref, child, ranks in self.spawned.pop(owner, ()):
+            live = [r for r in ranks if rt.death(ref.id, r) is None]
+            if not live:
+                continue
+            try:
+                pending = rt.call(ref, child, STOP_METHOD, live, dumps(((), {})))
+            except SendFailed:
+                continue  # its ranks are gone: nothing left to stop
+            waits.append((pending.completion, pending.inbox))
+        for om in list(rt.meshes.values()):
+            if om.owner_actor is not None and om.owner_actor.actor == owner and not om.stopping:
+                waits.append((rt.launcher.stop(om), None))
+        deadline = time.monotonic() + timeout
+        for completion, inbox in waits:
+            rt.wait(completion, max(0.0, deadline - time.monotonic()), inbox)
 
     def actor_instance(self, actor_id: str):
         """The object behind an actor hosted in this process (None if there is none)."""

@@ -70,8 +70,9 @@ class SupervisionPolicy:
 
     def supervise_by(self, owner, failure: MeshFailure) -> None:
         """Offer the failure to ``owner`` (the ActorContext that spawned the failed mesh;
-        None: this process itself), else pass it up.  A sync ``__supervise__`` runs in turn
-        with the actor's messages, an async one on the actor's own loop."""
+        None: this process itself), else pass it up.  ``__supervise__`` runs on the actor's
+        worker between its messages, or while its running async endpoint awaits (which may
+        be waiting for this very failure, as in Monarch); an async one on the actor's loop."""
         handler = getattr(owner.instance, "__supervise__", None) if owner is not None else None
         if handler is None:
             self._propagate(failure, owner)
@@ -92,8 +93,14 @@ class SupervisionPolicy:
                 except Exception as e:
                     decided(False, e)
 
-            if slot is not None:  # on the actor's own loop, in turn with its messages
-                slot.submit(lambda: slot.run(run()))
+            if slot is not None:  # on the actor's own loop, between messages or in an await
+                def go() -> None:
+                    if slot.loop is not None and slot.loop.is_running():
+                        slot.spawn(run())  # a running endpoint awaits: alongside it
+                    else:
+                        slot.run(run())
+
+                slot.submit_soon(go)
             else:
                 rt.io.loop.create_task(run())
         else:
@@ -104,7 +111,7 @@ class SupervisionPolicy:
                     decided(False, e)
 
             if slot is not None:
-                slot.submit(run_sync)
+                slot.submit_soon(run_sync)
             else:
                 run_sync()
 
