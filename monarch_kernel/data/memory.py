@@ -32,11 +32,11 @@ def describe(obj) -> str:
 
 
 def as_memory(obj, *, writable: bool, what: str) -> Memory:
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
+    torch = sys.modules.get("torch")  # getattr: torch or numpy may be half imported by another thread
+    if getattr(torch, "Tensor", None) is not None and isinstance(obj, torch.Tensor):
         return _tensor_memory(torch, obj, what)
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(obj, np.ndarray):
+    if getattr(np, "ndarray", None) is not None and isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
             raise ValueError(f"{what} must be contiguous; pass np.ascontiguousarray(a) instead")
         if obj.dtype.hasobject:
