@@ -119,7 +119,13 @@ class Server:
 
     @staticmethod
     def failure_part(me: int, actor: str, method: str, exc: BaseException) -> Part:
-        return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, actor, method, exc)))
+        try:
+            return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, actor, method, exc)))
+        except Exception as e:  # its report failed (a str() that raises...): answer anyway, or the call hangs
+            kind = type(exc).__qualname__
+            said = f"{kind} (its report failed: {type(e).__name__}: {e})"
+            failure = RemoteFailure(me, actor, method, kind, said, said, socket.gethostname(), os.getpid())
+            return Part(me, Status.RAISED, [pickle.dumps(failure, 5)])
 
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
