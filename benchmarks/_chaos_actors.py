@@ -1,5 +1,5 @@
-"""The actor the chaos run (chaos.py) spawns on the hosts' ranks: echoes, its pid, a
-buffer to read between hosts, and one DDP step over the mesh's process group.  In an
+"""The actors the chaos run (chaos.py) spawns on the hosts' ranks: echoes, its pid, a
+buffer to read between hosts; and one DDP step over the mesh's process group.  In an
 importable module, so ranks import it by reference.
 """
 
@@ -15,7 +15,6 @@ from monarch_kernel import Actor, RDMABuffer, endpoint
 class ChaosWorker(Actor):
     def __init__(self):
         self.kept: dict = {}
-        self.model = None
 
     @endpoint
     def echo(self, x: int) -> int:
@@ -44,6 +43,15 @@ class ChaosWorker(Actor):
         buf.read_into(memoryview(dst)).get(timeout=timeout)
         return zlib.crc32(dst)
 
+
+
+class ChaosDDP(Actor):
+    """Its own actor, so that a step stuck in a collective never holds the echoes up."""
+
+    def __init__(self):
+        self.model = None
+        self.group = None
+
     @endpoint
     def ddp_step(self) -> tuple:
         """One step of a small DistributedDataParallel model over the default (gloo) group:
@@ -52,10 +60,10 @@ class ChaosWorker(Actor):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        if self.model is None or self.kept.get("group") is not dist.group.WORLD:
+        if self.model is None or self.group is not dist.group.WORLD:
             torch.manual_seed(0)
             self.model = DistributedDataParallel(torch.nn.Linear(8, 1))
-            self.kept["group"] = dist.group.WORLD
+            self.group = dist.group.WORLD
         self.model.zero_grad()
         g = torch.Generator().manual_seed(dist.get_rank())
         self.model(torch.randn(4, 8, generator=g)).sum().backward()

@@ -48,7 +48,7 @@ def schedule(seed: int, n: int = 2000) -> list[Step]:
     while len(steps) < n:
         kinds = list(KINDS)
         rng.shuffle(kinds)
-        steps += [Step(k, round(rng.uniform(1.0, 5.0), 2), round(rng.uniform(0.5, 5.0), 2)) for k in kinds]
+        steps += [Step(k, round(rng.uniform(0.5, 3.0), 2), round(rng.uniform(0.5, 4.0), 2)) for k in kinds]
     return steps
 
 
@@ -89,7 +89,7 @@ class Run:
         from monarch_kernel.job import SSHJob
         from monarch_kernel.spmd import setup_torch_distributed
 
-        from ._chaos_actors import ChaosWorker
+        from ._chaos_actors import ChaosDDP, ChaosWorker
 
         old = self.hosts.job
         with self.hosts.lock:
@@ -100,11 +100,12 @@ class Run:
         job.add_mesh("hosts", net.hosts)
         procs = job.state().hosts.spawn_procs(per_host={"gpus": PER_HOST})
         workers = procs.spawn("chaos", ChaosWorker)
+        ddp = procs.spawn("ddp", ChaosDDP)
         pids = list(workers.pid.call().get(timeout=CALL_BOUND).values())
         setup_torch_distributed(procs, "gloo")
         with self.hosts.lock:
             self.hosts.job, self.hosts.procs, self.hosts.workers, self.hosts.pids = job, procs, workers, pids
-            self.hosts.ddp_ready = True
+            self.hosts.ddp, self.hosts.ddp_ready = ddp, True
         self.seen_pids.update(pids)
 
     def heal_hosts(self, net, kind: str) -> None:
@@ -112,7 +113,7 @@ class Run:
         (a new job when a host's agent is gone); then a DDP step after setting up again."""
         from monarch_kernel.spmd import setup_torch_distributed
 
-        from ._chaos_actors import ChaosWorker
+        from ._chaos_actors import ChaosDDP, ChaosWorker
 
         h = self.hosts
         if kind in ("kill_agent", "link_down"):
@@ -130,7 +131,7 @@ class Run:
         try:
             if not agents:
                 raise RuntimeError("a host's agent is gone")
-            h.procs.restart(None, [(h.workers, ChaosWorker, (), {})], timeout=120)
+            h.procs.restart(None, [(h.workers, ChaosWorker, (), {}), (h.ddp, ChaosDDP, (), {})], timeout=120)
             self.recovery["hosts_restarted"] += 1
             pids = list(h.workers.pid.call().get(timeout=CALL_BOUND).values())
             with h.lock:
@@ -147,7 +148,7 @@ class Run:
             setup_torch_distributed(h.procs, "gloo")
         except Exception as e:
             log(f"chaos: setup_torch_distributed after the restart: {type(e).__name__}: {e}")
-        step = self.ledger.run("ddp_after_restart", DDP_BOUND, lambda: h.workers.ddp_step.call(), ddp_agrees)
+        step = self.ledger.run("ddp_after_restart", DDP_BOUND, lambda: h.ddp.ddp_step.call(), ddp_agrees)
         self.recovery["ddp_after" if step is not None else "ddp_failed_after"] += 1
         with h.lock:
             h.ddp_ready = True

@@ -38,6 +38,7 @@ class Ledger:
         self.made = collections.Counter()
         self.values = collections.Counter()
         self.errors = collections.Counter()  # "what: ExceptionType"
+        self.first: dict[str, str] = {}  # "what: ExceptionType" -> the first one's message
         self.wrong = collections.Counter()  # resolved with a value that is not the right one
         self.hangs: list[str] = []
         self.hung: set[int] = set()
@@ -72,7 +73,9 @@ class Ledger:
     def _error(self, cid: int, what: str, e: BaseException) -> None:
         with self.lock:
             self.pending.pop(cid, None)
-            self.errors[f"{what}: {type(e).__name__}"] += 1
+            key = f"{what}: {type(e).__name__}"
+            self.errors[key] += 1
+            self.first.setdefault(key, str(e)[:300])
 
     def _hang(self, cid: int, text: str) -> None:
         with self.lock:
@@ -99,7 +102,8 @@ class Ledger:
             return {"calls_made": sum(self.made.values()), "calls_resolved": resolved,
                     "calls_pending": len(self.pending) - len([c for c in self.pending if c in self.hung]),
                     "calls_by_kind": dict(self.made), "values_by_kind": dict(self.values),
-                    "exceptions": dict(self.errors), "wrong_values": sum(self.wrong.values()),
+                    "exceptions": dict(self.errors), "first_exceptions": dict(self.first),
+                    "wrong_values": sum(self.wrong.values()),
                     "hangs": len(self.hangs), "hang_list": self.hangs[:20]}
 
 
@@ -112,12 +116,17 @@ class Hosts:
     job: object = None
     procs: object = None
     workers: object = None
+    ddp: object = None  # the DDP actor mesh on procs
     pids: list[int] = field(default_factory=list)
     ddp_ready: bool = False
 
     def current(self):
         with self.lock:
             return self.workers, self.ddp_ready
+
+    def current_ddp(self):
+        with self.lock:
+            return self.ddp if self.ddp_ready else None
 
 
 def call_loop(ledger: Ledger, hosts: Hosts, rng: random.Random, stop: threading.Event) -> None:
@@ -160,9 +169,9 @@ def rdma_loop(ledger: Ledger, hosts: Hosts, rng: random.Random, stop: threading.
 def ddp_loop(ledger: Ledger, hosts: Hosts, rng: random.Random, stop: threading.Event) -> None:
     """A DDP step on the hosts' mesh every few seconds, while its group is set up."""
     while not stop.wait(2 + rng.random() * 4):
-        workers, ready = hosts.current()
-        if workers is not None and ready:
-            ledger.run("ddp_step", DDP_BOUND, lambda w=workers: w.ddp_step.call(), ddp_agrees)
+        ddp = hosts.current_ddp()
+        if ddp is not None:
+            ledger.run("ddp_step", DDP_BOUND, lambda d=ddp: d.ddp_step.call(), ddp_agrees)
 
 
 def ddp_agrees(v) -> bool:
