@@ -128,6 +128,7 @@ class Run:
         with h.lock:
             h.ddp_ready = False
         agents = all(any(_is_agent(p) for p in net.pids(host)) for host in net.hosts)
+        t0, rebuilt = time.monotonic(), False
         try:
             if not agents:
                 raise RuntimeError("a host's agent is gone")
@@ -139,16 +140,22 @@ class Run:
             self.seen_pids.update(pids)
         except Exception as e:
             log(f"chaos: restart of the hosts' mesh: {type(e).__name__}: {e}; a new job")
-            self.build_hosts(net)
+            self.build_hosts(net)  # sets the group up too
             self.recovery["hosts_rebuilt"] += 1
+            rebuilt = True
         got = self.ledger.run("verify", CALL_BOUND, lambda: h.workers.echo.call(-2),
                               lambda v: list(v.values()) == [-2] * 8)
         self.recovery["answered_after" if got is not None else "failed_after"] += 1
-        try:
-            setup_torch_distributed(h.procs, "gloo")
-        except Exception as e:
-            log(f"chaos: setup_torch_distributed after the restart: {type(e).__name__}: {e}")
+        t1 = time.monotonic()
+        if not rebuilt:
+            try:
+                setup_torch_distributed(h.procs, "gloo")
+            except Exception as e:
+                log(f"chaos: setup_torch_distributed after the restart: {type(e).__name__}: {e}")
+        t2 = time.monotonic()
         step = self.ledger.run("ddp_after_restart", DDP_BOUND, lambda: h.ddp.ddp_step.call(), ddp_agrees)
+        log(f"chaos: {'new job' if rebuilt else 'restart'} {t1 - t0:.1f} s, setup_torch_distributed "
+            f"{t2 - t1:.1f} s, first DDP step {time.monotonic() - t2:.1f} s")
         self.recovery["ddp_after" if step is not None else "ddp_failed_after"] += 1
         with h.lock:
             h.ddp_ready = True
