@@ -4,8 +4,9 @@ IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts: needs root) pan
 W1slurm (W1 over Slurm: needs root and Slurm's daemons) W10 (distributed training, torchrun beside
 the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries)
 W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
-ranks; the collectives recorder's and the profiler's cost on W10's step).  Progress and ranks'
-output go to stderr.
+ranks; the collectives recorder's and the profiler's cost on W10's step) chaos (faults at random
+across hosts during a mixed workload: ``chaos --seed N --minutes M``; needs root; not in the
+default run).  Progress and ranks' output go to stderr.
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ WORKLOADS = {
     "W13c": [("W13c", {}, 900), ("W13c16", {}, 1500)],
     # Not in the default run (make bench-scale): minutes, and about 6 GiB at 1,024 ranks.
     "W11": [("W11", {"MONARCH_KERNEL_FANOUT": "8"}, 1500), ("W11flat", {"MONARCH_KERNEL_FANOUT": "1024"}, 1500)],
+    # Not in the default run either: --minutes (10 by default) of faults; its env and timeout
+    # are filled in from --seed and --minutes.
+    "chaos": [("chaos", {}, 0)],
 }
-DEFAULT = [w for w in WORKLOADS if w != "W11"]
-ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors", "W1SLURM": "W1slurm"}
+DEFAULT = [w for w in WORKLOADS if w not in ("W11", "chaos")]
+ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors", "W1SLURM": "W1slurm", "CHAOS": "chaos"}
 
 
 def _merge(into: dict, new: dict) -> None:
@@ -112,6 +116,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks",
                                  description="Run monarch_kernel benchmarks; print one JSON object on stdout.")
     ap.add_argument("ids", nargs="*", help="workloads to run (default: all but W11): " + " ".join(WORKLOADS))
+    ap.add_argument("--seed", type=int, default=1, help="chaos: the seed of its schedule (default 1)")
+    ap.add_argument("--minutes", type=float, default=10.0, help="chaos: how long faults are injected (default 10)")
     args = ap.parse_args(argv)
     ids = []
     for raw in args.ids or DEFAULT:
@@ -124,6 +130,9 @@ def main(argv=None) -> int:
     results: dict = {}
     for wid in ids:
         for job, env, timeout in WORKLOADS[wid]:
+            if job == "chaos":
+                env = {"MK_CHAOS_SEED": str(args.seed), "MK_CHAOS_SECONDS": str(args.minutes * 60)}
+                timeout = int(args.minutes * 60) + 900  # setup, the last recovery, the checks at the end
             _merge(results, _run_job(job, env, timeout))
     _ratios(results)
     import zmq

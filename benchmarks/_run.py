@@ -30,6 +30,7 @@ JOBS = {
     "W14recorder": ("stacks", "w14_recorder"),
     "W13c": ("tensor_collectives", "w13_collectives"),
     "W13c16": ("tensor_collectives", "w13_collectives_16"),
+    "chaos": ("chaos", "chaos"),
 }
 
 

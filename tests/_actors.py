@@ -91,6 +91,10 @@ class Echo(Actor):
         raise LockedError("holds a lock")
 
     @endpoint
+    def raise_unprintable(self) -> None:
+        raise UnprintableError()
+
+    @endpoint
     def exit_with(self, code: int, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
         os._exit(code)
@@ -122,6 +126,13 @@ class LockedError(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.lock = threading.Lock()
+
+
+class UnprintableError(Exception):
+    """An exception whose ``str()`` itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no words for it")
 
 
 class BadInit(Actor):

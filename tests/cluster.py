@@ -212,17 +212,24 @@ class Network:
     # Not `ip netns exec`: that mounts a fresh /sys, which hides /sys/fs/cgroup, and slurmd
     # 22.05 will not start without its cgroup plugin.  The host's own mount namespace only
     # bind-mounts its hosts and resolv.conf over /etc's (private: nothing shows outside).
+    # With ``SHM_SIZE`` set, the host also gets a /dev/shm of its own (a tmpfs of that size),
+    # so filling it leaves the machine's, and the other hosts', alone.
     SPAWN = ('hostname "$1" && shift && for f in hosts resolv.conf; do if [ -e "/etc/$f" ]; then '
-             'mount --bind "$ETC_DIR/$f" "/etc/$f" || exit 1; fi; done && unset ETC_DIR && exec "$@"')
+             'mount --bind "$ETC_DIR/$f" "/etc/$f" || exit 1; fi; done && '
+             'if [ -n "$SHM_SIZE" ]; then mount -t tmpfs -o "size=$SHM_SIZE,mode=1777" tmpfs /dev/shm || exit 1; fi && '
+             'unset ETC_DIR SHM_SIZE && exec "$@"')
 
-    def spawn(self, i: int, argv: Sequence[str], log: str, env: dict | None = None) -> subprocess.Popen:
+    def spawn(self, i: int, argv: Sequence[str], log: str, env: dict | None = None,
+              shm_size: str | None = None) -> subprocess.Popen:
         """Start ``argv`` in host i's namespace under its own hostname, with its own
-        /etc/hosts; it keeps the pid of the Popen (nsenter and unshare exec into it)."""
+        /etc/hosts (and, given ``shm_size`` such as ``"256m"``, its own /dev/shm); it keeps
+        the pid of the Popen (nsenter and unshare exec into it)."""
         cmd = ["nsenter", f"--net=/run/netns/{self.namespaces[i]}", "unshare", "--uts", "--mount", "--",
                "sh", "-c", self.SPAWN, "sh", self.names[i], *argv]
         with open(log, "ab") as out:
             return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env={**(env or daemon_env()), "ETC_DIR": self.etc}, start_new_session=True)
+                                    env={**(env or daemon_env()), "ETC_DIR": self.etc, "SHM_SIZE": shm_size or ""},
+                                    start_new_session=True)
 
     def pids(self, i: int) -> list[int]:
         r = run(["ip", "netns", "pids", self.namespaces[i]], check=False)
@@ -382,6 +389,13 @@ class SSHHosts:
     def restore(self, host: str) -> None:
         self.net.restore(host)
 
+    def in_host(self, host: str, command: str, *, timeout: float = 20.0) -> subprocess.CompletedProcess:
+        """Run the shell ``command`` as root in the host's namespaces (its network and its
+        mounts: its own /dev/shm, when it has one) without ssh; not checked."""
+        pid = self.sshd[self.net.index(host)].pid
+        return run(["nsenter", "-t", str(pid), "-n", "-m", "-u", "--", "sh", "-c", command], timeout=timeout,
+                   check=False)
+
     def pids(self, host: str, *, sshd_sessions: bool = False) -> list[int]:
         """Pids of the processes in the host's namespace, other than its sshd (the
         listener, and unless ``sshd_sessions`` also its per-connection children)."""
@@ -430,9 +444,11 @@ Subsystem sftp internal-sftp
 
 
 @contextlib.contextmanager
-def ssh_network(n: int = 2) -> Iterator[SSHHosts]:
+def ssh_network(n: int = 2, shm_size: str | None = None) -> Iterator[SSHHosts]:
     """``n`` hosts with sshd (see ``SSHHosts``); everything is removed on exit, and what is
-    still running in their namespaces then raises (after being killed)."""
+    still running in their namespaces then raises (after being killed).  ``shm_size``
+    (``"256m"``): each host gets a /dev/shm of its own, of that size (``SSHHosts.in_host``
+    runs a command where it is seen); by default they share the machine's."""
     _skip_unless(SSHD, "ssh", "ssh-keygen")
     tmp = tempfile.mkdtemp(prefix="mk-ssh-")
     net = Network("s", [f"mk-h{i + 1}" for i in range(n)])
@@ -452,7 +468,7 @@ def ssh_network(n: int = 2) -> Iterator[SSHHosts]:
                 f.write(SSHD_CONFIG.format(ip=ip, dir=tmp, name=name))
             run([SSHD, "-t", "-f", cfg])
             logs.append(f"{tmp}/sshd-{name}.log")
-            sshd.append(net.spawn(i, [SSHD, "-D", "-e", "-f", cfg], logs[i]))
+            sshd.append(net.spawn(i, [SSHD, "-D", "-e", "-f", cfg], logs[i], shm_size=shm_size))
         hosts = SSHHosts(net, f"{tmp}/id_ed25519", f"{tmp}/wrong_ed25519", sshd, logs)
         for ip, log in zip(net.ips, logs, strict=True):
             _wait(f"sshd on {ip}:22", lambda ip=ip: _reachable(ip, 22), 10.0, [log])

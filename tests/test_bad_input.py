@@ -288,6 +288,12 @@ def test_unpicklable_result_is_an_actor_error_naming_the_type():
         assert 'raise LockedError("holds a lock")' in err.remote_traceback
         assert m.slice(gpus=0).echo.call_one(8).get(timeout=30) == 8
 
+        # One whose report itself fails (its str() raises) is still answered, not left pending.
+        with pytest.raises(ActorError) as info:
+            m.slice(gpus=1).raise_unprintable.call_one().get(timeout=30)
+        assert "UnprintableError" in str(info.value) and "no words for it" in str(info.value), str(info.value)
+        assert m.slice(gpus=1).echo.call_one(9).get(timeout=30) == 9
+
 
 # ---------------------------------------------------------------- misuse of the API
 

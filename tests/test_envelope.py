@@ -103,6 +103,31 @@ def _signed(signer, body=None):
     return signer.sign(h, body)
 
 
+HALF_IMPORTED = """
+import sys, types
+sys.modules["torch"] = types.ModuleType("torch")  # what another thread's `import torch` shows meanwhile
+sys.modules["numpy"] = types.ModuleType("numpy")
+from monarch_kernel.data.memory import as_memory
+from monarch_kernel.runtime.envelope import Part
+from monarch_kernel.runtime.serialize import dumps
+value = {"x": [1, 2.5, "three", bytearray(8192)], "f": lambda: 1}  # the lambda: cloudpickle's path too
+back = Part(0, 0, dumps(value)).load()
+assert back["x"] == value["x"] and back["f"]() == 1
+assert as_memory(bytearray(16), writable=True, what="dst").nbytes == 16
+print("ok")
+"""
+
+
+def test_results_pickle_while_another_thread_is_still_importing_torch():
+    # Found by the chaos run: a rank's echo answered while its DDP endpoint was importing torch
+    # failed with "partially initialized module 'torch' has no attribute 'Tensor'".
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", HALF_IMPORTED], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
 def test_sign_verify_and_every_rejection():
     key = secrets.token_bytes(32)
     s = Signer(key)

@@ -32,11 +32,14 @@ def describe(obj) -> str:
 
 
 def as_memory(obj, *, writable: bool, what: str) -> Memory:
+    # getattr: torch or numpy may be half imported by another thread (no classes yet)
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
+    tensor = getattr(torch, "Tensor", None)
+    if torch is not None and tensor is not None and isinstance(obj, tensor):
         return _tensor_memory(torch, obj, what)
     np = sys.modules.get("numpy")
-    if np is not None and isinstance(obj, np.ndarray):
+    array = getattr(np, "ndarray", None)
+    if np is not None and array is not None and isinstance(obj, array):
         if not obj.flags.c_contiguous:
             raise ValueError(f"{what} must be contiguous; pass np.ascontiguousarray(a) instead")
         if obj.dtype.hasobject:

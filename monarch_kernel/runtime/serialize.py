@@ -27,12 +27,16 @@ segments: _shm.Segments | None = None
 def _tensor_reducer(obj):
     """A zero-copy reduction if ``obj`` is a plain CPU tensor (or, with shared memory on
     offer, a large numpy array), else None."""
+    # getattr: while another thread is still importing torch (or numpy), the module is in
+    # sys.modules without its classes yet, and no instance of them can exist.
     torch = sys.modules.get("torch")
-    if torch is not None and type(obj) is torch.Tensor:
+    tensor = getattr(torch, "Tensor", None)
+    if tensor is not None and type(obj) is tensor:
         return _reduce_tensor(torch, obj)
     if segments is not None and segments.tracking():
         np = sys.modules.get("numpy")
-        if np is not None and type(obj) is np.ndarray and obj.nbytes >= _shm.SHM_MIN and obj.dtype.hasobject is False:
+        array = getattr(np, "ndarray", None)
+        if array is not None and type(obj) is array and obj.nbytes >= _shm.SHM_MIN and obj.dtype.hasobject is False:
             a = np.ascontiguousarray(obj)
             path = segments.write(memoryview(a.reshape(-1).view(np.uint8)))
             if path is not None:  # else /dev/shm is full: numpy's own out-of-band frame

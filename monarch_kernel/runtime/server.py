@@ -127,8 +127,16 @@ class Server:
     @staticmethod
     def failure_part(me: int, actor: str, method: str, exc: BaseException) -> Part:
         """``exc`` as the answer of ``actor`` (its id); the failure names the actor mesh as
-        the user named it, as Monarch's ``ActorError`` does."""
-        return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, actor_name(actor), method, exc)))
+        the user named it, as Monarch's ``ActorError`` does.  If the report itself fails (a
+        ``str()`` that raises...), a plain-text failure answers anyway: a call never hangs."""
+        name = actor_name(actor)
+        try:
+            return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, name, method, exc)))
+        except Exception as e:
+            kind = type(exc).__qualname__
+            said = f"{kind} (its report failed: {type(e).__name__}: {e})"
+            failure = RemoteFailure(me, name, method, kind, said, said, socket.gethostname(), os.getpid())
+            return Part(me, Status.RAISED, [pickle.dumps(failure, 5)])
 
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:

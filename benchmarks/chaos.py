@@ -1,0 +1,373 @@
+"""chaos: a seeded schedule of faults across hosts in the middle of a mixed workload, and
+the figures of what came through.  ``python -m benchmarks chaos --seed N --minutes M``.
+
+Two simulated hosts (cluster.py's network namespaces with their own sshd, each with its
+own /dev/shm) run 4 ranks each under ``SSHJob``; this process is their controller and makes
+whole-mesh calls and ``call_one``s from three threads, ``RDMABuffer`` reads between the
+hosts and DDP steps over gloo.  A real kernel is the controller of 4 local ranks and runs
+``%%mesh`` cells that print numbered lines.  The schedule (every kind in a shuffled round,
+random gaps and holds, all drawn from the seed) injects one fault at a time, undoes it,
+restarts what died (``procs.restart``, ``%mesh restart``; a new job for a host whose agent is
+gone) and checks that the meshes answer again and a DDP step runs after
+``setup_torch_distributed()``.  At the end nothing may be left: no process on any host or
+here, no file in any run directory or /dev/shm.  The run "passes" (``ok``) with 0 hangs,
+0 kernel or controller deaths, 0 lost lines, 0 orphans and every recovery answered.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from ._util import ROOT, log
+from .chaos_faults import KINDS, Faults, undo_all
+from .chaos_work import CALL_BOUND, DDP_BOUND, Cells, Hosts, Ledger, call_loop, ddp_agrees, ddp_loop, rdma_loop
+
+PER_HOST = 4
+KERNEL_RANKS = 4
+SHM_SIZE = "256m"  # each host's own /dev/shm
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    gap: float  # s of calm before the fault
+    hold: float  # s it stays in force before it is undone
+
+
+def schedule(seed: int, n: int = 2000) -> list[Step]:
+    """The run's faults, from its seed alone: each round is every kind once, shuffled."""
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    while len(steps) < n:
+        kinds = list(KINDS)
+        rng.shuffle(kinds)
+        steps += [Step(k, round(rng.uniform(0.5, 3.0), 2), round(rng.uniform(0.5, 4.0), 2)) for k in kinds]
+    return steps
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: network namespaces and sshd simulate the hosts"
+    for tool in ("ip", "unshare", "nsenter", "sshd", "ssh", "ssh-keygen"):
+        if not (shutil.which(tool) or os.access(f"/usr/sbin/{tool}", os.X_OK)):
+            return f"{tool} is not installed"
+    return None
+
+
+class Run:
+    def __init__(self, seed: int, seconds: float):
+        self.seed, self.seconds = seed, seconds
+        self.ledger = Ledger()
+        self.hosts = Hosts()
+        self.stop = threading.Event()
+        self.fault_counts = {k: 0 for k in KINDS}
+        self.fault_log: list[str] = []
+        self.recovery = {"hosts_restarted": 0, "hosts_rebuilt": 0, "answered_after": 0, "failed_after": 0,
+                         "ddp_after": 0, "ddp_failed_after": 0}
+        self.seen_pids: set[int] = {os.getpid()}
+        self.kernel_tree: set[int] = set()
+        self.tmp = tempfile.mkdtemp(prefix=f"mk-chaos-{seed}-")
+        self.run_tmp = os.path.join(self.tmp, "tmp")  # TMPDIR of every process of the run
+        self.marks = os.path.join(self.tmp, "marks")
+        os.makedirs(self.run_tmp)
+        os.makedirs(self.marks)
+        self.python = os.path.join(self.tmp, "python")
+        with open(self.python, "w") as f:  # the hosts' python: the agents' run directories land in run_tmp
+            f.write(f"#!/bin/sh\nTMPDIR={self.run_tmp} exec {sys.executable} \"$@\"\n")
+        os.chmod(self.python, 0o755)
+
+    # ---------------------------------------------------------------- the hosts' mesh
+
+    def build_hosts(self, net) -> None:
+        from monarch_kernel.job import SSHJob
+        from monarch_kernel.spmd import setup_torch_distributed
+
+        from ._chaos_actors import ChaosDDP, ChaosWorker
+
+        old = self.hosts.job
+        with self.hosts.lock:
+            self.hosts.workers, self.hosts.ddp_ready = None, False
+        if old is not None:
+            old.kill()
+        job = SSHJob(python_exe=self.python, ssh_args=net.ssh_args)
+        job.add_mesh("hosts", net.hosts)
+        procs = job.state().hosts.spawn_procs(per_host={"gpus": PER_HOST})
+        workers = procs.spawn("chaos", ChaosWorker)
+        ddp = procs.spawn("ddp", ChaosDDP)
+        pids = list(workers.pid.call().get(timeout=CALL_BOUND).values())
+        setup_torch_distributed(procs, "gloo")
+        with self.hosts.lock:
+            self.hosts.job, self.hosts.procs, self.hosts.workers, self.hosts.pids = job, procs, workers, pids
+            self.hosts.ddp, self.hosts.ddp_ready = ddp, True
+        self.seen_pids.update(pids)
+
+    def heal_hosts(self, net, kind: str) -> None:
+        """After a fault: the hosts' mesh answers as it is, or its dead ranks are restarted
+        (a new job when a host's agent is gone); then a DDP step after setting up again."""
+        from monarch_kernel.spmd import setup_torch_distributed
+
+        from ._chaos_actors import ChaosDDP, ChaosWorker
+
+        h = self.hosts
+        if kind in ("kill_agent", "link_down"):
+            time.sleep(3.5)  # a host's death is declared within 3 s; a short cut may be survived
+        elif kind == "sigkill_rank":
+            time.sleep(0.5)
+        answered = self.ledger.run("verify", CALL_BOUND, lambda: h.workers.echo.call(-1),
+                                   lambda v: list(v.values()) == [-1] * len(v))
+        dead = h.procs.dead_ranks()
+        if answered is not None and not dead:
+            return
+        with h.lock:
+            h.ddp_ready = False
+        agents = all(any(_is_agent(p) for p in net.pids(host)) for host in net.hosts)
+        t0, rebuilt = time.monotonic(), False
+        try:
+            if not agents:
+                raise RuntimeError("a host's agent is gone")
+            h.procs.restart(None, [(h.workers, ChaosWorker, (), {}), (h.ddp, ChaosDDP, (), {})], timeout=120)
+            self.recovery["hosts_restarted"] += 1
+            pids = list(h.workers.pid.call().get(timeout=CALL_BOUND).values())
+            with h.lock:
+                h.pids = pids
+            self.seen_pids.update(pids)
+        except Exception as e:
+            log(f"chaos: restart of the hosts' mesh: {type(e).__name__}: {e}; a new job")
+            self.build_hosts(net)  # sets the group up too
+            self.recovery["hosts_rebuilt"] += 1
+            rebuilt = True
+        got = self.ledger.run("verify", CALL_BOUND, lambda: h.workers.echo.call(-2),
+                              lambda v: list(v.values()) == [-2] * 8)
+        self.recovery["answered_after" if got is not None else "failed_after"] += 1
+        t1 = time.monotonic()
+        if not rebuilt:
+            try:
+                setup_torch_distributed(h.procs, "gloo")
+            except Exception as e:
+                log(f"chaos: setup_torch_distributed after the restart: {type(e).__name__}: {e}")
+        t2 = time.monotonic()
+        step = self.ledger.run("ddp_after_restart", DDP_BOUND, lambda: h.ddp.ddp_step.call(), ddp_agrees)
+        log(f"chaos: {'new job' if rebuilt else 'restart'} {t1 - t0:.1f} s, setup_torch_distributed "
+            f"{t2 - t1:.1f} s, first DDP step {time.monotonic() - t2:.1f} s")
+        self.recovery["ddp_after" if step is not None else "ddp_failed_after"] += 1
+        with h.lock:
+            h.ddp_ready = True
+
+    # ---------------------------------------------------------------- the run
+
+    def rank_pids(self, cells) -> list[int]:
+        with self.hosts.lock:
+            return list(self.hosts.pids) + list(cells.pids)
+
+    def local_pids(self, km) -> list[int]:
+        out = {os.getpid()} | self.kernel_tree
+        try:
+            import psutil
+
+            out |= {c.pid for c in psutil.Process().children(recursive=True)}
+        except Exception:
+            pass
+        return sorted(out)
+
+    def watch(self, km) -> None:
+        import psutil
+
+        kpid = _kernel_pid(km)
+        while not self.stop.wait(1.0):
+            self.ledger.overdue()
+            try:
+                tree = psutil.Process(kpid).children(recursive=True) if kpid else []
+                self.kernel_tree |= {p.pid for p in tree}
+                self.seen_pids |= {p.pid for p in psutil.Process().children(recursive=True)} | self.kernel_tree
+            except psutil.Error:
+                pass
+
+    def main(self) -> dict:
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        import cluster  # the tests' simulated hosts
+        from jupyter_client.manager import start_new_kernel
+
+        from monarch_kernel.kernel.kernelspec import KERNEL_NAME
+
+        started = time.monotonic()
+        with cluster.ssh_network(2, shm_size=SHM_SIZE) as net:
+            os.environ["TMPDIR"] = self.run_tmp  # every later process's, and this one's run directory
+            tempfile.tempdir = None
+            self.build_hosts(net)
+            km, kc = start_new_kernel(kernel_name=KERNEL_NAME, startup_timeout=120)
+            cells = Cells(km, kc, KERNEL_RANKS, self.ledger, self.marks)
+            try:
+                got = cells.execute(f"procs = %mesh spawn -n {KERNEL_RANKS}", 180)
+                if got is None or got[0] != "ok" or not cells.read_pids():
+                    raise RuntimeError(f"the kernel's mesh did not start: {got}")
+                result = self._chaos(net, km, kc, cells, started)
+            finally:
+                self.stop.set()
+                try:
+                    if km.is_alive():
+                        cells.execute("%mesh stop", 60)
+                finally:
+                    kc.stop_channels()
+                    km.shutdown_kernel(now=False)
+            with self.hosts.lock:
+                job = self.hosts.job
+            if job is not None:
+                job.kill()
+            result["orphans"] = self.orphans(net)
+        result["elapsed_s"] = round(time.monotonic() - started, 1)
+        result["ok"] = (result["hangs"] == 0 and result["kernel_deaths"] == 0 and result["lines_lost"] == 0
+                        and result["orphans"]["processes"] == 0 and result["orphans"]["files"] == 0
+                        and result["recovery"]["failed_after"] == 0 and result["recovery"]["ddp_failed_after"] == 0
+                        and result["kernel_restarts_answered"] == result["kernel_restarts"])
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return result
+
+    def _chaos(self, net, km, kc, cells, started) -> dict:
+        rng = random.Random(self.seed)
+        threads = [threading.Thread(target=call_loop, args=(self.ledger, self.hosts, random.Random(rng.random()),
+                                                             self.stop), name=f"chaos-calls-{i}", daemon=True)
+                   for i in range(3)]
+        threads += [threading.Thread(target=fn, args=(self.ledger, self.hosts, random.Random(rng.random()), self.stop),
+                                     name=fn.__name__, daemon=True) for fn in (rdma_loop, ddp_loop)]
+        threads += [threading.Thread(target=cells.loop, args=(self.stop,), name="chaos-cells", daemon=True),
+                    threading.Thread(target=self.watch, args=(km,), name="chaos-watch", daemon=True)]
+        for t in threads:
+            t.start()
+        faults = Faults(net, lambda: self.rank_pids(cells), lambda: self.local_pids(km), random.Random(self.seed + 1))
+        active: list = []
+        started = time.monotonic()  # the faults' clock starts once everything is up
+        end = started + self.seconds
+        try:
+            for step in schedule(self.seed):
+                if self.stop.wait(step.gap) or time.monotonic() > end or cells.dead.is_set():
+                    break
+                kernel_hit = set(cells.pids)
+                at = time.monotonic()
+                what, state = faults.inject(step.kind)
+                self.fault_counts[step.kind] += 1
+                line = f"{at - started:6.1f} s {step.kind}: {what}, held {step.hold} s"
+                log(f"chaos: {line}")
+                active.append((step.kind, state))
+                self.stop.wait(step.hold)
+                undo_all(faults, active)
+                healed = time.monotonic()
+                if step.kind in ("sigkill_rank", "fds_exhausted") and isinstance(state, int | tuple) and \
+                        (state if isinstance(state, int) else state[0]) in kernel_hit:
+                    if not cells.restart(timeout=240):
+                        log("chaos: the kernel's mesh did not answer after %mesh restart in 240 s")
+                self.heal_hosts(net, step.kind)
+                line += f" (in force {healed - at:.1f} s, recovered in {time.monotonic() - healed:.1f} s)"
+                self.fault_log.append(line)
+                log(f"chaos: {line}")
+        finally:
+            undo_all(faults, active)
+            self.stop.set()
+            for t in threads:
+                t.join(timeout=DDP_BOUND + 30)
+        fig = self.ledger.figures()
+        b = cells.books
+        return {"seed": self.seed, "seconds": self.seconds, "faults": dict(self.fault_counts),
+                "faults_total": sum(self.fault_counts.values()), **fig,
+                "kernel_deaths": b.kernel_deaths + (0 if km.is_alive() else 1), "controller_deaths": 0,
+                "cells": b.cells, "cells_ok": b.cells_ok, "cells_error": b.cells_error,
+                "lines_printed": b.lines_expected, "lines_seen": b.lines_seen, "lines_lost": b.lines_lost,
+                "lines_duplicated": b.lines_duplicated, "lines_out_of_order": b.lines_out_of_order,
+                "kernel_restarts": b.restarts, "kernel_restarts_answered": b.restarts_answered,
+                "recovery": dict(self.recovery), "fault_log": self.fault_log[:200]}
+
+    # ---------------------------------------------------------------- what is left
+
+    def orphans(self, net) -> dict:
+        import psutil
+
+        from monarch_kernel.runtime.process import Runtime
+
+        found: list[str] = []
+        left = net.net.leftovers({p.pid for p in net.sshd}, 10.0)
+        for ns, text in left.items():
+            found += [f"[{ns}] {line}" for line in text.splitlines()]
+        daemons = {p.pid for p in net.sshd}  # the hosts' sshd listeners stay until the network goes
+        mine = [p for p in psutil.Process().children(recursive=True) if p.pid not in daemons and _alive(p)]
+        deadline = time.monotonic() + 10
+        while mine and time.monotonic() < deadline:
+            time.sleep(0.2)
+            mine = [p for p in mine if _alive(p)]
+        for p in mine + [psutil.Process(pid) for pid in self.kernel_tree if _alive_pid(pid)]:
+            with _quiet():
+                found.append(f"[here] pid {p.pid}: {' '.join(p.cmdline())[:160]}")
+                p.kill()
+        files: list[str] = []
+        for host in net.hosts:
+            files += [f"{host}:/dev/shm/{n}" for n in net.in_host(host, "ls -A /dev/shm").stdout.split()]
+        ours = {f"mk-{pid}-" for pid in self.seen_pids}
+        files += [f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if any(n.startswith(p) for p in ours)]
+        rt = Runtime.existing()
+        own = os.path.realpath(rt.rundir) if rt is not None else None
+        for dirpath, _dirs, names in os.walk(self.run_tmp):
+            if own is not None and os.path.realpath(dirpath).startswith(own):
+                continue  # this controller's own run directory: it goes when this process ends
+            files += [os.path.join(dirpath, n) for n in names]
+        return {"processes": len(found), "files": len(files), "list": (found + files)[:40]}
+
+
+def _is_agent(pid: int) -> bool:
+    import psutil
+
+    try:
+        return "monarch_kernel.agent" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
+def _kernel_pid(km) -> int | None:
+    prov = getattr(km, "provisioner", None)
+    proc = getattr(prov, "process", None)
+    return getattr(proc, "pid", None)
+
+
+def _alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _alive_pid(pid: int) -> bool:
+    import psutil
+
+    try:
+        return _alive(psutil.Process(pid))
+    except psutil.Error:
+        return False
+
+
+class _quiet:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        import psutil
+
+        return exc[0] is not None and issubclass(exc[0], psutil.Error)
+
+
+def chaos() -> dict:
+    """The benchmark job: seed and length from MK_CHAOS_SEED / MK_CHAOS_SECONDS (set by
+    ``python -m benchmarks chaos --seed N --minutes M``)."""
+    reason = _skip_reason()
+    if reason:
+        return {"chaos_skipped": reason}
+    seed = int(os.environ.get("MK_CHAOS_SEED", "1"))
+    seconds = float(os.environ.get("MK_CHAOS_SECONDS", "600"))
+    result = Run(seed, seconds).main()
+    log(f"chaos: {result}")
+    return {"chaos": result}
