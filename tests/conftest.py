@@ -164,7 +164,7 @@ CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slur
 # Seconds each of the slowest modules took in a serial run on 2 cores; a module not named here
 # counts as short.  Only the order of the units depends on them.
 SLOW_MODULES = {
-    "test_scale": 120, "test_kernel": 90, "test_hosts": 80, "test_slurm": 60, "test_cluster": 30,
+    "test_chaos": 220, "test_scale": 120, "test_kernel": 90, "test_hosts": 80, "test_slurm": 60, "test_cluster": 30,
     "test_hosts_kernel": 40, "test_debug_tunnel": 40, "test_panel_lab": 60, "test_jupyterlab": 60,
     "test_notebooks": 60, "test_tensors": 60, "test_tensor_collectives": 50, "test_debug": 60,
     "test_spmd": 60, "test_data": 50, "test_monarch_names": 50, "test_panel": 50, "test_stacks": 40,
