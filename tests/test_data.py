@@ -16,6 +16,7 @@ from dataclasses import astuple, replace
 import numpy as np
 import pytest
 import torch
+from _freeze import freeze
 
 from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
 from monarch_kernel.data import BufferDropped, ForgedHandle, OwnerGone, TransferError, transports, wire
@@ -400,7 +401,7 @@ def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport
         assert not _shm_entries([pid]), "registered memory must not have a name in /dev/shm"
 
         # Pending: the owner is frozen, so the read waits; then it is killed.
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         assert not probe.waiting_on_an_owner.call_one().get(timeout=10)
         pending = reader.try_read.call_one(buf)
         _wait("the read to wait on the frozen owner's answer",

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from _freeze import freeze
 from _kernels import assert_gone, iopub, kernel, reply_to, run, text
 from jupyter_client.kernelspec import KernelSpecManager
 
@@ -428,7 +429,7 @@ def test_a_frozen_rank_shows_not_responding_and_restart_replaces_it(kc):
     out, reply = run(kc, "%%mesh\nimport os\nos.getpid()")
     pids = {int(line.split()[1].rstrip("]")): int(line.split()[-1])
             for line in text(out).splitlines() if line.startswith("[rank ")}
-    os.kill(pids[1], signal.SIGSTOP)
+    freeze(pids[1])
     try:
         deadline = time.monotonic() + 20
         while True:

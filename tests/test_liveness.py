@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from _freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.console.console import Console
@@ -89,7 +90,7 @@ def test_a_frozen_rank_is_shown_not_responding(monkeypatch):
     with this_host().spawn_procs(per_host={"r": 2}) as procs:
         consoles = procs.spawn("console", Console)
         pid = procs._owned.pids[1]
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             def states():
                 return [row["state"] for row in status.snapshot(procs, {})]
@@ -122,7 +123,7 @@ def test_restart_kills_and_replaces_a_rank_that_stopped_responding(monkeypatch):
         frozen = procs._owned.pids[1]
         with pytest.raises(ActorError):
             consoles.slice(r=2).run.call_one("import os; os._exit(3)", "<t>", "c").get(timeout=10)
-        os.kill(frozen, signal.SIGSTOP)
+        freeze(frozen)
         try:
             _wait(lambda: procs.rank_states()[1]["state"] == "not responding", 10, "rank 1 to be shown not responding")
             with pytest.raises(ValueError, match=r"ranks \[0\] of mesh '.*' are alive; restart replaces dead ranks "

@@ -12,6 +12,7 @@ import time
 import uuid
 
 import pytest
+from _freeze import freeze
 from _kernels import iopub, run, text
 
 from monarch_kernel.kernel.panel import spawn_line
@@ -318,7 +319,7 @@ def test_the_panels_restart_kills_and_replaces_a_rank_that_stopped_responding(kc
     out, _reply = run(kc, "%%mesh\nimport os\nos.getpid()")
     pids = {int(line.split()[1].rstrip("]")): int(line.split()[-1])
             for line in text(out).splitlines() if line.startswith("[rank ")}
-    os.kill(pids[1], signal.SIGSTOP)
+    freeze(pids[1])
     try:
         deadline = time.monotonic() + 20
         while True:  # an idle kernel sends no state of its own accord: ask, as the panel's refresh does

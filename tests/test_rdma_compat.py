@@ -15,6 +15,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from _freeze import freeze
 
 import monarch_kernel.rdma
 from monarch_kernel import Actor, endpoint, this_host
@@ -383,7 +384,7 @@ def test_an_action_runs_its_ops_concurrently(ranks):
     _transport, owner, peer, probe = ranks
     bufs, expect = _make(owner, "frozen", 4, MiB, seed=60)
     pid = owner.pid.call_one().get(timeout=10)
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         pending = peer.submit_reads.call_one(bufs)
         _wait("all 4 reads of the action to be in progress at once",

@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from _freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.actor.stack_report import StackReport
@@ -113,7 +114,7 @@ def test_seven_ranks_in_all_reduce_and_the_one_loading_data_stand_apart(eight):
 def test_a_stopped_rank_and_one_holding_the_gil_in_c_code_still_show(eight):
     procs, _, poke = eight
     pid = poke.slice(gpus=5).pid.call_one().get(timeout=30)
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         r = procs.stacks([5], all_threads=True)
         assert r.stacks[0].method == "py-spy" and r.stacks[0].threads, r
@@ -133,7 +134,7 @@ def test_a_stopped_rank_and_one_holding_the_gil_in_c_code_still_show(eight):
 def test_a_rank_that_cannot_answer_and_may_not_be_read_says_why(eight):
     procs, _, poke = eight
     pid = poke.slice(gpus=4).pid.call_one().get(timeout=30)
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     config.set("stacks_py_spy", False)
     try:
         r = procs.stacks([0, 4], all_threads=True, runtime_frames=True, timeout=3)
