@@ -21,7 +21,10 @@ on a "remote" host.  They are listed with their command lines, then killed.  Lin
 ``cut()`` are restored first, and Slurm jobs still queued are cancelled (and fail the test).
 
 Every subprocess run here has a timeout; the daemons' logs are printed when they fail to
-start.  Without root, ``ip``, ``sshd`` or Slurm's daemons the fixtures skip, saying which.
+start.  The daemons die with the process that started them (``PR_SET_PDEATHSIG``), so a
+pytest killed before its teardown leaves none running; its namespaces and bridges are
+removed by the next session that builds a network (``Network.sweep``).  Without root,
+``ip``, ``sshd`` or Slurm's daemons the fixtures skip, saying which.
 
 Imported as ``cluster`` (tests/ is on sys.path, as for ``_kernels``); conftest.py imports
 the fixtures so every test module can ask for them.
@@ -30,6 +33,7 @@ the fixtures so every test module can ask for them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -52,6 +56,7 @@ SSHD = "/usr/sbin/sshd"
 SLURM_DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
 SLURM_CLIENTS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
 PKG_HINT = "`make setup` installs it as root"
+OWNERS = "/run/monarch-kernel-test-networks"  # one file per network: who made it, what to delete
 
 
 def run(cmd: Sequence[str], *, timeout: float = 10.0, check: bool = True, env: dict | None = None,
@@ -124,6 +129,18 @@ def _reachable(addr: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In a daemon, between fork and exec: SIGKILL it when the test process ends, even
+    killed before its teardown (the signal is kept across exec of non-setuid programs)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+def _popen(argv: Sequence[str], log, env: dict) -> subprocess.Popen:
+    """Start a daemon in a session of its own, output to ``log``, dying with us."""
+    return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+
+
 def _stop(procs: Sequence[subprocess.Popen], timeout: float = 5.0) -> None:
     """SIGTERM, then SIGKILL after ``timeout``, and reap."""
     for p in procs:
@@ -176,9 +193,45 @@ class Network:
                 return seq.index(host)
         raise KeyError(f"{host!r} is none of this network's hosts {self.ips} ({self.names})")
 
+    @property
+    def _owner_file(self) -> str:
+        return f"{OWNERS}/{self.kind}{self.tag}.json"
+
+    def _own(self) -> None:
+        """Record what this network is and who made it, for ``sweep``."""
+        me = psutil.Process()
+        with open(self._owner_file, "w") as f:
+            json.dump({"pid": me.pid, "started": me.create_time(), "bridge": self.bridge,
+                       "namespaces": [f"{name}-{self.tag}" for name in self.names]}, f)
+
+    @staticmethod
+    def sweep() -> None:
+        """Delete the namespaces and bridges of networks whose maker is gone (a pytest
+        killed before its teardown); its daemons died with it."""
+        os.makedirs(OWNERS, exist_ok=True)
+        for name in os.listdir(OWNERS):
+            path = f"{OWNERS}/{name}"
+            try:
+                with open(path) as f:
+                    rec = json.load(f)
+                alive = psutil.Process(rec["pid"]).create_time() == rec["started"]
+            except psutil.NoSuchProcess:
+                alive = False
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written, or not ours
+            if alive:
+                continue
+            for ns in rec["namespaces"]:
+                run(["ip", "netns", "delete", ns], check=False)
+            run(["ip", "link", "delete", rec["bridge"]], check=False)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
     def create(self, etc: str) -> None:
         """Make the bridge, the namespaces and their veth pairs, and write each host's
         hosts/resolv.conf under ``etc``."""
+        self.sweep()
+        self._own()
         used = run(["ip", "-4", "-o", "addr"]).stdout + run(["ip", "-4", "route"]).stdout
         free = [x for x in range(1, 255) if f"10.77.{x}." not in used]
         if not free:
@@ -227,9 +280,7 @@ class Network:
         cmd = ["nsenter", f"--net=/run/netns/{self.namespaces[i]}", "unshare", "--uts", "--mount", "--",
                "sh", "-c", self.SPAWN, "sh", self.names[i], *argv]
         with open(log, "ab") as out:
-            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env={**(env or daemon_env()), "ETC_DIR": self.etc, "SHM_SIZE": shm_size or ""},
-                                    start_new_session=True)
+            return _popen(cmd, out, {**(env or daemon_env()), "ETC_DIR": self.etc, "SHM_SIZE": shm_size or ""})
 
     def pids(self, i: int) -> list[int]:
         r = run(["ip", "netns", "pids", self.namespaces[i]], check=False)
@@ -299,6 +350,8 @@ class Network:
         for ns in self.namespaces:
             run(["ip", "netns", "delete", ns], check=False)  # takes its veth pair with it
         run(["ip", "link", "delete", self.bridge], check=False)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._owner_file)
 
 
 def _check(cluster) -> str:
@@ -674,15 +727,13 @@ def slurm_network(n: int = 2, cpus: int = 4) -> Iterator[SlurmCluster]:
                                       dir=tmp, nodes=nodes, partition="mk"))
         env = daemon_env(SLURM_CONF=conf)
         with open(f"{tmp}/munged.log", "ab") as log:
-            daemons["munged"] = subprocess.Popen(
+            daemons["munged"] = _popen(
                 ["/usr/sbin/munged", "-F", "-f", f"--socket={tmp}/munge.socket", f"--key-file={tmp}/munge.key",
                  f"--pid-file={tmp}/munged.pid", f"--seed-file={tmp}/munged.seed", f"--log-file={tmp}/munged.log"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                log, env)
         _wait("munged's socket", lambda: os.path.exists(f"{tmp}/munge.socket"), 10.0, [f"{tmp}/munged.log"])
         with open(f"{tmp}/slurmctld.out", "ab") as log:
-            daemons["slurmctld"] = subprocess.Popen(
-                ["/usr/sbin/slurmctld", "-D", "-i", "-f", conf], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            daemons["slurmctld"] = _popen(["/usr/sbin/slurmctld", "-D", "-i", "-f", conf], log, env)
         for i, name in enumerate(net.names):
             daemons[f"slurmd-{name}"] = net.spawn(i, ["/usr/sbin/slurmd", "-D", "-f", conf], f"{tmp}/slurmd-{name}.out",
                                                   env=env)

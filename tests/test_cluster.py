@@ -18,7 +18,7 @@ import time
 
 import psutil
 import pytest
-from cluster import SlurmCluster, SSHHosts, describe
+from cluster import Network, SlurmCluster, SSHHosts, describe
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,6 +159,43 @@ def test_pids_leave_out_sshd_unless_asked(ssh_hosts: SSHHosts):
         assert "sshd" not in [name(p) for p in mine]
         assert "sshd" in [name(p) for p in ssh_hosts.pids(a, sshd_sessions=True)]
         session.wait(10)
+
+
+
+KILLED_BUILDER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import cluster
+with cluster.ssh_network(1) as hosts:
+    print(json.dumps({"sshd": [p.pid for p in hosts.sshd], "namespaces": hosts.net.namespaces,
+                      "bridge": hosts.net.bridge}), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_test_process_leaves_no_daemon_and_the_next_sweep_removes_its_network(ssh_hosts: SSHHosts):
+    """A pytest killed before its teardown: its sshd dies with it, and the namespaces and
+    bridge it left are removed when the next network is built (this session's own network,
+    ``ssh_hosts``, whose maker is alive, is kept)."""
+    here = str(pathlib.Path(__file__).resolve().parent)
+    with subprocess.Popen([sys.executable, "-c", KILLED_BUILDER, here], stdout=subprocess.PIPE, text=True) as builder:
+        try:
+            line = builder.stdout.readline()
+            assert line, "the builder printed nothing"
+            made = json.loads(line)
+            sshd = [psutil.Process(pid) for pid in made["sshd"]]
+        finally:
+            builder.kill()
+    gone, alive = psutil.wait_procs(sshd, timeout=10)
+    assert not alive, f"sshd outlived the process that started it: {alive}"
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    assert all(ns in listed for ns in made["namespaces"]), listed  # left behind, until a sweep
+    Network.sweep()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    assert not any(ns in listed for ns in made["namespaces"]), listed
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    assert f" {made['bridge']}:" not in links, links
+    assert ssh_hosts.ssh(ssh_hosts.hosts[0], "true").returncode == 0
 
 
 # ------------------------------------------------------------------------- slurm
