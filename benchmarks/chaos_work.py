@@ -210,13 +210,18 @@ class Cells:
         self._restarted = threading.Event()
         self.dead = threading.Event()
 
-    def execute(self, code: str, bound: float = CELL_BOUND) -> tuple[str, str] | None:
-        """Run ``code``; (status, stdout text) or None if it did not finish within ``bound``."""
+    def execute(self, code: str, bound: float = CELL_BOUND) -> tuple[str, str, str] | None:
+        """Run ``code``; (status, stdout text, stderr and error text) or None if it did not
+        finish within ``bound``.  The streams are kept apart: the kernel's stderr carries
+        text captured from its file descriptor 2 in chunks that need not end a line (a
+        traceback logged when garbage reaches a Jupyter port), and one such chunk joined to
+        the stdout that follows it would hide that stdout's first line."""
         cid = next(self.ledger.ids)
         with self.ledger.lock:
             self.ledger.made["cell"] += 1
         msg_id = self.kc.execute(code)
         out: list[str] = []
+        err: list[str] = []
         deadline = time.monotonic() + bound
         while time.monotonic() < deadline:
             try:
@@ -231,15 +236,15 @@ class Cells:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
-                out.append(content["text"])
+                (out if content["name"] == "stdout" else err).append(content["text"])
             elif kind == "error":
-                out.append("\n".join(content["traceback"]))
+                err.append("\n".join(content["traceback"]))
             elif kind == "status" and content["execution_state"] == "idle":
                 reply = self.kc.get_shell_msg(timeout=30)
                 status = reply["content"]["status"]
                 with self.ledger.lock:
                     self.ledger.values["cell"] += 1
-                return status, "".join(out)
+                return status, "".join(out), "".join(err)
         self.ledger._hang(cid, f"cell: no idle status after {bound:.0f} s: {code[:60]!r}")
         self.km.interrupt_kernel()
         return None
@@ -274,7 +279,7 @@ class Cells:
         self.books.restarts += 1
         got = self.execute("%mesh restart")
         if got is not None and got[0] != "ok":
-            log(f"chaos: %mesh restart said: {got[1][-400:]}")
+            log(f"chaos: %mesh restart said: {(got[1] + got[2])[-400:]}")
         if self.read_pids():
             self.books.restarts_answered += 1
 
@@ -291,7 +296,7 @@ class Cells:
         b.cells += 1
         if got is None:
             return
-        status, text = got
+        status, text, err = got
         if status == "ok":
             b.cells_ok += 1
         else:
@@ -309,7 +314,9 @@ class Cells:
             b.lines_out_of_order += sum(1 for a, c in zip(idx, idx[1:], strict=False) if c < a)
             lost = len(set(range(printed)) - set(idx))
             if lost:
-                log(f"chaos: cell {k} rank {r}: {lost} of {printed} printed lines never arrived (got {idx})")
+                odd = [line for line in (text + err).splitlines() if f"L {k} {r} " in line and not LINE.match(line)]
+                log(f"chaos: cell {k} rank {r}: {lost} of {printed} printed lines never arrived (got {idx}); "
+                    f"lines that hold one but are not one: {odd[:3]!r}")
             b.lines_lost += lost
             if status == "ok" and printed != CELL_LINES:
                 log(f"chaos: cell {k} ok but rank {r} recorded {printed} lines")
