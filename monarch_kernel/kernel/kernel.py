@@ -17,6 +17,7 @@ from traitlets import Bool, Float, Integer, TraitType, Type, Unicode, observe
 from traitlets.config import Application
 
 from ..runtime import config, diagnostics
+from .port_guard import PortGuard
 
 _TRAITS: dict[type, type[TraitType]] = {int: Integer, float: Float, str: Unicode, bool: Bool}
 
@@ -53,6 +54,7 @@ class MeshKernel(IPythonKernel):
         from . import load_magics
 
         diagnostics.install()
+        self.port_guard = PortGuard().install()  # garbage on the Jupyter ports: one line, not tracebacks
         for s in config.kernel_settings():
             if getattr(self, s.name) is not None:  # configured (command line, config file)
                 config.set(s.name, getattr(self, s.name))
@@ -66,6 +68,7 @@ class MeshKernel(IPythonKernel):
         from . import unload_magics
 
         unload_magics(self.shell)  # the runtime's hooks go with the kernel
+        self.port_guard.uninstall()
         return super().do_shutdown(restart)
 
 
