@@ -13,6 +13,7 @@ import operator
 import pytest
 
 from monarch_kernel import Actor, ActorError, current_rank, endpoint, this_host
+from monarch_kernel.tensors.rank.peer_failed import PeerFailed
 
 pytestmark = pytest.mark.timeout(120)
 torch = pytest.importorskip("torch")
@@ -91,10 +92,15 @@ class CollectiveProbe(Actor):
         return self.coll.submesh(dims, ranks).reduce(shard(me, torch.float32), None, "sum", stream="side")
 
     @endpoint
-    def transfer(self, pairs: list, nbytes: int, mode: str):
+    def transfer(self, pairs: list, nbytes: int, mode: str, failed: int | None = None):
+        """``failed``: the rank whose input failed (it sends a stand-in, saying so)."""
         me = current_rank().rank
         t = torch.arange(nbytes // 4, dtype=torch.float32) + 1000 * me
-        got = self.forced[mode].transfer(t if any(s == me for s, _ in pairs) else None, pairs, like=t)
+        try:
+            got = self.forced[mode].transfer(t if any(s == me for s, _ in pairs) else None, pairs, like=t,
+                                             failed=failed if me == failed else None)
+        except PeerFailed as e:
+            return f"PeerFailed: {e}"
         return None if got is None else (got[:3].tolist(), got[-1].item(), got.shape[0])
 
     @endpoint
@@ -230,6 +236,17 @@ def test_tensors_move_between_slices(mesh, mode):
     # a rank that keeps its own tensor and sends it on too
     got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(1, 1), (1, 3)], 64, mode).get(timeout=60).items()}
     assert got[0] is None and got[2] is None and got[1][0][0] == got[3][0][0] == 1000.0
+
+
+@pytest.mark.parametrize("mode", ["direct", "gloo"])
+def test_a_source_whose_input_failed_fails_its_destination_at_once(mesh, mode):
+    got = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(0, 2), (1, 3)], 4 << 20, mode, 1)
+           .get(timeout=60).items()}
+    assert got[2][0] == [0.0, 1.0, 2.0], got[2]  # rank 0's input was fine
+    assert got[3] == ("PeerFailed: the input of a member of this move (ranks [1, 3]) failed on rank 1; inspect "
+                      "that tensor on rank 1 for the op that failed and its traceback"), got[3]
+    again = {p["a"] * 2 + p["b"]: v for p, v in mesh.transfer.call([(1, 3)], 64, mode).get(timeout=60).items()}
+    assert again[3][0][0] == 1000.0  # the pair's link and group still work
 
 
 def test_ranks_of_one_host_copy_tensors_directly(mesh):

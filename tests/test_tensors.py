@@ -391,3 +391,22 @@ def test_a_rank_that_dies_raises_process_died_at_the_next_fetch():
         with pytest.raises(ProcessDied):
             fetch_shard(t, gpus=1).get(timeout=60)
         assert int(inspect(t, gpus=0)) == 0  # the other rank goes on
+
+
+@pytest.mark.timeout(60)
+def test_a_move_whose_source_failed_fails_its_destination_at_once(procs):
+    first, second = procs.slice(gpus=slice(0, 2)), procs.slice(gpus=slice(2, 4))
+    with first.activate():
+        i = first.rank_tensor("gpus")
+        bad = torch.zeros(3)[i.reshape(1) * 5]  # out of bounds on gpus=1 only
+    moved = mk.to_mesh(bad, second)
+    with second.activate():
+        doubled = moved * 2
+    assert float(inspect(doubled, gpus=0)) == 0.0  # rank 0's input was fine
+    with pytest.raises(RemoteException, match="failed on rank 1"):
+        inspect(moved, gpus=1)
+    with pytest.raises(RemoteException, match="failed on rank 1"):
+        inspect(doubled, gpus=1)
+    with first.activate():
+        again = first.rank_tensor("gpus").float() + 1
+    assert [float(inspect(mk.to_mesh(again, second), gpus=g)) for g in range(2)] == [1.0, 2.0]  # and it goes on

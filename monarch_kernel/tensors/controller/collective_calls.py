@@ -123,7 +123,7 @@ def to_mesh(t: Tensor, mesh) -> Tensor:
     client.adopt(out)
     both = frozenset(src.ranks) | frozenset(dest.ranks)
     req = Collective("to_mesh", t._ref, ref, src.labels, src.sizes, src.ranks, dest_ranks=dest.ranks,
-                     like=(tuple(t._meta[0]), t._meta[3]))
+                     like=_like(t))
     client.record((COLLECTIVE, req), [ref], None if len(both) == client.world else both, torch.is_grad_enabled())
     return out
 

@@ -25,6 +25,7 @@ from typing import Any
 from . import buffers, reductions
 from .groups import Groups, StoreAddress, backend_for
 from .links import Links
+from .peer_failed import PeerFailed
 from .transfer import Transfers
 
 
@@ -163,7 +164,7 @@ class Collectives:
     # ------------------------------------------------------------ moving tensors between ranks
 
     def transfer(self, local: Any, pairs: Sequence[tuple[int, int]], like: Any = None, *,
-                 stream: str = "default") -> Any:
+                 stream: str = "default", failed: int | None = None) -> Any:
         """Move tensors point to point: for each ``(source, destination)`` pair of
         proc-mesh ranks, the source's ``local`` arrives at the destination.  Every rank named
         in ``pairs`` calls it with the same pairs; a source passes its tensor, a destination
@@ -171,8 +172,10 @@ class Collectives:
         the tensor back; a rank that only sends gets None.  A source may send to several
         destinations; a destination receives once.  CPU tensors between ranks of one host
         are copied straight out of the source's memory (``direct``), others go over gloo;
-        CUDA tensors over nccl (``transfer_path`` says which)."""
-        return self._transfers.run(local, [(int(s), int(d)) for s, d in pairs], like, stream)
+        CUDA tensors over nccl (``transfer_path`` says which).  ``failed``: this source's
+        input failed on that rank (``local``: a stand-in of its shape); its destinations
+        raise ``PeerFailed`` at once."""
+        return self._transfers.run(local, [(int(s), int(d)) for s, d in pairs], like, stream, failed)
 
     def transfer_path(self, peer: int) -> str:
         """How CPU tensors move between this rank and ``peer``: ``"direct"`` (one copy, on
@@ -215,15 +218,6 @@ class Collectives:
 
     def __repr__(self) -> str:
         return f"Collectives<rank {self._rank} at {self.point} of {self.dims}>"
-
-
-class PeerFailed(RuntimeError):
-    """A reduction whose input failed on some member: its result here is poisoned too."""
-
-    def __init__(self, origin: int, members: tuple):
-        self.origin = origin
-        super().__init__(f"the input of a member of this reduction (ranks {list(members)}) failed on rank {origin}; "
-                         f"inspect that tensor on rank {origin} for the op that failed and its traceback")
 
 
 def _as_bytes(t: Any) -> Any:

@@ -69,15 +69,23 @@ class CollectiveRequests:
             if ex.rank not in mine:
                 return
             c = self._over(req.labels, req.sizes, mine)
-            local = self._input(req.source) if ex.rank in req.ranks else None
+            local, failed = None, None
+            if ex.rank in req.ranks:
+                value = ex.env.get(req.source)
+                if type(value) is Poisoned and req.like is not None:
+                    import torch  # send a stand-in, saying so, so that the destination fails now
+
+                    failed, local = value, torch.zeros(req.like[0], dtype=req.like[1], device=req.like[2])
+                else:
+                    local = self._input(req.source)
             like = None
             if req.like is not None:
                 import torch
 
                 like = torch.empty(req.like[0], dtype=req.like[1], device="meta")
-            got = c.transfer(local, pairs, like, stream=stream)
+            got = c.transfer(local, pairs, like, stream=stream, failed=None if failed is None else failed.rank)
             if ex.rank in req.dest_ranks:
-                ex.env[req.out] = got
+                ex.env[req.out] = got if failed is None else failed
         else:
             raise ValueError(f"unknown collective {req.kind!r}")
 

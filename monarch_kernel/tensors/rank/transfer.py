@@ -25,10 +25,12 @@ from ...runtime import config
 from . import buffers
 from .groups import Groups, backend_for
 from .links import Links, recv_exact
+from .peer_failed import PeerFailed
 
 log = logging.getLogger(__name__)
 DATA = 3  # the gloo tag of a transfer's bytes
-_HEADER = struct.Struct("!qqq")  # on the link, source to destination: pid, address, bytes
+FLAG = 4  # ... and of the word sent beside them: 0, or 1 + the rank on which the source's input failed
+_HEADER = struct.Struct("!qqq")  # on the link, source to destination: pid (or -1 - the failed rank), address, bytes
 _ACK = struct.Struct("!q")  # ... and back: 0 (copied), an errno (copy the bytes over gloo instead), or:
 SIZE_MISMATCH = -1  # the destination expected another size; nothing moves
 MODES = ("direct", "gloo")
@@ -65,7 +67,10 @@ class Transfers:
                 self._peers[peer] = ident
         return not self._me.startswith("-/") and ident.split("/")[:3] == self._me.split("/")[:3]
 
-    def run(self, local: Any, pairs: list[tuple[int, int]], like: Any, stream: str) -> Any:
+    def run(self, local: Any, pairs: list[tuple[int, int]], like: Any, stream: str, failed: int | None = None) -> Any:
+        """``failed``: this rank's input failed (on rank ``failed``); ``local`` is then a
+        stand-in of its shape, and each destination raises ``PeerFailed`` at once rather
+        than waiting for bytes that will not come."""
         import torch
 
         me = self._rank
@@ -90,57 +95,64 @@ class Transfers:
             out = buffers.empty(like.shape, like.dtype, device)
         device_type = (data if data is not None else out).device.type
         if backend_for(device_type) == "nccl":
-            self._nccl(pairs, data, out, stream)
+            self._nccl(pairs, data, out, stream, failed)
         else:
-            self._gloo(sends, source, data, out, stream)
+            self._gloo(sends, source, data, out, stream, failed)
         return mine if mine is not None else out
 
     def _pair(self, peer: int, backend: str, stream: str):
         members = (min(self._rank, peer), max(self._rank, peer))
         return self._groups.group(members, self._rank, backend, stream), members.index(peer)
 
-    def _nccl(self, pairs, data, out, stream: str) -> None:
-        works = []
+    def _nccl(self, pairs, data, out, stream: str, failed: int | None) -> None:
+        works, flags = [], []
         for s, d in pairs:  # one order on every rank: each pair's send meets its recv
             if s == self._rank and d != s:
                 pg, i = self._pair(d, "nccl", stream)
-                works.append(pg.send([data], i, 0))
+                works += [pg.send([_flag(failed, data.device)], i, FLAG), pg.send([data], i, DATA)]
             elif d == self._rank and s != d:
                 pg, i = self._pair(s, "nccl", stream)
-                works.append(pg.recv([out], i, 0))
+                flags.append((s, _flag(None, out.device)))
+                works += [pg.recv([flags[-1][1]], i, FLAG), pg.recv([out], i, DATA)]
         for w in works:
             w.wait()
+        for s, flag in flags:
+            _raise_if_failed(flag, s, self._rank)
 
-    def _gloo(self, sends: list[int], source: int | None, data: Any, out: Any, stream: str) -> None:
+    def _gloo(self, sends: list[int], source: int | None, data: Any, out: Any, stream: str,
+              failed: int | None) -> None:
         works: list = []
         failure: Exception | None = None
         raw: Any = _as_bytes(data) if data is not None else None
         dst: Any = _as_bytes(out) if out is not None else None
+        flag: Any = None  # the word that comes with bytes over gloo
         direct_in = source is not None and self.direct_with(source)
         if source is not None and not direct_in:  # 1. post what arrives over gloo
-            pg, i = self._pair(source, "gloo", stream)
-            works.append(pg.recv([dst], i, DATA))
+            flag = self._recv_gloo(source, dst, stream, works)
         waiting = []
         for d in sends:  # 2. send: where the bytes are (on the link), or the bytes (over gloo)
             if self.direct_with(d):
                 link = self._link(d, stream)
-                link.sendall(_HEADER.pack(os.getpid(), raw.data_ptr(), raw.numel()))
+                who = os.getpid() if failed is None else -1 - failed
+                link.sendall(_HEADER.pack(who, raw.data_ptr(), raw.numel()))
                 waiting.append((d, link))
             else:
-                pg, i = self._pair(d, "gloo", stream)
-                works.append(pg.send([raw], i, DATA))
+                self._send_gloo(d, raw, failed, stream, works)
         if direct_in and source is not None:  # 3. copy out of the source's memory, then say so
             link = self._link(source, stream)
             pid, addr, nbytes = _HEADER.unpack(recv_exact(link, _HEADER.size))
-            status = SIZE_MISMATCH if nbytes != dst.numel() else _read_peer(pid, addr, dst)
+            if pid < 0:  # the source's input failed: nothing to copy
+                status = 0
+                failure = PeerFailed(-1 - pid, (source, self._rank), "this move")
+            else:
+                status = SIZE_MISMATCH if nbytes != dst.numel() else _read_peer(pid, addr, dst)
             link.sendall(_ACK.pack(status))
             if status == SIZE_MISMATCH:
                 failure = ValueError(f"rank {source} sends {nbytes} bytes, but rank {self._rank} expects "
                                      f"{dst.numel()} (shape {tuple(out.shape)}, {out.dtype})")
             elif status:
                 self._fall_back(source, status)
-                pg, i = self._pair(source, "gloo", stream)
-                works.append(pg.recv([dst], i, DATA))
+                flag = self._recv_gloo(source, dst, stream, works)
         for d, link in waiting:  # 4. hold the bytes until each destination has them
             status = _ACK.unpack(recv_exact(link, _ACK.size))[0]
             if status == SIZE_MISMATCH:
@@ -148,12 +160,23 @@ class Transfers:
                                                 f"rank {self._rank} sends")
             elif status:
                 self._fall_back(d, status)
-                pg, i = self._pair(d, "gloo", stream)
-                works.append(pg.send([raw], i, DATA))
+                self._send_gloo(d, raw, failed, stream, works)
         for w in works:
             w.wait()
         if failure is not None:
             raise failure
+        if flag is not None and source is not None:
+            _raise_if_failed(flag, source, self._rank)
+
+    def _send_gloo(self, dest: int, raw: Any, failed: int | None, stream: str, works: list) -> None:
+        pg, i = self._pair(dest, "gloo", stream)
+        works += [pg.send([_flag(failed, raw.device)], i, FLAG), pg.send([raw], i, DATA)]
+
+    def _recv_gloo(self, source: int, dst: Any, stream: str, works: list) -> Any:
+        pg, i = self._pair(source, "gloo", stream)
+        flag = _flag(None, dst.device)
+        works += [pg.recv([flag], i, FLAG), pg.recv([dst], i, DATA)]
+        return flag
 
     def _link(self, peer: int, stream: str):
         return Links.shared(self._groups, self._rank).get(peer, int(self._peers[peer].rsplit("/", 1)[1]), stream)
@@ -164,6 +187,18 @@ class Transfers:
                         "instead (allow ptrace between the ranks, e.g. kernel.yama.ptrace_scope=0, for one copy)",
                         peer, os.strerror(status) if status > 0 else status)
         self._no_direct.add(peer)
+
+
+def _flag(failed: int | None, device: Any) -> Any:
+    import torch
+
+    return torch.tensor([0 if failed is None else failed + 1], dtype=torch.int64, device=device)
+
+
+def _raise_if_failed(flag: Any, source: int, me: int) -> None:
+    origin = int(flag.item()) - 1
+    if origin >= 0:
+        raise PeerFailed(origin, (source, me), "this move")
 
 
 def _as_bytes(t: Any) -> Any:
