@@ -54,7 +54,8 @@ class MeshKernel(IPythonKernel):
         from . import load_magics
 
         diagnostics.install()
-        self.port_guard = PortGuard().install()  # garbage on the Jupyter ports: one line, not tracebacks
+        # Garbage on the Jupyter ports: counted and said in one line, not a traceback per frame.
+        self.port_guard = PortGuard().install(self.iopub_thread)
         for s in config.kernel_settings():
             if getattr(self, s.name) is not None:  # configured (command line, config file)
                 config.set(s.name, getattr(self, s.name))

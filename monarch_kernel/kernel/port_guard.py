@@ -1,13 +1,15 @@
 """Bytes that are not Jupyter's wire format, sent to the kernel's own Jupyter ports (a port
 scanner, a stray client, the chaos run's garbage): counted, and said in one line at most
-every ``EVERY_S`` seconds instead of a traceback per frame.
+every ``EVERY_S`` seconds instead of a traceback (or the whole frame) per frame.
 
 ipykernel (7.x) splits a frame's identities from its message before its own ``try``, and
 its IOPub socket reads a subscription's first byte without checking that there is one; so
 each such frame raises in a ZMQ stream's callback, and tornado logs the traceback to the
 kernel's stderr, which is the running cell's.  A burst of garbage made thousands of lines
-there, in pieces that split the rank output printed beside them.  The frames are dropped
-either way (the kernel goes on); this filter only changes what is said about them.
+there, in pieces that split the rank output printed beside them.  Its IOPub pipe (for
+forked subprocesses' output) prints each message that lacks its key whole, binary and all.
+The frames are dropped either way (the kernel goes on); the guard only changes what is said
+about them.
 """
 
 from __future__ import annotations
@@ -18,8 +20,13 @@ import threading
 import time
 import traceback
 
+from ..runtime.diagnostics import PROCESS_STDERR
+
 LOGGERS = ("tornado.general", "tornado.application", "asyncio")  # where ZMQ streams' callbacks' errors go
 EVERY_S = 10.0
+LINE = ("monarch-kernel: dropped %d malformed frame(s) on this kernel's Jupyter ports (%s; %d in all since the "
+        "kernel started); something other than a Jupyter client is connecting to them")
+log = logging.getLogger(__name__)
 # The innermost frame of the exception, and what it means.
 REASONS = {
     "feed_identities": "no identity delimiter: not a Jupyter message",
@@ -36,7 +43,8 @@ def _reason(record: logging.LogRecord) -> str | None:
 
 
 class PortGuard(logging.Filter):
-    """Installed on tornado's loggers in the kernel process: ``counts`` (reason -> frames)."""
+    """Installed on tornado's loggers in the kernel process (and, with ``pipe``, on
+    ipykernel's IOPub pipe): ``counts`` (reason -> frames)."""
 
     def __init__(self, every: float = EVERY_S):
         super().__init__()
@@ -45,30 +53,63 @@ class PortGuard(logging.Filter):
         self._lock = threading.Lock()
         self._said_at = -float("inf")
         self._said_total = 0
+        self._pipe: tuple | None = None  # (stream, its handler) while ``pipe`` guards it
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        why = _reason(record)
-        if why is None:
-            return True
+    def _count(self, why: str) -> tuple | None:
+        """Count one frame; the line's arguments when it is time to say so, else None."""
         now = time.monotonic()
         with self._lock:
             self.counts[why] += 1
             total = sum(self.counts.values())
             if now - self._said_at < self.every:
-                return False
+                return None
             new, self._said_at, self._said_total = total - self._said_total, now, total
-        record.msg = ("monarch-kernel: dropped %d malformed frame(s) on this kernel's Jupyter ports (%s; %d in all "
-                      "since the kernel started); something other than a Jupyter client is connecting to them")
-        record.args = (new, why, total)
+        return new, why, total
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        why = _reason(record)
+        if why is None:
+            return True
+        said = self._count(why)
+        if said is None:
+            return False
+        record.msg, record.args = LINE, said
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = record.exc_text = None
         return True
 
-    def install(self) -> PortGuard:
+    def install(self, iopub_thread=None) -> PortGuard:
         for name in LOGGERS:
             logging.getLogger(name).addFilter(self)
+        if iopub_thread is not None:
+            self.pipe(iopub_thread)
         return self
+
+    def pipe(self, iopub_thread) -> None:
+        """Guard ipykernel's IOPub pipe (a PULL socket on 127.0.0.1 that forked
+        subprocesses send their output to, each message led by a random key): a message
+        without the key is counted here, where ipykernel would print it whole to the
+        kernel's stderr.  Nothing is done when this ipykernel has no such pipe."""
+        stream = getattr(iopub_thread, "_pipe_in", None)
+        handler = getattr(iopub_thread, "_handle_pipe_msg", None)
+        if stream is None or handler is None or not hasattr(iopub_thread, "_pipe_uuid"):
+            return
+
+        def guarded(msg) -> None:
+            if msg and msg[0] == iopub_thread._pipe_uuid:
+                handler(msg)
+                return
+            said = self._count("a message on the IOPub pipe without its key")
+            if said is not None:
+                log.warning(LINE, *said, extra=PROCESS_STDERR)
+
+        self._pipe = (stream, handler)
+        stream.io_loop.add_callback(stream.on_recv, guarded)  # on the IOPub thread, which owns it
 
     def uninstall(self) -> None:
         for name in LOGGERS:
             logging.getLogger(name).removeFilter(self)
+        if self._pipe is not None:
+            stream, handler = self._pipe
+            self._pipe = None
+            stream.io_loop.add_callback(stream.on_recv, handler)
