@@ -20,10 +20,11 @@ import threading
 import time
 import traceback
 
+from ..runtime import config
 from ..runtime.diagnostics import PROCESS_STDERR
 
 LOGGERS = ("tornado.general", "tornado.application", "asyncio")  # where ZMQ streams' callbacks' errors go
-EVERY_S = 10.0
+EVERY_S = config.seconds("port_guard_every")
 LINE = ("monarch-kernel: dropped %d malformed frame(s) on this kernel's Jupyter ports (%s; %d in all since the "
         "kernel started); something other than a Jupyter client is connecting to them")
 log = logging.getLogger(__name__)

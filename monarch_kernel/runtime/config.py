@@ -142,6 +142,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("orphan_sweep_first", 0.2, "runtime/template_server.py", "after a rank exits, when its template first "
        "looks for the rank's orphaned children"),
     _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
+    _s("port_guard_every", 10.0, "kernel/port_guard.py", "how often the kernel says, in one line of its log, "
+       "how many malformed frames reached its Jupyter ports (between, they are only counted)"),
     _s("stack_dump", 10.0, "runtime/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
        "before its template kills it (`%mesh stacks`)"),
     _s("collectives_ask", 5.0, "spmd/controller/collectives.py", "how long `%mesh collectives` waits for each rank "
