@@ -377,6 +377,7 @@ def test_interrupt_cuts_a_sleeping_cell_short(kc):
     assert reply["ename"] == "KeyboardInterrupt"
     assert took < 3, f"the interrupt took {took:.1f} s"
     out, reply = run(kc, "%%mesh --timeout 5\nround(time.time() - started) < 10")
+    assert reply["status"] == "ok", (reply, text(out))
     assert "[ranks 0-1] True" in text(out), "the ranks' sleep went on after the interrupt"
 
 

@@ -3,7 +3,9 @@
 Kept thin on purpose: the controller is the runtime, usable without Jupyter; the kernel
 only adds magics, sends rank output into the running cell, and gives the settings a
 controller reads (``runtime/config.py``) as traitlets: ``--MeshKernel.heartbeat_timeout=7``
-on its command line, or ``c.MeshKernel.heartbeat_timeout = 7`` in a config file.
+on its command line, or ``c.MeshKernel.heartbeat_timeout = 7`` in a config file.  Two
+guards against ipykernel's edges: garbage on its ports (``port_guard``), and the order of a
+failed cell's reply and the abort of what was queued behind it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,28 @@ class MeshKernel(IPythonKernel):
             if getattr(self, s.name) is not None:  # configured (command line, config file)
                 config.set(s.name, getattr(self, s.name))
         load_magics(self.shell)
+
+    # ipykernel (7.x) sends a failed cell's reply, then starts aborting the requests queued
+    # behind it, and stops aborting when a marker it posts reaches the shell queue; a client
+    # that sends its next cell as soon as the reply arrives (a test, a script, the stop
+    # button then a quick re-run) can get its request in before the marker, and it is
+    # aborted though it came after the failure.  So the marker is posted before the reply.
+    _aborted_early = False
+
+    async def do_execute(self, code, silent, *args, **kwargs):
+        reply = await super().do_execute(code, silent, *args, **kwargs)
+        parent = self.get_parent("shell")
+        if (not silent and reply.get("status") == "error" and self.shell_channel_thread
+                and parent.get("content", {}).get("stop_on_error", True)):
+            super()._abort_queues(parent.get("header", {}).get("subshell_id"))
+            self._aborted_early = True
+        return reply
+
+    def _abort_queues(self, subshell_id=None):
+        if self._aborted_early:  # done in do_execute, before the reply went out
+            self._aborted_early = False
+            return
+        super()._abort_queues(subshell_id)
 
     @observe(*(s.name for s in config.kernel_settings()))
     def _setting_changed(self, change) -> None:
