@@ -295,6 +295,42 @@ def test_controller_exit_without_stop_ends_ranks(tmp_path, how, rc):
         c.close()
 
 
+LAST_WORDS = """
+from monarch_kernel import Actor, current_rank, endpoint, this_host
+
+class Shout(Actor):
+    @endpoint
+    def shout(self, n):
+        for i in range(n):
+            print(f"last {current_rank().rank} {i} " + "x" * 400, flush=True)
+
+procs = this_host().spawn_procs(per_host={"r": 4})
+shout = procs.spawn("shout", Shout)
+shout.shout.call(1).get()
+# A busy machine, made certain: the template that reads the ranks' pipes is frozen while
+# they print, and thaws 0.3 s after the script has reached its end.
+import os, signal, threading
+from monarch_kernel.runtime.process import Runtime
+template = next(iter(Runtime.current().launcher.templates.values())).proc.pid
+os.kill(template, signal.SIGSTOP)
+shout.shout.call(1500).get()
+threading.Timer(0.3, os.kill, (template, signal.SIGCONT)).start()
+"""  # and the script ends at once, its meshes still up
+
+
+@pytest.mark.timeout(60)
+def test_what_ranks_printed_before_the_controller_exits_is_shown(tmp_path):
+    out = run_script(write_script(tmp_path, "last_words.py", LAST_WORDS))
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if " last " in line]
+    for r in range(4):
+        mine = [line for line in lines if line.startswith(f"[rank {r}] last {r} ")]
+        # about 0.6 MB each (a pipe holds it all), written just before the script ends: still in the ranks' pipes
+        # (and the template's socket) when the controller reaches its exit
+        want = [f"[rank {r}] last {r} 0 " + "x" * 400] + [f"[rank {r}] last {r} {i} " + "x" * 400 for i in range(1500)]
+        assert mine == want, (r, len(mine), [line[:30] for line in mine[-2:]])
+
+
 # ---------------------------------------------------------------- stopping
 
 

@@ -152,6 +152,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "stacks before it sends py-spy to those that did not"),
     _s("stacks_wait", 15.0, "actor/stacks.py", "how long `%mesh stacks` waits for every rank's "
        "stack, py-spy's and the in-process fallback's together"),
+    _s("exit_drain", 1.0, "runtime/launcher.py", "at a controller's exit, how long it waits for its local ranks' "
+       "last output (what they wrote before it) before it kills them"),
     _s("stop_grace", 2.0, "runtime/launcher.py", "how long stopped ranks have to exit before they are killed"),
     _s("cleanup_budget", 1.0, "runtime/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),

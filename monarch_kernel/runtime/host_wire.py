@@ -116,6 +116,15 @@ class Stacks(Message):
 
 
 @dataclass(frozen=True)
+class Drain(Message):
+    """(templates) Send what the ranks have written so far, then answer ``Drained``: at the
+    controller's exit, so that a rank's last lines are shown before it is killed."""
+
+    OP = "drain"
+    tag: int
+
+
+@dataclass(frozen=True)
 class Usage(Message):
     """(agents) CPU ticks and resident memory of each of ``pids``; answered by ``Usages``."""
 
@@ -226,6 +235,14 @@ class Usages(Message):
 
 
 @dataclass(frozen=True)
+class Drained(Message):
+    """Every byte the ranks had written when ``Drain`` arrived was sent before this."""
+
+    OP = "drained"
+    tag: int
+
+
+@dataclass(frozen=True)
 class Exit(Message):
     """A rank was reaped; ``status`` as ``os.waitpid`` gives it."""
 
@@ -258,8 +275,8 @@ class RankHello(Message):
 
 
 OPS: dict[str, type[Message]] = {cls.OP: cls for cls in (
-    Fork, Kill, Reserve, Stacks, Usage, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats, StackDump,
-    Usages, Exit, Beat, RankHello)}
+    Fork, Kill, Reserve, Stacks, Drain, Usage, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats,
+    StackDump, Usages, Drained, Exit, Beat, RankHello)}
 
 
 def decode(data: bytes) -> Message:

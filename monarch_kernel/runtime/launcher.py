@@ -32,6 +32,7 @@ from .owned_mesh import OwnedMesh
 from .template_client import TemplateClient
 
 STOP_GRACE_S = config.seconds("stop_grace")
+EXIT_DRAIN_S = config.seconds("exit_drain")
 
 
 class Launcher:
@@ -368,9 +369,15 @@ class Launcher:
     def close(self) -> None:
         """At exit: every rank we spawned is killed, then the templates and the hosts' agents.
         Their meshes are marked stopping first: ranks ended by their own controller's shutdown
-        are no failure."""
+        are no failure.  First the local ranks' last output is shown: what they wrote before
+        the exit (a script's final lines from its actors) is read and printed, waiting at most
+        ``exit_drain`` seconds for it."""
         for om in list(self.rt.meshes.values()):
             om.stopping = True
+        if self.pid_index and not self.rt.io.is_current():
+            deadline = time.monotonic() + EXIT_DRAIN_S
+            for done in [t.drain() for t in list(self.templates.values()) if t.alive]:
+                done.wait(max(0.0, deadline - time.monotonic()))
         for om, r in list(self.pid_index.values()):
             _sigkill(om, r)
         for template in list(self.templates.values()):

@@ -21,6 +21,8 @@ from typing import Protocol
 
 from .host_wire import (
     Beats,
+    Drain,
+    Drained,
     Exit,
     Fork,
     Forked,
@@ -92,8 +94,10 @@ class TemplateClient:
                                                 Hello: lambda m: self.events.hello(m.pid, m.hello),
                                                 Forked: self._forked, ForkFailed: self._fork_failed,
                                                 Exit: self._exited, Ready: self._ready,
-                                                StackDump: lambda m: self._dumps.arrived(m)}
+                                                StackDump: lambda m: self._dumps.arrived(m),
+                                                Drained: self._drained}
         self._dumps = PendingDumps()
+        self._draining: dict[int, threading.Event] = {}
         loop.add_reader(here.fileno(), self._readable)
 
     def fork(self, config: LaunchConfig, on_forked, on_failed: Callable[[str], None] | None = None) -> None:
@@ -114,6 +118,26 @@ class TemplateClient:
             tag = self._tags
         self._dumps.add(tag, len(pids), on_dump)
         send_msg(self._sock, Stacks(tag, list(pids), bool(native)))
+
+    def drain(self) -> threading.Event:
+        """Ask the template to send what its ranks have written so far; the event is set
+        on the IO thread once all of it has been handed to the events (``output``)."""
+        done = threading.Event()
+        with self._lock:
+            self._tags += 1
+            tag = self._tags
+            self._draining[tag] = done
+        try:
+            send_msg(self._sock, Drain(tag))
+        except OSError:
+            done.set()  # the template is gone: nothing more will come
+        return done
+
+    def _drained(self, msg: Drained) -> None:
+        with self._lock:
+            done = self._draining.pop(msg.tag, None)
+        if done is not None:
+            done.set()
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         try:

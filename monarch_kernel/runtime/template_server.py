@@ -19,6 +19,8 @@ from typing import NoReturn
 from . import config
 from .host_wire import (
     Beats,
+    Drain,
+    Drained,
     Exit,
     Fork,
     Forked,
@@ -306,6 +308,13 @@ def serve() -> None:
                             if pid not in children:
                                 out.send(StackDump(msg.tag, pid, -1, b"", b"not a live rank of this template"))
                         sampler.start(msg.tag, [p for p in msg.pids if p in children], msg.native)
+                    elif type(msg) is Drain:  # read each rank's pipes dry, send it, then say so
+                        for f, owner in list(by_fd.items()):
+                            for _ in range(64):  # at most 4 MiB a pipe: a rank printing on does not hold us
+                                if owner.fds.get(f) not in (1, 2) or not read_pipe(owner, f):
+                                    break
+                        flush_batch()
+                        out.send(Drained(msg.tag))
                     elif type(msg) is Kill:
                         try:
                             os.kill(msg.pid, msg.signal)
