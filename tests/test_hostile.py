@@ -150,10 +150,8 @@ def test_a_flood_of_unauthenticated_connections_is_capped_per_peer_and_in_all(jo
         sample()
         assert max(most) <= threads + MAX_UNAUTHENTICATED_PER_PEER, "a thread per unauthenticated connection"
         assert owner.unauthenticated.call_one().get(timeout=10) <= MAX_UNAUTHENTICATED_PER_PEER
-        # Another peer (a reader, from 127.0.0.1) still gets in at once.
-        t0 = time.monotonic()
+        # Another peer (a reader, from 127.0.0.1) still gets in (at once: see the next test).
         assert readers[0].read_crc.call_one(buf).get(timeout=20) == ("tcp", crc)
-        assert time.monotonic() - t0 < HANDSHAKE_S
     wait_for("the flood's connections to end", lambda: owner.unauthenticated.call_one().get(timeout=10) == 0)
     many = [f"127.0.1.{i}" for i in range(1, 2 * MAX_UNAUTHENTICATED // MAX_UNAUTHENTICATED_PER_PEER + 1)]
     most[:] = [threads]
@@ -162,6 +160,23 @@ def test_a_flood_of_unauthenticated_connections_is_capped_per_peer_and_in_all(jo
         assert owner.unauthenticated.call_one().get(timeout=10) <= MAX_UNAUTHENTICATED
     wait_for("the flood's connections to end", lambda: owner.unauthenticated.call_one().get(timeout=10) == 0)
     assert readers[1].read_crc.call_one(buf).get(timeout=20) == ("tcp", crc)
+
+
+def test_another_peer_gets_in_while_the_flood_holds_its_allowance():
+    """With a handshake deadline far longer than the read may take, a reader from another
+    address reads while the flood's held connections are all still there: it did not wait
+    for them to pass their deadline (no clock read: the load on the machine cannot fail it)."""
+    env = {"MONARCH_KERNEL_DATA_TRANSPORT": "tcp", "MONARCH_KERNEL_TCP_STREAMS": "1",
+           "MONARCH_KERNEL_DATA_HANDSHAKE_TIMEOUT": "45"}
+    with this_host().spawn_procs(per_host={"ranks": 2}, env=env) as procs:
+        owner = procs.slice(ranks=0).spawn("owner", Owner)
+        reader = procs.slice(ranks=1).spawn("reader", Reader)
+        buf, crc = owner.make.call_one(1 << 20).get(timeout=30)
+        with flood(buf._h, MAX_UNAUTHENTICATED_PER_PEER, ["127.0.0.2"]):
+            wait_for("the flood to fill 127.0.0.2's allowance",
+                     lambda: owner.unauthenticated.call_one().get(timeout=10) == MAX_UNAUTHENTICATED_PER_PEER)
+            assert reader.read_crc.call_one(buf).get(timeout=30) == ("tcp", crc)
+            assert owner.unauthenticated.call_one().get(timeout=10) == MAX_UNAUTHENTICATED_PER_PEER
 
 
 def test_running_out_of_descriptors_does_not_stop_the_accept_loop(job):
@@ -212,7 +227,8 @@ def test_the_whole_handshake_has_one_deadline(job):
             except OSError:
                 cut = time.monotonic() - t0
     assert cut is not None, f"a slow-drip client still held its connection after {4 * HANDSHAKE_S} s"
-    assert HANDSHAKE_S - 0.1 < cut < HANDSHAKE_S + 0.7, cut
+    # Not before the deadline, and long before the 48 bytes' 14 s (a loaded machine may be late).
+    assert HANDSHAKE_S - 0.1 < cut < 4 * HANDSHAKE_S, cut
 
 
 def _listening(pid: int, port: int) -> set[str]:
