@@ -20,6 +20,7 @@ if [[ "${1:-}" == "--load" ]]; then
 fi
 PY="${PYTHON:-.venv/bin/python}"
 DIR="${STRESS_DIR:-$(mktemp -d -t mk-stress-XXXXXX)}"
+mkdir -p "$DIR"
 MODULES=(
     tests/test_hosts.py tests/test_hosts_kernel.py       # remote hosts: agents, cut links
     tests/test_lifecycle.py tests/test_liveness.py       # restarts, deaths, interrupts
