@@ -25,7 +25,8 @@ from typing import Any
 from . import buffers, reductions
 from .groups import Groups, StoreAddress, backend_for
 from .links import Links
-from .peer_failed import PeerFailed
+from .peer_failed import flag as flag_word
+from .peer_failed import raise_if_flagged
 from .transfer import Transfers
 
 
@@ -133,7 +134,7 @@ class Collectives:
         flag: Any = None
         flag_work = None
         if pg is not None:  # whether some member's input failed: beside the data, on the same group
-            flag = torch.tensor([0 if failed is None else failed + 1], dtype=torch.int64, device=local.device)
+            flag = flag_word(failed, local.device)
             flag_work = pg.allreduce([flag], dist.ReduceOp.MAX)
         if reduction == "stack":
             result = _all_to_all(pg, src) if scatter else _all_gather(pg, src, n)
@@ -152,9 +153,8 @@ class Collectives:
                 result = reductions.combine(_all_gather(pg, src, n), reduction)
         if flag_work is not None:
             flag_work.wait()
-            origin = int(flag.item()) - 1
-            if origin >= 0 and failed is None:
-                raise PeerFailed(origin, members)
+            if failed is None:  # the failed member itself knows already
+                raise_if_flagged(flag, members)
         if inplace:
             if result is not plain:
                 plain.copy_(result)

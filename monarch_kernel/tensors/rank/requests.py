@@ -49,13 +49,7 @@ class CollectiveRequests:
             c = self._over(req.labels, req.sizes, req.ranks)
             local = ex.env.get(req.source)
             failed = local if type(local) is Poisoned else None
-            if failed is not None and req.like is not None:
-                # Take part with zeros, saying so, so that the peers fail now (not after a timeout).
-                import torch
-
-                local = torch.zeros(req.like[0], dtype=req.like[1], device=req.like[2])
-            else:
-                local = self._input(req.source)
+            local = _stand_in(req) if failed is not None and req.like is not None else self._input(req.source)
             dims = tuple(req.dims) or None
             origin = None if failed is None else failed.rank
             if req.out == req.source:
@@ -73,9 +67,7 @@ class CollectiveRequests:
             if ex.rank in req.ranks:
                 value = ex.env.get(req.source)
                 if type(value) is Poisoned and req.like is not None:
-                    import torch  # send a stand-in, saying so, so that the destination fails now
-
-                    failed, local = value, torch.zeros(req.like[0], dtype=req.like[1], device=req.like[2])
+                    failed, local = value, _stand_in(req)
                 else:
                     local = self._input(req.source)
             like = None
@@ -93,3 +85,12 @@ class CollectiveRequests:
         for c in self._meshes.values():
             c.close()
         self._meshes.clear()
+
+
+def _stand_in(req: Collective) -> Any:
+    """Zeros of the input's shape, for a rank whose input failed: it takes part anyway,
+    saying so, so that its peers fail now rather than after a timeout."""
+    import torch
+
+    assert req.like is not None  # the controller sends it with every reduce and move
+    return torch.zeros(req.like[0], dtype=req.like[1], device=req.like[2])

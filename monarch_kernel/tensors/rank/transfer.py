@@ -25,7 +25,7 @@ from ...runtime import config
 from . import buffers
 from .groups import Groups, backend_for
 from .links import Links, recv_exact
-from .peer_failed import PeerFailed
+from .peer_failed import PeerFailed, flag, raise_if_flagged
 
 log = logging.getLogger(__name__)
 DATA = 3  # the gloo tag of a transfer's bytes
@@ -109,15 +109,15 @@ class Transfers:
         for s, d in pairs:  # one order on every rank: each pair's send meets its recv
             if s == self._rank and d != s:
                 pg, i = self._pair(d, "nccl", stream)
-                works += [pg.send([_flag(failed, data.device)], i, FLAG), pg.send([data], i, DATA)]
+                works += [pg.send([flag(failed, data.device)], i, FLAG), pg.send([data], i, DATA)]
             elif d == self._rank and s != d:
                 pg, i = self._pair(s, "nccl", stream)
-                flags.append((s, _flag(None, out.device)))
+                flags.append((s, flag(None, out.device)))
                 works += [pg.recv([flags[-1][1]], i, FLAG), pg.recv([out], i, DATA)]
         for w in works:
             w.wait()
-        for s, flag in flags:
-            _raise_if_failed(flag, s, self._rank)
+        for s, word in flags:
+            raise_if_flagged(word, (s, self._rank), "this move")
 
     def _gloo(self, sends: list[int], source: int | None, data: Any, out: Any, stream: str,
               failed: int | None) -> None:
@@ -125,10 +125,10 @@ class Transfers:
         failure: Exception | None = None
         raw: Any = _as_bytes(data) if data is not None else None
         dst: Any = _as_bytes(out) if out is not None else None
-        flag: Any = None  # the word that comes with bytes over gloo
+        word: Any = None  # the flag word that comes with bytes over gloo
         direct_in = source is not None and self.direct_with(source)
         if source is not None and not direct_in:  # 1. post what arrives over gloo
-            flag = self._recv_gloo(source, dst, stream, works)
+            word = self._recv_gloo(source, dst, stream, works)
         waiting = []
         for d in sends:  # 2. send: where the bytes are (on the link), or the bytes (over gloo)
             if self.direct_with(d):
@@ -152,7 +152,7 @@ class Transfers:
                                      f"{dst.numel()} (shape {tuple(out.shape)}, {out.dtype})")
             elif status:
                 self._fall_back(source, status)
-                flag = self._recv_gloo(source, dst, stream, works)
+                word = self._recv_gloo(source, dst, stream, works)
         for d, link in waiting:  # 4. hold the bytes until each destination has them
             status = _ACK.unpack(recv_exact(link, _ACK.size))[0]
             if status == SIZE_MISMATCH:
@@ -165,18 +165,18 @@ class Transfers:
             w.wait()
         if failure is not None:
             raise failure
-        if flag is not None and source is not None:
-            _raise_if_failed(flag, source, self._rank)
+        if word is not None and source is not None:
+            raise_if_flagged(word, (source, self._rank), "this move")
 
     def _send_gloo(self, dest: int, raw: Any, failed: int | None, stream: str, works: list) -> None:
         pg, i = self._pair(dest, "gloo", stream)
-        works += [pg.send([_flag(failed, raw.device)], i, FLAG), pg.send([raw], i, DATA)]
+        works += [pg.send([flag(failed, raw.device)], i, FLAG), pg.send([raw], i, DATA)]
 
     def _recv_gloo(self, source: int, dst: Any, stream: str, works: list) -> Any:
         pg, i = self._pair(source, "gloo", stream)
-        flag = _flag(None, dst.device)
-        works += [pg.recv([flag], i, FLAG), pg.recv([dst], i, DATA)]
-        return flag
+        word = flag(None, dst.device)
+        works += [pg.recv([word], i, FLAG), pg.recv([dst], i, DATA)]
+        return word
 
     def _link(self, peer: int, stream: str):
         return Links.shared(self._groups, self._rank).get(peer, int(self._peers[peer].rsplit("/", 1)[1]), stream)
@@ -187,18 +187,6 @@ class Transfers:
                         "instead (allow ptrace between the ranks, e.g. kernel.yama.ptrace_scope=0, for one copy)",
                         peer, os.strerror(status) if status > 0 else status)
         self._no_direct.add(peer)
-
-
-def _flag(failed: int | None, device: Any) -> Any:
-    import torch
-
-    return torch.tensor([0 if failed is None else failed + 1], dtype=torch.int64, device=device)
-
-
-def _raise_if_failed(flag: Any, source: int, me: int) -> None:
-    origin = int(flag.item()) - 1
-    if origin >= 0:
-        raise PeerFailed(origin, (source, me), "this move")
 
 
 def _as_bytes(t: Any) -> Any:
