@@ -165,6 +165,27 @@ def test_a_session_the_kernel_stops_renewing_ends_and_a_new_one_takes_over():
             second.close()
 
 
+def test_sessions_ended_as_soon_as_they_open_leave_the_rank_debuggable():
+    """debugpy's adapter accepts clients one at a time on one thread, which dies if the
+    client it is accepting goes away meanwhile: every later session would then wait
+    forever.  Each session here is ended by the next one the moment its open returns."""
+    from monarch_kernel import Channel
+
+    with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
+        relays = [procs.spawn("relay", DapRelay), procs.spawn("other_relay", DapRelay)]
+        starter = procs.spawn("starter", DebugpyStarter)
+        starter.listen.call_one().get(timeout=60)
+        for i in range(12):
+            port, _receiver = Channel.open()
+            link = relays[i % 2].open.call_one(port, 30.0).get(timeout=30)
+            relays[i % 2].pump.call_one(link)
+        last = TunnelConnection(relays[0], "rank 0", lambda _m: None)
+        try:
+            assert last.request("initialize", INITIALIZE).result(30)["success"]
+        finally:
+            last.close()
+
+
 def test_where_a_rank_runs_decides_remote_and_the_ssh_line():
     here = socket.gethostname()
     from monarch_kernel.runtime import hosts

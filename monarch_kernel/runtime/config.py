@@ -203,6 +203,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("relay_connect_timeout", 10.0, "debug/rank/relay.py", "for a rank's relay to connect to its debugpy"),
     _s("relay_settle", 0.2, "debug/rank/relay.py", "a new debugger session connects this long after the last one "
        "ended (debugpy's adapter needs it)"),
+    _s("relay_accept_wait", 5.0, "debug/rank/relay.py",
+       "how long a new debugger session waits for debugpy's adapter to finish accepting it"),
     _s("relay_end_wait", 3.0, "debug/rank/relay.py", "how long a new debugger session waits for the old ones to end"),
     # Data plane, distributed training, jobs, the server extension.
     _s("data_connect_timeout", 2.0, "data/client.py", "for a connection to a buffer owner's data server"),

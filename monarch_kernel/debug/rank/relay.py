@@ -32,8 +32,13 @@ READ_CHUNK = 1 << 16
 # if that one is still being torn down the send raises, and its accept thread dies, so the
 # rank could never be debugged again.  So a session ends by half-closing and waiting for
 # the adapter to close its side, and a new one connects SETTLE_S after the last one ended.
+# The adapter also accepts a client on that same thread, sending it a few events as it does:
+# a session ended before its last one (``debugpySockets``) has come kills the thread too, so
+# ``open`` returns only once it has (or ACCEPT_WAIT_S has passed).
 SETTLE_S = config.seconds("relay_settle")
 END_WAIT_S = config.seconds("relay_end_wait")
+ACCEPT_WAIT_S = config.seconds("relay_accept_wait")
+ACCEPTED = "debugpySockets"  # the last event the adapter sends a client it is accepting
 
 
 @dataclass
@@ -46,6 +51,8 @@ class _Link:
     heard: float = field(default_factory=time.monotonic)  # when the kernel last spoke on it
     why: str = ""  # set when this side ends it
     ended: threading.Event = field(default_factory=threading.Event)  # debugpy's side is closed too
+    frames: FrameReader = field(default_factory=FrameReader)  # what was read of debugpy's stream
+    early: list = field(default_factory=list)  # debugpy's messages read while the link opened
 
 
 # One session per rank, whichever relay (and kernel) opened it: debugpy takes one client.
@@ -90,6 +97,25 @@ def _half_close(entry: _Link) -> None:
     entry.loop.call_later(END_WAIT_S, writer.close)  # debugpy never answered the end: stop waiting
 
 
+async def _until_accepted(entry: _Link) -> None:
+    """Read debugpy's first messages (kept for the pump) until the adapter has finished
+    accepting this client, or ACCEPT_WAIT_S has passed (its last event may have gone to an
+    older session that is still ending)."""
+    deadline = time.monotonic() + ACCEPT_WAIT_S
+    while not any(m.get("type") == "event" and m.get("event") == ACCEPTED for m in entry.early):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            data = await asyncio.wait_for(entry.reader.read(READ_CHUNK), left)
+        except asyncio.TimeoutError:
+            return
+        if not data:
+            raise ConnectionError("this rank's debugpy closed the connection as it was opened (another debugger "
+                                  "may hold it); try again")
+        entry.early.extend(entry.frames.feed(data))
+
+
 class DapRelay(Actor):
     """Relays one DAP session between the kernel and this rank's debugpy.
 
@@ -130,8 +156,14 @@ class DapRelay(Actor):
             await asyncio.sleep(settle)
         reader, writer = await asyncio.wait_for(asyncio.open_connection(loopback_for(host), dport),
                                                 CONNECT_TIMEOUT_S)
+        entry = _Link(reader, writer, port, asyncio.get_running_loop(), lease_s)
+        try:
+            await _until_accepted(entry)
+        except BaseException:
+            writer.close()
+            raise
         link = next(_ids)
-        _links[link] = _Link(reader, writer, port, asyncio.get_running_loop(), lease_s)
+        _links[link] = entry
         return link
 
     @endpoint(concurrent=True)
@@ -149,9 +181,12 @@ class DapRelay(Actor):
                 loop.call_later(entry.lease_s / 2, check_lease)
 
         loop.call_later(entry.lease_s / 2, check_lease)
-        frames = FrameReader()
+        frames = entry.frames
         reason = "debugpy closed the connection"
         try:
+            if entry.early:
+                entry.port.send(DapFrames(link, entry.early).encode())
+                entry.early = []
             while True:
                 data = await entry.reader.read(READ_CHUNK)
                 if not data:
