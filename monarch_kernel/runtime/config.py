@@ -177,6 +177,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("panel_cpu_stale", 3.0, "kernel/panel_view.py", "an older CPU sample (a rank not shown since) is not averaged "
        "over (3 ticks)"),
     # Debugging.
+    _s("pdb_tell_timeout", 30.0, "debug/controller/pdb_controller.py",
+       "how long telling a mesh's ranks where to report pdb stops waits for them"),
     _s("pdb_announce_window", 0.2, "debug/controller/pdb_controller.py",
        "ranks stopping in pdb within this window are announced together"),
     _s("pdb_receive_poll", 0.2, "debug/controller/pdb_controller.py",

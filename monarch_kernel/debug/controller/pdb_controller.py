@@ -21,6 +21,7 @@ from IPython.core.error import StdinNotImplementedError
 from ...actor.port import Channel, Port, PortReceiver
 from ...runtime import config, rejects
 from ...runtime.envelope import Part, Status
+from ...runtime.failure import ActorError, MeshStopped, SendFailed
 from ...runtime.process import Runtime
 from ...runtime.serialize import dumps
 from ..messages import Ended, Prompt, Reply, Resumed, Stopped, decode
@@ -28,6 +29,7 @@ from .pdb_prompt import PdbCommands, describe
 
 ANNOUNCE_WINDOW_S = config.seconds("pdb_announce_window")
 RECEIVE_POLL_S = config.seconds("pdb_receive_poll")
+TELL_TIMEOUT_S = config.seconds("pdb_tell_timeout")
 
 
 @dataclass
@@ -389,8 +391,14 @@ class PdbHub:
         self.commands.magic(args)
 
     def tell_ranks(self, mesh: str) -> None:
-        """Where the mesh's ranks report pdb stops (this kernel), and the post-mortem setting."""
-        self.mesh(mesh)[1].debug_setup.broadcast(self.port, self.post_mortem)
+        """Where the mesh's ranks report pdb stops (this kernel), and the post-mortem setting.
+        Waits until the ranks have it: the next cell's first call, to another actor with a
+        worker of its own, may stop at once (a rank that died meanwhile is supervision's)."""
+        told = self.mesh(mesh)[1].debug_setup.call(self.port, self.post_mortem)
+        try:
+            told.get(timeout=TELL_TIMEOUT_S)
+        except (ActorError, MeshStopped, SendFailed, TimeoutError):
+            pass  # the ranks that could take it have; the others cannot stop in pdb anyway
 
     def mesh_spawned(self, procs) -> None:
         """``hooks.spawned``: a mesh spawned in a cell (not by ``%mesh spawn``) gets a
