@@ -138,6 +138,55 @@ def test_peer_checkpoint_in_one_process():
     assert PeerCheckpoint.get("shared") is PeerCheckpoint.get("shared")
 
 
+LATE_INTERRUPT = """
+import socket, sys, textwrap
+import torch.distributed as dist
+from monarch_kernel.spmd.rank import script
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def write(name, body):
+    path = f"{sys.argv[1]}/{name}"
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(body))
+    return path
+
+init = 'dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{}", world_size=1, rank=0)'
+failing = write("fails.py", f"import torch.distributed as dist\\n{init.format(free_port())}\\n"
+                "raise ValueError('bad batch')")
+good = write("good.py", f"import torch, torch.distributed as dist\\n{init.format(free_port())}\\n"
+             "t = torch.ones(2)\\ndist.all_reduce(t)\\ndist.destroy_process_group()")
+where, landed = sys.argv[2], []  # (run_script sets sys.argv while the script runs)
+def late_interrupt(frame, event, arg):  # the stop button's interrupt, landing in the cleanup (once:
+    if event == "call" and frame.f_code.co_qualname == where:  # an error unsets the trace function)
+        landed.append(where)
+        raise KeyboardInterrupt
+    return None
+sys.settrace(late_interrupt)
+try:
+    script.run_script([failing])
+except BaseException as e:
+    raised = type(e).__name__
+sys.settrace(None)
+print(raised, landed == [where], dist.is_initialized(), dist.init_process_group.__qualname__, script.run_script([good]))
+"""
+
+
+@pytest.mark.parametrize("where", ["_abort_process_group", "_GroupGuard.remove"])
+def test_a_late_interrupt_in_a_failed_scripts_cleanup_leaves_the_next_run_a_clean_rank(tmp_path, where):
+    # The stop button interrupts every rank; a rank whose script already failed (its peer's
+    # abort cut its collective short) gets its interrupt in the cleanup.  A group left half
+    # aborted there was taken as live by the next run, which skipped the rendezvous its peer
+    # then waited in for good (found by tests/stress.sh under load).
+    out = subprocess.run([sys.executable, "-c", LATE_INTERRUPT, str(tmp_path), where], capture_output=True,
+                         text=True, timeout=120)
+    # The script's own error; the interrupt landed; no group left; torch's init again; a new run works.
+    assert out.stdout.split() == ["ValueError", "True", "False", "init_process_group", "True"], out.stdout + out.stderr
+
+
 # ---------------------------------------------------------------- on a 2x2 mesh
 
 

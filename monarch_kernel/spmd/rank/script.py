@@ -13,6 +13,7 @@ import os
 import runpy
 import sys
 import threading
+from collections.abc import Callable
 
 from . import group
 
@@ -49,18 +50,40 @@ def run_script(script_args) -> bool:
             runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         if e.code not in (None, 0):
-            group.abort_group()
+            _to_the_end(group.abort_group)
             raise ScriptExit(f"{argv[0]} exited with status {e.code!r}") from None
     except BaseException as e:
-        group.abort_group()  # peers blocked on this rank in a collective fail now, not at the timeout
+        _to_the_end(group.abort_group)  # peers blocked on this rank in a collective fail now, not at the timeout
         e.__traceback__ = _from_the_script(e.__traceback__)
         raise
     finally:
-        guard.remove()
-        sys.argv = old_argv
-        sys.path[:] = old_path
-        _run_lock.release()
+        def restore() -> None:
+            sys.argv = old_argv
+            sys.path[:] = old_path
+
+        _to_the_end(guard.remove, restore, _release)
     return True
+
+
+def _release() -> None:
+    if _run_lock.locked():  # idempotent: ``_to_the_end`` may run it again
+        _run_lock.release()
+
+
+def _to_the_end(*steps: Callable[[], object]) -> None:
+    """Run each step (each safe to run again) to its end, even if a KeyboardInterrupt lands
+    meanwhile.  The stop button interrupts every rank, and a rank whose script already
+    failed (its peer's abort cut its collective short) gets its interrupt late, in this
+    cleanup: a group left half aborted would be taken as a live one by the next run, whose
+    ``init_process_group`` would then skip the rendezvous its peers wait in for good."""
+    left = list(steps)
+    while left:
+        try:
+            while left:
+                left[0]()
+                left.pop(0)
+        except KeyboardInterrupt:
+            continue  # the script has stopped already: this interrupt has nothing left to stop
 
 
 def _from_the_script(tb):
