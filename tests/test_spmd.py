@@ -139,7 +139,7 @@ def test_peer_checkpoint_in_one_process():
 
 
 LATE_INTERRUPT = """
-import socket, sys, textwrap
+import socket, sys
 import torch.distributed as dist
 from monarch_kernel.spmd.rank import script
 
@@ -151,7 +151,7 @@ def free_port():
 def write(name, body):
     path = f"{sys.argv[1]}/{name}"
     with open(path, "w") as f:
-        f.write(textwrap.dedent(body))
+        f.write(body)
     return path
 
 init = 'dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{}", world_size=1, rank=0)'

@@ -76,14 +76,13 @@ def _to_the_end(*steps: Callable[[], object]) -> None:
     failed (its peer's abort cut its collective short) gets its interrupt late, in this
     cleanup: a group left half aborted would be taken as a live one by the next run, whose
     ``init_process_group`` would then skip the rendezvous its peers wait in for good."""
-    left = list(steps)
-    while left:
-        try:
-            while left:
-                left[0]()
-                left.pop(0)
-        except KeyboardInterrupt:
-            continue  # the script has stopped already: this interrupt has nothing left to stop
+    for step in steps:
+        while True:
+            try:
+                step()
+                break
+            except KeyboardInterrupt:
+                continue  # the script has stopped already: this interrupt has nothing left to stop
 
 
 def _from_the_script(tb):
