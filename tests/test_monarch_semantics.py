@@ -1,7 +1,7 @@
 """What an actor *is*, as in Monarch: spawning returns at once and ``__init__`` runs in the
 background; a failed ``__init__`` is a supervision event and later calls carry its
 traceback; an exception that escapes a ``broadcast`` stops the actor and reaches the actor
-mesh's owner; ``MeshFailure.report()`` is a method."""
+mesh's owner (one that escapes a ``tell``, the proc mesh's owner); ``MeshFailure.report()`` is a method."""
 
 from __future__ import annotations
 
@@ -102,6 +102,32 @@ def test_a_broadcast_exception_stops_the_actor_and_reaches_the_unhandled_hook(mo
         with pytest.raises(ActorError, match="poked to death after 1 calls"):
             fragile.slice(r=1).poke.call_one(False).get(timeout=30)  # stopped: says why
         assert fragile.slice(r=0).poke.call_one(False).get(timeout=30) == 3  # rank 0 is fine
+
+
+def test_tell_runs_on_every_rank_of_the_slice_in_order():
+    with this_host().spawn_procs(per_host={"r": 3}) as procs:
+        fragile = procs.spawn("fragile", Fragile)
+        for _ in range(200):
+            fragile.poke.tell(False)
+        # Messages to one actor run in order: the tells land before this call.
+        assert list(fragile.poke.call(False).get(timeout=30).values()) == [201, 201, 201]
+        fragile.slice(r=slice(1, 3)).poke.tell(False)
+        assert list(fragile.poke.call(False).get(timeout=30).values()) == [202, 203, 203]
+
+
+def test_a_told_exception_stops_the_actor_and_reaches_the_unhandled_hook(monkeypatch):
+    events = []
+    monkeypatch.setattr(monarch_kernel, "unhandled_fault_hook", events.append)
+    with this_host().spawn_procs(per_host={"r": 2}) as procs:
+        fragile = procs.spawn("fragile", Fragile)
+        fragile.slice(r=1).poke.tell(True)  # nobody waits for an answer: the rank reports it
+        wait_for(lambda: events, timeout=20)
+        assert len(events) == 1 and events[0].rank == 1
+        report = events[0].report()
+        assert "poked to death after 1 calls" in report and "Fragile" in report, report
+        with pytest.raises(ActorError, match="poked to death after 1 calls"):
+            fragile.slice(r=1).poke.call_one(False).get(timeout=30)  # stopped: says why
+        assert fragile.slice(r=0).poke.call_one(False).get(timeout=30) == 1  # rank 0 is fine
 
 
 def test_failures_of_an_actor_mesh_go_to_the_actor_that_spawned_it():

@@ -281,6 +281,18 @@ class Endpoint:
 
         pending.completion.add_done_callback(check)
 
+    def tell(self, *args, **kwargs) -> None:
+        """``broadcast`` for a stream of messages: nothing comes back, not even the answers
+        ``broadcast`` checks, so each costs every rank one message and this process one
+        send per rank (straight to each, not down the tree).  An exception that escapes the
+        endpoint stops that actor, and the rank itself reports it to supervision.  Arguments
+        are pickled into the message (never shared memory, which nobody would free)."""
+        m = self._mesh
+        rt = m._check_running()
+        body = dumps_plain((args, kwargs)) or encode_args(f"{m._class_name}.{self._name}", args, kwargs)
+        rt.caller.tell(m._proc_ref, m._actor_id, self._name, list(m._shape.ranks), body,
+                       self._slice_info(broadcast=True))
+
     def rref(self, *args, **kwargs):
         """Run on every rank; the result stays there as a distributed tensor (its shape from
         ``@endpoint(propagate=...)``), usable at once in ``activate()`` code::

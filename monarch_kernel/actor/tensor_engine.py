@@ -1,6 +1,6 @@
 """The actor layer's side of distributed tensors: ``TensorEngine``, an actor on every rank
 of a proc mesh that runs the ranks' executor, and ``EngineBackend``, the tensors layer's
-``Backend`` over it.  Batches go one-way down the multicast tree (``broadcast``); values come
+``Backend`` over it.  Batches go one-way to every rank (``tell``: no answers); values come
 back through ``call_one`` / ``call`` with an explicit response port, so a request that
 overtook an earlier batch waits on the rank, not on the controller.
 
@@ -100,7 +100,7 @@ class EngineBackend:
         return ActorMesh(e.proc_ref, e.actor_id, e.name, "TensorEngine", e._endpoints, shape)
 
     def send(self, seq: int, payload: bytes, made: list) -> None:
-        self.engines.run.broadcast(seq, payload, made)
+        self.engines.run.tell(seq, payload, made)  # the executor never raises: no answer to wait for
 
     def request(self, rank: int, seq: int, fn, args, kwargs, transform):
         def settle(v):

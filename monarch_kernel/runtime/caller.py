@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .calls import PendingCall, synthetic_part
 from .context import MeshRef, process_mesh
 from .envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
-from .failure import DeathInfo, SendFailed
+from .failure import DeathInfo, MeshFailure, SendFailed
 from .inbox import Inbox, actor_address
 from .payloads import InterruptAck, PruneInfo
 from .serialize import dumps
@@ -87,6 +87,29 @@ class Caller:
                     call.rank_died(r, dead[(mesh.id, r)])
             rt.io.call_soon(fail_late)
         return call
+
+    def tell(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list, slice_info) -> None:
+        """A CALL nobody waits for and nobody answers (``Mode.TELL``): no call is kept here and
+        no reply comes back, so a stream of them costs each rank one message and this process
+        one send per rank.  Sent straight to each rank, never forwarded: nothing is gathered,
+        and no forwarder's death can lose it.  A rank whose endpoint raises reports to the
+        mesh's owner itself; a rank it cannot be sent to is reported from here."""
+        rt = self.rt
+        if self.oversized(body):
+            self.check_size(body, f"the arguments of {method}")
+        origin = rt.network.answerable(rt.inbox, mesh.addresses[0]) if mesh.addresses else rt.inbox.address
+        h = Header(Kind.CALL, next(self._ids), origin, origin, mesh.id, actor, method, [], 1, Mode.TELL, False, 0,
+                   [[-1, Status.OK, len(body) - 1]], slice_info)
+        dead, send = self.dead, rt.transport.send
+        for r in ranks:
+            if dead and (mesh.id, r) in dead:
+                continue  # its death was reported already; there is nothing left to tell
+            h.ranks = [r]
+            try:
+                send(self.target(mesh, r, Kind.CALL, actor), h, body)
+            except SendFailed as e:
+                rt.report_failure(mesh.id, MeshFailure(mesh.name, r, f"{method} never reached rank {r}: {e}"))
+                return  # the first unreachable rank says it for the rest
 
     def target(self, mesh: MeshRef, rank: int, kind: int, actor: str) -> str:
         """CALLs go to the actor's own inbox on the rank; everything else to the rank's.  On a

@@ -27,6 +27,7 @@ class Kind(enum.IntEnum):
 class Mode(enum.IntEnum):
     GATHER = 0  # replies are merged on the way up the tree
     DIRECT = 1  # every rank replies straight to the origin (streams)
+    TELL = 2  # sent straight to each rank, never answered: a failure goes to supervision (``Caller.tell``)
 
 
 class Status(enum.IntEnum):

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from . import config
 from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
-from .context import ActorContext, MeshRef, actor_name, current_actor
+from .context import ActorContext, MeshRef, actor_name, actor_path, current_actor
 from .envelope import Header, Kind, Mode, Part, Status, load
-from .failure import DeathInfo, MeshFailure, RemoteFailure, SendFailed
+from .failure import ActorError, DeathInfo, MeshFailure, RemoteFailure, SendFailed
 from .payloads import ReplyInfo
 from .serialize import describe_unpicklable, dumps
 from .tree import NodeState, NodeTable, split
@@ -53,6 +53,9 @@ class Server:
                 self._spawn_actor(h, body, mesh, me)
             else:
                 self._run_endpoint(h, body, mesh, me)
+            return
+        if h.mode == Mode.TELL:  # never forwarded: see Caller.tell
+            rt.drops.count("malformed")
             return
         subs = split(h.ranks[1:], h.fanout)
         gather = h.mode == Mode.GATHER
@@ -116,6 +119,8 @@ class Server:
 
     def complete(self, h: Header, me: int, part: Part) -> None:
         slot = self.actors.get(h.actor) if h.kind == Kind.CALL else None
+        if h.mode == Mode.TELL:  # nobody waits for it: only a failure is heard, by supervision
+            return _report_told(self.rt, h, me, part, slot) if part.status == Status.RAISED else None
         direct = ReplyInfo(h.actor, slot.direct) if slot is not None and slot.direct else None
         if _lone(h):
             self.rt.caller.send_parts(h.reply_to, False, [part], h.origin, h.call_id, me, h.mesh, direct)
@@ -428,7 +433,16 @@ def _stop_if_unobserved(slot: ActorSlot, h: Header, part: Part) -> None:
         slot.failure = part
 
 
+def _report_told(rt: Runtime, h: Header, me: int, part: Part, slot: ActorSlot | None) -> None:
+    """A told endpoint raised: no caller waits for its answer, so the mesh's owner hears, as of an abort."""
+    member = rt.memberships.get(h.mesh)
+    if member is not None:
+        failure, cls = part.load(), type(slot.instance) if slot is not None and slot.instance is not None else None
+        path = actor_path(None, f"{cls.__module__}.{cls.__qualname__}", h.actor, me, member[0].dims) if cls else ""
+        rt.report_failure(h.mesh, MeshFailure(member[0].name, me, str(ActorError(failure)), remote=failure, actor=path))
+
+
 def _lone(h: Header) -> bool:
-    """A call the caller sent straight to one rank (in GATHER mode forwarded calls have
-    hop 1): no tree state is needed for it, since nothing can be redirected to it."""
-    return h.hop == 0 and h.mode == Mode.GATHER and len(h.ranks) == 1 and not h.resend
+    """A call the caller sent straight to one rank (forwarded GATHER calls have hop 1, and a
+    TELL is never forwarded): it needs no tree state, since nothing can be redirected to it."""
+    return h.hop == 0 and h.mode != Mode.DIRECT and len(h.ranks) == 1 and not h.resend
