@@ -5,7 +5,9 @@ reductions and transfers), at 4 and 16 CPU ranks ({"a": 2, "b": n/2}):
   ``t.reduce`` makes) and ``reduce_`` (in place), against ``torch.distributed.all_reduce``
   (gloo, torch's default group) on the same ranks, in turn within each iteration (each
   first in turn); ms (median over iterations of the slowest rank), and the median of the
-  iterations' ratios;
+  iterations' ratios.  A new tensor costs a 64 MiB copy that an in-place all_reduce does
+  not make, so ``reduce`` is also set beside torch's own way to a new tensor,
+  ``y = x.clone(); all_reduce(y)``;
 - every reduction (Monarch's nine, and both scatters) of 4 MiB over dim ``b``, ms;
 - 4 MiB and 64 MiB moved from rank 0 to the first rank of slice a=1 through each path
   (``auto``: the one ``Collectives`` picks; ``direct``: one copy out of the peer's memory;
@@ -59,12 +61,19 @@ class CollectivesBench(Actor):
         coll.reduce_(x, None, "sum")  # warm: groups made, pages touched
         coll.reduce(x, None, "sum")  # ... and a result's buffer (of buffers.py)
         dist.all_reduce(x)
-        out: dict[str, list] = {"raw": [], "reduce": [], "reduce_": []}
+        def clone_all_reduce():
+            y = x.clone()
+            dist.all_reduce(y)
+            return y
+
+        clone_all_reduce()
         run = {"raw": lambda: dist.all_reduce(x), "reduce": lambda: coll.reduce(x, None, "sum"),
-               "reduce_": lambda: coll.reduce_(x, None, "sum")}
+               "reduce_": lambda: coll.reduce_(x, None, "sum"), "raw_clone": clone_all_reduce}
+        out: dict[str, list] = {name: [] for name in run}
         order = list(run)
         for i in range(reps):
-            for name in order[i % 3:] + order[:i % 3]:  # each first in turn: the load drifts
+            k = i % len(order)
+            for name in order[k:] + order[:k]:  # each first in turn: the load drifts
                 dist.barrier()
                 t0 = time.perf_counter()
                 r = run[name]()
@@ -176,11 +185,12 @@ def run(n: int) -> dict:
         bench.setup.call(address, dict(procs.extent), list(procs.shape.ranks)).get(timeout=300)
         reps = 12 if n <= 4 else 6
         got = bench.all_reduce_vs_raw.call(reps).get(timeout=900)
-        raw, ours, inplace = (_slowest(got, k) for k in ("raw", "reduce", "reduce_"))
+        raw, ours, inplace, cloned = (_slowest(got, k) for k in ("raw", "reduce", "reduce_", "raw_clone"))
         out: dict = {"reduce_64MiB_sum_ms": _ms(ours), "reduce__64MiB_sum_ms": _ms(inplace),
-                     "torch_all_reduce_64MiB_ms": _ms(raw),
+                     "torch_all_reduce_64MiB_ms": _ms(raw), "torch_clone_all_reduce_64MiB_ms": _ms(cloned),
                      # the median of each iteration's ratio: neighbours in time share the load
-                     "reduce_over_all_reduce": _ratio(ours, raw), "reduce__over_all_reduce": _ratio(inplace, raw)}
+                     "reduce_over_all_reduce": _ratio(ours, raw), "reduce__over_all_reduce": _ratio(inplace, raw),
+                     "reduce_over_clone_all_reduce": _ratio(ours, cloned)}
         log(f"W13 n={n}: {out}")
         per = bench.reductions.call(5).get(timeout=600)
         names = next(iter(per.values())).keys()
