@@ -1,7 +1,8 @@
 """W13: distributed tensors on CPU ranks.  ``chained``: 2,000 ``x = x + 1`` on a 4x4 tensor
 inside ``activate()``, then one ``inspect`` (ops per second, the whole span); ``op_inspect``:
-one op plus ``inspect`` (median and p99 of 50); ``inspect``: a fetch alone; and the ranks'
-tensor memory (live refs) over 100,000 temporaries.  At 4 and 16 ranks.  Monarch 0.7.0 on
+one op plus ``inspect`` (median and p99 of 200); ``inspect``: a fetch alone; beside them, in
+turn, the floor a fetch cannot beat: a ``call_one`` round trip to a plain actor on rank 0 of
+the same procs; and the ranks' tensor memory (live refs) over 100,000 temporaries.  At 4 and 16 ranks.  Monarch 0.7.0 on
 this machine, 4 ranks: 11.1 ms for an op plus inspect, 298 chained ops/s.
 """
 
@@ -18,6 +19,8 @@ def _one(n: int) -> dict:
 
     from monarch_kernel import inspect, this_host
     from monarch_kernel.actor.tensor_engine import tensor_client
+
+    from ._actors import Bench
 
     procs = this_host().spawn_procs(per_host={"gpus": n})
     try:
@@ -44,14 +47,26 @@ def _one(n: int) -> dict:
             inspect(y)
             return time.perf_counter() - t0
 
-        for _ in range(10):
-            op_inspect()
-        lat = [op_inspect() for _ in range(50)]
-        fetch = []
-        for _ in range(50):
+        echo = procs.spawn("echo", Bench).slice(gpus=0)
+
+        def fetch() -> float:
             t0 = time.perf_counter()
             inspect(x)
-            fetch.append(time.perf_counter() - t0)
+            return time.perf_counter() - t0
+
+        def round_trip() -> float:
+            t0 = time.perf_counter()
+            echo.echo.call_one(1).get()
+            return time.perf_counter() - t0
+
+        for _ in range(20):
+            for warm in (op_inspect, fetch, round_trip):
+                warm()
+        lat, fetches, trips = [], [], []
+        for _ in range(200):  # in turn: the three share the machine's load
+            lat.append(op_inspect())
+            fetches.append(fetch())
+            trips.append(round_trip())
 
         client = tensor_client(procs)
 
@@ -70,7 +85,8 @@ def _one(n: int) -> dict:
         after = refs()
         busy = [v["busy_s"] for v in client.backend.stats(client.flush()).get(timeout=60).values()]
         out = {"chained_ops_per_s": {"median": round(sorted(rates)[2]), "best": round(max(rates))},
-               "op_inspect_us": summary_us(lat), "inspect_us": summary_us(fetch),
+               "op_inspect_us": summary_us(lat), "inspect_us": summary_us(fetches),
+               "call_one_round_trip_us": summary_us(trips),
                "rank_refs_over_100k_temporaries": {"before": before, "midway": middle, "after": after},
                "rank_busy_s_max": round(max(busy), 2)}
     finally:
