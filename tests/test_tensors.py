@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _actors import wait_for  # noqa: E402
+
 import monarch_kernel as mk  # noqa: E402
 from monarch_kernel import (  # noqa: E402
     Actor,
@@ -186,6 +188,29 @@ def test_dropped_handles_free_the_ranks_tensors(procs):
     del x
     gc.collect()
     assert _refs(procs) == before
+
+
+def test_a_fetch_does_not_wait_on_deletes_and_they_still_reach_the_ranks():
+    from monarch_kernel.runtime import config
+
+    config.set("tensor_flush", 0.5)  # deletes a fetch left go 5 s later: the fetch is seen alone
+    try:
+        with this_host().spawn_procs(per_host={"gpus": 2}) as pm:
+            with pm.activate():
+                x = torch.ones(2)
+                y = x * 2
+            assert inspect(y).tolist() == [2.0, 2.0]
+            client = tensor_client(pm)
+            sent = client.seq
+            del y
+            gc.collect()
+            assert inspect(x).tolist() == [1.0, 1.0]  # y's delete alone is no reason to wake every rank
+            assert client.seq == sent
+            wait_for(lambda: client.seq > sent, timeout=30)  # the flusher sent the delete on its own
+            stats = client.backend.stats(client.seq).get(timeout=60)  # (no flush of its own)
+            assert [v["refs"] for v in stats.values()] == [1, 1]  # x alone is left
+    finally:
+        config.set("tensor_flush", None)
 
 
 def test_a_module_trains_on_every_rank(procs):

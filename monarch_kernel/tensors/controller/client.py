@@ -82,6 +82,7 @@ class MeshClient:
         self._limit = config.get("tensor_batch")
         self._delay = config.get("tensor_flush")
         self._wake = threading.Event()
+        self._deletes_due: float | None = None  # when deletes a fetch left behind go on their own
         self._flusher: threading.Thread | None = None
         self.closed = False
 
@@ -122,15 +123,24 @@ class MeshClient:
         elif self._flusher is None:
             self._start_flusher()
 
-    def flush(self) -> int:
+    def flush(self, deletes: bool = True) -> int:
         """Send what was recorded (and the deletes); returns the last batch's seq.  The
         batch is encoded and sent outside the lock (recording goes on meanwhile); batches
-        may so leave out of order, and the ranks put them back in order."""
+        may so leave out of order, and the ranks put them back in order.  ``deletes=False``
+        (a fetch): deletes alone are no reason to send, since a fetch needs only the ops
+        before it, and a batch of them would wake every rank in its way; they go with the
+        next batch, or after ten times ``tensor_flush`` seconds."""
         dead, later = self.dead, self.later
         with self._lock:
             batch, made = self._batch, self._made
             while later:
                 batch.append(later.popleft())
+            if not batch and not deletes:
+                if dead and self._deletes_due is None:
+                    self._deletes_due = time.monotonic() + 10 * self._delay
+                    self._send_later()
+                return self.seq
+            self._deletes_due = None
             if dead:
                 refs = []
                 try:
@@ -147,14 +157,17 @@ class MeshClient:
         self.backend.send(seq, _encode(batch), made)
         return seq
 
-    def _start_flusher(self) -> None:
-        with self._lock:
-            if self._flusher is not None:
-                return
+    def _send_later(self) -> None:
+        """(Holding the lock.) Have the flusher send what waits within ``tensor_flush`` s."""
+        if self._flusher is None:
             self._flusher = threading.Thread(target=self._flush_later, name="monarch-kernel-tensor-flush",
                                              daemon=True)
-        self._flusher.start()
+            self._flusher.start()
         self._wake.set()
+
+    def _start_flusher(self) -> None:
+        with self._lock:
+            self._send_later()
 
     def _flush_later(self) -> None:
         """Sends a batch that has waited ``tensor_flush`` seconds: ops recorded in a long
@@ -167,7 +180,11 @@ class MeshClient:
                 return
             time.sleep(self._delay)
             try:
-                if self._batch:
+                if not self._batch and self.dead:
+                    due = self._deletes_due
+                    if due is not None and wake.wait(max(0.0, due - time.monotonic())):
+                        continue  # ops were recorded meanwhile: their batch carries the deletes
+                if self._batch or self.dead:
                     self.flush()
             except Exception:  # noqa: BLE001  (the mesh stopped: the next fetch says so)
                 return
@@ -179,15 +196,15 @@ class MeshClient:
     # ------------------------------------------------------------ values
 
     def request(self, rank: int, fn, args, kwargs, transform):
-        seq = self.flush()
+        seq = self.flush(deletes=False)
         return self.backend.request(rank, seq, fn, encode_value(args), encode_value(kwargs), transform)
 
     def request_all(self, shape, fn, args, kwargs, transform):
-        seq = self.flush()
+        seq = self.flush(deletes=False)
         return self.backend.request_all(shape, seq, fn, encode_value(args), encode_value(kwargs), transform)
 
     def send_to_port(self, shape, fn, args, kwargs, port) -> None:
-        seq = self.flush()
+        seq = self.flush(deletes=False)
         self.backend.send_to_port(shape, seq, fn, encode_value(args), encode_value(kwargs), port)
 
     def pickled_handle(self, t):
@@ -200,7 +217,7 @@ class MeshClient:
             raise ValueError(f"a distributed tensor of mesh '{self.name}' passed to actors on other procs; an actor "
                              "gets a rank's shard only on the procs the tensor lives on (move it with to_mesh, or "
                              "send inspect(t))")
-        seq = self.flush()
+        seq = self.flush(deletes=False)
         return (local_shard, (self.backend.key, t._ref, seq))
 
     def live(self) -> list:
