@@ -46,7 +46,7 @@ GETTING_STARTED = textwrap.dedent('''
     counters: Counter = procs.spawn("counters", Counter, 0)
     counters.increment.broadcast()
     counters.slice(gpus=slice(0, 4)).increment.broadcast()
-    print("counters:", list(counters.get_value.call().get().values()), flush=True)
+    print(f"counters: {list(counters.get_value.call().get().values())}", flush=True)
 
     # Step 4: hosts from "configuration" (the guide's stand-in helper; here, this host).
     from monarch_kernel import HostMesh, context
@@ -55,7 +55,7 @@ GETTING_STARTED = textwrap.dedent('''
         return this_host()
 
     hosts: HostMesh = hosts_from_config("MONARCH_HOSTS")
-    print("hosts extent:", dict(hosts.extent), flush=True)
+    print(f"hosts extent: {dict(hosts.extent)}", flush=True)
 
     class Trainer(Actor):
         @endpoint
@@ -63,9 +63,9 @@ GETTING_STARTED = textwrap.dedent('''
             return f"trainer {context().message_rank['gpus']} stepped"
 
     trainer_procs: ProcMesh = hosts.spawn_procs(per_host={"gpus": 4})
-    print("trainer procs:", dict(trainer_procs.extent), flush=True)
+    print(f"trainer procs: {dict(trainer_procs.extent)}", flush=True)
     trainers = trainer_procs.spawn("trainer", Trainer)
-    print("steps:", list(trainers.step.call().get().values()), flush=True)
+    print(f"steps: {list(trainers.step.call().get().values())}", flush=True)
 
     # Step 5: logging is a coroutine, run with asyncio.run as the guide does.
     import asyncio
@@ -94,7 +94,7 @@ GETTING_STARTED = textwrap.dedent('''
 
     dataloaders = trainer_procs.spawn("dataloader", DataLoader)
     dtrainers = trainer_procs.spawn("dtrainers", Trainer, dataloaders)
-    print("dsteps:", list(dtrainers.step.call().get().values()), flush=True)
+    print(f"dsteps: {list(dtrainers.step.call().get().values())}", flush=True)
 
     # Step 7: supervision.  An error with a reply goes to the caller ...
     class Errorful(Actor):
@@ -182,12 +182,12 @@ GETTING_STARTED = textwrap.dedent('''
     with trainer_procs.activate():
         t = torch.rand(3, 4)
     print(t, flush=True)
-    print("one", fetch_shard(t, hosts=0, gpus=0).get(), flush=True)
-    print("two", fetch_shard(t, hosts=0, gpus=1).get(), flush=True)
+    print(f"one {fetch_shard(t, hosts=0, gpus=0).get()}", flush=True)
+    print(f"two {fetch_shard(t, hosts=0, gpus=1).get()}", flush=True)
     with trainer_procs.activate():
         dist_compute = t @ t.T
-    print("dist", fetch_shard(dist_compute, hosts=0, gpus=0).get(), flush=True)
-    print("dsteps with a shard:", len(dtrainers.step.call(dist_compute[0]).get()), flush=True)
+    print(f"dist {fetch_shard(dist_compute, hosts=0, gpus=0).get()}", flush=True)
+    print(f"dsteps with a shard: {len(dtrainers.step.call(dist_compute[0]).get())}", flush=True)
 
     class LinearActor(Actor):
         def __init__(self):
@@ -200,7 +200,7 @@ GETTING_STARTED = textwrap.dedent('''
     linear = trainer_procs.spawn("linear", LinearActor)
     with trainer_procs.activate():  # (the guide calls it outside; we ask for activate())
         o = torch.relu(linear.forward.rref(t))
-    print("rref:", tuple(o.shape), flush=True)  # (the guide's shapes do not multiply: o is poisoned)
+    print(f"rref: {tuple(o.shape)}", flush=True)  # (the guide's shapes do not multiply: o is poisoned)
 
     # Free remote functions, and send() to a port.
     from monarch_kernel import remote
@@ -212,16 +212,16 @@ GETTING_STARTED = textwrap.dedent('''
         return psutil.Process().memory_info()
 
     with trainer_procs.activate():
-        print("memory:", len(check_memory.call().get()), flush=True)
+        print(f"memory: {len(check_memory.call().get())}", flush=True)
 
     from monarch_kernel import Channel, send
 
     port, recv = Channel.open()
     port.send(3)
-    print("channel:", recv.recv().get(), flush=True)
+    print(f"channel: {recv.recv().get()}", flush=True)
     with trainer_procs.activate():
         send(check_memory, args=(), kwargs={}, port=port)
-    print("sent:", sorted(type(recv.recv().get()).__name__ for _ in range(4)), flush=True)
+    print(f"sent: {sorted(type(recv.recv().get()).__name__ for _ in range(4))}", flush=True)
     print("guide done", flush=True)
 ''')
 
@@ -315,8 +315,11 @@ PING_PONG_ASYNC = textwrap.dedent('''
 def _last_own_line(out: str) -> str:
     """The script's own last line.  Ranks' lines travel through their template, not with the
     answers, so one a rank printed during a call may land just after the caller's next print
-    (order is kept per rank, not across ranks and the controller); every one is checked for."""
-    own = [line for line in out.splitlines() if line and not line.startswith("[rank ")]
+    (order is kept per rank, not across ranks and the controller); every one is checked for.
+    ``print`` writes its text and its newline apart, so a rank's line can also land between
+    the two: that line is cut at ``[rank ``."""
+    own = [line.split("[rank ")[0] for line in out.splitlines()]
+    own = [line for line in own if line]
     return own[-1] if own else ""
 
 

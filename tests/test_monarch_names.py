@@ -354,7 +354,7 @@ def test_logging_option_is_a_coroutine_and_sets_the_forwarded_level(tmp_path):
         try:
             asyncio.run(procs.logging_option(level=1000))
         except ValueError as e:
-            print("refused:", e)
+            print(f"refused: {e}", flush=True)  # one write: a rank's line may come between two
         procs.stop().get(timeout=20)  # the ranks' last lines have reached this process when it returns
     """)
     err = done.stderr

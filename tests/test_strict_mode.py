@@ -51,9 +51,9 @@ SCRIPT = textwrap.dedent('''
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     try:
         m = procs.spawn("mixed", Mixed)
-        print("mixed", m.sync_one.call_one().get(timeout=30), m.async_one.call_one().get(timeout=30), flush=True)
+        print(f"mixed {m.sync_one.call_one().get(timeout=30)} {m.async_one.call_one().get(timeout=30)}", flush=True)
     except ValueError as e:
-        print("refused:", e, flush=True)
+        print(f"refused: {e}", flush=True)
     procs.spawn("boom", Boom).go.broadcast()
     if not Watch.reported.wait(60):
         print("no report of the unhandled failure within 60 s", flush=True)
