@@ -96,6 +96,30 @@ def test_tensor_travels_out_of_band_and_round_trips():
     assert empty.shape == (0, 3)
 
 
+def test_a_small_tensor_travels_inline_as_its_bytes_and_comes_back_whole():
+    torch = pytest.importorskip("torch")
+    import pickle
+
+    cases = [torch.ones(4, 4), torch.tensor(3.5), torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+             torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64), torch.tensor([True, False]),
+             torch.arange(64).reshape(8, 8).t()[1:3],  # a strided view: its values, not its storage
+             torch.ones(3, requires_grad=True)]
+    for t in cases:
+        frames = dumps((t,))
+        assert len(frames) == 1 and b"torch._utils" not in bytes(frames[0])  # not torch's own reduction
+        back = Part(0, 0, frames).load()[0]
+        assert back.dtype == t.dtype and back.shape == t.shape and back.requires_grad == t.requires_grad
+        assert torch.equal(back.detach(), t.detach())
+    back = Part(0, 0, dumps(torch.zeros(2, 2))).load()
+    back.add_(1)  # its own writable memory
+    assert back.sum().item() == 4
+    big = torch.ones(1024, 1024)
+    assert sum(memoryview(f).nbytes for f in dumps(big[3:5])) < 9000  # a view's values, not its 4 MiB storage
+    assert len(dumps(big[0, :8])[0]) < 300
+    conj = torch.tensor([1 + 2j]).conj()
+    assert torch.equal(pickle.loads(bytes(dumps(conj)[0])), conj.resolve_conj())
+
+
 def _signed(signer, body=None):
     body = body if body is not None else dumps(("x", 1))
     h = Header(Kind.CALL, 1, "ipc:///o", "ipc:///o", "m", "a", "f", [0])

@@ -40,15 +40,6 @@ class Ref:
         return f"Ref({self.id})"
 
 
-def unpack_tensor(raw: bytes, dtype: str, shape: tuple):
-    """A small tensor sent as its bytes (torch's own pickling costs about 0.3 ms a tensor)."""
-    import torch
-
-    if not raw:
-        return torch.empty(shape, dtype=getattr(torch, dtype))
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
-
-
 class Poisoned:
     """The value of a ref whose op failed on a rank (or read a poisoned input): the rank's
     traceback, kept until the ref is deleted and raised by whoever fetches it."""
