@@ -53,6 +53,10 @@ class Linear(Actor):
     def total(self, t) -> float:
         return float(t.sum())
 
+    @endpoint
+    def pause(self, seconds: float) -> None:
+        threading.Event().wait(seconds)
+
 
 @remote(propagate=lambda x: x)
 def doubled(x):
@@ -209,6 +213,32 @@ def test_a_fetch_does_not_wait_on_deletes_and_they_still_reach_the_ranks():
             wait_for(lambda: client.seq > sent, timeout=30)  # the flusher sent the delete on its own
             stats = client.backend.stats(client.seq).get(timeout=60)  # (no flush of its own)
             assert [v["refs"] for v in stats.values()] == [1, 1]  # x alone is left
+    finally:
+        config.set("tensor_flush", None)
+
+
+def test_a_temporary_passed_to_an_endpoint_lives_until_the_call_is_answered():
+    from monarch_kernel.runtime import config
+
+    config.set("tensor_flush", 0.001)  # a dead handle's delete leaves within milliseconds
+    try:
+        with this_host().spawn_procs(per_host={"gpus": 2}) as pm:
+            lin = pm.spawn("lin", Linear)
+            with pm.activate():
+                x = torch.ones(3)
+            busy = lin.pause.call(1.0)  # the call below waits in the actors' inboxes meanwhile
+            with pm.activate():
+                got = lin.total.call(x * 2)  # a temporary: nothing here holds it once it is pickled
+            gc.collect()
+            assert list(got.get(timeout=60).values()) == [6.0, 6.0]  # its shard was still there
+            busy.get(timeout=60)
+            client = tensor_client(pm)
+
+            def only_x_left() -> bool:
+                client.flush()
+                return [v["refs"] for v in client.backend.stats(client.seq).get(timeout=60).values()] == [1, 1]
+
+            wait_for(only_x_left, timeout=30)  # and once answered, it was deleted
     finally:
         config.set("tensor_flush", None)
 

@@ -174,6 +174,8 @@ class Endpoint:
         hosts = m._proc_ref.hosts
         tensors = sys.modules.get("monarch_kernel.tensors.controller.client")  # loaded once tensors exist
         token = tensors.destination.set(m._proc_ref.id) if tensors is not None else None
+        pins = tensors.pinned.set([]) if tensors is not None else None
+        handles = None
         try:
             if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
                 # Same host: large arrays and tensors go through shared memory.
@@ -184,13 +186,20 @@ class Endpoint:
         finally:
             if token is not None:
                 tensors.destination.reset(token)
+                handles = tensors.pinned.get()
+                tensors.pinned.reset(pins)
         try:
-            return rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
-                           on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
+            pending = rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
+                              on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
         except BaseException:
             if created:
                 rt.segments.unlink(created)
             raise
+        if token is not None and handles:
+            # The distributed tensors in the arguments live until the call is answered: a
+            # temporary's delete would otherwise race the endpoint's lookup of its shard.
+            pending.completion.add_done_callback(lambda _c, keep=handles: keep.clear())
+        return pending
 
     def _slice_info(self, broadcast: bool = False) -> CallInfo:
         """The called slice, so that each rank knows its point in it (``context()``)."""

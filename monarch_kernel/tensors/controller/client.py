@@ -49,6 +49,9 @@ class Backend(Protocol):
 
 # The proc mesh whose actors the arguments being pickled go to (set by the actor layer).
 destination: contextvars.ContextVar[str | None] = contextvars.ContextVar("destination", default=None)
+# The handles pickled into that call's arguments, which the actor layer keeps alive until the
+# call is answered (a rank looks their shards up when it unpickles them).
+pinned: contextvars.ContextVar[list | None] = contextvars.ContextVar("pinned", default=None)
 
 
 class _Handle(weakref.ref):
@@ -218,6 +221,9 @@ class MeshClient:
                              "gets a rank's shard only on the procs the tensor lives on (move it with to_mesh, or "
                              "send inspect(t))")
         seq = self.flush(deletes=False)
+        pins = pinned.get()
+        if pins is not None:
+            pins.append(t)
         return (local_shard, (self.backend.key, t._ref, seq))
 
     def live(self) -> list:
