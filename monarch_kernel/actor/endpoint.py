@@ -174,7 +174,7 @@ class Endpoint:
         hosts = m._proc_ref.hosts
         tensors = sys.modules.get("monarch_kernel.tensors.controller.client")  # loaded once tensors exist
         token = tensors.destination.set(m._proc_ref.id) if tensors is not None else None
-        pins = tensors.pinned.set([]) if tensors is not None else None
+        pin_token = tensors.pinned.set([]) if tensors is not None else None
         handles = None
         try:
             if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
@@ -187,7 +187,7 @@ class Endpoint:
             if token is not None:
                 tensors.destination.reset(token)
                 handles = tensors.pinned.get()
-                tensors.pinned.reset(pins)
+                tensors.pinned.reset(pin_token)
         try:
             pending = rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
                               on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
