@@ -234,7 +234,11 @@ def test_scancel_ends_a_batch_job_and_squeue_json_shows_it(slurm_cluster: SlurmC
     [mine] = [j for j in data["jobs"] if str(j["job_id"]) == job]
     assert mine["job_state"] == "RUNNING" and mine["nodes"] == "mkn[1-2]"
     assert [n["nodename"] for n in mine["job_resources"]["allocated_nodes"]] == ["mkn1", "mkn2"]
-    assert "sleep 300" in describe(slurm_cluster.pids("mkn1"))  # the batch script runs on the first node
+    # The batch script runs on the first node; RUNNING can show before slurmstepd has forked it.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "sleep 300" not in describe(slurm_cluster.pids("mkn1")):
+        time.sleep(0.1)
+    assert "sleep 300" in describe(slurm_cluster.pids("mkn1"))
     slurm_cluster.run("scancel", job)
     deadline = time.monotonic() + 15
     while slurm_cluster.jobs() and time.monotonic() < deadline:
