@@ -465,3 +465,26 @@ def test_a_move_whose_source_failed_fails_its_destination_at_once(procs):
     with first.activate():
         again = first.rank_tensor("gpus").float() + 1
     assert [float(inspect(mk.to_mesh(again, second), gpus=g)) for g in range(2)] == [1.0, 2.0]  # and it goes on
+
+
+def _messages_read() -> int:
+    from monarch_kernel.runtime.process import Runtime
+
+    return Runtime.current().stats()["received"]
+
+
+def test_a_fetch_after_ops_reaches_its_rank_as_one_message():
+    with this_host().spawn_procs(per_host={"gpus": 2}) as pm:
+        with pm.activate():
+            x = torch.zeros(2)
+        with pm.activate():
+            before = call_on_shard_and_fetch(_messages_read, shard={"gpus": 1}).get(timeout=60)
+        for i in range(20):
+            with pm.activate():
+                x = x + 1
+            assert inspect(x, gpus=1).tolist() == [i + 1.0, i + 1.0]
+        with pm.activate():
+            after = call_on_shard_and_fetch(_messages_read, shard={"gpus": 1}).get(timeout=60)
+        # 20 fetches and the count's own: the ops rode with the fetches (apart, 41)
+        assert after - before < 30, after - before
+        assert inspect(x, gpus=0).tolist() == [20.0, 20.0]  # and rank 0 ran them, told

@@ -296,11 +296,14 @@ class Endpoint:
         send per rank (straight to each, not down the tree).  An exception that escapes the
         endpoint stops that actor, and the rank itself reports it to supervision.  Arguments
         are pickled into the message (never shared memory, which nobody would free)."""
+        self.tell_to(self._mesh._shape.ranks, *args, **kwargs)
+
+    def tell_to(self, ranks, *args, **kwargs) -> None:
+        """``tell`` to some of the mesh's ranks only (proc-mesh ranks, in the order given)."""
         m = self._mesh
         rt = m._check_running()
         body = dumps_plain((args, kwargs)) or encode_args(f"{m._class_name}.{self._name}", args, kwargs)
-        rt.caller.tell(m._proc_ref, m._actor_id, self._name, list(m._shape.ranks), body,
-                       self._slice_info(broadcast=True))
+        rt.caller.tell(m._proc_ref, m._actor_id, self._name, list(ranks), body, self._slice_info(broadcast=True))
 
     def rref(self, *args, **kwargs):
         """Run on every rank; the result stays there as a distributed tensor (its shape from

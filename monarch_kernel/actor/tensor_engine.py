@@ -1,8 +1,9 @@
 """The actor layer's side of distributed tensors: ``TensorEngine``, an actor on every rank
 of a proc mesh that runs the ranks' executor, and ``EngineBackend``, the tensors layer's
 ``Backend`` over it.  Batches go one-way to every rank (``tell``: no answers); values come
-back through ``call_one`` / ``call`` with an explicit response port, so a request that
-overtook an earlier batch waits on the rank, not on the controller.
+back through ``call_one`` / ``call``, with the batch not sent yet riding in the same message
+(``run_and_request``), and with an explicit response port when a request overtook an
+earlier batch, so that it waits on the rank, not on the controller.
 
 Spawned lazily, once per proc mesh, by the first ``procs.activate()``.
 """
@@ -40,6 +41,12 @@ class TensorEngine(Actor):
 
     @endpoint
     def request(self, seq: int, fn, args, kwargs):
+        return self.executor.answer(seq, fn, args, kwargs, NOT_YET)
+
+    @endpoint
+    def run_and_request(self, seq: int, payload: bytes, made: list, fn, args, kwargs):
+        """``run`` then ``request``, in one message: a fetch right after its ops."""
+        self.executor.run_batch(seq, payload, made)
         return self.executor.answer(seq, fn, args, kwargs, NOT_YET)
 
     @endpoint(explicit_response_port=True)
@@ -102,15 +109,21 @@ class EngineBackend:
     def send(self, seq: int, payload: bytes, made: list) -> None:
         self.engines.run.tell(seq, payload, made)  # the executor never raises: no answer to wait for
 
-    def request(self, rank: int, seq: int, fn, args, kwargs, transform):
+    def request(self, rank: int, seq: int, fn, args, kwargs, transform, batch=None):
         def settle(v):
             if isinstance(v, str) and v == NOT_YET:
                 v = self._at(rank).request_later.call_one(seq, fn, args, kwargs).get()
             return transform(v)
 
-        return self._at(rank).request.call_one(seq, fn, args, kwargs).map(settle)
+        if batch is None:
+            return self._at(rank).request.call_one(seq, fn, args, kwargs).map(settle)
+        answer = self._at(rank).run_and_request.call_one(seq, *batch, fn, args, kwargs)  # the rank asked, first
+        others = [r for r in self.engines.shape.ranks if r != rank]
+        if others:
+            self.engines.run.tell_to(others, seq, *batch)
+        return answer.map(settle)
 
-    def request_all(self, shape, seq: int, fn, args, kwargs, transform):
+    def request_all(self, shape, seq: int, fn, args, kwargs, transform, batch=None):
         ranks = list(shape.ranks)
 
         def each(vm: ValueMesh) -> ValueMesh:
@@ -120,7 +133,14 @@ class EngineBackend:
                     values[i] = self._at(ranks[i]).request_later.call_one(seq, fn, args, kwargs).get()
             return ValueMesh(vm.shape, [transform(v) for v in values])
 
-        return self._over(shape).request.call(seq, fn, args, kwargs).map(each)
+        if batch is None:
+            return self._over(shape).request.call(seq, fn, args, kwargs).map(each)
+        answers = self._over(shape).run_and_request.call(seq, *batch, fn, args, kwargs)
+        asked = set(ranks)
+        others = [r for r in self.engines.shape.ranks if r not in asked]
+        if others:
+            self.engines.run.tell_to(others, seq, *batch)
+        return answers.map(each)
 
     def send_to_port(self, shape, seq: int, fn, args, kwargs, port) -> None:
         self._over(shape).send_to.broadcast(seq, fn, args, kwargs, port)

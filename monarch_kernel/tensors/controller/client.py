@@ -1,7 +1,7 @@
 """``MeshClient``: the controller's side of one proc mesh's tensor engine.  It hands out
 refs, keeps the batch being recorded, and sends it to every rank through its ``Backend``
-(when a fetch needs it, when ``activate()`` ends, at ``tensor_batch`` ops, or after
-``tensor_flush`` seconds); it never waits for the ranks itself.
+(with a fetch, which carries it to the rank it asks; at ``tensor_batch`` ops; or
+``tensor_flush`` seconds after its first op); it never waits for the ranks itself.
 
 Handles that die add their refs to a delete list (from any thread, lock-free: a finalizer
 may run inside the recording code), which goes out with the next batch.
@@ -36,11 +36,13 @@ class Backend(Protocol):
     def send(self, seq: int, payload: bytes, made: list[int]) -> None:
         """Batch ``seq`` to every rank, one-way, in the order of ``seq``."""
 
-    def request(self, rank: int, seq: int, fn, args, kwargs, transform) -> Any:
+    def request(self, rank: int, seq: int, fn, args, kwargs, transform, batch=None) -> Any:
         """A Future of ``transform(fn(*args, **kwargs))`` computed on ``rank`` after batch
-        ``seq`` (``fn`` None: ``args[0]``)."""
+        ``seq`` (``fn`` None: ``args[0]``).  ``batch``: batch ``seq`` itself as
+        ``(payload, made)``, not sent yet: it goes to ``rank`` with the request, and to the
+        other ranks as ``send`` would."""
 
-    def request_all(self, shape, seq: int, fn, args, kwargs, transform) -> Any:
+    def request_all(self, shape, seq: int, fn, args, kwargs, transform, batch=None) -> Any:
         """The same on every rank of ``shape``: a Future of a ValueMesh."""
 
     def send_to_port(self, shape, seq: int, fn, args, kwargs, port) -> None:
@@ -133,6 +135,14 @@ class MeshClient:
         (a fetch): deletes alone are no reason to send, since a fetch needs only the ops
         before it, and a batch of them would wake every rank in its way; they go with the
         next batch, or after ten times ``tensor_flush`` seconds."""
+        seq, batch = self._take(deletes)
+        if batch is not None:
+            self.backend.send(seq, *batch)
+        return seq
+
+    def _take(self, deletes: bool) -> tuple[int, tuple[bytes, list[int]] | None]:
+        """The recorded batch taken for sending, as ``(seq, (payload, made))``, or
+        ``(the last seq, None)`` when there is nothing to send (see ``flush``)."""
         dead, later = self.dead, self.later
         with self._lock:
             batch, made = self._batch, self._made
@@ -142,7 +152,7 @@ class MeshClient:
                 if dead and self._deletes_due is None:
                     self._deletes_due = time.monotonic() + 10 * self._delay
                     self._send_later()
-                return self.seq
+                return self.seq, None
             self._deletes_due = None
             if dead:
                 refs = []
@@ -153,12 +163,11 @@ class MeshClient:
                     pass
                 batch.append((DELETE, refs))
             if not batch:
-                return self.seq
+                return self.seq, None
             self._batch, self._made = [], []
             self.seq += 1
             seq = self.seq
-        self.backend.send(seq, _encode(batch), made)
-        return seq
+        return seq, (_encode(batch), made)
 
     def _send_later(self) -> None:
         """(Holding the lock.) Have the flusher send what waits within ``tensor_flush`` s."""
@@ -199,12 +208,15 @@ class MeshClient:
     # ------------------------------------------------------------ values
 
     def request(self, rank: int, fn, args, kwargs, transform):
-        seq = self.flush(deletes=False)
-        return self.backend.request(rank, seq, fn, encode_value(args), encode_value(kwargs), transform)
+        """What was recorded goes with the request, in one message to ``rank`` (sent first)
+        and a batch to every other rank: a fetch right after an op costs the rank it asks
+        one message, not two."""
+        seq, batch = self._take(deletes=False)
+        return self.backend.request(rank, seq, fn, encode_value(args), encode_value(kwargs), transform, batch)
 
     def request_all(self, shape, fn, args, kwargs, transform):
-        seq = self.flush(deletes=False)
-        return self.backend.request_all(shape, seq, fn, encode_value(args), encode_value(kwargs), transform)
+        seq, batch = self._take(deletes=False)
+        return self.backend.request_all(shape, seq, fn, encode_value(args), encode_value(kwargs), transform, batch)
 
     def send_to_port(self, shape, fn, args, kwargs, port) -> None:
         seq = self.flush(deletes=False)

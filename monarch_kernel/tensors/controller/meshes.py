@@ -66,7 +66,9 @@ class TensorMesh:
 
     @contextlib.contextmanager
     def activate(self):
-        """Record torch calls for this mesh until the block ends (then send them)."""
+        """Record torch calls for this mesh until the block ends.  What was recorded goes
+        within ``tensor_flush`` seconds, or sooner with a fetch, which carries it to the rank
+        it asks in the same message (a fetch right after the block is one message to it)."""
         from .recorder import RecordingMode
 
         previous = state.mesh
@@ -80,7 +82,6 @@ class TensorMesh:
             mode.__exit__(None, None, None)
             state.depth -= 1
             state.mesh = previous
-            self.client.flush()
 
 
 def _sliced_owner(owner, coords):
