@@ -120,16 +120,18 @@ class ActorSlot:
         assert loop is not None and self.is_current() and self.inbox is not None
         # Meanwhile answers from this call's subtree still reach the actor's inbox and are
         # merged; calls that arrive are queued behind this one (``deferring``).
-        fd = self.inbox.sock.getsockopt(zmq.FD)
+        fds = self.inbox.fds()
         outer = self.deferring
         self.deferring = True
-        loop.add_reader(fd, self._read_meanwhile)
+        for fd in fds:
+            loop.add_reader(fd, self._read_meanwhile)
         _in_loop.loop = loop
         try:
             loop.run_until_complete(loop.create_task(coro))
         finally:
             _in_loop.loop = None
-            loop.remove_reader(fd)
+            for fd in fds:
+                loop.remove_reader(fd)
             self.deferring = outer
         if self.inbox.ready():
             self.submit(lambda: None)  # a message came in while we ran: the worker looks again
@@ -161,7 +163,7 @@ class ActorSlot:
             if not ready.done():
                 ready.set_result(None)
 
-        fds = [self.inbox.sock.getsockopt(zmq.FD), self._wake_r]
+        fds = [*self.inbox.fds(), self._wake_r]
         for fd in fds:
             loop.add_reader(fd, wake)
         try:
@@ -192,7 +194,7 @@ class ActorSlot:
             self.direct = self.inbox.address
         inbox, work = self.inbox, self._queue
         read = rt.receiver.read
-        watch = [(inbox.sock, POLLIN), (self._wake_r, POLLIN)]
+        watch = [*inbox.items, (self._wake_r, POLLIN)]
         while True:
             while not work.empty():
                 fn = work.get_nowait()
@@ -218,7 +220,7 @@ class ActorSlot:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
                     pass
-            if ready[0][0] is inbox.sock:
+            if ready[0][0] is not self._wake_r or len(ready) > 1:
                 with inbox.lease:
                     # While __init__ ran the IO thread read this inbox too (``construct``): what
                     # it read is queued, and goes first.

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import socket
 import threading
 
 import zmq
@@ -35,7 +37,7 @@ class Inbox:
     same socket for peers on other hosts."""
 
     __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "_timeout_ms", "_ptr", "_recv",
-                 "__weakref__")
+                 "dg", "dg_path", "items", "__weakref__")
 
     def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None):
         self.sock = ctx.socket(zmq.PULL)
@@ -57,6 +59,27 @@ class Inbox:
         fast = native.sockets()
         self._ptr = self.sock.underlying  # libzmq's socket, for the C receive
         self._recv = fast.recv if fast is not None else None
+        self.dg: socket.socket | None = None
+        self.dg_path = None
+        if self.address.startswith("ipc://"):
+            self.dg_path = dgram_path(self.address)
+            d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            d.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            d.setblocking(False)
+            try:
+                os.unlink(self.dg_path)
+            except FileNotFoundError:
+                pass
+            d.bind(self.dg_path)
+            self.dg = d
+        self.items = [(self.sock, _POLLIN)] + ([(self.dg.fileno(), _POLLIN)] if self.dg is not None else [])
+
+    def fds(self) -> list[int]:
+        """What a selector watches for this inbox."""
+        out = [self.sock.getsockopt(zmq.FD)]
+        if self.dg is not None:
+            out.append(self.dg.fileno())
+        return out
 
     def listen_tcp(self, ip: str, curve: CurveKeys | None) -> str:
         """Also listen on ``tcp://ip:<free port>`` (a Curve server when ``curve`` is given;
@@ -70,6 +93,11 @@ class Inbox:
 
     def recv(self):
         """One message's frames, or None when nothing is waiting."""
+        if self.dg is not None:
+            try:
+                return [self.dg.recv(DGRAM_MAX)]
+            except BlockingIOError:
+                pass
         sock = self.sock
         if self._recv is not None:
             got = self._recv(self._ptr, _NOBLOCK)
@@ -85,6 +113,13 @@ class Inbox:
     def recv_within(self, timeout_ms: int):
         """One message's frames, waiting up to ``timeout_ms`` in the receive itself (a poll
         first would cost a second wake-up per message); None when none came."""
+        if self.dg is not None:
+            got = self.recv()
+            if got is not None:
+                return got
+            if not zmq_poll(self.items, timeout_ms):
+                return None
+            return self.recv()
         sock = self.sock
         if timeout_ms != self._timeout_ms:
             sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
@@ -102,11 +137,24 @@ class Inbox:
 
     def ready(self, timeout_ms: int = 0) -> bool:
         """Whether a message is waiting (after up to ``timeout_ms``; -1 waits forever)."""
-        return bool(zmq_poll([(self.sock, _POLLIN)], timeout_ms))
+        return bool(zmq_poll(self.items, timeout_ms))
 
     def close(self) -> None:
         self._recv = None  # (its libzmq socket is gone)
         self.sock.close(linger=0)
+        if self.dg is not None:
+            self.dg.close()
+            try:
+                os.unlink(self.dg_path)
+            except OSError:
+                pass
+
+
+DGRAM_MAX = 200_000
+
+
+def dgram_path(address: str) -> str:
+    return address.removeprefix("ipc://") + "d"
 
 
 def _rest(sock: zmq.Socket, first: bytes) -> list:

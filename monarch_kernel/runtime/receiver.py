@@ -66,7 +66,8 @@ class Receiver:
         inbox.watched = True
 
         def register():
-            self.io.loop.add_reader(inbox.sock.getsockopt(zmq.FD), self.drain, inbox)
+            for fd in inbox.fds():
+                self.io.loop.add_reader(fd, self.drain, inbox)
             self.drain(inbox)
 
         self.io.call_soon(register)
@@ -76,8 +77,8 @@ class Receiver:
         if not inbox.watched:
             return
         inbox.watched = False
-        fd = inbox.sock.getsockopt(zmq.FD)
-        self.io.call_soon(self.io.loop.remove_reader, fd)
+        for fd in inbox.fds():
+            self.io.call_soon(self.io.loop.remove_reader, fd)
 
     def drain(self, inbox: Inbox) -> None:
         """On the IO thread: read what waits in ``inbox``, unless another thread holds it."""

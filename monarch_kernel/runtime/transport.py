@@ -10,6 +10,7 @@ silently.  Inboxes (the receiving side) are in ``inbox.py``.
 from __future__ import annotations
 
 import errno
+import socket
 import threading
 import time
 
@@ -28,6 +29,7 @@ from .native import sockets
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _POLLOUT = int(zmq.POLLOUT)
+_DGRAM_MAX = 200_000
 _COPY_BELOW = 1 << 16  # smaller frames are cheaper to copy than to share
 # pyzmq's own send, under the sugar layer's checks for options we never use (routing ids,
 # groups): it is called for every frame of every message.
@@ -105,6 +107,22 @@ class Transport:
         room (``block=False``, for the IO thread: not at all), then raises ``SendFailed``.
         """
         frames = self.signer.seal(header, body)
+        if len(frames) == 1 and addr[:4] == "ipc:" and _size(frames[0]) <= _DGRAM_MAX:
+            d = self._dgram(addr)
+            if d is not None:
+                try:
+                    d.send(frames[0])
+                    self.sent += 1
+                    return
+                except BlockingIOError:
+                    self._dgram_room(d, addr, block)
+                    d.send(frames[0])
+                    self.sent += 1
+                    return
+                except (ConnectionRefusedError, FileNotFoundError):
+                    socks = self._local.dg
+                    socks.pop(addr, None)
+                    raise SendFailed(f"cannot send to {addr}: nothing listens there") from None
         try:
             sock = self._socket(addr)
             last = len(frames) - 1
@@ -147,6 +165,35 @@ class Transport:
                         "(raise `ulimit -n`, or end threads and meshes that are no longer used)")
             raise SendFailed(f"cannot send to {addr}: {e.strerror}{hint}") from None
         self.sent += 1
+
+    def _dgram(self, addr: str):
+        socks = getattr(self._local, "dg", None)
+        if socks is None:
+            socks = self._local.dg = {}
+        d = socks.get(addr)
+        if d is None:
+            d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            d.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            d.setblocking(False)
+            try:
+                d.connect(addr.removeprefix("ipc://") + "d")
+            except (FileNotFoundError, ConnectionRefusedError):
+                d.close()
+                return None
+            socks[addr] = d
+        return d
+
+    def _dgram_room(self, d, addr: str, block: bool) -> None:
+        import select
+
+        if block and threading.current_thread() is not self.io_thread:
+            deadline = time.monotonic() + self.block_s
+            while (left := deadline - time.monotonic()) > 0:
+                if select.select([], [d], [], min(left, 0.1))[1]:
+                    return
+        self.send_failures += 1
+        raise SendFailed(f"cannot send to {addr}: its queue is full and it has read nothing for "
+                         f"{self.block_s if block else 0:g} s")
 
     def _wait_for_room(self, sock: zmq.Socket, addr: str, header: Header, block: bool) -> None:
         if not block or threading.current_thread() is self.io_thread:
