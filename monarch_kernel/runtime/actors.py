@@ -220,7 +220,7 @@ class ActorSlot:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
                     pass
-            if ready[0][0] is not self._wake_r or len(ready) > 1:
+            if ready[0][0] is not self._wake_r:  # the inbox's sockets come first in ``watch``
                 with inbox.lease:
                     # While __init__ ran the IO thread read this inbox too (``construct``): what
                     # it read is queued, and goes first.

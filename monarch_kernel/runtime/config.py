@@ -80,6 +80,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_MAX_LINE", "max_line", int, 1 << 20, unit="bytes", kernel=True, minimum=1024,
          shown="1 MiB", help_="longest piece of one output line the controller holds; longer lines arrive as "
                               "pieces of this size"),
+    _env("MONARCH_KERNEL_DATAGRAMS", "datagrams", bool, True, shown="on",
+         help_="messages between processes of one host travel over unix datagram sockets, one system call "
+               "each way, rather than through ZeroMQ's I/O threads (off: ZeroMQ's ipc, as across hosts)"),
     _env("MONARCH_KERNEL_SEND_QUEUE", "send_queue", int, 1000, unit="messages", kernel=True, minimum=1,
          help_="messages one thread may queue for a peer that is not reading before sends to it wait, then fail"),
     _env("MONARCH_KERNEL_SEND_BLOCK", "send_block", float, 5.0, unit="s", kernel=True,

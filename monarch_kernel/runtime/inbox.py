@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
-import socket
 import threading
 
 import zmq
@@ -20,6 +18,7 @@ from zmq.backend import zmq_poll
 
 from . import config, native
 from .curve import CurveKeys
+from .datagram import Listener, path_of
 from .framing import CHUNK, join
 
 # Plain ints: pyzmq's flag enums cost more to combine than the calls they modify.
@@ -37,7 +36,7 @@ class Inbox:
     same socket for peers on other hosts."""
 
     __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "_timeout_ms", "_ptr", "_recv",
-                 "dg", "dg_path", "items", "__weakref__")
+                 "dg", "items", "__weakref__")
 
     def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None):
         self.sock = ctx.socket(zmq.PULL)
@@ -49,7 +48,15 @@ class Inbox:
         tcp = address.startswith("tcp://")
         if tcp and curve is not None:
             curve.serve(self.sock)
-        self.sock.bind(address)
+        # Datagrams first: a sender finds them whenever it finds the ZeroMQ socket (datagram.py).
+        path = path_of(address) if config.get("datagrams") else None
+        self.dg: Listener | None = Listener(path, config.max_frame()) if path is not None else None
+        try:
+            self.sock.bind(address)
+        except BaseException:
+            if self.dg is not None:
+                self.dg.close()
+            raise
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.net_address: str | None = self.address if tcp else None
         self.lease = threading.Lock()
@@ -59,27 +66,11 @@ class Inbox:
         fast = native.sockets()
         self._ptr = self.sock.underlying  # libzmq's socket, for the C receive
         self._recv = fast.recv if fast is not None else None
-        self.dg: socket.socket | None = None
-        self.dg_path = None
-        if self.address.startswith("ipc://"):
-            self.dg_path = dgram_path(self.address)
-            d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            d.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            d.setblocking(False)
-            try:
-                os.unlink(self.dg_path)
-            except FileNotFoundError:
-                pass
-            d.bind(self.dg_path)
-            self.dg = d
         self.items = [(self.sock, _POLLIN)] + ([(self.dg.fileno(), _POLLIN)] if self.dg is not None else [])
 
     def fds(self) -> list[int]:
         """What a selector watches for this inbox."""
-        out = [self.sock.getsockopt(zmq.FD)]
-        if self.dg is not None:
-            out.append(self.dg.fileno())
-        return out
+        return [self.sock.getsockopt(zmq.FD)] + ([self.dg.fileno()] if self.dg is not None else [])
 
     def listen_tcp(self, ip: str, curve: CurveKeys | None) -> str:
         """Also listen on ``tcp://ip:<free port>`` (a Curve server when ``curve`` is given;
@@ -94,10 +85,9 @@ class Inbox:
     def recv(self):
         """One message's frames, or None when nothing is waiting."""
         if self.dg is not None:
-            try:
-                return [self.dg.recv(DGRAM_MAX)]
-            except BlockingIOError:
-                pass
+            got = self.dg.receive()
+            if got is not None:
+                return got
         sock = self.sock
         if self._recv is not None:
             got = self._recv(self._ptr, _NOBLOCK)
@@ -144,17 +134,6 @@ class Inbox:
         self.sock.close(linger=0)
         if self.dg is not None:
             self.dg.close()
-            try:
-                os.unlink(self.dg_path)
-            except OSError:
-                pass
-
-
-DGRAM_MAX = 200_000
-
-
-def dgram_path(address: str) -> str:
-    return address.removeprefix("ipc://") + "d"
 
 
 def _rest(sock: zmq.Socket, first: bytes) -> list:

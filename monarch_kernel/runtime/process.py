@@ -103,7 +103,7 @@ class Runtime:
         self.ports = PortTable()
         self.signer = Signer(key, max_frame=config.max_frame())
         self.transport = Transport(self.ctx, self.signer)
-        self.transport.io_thread = io.thread
+        self.transport.use_io(io)
         self.transport.curve = curve
         self.network = Network(self.ctx, io, self.drops, curve)
         self.network.on_keys = self._keys_changed

@@ -15,8 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import zmq
-
 from . import config
 from .auth import DropCounts, Dropped, Signer
 from .completion import Completion

@@ -10,7 +10,6 @@ silently.  Inboxes (the receiving side) are in ``inbox.py``.
 from __future__ import annotations
 
 import errno
-import socket
 import threading
 import time
 
@@ -20,6 +19,7 @@ from zmq.backend import zmq_poll
 from . import config
 from .auth import Signer
 from .curve import CurveKeys
+from .datagram import Links
 from .envelope import Header
 from .failure import SendFailed
 from .framing import CHUNK, pieces
@@ -29,7 +29,6 @@ from .native import sockets
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _POLLOUT = int(zmq.POLLOUT)
-_DGRAM_MAX = 200_000
 _COPY_BELOW = 1 << 16  # smaller frames are cheaper to copy than to share
 # pyzmq's own send, under the sugar layer's checks for options we never use (routing ids,
 # groups): it is called for every frame of every message.
@@ -71,6 +70,14 @@ class Transport:
         self.send_failures = 0
         fast = sockets()
         self._send_first = fast.send if fast is not None else None  # libzmq's send, straight from C
+        self.links: Links | None = None  # same-host datagram links (datagram.py), once the IO thread is known
+
+    def use_io(self, io) -> None:
+        """The process's IO thread: it never waits for room, and it sends what waits in
+        datagram links."""
+        self.io_thread = io.thread
+        if config.get("datagrams"):
+            self.links = Links(io, self.queue_limit, self.block_s)
 
     def _socket(self, addr: str) -> zmq.Socket:
         socks = getattr(self._local, "socks", None)
@@ -93,6 +100,15 @@ class Transport:
             socks[addr] = s
         return s
 
+    def _links_gone(self) -> list[str]:
+        """Prefixes of peers gone since this thread's links last looked."""
+        seen = getattr(self._local, "links_seen", 0)
+        if seen == len(self._gone):
+            return []
+        with self._lock:
+            gone, self._local.links_seen = self._gone[seen:], len(self._gone)
+        return gone
+
     def _purge(self, socks: _ThreadSockets) -> None:
         with self._lock:
             gone, socks.seen = self._gone[socks.seen:], len(self._gone)
@@ -107,22 +123,13 @@ class Transport:
         room (``block=False``, for the IO thread: not at all), then raises ``SendFailed``.
         """
         frames = self.signer.seal(header, body)
-        if len(frames) == 1 and addr[:4] == "ipc:" and _size(frames[0]) <= _DGRAM_MAX:
-            d = self._dgram(addr)
-            if d is not None:
-                try:
-                    d.send(frames[0])
-                    self.sent += 1
-                    return
-                except BlockingIOError:
-                    self._dgram_room(d, addr, block)
-                    d.send(frames[0])
-                    self.sent += 1
-                    return
-                except (ConnectionRefusedError, FileNotFoundError):
-                    socks = self._local.dg
-                    socks.pop(addr, None)
-                    raise SendFailed(f"cannot send to {addr}: nothing listens there") from None
+        links = self.links
+        if links is not None and addr[:4] == "ipc:":
+            if socks_gone := self._links_gone():
+                links.forget(socks_gone)
+            if links.send(addr, frames, block):
+                self.sent += 1
+                return
         try:
             sock = self._socket(addr)
             last = len(frames) - 1
@@ -166,35 +173,6 @@ class Transport:
             raise SendFailed(f"cannot send to {addr}: {e.strerror}{hint}") from None
         self.sent += 1
 
-    def _dgram(self, addr: str):
-        socks = getattr(self._local, "dg", None)
-        if socks is None:
-            socks = self._local.dg = {}
-        d = socks.get(addr)
-        if d is None:
-            d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            d.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            d.setblocking(False)
-            try:
-                d.connect(addr.removeprefix("ipc://") + "d")
-            except (FileNotFoundError, ConnectionRefusedError):
-                d.close()
-                return None
-            socks[addr] = d
-        return d
-
-    def _dgram_room(self, d, addr: str, block: bool) -> None:
-        import select
-
-        if block and threading.current_thread() is not self.io_thread:
-            deadline = time.monotonic() + self.block_s
-            while (left := deadline - time.monotonic()) > 0:
-                if select.select([], [d], [], min(left, 0.1))[1]:
-                    return
-        self.send_failures += 1
-        raise SendFailed(f"cannot send to {addr}: its queue is full and it has read nothing for "
-                         f"{self.block_s if block else 0:g} s")
-
     def _wait_for_room(self, sock: zmq.Socket, addr: str, header: Header, block: bool) -> None:
         if not block or threading.current_thread() is self.io_thread:
             raise zmq.Again()
@@ -214,3 +192,5 @@ class Transport:
         socks = getattr(self._local, "socks", None)
         if socks is not None:
             self._purge(socks)
+        if self.links is not None:
+            self.links.forget(self._links_gone())
