@@ -100,9 +100,9 @@ SCRIPT = textwrap.dedent("""
     grown = (psutil.Process().memory_info().rss - rss0) / 2**20
     other = echo.slice(r=0).echo.call_one(7).get(timeout=10)
     t1 = time.monotonic()
-    procs.stop()                          # fails what is pending on the frozen rank
+    procs.stop()                          # fails what is still queued for the frozen rank
     try:
-        futs[0].get(timeout=10)
+        futs[-1].get(timeout=10)
         pending = "answered"
     except Exception as e:
         pending = type(e).__name__

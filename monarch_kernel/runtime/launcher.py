@@ -433,7 +433,7 @@ def _remove_inboxes(address: str) -> None:
     if not address.startswith("ipc://"):
         return
     base = address[len("ipc://"):]
-    for path in [base, *glob.glob(glob.escape(base) + ".*")]:
+    for path in [base, base + "d", *glob.glob(glob.escape(base) + ".*")]:  # "d": its datagrams (datagram.py)
         try:
             os.unlink(path)
         except FileNotFoundError:
