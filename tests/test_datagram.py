@@ -142,14 +142,28 @@ def test_several_threads_keep_each_their_own_order(wire):
         assert mine == [k * 1000 + i for i in range(200)]
 
 
-def test_an_inbox_not_there_yet_gets_its_messages_through_zeromq(wire):
+def test_messages_to_an_inbox_not_there_yet_wait_in_the_link_and_arrive_in_order(wire):
     addr = f"ipc://{wire.dir}/later"
-    wire.send(addr, 1)  # nothing listens: ZeroMQ queues it, as it always did
+    wire.send(addr, 1)  # nothing listens yet (an actor its rank has not made)
     wire.send(addr, 2)
     inbox = Inbox(wire.ctx, addr)
     wire.inboxes.append(inbox)
-    wire.send(addr, 3)  # this thread's link there stays ZeroMQ's: nothing overtakes 1 and 2
+    wire.send(addr, 3)
     assert [g[0] for g in wire.received(inbox, 3)] == [1, 2, 3]
+    link = wire.transport.links._links()[addr]
+    assert link.sock is not None and not link.zmq  # the IO thread connected it: datagrams from now on
+
+
+def test_once_a_peer_is_gone_its_messages_go_through_zeromq(wire):
+    addr = f"ipc://{wire.dir}/gone"
+    first = Inbox(wire.ctx, addr)
+    wire.send(addr, 1)
+    assert [g[0] for g in wire.received(first, 1)] == [1]
+    first.close()
+    sent = wire.transport.sent
+    wire.send(addr, 2)  # the datagram socket refuses: ZeroMQ queues it, as for any peer that is gone
+    wire.send(addr, 3)
+    assert wire.transport.links._links()[addr].zmq and wire.transport.sent == sent + 2
 
 
 def test_bad_datagrams_are_dropped_before_anything_is_unpickled(wire, tmp_path):

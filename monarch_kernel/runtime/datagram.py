@@ -10,9 +10,11 @@ An inbox that listens on ``ipc://PATH`` also binds a datagram socket at ``PATH``
   need be, which the listener joins again (pieces carry their link's id);
 - when the peer's queue is full, what follows waits in the link's own queue (up to
   ``send_queue`` datagrams, as ZeroMQ's would), and the IO thread sends it as the peer reads;
-- when nothing listens there (not yet, or no longer), that thread's messages to the inbox go
-  through ZeroMQ from then on, for good.  A listener reads its datagrams before its ZeroMQ
-  messages, so a link that changes over never reorders what it sent.
+- until the inbox is there (an actor's, say, which its rank makes once it reads the spawn),
+  what is sent waits in the link, and the IO thread connects it as soon as it can;
+- when the peer goes away (its socket refuses), that thread's messages to the inbox go
+  through ZeroMQ from then on, for good, as they always did to a peer that is gone.  A
+  listener reads its datagrams before its ZeroMQ messages, so nothing is reordered.
 
 What a datagram holds is checked like any message (``Signer.open``) before anything in it
 is unpickled; a datagram that is not a message of this wire is dropped there.
@@ -27,6 +29,7 @@ import struct
 import threading
 import time
 
+from . import config
 from .failure import SendFailed
 
 DGRAM_MAX = 200_000  # bytes in one datagram (the kernel's default socket buffer is 208 KiB)
@@ -39,6 +42,8 @@ _ID = struct.Struct("<Q")
 _COUNT = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
 _ASSEMBLIES = 256  # pieced messages a listener joins at once (the oldest go first)
+RETRY_FIRST_S = config.seconds("datagram_retry")
+RETRY_MAX_S = config.seconds("datagram_retry_max")
 _REFUSED = (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, NotADirectoryError)
 
 
@@ -163,30 +168,39 @@ def _datagrams(frames: list, link_id: bytes) -> list:
 
 
 class Link:
-    """One thread's datagram socket to one inbox, and what waits for room there."""
+    """One thread's datagram socket to one inbox, and what waits for room there.  Until the
+    inbox exists (an actor's is made once its rank reads the spawn), what is sent waits in
+    ``pending`` and the IO thread tries to connect every few milliseconds."""
 
-    __slots__ = ("address", "sock", "id", "pending", "lock", "room", "zmq", "watching", "__weakref__")
+    __slots__ = ("address", "path", "sock", "id", "pending", "lock", "room", "zmq", "watching", "__weakref__")
 
     def __init__(self, address: str, path: str | None):
         self.address = address
-        self.sock: socket.socket | None = None
+        self.path = path
+        self.sock: socket.socket | None = None  # None: not connected yet (or ``zmq``)
         self.id = os.urandom(_ID.size)
         self.pending: collections.deque = collections.deque()
         self.lock = threading.Lock()
         self.room = threading.Condition(self.lock)
-        self.zmq = True  # its messages go through ZeroMQ (nothing listened for datagrams)
+        self.zmq = path is None  # its messages go through ZeroMQ
         self.watching = False  # the IO thread waits to send what is pending
-        if path is None:
-            return
+        if path is not None:
+            self.connect()
+
+    def connect(self) -> bool:
+        """(Holding the lock, or before anyone shares the link.) Whether it is connected now."""
+        if self.path is None:
+            return False
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _BUF)
             sock.setblocking(False)
-            sock.connect(path)
+            sock.connect(self.path)
         except OSError:
             sock.close()
-            return
-        self.sock, self.zmq = sock, False
+            return False
+        self.sock = sock
+        return True
 
     def close(self) -> None:
         with self.lock:
@@ -224,13 +238,15 @@ class Links:
         link = links.get(address)
         if link is None:
             link = links[address] = Link(address, path_of(address))
+            if link.sock is None and not link.zmq:  # nothing there yet: wait for it
+                self.io.call_soon(self._retry, link, RETRY_FIRST_S)
         if link.zmq:
             return False
         grams = _datagrams(frames, link.id)
         with link.lock:
             if link.zmq:
                 return False
-            if link.pending:
+            if link.pending or link.sock is None:
                 self._wait_for_room(link, len(grams), block)
                 link.pending.extend(grams)
                 return True
@@ -267,6 +283,19 @@ class Links:
             f"cannot send to {link.address}: {len(link.pending)} messages are already queued for it and it has "
             f"read none for {self.block_s if block else 0:g} s; the process there is not reading (stopped with "
             f"SIGSTOP, stuck, or overloaded); see %mesh status, or raise MONARCH_KERNEL_SEND_QUEUE")
+
+    def _retry(self, link: Link, delay: float) -> None:
+        """On the IO thread: connect a link whose inbox was not there, and send what waits;
+        else try again a little later (until the link is closed: its peer is gone)."""
+        with link.lock:
+            if link.zmq or link.sock is not None:
+                return
+            if not link.connect():
+                later = min(2 * delay, RETRY_MAX_S)
+                self.io.loop.call_later(delay, self._retry, link, later)
+                return
+            if link.pending:
+                self._watch(link)
 
     def _watch(self, link: Link) -> None:
         """(Holding the link's lock.) Have the IO thread send what is pending as room comes."""
