@@ -31,6 +31,7 @@ import time
 
 from . import config
 from .failure import SendFailed
+from .limits import check_room
 
 DGRAM_MAX = 200_000  # bytes in one datagram (the kernel's default socket buffer is 208 KiB)
 _BUF = 4 << 20  # each socket's buffer (capped by net.core.[rw]mem_max)
@@ -237,6 +238,7 @@ class Links:
         links = self._links()
         link = links.get(address)
         if link is None:
+            check_room(f"a connection to {address}")
             link = links[address] = Link(address, path_of(address))
             if link.sock is None and not link.zmq:  # nothing there yet: wait for it
                 self.io.call_soon(self._retry, link, RETRY_FIRST_S)

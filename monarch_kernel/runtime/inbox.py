@@ -1,4 +1,6 @@
-"""Inboxes: PULL sockets read directly by the thread that waits on them.
+"""Inboxes: PULL sockets read directly by the thread that waits on them, each with a unix
+datagram socket beside it for processes of the same host (``datagram.Listener``, read
+first).
 
 A process has one main inbox (read by the IO thread), one per thread that makes calls (its
 replies come straight back to that thread, so a blocking ``.get()`` wakes exactly one

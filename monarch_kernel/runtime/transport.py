@@ -1,4 +1,5 @@
-"""ZeroMQ sending: one outgoing socket per (thread, peer), signing on the sending thread.
+"""Sending: one outgoing socket per (thread, peer), signing on the sending thread; a peer on
+this host is sent datagrams (``datagram.Links``), others go through ZeroMQ.
 
 Every thread sends on sockets of its own, so no send ever waits for another thread.  The
 queue to each peer is bounded (``MONARCH_KERNEL_SEND_QUEUE`` messages): a peer that stops
@@ -125,11 +126,18 @@ class Transport:
         frames = self.signer.seal(header, body)
         links = self.links
         if links is not None and addr[:4] == "ipc:":
-            if socks_gone := self._links_gone():
-                links.forget(socks_gone)
-            if links.send(addr, frames, block):
-                self.sent += 1
-                return
+            if gone := self._links_gone():
+                links.forget(gone)
+            try:
+                if links.send(addr, frames, block):
+                    self.sent += 1
+                    return
+            except SendFailed:
+                self.send_failures += 1
+                raise
+            except OSError as e:  # check_room: too few descriptors left for its socket
+                self.send_failures += 1
+                raise SendFailed(f"cannot send to {addr}: {e.strerror}") from None
         try:
             sock = self._socket(addr)
             last = len(frames) - 1
