@@ -45,6 +45,7 @@ _LEN = struct.Struct("<Q")
 _ASSEMBLIES = 256  # pieced messages a listener joins at once (the oldest go first)
 RETRY_FIRST_S = config.seconds("datagram_retry")
 RETRY_MAX_S = config.seconds("datagram_retry_max")
+_PEEK = socket.MSG_PEEK | socket.MSG_TRUNC
 _REFUSED = (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, NotADirectoryError)
 
 
@@ -99,8 +100,7 @@ class Listener:
             sock.close()
             raise
         self.sock = sock
-        self._buf = bytearray(DGRAM_MAX + 16)
-        self._view = memoryview(self._buf)
+        self._peek = bytearray(1)  # a datagram's length is peeked, then it is read whole: no buffer kept
         self._pieces: collections.OrderedDict[bytes, list] = collections.OrderedDict()
 
     def fileno(self) -> int:
@@ -108,25 +108,26 @@ class Listener:
 
     def receive(self) -> list | None:
         """The frames of the next whole message, or None when none is waiting."""
-        view = self._view
+        sock, peek = self.sock, self._peek
         while True:
             try:
-                n = self.sock.recv_into(self._buf)
+                n = sock.recv_into(peek, 1, _PEEK)  # MSG_TRUNC: the datagram's whole length
+                data = sock.recv(max(n, 1))
             except (BlockingIOError, InterruptedError):
                 return None
             if n == 0:
                 continue
-            tag = view[0]
+            tag = data[0]
             if tag == WHOLE:
-                return [bytes(view[1:n])]
+                return [data[1:]]
             if tag == PACKED:
-                return _unpack(bytes(view[1:n]))
+                return _unpack(data[1:])
             if tag in (PIECE, LAST) and n >= 1 + _ID.size:
-                got = self._joined(bytes(view[1:1 + _ID.size]), bytes(view[1 + _ID.size:n]), tag == LAST)
+                got = self._joined(data[1:1 + _ID.size], data[1 + _ID.size:], tag == LAST)
                 if got is not None:
                     return got
                 continue
-            return [bytes(view[:n])]  # not of this wire: the signer drops it, and counts it
+            return [data]  # not of this wire: the signer drops it, and counts it
 
     def _joined(self, link: bytes, piece: bytes, last: bool) -> list | None:
         pieces = self._pieces.get(link)
