@@ -218,3 +218,23 @@ def test_datagrams_off_leaves_ipc_to_zeromq(tmp_path):
             w.close()
     finally:
         config.set("datagrams", None)
+
+
+def test_a_link_waiting_for_a_peer_that_is_gone_stops_trying(wire):
+    addr = f"ipc://{wire.dir}/never"
+    links = []
+
+    def sender() -> None:  # a thread that sends, then ends without dropping its link
+        wire.send(addr, 1)  # waits: nothing listens there yet
+        links.append(wire.transport.links._links()[addr])
+
+    t = threading.Thread(target=sender)
+    t.start()
+    t.join(30)
+    link = links[0]
+    assert link.pending and not link.zmq
+    wire.transport.forget(addr)  # the runtime learnt the peer is gone
+    deadline = time.monotonic() + 30
+    while not link.zmq and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert link.zmq and not link.pending  # the IO thread's next try saw it, and stopped

@@ -221,10 +221,11 @@ class Link:
 class Links:
     """This process's datagram links, one set per thread; the IO thread sends what waits."""
 
-    def __init__(self, io, queue_limit: int, block_s: float):
+    def __init__(self, io, queue_limit: int, block_s: float, gone=lambda address: False):
         self.io = io
         self.queue_limit = queue_limit
         self.block_s = block_s
+        self.gone = gone  # whether the peer at an address is known to be gone (the transport knows)
         self._local = threading.local()
 
     def _links(self) -> dict:
@@ -292,6 +293,11 @@ class Links:
         else try again a little later (until the link is closed: its peer is gone)."""
         with link.lock:
             if link.zmq or link.sock is not None:
+                return
+            if self.gone(link.address):  # (its thread may have ended without dropping it)
+                link.zmq = True
+                link.pending.clear()
+                link.room.notify_all()
                 return
             if not link.connect():
                 later = min(2 * delay, RETRY_MAX_S)

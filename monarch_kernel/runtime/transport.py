@@ -78,7 +78,12 @@ class Transport:
         datagram links."""
         self.io_thread = io.thread
         if config.get("datagrams"):
-            self.links = Links(io, self.queue_limit, self.block_s)
+            self.links = Links(io, self.queue_limit, self.block_s, self.is_gone)
+
+    def is_gone(self, addr: str) -> bool:
+        """Whether the peer at ``addr`` was forgotten (``forget``): it is gone."""
+        with self._lock:
+            return any(addr == p or addr.startswith(p + ".") for p in self._gone)
 
     def _socket(self, addr: str) -> zmq.Socket:
         socks = getattr(self._local, "socks", None)
