@@ -23,6 +23,7 @@ is unpickled; a datagram that is not a message of this wire is dropped there.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import socket
 import struct
@@ -32,6 +33,8 @@ import time
 from . import config
 from .failure import SendFailed
 from .limits import check_room
+
+log = logging.getLogger("monarch_kernel.runtime")
 
 DGRAM_MAX = 200_000  # bytes in one datagram (the kernel's default socket buffer is 208 KiB)
 _BUF = 4 << 20  # each socket's buffer (capped by net.core.[rw]mem_max)
@@ -264,8 +267,8 @@ class Links:
                     self._watch(link)
                     return True
                 except _REFUSED:
-                    # Nothing listens there now: the peer is gone (ZeroMQ queues for it, as it
-                    # always did), or not there yet (ZeroMQ delivers once it is).
+                    # Nothing listens there any more: the peer is gone, and ZeroMQ queues for
+                    # it, as it always did for a peer that is gone.
                     link.zmq = True
                     return i > 0  # the first pieces went: the rest would be of no use
         return True
@@ -324,7 +327,9 @@ class Links:
                     pending.popleft()
             except BlockingIOError:
                 pass
-            except _REFUSED:  # the peer went away meanwhile: nobody will read these
+            except OSError as e:  # the peer went away meanwhile (refused): nobody will read these
+                if not isinstance(e, _REFUSED):
+                    log.warning("monarch_kernel: %d messages for %s were dropped: %s", len(pending), link.address, e)
                 pending.clear()
                 link.zmq = True
             if not pending or sock is None:
