@@ -238,3 +238,21 @@ def test_a_link_waiting_for_a_peer_that_is_gone_stops_trying(wire):
     while not link.zmq and time.monotonic() < deadline:
         time.sleep(0.01)
     assert link.zmq and not link.pending  # the IO thread's next try saw it, and stopped
+
+
+def test_a_peer_back_at_its_old_address_gets_what_waited_for_it(wire):
+    addr = f"ipc://{wire.dir}/again"
+    wire.transport.forget(addr)  # a rank died there, and is restarted in place (same address)
+    done = []
+
+    def sender() -> None:  # a thread's first message there, before the new inbox exists
+        wire.send(addr, 1)
+        done.append(True)
+
+    t = threading.Thread(target=sender)
+    t.start()
+    t.join(30)
+    time.sleep(0.05)  # the IO thread tries to connect meanwhile, many times
+    inbox = Inbox(wire.ctx, addr)
+    wire.inboxes.append(inbox)
+    assert done and [g[0] for g in wire.received(inbox, 1)] == [1]  # the old death did not drop it

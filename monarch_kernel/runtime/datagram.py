@@ -177,11 +177,13 @@ class Link:
     inbox exists (an actor's is made once its rank reads the spawn), what is sent waits in
     ``pending`` and the IO thread tries to connect every few milliseconds."""
 
-    __slots__ = ("address", "path", "sock", "id", "pending", "lock", "room", "zmq", "watching", "__weakref__")
+    __slots__ = ("address", "path", "epoch", "sock", "id", "pending", "lock", "room", "zmq", "watching",
+                 "__weakref__")
 
-    def __init__(self, address: str, path: str | None):
+    def __init__(self, address: str, path: str | None, epoch: int = 0):
         self.address = address
         self.path = path
+        self.epoch = epoch  # how many peers the transport had forgotten when it was made
         self.sock: socket.socket | None = None  # None: not connected yet (or ``zmq``)
         self.id = os.urandom(_ID.size)
         self.pending: collections.deque = collections.deque()
@@ -224,11 +226,15 @@ class Link:
 class Links:
     """This process's datagram links, one set per thread; the IO thread sends what waits."""
 
-    def __init__(self, io, queue_limit: int, block_s: float, gone=lambda address: False):
+    def __init__(self, io, queue_limit: int, block_s: float, forgotten=lambda: [], gone=lambda address, since: False):
         self.io = io
         self.queue_limit = queue_limit
         self.block_s = block_s
-        self.gone = gone  # whether the peer at an address is known to be gone (the transport knows)
+        # The transport's record of peers that are gone: how many so far, and whether the peer
+        # at an address went after the first ``since`` of them (a rank restarted in place comes
+        # back at its old address, so only what went after a link was made counts against it).
+        self.forgotten = forgotten
+        self.gone = gone
         self._local = threading.local()
 
     def _links(self) -> dict:
@@ -244,7 +250,7 @@ class Links:
         link = links.get(address)
         if link is None:
             check_room(f"a connection to {address}")
-            link = links[address] = Link(address, path_of(address))
+            link = links[address] = Link(address, path_of(address), self.forgotten())
             if link.sock is None and not link.zmq:  # nothing there yet: wait for it
                 self.io.call_soon(self._retry, link, RETRY_FIRST_S)
         if link.zmq:
@@ -297,7 +303,7 @@ class Links:
         with link.lock:
             if link.zmq or link.sock is not None:
                 return
-            if self.gone(link.address):  # (its thread may have ended without dropping it)
+            if self.gone(link.address, link.epoch):  # (its thread may have ended without dropping it)
                 link.zmq = True
                 link.pending.clear()
                 link.room.notify_all()

@@ -78,12 +78,16 @@ class Transport:
         datagram links."""
         self.io_thread = io.thread
         if config.get("datagrams"):
-            self.links = Links(io, self.queue_limit, self.block_s, self.is_gone)
+            self.links = Links(io, self.queue_limit, self.block_s, self.forgotten, self.is_gone)
 
-    def is_gone(self, addr: str) -> bool:
-        """Whether the peer at ``addr`` was forgotten (``forget``): it is gone."""
+    def forgotten(self) -> int:
+        """How many peers ``forget`` has been told are gone, so far."""
+        return len(self._gone)
+
+    def is_gone(self, addr: str, since: int = 0) -> bool:
+        """Whether the peer at ``addr`` was forgotten after the first ``since`` (``forget``)."""
         with self._lock:
-            return any(addr == p or addr.startswith(p + ".") for p in self._gone)
+            return any(addr == p or addr.startswith(p + ".") for p in self._gone[since:])
 
     def _socket(self, addr: str) -> zmq.Socket:
         socks = getattr(self._local, "socks", None)
