@@ -118,9 +118,7 @@ class EngineBackend:
         if batch is None:
             return self._at(rank).request.call_one(seq, fn, args, kwargs).map(settle)
         answer = self._at(rank).run_and_request.call_one(seq, *batch, fn, args, kwargs)  # the rank asked, first
-        others = [r for r in self.engines.shape.ranks if r != rank]
-        if others:
-            self.engines.run.tell_to(others, seq, *batch)
+        self._tell_others({rank}, seq, batch)
         return answer.map(settle)
 
     def request_all(self, shape, seq: int, fn, args, kwargs, transform, batch=None):
@@ -136,11 +134,14 @@ class EngineBackend:
         if batch is None:
             return self._over(shape).request.call(seq, fn, args, kwargs).map(each)
         answers = self._over(shape).run_and_request.call(seq, *batch, fn, args, kwargs)
-        asked = set(ranks)
+        self._tell_others(set(ranks), seq, batch)
+        return answers.map(each)
+
+    def _tell_others(self, asked: set, seq: int, batch) -> None:
+        """Batch ``seq``, which went to the ``asked`` ranks with their request, to the rest."""
         others = [r for r in self.engines.shape.ranks if r not in asked]
         if others:
             self.engines.run.tell_to(others, seq, *batch)
-        return answers.map(each)
 
     def send_to_port(self, shape, seq: int, fn, args, kwargs, port) -> None:
         self._over(shape).send_to.broadcast(seq, fn, args, kwargs, port)
