@@ -66,6 +66,10 @@ class MeshHost(Actor):
         return self.procs.restart(ranks, [(self.consoles, Console, (), {})])
 
     @endpoint
+    def answered(self) -> None:
+        """Nothing: a call behind ``stop_mesh`` on this worker returns once its answer left."""
+
+    @endpoint
     def stop_mesh(self) -> None:
         # Not ``stop``: ActorMesh.stop() (stopping the host actor itself) would hide it.
         self.procs.stop().get(timeout=30)
@@ -104,6 +108,12 @@ def main() -> None:
     record.write()
     try:
         instance.done.wait()
+        # ``stop_mesh`` sets ``done`` before its answer leaves: the process ends only once it
+        # has (else its caller could wait for an answer that went down with the process).
+        try:
+            host.answered.call_one().get(timeout=10)
+        except Exception:  # noqa: BLE001  (ending anyway)
+            pass
     finally:
         try:
             os.unlink(records.info_path(name))
