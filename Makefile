@@ -5,34 +5,45 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
-# System packages: rdma-core and libibverbs' headers (so pip builds the ibverbs extension),
-# OpenSSL's headers (so it builds the wire's native hot path, native/wire.c),
-# Debian's pyverbs, iproute2 (network namespaces as simulated hosts in the tests), and
-# chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright); for the
-# multi-host tests (tests/cluster.py), an sshd per simulated host and a small Slurm cluster:
-# openssh-server/-client, slurmctld, slurmd, slurm-client and munge.  The tests start their
-# own daemons with their own configuration; on a machine with systemd, installing these
-# also enables (and may start) the system's sshd, munge and Slurm services.  Node.js (20.19
-# or newer, for the Mesh panel's build) is not among them: Debian 12's nodejs is too old, so
-# it comes from NodeSource or nvm; the panel's build says so when node is missing.
-SYSDEPS := iproute2 libibverbs-dev libssl-dev rdma-core python3-pyverbs chromium \
+# System packages, in two sets, each printed as it is installed (as root, with apt-get):
+# - for the kernel and the panel (`make setup`, `make lab`): OpenSSL's headers, so pip
+#   builds the wire's native hot path (native/wire.c; without them messages take the
+#   pure-Python path).  Nothing else: no daemon, no browser.
+# - for the tests only (`make test`, which CI runs): rdma-core and libibverbs' headers (the
+#   ibverbs extension) and Debian's pyverbs, iproute2 (network namespaces as simulated
+#   hosts), chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright), and
+#   an sshd per simulated host and a small Slurm cluster (openssh-server/-client, slurmctld,
+#   slurmd, slurm-client, munge).  The tests start their own daemons with their own
+#   configuration; on a machine with systemd, installing these also enables (and may start)
+#   the system's sshd, munge and Slurm services, which is why `make lab` never installs them.
+# Node.js (20.19 or newer, for the Mesh panel's build) is not among them: Debian 12's nodejs
+# is too old, so it comes from NodeSource or nvm; the panel's build says so when node is missing.
+SYSDEPS := libssl-dev
+TEST_SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium \
 	openssh-server openssh-client slurmctld slurmd slurm-client munge
 SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
+TEST_SYSSTAMP := $(VENV)/.test-sysdeps-$(shell echo $(TEST_SYSDEPS) | cksum | cut -d' ' -f1)
+TEST_STAMP := $(VENV)/.test-installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+APT = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install $(1)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1); \
+	else echo "note: not root: skipping apt-get install $(1) ($(2))"; fi
 
 .PHONY: setup lab demo lint test bench bench-scale clean
 
 $(SYSSTAMP):
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install $(SYSDEPS)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSDEPS)) >/dev/null; \
-	else echo "note: not root: skipping apt-get install $(SYSDEPS) (the ibverbs, network-namespace, ssh, Slurm and browser tests will skip)"; fi
+	@$(call APT,$(SYSDEPS),messages will take the pure-Python path unless OpenSSL's headers are there)
 	mkdir -p $(VENV) && rm -f $(VENV)/.sysdeps* && touch $@
+
+$(TEST_SYSSTAMP): $(SYSSTAMP)
+	@$(call APT,$(TEST_SYSDEPS),the tests of ibverbs and network namespaces and ssh and Slurm and the browser will skip)
+	rm -f $(VENV)/.test-sysdeps* && touch $@
 
 $(STAMP): pyproject.toml setup.py $(SYSSTAMP)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel, never a multi-GB CUDA download.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e . --config-settings editable_mode=compat
 	$(BIN)/python -m monarch_kernel install --sys-prefix
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
@@ -64,6 +75,13 @@ $(PANEL): $(LABEXT) $(STAMP)
 
 setup: $(STAMP) $(PANEL)
 
+# What only the tests need: their system packages (above), then the test extras; the project
+# is installed again so that its ibverbs extension is built against the headers just installed.
+$(TEST_STAMP): $(STAMP) $(TEST_SYSSTAMP)
+	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	rm -f $(VENV)/.test-installed-*
+	touch $@
+
 lab: setup
 	$(BIN)/pip install -q 'jupyterlab>=4.2'
 	@echo "JupyterLab with the 'Python 3 (monarch mesh)' kernel; open the URL it prints below."
@@ -73,20 +91,20 @@ demo: setup
 	$(BIN)/python examples/run_notebook.py notebooks/quickstart.ipynb
 	$(BIN)/python examples/demo.py
 
-lint: setup
+lint: setup $(TEST_STAMP)
 	$(BIN)/ruff check monarch_kernel benchmarks examples tests
 	$(BIN)/mypy monarch_kernel
 
 # The suite on two workers (tests/conftest.py: each module one unit, longest first); TEST_WORKERS=0 runs it serially.
 TEST_WORKERS ?= 2
-test: setup lint
+test: setup $(TEST_STAMP) lint
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
-bench: setup
+bench: setup $(TEST_STAMP)
 	$(BIN)/python -m benchmarks
 
 # W11: 256, 512 and 1,024 ranks on this host (minutes; about 6 GiB of memory at 1,024).
-bench-scale: setup
+bench-scale: setup $(TEST_STAMP)
 	$(BIN)/python -m benchmarks W11
 
 clean:

@@ -55,7 +55,7 @@ GRACE_S = 5.0  # how long processes left in a host's namespace get to exit after
 SSHD = "/usr/sbin/sshd"
 SLURM_DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
 SLURM_CLIENTS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
-PKG_HINT = "`make setup` installs it as root"
+PKG_HINT = "`make test` installs it as root"
 OWNERS = "/run/monarch-kernel-test-networks"  # one file per network: who made it, what to delete
 
 

@@ -41,7 +41,7 @@ def test_lint_tools_are_pinned_in_the_test_extra():
 def test_ruff_is_clean():
     ruff = shutil.which("ruff", path=str(BIN)) or shutil.which("ruff")
     if ruff is None:
-        pytest.skip("ruff is not installed (make setup installs it with the test extra)")
+        pytest.skip("ruff is not installed (make test installs it with the test extra)")
     proc = subprocess.run([ruff, "check", "--no-cache", "monarch_kernel", "benchmarks", "examples", "tests"],
                           cwd=REPO, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, f"ruff found problems (fix them, or run `ruff check --fix`):\n{proc.stdout}"
