@@ -168,7 +168,10 @@ def where(remote_traceback: str, cell_file: str) -> str:
     if not frames:
         return "interrupted"
     inner = frames[-1]
-    at = f"cell line {inner.line}" if inner.file == cell_file else f"{inner.file}:{inner.line} in {inner.func}"
+    if inner.file == cell_file:
+        at = f"cell line {inner.line}" + (f" in {inner.func}" if inner.func != "<module>" else "")
+    else:
+        at = f"{inner.file}:{inner.line} in {inner.func}"
     text = f"interrupted at {at}" + (f": {inner.source}" if inner.source else "")
     called = [f for f in frames if f.file == cell_file]
     if called and called[-1] is not inner:
