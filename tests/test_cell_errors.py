@@ -69,8 +69,8 @@ def test_a_syntax_error_shows_once_and_never_reaches_the_ranks(mesh_kc):
     assert re.fullmatch(r"  Cell In\[\d+\], line 4\n    if x\n        \^\nSyntaxError: expected ':'", shown), shown
     assert "[rank" not in text(out)
     # A cell that reached a rank is in its linecache (tracebacks quote it): this one is not.
-    out, reply = run(mesh_kc, "%%mesh\nimport linecache\n"
-                              "any(('sentinel_' + 'syntax_7') in ''.join(v[2]) for v in list(linecache.cache.values()))")
+    out, reply = run(mesh_kc, "%%mesh\nimport linecache\nmark = 'sentinel_' + 'syntax_7'\n"
+                              "any(mark in ''.join(v[2]) for v in list(linecache.cache.values()))")
     assert reply["status"] == "ok", text(out)
     assert "[ranks 0-3] False" in text(out), text(out)
 
