@@ -77,6 +77,9 @@ def render(groups: list[Failure]) -> list[str]:
     return [f"{g.headline()}\n{g.text}" for g in groups]
 
 
+_NAMED: dict[tuple[type, str], type] = {}
+
+
 def named(base: type, type_name: str) -> type:
     """A subclass of ``base`` called ``type_name`` (a rank's exception type), so the cell's
     error reply names that type; made once per name."""
@@ -87,9 +90,6 @@ def named(base: type, type_name: str) -> type:
     if key not in _NAMED:
         _NAMED[key] = type(name, (base,), {"__module__": base.__module__, "__doc__": base.__doc__})
     return _NAMED[key]
-
-
-_NAMED: dict[tuple[type, str], type] = {}
 
 
 class MeshCellError(Exception):

@@ -43,7 +43,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     target = consoles if len(ranks) == n else _select(consoles, ranks)
     token = uuid.uuid4().hex
     whole, filename, offset = session.cell_file(line, cell)
-    check_syntax(cell, filename, offset, f"Cell In[{session.shell.execution_count}]")  # once, here
+    check_syntax(cell, filename, offset, _cell_label(session.shell, filename))  # once, here, not on every rank
     session.sink.hold = not stream
     opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
     fut = target.run.call(cell, filename, token, opts)
@@ -94,10 +94,17 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
         for value, rs in shown.items():
             print(f"{rank_label(rs)} {value}")
     if interrupted:
-        raise MeshCellInterrupted.of(ranks, errors, filename) from None
+        raise MeshCellInterrupted.of(ranks, errors, filename)
     if failed is not None:
-        raise MeshCellError.of(errors or {ranks[0]: failed}) from None
+        raise MeshCellError.of(errors or {ranks[0]: failed})
     return None
+
+
+def _cell_label(shell, filename: str) -> str:
+    """``Cell In[7]``, as IPython's tracebacks name the cell compiled under ``filename``; ""
+    when IPython does not know it."""
+    named = getattr(getattr(shell, "compile", None), "format_code_name", lambda _f: None)(filename)
+    return " ".join(named) if named else ""
 
 
 def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pdb=None):
