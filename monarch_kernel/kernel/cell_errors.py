@@ -73,8 +73,19 @@ def group(errors: dict[int, BaseException]) -> list[Failure]:
     return list(groups.values())
 
 
-def render(groups: list[Failure]) -> list[str]:
-    return [f"{g.headline()}\n{g.text}" for g in groups]
+def render(errors: dict[int, BaseException], cell_file: str, say_interrupt: bool = True) -> list[str]:
+    """Ranks that were interrupted: one line per place (``say_interrupt``: saying so); every
+    other failure once per group, with its traceback."""
+    places: dict[str, list[int]] = {}
+    others = {}
+    for r, err in sorted(errors.items()):
+        if Failure.of(err).type_name == "KeyboardInterrupt":
+            places.setdefault(where(getattr(err, "remote_traceback", ""), cell_file), []).append(r)
+        else:
+            others[r] = err
+    kind = "KeyboardInterrupt: " if say_interrupt else ""
+    lines = [f"{rank_label(rs)} {kind}{place}" for place, rs in places.items()]
+    return lines + [f"{g.headline()}\n{g.text}" for g in group(others)]
 
 
 _NAMED: dict[tuple[type, str], type] = {}
@@ -94,22 +105,22 @@ def named(base: type, type_name: str) -> type:
 
 class MeshCellError(Exception):
     """A ``%%mesh`` cell failed on some ranks; shows each failure once, with the ranks it
-    happened on and its traceback (the cell's lines, not the console's)."""
+    happened on and its traceback (the cell's lines, not the console's), and a rank that was
+    interrupted (the Mesh panel's button) as where it was."""
 
-    def __init__(self, errors: dict[int, BaseException]):
-        self.errors = errors
-        self.groups = group(errors)
-        first = self.groups[0]
+    def __init__(self, errors: dict[int, BaseException], cell_file: str = ""):
+        self.errors, self.cell_file = errors, cell_file
+        first = group(errors)[0]
         super().__init__(first.message)
         self.__cause__ = errors[first.ranks[0]]
 
     @classmethod
-    def of(cls, errors: dict[int, BaseException]) -> MeshCellError:
+    def of(cls, errors: dict[int, BaseException], cell_file: str = "") -> MeshCellError:
         """The error to raise: named after the first failure's type."""
-        return named(cls, group(errors)[0].type_name)(errors)
+        return named(cls, group(errors)[0].type_name)(errors, cell_file)
 
     def _render_traceback_(self) -> list[str]:
-        return render(self.groups)
+        return render(self.errors, self.cell_file)
 
 
 class MeshCellInterrupted(KeyboardInterrupt):
@@ -117,14 +128,7 @@ class MeshCellInterrupted(KeyboardInterrupt):
     interrupted, then any other failure; the ranks keep their namespaces."""
 
     def __init__(self, ranks: list[int], errors: dict[int, BaseException], cell_file: str, late: str = ""):
-        self.places: dict[str, list[int]] = {}
-        others = {}
-        for r, err in sorted(errors.items()):
-            if Failure.of(err).type_name == "KeyboardInterrupt":
-                self.places.setdefault(where(getattr(err, "remote_traceback", ""), cell_file), []).append(r)
-            else:
-                others[r] = err
-        self.others = group(others)
+        self.errors, self.cell_file = errors, cell_file
         kept = "their namespaces are kept" if len(ranks) > 1 else "its namespace is kept"
         super().__init__(f"interrupted on {rank_label(ranks, brackets=False)}; {kept}{late}")
 
@@ -135,9 +139,7 @@ class MeshCellInterrupted(KeyboardInterrupt):
         return named(cls, "KeyboardInterrupt")(ranks, errors, cell_file, late)
 
     def _render_traceback_(self) -> list[str]:
-        lines = [f"KeyboardInterrupt: {self}"]
-        lines += [f"{rank_label(rs)} {place}" for place, rs in self.places.items()]
-        return lines + render(self.others)
+        return [f"KeyboardInterrupt: {self}", *render(self.errors, self.cell_file, say_interrupt=False)]
 
 
 @dataclass

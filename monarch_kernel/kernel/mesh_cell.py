@@ -96,7 +96,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     if interrupted:
         raise MeshCellInterrupted.of(ranks, errors, filename)
     if failed is not None:
-        raise MeshCellError.of(errors or {ranks[0]: failed})
+        raise MeshCellError.of(errors or {ranks[0]: failed}, filename)
     return None
 
 
