@@ -23,7 +23,7 @@ from ..debug.controller import proxy
 from ..runtime import config
 from . import detached, status
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
-from .mesh_cell import ranks_arg, run_on_mesh
+from .mesh_cell import check_cell, ranks_arg, run_on_mesh
 from .metrics import top_table
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
@@ -82,6 +82,7 @@ class MeshMagics(Magics):
         from ..spmd.controller.profile import profile
 
         procs, _consoles = self.session.get()
+        check_cell(self.session, cell, line)  # before the profiler starts on the ranks
         prof = profile(procs)
         with prof:
             value = run_on_mesh(self.session, cell, args.ranks, args.timeout, stream=not args.no_stream,

@@ -42,8 +42,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     ranks = ranks_arg(ranks_spec, n, "--ranks") if ranks_spec else list(range(n))
     target = consoles if len(ranks) == n else _select(consoles, ranks)
     token = uuid.uuid4().hex
-    whole, filename, offset = session.cell_file(line, cell)
-    check_syntax(cell, filename, offset, _cell_label(session.shell, filename))  # once, here, not on every rank
+    whole, filename, offset = check_cell(session, cell, line)
     session.sink.hold = not stream
     opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
     fut = target.run.call(cell, filename, token, opts)
@@ -98,6 +97,14 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     if failed is not None:
         raise MeshCellError.of(errors or {ranks[0]: failed}, filename)
     return None
+
+
+def check_cell(session: MeshSession, cell: str, line: str = "") -> tuple[str, str, int]:
+    """``session.cell_file``, after checking the cell's syntax here: a syntax error shows once,
+    and never reaches the ranks."""
+    whole, filename, offset = session.cell_file(line, cell)
+    check_syntax(cell, filename, offset, _cell_label(session.shell, filename))
+    return whole, filename, offset
 
 
 def _cell_label(shell, filename: str) -> str:
