@@ -321,7 +321,7 @@ def test_disconnect_while_stopped_leaves_the_rank_running(kc):
     msg_id, _thread = _stop_at_breakpoint(s, "%%mesh --ranks 0\nc = 3\nd = c + 1", 3)
     start = time.monotonic()
     kc.parent.interrupt_kernel()
-    assert "interrupted on ranks 0; their namespaces are kept" in s.wait_done(msg_id, timeout=30)
+    assert "interrupted on rank 0; its namespace is kept" in s.wait_done(msg_id, timeout=30)
     assert time.monotonic() - start < 8, "the interrupt waited out its grace period"
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
     assert "[rank 0] (2, 3, False)" in s.cell("%%mesh --ranks 0\nb, c, 'd' in globals()")

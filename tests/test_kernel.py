@@ -65,7 +65,7 @@ def test_rank_error_shows_its_traceback_and_others_still_answer(kc):
     assert reply["status"] == "error"
     t = text(out)
     assert "[rank 0] -1.0" in t and "[rank 2] 1.0" in t
-    assert "[rank 1] Traceback" in t and "ZeroDivisionError" in t
+    assert "[rank 1] ZeroDivisionError: division by zero\nTraceback (most recent call last):" in t
     assert "return 1 / (v - 1)" in t  # the cell's own line, quoted
     assert "console.py" not in t
     out, reply = run(kc, "%%mesh\nx")  # the kernel and every namespace live on
@@ -84,7 +84,6 @@ def test_rank_death_is_reported_and_kernel_survives(kc):
 
 
 @pytest.mark.parametrize("line, hint", [
-    ("%mesh", "%mesh spawn -n N"),
     ("%mesh frobnicate", "unknown command"),
     ("%mesh spawn -n four", "-n takes a number: %mesh spawn -n 4"),
     ("%mesh use nope", "no mesh named 'nope'; %mesh list shows: none"),
@@ -294,7 +293,7 @@ def test_long_cell_shows_progress(kc):
     collector.wait_idle(msg_id)
     shown = [m.content["data"]["text/plain"] for m in collector.of(msg_id, "display_data", "update_display_data")]
     assert shown and shown[0].startswith("[mesh] 1 of 2 ranks finished")
-    assert shown[-1].startswith("[mesh] 2 of 2 ranks finished")
+    assert shown[-1] == "", "the progress line is emptied when the cell ends"
 
 
 def test_detached_mesh_survives_a_kernel_restart(kernelspec):

@@ -1,6 +1,7 @@
-"""``%mesh``'s argument parsing on its own: the usage text lists every subcommand and option
-the parsers know, and a mistake is a UsageError that names what to type.  No kernel, no
-ranks: the parsers, and ``MeshMagics.mesh`` up to the point where it would run a command."""
+"""``%mesh``'s argument parsing and help on their own: the list has a line for every
+subcommand, each subcommand's full help every option its parser knows, and a mistake is a
+UsageError that names what to type (the nearest subcommand, for a typo).  No kernel, no ranks:
+the parsers, and ``MeshMagics.mesh`` up to the point where it would run a command."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import pytest
 from IPython.core.error import UsageError
 
 from monarch_kernel.kernel import magic_args
-from monarch_kernel.kernel.magic_args import COMMANDS, USAGE
+from monarch_kernel.kernel.magic_args import CELL, COMMANDS, USAGE, full_help, summary
 from monarch_kernel.kernel.magic_args import parse as _parse
 from monarch_kernel.kernel.magic_args import usage as _usage
 from monarch_kernel.kernel.magics import MeshMagics, _auto_transform
 
 pytestmark = pytest.mark.timeout(30)
 
-# Every option of every subcommand, as a user types it (the parsers and USAGE must both know it).
+# Every option of every subcommand, as a user types it (the parsers and the help must both know it).
 OPTIONS = {
     "spawn": ["-n N", "--name NAME", "--env K=V", "--detach M", "--job ssh|slurm|NAME", "--hosts H1,H2",
               "--ssh-args 'ARGS'", "--nodes N", "--partition P", "--time T", "--account A", "--python PATH"],
@@ -41,14 +42,9 @@ OPTIONS = {
     "auto": ["on|off"],
     "debug": ["R", "--listen", "--host H", "off"],
     "pdb": ["attach R", "cast RANKS CMD", "continue", "--post-mortem on|off"],
+    "help": ["[SUBCOMMAND]"],
 }
 CELL_OPTIONS = ["--ranks SPEC", "--timeout S", "--no-stream", "--group-outputs rank|order", "--profile"]
-
-
-def usage_line(command: str) -> str:
-    lines = [line for line in USAGE.splitlines() if line.startswith(f"%mesh {command}")]
-    assert len(lines) == 1, f"USAGE has {len(lines)} lines for %mesh {command}:\n{USAGE}"
-    return lines[0]
 
 
 def test_the_commands_are_the_documented_ones():
@@ -56,23 +52,41 @@ def test_the_commands_are_the_documented_ones():
 
 
 @pytest.mark.parametrize("command", sorted(OPTIONS))
-def test_usage_shows_every_subcommand_with_its_options(command):
-    line = usage_line(command)
+def test_the_list_has_a_line_for_every_subcommand(command):
+    lines = [line for line in USAGE.splitlines() if line.startswith(f"  {command} ")]
+    assert len(lines) == 1, f"the list has {len(lines)} lines for %mesh {command}:\n{USAGE}"
+    assert lines[0].split(None, 1)[1] == summary(COMMANDS[command]), "the list and the docstring differ"
+    assert summary(COMMANDS[command]), f"%mesh {command} has no one-line help"
+
+
+@pytest.mark.parametrize("command", sorted(OPTIONS))
+def test_full_help_shows_the_usage_and_every_option(command):
+    text = full_help(command)
+    first = text.splitlines()[0].strip()
+    assert first.startswith(f"%mesh {command}"), text
+    usage_text = " ".join(text[:text.index("\n\n")].split())
+    assert usage_text == _usage(COMMANDS[command]), "the full help and the command's own usage differ"
     for option in OPTIONS[command]:
-        assert option in line, f"{option!r} missing from USAGE's line for %mesh {command}: {line!r}"
-    assert line == _usage(COMMANDS[command]), "USAGE and the command's own usage differ"
-    assert COMMANDS[command].parser.description, f"%mesh {command} has no one-line help"
+        assert option in usage_text, f"{option!r} missing from the usage of %mesh {command}: {usage_text!r}"
+    assert summary(COMMANDS[command]) in text
 
 
-def test_usage_shows_the_cell_magic_with_its_options():
-    cell = USAGE[USAGE.index("%%mesh"):]
+def test_the_cell_magic_has_its_line_and_full_help():
+    assert _usage(magic_args.cell_args) in USAGE.splitlines()
+    assert summary(magic_args.cell_args) == "run the cell on the ranks, each in its own persistent namespace"
+    text = full_help(CELL)
     for option in CELL_OPTIONS:
-        assert option in cell, f"{option!r} missing from USAGE's %%mesh entry"
-    assert "run the cell on the ranks" in cell
+        assert option in text, f"{option!r} missing from the %%mesh help"
 
 
-def test_usage_starts_with_how_to_start():
-    assert USAGE.startswith("start with  procs = %mesh spawn -n N  (N ranks); every command:\n")
+def test_the_list_starts_with_how_to_start_and_ends_with_where_more_help_is():
+    lines = USAGE.splitlines()
+    assert lines[0] == "%mesh SUBCOMMAND [ARGS]: drive meshes of ranks; start with  procs = %mesh spawn -n 4"
+    assert lines[-1] == "%mesh help SUBCOMMAND (or %mesh SUBCOMMAND --help): its arguments and options"
+
+
+def test_the_magic_docstring_is_the_list():
+    assert MeshMagics.mesh.__doc__ == USAGE  # what %mesh? shows
 
 
 @pytest.mark.parametrize("command, line, says", [
@@ -139,16 +153,54 @@ def mesh():
     return MeshMagics.__new__(MeshMagics).mesh
 
 
-def test_no_command_shows_the_usage(mesh):
+@pytest.mark.parametrize("line", ["", "  ", "--help", "-h"])
+def test_no_command_prints_the_list_without_an_error(mesh, capsys, line):
+    assert mesh(line) is None
+    assert capsys.readouterr().out == USAGE + "\n"
+
+
+@pytest.mark.parametrize("line, name", [
+    ("spawn --help", "spawn"), ("stop -h", "stop"), ("push x=1 --help", "push"), ("run --help", "run"),
+    ("debug -h", "debug"), ("pdb --help", "pdb"), ("help --help", "help"),
+])
+def test_help_after_a_subcommand_prints_its_full_help(mesh, capsys, line, name):
+    assert mesh(line) is None
+    assert capsys.readouterr().out == full_help(name) + "\n"
+
+
+@pytest.mark.parametrize("line, shows", [("help", USAGE), ("help spawn", full_help("spawn")),
+                                         ("help kill-job", full_help("kill-job")), ("help %%mesh", full_help(CELL))])
+def test_help_prints_the_list_or_one_subcommand_in_full(mesh, capsys, line, shows):
+    assert mesh(line) is None
+    assert capsys.readouterr().out == shows + "\n"
+
+
+def test_help_of_an_unknown_subcommand_suggests_the_nearest(mesh):
+    with pytest.raises(UsageError, match=r"^%mesh help spwan: no such subcommand; did you mean  %mesh help spawn$"):
+        mesh("help spwan")
+    with pytest.raises(UsageError, match=r"^%mesh help zzz: no such subcommand; %mesh help lists them all$"):
+        mesh("help zzz")
+
+
+def test_cell_help_prints_the_cell_magics_help_and_runs_nothing(mesh, capsys):
+    assert mesh("--help", "1/0") is None
+    assert capsys.readouterr().out == full_help(CELL) + "\n"
+
+
+@pytest.mark.parametrize("typed, meant", [("spwan", "spawn"), ("stpo", "stop"), ("stack", "stacks"),
+                                          ("hlep", "help"), ("kill_job", "kill-job")])
+def test_a_mistyped_command_suggests_the_nearest(mesh, typed, meant):
     with pytest.raises(UsageError) as info:
-        mesh("")
-    assert str(info.value) == USAGE
+        mesh(f"{typed} -n 2")
+    assert str(info.value) == (f"%mesh {typed}: unknown command; did you mean  %mesh {meant} -n 2  "
+                               "(%mesh help lists every command)")
 
 
-def test_an_unknown_command_says_so_and_shows_the_usage(mesh):
+def test_an_unknown_command_names_every_command(mesh):
     with pytest.raises(UsageError) as info:
         mesh("frobnicate -n 2")
-    assert str(info.value) == f"%mesh frobnicate: unknown command.\n{USAGE}"
+    assert str(info.value) == (f"%mesh frobnicate: unknown command; the commands: {', '.join(COMMANDS)} "
+                               "(%mesh help: a line on each)")
 
 
 def test_unbalanced_quotes_are_a_usage_error(mesh):

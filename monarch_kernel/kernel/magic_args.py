@@ -1,11 +1,14 @@
-"""The ``%mesh`` subcommands' arguments, declared once with IPython's ``magic_arguments``: each
-is only a parser (and the line of ``USAGE`` it makes), so the usage text and the parsing
-cannot drift apart.  ``MeshMagics`` (``magics.py``) runs them.  Runs in the kernel.
+"""The ``%mesh`` subcommands' arguments and help, declared once with IPython's
+``magic_arguments``: each subcommand is only a parser, whose docstring's first line is its line
+in the list (``%mesh``, ``%mesh help``, ``%mesh?``) and whose whole help (usage, docstring,
+options) is what ``%mesh help SUB`` and ``%mesh SUB --help`` print, so the help and the
+parsing cannot drift apart.  ``MeshMagics`` (``magics.py``) runs them.  Runs in the kernel.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -49,7 +52,13 @@ def _env(value: str) -> tuple[str, str]:
 @argument("--account", metavar="A", help="--job slurm: the account")
 @argument("--python", metavar="PATH", help="--job: the interpreter on the hosts (default: this kernel's)")
 def _spawn():
-    """start N ranks (returns the ProcMesh; it becomes current)"""
+    """start N ranks (returns the ProcMesh; it becomes current)
+
+    Each rank has a persistent namespace that %%mesh cells run in.  Examples:
+      procs = %mesh spawn -n 4
+      procs = %mesh spawn -n 4 --detach trainers      (outlives the kernel; %mesh attach trainers)
+      procs = %mesh spawn --job slurm --nodes 2 -n 4  (4 ranks on each of 2 nodes)
+    """
 
 
 @magic_arguments(name="mesh attach")
@@ -169,32 +178,64 @@ def _auto():
 
 
 @magic_arguments(name="mesh debug")
-@argument("words", nargs=argparse.REMAINDER, metavar="R [--listen [--host H]] | off")
+@argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 def _debug():
-    """JupyterLab's debugger on rank R (--listen: a VS Code attach config instead)"""
+    """JupyterLab's debugger on rank R (--listen: a VS Code attach config instead)
+
+      %mesh debug R                  JupyterLab's debugger (the bug icon) debugs rank R
+      %mesh debug R --listen [--host H]
+                                     print a VS Code (any DAP client) attach config for rank R
+      %mesh debug off                the debugger debugs the kernel itself again
+      %mesh debug                    which one it debugs now
+    """
 
 
 @magic_arguments(name="mesh pdb")
-@argument("words", nargs=argparse.REMAINDER, metavar="[attach R | cast RANKS CMD | continue | --post-mortem on|off]")
+@argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 def _pdb():
-    """ranks stopped in breakpoint(), and talking to them"""
+    """ranks stopped in breakpoint(), and talking to them
+
+      %mesh pdb                      the ranks stopped in pdb, and where
+      %mesh pdb attach R             talk to rank R's pdb here
+      %mesh pdb cast RANKS CMD       send one pdb command to several ranks, e.g. %mesh pdb cast 0-3 p x
+      %mesh pdb continue             let every stopped rank go on
+      %mesh pdb --post-mortem on|off stop a rank in pdb where a %%mesh cell raises
+    """
 
 
 @magic_arguments(name="mesh run")
-@argument("words", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS] | -m MODULE [ARGS]")
+@argument("words", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 def _run():
-    """run a torchrun script on every rank of the current mesh (warm ranks: no process start)"""
+    """run a torchrun script on every rank of the current mesh (warm ranks: no process start)
+
+    The ranks get torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) and a fresh
+    rendezvous port; the arguments after the script are its own (its --help too).  Examples:
+      %mesh run train.py --lr 0.1
+      %mesh run -m package.train --lr 0.1
+    """
 
 
 @magic_arguments(name="%mesh")
-@argument("--ranks", metavar="SPEC", help="0 | 0-3 | 0,2 | ::2")
-@argument("--timeout", type=float, metavar="S")
+@argument("--ranks", metavar="SPEC", help="which ranks: 0 | 0-3 | 0,2 | ::2 (default: all)")
+@argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds (the ranks run on)")
 @argument("--no-stream", action="store_true", help="hold the output until the cell ends")
-@argument("--group-outputs", choices=["rank", "order"], default="order", metavar="rank|order")
+@argument("--group-outputs", choices=["rank", "order"], default="order", metavar="rank|order",
+          help="with --no-stream, rank: each rank's lines together (default order: as printed)")
 @argument("--profile", action="store_true", help="torch.profiler on every rank for the cell: top ops, slowest "
           "ranks, steps, and one merged trace file")
 def cell_args():
-    """run the cell on the ranks"""
+    """run the cell on the ranks, each in its own persistent namespace
+
+    The cell is an IPython cell on each rank.  Lines printed by several ranks show once,
+    as [ranks 0-3] line; a failure that is the same on several ranks shows once too.
+    The stop button interrupts the ranks' code and keeps their namespaces.
+    """
+
+
+@magic_arguments(name="mesh help")
+@argument("subcommand", nargs="?", metavar="SUBCOMMAND", help="one subcommand (or %%%%mesh) in full")
+def _help():
+    """this list, or one subcommand in full"""
 
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "tensors": _tensors, "use": _use, "stop": _stop,
@@ -202,7 +243,8 @@ COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "tensors": _tenso
             "restart": _restart, "sync": _sync,
             "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
-            "jobs": _jobs, "kill-job": _kill_job, "run": _run}
+            "jobs": _jobs, "kill-job": _kill_job, "run": _run, "help": _help}
+CELL = "%%mesh"  # %mesh help %%mesh: the cell magic's help
 
 
 _debug.parser.usage = "%(prog)s R [--listen [--host H]] | off"
@@ -215,12 +257,38 @@ def usage(fn) -> str:
     return " ".join(fn.parser.format_usage().replace("::", "").replace("usage:", "").split())
 
 
-def _usage_line(fn) -> str:
-    return f"{usage(fn)}\n        {fn.parser.description or ''}"
+def summary(fn) -> str:
+    """The first line of a subcommand's docstring: its line in the list."""
+    return (fn.parser.description or "").strip().splitlines()[0]
 
 
-USAGE = ("start with  procs = %mesh spawn -n N  (N ranks); every command:\n"
-         + "\n".join(_usage_line(fn) for fn in [*COMMANDS.values(), cell_args]))
+def full_help(name: str) -> str:
+    """``%mesh help NAME``: the usage, the whole docstring and every option of subcommand
+    ``NAME`` (or of the ``%%mesh`` cell magic)."""
+    fn = cell_args if name == CELL else COMMANDS[name]
+    return fn.parser.format_help().removeprefix("::\n\n").strip("\n")
+
+
+def nearest(word: str) -> str | None:
+    """The subcommand closest to a mistyped ``word`` (``spwan`` -> ``spawn``), if one is close."""
+    close = difflib.get_close_matches(word, [*COMMANDS, CELL], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _listing() -> str:
+    width = max(map(len, COMMANDS)) + 2
+    rows = [f"  {name:<{width}}{summary(fn)}" for name, fn in COMMANDS.items()]
+    return "\n".join([
+        "%mesh SUBCOMMAND [ARGS]: drive meshes of ranks; start with  procs = %mesh spawn -n 4",
+        *rows,
+        f"{usage(cell_args)}",
+        f"  {'':<{width}}{summary(cell_args)}",
+        "%mesh help SUBCOMMAND (or %mesh SUBCOMMAND --help): its arguments and options",
+    ])
+
+
+#: Every subcommand with a line each: what ``%mesh``, ``%mesh help`` and ``%mesh?`` show.
+USAGE = _listing()
 
 
 def parse(fn, argstring: str):

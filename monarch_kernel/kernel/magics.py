@@ -1,7 +1,9 @@
 """``%mesh`` and ``%%mesh``: drive meshes from notebook cells.
 
-One ``Magics`` class; every subcommand's arguments are declared once, in ``magic_args.py``,
-and every mistake is a ``UsageError`` that says what to type instead.  Runs in the kernel.
+One ``Magics`` class; every subcommand's arguments and help are declared once, in
+``magic_args.py`` (``%mesh``, ``%mesh help [SUB]``, ``%mesh SUB --help`` and ``%mesh?`` all
+print from there), and every mistake is a ``UsageError`` that says what to type instead.
+Runs in the kernel.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from ..console.console import Console
 from ..debug.controller import proxy
 from ..runtime import config
 from . import detached, status
-from .magic_args import COMMANDS, USAGE, cell_args, parse
-from .mesh_cell import ranks_arg, run_on_mesh
+from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
+from .mesh_cell import check_cell, ranks_arg, run_on_mesh
 from .metrics import top_table
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
@@ -42,6 +44,9 @@ class MeshMagics(Magics):
     @line_cell_magic
     def mesh(self, line: str, cell: str | None = None, local_ns=None):
         if cell is not None:
+            if _asks_help(line.split()):
+                print(full_help(CELL))
+                return None
             args = parse(cell_args, line)
             if args.group_outputs == "rank" and not args.no_stream:
                 raise UsageError("--group-outputs rank needs the whole output first: add --no-stream")
@@ -50,24 +55,34 @@ class MeshMagics(Magics):
             return run_on_mesh(self.session, cell, args.ranks, args.timeout, stream=not args.no_stream,
                                by_rank=args.group_outputs == "rank", line=line)
         cmd, _, rest = line.strip().partition(" ")
-        if not cmd:
-            raise UsageError(USAGE)
+        if cmd in ("", "--help", "-h"):  # %mesh alone: the list, not an error
+            print(USAGE)
+            return None
         parser = COMMANDS.get(cmd)
         if parser is None:
-            raise UsageError(f"%mesh {cmd}: unknown command.\n{USAGE}")
+            raise UsageError(_unknown(cmd, rest))
         try:
             words = shlex.split(rest)
         except ValueError as e:
             raise UsageError(f"%mesh {cmd}: {e}") from None
         if cmd in ("debug", "pdb", "run"):  # their own grammar (the script's arguments are its own)
+            if _asks_help(words[:1]):
+                print(full_help(cmd))
+                return None
             return getattr(self, f"_cmd_{cmd}")(words)
+        if _asks_help(words):
+            print(full_help(cmd))
+            return None
         return getattr(self, f"_cmd_{cmd.replace('-', '_')}")(parse(parser, rest))
+
+    mesh.__doc__ = USAGE  # %mesh? and %%mesh? show the list (help(), pinfo)
 
     def _profiled(self, cell: str, args, line: str):
         """``%%mesh --profile``: the cell under torch.profiler on every rank, then the report."""
         from ..spmd.controller.profile import profile
 
         procs, _consoles = self.session.get()
+        check_cell(self.session, cell, line)  # before the profiler starts on the ranks
         prof = profile(procs)
         with prof:
             value = run_on_mesh(self.session, cell, args.ranks, args.timeout, stream=not args.no_stream,
@@ -76,6 +91,17 @@ class MeshMagics(Magics):
         return value
 
     # ------------------------------------------------------------ subcommands
+
+    def _cmd_help(self, a):
+        name = a.subcommand
+        if name is None:
+            print(USAGE)
+        elif name in COMMANDS or name == CELL:
+            print(full_help(name))
+        else:
+            guess = nearest(name)
+            raise UsageError(f"%mesh help {name}: no such subcommand; "
+                             + (f"did you mean  %mesh help {guess}" if guess else "%mesh help lists them all"))
 
     def _cmd_spawn(self, a):
         s = self.session
@@ -328,6 +354,20 @@ class MeshMagics(Magics):
             raise UsageError("type  %mesh gather name")
         _procs, consoles = self.session.get()
         return join_along_ranks(list(consoles.pull.call(a.name).get(timeout=60).values()))
+
+
+def _asks_help(words: list[str]) -> bool:
+    """``--help`` or ``-h`` among a command's words: the user asks what to type."""
+    return "--help" in words or "-h" in words
+
+
+def _unknown(cmd: str, rest: str) -> str:
+    """An unknown subcommand's message: the nearest one, ready to type, or the list."""
+    guess = nearest(cmd)
+    if guess is not None and guess != CELL:
+        return (f"%mesh {cmd}: unknown command; did you mean  %mesh {guess}{' ' + rest if rest else ''}  "
+                "(%mesh help lists every command)")
+    return f"%mesh {cmd}: unknown command; the commands: {', '.join(COMMANDS)} (%mesh help: a line on each)"
 
 
 def _auto_transform(lines: list[str]) -> list[str]:

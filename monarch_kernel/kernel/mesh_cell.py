@@ -1,6 +1,7 @@
-"""Running a ``%%mesh`` cell: send it to the ranks' consoles, stream their output into the
-cell, show each rank's value, display or traceback, and turn the stop button into an
-interrupt of the ranks.  Runs in the kernel (any IPython shell with the magics).
+"""Running a ``%%mesh`` cell: check its syntax here, send it to the ranks' consoles, stream
+their output into the cell under a progress line that ticks each second, show each rank's
+value and display and each failure once (``cell_errors.py``), and turn the stop button into
+an interrupt of the ranks.  Runs in the kernel (any IPython shell with the magics).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..actor.errors import ActorError
 from ..actor.ranks import RankSpecError, parse_ranks, rank_label
 from ..debug.controller import proxy
 from ..runtime import config
+from .cell_errors import MeshCellError, MeshCellInterrupted, check_syntax
 from .panel_grid import show_displays
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     ranks = ranks_arg(ranks_spec, n, "--ranks") if ranks_spec else list(range(n))
     target = consoles if len(ranks) == n else _select(consoles, ranks)
     token = uuid.uuid4().hex
-    whole, filename, offset = session.cell_file(line, cell)
+    whole, filename, offset = check_cell(session, cell, line)
     session.sink.hold = not stream
     opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
     fut = target.run.call(cell, filename, token, opts)
@@ -58,7 +60,12 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
             held = proxy.stopped_rank(session.shell, procs.name, ranks)
             procs.interrupt(consoles, [r for r in ranks if r != held], wait=2.0)
             proxy.release_for_interrupt(session.shell, procs.name, ranks, consoles.actor_id)
-            results = fut.get(timeout=INTERRUPT_GRACE_S)
+            try:
+                results = fut.get(timeout=INTERRUPT_GRACE_S)
+            except TimeoutError:
+                late = (f"; some did not stop within {INTERRUPT_GRACE_S:g} s and may still run "
+                        "(%mesh stacks shows where)")
+                raise MeshCellInterrupted.of(ranks, {}, filename, late) from None
         failed = None
     except ActorError as e:
         results, failed = getattr(e, "results", None), e
@@ -86,83 +93,67 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
         for value, rs in shown.items():
             print(f"{rank_label(rs)} {value}")
     if interrupted:
-        raise KeyboardInterrupt(f"interrupted on ranks {', '.join(map(str, ranks))}; their namespaces are kept")
+        raise MeshCellInterrupted.of(ranks, errors, filename)
     if failed is not None:
-        raise MeshCellError(errors or {ranks[0]: failed}) from None
+        raise MeshCellError.of(errors or {ranks[0]: failed}, filename)
     return None
 
 
+def check_cell(session: MeshSession, cell: str, line: str = "") -> tuple[str, str, int]:
+    """``session.cell_file``, after checking the cell's syntax here: a syntax error shows once,
+    and never reaches the ranks."""
+    whole, filename, offset = session.cell_file(line, cell)
+    check_syntax(cell, filename, offset, _cell_label(session.shell, filename))
+    return whole, filename, offset
+
+
+def _cell_label(shell, filename: str) -> str:
+    """``Cell In[7]``, as IPython's tracebacks name the cell compiled under ``filename``; ""
+    when IPython does not know it."""
+    named = getattr(getattr(shell, "compile", None), "format_code_name", lambda _f: None)(filename)
+    return " ".join(named) if named else ""
+
+
 def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pdb=None):
-    """``fut.get(timeout)``, showing "k of n ranks finished" once the cell runs past 2 s,
-    and serving ranks that stop in pdb meanwhile."""
+    """``fut.get(timeout)``, showing "k of n ranks finished (3 s)" once the cell runs past 2 s,
+    as one display updated each second and emptied when the cell ends, and serving ranks that
+    stop in pdb meanwhile."""
     start = time.monotonic()
-    handle, shown = None, -1
-    while True:
-        if pdb is not None and pdb.waiting():
-            sink.flush()
-            pdb.serve(done=fut.done, auto_attach=n == 1)
-        elapsed = time.monotonic() - start
-        step = 0.25 if timeout is None else max(0.0, min(0.25, timeout - elapsed))
-        try:
-            result = fut.get(timeout=step)
-            done = True
-        except TimeoutError:
-            if timeout is not None and time.monotonic() - start >= timeout:
-                raise TimeoutError(f"the cell did not finish on every rank within {timeout:g} s "
-                                   "(it is still running there; interrupt the kernel to stop it)") from None
-            done = False
-        except ActorError:
-            if handle is not None:
-                handle.update(_progress(n, n, time.monotonic() - start), raw=True)
-            raise
-        elapsed = time.monotonic() - start
-        finished = n if done else sink.finished(token)
-        if handle is None and not done and elapsed >= PROGRESS_AFTER_S:
-            handle = display(_progress(finished, n, elapsed), display_id=True, raw=True)
-            shown = finished
-        elif handle is not None and (finished != shown or done):
-            handle.update(_progress(finished, n, elapsed), raw=True)
-            shown = finished
-        if done:
-            return result
+    handle, shown = None, None
+    try:
+        while True:
+            if pdb is not None and pdb.waiting():
+                sink.flush()
+                pdb.serve(done=fut.done, auto_attach=n == 1)
+            elapsed = time.monotonic() - start
+            step = 0.25 if timeout is None else max(0.0, min(0.25, timeout - elapsed))
+            try:
+                return fut.get(timeout=step)
+            except TimeoutError:
+                if timeout is not None and time.monotonic() - start >= timeout:
+                    raise TimeoutError(f"the cell did not finish on every rank within {timeout:g} s "
+                                       "(it is still running there; interrupt the kernel to stop it)") from None
+            elapsed = time.monotonic() - start
+            if elapsed < PROGRESS_AFTER_S:
+                continue
+            now = (sink.finished(token), int(elapsed))
+            if handle is None:
+                handle = display(_progress(n, *now), display_id=True, raw=True)
+            elif now != shown:
+                handle.update(_progress(n, *now), raw=True)
+            shown = now
+    finally:
+        if handle is not None:
+            handle.update(CLEARED, raw=True)
 
 
-def _progress(finished: int, n: int, elapsed: float) -> dict:
-    label = f"{finished} of {n} ranks finished ({elapsed:.1f} s)"
+CLEARED = {"text/plain": ""}  # the progress line, once the cell has ended
+
+
+def _progress(n: int, finished: int, seconds: int) -> dict:
+    label = f"{finished} of {n} ranks finished ({seconds} s)"
     return {"text/plain": f"[mesh] {label}",
             "text/html": f"<progress value='{finished}' max='{n}'></progress> {label}"}
-
-
-class MeshCellError(Exception):
-    """A ``%%mesh`` cell failed on some ranks; shows each rank's traceback, cell lines only."""
-
-    def __init__(self, errors: dict):
-        self.errors = errors
-        first = next(iter(errors.values()))
-        super().__init__(f"the cell failed on {len(errors)} rank(s): {', '.join(map(str, errors))}")
-        self.__cause__ = first
-
-    def _render_traceback_(self) -> list[str]:
-        lines = []
-        for r, err in self.errors.items():
-            text = getattr(err, "remote_traceback", "") or f"{type(err).__name__}: {err}"
-            if not getattr(err, "remote_traceback", ""):
-                text = str(err)
-            lines.append(f"[rank {r}] {clean_traceback(text)}")
-        return lines
-
-
-def clean_traceback(text: str) -> str:
-    """Drop the console's own frames (console/) from a rank's traceback."""
-    out, skip = [], False
-    for line in text.splitlines():
-        if line.startswith("  File "):
-            skip = "monarch_kernel" in line and ("console.py" in line or "/console/" in line)
-        elif not line.startswith("    "):
-            skip = False
-        if not skip:
-            out.append(line)
-    return "\n".join(out)
 
 
 def _select(consoles, ranks):
