@@ -117,11 +117,6 @@ class Listener:
         self._joiner = Joiner(max_message + _ENVELOPE, config.get("unfinished_timeout"), _FIRST_STEP, _STEP)
         self.unfinished = self._joiner.open  # its unfinished messages, by link id
 
-    def drained(self) -> None:
-        """The socket was found empty (by a read, or a poll): unfinished messages may age."""
-        if self.unfinished:
-            self._joiner.drained()
-
     def fileno(self) -> int:
         return self.sock.fileno()
 
@@ -144,8 +139,12 @@ class Listener:
                 continue
             tag = data[0]
             if tag == WHOLE:
+                if self.unfinished:
+                    self._look()
                 return [data[1:]]
             if tag == PACKED:
+                if self.unfinished:
+                    self._look()
                 return _unpack(data[1:])
             if tag == FIRST and n > _AT_FIRST_DATA:
                 (total,) = _LEN.unpack_from(data, _AT_DATA)
@@ -154,9 +153,19 @@ class Listener:
             if (tag == PIECE or tag == LAST) and n > _AT_DATA:
                 got = self._joiner.piece(data[1:_AT_DATA], memoryview(data)[_AT_DATA:], n, tag == LAST)
                 if got is not None:
+                    if self.unfinished:
+                        self._look()
                     return _unpack(got)
                 continue
             return [data]  # not of this wire: the signer drops it, and counts it
+
+    def _look(self) -> None:
+        """(Only while messages are unfinished.) Whether the socket is empty now: if it is,
+        every piece sent here so far has been read, and unfinished messages may age."""
+        try:
+            self.sock.recv_into(self._peek, 1, _PEEK)
+        except (BlockingIOError, InterruptedError):
+            self._joiner.drained()
 
     def close(self) -> None:
         self.sock.close()
