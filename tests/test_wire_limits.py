@@ -174,6 +174,8 @@ def test_a_refused_tcp_connection_is_logged_under_the_tcp_address(tmp_path, capl
         io.loop.call_soon_threadsafe(io.loop.stop)
         io.thread.join(10)
         io.loop.close()
+        if net.main is not None:
+            net.main.close()
         ctx.destroy(linger=0)
 
 
