@@ -129,11 +129,7 @@ class Inbox:
 
     def ready(self, timeout_ms: int = 0) -> bool:
         """Whether a message is waiting (after up to ``timeout_ms``; -1 waits forever)."""
-        if zmq_poll(self.items, timeout_ms):
-            return True
-        if self.dg is not None and self.dg.unfinished:
-            self.dg.drained()  # read to the end: its unfinished messages may age
-        return False
+        return bool(zmq_poll(self.items, timeout_ms))
 
     def close(self) -> None:
         self._recv = None  # (its libzmq socket is gone)
