@@ -10,8 +10,11 @@ from another before a signature can be checked, so they are bounded, as ZeroMQ's
   max_message`` bytes; the message fed least recently goes first;
 - age: a message whose link has sent nothing for ``MONARCH_KERNEL_UNFINISHED_TIMEOUT``
   seconds, counted from a moment when its inbox had been read to the end (a reader that is
-  busy or slow never ages its senders; only a sender that stops does).
-Nothing here reads a socket; importing it starts nothing.
+  busy or slow never ages its senders; only a sender that stops does).  It is looked at when
+  the inbox is read: one that nobody reads keeps what it holds, within the bounds above,
+  until its next message.
+``Runtime.stats()["unfinished"]`` says what is held.  Nothing here reads a socket; importing
+it starts nothing.
 """
 
 from __future__ import annotations
