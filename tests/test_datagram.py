@@ -1,27 +1,36 @@
 """Same-host datagram links (runtime/datagram.py): order, pieces, a full peer queue, an inbox
 that is not there yet, and bad datagrams, between the runtime's own inboxes and transport
-in this process (real sockets, real signing)."""
+in this process (real sockets, real signing); and the bounds on unfinished messages
+(runtime/unfinished.py), from a process that speaks the raw format to a real rank."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import secrets
 import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
 
+import psutil
 import pytest
 import zmq
+from _actors import wait_for  # noqa: I001  (tests/ is on sys.path)
 
-from monarch_kernel.runtime import config
+from monarch_kernel import Actor, endpoint, this_host
+from monarch_kernel.runtime import config, rejects, unfinished
 from monarch_kernel.runtime.auth import Dropped, Signer
 from monarch_kernel.runtime.datagram import DGRAM_MAX, path_of
 from monarch_kernel.runtime.envelope import Header
 from monarch_kernel.runtime.failure import SendFailed
-from monarch_kernel.runtime.inbox import Inbox
+from monarch_kernel.runtime.inbox import Inbox, actor_address
 from monarch_kernel.runtime.io_thread import IOThread
 from monarch_kernel.runtime.kinds import Kind
+from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.runtime.transport import Transport
 
 pytestmark = pytest.mark.timeout(60)
@@ -256,3 +265,346 @@ def test_a_peer_back_at_its_old_address_gets_what_waited_for_it(wire):
     inbox = Inbox(wire.ctx, addr)
     wire.inboxes.append(inbox)
     assert done and [g[0] for g in wire.received(inbox, 1)] == [1]  # the old death did not drop it
+
+
+# ---------------------------------------------------------------- unfinished messages (unfinished.py)
+#
+# The raw format, written out here so the tests pin it: a datagram's first byte is its tag; a
+# message too large for one datagram goes as FIRST (link id, its length, data), PIECE (link id,
+# data)..., LAST (link id, data), each at most DGRAM_MAX + 1 bytes.
+
+WHOLE, PACKED, PIECE, LAST, FIRST = 0, 1, 2, 3, 4
+STEP = DGRAM_MAX - 8  # data in a piece after the first
+MIB = 1 << 20
+ENVELOPE = MIB  # what a message may hold beyond MONARCH_KERNEL_MAX_FRAME (its header, the MAC)
+
+
+def packed(frames: list) -> bytes:
+    return (struct.pack("<I", len(frames)) + b"".join(struct.pack("<Q", len(bytes(f))) for f in frames)
+            + b"".join(bytes(f) for f in frames))
+
+
+def in_pieces(data: bytes, link: bytes) -> list[bytes]:
+    first = STEP - 8
+    out = [bytes([FIRST]) + link + struct.pack("<Q", len(data)) + data[:first]]
+    out += [bytes([PIECE]) + link + data[i:i + STEP] for i in range(first, len(data), STEP)]
+    out[-1] = bytes([LAST]) + out[-1][1:]
+    return out
+
+
+def first_piece(link: bytes, total: int, size: int = STEP - 8) -> bytes:
+    return bytes([FIRST]) + link + struct.pack("<Q", total) + os.urandom(size)
+
+
+def next_piece(link: bytes, size: int = STEP, tag: int = PIECE) -> bytes:
+    return bytes([tag]) + link + os.urandom(size)
+
+
+def counts() -> dict:
+    return {r: rejects.REJECTS.get("datagram", r) for r in ("oversized", "malformed", "orphan", "stale",
+                                                            "too_many", "too_much")}
+
+
+def grew(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+@pytest.fixture
+def small(tmp_path):
+    """A wire whose inboxes take messages of at most 1 MiB (and its envelope) in pieces,
+    age unfinished ones after 0.3 s, and a raw datagram socket onto its inbox."""
+    config.set("max_frame", MIB)
+    config.set("unfinished_timeout", 0.3)
+    w = Wire(tmp_path)
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    try:
+        inbox = w.inbox()
+        raw.connect(path_of(inbox.address))
+        yield w, inbox, raw
+    finally:
+        raw.close()
+        w.close()
+        config.set("max_frame", None)
+        config.set("unfinished_timeout", None)
+
+
+def signed(w: Wire, n: int, body: bytes) -> list:
+    h = Header(Kind.CALL, n, "ipc://x", "ipc://x", "m", "a", "echo", [0])
+    h.parts = [[-1, 0, 0]]
+    return w.signer.seal(h, [pickle.dumps((n, body))])
+
+
+class Reader:
+    """Reads an inbox on a thread of its own, as the runtime does: keeps each authentic
+    message, counts the rest, and the most this process held in unfinished messages."""
+
+    def __init__(self, w: Wire, inbox: Inbox):
+        self.w, self.inbox = w, inbox
+        self.got: list = []
+        self.dropped = 0
+        self.most = {"messages": 0, "bytes": 0}
+        self.paused = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if self.paused.is_set():
+                time.sleep(0.01)
+                continue
+            frames = self.inbox.recv_within(20)
+            now = unfinished.held()
+            self.most = {k: max(self.most[k], now[k]) for k in now}
+            if frames is None:
+                continue
+            try:
+                _h, body = self.w.signer.open(frames)
+            except Dropped:
+                self.dropped += 1
+                continue
+            self.got.append(pickle.loads(body[0]))
+
+    def wait(self, n: int, timeout: float = 30) -> list:
+        assert wait_for(lambda: len(self.got) >= n, timeout), f"timed out after {timeout} s waiting for {n} " \
+                                                             f"messages; {len(self.got)} came"
+        return self.got
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_message_announced_over_the_limit_is_refused_at_its_first_piece(small):
+    w, inbox, raw = small
+    reader = Reader(w, inbox)
+    try:
+        before = counts()
+        exact = os.urandom(MIB)  # a body frame of exactly MONARCH_KERNEL_MAX_FRAME: still passes
+        w.send(inbox.address, 1, exact)
+        link = os.urandom(8)
+        raw.send(first_piece(link, MIB + ENVELOPE + 1))  # one byte more than a message may be
+        for _ in range(12):  # the rest of it: dropped with it, unread and uncounted
+            raw.send(next_piece(link))
+        raw.send(next_piece(link, tag=LAST))
+        w.send(inbox.address, 2, b"after")
+        got = reader.wait(2)
+        assert [g[0] for g in got] == [1, 2] and got[0][1] == exact and got[1][1] == b"after"
+        assert grew(counts(), before) == {"oversized": 1}
+        assert reader.most["bytes"] <= 2 * (MIB + ENVELOPE) and not inbox.dg.unfinished
+    finally:
+        reader.close()
+
+
+@pytest.mark.timeout(90)
+def test_unfinished_messages_are_bounded_in_count_and_bytes_and_legitimate_ones_still_arrive_in_order(small):
+    w, inbox, raw = small
+    reader = Reader(w, inbox)
+    budget = 2 * (MIB + ENVELOPE)
+    try:
+        before = counts()
+        bodies = [os.urandom(600_000 + i) for i in range(31)]  # each in 4 pieces
+        sent = 0
+        # 300 messages begun from as many links, never finished: past 256 the least recently fed go.
+        for k in range(300):
+            raw.send(first_piece(os.urandom(8), 2 * MIB, size=1000))
+            if k % 30 == 0:
+                w.send(inbox.address, sent, bodies[sent])
+                sent += 1
+        # 20 links that each send 1.8 MB of a 2 MiB message, and stop: the bytes held stay
+        # under twice the largest message.
+        for _ in range(20):
+            link = os.urandom(8)
+            raw.send(first_piece(link, 2 * MIB))
+            for _ in range(8):
+                raw.send(next_piece(link))
+            w.send(inbox.address, sent, bodies[sent])
+            sent += 1
+        # Pieces of no message begun, and datagrams longer than any piece.
+        for _ in range(20):
+            raw.send(next_piece(os.urandom(8)))
+        for _ in range(5):
+            raw.send(b"\x02" + os.urandom(8) + os.urandom(DGRAM_MAX + 100))
+        w.send(inbox.address, sent, bodies[sent])
+        sent += 1
+        got = reader.wait(sent)
+        assert [g[0] for g in got] == list(range(sent))
+        assert all(g[1] == bodies[g[0]] for g in got)
+        assert reader.dropped == 0
+        assert reader.most["messages"] <= unfinished.MAX_MESSAGES and reader.most["bytes"] <= budget, reader.most
+        assert unfinished.held()["bytes"] <= budget and len(inbox.dg.unfinished) <= unfinished.MAX_MESSAGES
+        c = grew(counts(), before)
+        assert c.get("too_many", 0) >= 300 - unfinished.MAX_MESSAGES and c.get("too_much", 0) >= 10, c
+        assert c.get("orphan") == 20 and c.get("oversized") == 5, c
+    finally:
+        reader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_message_whose_sender_stopped_goes_after_the_timeout_and_a_slow_sender_or_reader_is_not_cut(small):
+    w, inbox, raw = small
+    reader = Reader(w, inbox)
+    try:
+        before = counts()
+        stopped = os.urandom(8)
+        raw.send(first_piece(stopped, 2 * MIB))
+        raw.send(next_piece(stopped))
+        # A slow sender: a signed message whose pieces come 0.2 s apart (the timeout is 0.3 s),
+        # while other messages keep the reader reading to the end between them.
+        slow = os.urandom(900_000)
+        pieces = in_pieces(packed(signed(w, 100, slow)), os.urandom(8))
+        for i, p in enumerate(pieces):
+            raw.send(p)
+            w.send(inbox.address, i, b"tick")
+            time.sleep(0.2)
+        got = reader.wait(len(pieces) + 1)
+        assert [g for g in got if g[0] == 100] == [(100, slow)]
+        # The stopped sender's message is dropped once the reader has read to the end twice,
+        # 0.3 s apart, since its last piece.
+        assert wait_for(lambda: not inbox.dg.unfinished, 10), "the stopped sender's pieces are still held"
+        assert grew(counts(), before) == {"stale": 1}
+
+        # A slow reader: half of a message read, then the reader away for 1 s while the
+        # other half waits in its queue; it arrives whole.
+        late = os.urandom(900_000)
+        pieces = in_pieces(packed(signed(w, 200, late)), os.urandom(8))
+        for p in pieces[:3]:
+            raw.send(p)
+        assert wait_for(lambda: len(inbox.dg.unfinished) == 1, 10)
+        time.sleep(0.1)  # (the reader reads to the end meanwhile: the age's count starts)
+        reader.paused.set()
+        time.sleep(0.1)
+        for p in pieces[3:]:
+            raw.send(p)
+        time.sleep(1.0)
+        reader.paused.clear()
+        assert wait_for(lambda: any(g[0] == 200 for g in reader.got), 10), "the message that waited never came"
+        assert [g for g in reader.got if g[0] == 200] == [(200, late)]
+        assert grew(counts(), before) == {"stale": 1}
+    finally:
+        reader.close()
+
+
+# ---------------------------------------------------------------- the same, on a real rank
+
+RAW_SENDER = r"""
+import os, socket, struct, sys
+path, step, most = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+s.connect(path)
+def first(link, total, size):
+    s.send(bytes([4]) + link + struct.pack("<Q", total) + os.urandom(size))
+def piece(link, size, tag=2):
+    s.send(bytes([tag]) + link + os.urandom(size))
+for k in range(40):  # begun, never finished
+    link = os.urandom(8)
+    first(link, most, step - 8)
+    for _ in range(20):
+        piece(link, step)
+for k in range(40):  # continued, never begun nor finished (what a sender of the old format left)
+    link = os.urandom(8)
+    for _ in range(21):
+        piece(link, step)
+for k in range(300):  # more messages begun than a process keeps
+    first(os.urandom(8), most, 100)
+first(os.urandom(8), 64 << 30, 100)  # announced far over the limit
+for big in (4 << 20, 300_000):  # pieces far larger than any of this wire (the largest this socket sends)
+    try:
+        for k in range(10):
+            piece(os.urandom(8), big)
+        break
+    except OSError:
+        continue
+print("sent", flush=True)
+"""
+
+
+class Keeper(Actor):
+    def __init__(self):
+        self.seen: list[int] = []
+
+    @endpoint
+    def take(self, i: int, blob: bytes) -> str:
+        self.seen.append(i)
+        return hashlib.sha256(blob).hexdigest()
+
+    @endpoint
+    def order(self) -> list[int]:
+        return self.seen
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def stats(self) -> dict:
+        return Runtime.current().stats()
+
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_holds_a_bounded_amount_of_unfinished_messages_from_a_raw_sender():
+    """A process of the same user sends a rank's actor inbox, in the raw datagram format,
+    never-finished messages from many links, pieces of nothing, oversized pieces and an
+    announcement of 64 GiB, while the controller sends it legitimate messages in pieces.
+    The rank's memory stays within the bound, every drop is counted, the legitimate
+    messages arrive whole and in order, and what was left goes once it is stale."""
+    max_frame = 8 * MIB
+    budget = 2 * (max_frame + ENVELOPE)
+    env = {"MONARCH_KERNEL_MAX_FRAME": str(max_frame), "MONARCH_KERNEL_UNFINISHED_TIMEOUT": "1"}
+    with this_host().spawn_procs(per_host={"gpus": 1}, env=env) as procs:
+        keeper = procs.spawn("keeper", Keeper)
+        pid = keeper.pid.call_one().get(timeout=30)
+        blobs = [os.urandom(MIB + i) for i in range(24)]  # each in 6 pieces
+        for i in range(4):  # warm: the rank has joined messages of this size before
+            assert keeper.take.call_one(-1, blobs[i]).get(timeout=30) == hashlib.sha256(blobs[i]).hexdigest()
+        rss_before = psutil.Process(pid).memory_info().rss
+        before = keeper.stats.call_one().get(timeout=30)["rejected"]
+
+        path = path_of(actor_address(procs._ref.addresses[0], keeper._actor_id))
+        sender = subprocess.Popen([sys.executable, "-c", RAW_SENDER, path, str(STEP), str(max_frame)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            futures = []
+            for i, blob in enumerate(blobs):  # interleaved with the raw sender's datagrams
+                futures.append(keeper.take.call_one(i, blob))
+                time.sleep(0.02)
+            out, err = sender.communicate(timeout=120)
+            assert sender.returncode == 0 and b"sent" in out, err.decode()
+        finally:
+            if sender.poll() is None:
+                sender.kill()
+                sender.wait(10)
+        assert [f.get(timeout=60) for f in futures] == [hashlib.sha256(b).hexdigest() for b in blobs]
+        assert keeper.order.call_one().get(timeout=30)[4:] == list(range(len(blobs)))
+
+        stats = keeper.stats.call_one().get(timeout=30)
+        held = stats["unfinished"]
+        assert held["bytes"] <= budget and held["messages"] <= 256, held
+        peak = _peak_rss(pid) - rss_before
+        assert peak < budget + 48 * MIB, f"the rank's memory grew by {peak >> 20} MiB (the bound is {budget >> 20})"
+        rejected = stats["rejected"]
+        c = {k.split("/")[1]: n - before.get(k, 0) for k, n in rejected.items()
+             if k.startswith("datagram/") and n != before.get(k, 0)}
+        assert c.get("orphan", 0) >= 40 and c.get("oversized", 0) >= 11 and c.get("too_many", 0) >= 40, c
+
+        # Nothing more comes from those links: once the rank has read to the end, a second
+        # apart, what they left is dropped as stale.
+        def emptied():
+            s = keeper.stats.call_one().get(timeout=30)
+            return s if s["unfinished"] == {"messages": 0, "bytes": 0} else None
+
+        s = wait_for(emptied, timeout=30, interval=0.2)
+        assert s, "the rank still holds the never-finished messages"
+        assert s["rejected"].get("datagram/stale", 0) > before.get("datagram/stale", 0)
+        assert keeper.take.call_one(99, blobs[0]).get(timeout=30) == hashlib.sha256(blobs[0]).hexdigest()

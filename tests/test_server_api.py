@@ -160,3 +160,42 @@ def test_get_one_mesh_answers_its_record_or_404(tmp_path):
             host.kill()
             host.wait(timeout=10)
         lab.stop()
+
+
+def test_no_answer_echoes_an_over_long_or_malformed_name_or_kernel_id_whole(tmp_path):
+    """A kernel id must be one (a UUID, in a body of at most 4 KiB) or the attach is a 400;
+    names and ids are quoted cut short, in every answer that quotes them."""
+    root, home = tmp_path / "notebooks", tmp_path / "jupyter"
+    root.mkdir()
+    home.mkdir()
+    lab = Lab(root, home)
+    try:
+        lab.start()
+        huge = "k" * (1 << 20)
+        t0 = time.monotonic()
+        status, body = rest(lab, "/monarch/meshes/nope/attach", "POST", json.dumps({"kernel_id": huge}).encode())
+        assert status == 400 and len(json.dumps(body)) < 1000, (status, str(body)[:300])
+        assert "at most 4096 bytes" in body["message"] and huge[:100] not in body["message"]
+        assert time.monotonic() - t0 < 30
+
+        for bad in ("x" * 3000, "not a kernel id", "../../etc/passwd", "4f6c2d1e-8a3b-4c5d-9e7f-0a1b2c3d4e5f\n"):
+            status, body = rest(lab, "/monarch/meshes/nope/attach", "POST", json.dumps({"kernel_id": bad}).encode())
+            assert status == 400 and "is not a kernel id: a kernel's id is a UUID" in body["message"], (status, body)
+            assert len(body["message"]) < 300, body
+
+        # A well-formed id passes the check; then the mesh is looked for.
+        status, body = rest(lab, "/monarch/meshes/nope/attach", "POST",
+                            json.dumps({"kernel_id": "4f6c2d1e-8a3b-4c5d-9e7f-0a1b2c3d4e5f"}).encode())
+        assert (status, body.get("message")) == (404, "no detached mesh named 'nope'"), (status, body)
+
+        # Names come from the path (up to Jupyter Server's header limit): quoted cut short.
+        long_name = "n" * 6000
+        for method, path, data in (("GET", f"/monarch/meshes/{long_name}", None),
+                                   ("DELETE", f"/monarch/meshes/{long_name}", None),
+                                   ("POST", f"/monarch/meshes/{long_name}/attach",
+                                    json.dumps({"kernel_id": "4f6c2d1e-8a3b-4c5d-9e7f-0a1b2c3d4e5f"}).encode())):
+            status, body = rest(lab, path, method, data)
+            assert status == 404 and len(body["message"]) < 300, (method, status, str(body)[:300])
+            assert body["message"].startswith("no detached mesh named 'nnnn") and "(6000 characters)" in body["message"]
+    finally:
+        lab.stop()

@@ -83,6 +83,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_DATAGRAMS", "datagrams", bool, True, shown="on",
          help_="messages between processes of one host travel over unix datagram sockets, one system call "
                "each way, rather than through ZeroMQ's I/O threads (off: ZeroMQ's ipc, as across hosts)"),
+    _env("MONARCH_KERNEL_UNFINISHED_TIMEOUT", "unfinished_timeout", float, 120.0, unit="s", minimum=0.01,
+         help_="seconds a same-host message that comes in pieces may wait for its next piece, counted from when "
+               "its inbox was last read to the end, before what came of it is dropped (a process holds at most "
+               "twice `MONARCH_KERNEL_MAX_FRAME` bytes in such messages; read when an inbox is made)"),
     _env("MONARCH_KERNEL_SEND_QUEUE", "send_queue", int, 1000, unit="messages", kernel=True, minimum=1,
          help_="messages one thread may queue for a peer that is not reading before sends to it wait, then fail"),
     _env("MONARCH_KERNEL_SEND_BLOCK", "send_block", float, 5.0, unit="s", kernel=True,

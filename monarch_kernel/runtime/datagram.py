@@ -7,7 +7,8 @@ An inbox that listens on ``ipc://PATH`` also binds a datagram socket at ``PATH``
 (``Listener``).  Each thread's ``Link`` to it keeps the order of what that thread sends:
 
 - a message with several frames, or too large for one datagram, goes packed, in pieces if
-  need be, which the listener joins again (pieces carry their link's id);
+  need be, which the listener joins again (pieces carry their link's id, and the first one the
+  message's length; ``unfinished.py`` bounds what a listener holds of unfinished messages);
 - when the peer's queue is full, what follows waits in the link's own queue (up to
   ``send_queue`` datagrams, as ZeroMQ's would), and the IO thread sends it as the peer reads;
 - until the inbox is there (an actor's, say, which its rank makes once it reads the spawn),
@@ -30,9 +31,10 @@ import struct
 import threading
 import time
 
-from . import config
+from . import config, rejects
 from .failure import SendFailed
 from .limits import check_room
+from .unfinished import WIRE, Joiner
 
 log = logging.getLogger("monarch_kernel.runtime")
 
@@ -40,12 +42,20 @@ DGRAM_MAX = 200_000  # bytes in one datagram (the kernel's default socket buffer
 _BUF = 4 << 20  # each socket's buffer (capped by net.core.[rw]mem_max)
 _PATH_MAX = 107  # sun_path, less its terminating NUL
 
-WHOLE, PACKED, PIECE, LAST = 0, 1, 2, 3  # a datagram's first byte
-_TAG = [bytes([t]) for t in range(4)]
+# A datagram's first byte.  A message in pieces: FIRST (link id, the message's length, data),
+# PIECE (link id, data)..., LAST (link id, data).
+WHOLE, PACKED, PIECE, LAST, FIRST = 0, 1, 2, 3, 4
+_TAG = [bytes([t]) for t in range(5)]
 _ID = struct.Struct("<Q")
 _COUNT = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
-_ASSEMBLIES = 256  # pieced messages a listener joins at once (the oldest go first)
+_STEP = DGRAM_MAX - _ID.size  # data in each piece after the first
+_FIRST_STEP = _STEP - _LEN.size  # data in the first (it also carries the length)
+_LONGEST = DGRAM_MAX + 1  # the longest datagram this wire sends (a piece): anything longer is not of it
+_AT_DATA = 1 + _ID.size  # where a piece's data starts
+_AT_FIRST_DATA = _AT_DATA + _LEN.size
+# The most a message in pieces may be: the largest frame a process accepts, and its header.
+_ENVELOPE = 1 << 20
 RETRY_FIRST_S = config.seconds("datagram_retry")
 RETRY_MAX_S = config.seconds("datagram_retry_max")
 _PEEK = socket.MSG_PEEK | socket.MSG_TRUNC
@@ -104,7 +114,8 @@ class Listener:
             raise
         self.sock = sock
         self._peek = bytearray(1)  # a datagram's length is peeked, then it is read whole: no buffer kept
-        self._pieces: collections.OrderedDict[bytes, list] = collections.OrderedDict()
+        self._joiner = Joiner(max_message + _ENVELOPE, config.get("unfinished_timeout"), _FIRST_STEP, _STEP)
+        self.unfinished = self._joiner.open  # its unfinished messages, by link id
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -115,38 +126,46 @@ class Listener:
         while True:
             try:
                 n = sock.recv_into(peek, 1, _PEEK)  # MSG_TRUNC: the datagram's whole length
+                if n > _LONGEST:  # not of this wire: read into one byte, so never buffered
+                    sock.recv_into(peek, 1)
+                    rejects.count(WIRE, "oversized", f"a datagram of {n} bytes (at most {_LONGEST})")
+                    continue
                 data = sock.recv(max(n, 1))
             except (BlockingIOError, InterruptedError):
+                if self.unfinished:
+                    self._joiner.drained()
                 return None
             if n == 0:
                 continue
             tag = data[0]
             if tag == WHOLE:
+                if self.unfinished:
+                    self._look()
                 return [data[1:]]
             if tag == PACKED:
+                if self.unfinished:
+                    self._look()
                 return _unpack(data[1:])
-            if tag in (PIECE, LAST) and n >= 1 + _ID.size:
-                got = self._joined(data[1:1 + _ID.size], data[1 + _ID.size:], tag == LAST)
+            if tag == FIRST and n > _AT_FIRST_DATA:
+                (total,) = _LEN.unpack_from(data, _AT_DATA)
+                self._joiner.first(data[1:_AT_DATA], total, memoryview(data)[_AT_FIRST_DATA:], n)
+                continue
+            if (tag == PIECE or tag == LAST) and n > _AT_DATA:
+                got = self._joiner.piece(data[1:_AT_DATA], memoryview(data)[_AT_DATA:], n, tag == LAST)
                 if got is not None:
-                    return got
+                    if self.unfinished:
+                        self._look()
+                    return _unpack(got)
                 continue
             return [data]  # not of this wire: the signer drops it, and counts it
 
-    def _joined(self, link: bytes, piece: bytes, last: bool) -> list | None:
-        pieces = self._pieces.get(link)
-        if pieces is None:
-            pieces = self._pieces[link] = [0]
-            while len(self._pieces) > _ASSEMBLIES:
-                self._pieces.popitem(last=False)
-        pieces[0] += len(piece)
-        if pieces[0] > self.max_message:  # nobody sends this much in one message: drop it
-            del self._pieces[link]
-            return [piece]
-        pieces.append(piece)
-        if not last:
-            return None
-        del self._pieces[link]
-        return _unpack(b"".join(pieces[1:]))
+    def _look(self) -> None:
+        """(Only while messages are unfinished.) Whether the socket is empty now: if it is,
+        every piece sent here so far has been read, and unfinished messages may age."""
+        try:
+            self.sock.recv_into(self._peek, 1, _PEEK)
+        except (BlockingIOError, InterruptedError):
+            self._joiner.drained()
 
     def close(self) -> None:
         self.sock.close()
@@ -163,11 +182,12 @@ def _datagrams(frames: list, link_id: bytes) -> list:
         if (f.nbytes if type(f) is memoryview else len(f)) < DGRAM_MAX:
             return [[_TAG[WHOLE], f]]
     packed = _pack(frames)
-    if len(packed) < DGRAM_MAX:
+    n = len(packed)
+    if n < DGRAM_MAX:
         return [[_TAG[PACKED], packed]]
-    step = DGRAM_MAX - _ID.size
     view = memoryview(packed)
-    out = [[_TAG[PIECE], link_id, view[i:i + step]] for i in range(0, len(packed), step)]
+    out = [[_TAG[FIRST], link_id, _LEN.pack(n), view[:_FIRST_STEP]]]
+    out += [[_TAG[PIECE], link_id, view[i:i + _STEP]] for i in range(_FIRST_STEP, n, _STEP)]
     out[-1][0] = _TAG[LAST]
     return out
 

@@ -64,19 +64,24 @@ class Network:
         self.io.loop.add_reader(int(self._monitor.get(zmq.FD)), self._events, inbox.address)
         self._events(inbox.address)
 
-    def _events(self, address: str) -> None:
+    def _events(self, default: str) -> None:
         mon = self._monitor
         while mon is not None:
             try:
-                event = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))["event"]
+                got = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
             except zmq.ZMQError:  # the context is ending
                 return
+            event = got["event"]
+            # The endpoint the connection came in on: the inbox listens at its ipc address
+            # and, once the process has hosts, at a TCP one too (``listen``).
+            address = _endpoint(got.get("endpoint")) or default
             if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                 rejects.count("zmq", "not_zmtp", f"a connection to {address} did not speak ZMTP")
             else:  # normal too (a peer exits, a thread's socket closes): logged at DEBUG only
-                rejects.count("zmq", "disconnected", f"a connection to {address} ended (the peer closed it, or "
+                rejects.count("zmq", "disconnected",
+                              f"a connection to {address} ended (the peer closed it, its handshake failed, or "
                               "ZeroMQ refused a frame over MONARCH_KERNEL_MAX_WIRE_FRAME)", logging.DEBUG)
 
     def thread_inbox(self, base: str, n: int) -> Inbox:
@@ -156,3 +161,11 @@ class Network:
         if dest[:4] != "tcp:" or self.net_address is None:
             return dict(job_ports)
         return {k: (self.net_address if a == own else a, p) for k, (a, p) in job_ports.items()}
+
+
+def _endpoint(raw) -> str | None:
+    """A monitor event's endpoint as text (ZeroMQ gives bytes), cut to a sane length."""
+    if not raw:
+        return None
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    return text[:200]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, diagnostics, finalize, rejects, serialize, shm, stack_dump
+from . import agent_wire, config, diagnostics, finalize, rejects, serialize, shm, stack_dump, unfinished
 from .auth import DropCounts, Signer
 from .caller import Caller
 from .completion import Completion
@@ -284,6 +284,8 @@ class Runtime:
                         "oversized": d.oversized, "malformed": d.malformed, "curve": d.curve},
             # Every wire's rejections in this process (rejects.py), "wire/reason": count.
             "rejected": {f"{w}/{r}": n for (w, r), n in sorted(rejects.snapshot().items())},
+            # What this process holds of same-host messages whose last piece has not come (unfinished.py).
+            "unfinished": unfinished.held(),
         }
 
     def shutdown(self) -> None:
