@@ -63,7 +63,7 @@ def check_env(env) -> dict[str, str]:
         raise TypeError(f"env takes a dict of str -> str, e.g. env={{'OMP_NUM_THREADS': '1'}}; got {env!r:.80}")
     for k, v in env.items():
         if not isinstance(k, str):
-            raise TypeError(f"env: the name {k!r:.80} is a {type(k).__name__}; names are strings, "
+            raise TypeError(f"env: the name {k!r:.80} is of type {type(k).__name__}; names are strings, "
                             f"e.g. env={{'OMP_NUM_THREADS': '1'}}")
         if not k or "=" in k or "\0" in k or not _encodes(k):
             raise ValueError(f"env: {k[:80]!r} cannot name an environment variable: a name is not empty and holds no "
