@@ -43,8 +43,9 @@ def _available() -> int:
 BAD = [
     # (spawn_procs keywords, error type, the message, exactly)
     (dict(per_host={"gpus": 2**70}), ValueError,
-     "spawn_procs(per_host={'gpus': 1180591620717411303424}): 1,180,591,620,717,411,303,424 ranks on one host is "
-     "more than any Linux host runs processes (4,194,304, the largest pid_max); spawn fewer, e.g. per_host={'gpus': 4}"),
+     "spawn_procs(per_host={'gpus': 1180591620717411303424}): 1,180,591,620,717,411,303,424 ranks on one host "
+     "is more than any Linux host runs processes (4,194,304, the largest pid_max); spawn fewer, "
+     "e.g. per_host={'gpus': 4}"),
     (dict(per_host={"gpus": 2**70}, check_limits=False), ValueError, "ranks on one host is more than any Linux host"),
     (dict(per_host={"hosts": 2**40, "gpus": 2**40}), ValueError, "1,208,925,819,614,629,174,706,176 ranks on one host"),
     (dict(per_host={"gpus": 2}, name="a/b"), ValueError, f"spawn_procs(name=...): 'a/b' {NAME_RULE}"),
