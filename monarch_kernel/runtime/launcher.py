@@ -74,8 +74,8 @@ class Launcher:
         links = None
         if hosts:
             per = n // len(hosts)
+            ports = self._reserve(hosts, per, check)  # first: a host without room refuses before lists of n
             links = [hosts[r // per] for r in range(n)]
-            ports = self._reserve(hosts, per, check)
             addresses = tuple(f"tcp://{links[r].ip}:{ports[links[r].id][r % per]}" for r in range(n))
             ref = MeshRef(mesh_id, name, dims, addresses, rt.network.net_address, tuple(link.host for link in links))
         else:
