@@ -208,3 +208,32 @@ def test_valid_names_dims_and_env_still_spawn():
                           ("x-y", lambda: procs.split(tp_2=("x-y", "z"), z=1))):
             with pytest.raises(ValueError, match=re.escape(f"{bad!r} {DIM_RULE}")):
                 call()
+
+
+@pytest.mark.timeout(120)
+def test_the_magics_refuse_before_a_detached_host_or_a_rank_starts(kc):
+    """``%mesh spawn`` (and ``--detach``, whose host process would spawn the ranks) checks in
+    the kernel: no host process, no record, no rank; the setting lets a spawn through."""
+    from _kernels import run, text
+
+    from monarch_kernel.detached.records import info_path
+
+    _, reply = run(kc, "import os, psutil; kernel = psutil.Process(os.getpid())")
+    assert reply["status"] == "ok"
+    out, reply = run(kc, f"%env MONARCH_KERNEL_RANK_MEMORY={1 << 50}")
+    for line in ("procs = %mesh spawn -n 2 --detach roomless", "procs = %mesh spawn -n 2"):
+        out, reply = run(kc, line)
+        assert reply["status"] == "error" and reply["ename"] == "ValueError", text(out)
+        assert reply["evalue"].startswith("spawn_procs(per_host={'ranks': 2}) refused before starting anything: "
+                                          "an idle rank takes about 1,024 TiB"), reply["evalue"]
+        assert reply["evalue"].endswith(OVERRIDE)
+    assert not os.path.exists(info_path("roomless"))
+    out, reply = run(kc, "print('children', len(kernel.children(recursive=True)))")
+    assert "children 0" in text(out), text(out)
+    out, reply = run(kc, "%mesh spawn -n 2 --name a/b")
+    assert reply["ename"] == "UsageError" and "'a/b' cannot name a mesh" in reply["evalue"]
+    out, reply = run(kc, "%env MONARCH_KERNEL_CHECK_LIMITS=0")
+    out, reply = run(kc, "procs = %mesh spawn -n 1 --name ok.1\nlen(procs)")
+    assert reply["status"] == "ok" and "1" in text(out), text(out)
+    out, reply = run(kc, "%mesh stop ok.1")
+    assert reply["status"] == "ok", text(out)
