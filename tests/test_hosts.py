@@ -63,9 +63,20 @@ class Buffers(Actor):
         return buf.transport(), zlib.crc32(dst)
 
 
+@pytest.fixture(scope="module")
+def checkout_python(tmp_path_factory) -> str:
+    """The interpreter, with this checkout first on its path: agents started over ssh (in the
+    remote home, without our PYTHONPATH) then run the code under test, not an installed copy."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path_factory.mktemp("python") / "python"
+    path.write_text(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.fixture
-def job(ssh_hosts):
-    job = SSHJob(python_exe=sys.executable, ssh_args=ssh_hosts.ssh_args)
+def job(ssh_hosts, checkout_python):
+    job = SSHJob(python_exe=checkout_python, ssh_args=ssh_hosts.ssh_args)
     job.add_mesh("workers", ssh_hosts.hosts)
     yield job
     job.kill()
@@ -309,6 +320,32 @@ def test_an_agent_that_never_connects_fails_the_start_in_time(ssh_hosts, tmp_pat
     with pytest.raises(TimeoutError, match=rf"agent on {ssh_hosts.hosts[0]} did not connect back in time"):
         job.state()
     assert time.monotonic() - t < 15
+
+
+def test_a_host_without_room_refuses_the_spawn_before_anything_is_forked(job, ssh_hosts):
+    """Each host checks its own memory and process limits when the controller asks it for
+    ports: with a rank said to cost 1 PiB no host has room, and the spawn is refused, naming
+    the host, before any host forks a rank; check_limits=False spawns them anyway."""
+    from monarch_kernel.runtime import config
+
+    hosts = job.state().workers
+    on_hosts = {h: set(ssh_hosts.pids(h)) for h in ssh_hosts.hosts}  # each one's agent and template
+    with pytest.raises(ValueError, match="per_host names a dim 'hosts', which a job's mesh has already"):
+        hosts.spawn_procs(per_host={"hosts": 2})
+    config.set("rank_memory", 1 << 50)
+    try:
+        with pytest.raises(ValueError) as info:
+            hosts.spawn_procs(per_host={"gpus": 2})
+        text = str(info.value)
+        assert text.startswith("spawn_procs(per_host={'gpus': 2}) refused before starting anything: an idle rank "
+                               "takes about 1,024 TiB (MONARCH_KERNEL_RANK_MEMORY), so 2 ranks need 2,048 TiB"), text
+        assert any(f"So {h} has room for 0 more ranks per host, not 2.  If you know better, spawn_procs(..., "
+                   f"check_limits=False)" in text for h in ssh_hosts.hosts), text
+        assert {h: set(ssh_hosts.pids(h)) for h in ssh_hosts.hosts} == on_hosts, "a host started a process"
+        procs = hosts.spawn_procs(per_host={"gpus": 1}, check_limits=False)
+        assert list(procs.spawn("where", Where).echo.call(3).get(timeout=30).values()) == [3, 3]
+    finally:
+        config.set("rank_memory", None)
 
 
 class Gloo(Actor):

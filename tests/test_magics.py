@@ -93,8 +93,13 @@ def test_the_magic_docstring_is_the_list():
     ("spawn", "-n four", "-n takes a number: %mesh spawn -n 4"),
     ("spawn", "-n 0", "-n must be at least 1: %mesh spawn -n 4"),
     ("spawn", "--env X", "--env takes NAME=VALUE: %mesh spawn -n 4 --env OMP_NUM_THREADS=1"),
-    ("spawn", "--detach a.b", "'a.b' is not a name: %mesh spawn -n 4 --detach trainers"),
-    ("spawn", "--name 9lives", "'9lives' is not a name"),
+    # One rule for every mesh name (monarch_kernel/actor/spawn_checks.py): files are named after them.
+    ("spawn", "--detach a/b", "'a/b' cannot name a mesh: files are named after it, so it takes 1 to 64 ASCII "
+                              "letters, digits, '_', '.' and '-', and starts with a letter, a digit or '_': "
+                              "%mesh spawn -n 4 --detach trainers"),
+    ("spawn", "--name .hidden", "'.hidden' cannot name a mesh"),
+    ("spawn", "--name a:b", "'a:b' cannot name a mesh"),
+    ("attach", "../x", "'../x' cannot name a mesh"),
     ("spawn", "--bogus", "unrecognized arguments: --bogus"),
     ("attach", "", "the following arguments are required: name"),
     ("use", "a b", "unrecognized arguments: b"),
@@ -127,6 +132,7 @@ def test_a_bad_cell_argument_names_the_cell_usage(line, says):
 def test_arguments_parse_to_their_values():
     a = _parse(COMMANDS["spawn"], "-n 3 --env A=1 --env B= --env C=x=y --detach t-1")
     assert (a.n, a.name, a.env, a.detach) == (3, None, [("A", "1"), ("B", ""), ("C", "x=y")], "t-1")
+    assert _parse(COMMANDS["spawn"], "--name 9lives.v2").name == "9lives.v2"  # what spawn_procs(name=) takes
     assert vars(_parse(COMMANDS["spawn"], "")) == {"n": 1, "name": None, "env": [], "detach": None, "job": None,
                                                    "hosts": None, "ssh_args": None, "nodes": None, "partition": None,
                                                    "time": "01:00:00", "account": None, "python": None}

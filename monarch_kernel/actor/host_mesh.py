@@ -9,11 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime import config
+from ..runtime.capacity import NoRoom
 from ..runtime.failure import ProcessDied
 from ..runtime.process import Runtime
 from .controllers import publish_registry
 from .proc_mesh import ProcMesh
 from .shape import Extent, Shape
+from .spawn_checks import check_env, check_mesh_name, check_per_host, check_room, refusal, size_of
 from .supervision import route_unhandled
 
 _names: dict[str, int] = {}
@@ -62,27 +64,37 @@ class HostMesh:
         return HostMesh(self._hosts, python_executable)
 
     def spawn_procs(self, per_host: dict | None = None, bootstrap: Callable[[], Any] | None = None,
-                    name: str | None = None, *, env: dict | None = None, timeout: float | None = None) -> ProcMesh:
+                    name: str | None = None, *, env: dict | None = None, timeout: float | None = None,
+                    check_limits: bool | None = None) -> ProcMesh:
         """Start ``per_host`` ranks (``{"gpus": 4}``); returns once all have connected.
         ``bootstrap``: a picklable function (sync or async) each rank runs before anything
         else, e.g. to set ``CUDA_VISIBLE_DEVICES``; if it raises, the spawn raises
-        ``ActorError`` with its traceback."""
-        per_host = {"procs": 1} if per_host is None else dict(per_host)
-        for k, v in per_host.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"per_host={{{k!r}: {v!r}}}: sizes must be positive ints, e.g. per_host={{'gpus': 4}}")
+        ``ActorError`` with its traceback.  Before anything starts, the arguments are checked
+        and so is the hosts' room for the ranks (memory, process and open-files limits);
+        ``check_limits=False`` skips the room check (default: MONARCH_KERNEL_CHECK_LIMITS)."""
+        dims = check_per_host(per_host, on_job=self._agents is not None)
+        env = check_env(env)
+        if name is not None:
+            check_mesh_name(name)
+        check = config.check_limits() if check_limits is None else bool(check_limits)
+        rt = Runtime.current()
+        n = size_of(dims)
+        check_room(dict(dims), n, self._hosts, local=self._agents is None, check=check,
+                   per_template=rt.launcher.per_template)
         if name is None:
             _names["procs"] = _names.get("procs", 0) + 1
             name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
         pickled = _pickle_bootstrap(bootstrap)
-        rt = Runtime.current()
         route_unhandled(rt)
         publish_registry(rt)
         rt.warm(RANK_MODULES)
-        dims = tuple(per_host.items())
         if self._agents is not None:
             dims = (("hosts", len(self._agents)),) + dims
-        om = rt.launcher.spawn(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents)
+        try:
+            om = rt.launcher.spawn(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents,
+                                   check=check)
+        except NoRoom as e:  # a host of the job has no room: nothing was started
+            raise refusal(dict(dims[1:]), n, e.shortfall, e.host) from None
         pm = ProcMesh(om.ref, Shape.full(dict(dims)), om)
         if rt.io.is_current():
             return pm

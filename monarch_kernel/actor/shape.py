@@ -6,8 +6,22 @@ slices keep pointing at the right processes).
 from __future__ import annotations
 
 import itertools
+import keyword
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
+
+
+def check_dim(label, where: str) -> str:
+    """``label`` if it can name a dim, else ``ValueError`` (``TypeError`` for no string):
+    dims are keyword arguments of ``slice`` (``mesh.slice(gpus=0)``), so each is an ASCII
+    Python identifier that is not a keyword (what Monarch prints bare, unquoted)."""
+    if not isinstance(label, str):
+        raise TypeError(f"{where}: a dim is named by a string, e.g. 'gpus'; got {label!r}")
+    if not (label.isascii() and label.isidentifier()) or keyword.iskeyword(label):
+        raise ValueError(f"{where}: {label!r} cannot name a dim: dims are keyword arguments of slice "
+                         f"(mesh.slice(gpus=0)), so a dim is a Python identifier (ASCII letters, digits and '_', "
+                         f"not starting with a digit) and no keyword, e.g. 'gpus'")
+    return label
 
 
 class Extent(Mapping):
@@ -206,6 +220,7 @@ class Shape:
         sliced ones included: it keeps the ranks, not a stride)."""
         if not isinstance(dim, str) or not dim:
             raise TypeError(f"flatten takes the new dimension's name, e.g. flatten('rank'); got {dim!r}")
+        check_dim(dim, "flatten")
         return Shape(Extent({dim: len(self.ranks)}), self.ranks)
 
     def rename(self, **names: str) -> Shape:
@@ -214,6 +229,7 @@ class Shape:
         for old, new in names.items():
             if not isinstance(new, str) or not new:
                 raise TypeError(f"rename takes new names as strings, e.g. rename({old}='dp'); got {old}={new!r}")
+            check_dim(new, "rename")
         return self.split(**{old: (new,) for old, new in names.items()})
 
     def split(self, **kwargs) -> Shape:
@@ -253,7 +269,7 @@ class Shape:
             elif known != size:
                 raise ValueError(f"dim {label!r} has size {size}, but {names!r} multiply to {known}")
             out.extend((n, sizes.pop(n)) for n in names)
-        names_out = [n for n, _ in out]
+        names_out = [check_dim(n, "split") for n, _ in out]
         dup = sorted({n for n in names_out if names_out.count(n) > 1})
         if dup:
             raise ValueError(f"the split mesh would have dim {dup[0]!r} twice; give each dim its own name")

@@ -20,6 +20,7 @@ from ..runtime import agent_wire as wire
 from ..runtime import config as settings
 from ..runtime import diagnostics, proc_stats
 from ..runtime import host_wire as hw
+from ..runtime.capacity import host_shortfall, template_files_shortfall
 from ..runtime.io_thread import IOThread
 from ..runtime.launch import LaunchConfig
 from ..runtime.limits import raise_nofile_limit
@@ -51,7 +52,7 @@ class HostAgent:
         self._output: list = []  # output read this turn, forwarded as one message
         self._flushing = False
         self._handlers = {hw.Fork: lambda m: self._fork(m.tag, m.config),
-                          hw.Reserve: lambda m: self._say(hw.Ports(m.tag, self._reserve(m.n))),
+                          hw.Reserve: lambda m: self._say(self._reserve(m)),
                           hw.Kill: self._kill, hw.Stacks: self._stacks,
                           hw.Usage: lambda m: self._say(hw.Usages(m.tag, proc_stats.usages(
                               [p for p in m.pids if p in self.pids]).items)),
@@ -96,17 +97,26 @@ class HostAgent:
             self.template.stacks(ours, msg.native, lambda d: self._say(hw.StackDump(msg.tag, d.pid, d.status,
                                                                                      d.out, d.err)))
 
-    def _reserve(self, n: int) -> list[int]:
+    def _reserve(self, msg: hw.Reserve) -> hw.Ports:
         """Free ports on the bind address; held open together so they differ, then let go
-        for the ranks to bind (each rank's inbox binds its port a moment later)."""
+        for the ranks to bind (each rank's inbox binds its port a moment later).  With
+        ``check``, none unless this host holds the ranks (memory, processes, the template's
+        open files): the controller then refuses the spawn before anything is forked."""
+        if msg.check:
+            short = host_shortfall(msg.n, msg.rank_memory) or template_files_shortfall(msg.n, len(self.pids))
+            if short is not None:
+                return hw.Ports(msg.tag, [], short.why, short.limit, short.fits)
         socks = []
         try:
-            for _ in range(max(0, min(n, 4096))):
+            for _ in range(msg.n):
                 s = socket.socket()
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind((self.ip, 0))
                 socks.append(s)
-            return [s.getsockname()[1] for s in socks]
+            return hw.Ports(msg.tag, [s.getsockname()[1] for s in socks])
+        except OSError as e:
+            return hw.Ports(msg.tag, [], f"it could not reserve {msg.n:,} ports on {self.ip} for the ranks' "
+                                         f"inboxes: {e.strerror} (after {len(socks):,})", "ports", len(socks))
         finally:
             for s in socks:
                 s.close()

@@ -90,7 +90,7 @@ def main() -> None:
         hosts = next(iter(job.state()))[1]
     else:
         hosts = this_host()
-    procs = hosts.spawn_procs(per_host={"ranks": n}, name=name, env=env)
+    procs = hosts.spawn_procs(per_host={"ranks": n}, name=name, env=env, check_limits=given.get("check_limits"))
     consoles = procs.spawn("console", Console)
     host = this_proc().spawn("meshhost", MeshHost)
     consoles.initialized().get(timeout=60)

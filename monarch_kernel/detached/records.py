@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from ..actor.spawn_checks import check_mesh_name, mesh_name_problem
 from ..runtime.context import MeshRef
 
 PREFIX = "monarch-mesh-"
@@ -26,11 +27,11 @@ def runtime_dir() -> str:
 
 
 def info_path(name: str) -> str:
-    return os.path.join(runtime_dir(), f"{PREFIX}{name}.json")
+    return os.path.join(runtime_dir(), f"{PREFIX}{check_mesh_name(name, 'a detached mesh')}.json")
 
 
 def log_path(name: str) -> str:
-    return os.path.join(runtime_dir(), f"{PREFIX}{name}.log")
+    return os.path.join(runtime_dir(), f"{PREFIX}{check_mesh_name(name, 'a detached mesh')}.log")
 
 
 def start_time(pid: int) -> int | None:
@@ -83,7 +84,10 @@ class Record:
 
 
 def read(name: str) -> Record | None:
-    """The record of detached mesh ``name``, or None; an unreadable one reads as a dead host."""
+    """The record of detached mesh ``name``, or None (also for a name no mesh can have); an
+    unreadable one reads as a dead host."""
+    if mesh_name_problem(name) is not None:
+        return None
     try:
         with open(info_path(name)) as f:
             return Record(**json.load(f))

@@ -15,6 +15,7 @@ from IPython.core.error import UsageError
 from ..actor.actor_mesh import ActorMesh
 from ..actor.port import Port
 from ..actor.proc_mesh import ProcMesh
+from ..actor.spawn_checks import check_env, check_mesh_name, check_room
 from ..console.console import Console
 from ..detached import records
 from ..detached.host import MeshHost
@@ -33,7 +34,14 @@ def _gone(record: records.Record) -> str:
 
 
 def spawn(session, name: str, n: int, env: dict, job: dict | None = None):
-    """Start detached mesh ``name`` of ``n`` ranks (per host of ``job``, a ``job.spec()``)."""
+    """Start detached mesh ``name`` of ``n`` ranks (per host of ``job``, a ``job.spec()``).
+    Its arguments, and this host's room for its ranks, are checked here, before its host
+    process starts (a job's hosts check theirs when that process spawns on them)."""
+    check_mesh_name(name, "%mesh spawn --detach")
+    env = check_env(env)
+    check = config.check_limits()
+    if job is None:
+        check_room({"ranks": n}, n, 1, local=True, check=check, per_template=Runtime.current().launcher.per_template)
     record = records.read(name)
     if record is not None:
         if record.alive():
@@ -48,7 +56,7 @@ def spawn(session, name: str, n: int, env: dict, job: dict | None = None):
         stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
     log.close()
     assert proc.stdin is not None  # stdin=PIPE
-    proc.stdin.write((json.dumps({"env": env, "job": job}) + "\n").encode())
+    proc.stdin.write((json.dumps({"env": env, "job": job, "check_limits": check}) + "\n").encode())
     proc.stdin.close()
     deadline = time.monotonic() + START_TIMEOUT_S
     while records.read(name) is None:

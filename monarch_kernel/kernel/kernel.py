@@ -42,6 +42,8 @@ class MeshKernel(IPythonKernel):
     # The settings a controller reads; ranks spawned from here get them too (config.exported_env).
     fanout = _setting("fanout")
     spawn_timeout = _setting("spawn_timeout")
+    check_limits = _setting("check_limits")
+    rank_memory = _setting("rank_memory")
     heartbeat_timeout = _setting("heartbeat_timeout")
     max_frame = _setting("max_frame")
     max_line = _setting("max_line")

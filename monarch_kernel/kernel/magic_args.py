@@ -13,6 +13,8 @@ import difflib
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from ..actor.spawn_checks import mesh_name_problem
+
 
 def _count(value: str) -> int:
     try:
@@ -25,8 +27,9 @@ def _count(value: str) -> int:
 
 
 def _name(value: str) -> str:
-    if not value.replace("-", "_").isidentifier():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a name: %mesh spawn -n 4 --detach trainers")
+    problem = mesh_name_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}: %mesh spawn -n 4 --detach trainers")
     return value
 
 
@@ -62,7 +65,7 @@ def _spawn():
 
 
 @magic_arguments(name="mesh attach")
-@argument("name", help="the name given to --detach")
+@argument("name", type=_name, help="the name given to --detach")
 def _attach():
     """reconnect to a detached mesh (after a kernel restart)"""
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from . import agent_wire as wire
 from . import host_wire as hw
+from .capacity import NoRoom, Shortfall
 from .completion import Completion
 from .launch import LaunchConfig
 from .stack_dump import PendingDumps
@@ -74,14 +75,15 @@ class AgentLink:
         self._tags += 1
         return self._tags
 
-    def reserve_async(self, n: int) -> Completion:
-        """``n`` free TCP ports on the host for ranks' inboxes: a completion (any thread)."""
+    def reserve_async(self, n: int, check: bool = False, rank_memory: int = 0) -> Completion:
+        """``n`` free TCP ports on the host for ranks' inboxes: a completion (any thread).  With
+        ``check`` the host first sees that it holds ``n`` more ranks, else it fails with ``NoRoom``."""
         got = Completion()
 
         def ask():
             tag = self._tag()
             self._reserving[tag] = got
-            if not self._send(hw.Reserve(tag, n)):
+            if not self._send(hw.Reserve(tag, n, check, rank_memory)):
                 got.set_exception(ConnectionError(f"cannot reach the agent on {self.host}"
                                                   + (f": {self.why_gone}" if self.why_gone else "")))
 
@@ -155,7 +157,9 @@ class AgentLink:
 
     def _ports(self, msg: hw.Ports) -> None:
         got = self._reserving.pop(msg.tag, None)
-        if got is not None:
+        if got is not None and msg.refused:
+            got.set_exception(NoRoom(Shortfall(msg.limit, msg.fits, msg.refused), self.host))
+        elif got is not None:
             got.set_result(msg.ports)
 
     def _forked(self, msg: hw.Forked) -> None:

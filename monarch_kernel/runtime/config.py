@@ -67,6 +67,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
          help_="children per node of the multicast tree"),
     _env("MONARCH_KERNEL_SPAWN_TIMEOUT", "spawn_timeout", float, 60.0, unit="s", kernel=True,
          help_="seconds to wait for ranks to connect"),
+    _env("MONARCH_KERNEL_CHECK_LIMITS", "check_limits", bool, True, kernel=True, shown="on",
+         help_="`spawn_procs` refuses, before it starts anything, more ranks than a host holds: its free memory "
+               "at `rank_memory` a rank, its process limits (RLIMIT_NPROC, pid_max, threads-max, a cgroup's "
+               "pids.max) and the controller's open-files limit.  `0`: no such check (for one spawn: "
+               "`spawn_procs(..., check_limits=False)`); more than 4,194,304 ranks on one host are refused always"),
+    _env("MONARCH_KERNEL_RANK_MEMORY", "rank_memory", int, 8 << 20, unit="bytes", kernel=True, minimum=0,
+         shown="8 MiB", help_="memory `spawn_procs` counts per rank against a host's free memory: an idle rank "
+                              "measured 6.7-7.1 MiB of its own (USS) and about 0.5 MiB of the kernel's (page "
+                              "tables, 5 thread stacks, sockets); raise it for ranks that load more (one that "
+                              "imported torch: about 230 MiB), `0` skips the memory check"),
     _env("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "heartbeat_timeout", float, 10.0, unit="s", kernel=True,
          help_='seconds without a heartbeat after which a rank shows "not responding" (ranks beat every '
                '`rank_beat`)'),
@@ -303,6 +313,14 @@ def max_wire_frame() -> int:
 
 def spawn_timeout() -> float:
     return get("spawn_timeout")
+
+
+def check_limits() -> bool:
+    return get("check_limits")
+
+
+def rank_memory() -> int:
+    return get("rank_memory")
 
 
 def heartbeat_timeout() -> float:

@@ -98,11 +98,14 @@ class Kill(Message):
 
 @dataclass(frozen=True)
 class Reserve(Message):
-    """(agents) Reserve ``n`` TCP ports for ranks' inboxes; answered by ``Ports``."""
+    """(agents) Reserve ``n`` TCP ports for ranks' inboxes; answered by ``Ports``.  With
+    ``check``, first see that the host holds ``n`` more ranks of ``rank_memory`` bytes each."""
 
     OP = "reserve"
     tag: int
     n: int
+    check: bool = False
+    rank_memory: int = 0
 
 
 @dataclass(frozen=True)
@@ -165,9 +168,15 @@ class Up(Message):
 
 @dataclass(frozen=True)
 class Ports(Message):
+    """The ports asked for; or none, and why the host has no room for the ranks (``refused``,
+    ``limit``: what runs out, ``fits``: how many more ranks it holds)."""
+
     OP = "ports"
     tag: int
     ports: list[int]
+    refused: str = ""
+    limit: str = ""
+    fits: int = 0
 
 
 @dataclass(frozen=True)

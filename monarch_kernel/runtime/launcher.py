@@ -60,11 +60,12 @@ class Launcher:
     # ------------------------------------------------------------ spawning
 
     def spawn(self, name: str, dims: tuple, env: dict | None = None, *, bootstrap: bytes | None = None,
-              python: str | None = None, hosts: list | None = None) -> OwnedMesh:
+              python: str | None = None, hosts: list | None = None, check: bool = False) -> OwnedMesh:
         """Launch a mesh's ranks; ``bootstrap`` (pickled) runs on each before it says hello,
         ``python`` is the interpreter they run (default: ``self.python``, else this one's).  ``hosts``: AgentLinks
         (``add_host``) the ranks are spread over, in order, the same number on each; without
-        them every rank is forked here."""
+        them every rank is forked here.  ``check``: each host first sees that it holds its ranks
+        (``capacity.host_shortfall``), else ``NoRoom`` is raised before anything is forked."""
         rt = self.rt
         mesh_id = "m" + secrets.token_hex(4)
         n = 1
@@ -73,8 +74,8 @@ class Launcher:
         links = None
         if hosts:
             per = n // len(hosts)
+            ports = self._reserve(hosts, per, check)  # first: a host without room refuses before lists of n
             links = [hosts[r // per] for r in range(n)]
-            ports = self._reserve(hosts, per)
             addresses = tuple(f"tcp://{links[r].ip}:{ports[links[r].id][r % per]}" for r in range(n))
             ref = MeshRef(mesh_id, name, dims, addresses, rt.network.net_address, tuple(link.host for link in links))
         else:
@@ -94,9 +95,11 @@ class Launcher:
             raise
         return om
 
-    def _reserve(self, hosts: list, per: int) -> dict[str, list[int]]:
-        """Ports for ``per`` ranks on each host, asked of every agent at once."""
-        asked = {link.id: link.reserve_async(per) for link in {link.id: link for link in hosts}.values()}
+    def _reserve(self, hosts: list, per: int, check: bool) -> dict[str, list[int]]:
+        """Ports for ``per`` ranks on each host, asked of every agent at once (each sees
+        first that it has room, with ``check``)."""
+        cost = config.rank_memory()
+        asked = {link.id: link.reserve_async(per, check, cost) for link in {link.id: link for link in hosts}.values()}
         deadline = time.monotonic() + config.spawn_timeout()
         ports = {}
         for link in hosts:
