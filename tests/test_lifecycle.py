@@ -507,8 +507,9 @@ def test_unhandled_child_failure_reaches_controller_hook(faults, handle):
         text = f.report()
         assert f.rank == 1 and f.death is not None and f.death.signal == 9
         assert text.startswith(f"The actor <root>.<_actors.{cls.__qualname__} parent{{'p': 0/1}}>.<_actors.Echo "
-                               "kids{'g': 1/2}> and all its descendants have failed:\n  the process this actor was running on "
-                               f"failed: Killed(sig=9) (SIGKILL; rank 1 of mesh 'child', pid {killed} on "), text
+                               "kids{'g': 1/2}> and all its descendants have failed:\n  the process this actor was "
+                               f"running on failed: Killed(sig=9) (SIGKILL; rank 1 of mesh 'child', "
+                               f"pid {killed} on "), text
         assert f"(not handled by <root>.<_actors.{cls.__qualname__} parent{{'p': 0/1}}>)" in text
         if handle == "raise":
             assert "__supervise__ raised RuntimeError('supervisor broke')" in text

@@ -1,7 +1,8 @@
 """``@remote``: a function that runs on every rank of a mesh.  Called, it is recorded like a
 torch op, on the mesh of its first distributed tensor argument (else the active mesh), and
-yields distributed tensors (their shapes from ``propagate``); ``fn.call(...)`` returns a Future of a ValueMesh of its values; and
-``send(fn, args, kwargs, port)`` has every rank send its value to a port.
+yields distributed tensors (their shapes from ``propagate``); ``fn.call(...)`` returns a
+Future of a ValueMesh of its values; and ``send(fn, args, kwargs, port)`` has every rank
+send its value to a port.
 
 Example::
 
