@@ -103,14 +103,15 @@ class Reader(Actor):
         return buf.write_from(src, offset).get(timeout=60)
 
     @endpoint
-    def writes_then_read(self, buf: RDMABuffer, n: int, values: list) -> list:
-        """Start one write of ``n`` bytes per value and then a read, awaiting none until all
-        are started; the read's distinct bytes."""
+    async def writes_then_read(self, buf: RDMABuffer, n: int, values: list) -> list:
+        """One write of ``n`` bytes per value and then a read, awaited together (each starts
+        when awaited, so all are started before any ends); the read's distinct bytes."""
+        import asyncio
+
         futs = [buf.write_from(torch.full((n,), v, dtype=torch.uint8)) for v in values]
         dst = torch.empty(n, dtype=torch.uint8)
         futs.append(buf.read_into(dst))
-        for f in futs:
-            f.get(timeout=60)
+        await asyncio.gather(*futs)
         return dst.unique().tolist()
 
     @endpoint
@@ -218,8 +219,8 @@ def test_concurrent_readers(pair):
 @pytest.mark.parametrize("n,values,rounds", [(64 << 10, list(range(1, 17)), 6), (9 * MiB, [0, 2], 2)],
                          ids=["16x64KiB", "zeros-then-twos-9MiB"])
 def test_writes_one_caller_starts_land_in_the_order_it_started_them(pair, n, values, rounds):
-    """Transfers started back to back, before any is awaited, ran at once on separate worker
-    threads and connections, and the owner applied them interleaved (the buffer kept some of
+    """Transfers started back to back (awaited together), before any had ended, ran at once
+    on separate worker threads and connections, and the owner applied them interleaved (the buffer kept some of
     the zeros of the first of two writes): six rounds of 16 small writes always showed it.
     9 MiB: over tcp each write is also split over three connections."""
     transport, owner, readers = pair

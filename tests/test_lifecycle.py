@@ -482,8 +482,10 @@ def test_supervise_handles_child_mesh_failure(faults):
         assert killed == child_pids[1]
         seen = wait_for(lambda: parent.seen_now.call_one().get(timeout=30), 30)
         assert len(seen) == 1, seen
-        assert seen[0].startswith(f"rank 1 of mesh 'child' (pid {killed} on ")
-        assert "killed by signal 9 (SIGKILL)" in seen[0]
+        # Named as Monarch names it: the failed actor by its mesh path, then why and where.
+        assert seen[0].startswith("The actor <root>.<_actors.Parent parent{'p': 0/1}>.<_actors.Echo kids{'g': 1/2}> "
+                                  "and all its descendants have failed:\n  the process this actor was running on "
+                                  f"failed: Killed(sig=9) (SIGKILL; rank 1 of mesh 'child', pid {killed} on "), seen[0]
         parent.stop_children.call_one().get(timeout=30)
         # Handled: nothing reached the controller's hook.
         assert parent.seen_now.call_one().get(timeout=30) == seen
@@ -504,9 +506,11 @@ def test_unhandled_child_failure_reaches_controller_hook(faults, handle):
         f = got[0]
         text = f.report()
         assert f.rank == 1 and f.death is not None and f.death.signal == 9
-        assert text.startswith(f"rank 1 of mesh 'child' (pid {killed} on ")
-        assert "killed by signal 9 (SIGKILL)" in text
-        assert f"(not handled by {cls.__qualname__} on rank 0 of mesh 'parents')" in text
+        assert text.startswith(f"The actor <root>.<_actors.{cls.__qualname__} parent{{'p': 0/1}}>.<_actors.Echo "
+                               "kids{'g': 1/2}> and all its descendants have failed:\n  the process this actor was "
+                               f"running on failed: Killed(sig=9) (SIGKILL; rank 1 of mesh 'child', "
+                               f"pid {killed} on "), text
+        assert f"(not handled by <root>.<_actors.{cls.__qualname__} parent{{'p': 0/1}}>)" in text
         if handle == "raise":
             assert "__supervise__ raised RuntimeError('supervisor broke')" in text
         expected_seen = 0 if handle == "no handler" else 1
@@ -523,7 +527,9 @@ def test_rank_death_with_no_call_in_flight_reaches_hook(faults):
         os.kill(pids[1], signal.SIGKILL)
         got = wait_for(lambda: [f for f in list(faults) if f.mesh == "lonely"], 30)
         assert len(got) == 1
-        assert got[0].report().startswith(f"rank 1 of mesh 'lonely' (pid {pids[1]} on ")
+        assert got[0].report().startswith("The actor <root>.<_actors.Echo echo{'gpus': 1/2}> and all its descendants "
+                                          "have failed:\n  the process this actor was running on failed: Killed(sig=9) "
+                                          f"(SIGKILL; rank 1 of mesh 'lonely', pid {pids[1]} on "), got[0].report()
         assert m.slice(gpus=0).echo.call_one(1).get(timeout=20) == 1
     # Stopping the mesh is not a failure.
     assert [f for f in faults if f.mesh == "lonely"] == got

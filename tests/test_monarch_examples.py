@@ -3,7 +3,9 @@ distributed tensors, remote functions and ``send`` included) and its ping-pong e
 (``docs/source/examples/ping_pong.py``), each run as a script with only ``monarch.actor`` and
 ``monarch`` -> ``monarch_kernel`` (and ``monarch.rdma`` -> ``monarch_kernel.rdma``) changed.
 The scripts are written here in our own words; they follow
-the guide's steps in order and make every call it makes."""
+the guide's steps in order, all of them, and make every call it makes (its
+``torch.relu(linear.forward.rref(t))`` outside any ``activate()`` included); only its
+``hosts_from_config``, which the guide marks as a stand-in, is a local helper here."""
 
 from __future__ import annotations
 
@@ -198,9 +200,19 @@ GETTING_STARTED = textwrap.dedent('''
             return input @ self.w
 
     linear = trainer_procs.spawn("linear", LinearActor)
-    with trainer_procs.activate():  # (the guide calls it outside; we ask for activate())
-        o = torch.relu(linear.forward.rref(t))
+    o = torch.relu(linear.forward.rref(t))  # outside activate(), as the guide: on t's mesh
     print(f"rref: {tuple(o.shape)}", flush=True)  # (the guide's shapes do not multiply: o is poisoned)
+
+    # The rank an actor has and the rank a message was sent to.
+    class ContextAwareActor(Actor):
+        @endpoint
+        def get_context_info(self):
+            actor_instance = context().actor_instance
+            message_rank = context().message_rank
+            return f"Actor rank: {actor_instance.rank}, message rank: {message_rank}"
+
+    c = trainer_procs.spawn("context_actor", ContextAwareActor)
+    print(f"context: {list(c.get_context_info.call().get().values())}", flush=True)
 
     # Free remote functions, and send() to a port.
     from monarch_kernel import remote
@@ -222,6 +234,42 @@ GETTING_STARTED = textwrap.dedent('''
     with trainer_procs.activate():
         send(check_memory, args=(), kwargs={}, port=port)
     print(f"sent: {sorted(type(recv.recv().get()).__name__ for _ in range(4))}", flush=True)
+
+    # Responding out of order: an explicit response port, answered from a thread of the actor.
+    import time
+    from queue import Queue
+
+    from monarch_kernel import Port
+
+    class InferenceEngine(Actor):
+        def __init__(self):
+            self.q = Queue()
+            self.new_weights = None
+            self.worker = threading.Thread(target=self.run)  # not a daemon, as the guide's
+            self.worker.start()
+
+        @endpoint
+        def update_weights(self, new_weights):
+            self.new_weights = new_weights
+
+        @endpoint(explicit_response_port=True)
+        def infer(self, port: Port[int]):
+            self.q.put(port)
+
+        def run(self):
+            while True:
+                request = self.q.get()
+                result = f"inferred with: {self.new_weights}"
+                time.sleep(1)
+                request.send(result)
+
+    engine = this_proc().spawn("engine", InferenceEngine)
+    engine.update_weights.broadcast(0)
+    first = engine.infer.call_one()
+    second = engine.infer.call_one()
+    engine.update_weights.broadcast(1)
+    print(f"first {first.get()}", flush=True)
+    print(f"second {second.get()}", flush=True)
     print("guide done", flush=True)
 ''')
 
@@ -350,7 +398,9 @@ def test_getting_started_guide_runs_with_the_import_changed(tmp_path):
     assert "weights synced: True" in out
     assert "{gpus=4}, shape=[3, 4], dtype=torch.float32, device=cpu)" in out  # a distributed tensor's repr
     assert "dsteps with a shard: 4" in out and "rref: (3, 4)" in out
+    assert "context: [\"Actor rank: {'gpus': 0/4}, message rank: {'gpus': 0/4}\"," in out
     assert "memory: 4" in out and "channel: 3" in out and "sent: ['pmem', 'pmem', 'pmem', 'pmem']" in out
+    assert "first inferred with: 1" in out and "second inferred with: 1" in out  # the newest weights
     assert _last_own_line(out) == "guide done"
 
 

@@ -134,6 +134,45 @@ def test_an_init_that_raises_reaches_the_hook_at_once_once_per_rank(procs, fault
                                      "event=The actor <root>.<test_monarch_parity.Broken broken")
 
 
+class Lambda(Actor):
+    @endpoint
+    def run(self, func):
+        return func()
+
+
+class Nest(Actor):
+    """Monarch's test_supervision_hierarchy.Nest: a nested proc mesh of its own, one rank."""
+
+    def __init__(self):
+        self.nest = this_host().spawn_procs(per_host={"a_dim": 1}).spawn("nested", Lambda)
+
+    @endpoint
+    def kill_nest(self) -> int:
+        pid = self.nest.run.call_one(os.getpid).get(timeout=20)
+        os.kill(pid, 9)
+        return pid
+
+
+def test_a_nested_procs_death_names_the_failed_actor_by_its_mesh_path(procs, faults):
+    # Monarch's test_proc_failure matches "(nested|logger-.*)\{'a_dim': 0/1\}" and "the process
+    # this actor was running on failed: Killed\(sig=9\)".  Before: "rank 0 of mesh 'procs' (pid
+    # ...) killed by signal 9 (SIGKILL)\n  (not handled by Nest on rank 0 of mesh 'procs')".
+    top = procs.slice(r=0).spawn("top", Nest)
+    pid = top.kill_nest.call_one().get(timeout=30)
+    wait_for(lambda: faults, timeout=20)
+    report = faults[0].report()
+    assert re.search(r"(nested|logger-.*)\{'a_dim': 0/1\}", report), report
+    assert re.search(r"the process this actor was running on failed: Killed\(sig=9\)", report), report
+    nest = "<test_monarch_parity.Nest top{'r': 0/2}>"
+    assert report.splitlines()[:3] == [
+        f"The actor <root>.{nest}.<test_monarch_parity.Lambda nested{{'a_dim': 0/1}}> and all its descendants "
+        "have failed:",
+        f"  the process this actor was running on failed: Killed(sig=9) (SIGKILL; rank 0 of mesh '{faults[0].mesh}', "
+        f"pid {pid} on {faults[0].death.host})",
+        f"  (not handled by <root>.{nest})"], report
+    top.stop().get(timeout=20)
+
+
 def test_actor_error_names_the_mesh_as_the_user_did(procs):
     child = procs.spawn("child", Child)
     with pytest.raises(ActorError) as info:

@@ -44,7 +44,7 @@ def test_actor_error_leads_with_monarchs_line_then_says_where():
 def test_future_is_built_as_monarchs_is():
     # Before: "Future.__init__() missing 1 required keyword-only argument: 'coro'".
     with pytest.raises(TypeError, match=re.escape(
-            "Future objects are returned by Monarch operations and cannot be constructed directly")):
+            "Future objects are returned by Monarch operations and cannot be constructed directly.")):
         Future()
     with pytest.raises(TypeError, match=re.escape(
             "Future.__init__() takes 1 positional argument but 2 were given")):
@@ -54,10 +54,24 @@ def test_future_is_built_as_monarchs_is():
         await asyncio.sleep(0.01)
         return 42
 
-    assert Future(coro=answer()).get(timeout=5) == 42
+    # Before: a coroutine was wrapped and started at once; Monarch refuses the keyword.
+    coro = answer()
+    with pytest.raises(TypeError, match=re.escape("Future.__init__() got an unexpected keyword argument 'coro'")):
+        Future(coro=coro)  # type: ignore[call-arg]
+    coro.close()
+    # Monarch's own tests build one with its private Future._from_coro, run once awaited or read.
+    ran: list[str] = []
+
+    async def noted() -> int:
+        ran.append("ran")
+        return await answer()
+
+    fut = Future._from_coro(noted())
+    assert not fut.done() and ran == []
+    assert fut.get(timeout=5) == 42 and fut.get() == 42 and ran == ["ran"]
 
     async def awaited() -> int:
-        return await Future(coro=answer())
+        return await Future._from_coro(answer())
 
     assert asyncio.run(awaited()) == 42
 
@@ -65,7 +79,7 @@ def test_future_is_built_as_monarchs_is():
         raise KeyError("nope")
 
     with pytest.raises(KeyError):
-        Future(coro=fails()).get(timeout=5)
+        Future._from_coro(fails()).get(timeout=5)
 
 
 @pytest.mark.timeout(10)

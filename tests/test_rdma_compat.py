@@ -67,6 +67,16 @@ class Owner(Actor):
         return out
 
     @endpoint
+    def filled_with(self, name: str, n: int, value: float) -> RDMABuffer:
+        """A buffer over ``n`` float32s, each ``value``."""
+        self.kept[name] = torch.full((n,), value, dtype=torch.float32)
+        return RDMABuffer(self.kept[name].view(torch.uint8), name=name)
+
+    @endpoint
+    def values(self, name: str) -> list:
+        return self.kept[name].unique().tolist()
+
+    @endpoint
     def crcs(self, names: list) -> list:
         return [crc(self.kept[name]) for name in names]
 
@@ -133,6 +143,41 @@ class Peer(Actor):
         buf.drop()  # never awaited: the drop still reaches the owner
 
     @endpoint
+    async def read_then_write_awaited_in_reverse(self, buf: RDMABuffer) -> tuple:
+        """Monarch's test_rdma_concurrent_2gb_writes_in_order, small: a read issued, then a
+        write; the write awaited first.  A third transfer, never awaited, never runs."""
+        n = buf.size() // 4
+        a, b, c = torch.ones(n), torch.full((n,), 2.0), torch.full((n,), 3.0)
+        future_a = buf.read_into(a.view(torch.uint8))
+        future_b = buf.write_from(b.view(torch.uint8))
+        buf.write_from(c.view(torch.uint8))  # never awaited nor read: never started
+        await future_b
+        await future_a
+        return a.unique().tolist(), b.unique().tolist()
+
+    @endpoint
+    def read_then_write_got_in_reverse(self, buf: RDMABuffer) -> list:
+        """The same from synchronous code: ``.get()`` starts a transfer as ``await`` does."""
+        n = buf.size() // 4
+        a = torch.ones(n)
+        future_a = buf.read_into(a.view(torch.uint8))
+        buf.write_from(torch.full((n,), 4.0).view(torch.uint8)).get(timeout=30)
+        future_a.get(timeout=30)
+        return a.unique().tolist()
+
+    @endpoint
+    async def submit_awaited_later(self, buf: RDMABuffer) -> tuple:
+        """An RDMAAction's submit runs when its Future is awaited, too: a read awaited first
+        sees the buffer as it was."""
+        n = buf.size() // 4
+        a, before = torch.zeros(n), torch.zeros(n)
+        submitted = RDMAAction().write_remote(buf, torch.full((n,), 5.0).view(torch.uint8)).submit()
+        await buf.read_into(before.view(torch.uint8))
+        await submitted
+        await buf.read_into(a.view(torch.uint8))
+        return before.unique().tolist(), a.unique().tolist()
+
+    @endpoint
     def backend(self, buf: RDMABuffer | None = None) -> tuple:
         return is_ibverbs_available(), get_rdma_backend(), None if buf is None else buf.backend
 
@@ -174,21 +219,22 @@ class Peer(Actor):
         return first, [crc(s) for s in slots], [crc(s) for s in srcs]
 
     @endpoint
-    def submit_while_in_flight(self, bufs: list) -> tuple:
-        """Two submits at once run one after the other; adding ops meanwhile is refused."""
+    async def submit_while_in_flight(self, bufs: list) -> tuple:
+        """Two submits awaited at once run one after the other; adding ops meanwhile is refused."""
         slots = [torch.zeros(b.size, dtype=torch.uint8) for b in bufs]
         action = RDMAAction()
         for slot, b in zip(slots, bufs, strict=True):
             action.read_remote(slot, b)
         first, second = action.submit(), action.submit()
+        both = asyncio.gather(first, second)
+        await asyncio.sleep(0)  # both tasks take their first step: the submits start
         refused = ""
         if not second.done():
             try:
                 action.read_remote(torch.zeros(bufs[0].size, dtype=torch.uint8), bufs[0])
             except RuntimeError as e:
                 refused = str(e)
-        first.get(timeout=60)
-        second.get(timeout=60)
+        await both
         action.read_remote(torch.zeros(bufs[0].size, dtype=torch.uint8), bufs[0])  # allowed again
         return refused, [crc(s) for s in slots]
 
@@ -324,6 +370,19 @@ def test_drop_is_awaitable_and_happens_without_await(ranks):
 
 async def _read(buf: RDMABuffer) -> None:
     await buf.read_into(torch.empty(buf.size, dtype=torch.uint8))
+
+
+def test_transfers_start_when_awaited_or_read_in_that_order(ranks):
+    """As in Monarch (its test_rdma_concurrent_2gb_writes_in_order): a read issued before a
+    write, but awaited after it, sees the written data.  Before, each started when issued:
+    the read got the 0.0s from before the write."""
+    _transport, owner, peer, _probe = ranks
+    buf = owner.filled_with.call_one("lazy", 256 * KiB, 0.0).get(timeout=30)
+    assert peer.read_then_write_awaited_in_reverse.call_one(buf).get(timeout=60) == ([2.0], [2.0])
+    assert owner.values.call_one("lazy").get(timeout=30) == [2.0]  # the unawaited write of 3.0s never ran
+    assert peer.read_then_write_got_in_reverse.call_one(buf).get(timeout=60) == [4.0]
+    assert peer.submit_awaited_later.call_one(buf).get(timeout=60) == ([4.0], [5.0])
+    assert owner.values.call_one("lazy").get(timeout=30) == [5.0]
 
 
 def test_backend_names_what_transfers_use(ranks):

@@ -150,19 +150,47 @@ def test_live_tensors_are_listed_per_mesh(procs):
     del t
 
 
-def test_outside_activate_values_need_a_fetch(procs):
+def test_ops_outside_activate_run_on_the_tensors_own_mesh(procs):
+    # As in Monarch: the mesh comes from the first distributed tensor; activate() only
+    # says where factories make tensors.
     with procs.activate():
-        t = torch.ones(4, 4)
-    with pytest.raises(RuntimeError, match=r"outside `with procs.activate\(\):`"):
-        t + 1
+        t = procs.rank_tensor("gpus").float() + torch.ones(2)  # rank i holds [i + 1, i + 1]
+        w = torch.nn.Linear(2, 1)
+    u = torch.relu(t - 2) * 10 + t  # no activate()
+    assert type(u) is Tensor and u.mesh is procs and u.shape == (2,)
+    assert [inspect(u, gpus=i).tolist() for i in range(4)] == [[1.0] * 2, [2.0] * 2, [13.0] * 2, [24.0] * 2]
+    out = w(t).sum()  # a distributed module, and autograd, outside activate() too
+    out.backward()
+    assert w.weight.grad.shape == (1, 2) and inspect(w.weight.grad, gpus=3).tolist() == [[4.0, 4.0]]
+    assert inspect(doubled(t), gpus=1).tolist() == [4.0, 4.0]  # a remote function: the tensor's mesh
     with pytest.raises(RuntimeError, match=r"inspect\(t\)"):
         t.item()
-    assert inspect(t[0]).tolist() == [1.0] * 4  # a view computes nothing: allowed anywhere
+    assert type(torch.zeros(2)) is torch.Tensor  # a factory with no mesh active: local, as before
     with procs.activate():
         with no_mesh.activate():
             assert type(torch.zeros(2)) is torch.Tensor
-            with pytest.raises(RuntimeError, match="no_mesh"):
-                t + 1
+            v = t + 1  # no_mesh makes factories local; ops on distributed tensors stay on their mesh
+    assert inspect(v, gpus=2).tolist() == [4.0, 4.0]
+
+
+def test_mixing_meshes_or_a_local_tensor_raises_on_its_line(procs):
+    with procs.activate():
+        t = torch.ones(4)
+    half = procs.slice(gpus=slice(0, 2))
+    with half.activate():
+        h = torch.ones(4)
+    here = torch.ones(4)
+    for activated in (False, True):
+        with procs.activate() if activated else no_mesh.activate():
+            with pytest.raises(ValueError, match=r"add\(\): a tensor of mesh 'procs' \{gpus=2\} used with one "
+                                                 r"of mesh 'procs' \{gpus=4\}.*t.to_mesh\(mesh\)"):
+                t + h
+            with pytest.raises(ValueError, match=r"add\(\): a local tensor \(shape \[4\], on the controller\) "
+                                                 r"used with a distributed one of mesh 'procs' \{gpus=4\}"):
+                t + here
+            with pytest.raises(ValueError, match="a local tensor"):
+                torch.cat([t, here])
+    assert inspect(t + 1).tolist() == [2.0] * 4  # nothing was recorded by the lines that raised
 
 
 def test_failures_poison_what_depends_on_them_and_the_ranks_go_on(procs):
@@ -314,8 +342,8 @@ def test_a_slice_computes_on_its_ranks_only(procs):
     assert t.mesh.extent == {"gpus": 2}
     assert [int(inspect(t, gpus=i)) for i in range(2)] == [100, 101]
     with procs.activate():
-        with pytest.raises(ValueError, match="activate its own mesh"):
-            t + 1
+        u = t + 1  # on t's mesh, as in Monarch, whichever mesh is active
+    assert u.mesh.extent == {"gpus": 2} and [int(inspect(u, gpus=i)) for i in range(2)] == [101, 102]
     half_only = mk.slice_mesh(t, gpus=1)
     assert int(inspect(half_only)) == 101
 

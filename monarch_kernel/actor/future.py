@@ -20,15 +20,11 @@ from ..runtime.process import Runtime
 
 R = TypeVar("R")
 _UNSET = object()
-FUTURE_NOT_BUILT = ("Future objects are returned by Monarch operations and cannot be constructed directly "
-                    "(to wrap a coroutine: Future(coro=some_coroutine()))")
+FUTURE_NOT_BUILT = "Future objects are returned by Monarch operations and cannot be constructed directly."
 
 
-def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Completion:
-    """Runs a user's coroutine on its own thread and event loop; the Completion ends with it."""
-    if not asyncio.iscoroutine(coro):
-        raise TypeError(f"Future(coro=...) needs a coroutine, not {type(coro).__name__}")
-    done = Completion()
+def _run_coroutine(coro: Coroutine[Any, Any, Any], done: Completion) -> None:
+    """Runs a coroutine on its own thread and event loop; ``done`` ends with it."""
 
     def run() -> None:
         try:
@@ -37,31 +33,51 @@ def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Completion:
             done.set_exception(e)
 
     threading.Thread(target=run, name="monarch-kernel-future", daemon=True).start()
-    return done
 
 
 class Future(Generic[R]):
-    __slots__ = ("_completion", "_transform", "_value", "_error", "_lock", "_inbox")
+    """The answer to an operation.  Some operations (RDMA transfers, as in Monarch) start
+    only when their Future is first awaited or read: ``start`` begins them, once."""
+
+    __slots__ = ("_completion", "_transform", "_value", "_error", "_lock", "_inbox", "_start")
 
     def __init__(self, completion: Completion | None = None,
                  transform: Callable[[Any], R] | None = None, inbox=None, *,
-                 coro: Coroutine[Any, Any, R] | None = None):
-        # Monarch's Futures come only from its operations, and ``Future()`` says so in
-        # Monarch's words; ``Future(coro=some_coroutine())`` is this project's one way to
-        # build one from a coroutine.
+                 start: Callable[[], None] | None = None):
+        # Monarch's Futures come only from its operations: ``Future()`` says so in Monarch's
+        # words, and ``Future(coro=...)`` is refused as Monarch's is (an unexpected keyword).
         if completion is None:
-            if coro is None:
-                raise TypeError(FUTURE_NOT_BUILT)
-            completion = _run_coroutine(coro)
-        elif not isinstance(completion, Completion) or coro is not None:
-            raise TypeError("Future.__init__() takes 1 positional argument but 2 were given "
-                            "(construct it as Future(coro=some_coroutine()))")
+            raise TypeError(FUTURE_NOT_BUILT)
+        if not isinstance(completion, Completion):
+            raise TypeError("Future.__init__() takes 1 positional argument but 2 were given")
         self._completion = completion
         self._inbox = inbox  # where the answer arrives; read by whoever waits
         self._transform = transform
         self._value: Any = _UNSET
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self._start = start  # not None until the work behind a deferred Future has begun
+
+    @classmethod
+    def _from_coro(cls, coro: Coroutine[Any, Any, R]) -> Future[R]:
+        """Monarch's private constructor: a Future of ``coro``, which runs (on a thread and
+        event loop of its own) once the Future is first awaited or read."""
+        if not asyncio.iscoroutine(coro):
+            raise TypeError(f"Future._from_coro needs a coroutine, not {type(coro).__name__}")
+        done = Completion()
+        return cls(done, start=lambda: _run_coroutine(coro, done))
+
+    def _begin(self) -> None:
+        """Start the work of a deferred Future, the first time anyone waits for it."""
+        if self._start is None:
+            return
+        with self._lock:
+            start, self._start = self._start, None
+        if start is not None:
+            try:
+                start()
+            except BaseException as e:  # the work could not begin: its Future raises it
+                self._completion.set_exception(e)
 
     @classmethod
     def ready(cls, value: R) -> Future[R]:
@@ -94,6 +110,7 @@ class Future(Generic[R]):
                     "cannot block on .get() inside an async endpoint or on the IO loop: "
                     "use `await fut` instead"
                 )
+            self._begin()
             if not (rt.receiver.wait(c, timeout, self._inbox) if rt is not None else c.wait(timeout)):
                 raise TimeoutError(
                     f"no answer within {timeout} s (the call is still running; .get() again to keep waiting)")
@@ -117,6 +134,7 @@ class Future(Generic[R]):
 
     def __await__(self):
         if not self._completion.done():
+            self._begin()
             self._watched()
             yield from self._await().__await__()
         return self._finish()
@@ -134,11 +152,12 @@ class Future(Generic[R]):
         def both(raw):
             return fn(inner(raw) if inner is not None else raw)
 
-        return Future(self._completion, both, self._inbox)
+        return Future(self._completion, both, self._inbox, start=self._begin if self._start is not None else None)
 
     def then(self, fn: Callable[[Future[R]], None]) -> None:
         """Run ``fn(self)`` once done, on whichever thread finishes it."""
         self._completion.add_done_callback(lambda _c: fn(self))
+        self._begin()
         self._watched()
 
     def __repr__(self) -> str:

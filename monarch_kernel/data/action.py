@@ -1,6 +1,7 @@
 """``RDMAAction``: Monarch's batch of reads and writes over many ``RDMABuffer``s, checked as
-each op is added and run all at once on every ``submit()``.  It must never start a transfer
-before ``submit()``, nor let two ops of one batch race on the same local memory.
+each op is added and run all at once by every ``submit()`` once its Future is awaited or
+read.  It must never start a transfer before then, nor let two ops of one batch race on the
+same local memory.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from .memory import Memory, as_memory, describe, prefix, span
 # not tracked (two writes to one buffer race, as in Monarch).  Dtypes are not compared:
 # buffers are bytes, and Monarch reads a float32 buffer into any tensor of as many bytes.
 #
-# submit() starts every op at once (each remote one on its own pooled connection) and its
-# Future resolves when all have finished, with the first failure (in the order the ops were
-# added) if any failed.  A submit made while another is in flight starts when that one
-# ends, so the overlap checks stay true across submits, and adding ops meanwhile is refused.
+# A submit's Future, once awaited or read, starts every op at once (each remote one on its
+# own pooled connection) and resolves when all have finished, with the first failure (in
+# the order the ops were added) if any failed.  A submit started while another is in flight
+# runs when that one ends, so the overlap checks stay true across submits, and adding ops
+# meanwhile is refused.
 
 
 @dataclass(frozen=True)
@@ -128,17 +130,23 @@ class RDMAAction:
     # ------------------------------------------------------------ running
 
     def submit(self, *, timeout: float | None = None) -> Future[None]:
-        """Start every queued op at once; the Future resolves when all are done, or raises
-        the first failure once all have ended.  ``timeout``: seconds an owner may go without
-        progress (None: as long as it lives; a dead owner is an error at once)."""
+        """Run every op queued now, all at once, when the Future is first awaited or read
+        (as Monarch's submit); it resolves when all are done, or raises the first failure
+        once all have ended.  ``timeout``: seconds an owner may go without progress (None:
+        as long as it lives; a dead owner is an error at once)."""
         done = Completion()
         with self._lock:
-            ops, before, self._last = list(self._ops), self._last, done
-        if before is None or before.done():
-            _run(ops, timeout, done)
-        else:
-            before.add_done_callback(lambda _c: _run(ops, timeout, done))
-        return Future(done)
+            ops = list(self._ops)
+
+        def start() -> None:
+            with self._lock:
+                before, self._last = self._last, done
+            if before is None or before.done():
+                _run(ops, timeout, done)
+            else:
+                before.add_done_callback(lambda _c: _run(ops, timeout, done))
+
+        return Future(done, start=start)
 
 
 def _run(ops: list[_Op], timeout: float | None, done: Completion) -> None:

@@ -187,8 +187,10 @@ class RDMABuffer:
 
     def read_into(self, dst, offset: int = 0, timeout: float | None = None) -> Future[int]:
         """Copy this buffer, from ``offset`` on, into the start of ``dst``; the Future gives
-        the bytes copied.  A larger ``dst`` receives the buffer's bytes and keeps the rest
-        (as in Monarch); a smaller one receives the first ``dst.nbytes`` of them.
+        the bytes copied.  As in Monarch the copy starts when the Future is awaited or read
+        (``.get()``), not before; ranges are checked at once.  A larger ``dst`` receives the
+        buffer's bytes and keeps the rest (as in Monarch); a smaller one receives the first
+        ``dst.nbytes`` of them.
 
         ``timeout``: seconds the owner may go without progress before ``TimeoutError``
         (None: as long as the owner lives; its death is always an error at once).
@@ -201,8 +203,9 @@ class RDMABuffer:
         return self._start(wire.Op.READ, mem, offset, timeout)
 
     def write_from(self, src, offset: int = 0, timeout: float | None = None) -> Future[int]:
-        """Copy all of ``src`` into this buffer starting at ``offset``; a source larger than
-        what fits there is a ``ValueError`` before anything moves (as in Monarch)."""
+        """Copy all of ``src`` into this buffer starting at ``offset``, once the Future is
+        awaited or read; a source larger than what fits there is a ``ValueError`` at once
+        (as in Monarch)."""
         mem = as_memory(src, writable=False, what="write_from's source")
         return self._start(wire.Op.WRITE, mem, offset, timeout)
 
@@ -254,21 +257,29 @@ class RDMABuffer:
                              f"which holds {h.size} bytes (at most {max(h.size - offset, 0)} fit there)")
 
     def _start(self, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
-        """Check the range, then start the transfer (``_launch``)."""
+        """Check the range now; the transfer waits for its Future (``_launch``)."""
         self._check(op, mem.nbytes, offset)
         return self._launch(op, mem, offset, timeout)
 
     def _launch(self, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> Future[int]:
-        """Start a transfer whose range is already checked; in the owner's process it is
-        done on return.  Elsewhere it starts once every transfer this process started earlier
-        on overlapping bytes of this buffer (one of the two a write) has finished."""
+        """A transfer whose range is already checked, started when its Future is first
+        awaited or read, as Monarch's are: a read issued before a write but awaited after it
+        sees the written bytes.  In the owner's process it is a copy, done as it starts.
+        Elsewhere it runs once every transfer this process started earlier on overlapping
+        bytes of this buffer (one of the two a write) has finished."""
         h = self._h
+        c = Completion()
         if self._server is not None and self._server.pid == os.getpid():
-            self._local_copy(op, mem, offset)
-            return Future.ready(mem.nbytes)
+            def copy_here():
+                try:
+                    self._local_copy(op, mem, offset)
+                    c.set_result(mem.nbytes)
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                    c.set_exception(e)
+
+            return Future(c, start=copy_here)
         key = self._key()
         h.verify(key)
-        c = Completion()
 
         def run():
             try:
@@ -277,9 +288,11 @@ class RDMABuffer:
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits
                 c.set_exception(e)
 
-        # In the order this caller started them, wherever two touch the same bytes (order.py).
-        _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes, run)
-        return Future(c)
+        def start():
+            # In the order they are started, wherever two touch the same bytes (order.py).
+            _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes, run)
+
+        return Future(c, start=start)
 
     def _local_copy(self, op: wire.Op, mem: Memory, offset: int) -> None:
         assert self._server is not None  # callers check this is the owner's process

@@ -12,11 +12,12 @@ import os
 import threading
 from collections.abc import Callable, Hashable
 
-# Without this, write_from(zeros) then write_from(twos), both started before either is
-# awaited, ran at once on two worker threads and two connections, and the owner (one thread
-# per connection) applied their bytes interleaved: the buffer could end with some of the
-# zeros.  Every transfer now records what it must wait for when it is started, in the
-# caller's thread, so "started first" is the caller's order.
+# Without this, write_from(zeros) then write_from(twos), both started before either had
+# finished (awaited together, asyncio.gather), ran at once on two worker threads and two
+# connections, and the owner (one thread per connection) applied their bytes interleaved:
+# the buffer could end with some of the zeros.  Every transfer now records what it must wait
+# for when it is started (when its Future is first awaited or read), in the caller's thread,
+# so "started first" is the caller's order.
 
 
 class _Pending:

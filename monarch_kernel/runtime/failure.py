@@ -84,9 +84,24 @@ class DeathInfo:
 
     def describe(self) -> str:
         s = f"rank {self.rank} of mesh '{self.mesh}' (pid {self.pid} on {self.host}) {self.how()}"
-        if self.stderr_tail:
-            s += "\nlast lines of its stderr:\n" + "\n".join("    " + line for line in self.stderr_tail)
-        return s
+        return s + self._tail()
+
+    def cause(self) -> str:
+        """Why the actors on this rank failed, in the words of Monarch's report (``the
+        process this actor was running on failed: Killed(sig=9)``), then where it was."""
+        where = f"rank {self.rank} of mesh '{self.mesh}', pid {self.pid} on {self.host}"
+        if self.signal is not None:
+            how = f"failed: Killed(sig={self.signal}) ({self.how().partition('(')[2].rstrip(')')}; {where})"
+        elif self.exitcode is None:
+            how = f"was lost, with no exit status ({where})"
+        else:
+            how = f"exited with {'non-zero ' if self.exitcode else ''}code {self.exitcode} ({where})"
+        return f"the process this actor was running on {how}" + self._tail()
+
+    def _tail(self) -> str:
+        if not self.stderr_tail:
+            return ""
+        return "\nlast lines of its stderr:\n" + "\n".join("    " + line for line in self.stderr_tail)
 
 
 @dataclass
@@ -98,8 +113,8 @@ class MeshFailure:
     text: str  # human-readable, names mesh, rank, host and cause
     death: DeathInfo | None = None
     remote: RemoteFailure | None = None
-    chain: list[str] = field(default_factory=list)  # supervisors that did not handle it
-    actor: str = ""  # the failed actor's path, ``<root>.<mod.Cls name{point}>``, when an actor failed
+    chain: list[str] = field(default_factory=list)  # supervisors that did not handle it (their paths)
+    actor: str = ""  # the failed actor's path, ``<root>.<mod.Cls name{point}>`` (a death: one hosted there)
 
     def report(self) -> str:
         """What failed, where and why, with the supervisors that passed it on (a method,

@@ -269,6 +269,7 @@ class Launcher:
             om.exited.set_result(True)
             if om.stopping:  # nothing will call it again: forget it
                 self.rt.meshes.pop(om.ref.id, None)
+                self.rt.supervision.forget_hosted(om.ref.id)
 
     # ------------------------------------------------------------ restarting and killing
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 
-from .context import process_mesh
+from .context import actor_path, process_mesh
 from .envelope import Kind
 from .failure import DeathInfo, MeshFailure, ProcessDied
 from .owned_mesh import OwnedMesh
@@ -24,6 +24,30 @@ class SupervisionPolicy:
 
     def __init__(self, runtime):
         self.rt = runtime
+        # mesh id -> the actor meshes spawned on it: (spawner, class name, actor id, ranks)
+        self._hosted: dict[str, list[tuple]] = {}
+
+    def note_hosted(self, mesh_id: str, spawner, class_name: str, actor_id: str, ranks) -> None:
+        """An actor mesh was spawned on ``ranks`` of mesh ``mesh_id``, which this process
+        owns (``spawner``: the ActorContext that spawned it; None: this process).  A death
+        there is then reported as Monarch's are, as that actor's failure.  Any thread."""
+        self._hosted.setdefault(mesh_id, []).append((spawner, class_name, actor_id, frozenset(ranks)))
+
+    def forget_hosted(self, mesh_id: str) -> None:
+        """Mesh ``mesh_id`` is gone: its actors with it."""
+        self._hosted.pop(mesh_id, None)
+
+    def death_failure(self, om: OwnedMesh, rank: int, info: DeathInfo) -> MeshFailure:
+        """The supervision event of a death nobody saw.  As in Monarch it names a failed
+        actor by its mesh path (one the user spawned there, before the project's own), the
+        process's end as the cause; a rank that hosted no actor is named by rank and mesh."""
+        here = [h for h in self._hosted.get(om.ref.id, ()) if rank in h[3]]
+        pick = next((h for h in here if not h[1].startswith("monarch_kernel.")), here[0] if here else None)
+        if pick is None:
+            return MeshFailure(om.ref.name, rank, info.describe(), death=info)
+        spawner, class_name, actor_id, _ranks = pick
+        path = actor_path(spawner, class_name, actor_id, rank, om.ref.dims)
+        return MeshFailure(om.ref.name, rank, info.cause(), death=info, actor=path)
 
     def on_death(self, om: OwnedMesh, rank: int, info: DeathInfo, on_purpose: bool = False) -> None:
         """``rank`` of ``om`` died (the launcher has marked it dead); ``on_purpose``: it was
@@ -46,7 +70,7 @@ class SupervisionPolicy:
         if not om.stopping and not observed and not on_purpose:
             # A death some call of ours was waiting on has already reached its caller as
             # ProcessDied; only deaths nobody saw become supervision events.
-            self.supervise(om, MeshFailure(om.ref.name, rank, info.describe(), death=info))
+            self.supervise(om, self.death_failure(om, rank, info))
 
     def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None:
         """Dead ``ranks`` of ``om`` are being started again: this process and every mesh
@@ -119,9 +143,10 @@ class SupervisionPolicy:
         """Up the chain: to this process's own owner (``Kind.FAILURE``), or, at the root, to
         the unhandled-fault hook."""
         rt = self.rt
-        if owner is not None:
-            failure.chain.append(
-                f"{type(owner.instance).__qualname__} on rank {owner.rank} of mesh '{owner.mesh.name}'")
+        if owner is not None:  # named by its mesh path, as the failed actor is
+            cls = type(owner.instance)
+            failure.chain.append(actor_path(None, f"{cls.__module__}.{cls.__qualname__}", owner.actor, owner.rank,
+                                            owner.mesh.dims))
         if rt.owner is None:
             rt.unhandled(failure)
         else:

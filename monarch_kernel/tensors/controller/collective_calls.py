@@ -16,7 +16,7 @@ import torch
 
 from ..messages import COLLECTIVE, Collective
 from .borrows import check_use
-from .meshes import TensorMesh, active, state
+from .meshes import TensorMesh, state
 from .tensor import Tensor
 
 REDUCTIONS = ("stack", "sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -38,10 +38,7 @@ def _mesh(t: Tensor, mesh, writes: bool = False) -> TensorMesh:
         raise TypeError(f"reduce takes a distributed tensor, not {type(t).__name__}")
     if t._stream is not state.stream or t._access is not None:
         check_use(t, state.stream, "reduce_()" if writes else "reduce()", writes)
-    m = active() or t._mesh
-    if not t._mesh.same(m):
-        raise ValueError(f"a tensor of mesh {t._mesh.describe()} reduced while {m.describe()} is active")
-    return m
+    return t._mesh  # as in Monarch: a reduction runs on its tensor's mesh, whichever is active
 
 
 def _meta(t: Tensor, mesh: TensorMesh, dims: tuple, reduction: str, scatter: bool) -> tuple:

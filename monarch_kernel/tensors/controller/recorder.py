@@ -39,6 +39,8 @@ class _Uncacheable(Exception):
 
 
 class RecordingMode(TorchFunctionMode):
+    """Pushed by ``activate()``: factory calls make distributed tensors on the active mesh."""
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
@@ -46,39 +48,50 @@ class RecordingMode(TorchFunctionMode):
             with DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         tensors, deep = _find(args, kwargs)
-        mesh = state.mesh
         if not tensors:
+            mesh = state.mesh
             if mesh is not None and func in FACTORIES:
                 return record(mesh, func, args, kwargs, tensors, False)
             return func(*args, **kwargs)
-        if mesh is None:
-            raise RuntimeError(f"{_name(func)}() on a distributed tensor inside `no_mesh`: leave no_mesh (or "
-                               "fetch a shard with inspect(t)) to use it")
-        stream = state.stream
-        for t in tensors:
-            if t._mesh is not mesh and not t._mesh.same(mesh):
-                raise ValueError(f"{_name(func)}(): a tensor of mesh {t._mesh.describe()} used while mesh "
-                                 f"{mesh.describe()} is active; activate its own mesh, or move it with "
-                                 "t.to_mesh(other)")
-            if t._stream is not stream or t._access is not None:
-                check_use(t, stream, f"{_name(func)}()", mutates(func, args, kwargs, t))
-        if func in VALUE_FUNCS:
-            raise value_error(func)
-        if func in _BACKWARD:
-            return backward(mesh, *args, **kwargs)
-        name = getattr(func, "__name__", "")
-        if name == "__set__":
-            return set_attr(mesh, func.__self__.__name__, *args)
-        return record(mesh, func, args, kwargs, tensors, deep)
+        return dispatch(func, args, kwargs, tensors, deep)
 
 
-def record_view(func, args, kwargs):
-    """A view of a distributed tensor taken outside ``activate()``: on its own mesh."""
+def on_own_mesh(func, args, kwargs):
+    """A torch call on distributed tensors outside ``activate()`` (or inside ``no_mesh``)."""
     tensors, deep = _find(args, kwargs)
+    if not tensors:
+        raise ValueError(f"{_name(func)}(): distributed tensors nested this deep in the arguments are not found; "
+                         "pass them at the top level, or in a list or tuple there")
+    return dispatch(func, args, kwargs, tensors, deep)
+
+
+def dispatch(func, args, kwargs, tensors: list, deep: bool):
+    """Record ``func`` on the mesh of its first distributed tensor, as Monarch's dispatch
+    does: the active mesh matters only to calls that pass none (factories).  Every other
+    distributed tensor must live there too, and no local tensor may be mixed in."""
     mesh = tensors[0]._mesh
+    stream = state.stream
     for t in tensors:
-        if not t._mesh.same(mesh):
-            raise ValueError(f"{_name(func)}(): tensors of meshes {mesh.describe()} and {t._mesh.describe()}")
+        if t._mesh is not mesh and not t._mesh.same(mesh):
+            raise ValueError(f"{_name(func)}(): a tensor of mesh {t._mesh.describe()} used with one of mesh "
+                             f"{mesh.describe()}; an op runs on one mesh: move one of them there first with "
+                             "t.to_mesh(mesh)")
+        if t._stream is not stream or t._access is not None:
+            check_use(t, stream, f"{_name(func)}()", mutates(func, args, kwargs, t))
+    if func in VALUE_FUNCS:
+        raise value_error(func)
+    local = _local_tensor(args, kwargs)
+    if local is not None:
+        shape = list(local.shape)
+        raise ValueError(f"{_name(func)}(): a local tensor (shape {shape}, on the controller) used with a "
+                         f"distributed one of mesh {mesh.describe()}; send it to the ranks first (inside "
+                         "`with procs.activate():`, torch.as_tensor(x) makes it a distributed tensor), or fetch a "
+                         "shard with inspect(t) to compute here")
+    if func in _BACKWARD:
+        return backward(mesh, *args, **kwargs)
+    name = getattr(func, "__name__", "")
+    if name == "__set__":
+        return set_attr(mesh, func.__self__.__name__, *args)
     return record(mesh, func, args, kwargs, tensors, deep)
 
 
@@ -113,6 +126,21 @@ def _find(args, kwargs) -> tuple[list, bool]:
                     found.append(x)
                     deep = True
     return found, deep
+
+
+def _local_tensor(args, kwargs):
+    """The first plain ``torch.Tensor`` where ``_find`` looks, or None."""
+    for a in (*args, *kwargs.values()):
+        t = type(a)
+        if t is Tensor or t in _ATOMS:
+            continue
+        if t in _SEQ:
+            for x in a:
+                if type(x) is not Tensor and isinstance(x, torch.Tensor):
+                    return x
+        elif isinstance(a, torch.Tensor):
+            return a
+    return None
 
 
 # ---------------------------------------------------------------- plans (results' metadata)

@@ -1,7 +1,8 @@
-"""``@remote``: a function that runs on every rank of the active mesh.  Called inside
-``activate()`` it is recorded like a torch op and yields distributed tensors (their shapes
-from ``propagate``); ``fn.call(...)`` returns a Future of a ValueMesh of its values; and
-``send(fn, args, kwargs, port)`` has every rank send its value to a port.
+"""``@remote``: a function that runs on every rank of a mesh.  Called, it is recorded like a
+torch op, on the mesh of its first distributed tensor argument (else the active mesh), and
+yields distributed tensors (their shapes from ``propagate``); ``fn.call(...)`` returns a
+Future of a ValueMesh of its values; and ``send(fn, args, kwargs, port)`` has every rank
+send its value to a port.
 
 Example::
 
@@ -24,7 +25,7 @@ import torch
 from ..messages import OP, PROMISE
 from .borrows import check_use
 from .fetch import _raise_poisoned
-from .meshes import TensorMesh, active, state
+from .meshes import TensorMesh, active, mesh_of, state
 from .recorder import _find, build
 from .tensor import Tensor, fake_of, meta_of
 
@@ -74,7 +75,8 @@ class Remote:
         return getattr(self.function, "__qualname__", None) or repr(self.function)
 
     def __call__(self, *args, **kwargs):
-        mesh = _need_mesh(self.name)
+        # As Monarch's: on the mesh of the first distributed tensor passed; else the active one.
+        mesh = mesh_of([args, kwargs]) or _need_mesh(self.name)
         return record_call(mesh, self.function, self._outputs(mesh, args, kwargs), args, kwargs)
 
     rref = __call__

@@ -230,7 +230,7 @@ def grad_function(fn):
     @functools.wraps(fn)
     def call(*args, **kwargs):
         tensors, _deep = _find(args, kwargs)
-        mesh = active() or mesh_of(tensors)
+        mesh = mesh_of(tensors) or active()  # its tensors' mesh first, as ops
         if mesh is None:
             return custom_grad(fn, *args, **kwargs)
         with no_mesh.activate(), torch.device("meta"):

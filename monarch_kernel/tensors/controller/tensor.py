@@ -2,7 +2,8 @@
 with no storage: its shape, strides, dtype, device and ``requires_grad`` are those every
 rank's shard has, known at once; the values live on the ranks, under its ref.
 
-Outside ``activate()`` only its metadata can be read; anything that needs values says how
+Torch calls on it run on its own mesh, inside ``activate()`` or not (Monarch's rule: the
+active mesh only says where factories make tensors); anything that needs values says how
 to get them.  Dropping the handle frees the shards (the client batches the deletes).
 Used only once a tensor exists, so it imports torch.
 """
@@ -45,13 +46,6 @@ VALUE_FUNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, to
                torch.Tensor.data_ptr, torch.Tensor.untyped_storage, torch.Tensor.storage}
 
 
-# Views may be taken outside activate() too (Monarch's guide passes ``t[0]`` to an endpoint).
-VIEWS = {torch.Tensor.__getitem__, torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.select,
-         torch.Tensor.narrow, torch.Tensor.squeeze, torch.Tensor.unsqueeze, torch.Tensor.transpose,
-         torch.Tensor.permute, torch.Tensor.flatten, torch.Tensor.t, torch.Tensor.T.__get__,  # type: ignore[attr-defined]
-         torch.Tensor.detach, torch.Tensor.expand, torch.Tensor.view_as}
-
-
 def value_error(func) -> RuntimeError:
     name = getattr(func, "__name__", repr(func))
     return RuntimeError(f"{name}() needs a distributed tensor's value, which lives on the ranks: fetch one rank's "
@@ -61,11 +55,11 @@ def value_error(func) -> RuntimeError:
 
 class Tensor(torch.Tensor):
     """A distributed tensor: one shard per rank of its mesh.  Made by torch calls inside
-    ``with procs.activate():``; read a shard with ``inspect(t)``::
+    ``with procs.activate():``; ops on it run on its mesh; read a shard with ``inspect(t)``::
 
         with procs.activate():
             t = torch.rand(3, 4)          # a Tensor: every rank has its own 3x4 shard
-            u = t @ t.T
+        u = t @ t.T                       # on t's mesh, activate() or not
         inspect(u, gpus=1)                # rank 1's shard, as a plain torch.Tensor
     """
 
@@ -96,26 +90,20 @@ class Tensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # Reached only outside activate() (inside it the recording mode answers first).
+        # Reached outside activate() (inside it the recording mode answers first): as in
+        # Monarch, an op on distributed tensors runs on their own mesh, active or not.
         if func in LOCAL:
             with DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
-        if func in VALUE_FUNCS:
-            raise value_error(func)
-        if func in VIEWS:  # a view computes nothing: it is recorded on the tensor's own mesh
-            from .recorder import record_view
+        from .recorder import on_own_mesh
 
-            return record_view(func, args, kwargs or {})
-        name = getattr(func, "__name__", repr(func))
-        raise RuntimeError(
-            f"{name}() on a distributed tensor outside `with procs.activate():`; run it inside "
-            "activate() of the mesh it lives on (its results stay on the ranks), or fetch a shard with "
-            "inspect(t) and compute on that plain tensor")
+        return on_own_mesh(func, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise RuntimeError(f"{func} reached a distributed tensor's handle, which holds no values (its shards are on "
-                           "the ranks); run torch code on it inside `with procs.activate():`")
+                           "the ranks); call torch functions on it (they run on its mesh), or fetch a shard with "
+                           "inspect(t)")
 
     @property
     def mesh(self):
