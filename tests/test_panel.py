@@ -30,6 +30,7 @@ from monarch_kernel.kernel.panel_messages import (
     Request,
 )
 from monarch_kernel.kernel.panel_view import RankLog
+from monarch_kernel.kernel.quiet_status import QuietRequests
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,6 +88,26 @@ def test_the_rank_log_keeps_each_ranks_recent_lines_in_arrival_order():
     assert [e[3] for e in log.lines("m")] == ["a1", "b1", "a2", "b2"]
     assert [e[3] for e in log.lines("m", since=log.lines("m")[1][0])] == ["a2", "b2"]
     assert log.newest["m"] == 6
+
+
+def test_the_panels_comm_messages_publish_no_status_and_the_rest_keep_their_pair():
+    comms = {"c1": COMM_TARGET, "w1": "jupyter.widget"}
+    quiet = QuietRequests((COMM_TARGET,), comms.get)
+
+    def said(msg_id: str, kind: str, content: dict, between=lambda: None) -> list[bool]:
+        parent = {"header": {"msg_id": msg_id, "msg_type": kind}, "content": content}
+        busy = quiet.publishes("busy", parent)
+        between()  # what the handler does meanwhile
+        return [busy, quiet.publishes("idle", parent)]
+
+    assert said("1", "comm_open", {"comm_id": "c2", "target_name": COMM_TARGET}) == [False, False]
+    assert said("2", "comm_msg", {"comm_id": "c1", "data": {}}) == [False, False]
+    # A comm_close removes its comm before the idle: the decision made at busy holds.
+    assert said("3", "comm_close", {"comm_id": "c1"}, between=lambda: comms.pop("c1")) == [False, False]
+    assert said("4", "comm_msg", {"comm_id": "w1", "data": {}}) == [True, True]  # another comm's
+    assert said("5", "comm_msg", {"comm_id": "gone", "data": {}}) == [True, True]
+    assert said("6", "execute_request", {"code": "1"}) == [True, True]
+    assert quiet.publishes("starting", None)
 
 
 def test_the_grid_bundle_keeps_a_text_view_of_every_rank():
