@@ -41,6 +41,9 @@ CELLS = [
     "x = 41 + rank\ny = x * 2\nprint('y is', y)",
 ]
 DEBUG_BUTTON = ".jp-NotebookPanel-toolbar [data-jp-item-name='debugger-icon'] jp-button"
+# This checkout's Mesh panel, as `make setup` builds it; JupyterLab takes it before any other
+# copy (another checkout's, linked into the environment), so a test sees the code beside it.
+PREBUILT = Path(__file__).resolve().parent.parent / "labextension" / "prebuilt"
 
 
 def _free_port() -> int:
@@ -73,6 +76,11 @@ class Lab:
                f"--port={self.port}", f"--ServerApp.token={self.token}", f"--notebook-dir={self.root}"]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
+        if (PREBUILT / "package.json").is_file():
+            own = self.home / "labextensions"
+            own.mkdir()
+            (own / "monarch-kernel-panel").symlink_to(PREBUILT, target_is_directory=True)
+            cmd.append(f"--LabApp.extra_labextensions_path={own}")
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)

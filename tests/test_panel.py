@@ -30,6 +30,7 @@ from monarch_kernel.kernel.panel_messages import (
     Request,
 )
 from monarch_kernel.kernel.panel_view import RankLog
+from monarch_kernel.kernel.quiet_status import QuietRequests
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -89,6 +90,26 @@ def test_the_rank_log_keeps_each_ranks_recent_lines_in_arrival_order():
     assert log.newest["m"] == 6
 
 
+def test_the_panels_comm_messages_publish_no_status_and_the_rest_keep_their_pair():
+    comms = {"c1": COMM_TARGET, "w1": "jupyter.widget"}
+    quiet = QuietRequests((COMM_TARGET,), comms.get)
+
+    def said(msg_id: str, kind: str, content: dict, between=lambda: None) -> list[bool]:
+        parent = {"header": {"msg_id": msg_id, "msg_type": kind}, "content": content}
+        busy = quiet.publishes("busy", parent)
+        between()  # what the handler does meanwhile
+        return [busy, quiet.publishes("idle", parent)]
+
+    assert said("1", "comm_open", {"comm_id": "c2", "target_name": COMM_TARGET}) == [False, False]
+    assert said("2", "comm_msg", {"comm_id": "c1", "data": {}}) == [False, False]
+    # A comm_close removes its comm before the idle: the decision made at busy holds.
+    assert said("3", "comm_close", {"comm_id": "c1"}, between=lambda: comms.pop("c1")) == [False, False]
+    assert said("4", "comm_msg", {"comm_id": "w1", "data": {}}) == [True, True]  # another comm's
+    assert said("5", "comm_msg", {"comm_id": "gone", "data": {}}) == [True, True]
+    assert said("6", "execute_request", {"code": "1"}) == [True, True]
+    assert quiet.publishes("starting", None)
+
+
 def test_the_grid_bundle_keeps_a_text_view_of_every_rank():
     bundle = grid_bundle([(0, {"text/plain": "<Figure 0>", "image/png": "AA"}, {}), (1, {"text/plain": "x"}, {})])
     assert bundle["text/plain"] == "[rank 0] <Figure 0>\n[rank 1] x"
@@ -106,7 +127,8 @@ class Panel:
         self.comm_id = uuid.uuid4().hex
         self.subshell = self._control("create_subshell_request", {})["subshell_id"]
         self._next = 0
-        self._send("comm_open", {"comm_id": self.comm_id, "target_name": COMM_TARGET, "data": {"action": "hello"}})
+        self.msg_ids: list[str] = []  # of every shell message this panel sent
+        self.send_shell("comm_open", {"comm_id": self.comm_id, "target_name": COMM_TARGET, "data": {"action": "hello"}})
 
     def _control(self, msg_type: str, content: dict) -> dict:
         msg = self.kc.session.msg(msg_type, content)
@@ -118,10 +140,12 @@ class Panel:
                 return reply["content"]
         raise AssertionError(f"timed out after 30 s waiting for the {msg_type} reply")
 
-    def _send(self, msg_type: str, content: dict) -> None:
+    def send_shell(self, msg_type: str, content: dict) -> str:
         msg = self.kc.session.msg(msg_type, content)
         msg["header"]["subshell_id"] = self.subshell
         self.kc.shell_channel.send(msg)
+        self.msg_ids.append(msg["header"]["msg_id"])
+        return msg["header"]["msg_id"]
 
     def messages(self) -> list[dict]:
         return [m.content["data"] for m in self.io.messages
@@ -149,7 +173,7 @@ class Panel:
 
     def send(self, action: str, **args) -> int:
         self._next += 1
-        self._send("comm_msg", {"comm_id": self.comm_id, "data": Request(action, id=self._next, **args).encode()})
+        self.send_shell("comm_msg", {"comm_id": self.comm_id, "data": Request(action, id=self._next, **args).encode()})
         return self._next
 
     def request(self, action: str, timeout: float = 60, **args) -> Reply:
@@ -159,7 +183,7 @@ class Panel:
         return Reply.decode(data)
 
     def close(self) -> None:
-        self._send("comm_close", {"comm_id": self.comm_id, "data": {}})
+        self.send_shell("comm_close", {"comm_id": self.comm_id, "data": {}})
         self._control("delete_subshell_request", {"subshell_id": self.subshell})
 
 
@@ -207,6 +231,39 @@ def test_the_panel_sees_ranks_live_and_an_idle_kernel_sends_nothing(kc, panel):
     panel.send("log", mesh="procs")  # answered with the lines, not a reply
     lines = panel.io.wait("the log", lambda: next((d for d in panel.messages() if d.get("type") == "log"), None), 10)
     assert [line[3] for line in lines["lines"] if line[1] == 2] == [f"step {i}" for i in range(6)]
+
+
+def test_the_panels_requests_leave_the_notebooks_busy_state_alone(kc, panel):
+    """JupyterLab shows as the notebook's state the last status message on IOPub, whatever
+    request it belongs to.  The panel's requests, on its subshell while a cell runs, publish
+    no busy/idle (their "idle" read as the notebook's: "Idle" through a whole cell), so the
+    cell's "busy" is the last status until its "idle"; other requests keep their pair."""
+    run(kc, "procs = %mesh spawn -n 2")
+    msg_id = kc.execute("%%mesh\nimport time\ntime.sleep(3)")
+    panel.wait_state("the cell running", lambda s: s.running, timeout=10)
+    before = len(panel.messages())
+    for _ in range(3):  # what an open panel sends during a cell: its history polls, the log, a refresh
+        panel.send("metrics", mesh="procs")
+    panel.send("log", mesh="procs")
+    panel.send("refresh")
+    reply = panel.request("stacks", mesh="procs", timeout=30)  # and a button
+    assert reply.ok, reply.message
+    panel.io.wait("the answers", lambda: sum(d.get("type") in ("metrics", "log")
+                                             for d in panel.messages()[before:]) == 4, 10)
+    assert not panel.io.idle(msg_id), "the cell ended before the panel's requests were answered"
+    panel.io.wait_idle(msg_id, 30)
+    statuses = [m for m in panel.io.messages if m.msg_type == "status"]
+    assert [m.content["execution_state"] for m in statuses if m.parent_id in panel.msg_ids] == []
+    start = next(i for i, m in enumerate(statuses) if m.parent_id == msg_id)
+    during = [(m.content["execution_state"], m.parent_id) for m in statuses[start:]]
+    assert during == [("busy", msg_id), ("idle", msg_id)], during
+
+    # A comm message to another comm, and any other request, still say busy, then idle.
+    others = [panel.send_shell("comm_msg", {"comm_id": "not-the-panels", "data": {}}),
+              panel.send_shell("kernel_info_request", {})]
+    panel.io.wait("their idle", lambda: all(panel.io.idle(m) for m in others), 10)
+    said = [[s.content["execution_state"] for s in panel.io.of(m, "status")] for m in others]
+    assert said == [["busy", "idle"]] * 2, said
 
 
 def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):

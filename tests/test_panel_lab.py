@@ -4,7 +4,10 @@ one rank of a running cell, points the debugger at a rank that then stops at a g
 breakpoint, lays figures out as a grid, spawns a detached mesh from its dialog, and after
 the kernel shuts down lists, attaches and stops that mesh through the server extension's
 REST API; a mesh of 40 ranks shows counts by state and its dead rank, and every rank on
-demand.  Screenshots go to test-artifacts/panel/ (gitignored)."""
+demand.  At JupyterLab's default sidebar width a 4-rank mesh fits (state, history, last line
+and actions inside the panel), the kernel status reads Busy while a cell runs with the panel
+open, and a mesh's message goes with the mesh.  Screenshots go to test-artifacts/panel/
+(gitignored)."""
 
 from __future__ import annotations
 
@@ -97,7 +100,7 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
-def open_notebook(nb: Notebook, lab: Lab, name: str) -> None:
+def open_notebook(nb: Notebook, lab: Lab, name: str, widen: bool = True) -> None:
     page = nb.page
     page.goto(lab.url(name) + "&reset")  # this notebook only (the workspace forgets earlier ones)
     page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
@@ -107,6 +110,8 @@ def open_notebook(nb: Notebook, lab: Lab, name: str) -> None:
     if tab.get_attribute("aria-selected") != "true":
         tab.click()
     page.wait_for_selector(".mk-Panel .mk-Panel-empty, .mk-Panel .mk-Mesh", timeout=30_000)
+    if not widen:
+        return
     # Widen the right sidebar, as a user does to see the whole rank grid.
     handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
     box = handle.bounding_box(timeout=10_000)
@@ -167,7 +172,8 @@ def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path)
 
     with nb.step("debug this rank (1), then a gutter breakpoint: rank 1 stops, and the panel says so"):
         page.locator(RANK.format("procs", 1) + " [data-action='debug']").click()
-        expect(page.locator(".mk-Panel-message")).to_contain_text("debugger now debugs rank 1", timeout=30_000)
+        expect(page.locator(MESH.format("procs") + " .mk-Mesh-message")).to_contain_text(
+            "debugger now debugs rank 1", timeout=30_000)
         page.locator(DEBUG_BUTTON).click()
         page.wait_for_selector(DEBUG_BUTTON + "[aria-pressed='true']", timeout=30_000)
         cell = nb.cells.nth(4)
@@ -284,6 +290,73 @@ def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path)
             assert time.monotonic() < deadline, f"processes of the detached mesh remain: {pids}"
             time.sleep(0.1)
         assert rest(lab, "/monarch/meshes")[1]["meshes"] == []
+
+
+NARROW = [
+    "procs = %mesh spawn -n 4",                                                     # 0
+    "%%mesh\nprint('a last line longer than the sidebar is wide, cut at its edge')",  # 1
+    "%%mesh\nimport time\ntime.sleep(8)",                                           # 2
+    "%mesh stop",                                                                   # 3
+]
+KERNEL_STATUS = ".jp-StatusBar-TextItem[title^='Change kernel']"  # "Python 3 (monarch mesh) | Busy"
+
+
+def inside(box: dict | None, outer: dict) -> bool:
+    return box is not None and box["width"] > 0 and box["height"] > 0 and (
+        outer["x"] <= box["x"] and box["x"] + box["width"] <= outer["x"] + outer["width"]
+        and outer["y"] <= box["y"] and box["y"] + box["height"] <= outer["y"] + outer["height"])
+
+
+def test_the_panel_at_the_default_width_fits_and_leaves_the_busy_state_alone(lab, page, tmp_path):
+    write_notebook(lab.root / "narrow.ipynb", NARROW)
+    nb = Notebook(page, tmp_path, lab)
+    expect = sync_api.expect
+
+    with nb.step("open the notebook; the panel keeps JupyterLab's default sidebar width"):
+        open_notebook(nb, lab, "narrow.ipynb", widen=False)
+
+    with nb.step("4 ranks: each rank's state, history, last line and actions lie inside the panel"):
+        nb.run_cell(0)
+        nb.run_cell(1)
+        expect(page.locator(MESH.format("procs") + " .mk-Rank")).to_have_count(4, timeout=10_000)
+        for r in range(4):
+            page.wait_for_function("sel => (document.querySelector(sel)?.getAttribute('points') || '')"
+                                   ".split(' ').length >= 2", arg=RANK.format("procs", r) + " .mk-Spark-rss",
+                                   timeout=15_000)
+        expect(page.locator(RANK.format("procs", 3) + " .mk-Rank-last")).to_contain_text("a last line", timeout=5_000)
+        panel = page.locator(".mk-Panel").bounding_box()
+        assert panel is not None and panel["width"] < 400, f"not JupyterLab's default sidebar width: {panel}"
+        shot(page, "narrow-four-ranks")
+        for r in range(4):
+            row = page.locator(RANK.format("procs", r))
+            for part in (".mk-Rank-state", ".mk-Rank-spark .mk-Spark", ".mk-Rank-last", "[data-action='interrupt']",
+                         "[data-action='debug']", "[data-action='rank-stacks']", "[data-action='show-log']"):
+                box = row.locator(part).bounding_box()
+                assert inside(box, panel), f"rank {r}'s {part} at {box}, outside the panel at {panel}"
+        widths = page.evaluate("() => { const p = document.querySelector('.mk-Panel');"
+                               " return [p.scrollWidth, p.clientWidth]; }")
+        assert widths[0] <= widths[1], f"the panel scrolls sideways: {widths}"
+
+    with nb.step("an 8 s cell with the panel open (and polling): the kernel status reads Busy throughout"):
+        nb.start_cell(2)
+        expect(page.locator(RANK.format("procs", 0))).to_have_attribute("data-state", "busy", timeout=10_000)
+        samples, t0 = [], time.monotonic()
+        while time.monotonic() - t0 < 5:  # the panel asks for its history every second meanwhile
+            samples.append(page.locator(KERNEL_STATUS).inner_text())
+            page.wait_for_timeout(250)
+        assert samples and all(s.endswith("| Busy") for s in samples), samples
+        nb.wait_cell(2, timeout=30)
+        expect(page.locator(KERNEL_STATUS)).to_have_text(re.compile(r"\| Idle$"), timeout=10_000)
+
+    with nb.step("Stacks: its message shows in the mesh's box; %mesh stop: it goes with the mesh"):
+        page.locator(MESH.format("procs") + " [data-action='stacks']").click()
+        expect(page.locator(MESH.format("procs") + " .mk-Mesh-message")).to_contain_text("stacks of procs",
+                                                                                        timeout=30_000)
+        page.locator(".lm-TabBar-tab:has-text('Stacks: procs') .lm-TabBar-tabCloseIcon").click()
+        shot(page, "narrow-stacks-message")
+        nb.run_cell(3)
+        expect(page.locator(MESH.format("procs"))).to_have_count(0, timeout=15_000)
+        expect(page.locator(".mk-Panel")).not_to_contain_text("stacks of procs")
 
 
 def test_readme_picture_is_committed():

@@ -1,7 +1,12 @@
 /**
  * One notebook kernel's end of the Mesh panel comm: opens it (monarch kernels only),
  * keeps the last state the kernel sent, and turns requests into promises of replies.
- * It never polls: the kernel sends a state when something changed.
+ * It never polls for state: the kernel sends a state when something changed.
+ *
+ * The kernel answers this comm's messages without a busy/idle status (they are not the
+ * notebook's work, and JupyterLab would show their "idle" as the notebook's while a cell
+ * runs), so a message's future never finishes: each is dropped once sent (`_sent`); the
+ * answers come on the comm.
  */
 
 import { Kernel, KernelMessage } from '@jupyterlab/services';
@@ -66,13 +71,13 @@ export class MeshConnection {
         window.clearTimeout(timer);
         resolve(reply);
       });
-      comm.send({ type: 'request', ...req, id } as any);
+      this._sent(comm.send({ type: 'request', ...req, id } as any));
     });
   }
 
   /** Sample a mesh's ranks now; their history arrives on `metricsReceived`. */
   requestMetrics(mesh: string): void {
-    this._comm?.send({ type: 'request', action: 'metrics', mesh } as any);
+    this._send({ type: 'request', action: 'metrics', mesh });
   }
 
   get metricsReceived(): ISignal<this, IMetrics> {
@@ -81,7 +86,7 @@ export class MeshConnection {
 
   /** Ask for a mesh's log lines after `since`; they arrive on `logReceived`. */
   requestLog(mesh: string, since: number): void {
-    this._comm?.send({ type: 'request', action: 'log', mesh, since } as any);
+    this._send({ type: 'request', action: 'log', mesh, since });
   }
 
   dispose(): void {
@@ -94,7 +99,7 @@ export class MeshConnection {
     this._comm = null;
     if (comm && !comm.isDisposed && !this.kernel.isDisposed) {
       try {
-        comm.close();
+        this._sent(comm.close());
       } catch {
         // the kernel is gone already
       }
@@ -124,12 +129,23 @@ export class MeshConnection {
         }
       };
       this._comm = comm;
-      comm.open({ type: 'request', action: 'hello' } as any);
+      this._sent(comm.open({ type: 'request', action: 'hello' } as any));
     } catch (e) {
       console.warn('monarch-kernel panel: could not open its comm', e);
     } finally {
       this._opening = false;
     }
+  }
+
+  private _send(data: Record<string, unknown>): void {
+    if (this._comm) {
+      this._sent(this._comm.send(data as any));
+    }
+  }
+
+  /** The kernel sends no "idle" for the panel's messages: their futures would wait forever. */
+  private _sent(future: Kernel.IShellFuture): void {
+    future.dispose();
   }
 
   private _onMessage(msg: PanelMessage): void {

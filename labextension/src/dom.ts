@@ -2,6 +2,8 @@
  * A tiny element builder for the panel's widgets (no framework): h('td', {class: 'x'}, 'text').
  */
 
+import { LabIcon } from '@jupyterlab/ui-components';
+
 export type Child = Node | string | null | undefined | false;
 
 export function h(
@@ -36,5 +38,19 @@ export function button(
     e.stopPropagation();
     onClick();
   });
+  return b;
+}
+
+/** A button that shows only `icon` (its `label` is its accessible name and tooltip too). */
+export function iconButton(
+  icon: LabIcon,
+  label: string,
+  title: string,
+  onClick: () => void,
+  attrs: Record<string, string> = {}
+): HTMLButtonElement {
+  const b = button('', title, onClick, { 'aria-label': label, ...attrs });
+  b.classList.add('mk-IconButton');
+  b.append(icon.element({ tag: 'span', className: 'mk-IconButton-icon' }));
   return b;
 }

@@ -5,11 +5,12 @@
  * a state; it never polls the kernel.
  */
 
+import { bugIcon, listIcon, refreshIcon, stopIcon, treeViewIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import { attachDetached, listDetached, stopDetached } from './api';
 import { MeshConnection } from './connection';
-import { button, h } from './dom';
+import { button, h, iconButton } from './dom';
 import {
   countsText,
   formatCpu,
@@ -23,6 +24,7 @@ import {
   tensorsText
 } from './format';
 import { IDetachedMesh, IMeshRow, IMetrics, IPanelState, IRankRow, IReply, IRequest } from './messages';
+import { sparklines } from './spark';
 
 export interface IMeshPanelOptions {
   /** Open the log tab of `mesh`, filtered to `rank` (null: every rank). */
@@ -34,33 +36,11 @@ export interface IMeshPanelOptions {
 }
 
 const METRICS_POLL_MS = 1000;
-const SVG = 'http://www.w3.org/2000/svg';
 
-/** Small lines: CPU % (and GPU %, where a rank uses a GPU) on a 0-100 scale, RSS scaled to its own maximum. */
-function sparklines(cpu: (number | null)[], rss: (number | null)[], gpu: (number | null)[] = []): SVGElement {
-  const width = 80;
-  const height = 16;
-  const svg = document.createElementNS(SVG, 'svg');
-  svg.setAttribute('width', String(width));
-  svg.setAttribute('height', String(height));
-  svg.setAttribute('class', 'mk-Spark');
-  const line = (values: (number | null)[], top: number, cls: string) => {
-    const n = values.length;
-    const pts = values
-      .map((v, i) => (v === null ? null : `${((i / Math.max(1, n - 1)) * width).toFixed(1)},${(height - 1 - (Math.min(v, top) / (top || 1)) * (height - 2)).toFixed(1)}`))
-      .filter((p): p is string => p !== null);
-    const el = document.createElementNS(SVG, 'polyline');
-    el.setAttribute('points', pts.join(' '));
-    el.setAttribute('class', cls);
-    svg.appendChild(el);
-  };
-  line(cpu, 100, 'mk-Spark-cpu');
-  const known = rss.filter((v): v is number => v !== null);
-  line(rss, known.length ? Math.max(...known) : 1, 'mk-Spark-rss');
-  if (gpu.some(v => v !== null)) {
-    line(gpu, 100, 'mk-Spark-gpu');
-  }
-  return svg;
+/** What a panel's message says, and whether it is good news. */
+interface IBanner {
+  text: string;
+  ok: boolean;
 }
 
 export class MeshPanel extends Widget {
@@ -91,6 +71,7 @@ export class MeshPanel extends Widget {
     this._connection?.metricsReceived.disconnect(this._onMetrics, this);
     this._connection = connection;
     this._metrics.clear();
+    this._banners.clear(); // another kernel's meshes
     connection?.stateChanged.connect(this._onState, this);
     connection?.metricsReceived.connect(this._onMetrics, this);
     this._say('');
@@ -175,16 +156,34 @@ export class MeshPanel extends Widget {
     if (!connection) {
       return { type: 'reply', id: 0, ok: false, message: 'no monarch kernel' };
     }
-    this._say(pending);
+    this._say(pending, true, req.mesh);
     const reply = await connection.request(req);
-    this._say(reply.message, reply.ok);
+    // "stopped procs" outlives procs: the panel says it, not the mesh's box.
+    this._say(reply.message, reply.ok, req.action === 'stop' ? undefined : req.mesh);
     return reply;
   }
 
-  private _say(text: string, ok = true): void {
-    this._message.textContent = text;
-    this._message.dataset.ok = ok ? 'true' : 'false';
-    this._message.hidden = text === '';
+  /** Say `text` in the box of `mesh` (while it is listed: the message goes with it), else atop the panel. */
+  private _say(text: string, ok = true, mesh?: string): void {
+    if (mesh && this._listed(mesh)) {
+      this._banners.set(mesh, { text, ok });
+      const box = this._body.querySelector(`.mk-Mesh[data-mesh="${CSS.escape(mesh)}"] .mk-Mesh-message`);
+      if (box instanceof HTMLElement) {
+        this._showBanner(box, text, ok);
+      }
+      return;
+    }
+    this._showBanner(this._message, text, ok);
+  }
+
+  private _showBanner(el: HTMLElement, text: string, ok: boolean): void {
+    el.textContent = text;
+    el.dataset.ok = ok ? 'true' : 'false';
+    el.hidden = text === '';
+  }
+
+  private _listed(mesh: string): boolean {
+    return (this._connection?.state?.meshes ?? []).some(m => m.name === mesh && !m.stopped);
   }
 
   private _render(): void {
@@ -210,10 +209,16 @@ export class MeshPanel extends Widget {
       return;
     }
     if (state.meshes.length === 0) {
+      this._banners.clear();
       this._body.replaceChildren(
         h('p', { class: 'mk-Panel-empty' }, 'No meshes yet: click New mesh, or run  procs = %mesh spawn -n 4')
       );
       return;
+    }
+    for (const name of [...this._banners.keys()]) {
+      if (!this._listed(name)) {
+        this._banners.delete(name); // its mesh stopped: its messages go with it
+      }
     }
     this._body.replaceChildren(...state.meshes.map(m => this._mesh(m, state)));
   }
@@ -260,6 +265,9 @@ export class MeshPanel extends Widget {
         void this._do({ action: 'stop', mesh: mesh.name }, `stopping ${mesh.name}…`);
       }, { 'data-action': 'stop' })
     );
+    const banner = h('div', { class: 'mk-Mesh-message', role: 'status' });
+    const said = this._banners.get(mesh.name);
+    this._showBanner(banner, said?.text ?? '', said?.ok ?? true);
     const head = h('tr', {}, ...['rank', 'host', 'pid', 'state', 'CPU', 'RSS', 'history', 'last line', ''].map(c => h('th', {}, c)));
     const page = pageOf(mesh.rows, this._pages.get(mesh.name) ?? 0);
     const rows = page.rows.map(r => this._rank(mesh, r, state));
@@ -279,6 +287,7 @@ export class MeshPanel extends Widget {
       },
       title,
       buttons,
+      banner,
       note,
       mesh.rows.length === 0 && mesh.summary
         ? null
@@ -317,19 +326,19 @@ export class MeshPanel extends Widget {
     const actions = h(
       'td',
       { class: 'mk-Rank-actions' },
-      dead ? null : button('Interrupt', `Interrupt rank ${row.rank}`, () => {
+      dead ? null : iconButton(stopIcon, 'Interrupt', `Interrupt rank ${row.rank}`, () => {
         void this._do({ action: 'interrupt', mesh: mesh.name, rank: row.rank }, `interrupting rank ${row.rank}…`);
       }, { 'data-action': 'interrupt' }),
-      dead ? button('Restart', `Restart rank ${row.rank}`, () => {
+      dead ? iconButton(refreshIcon, 'Restart', `Restart rank ${row.rank}`, () => {
         void this._do({ action: 'restart', mesh: mesh.name, rank: row.rank }, `restarting rank ${row.rank}…`);
       }, { 'data-action': 'restart' }) : null,
-      dead ? null : button('Debug', `Debug rank ${row.rank}: JupyterLab's debugger switches to it (%mesh debug ${row.rank})`, () => {
+      dead ? null : iconButton(bugIcon, 'Debug', `Debug rank ${row.rank}: JupyterLab's debugger switches to it (%mesh debug ${row.rank})`, () => {
         void this._do({ action: 'debug', mesh: mesh.name, rank: row.rank }, `pointing the debugger at rank ${row.rank}…`);
       }, { 'data-action': 'debug', ...(debugging ? { 'aria-pressed': 'true' } : {}) }),
-      dead ? null : button('Stacks', `Rank ${row.rank}'s thread stacks (py-spy)`, () => {
+      dead ? null : iconButton(treeViewIcon, 'Stacks', `Rank ${row.rank}'s thread stacks (py-spy)`, () => {
         void this._stacks(mesh.name, row.rank);
       }, { 'data-action': 'rank-stacks' }),
-      button('Log', `Show rank ${row.rank}'s log`, () => {
+      iconButton(listIcon, 'Log', `Show rank ${row.rank}'s log`, () => {
         if (this._connection) {
           this._options.showLog(this._connection, mesh.name, row.rank);
         }
@@ -342,10 +351,11 @@ export class MeshPanel extends Widget {
         ...(row.stack_differs ? { 'data-stack-differs': 'true' } : {}),
         title: row.stack_differs ? `${row.detail} (its stacks differ from the majority's: press Stacks)`.trim() : row.detail
       },
-      h('td', { class: 'mk-Rank-rank' }, String(row.rank)),
+      h('td', { class: 'mk-Rank-rank', title: `rank ${row.rank} · ${row.host}${row.pid === null ? '' : ` · pid ${row.pid}`}` },
+        String(row.rank)),
       h('td', { class: 'mk-Rank-host' }, row.host),
       h('td', { class: 'mk-Rank-pid' }, row.pid === null ? '' : String(row.pid)),
-      h('td', { class: 'mk-Rank-state' }, stateLabel(row)),
+      h('td', { class: 'mk-Rank-state', title: stateLabel(row) }, stateLabel(row)),
       h('td', { class: 'mk-Rank-cpu' }, formatCpu(row.cpu)),
       h('td', { class: 'mk-Rank-rss' }, formatRss(row.rss_mib)),
       h('td', { class: 'mk-Rank-spark', title: 'CPU % (blue), RSS (orange) and GPU % (green, where used) over the last minutes' },
@@ -405,6 +415,7 @@ export class MeshPanel extends Widget {
 
   private _options: IMeshPanelOptions;
   private _metrics = new Map<string, IMetrics>(); // mesh -> its last samples
+  private _banners = new Map<string, IBanner>(); // mesh -> the last message about it
   private _timer: number | null = null;
   private _connection: MeshConnection | null = null;
   private _header: HTMLElement;

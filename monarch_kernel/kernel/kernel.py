@@ -3,9 +3,11 @@
 Kept thin on purpose: the controller is the runtime, usable without Jupyter; the kernel
 only adds magics, sends rank output into the running cell, and gives the settings a
 controller reads (``runtime/config.py``) as traitlets: ``--MeshKernel.heartbeat_timeout=7``
-on its command line, or ``c.MeshKernel.heartbeat_timeout = 7`` in a config file.  Two
-guards against ipykernel's edges: garbage on its ports (``port_guard``), and the order of a
-failed cell's reply and the abort of what was queued behind it.
+on its command line, or ``c.MeshKernel.heartbeat_timeout = 7`` in a config file.  Three
+guards against ipykernel's edges: garbage on its ports (``port_guard``), the order of a
+failed cell's reply and the abort of what was queued behind it, and no busy/idle status for
+the Mesh panel's requests (``quiet_status``: JupyterLab would show their "idle" as the
+notebook's while a cell runs).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from traitlets import Bool, Float, Integer, TraitType, Type, Unicode, observe
 from traitlets.config import Application
 
 from ..runtime import config, diagnostics
+from .panel_messages import COMM_TARGET
 from .port_guard import PortGuard
+from .quiet_status import QuietRequests
 
 _TRAITS: dict[type, type[TraitType]] = {int: Integer, float: Float, str: Unicode, bool: Bool}
 
@@ -60,6 +64,7 @@ class MeshKernel(IPythonKernel):
         diagnostics.install()
         # Garbage on the Jupyter ports: counted and said in one line, not a traceback per frame.
         self.port_guard = PortGuard().install(self.iopub_thread)
+        self.quiet = QuietRequests((COMM_TARGET,), self._comm_target)
         for s in config.kernel_settings():
             if getattr(self, s.name) is not None:  # configured (command line, config file)
                 config.set(s.name, getattr(self, s.name))
@@ -86,6 +91,16 @@ class MeshKernel(IPythonKernel):
             self._aborted_early = False
             return
         super()._abort_queues(subshell_id)
+
+    def _comm_target(self, comm_id: str) -> str | None:
+        comm = self.comm_manager.comms.get(comm_id)
+        return None if comm is None else comm.target_name
+
+    # ipykernel publishes every busy/idle through this method (7.x and 6.x alike).
+    def _publish_status(self, status, channel, parent=None):
+        if channel == "shell" and not self.quiet.publishes(status, parent or self.get_parent(channel)):
+            return  # a request of the Mesh panel: not the notebook's work
+        super()._publish_status(status, channel, parent)
 
     @observe(*(s.name for s in config.kernel_settings()))
     def _setting_changed(self, change) -> None:
