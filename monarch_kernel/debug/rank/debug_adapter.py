@@ -123,13 +123,14 @@ def main(fd: str) -> int:
     control = socket.socket(fileno=int(fd))
     hello = json.loads(control.recv(1 << 16) or b"{}")
     # Imported now, in debugpy's own order (its adapter modules import each other).
-    from debugpy.adapter import clients, servers, sessions  # noqa: F401, I001
+    from debugpy.adapter import clients, servers, sessions  # noqa: I001
     from debugpy.common import log, sockets
 
     log.to_file(prefix="debugpy.adapter")  # only where DEBUGPY_LOG_DIR asks for it
     # Every TCP port the adapter opens from here on (pydevd's now; a "launch" request's later)
     # takes connections only from this user.
     sockets.serve = _serve_this_user
+    clients.listener = None  # it takes clients on no port (debugpy's own main would open one)
     servers.access_token = hello.get("token")
     try:
         host, port = servers.serve(sockets.get_default_localhost())
