@@ -45,7 +45,12 @@ def _accept(listener: socket.socket, handler, name: str, once: bool) -> None:
             sock, address = listener.accept()
         except OSError:  # the listener was closed
             return
-        if not peer_uid.from_this_user(sock):
+        try:
+            mine = peer_uid.from_this_user(sock)
+        except Exception:  # unreadable: nobody's (and this thread must go on taking connections)
+            log.swallow_exception("Cannot tell whose {0} connection from {1} is:", name, address, level="warning")
+            mine = False
+        if not mine:
             log.warning("Refused a {0} connection from {1}: not this user's", name, address)
             _refuse(sock)
             continue
@@ -130,7 +135,9 @@ def main(fd: str) -> int:
     # Every TCP port the adapter opens from here on (pydevd's now; a "launch" request's later)
     # takes connections only from this user.
     sockets.serve = _serve_this_user
-    clients.listener = None  # it takes clients on no port (debugpy's own main would open one)
+    # It takes clients on no port (debugpy's own main would open one, which sets this; its
+    # socket reports read it).
+    clients.listener = None  # type: ignore[attr-defined]
     servers.access_token = hello.get("token")
     try:
         host, port = servers.serve(sockets.get_default_localhost())

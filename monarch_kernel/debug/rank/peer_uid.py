@@ -39,8 +39,8 @@ def owner(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     for table in TABLES:
         try:
             f = open(table, encoding="ascii")
-        except FileNotFoundError:
-            continue  # no IPv6 on this host
+        except OSError:
+            continue  # no IPv6 on this host (or the table is hidden: then nobody is found)
         with f:
             next(f, None)  # the header line
             for line in f:
