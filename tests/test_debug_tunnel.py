@@ -1,8 +1,9 @@
 """The DAP tunnel: the kernel reaches a rank's debugpy only through the rank's relay (actor
-messages on the job's own connection), never with a socket of its own.  Real ranks, a real
-debugpy on each, and a real kernel driven as JupyterLab's panel drives it; one test puts the
-rank in another network namespace, where the kernel could not reach the rank's loopback even
-if it tried, and checks ``--listen`` prints the ssh port-forward that would."""
+messages on the job's own connection), never with a socket of its own, and the relay reaches
+it through a socket pair its adapter was handed, not a port.  Real ranks, a real debugpy on
+each, and a real kernel driven as JupyterLab's panel drives it; one test puts the rank in
+another network namespace, where the kernel could not reach the rank's loopback even if it
+tried, and checks ``--listen`` prints the ssh port-forward that would."""
 
 from __future__ import annotations
 
@@ -32,15 +33,14 @@ from monarch_kernel.debug.rank.relay import DapRelay
 
 pytestmark = pytest.mark.timeout(120)
 
-LISTENS = re.compile(r"its debugpy listens on ([0-9.]+):(\d+)")
 
 
 class DebugpyStarter(Actor):
     @endpoint
-    def listen(self) -> tuple[str, int]:
+    def start(self) -> str:
         from monarch_kernel.debug.rank import rank_debugpy
 
-        return rank_debugpy.listen()
+        return rank_debugpy.start()
 
     @endpoint
     def pid(self) -> int:
@@ -50,6 +50,27 @@ class DebugpyStarter(Actor):
 def _tcp_to(port: int, pid: int) -> list:
     """TCP connections of process ``pid`` whose far end is ``port``."""
     return [c for c in psutil.Process(pid).net_connections("tcp") if c.raddr and c.raddr.port == port]
+
+
+def _adapter(rank_pid: int) -> psutil.Process:
+    """Rank ``rank_pid``'s debug adapter (its one child running debug_adapter)."""
+    found = [p for p in psutil.Process(rank_pid).children() if "debug_adapter" in " ".join(p.cmdline())]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _relay_reaches_debugpy_by_a_socket_pair(rank_pid: int, kernel_pid: int) -> None:
+    """The adapter's only TCP port is pydevd's, on loopback, connected to by the rank alone;
+    the kernel has no socket to it; the relay's session is a unix socket pair (no path)."""
+    adapter = _adapter(rank_pid)
+    listening = [c.laddr for c in adapter.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+    assert len(listening) == 1 and listening[0].ip == "127.0.0.1", listening
+    port = listening[0].port
+    assert set(_loopback_listeners(adapter.pid, port)) == {"127.0.0.1"}
+    assert not _tcp_to(port, kernel_pid), _tcp_to(port, kernel_pid)
+    assert len(_tcp_to(port, rank_pid)) == 1, "pydevd is not what is connected to the adapter's port"
+    streams = [c for c in adapter.net_connections("unix") if c.type == socket.SOCK_STREAM]
+    assert streams and all(not c.laddr and not c.raddr for c in streams), streams
 
 
 def _loopback_listeners(pid: int, port: int) -> list[str]:
@@ -70,9 +91,8 @@ def test_a_dap_session_through_the_relay_and_its_round_trip():
     with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
         relay = procs.spawn("relay", DapRelay)  # before debugpy starts, as the kernel does
         starter = procs.spawn("starter", DebugpyStarter)
-        host, port = starter.listen.call_one().get(timeout=60)
+        starter.start.call_one().get(timeout=60)
         rank_pid = starter.pid.call_one().get(timeout=30)
-        assert host == "127.0.0.1"
         events: list[str] = []
         initialized = threading.Event()
 
@@ -85,14 +105,12 @@ def test_a_dap_session_through_the_relay_and_its_round_trip():
         conn = TunnelConnection(relay, "rank 0", on_event, closed.set)
         try:
             assert conn.request("initialize", INITIALIZE).result(30)["success"]
-            attach = conn.request("attach", {"connect": {"host": host, "port": port}, "justMyCode": False})
+            attach = conn.request("attach", {"justMyCode": False})
             assert initialized.wait(30), "timed out after 30 s waiting for debugpy's initialized event"
             assert conn.request("configurationDone").result(30)["success"]
             assert attach.result(30)["success"]
-            # The only TCP connection to debugpy's port is the rank's own (its relay).
-            assert not _tcp_to(port, os.getpid()), _tcp_to(port, os.getpid())
-            assert _tcp_to(port, rank_pid), "the relay on the rank is not connected to debugpy"
-            assert set(_loopback_listeners(rank_pid, port)) == {"127.0.0.1"}
+            # No port of debugpy's takes clients: the relay's session is a socket pair.
+            _relay_reaches_debugpy_by_a_socket_pair(rank_pid, os.getpid())
             times = []
             for _ in range(30):
                 start = time.perf_counter()
@@ -121,7 +139,7 @@ def test_a_rank_that_dies_fails_the_sessions_requests_at_once():
     with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
         relay = procs.spawn("relay", DapRelay)
         starter = procs.spawn("starter", DebugpyStarter)
-        starter.listen.call_one().get(timeout=60)
+        starter.start.call_one().get(timeout=60)
         rank_pid = starter.pid.call_one().get(timeout=30)
         closed = threading.Event()
         conn = TunnelConnection(relay, "rank 0", lambda _m: None, closed.set)
@@ -140,7 +158,7 @@ def test_a_session_the_kernel_stops_renewing_ends_and_a_new_one_takes_over():
         relay = procs.spawn("relay", DapRelay)
         other = procs.spawn("other_relay", DapRelay)  # as another kernel's would be
         starter = procs.spawn("starter", DebugpyStarter)
-        starter.listen.call_one().get(timeout=60)
+        starter.start.call_one().get(timeout=60)
         # A kernel that opened a session and then died: it never renews it.
         port, receiver = Channel.open()
         link = relay.open.call_one(port, 0.5).get(timeout=30)
@@ -174,7 +192,7 @@ def test_sessions_ended_as_soon_as_they_open_leave_the_rank_debuggable():
     with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
         relays = [procs.spawn("relay", DapRelay), procs.spawn("other_relay", DapRelay)]
         starter = procs.spawn("starter", DebugpyStarter)
-        starter.listen.call_one().get(timeout=60)
+        starter.start.call_one().get(timeout=60)
         for i in range(12):
             port, _receiver = Channel.open()
             link = relays[i % 2].open.call_one(port, 30.0).get(timeout=30)
@@ -204,9 +222,7 @@ def test_where_a_rank_runs_decides_remote_and_the_ssh_line():
 def test_the_kernel_holds_no_connection_to_a_ranks_debugpy(kc):
     s = Session(kc)
     out = s.cell("procs = %mesh spawn -n 2\n%mesh debug 1")
-    host, port = LISTENS.search(out).groups()
-    port = int(port)
-    assert host == "127.0.0.1", out
+    assert "now debugs rank 1 (the kernel reaches its debugpy through the rank's relay" in out, out
     kernel_pid = int(s.cell("import os\nos.getpid()").split()[-1])
     rank_pid = int(s.cell("%%mesh --ranks 1\nimport os\nos.getpid()").split()[-1])
     start_debugger(s)
@@ -221,11 +237,9 @@ def test_the_kernel_holds_no_connection_to_a_ranks_debugpy(kc):
     scopes = s.dap("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
     variables = s.dap("variables", {"variablesReference": scopes[0]["variablesReference"]})["body"]["variables"]
     assert {v["name"]: v["value"] for v in variables}["a"] == "6"
-    # Stopped, with the panel's session live: the kernel has no socket to debugpy at all.
-    assert not _tcp_to(port, kernel_pid), _tcp_to(port, kernel_pid)
-    assert not [c for c in psutil.Process(kernel_pid).net_connections("tcp") if c.laddr.port == port]
-    assert _tcp_to(port, rank_pid), "rank 1's relay is not what talks to its debugpy"
-    assert set(_loopback_listeners(rank_pid, port)) == {"127.0.0.1"}
+    # Stopped, with the panel's session live: the kernel has no socket to debugpy at all, and
+    # debugpy takes no client on a port.
+    _relay_reaches_debugpy_by_a_socket_pair(rank_pid, kernel_pid)
     times = []
     for _ in range(20):
         start = time.perf_counter()
@@ -287,7 +301,7 @@ def test_a_rank_in_another_network_namespace_is_debugged_through_the_tunnel(kc, 
     assert not [c for c in here if c.pid in adapters], here
     # JupyterLab's panel on that rank: a breakpoint stop, its stack and variables.
     out = s.cell("%mesh debug 0")
-    assert f"now debugs rank 0 (its debugpy listens on 127.0.0.1:{port} on {address};" in out, out
+    assert f"now debugs rank 0 on {address} (the kernel reaches its debugpy through the rank's relay" in out, out
     start_debugger(s)
     cell = "%%mesh\nimport socket\nwhere = socket.gethostname()\nn = 5\nprint('n is', n)"
     path = s.dap("dumpCell", {"code": cell})["body"]["sourcePath"]

@@ -78,7 +78,7 @@ def test_response_answers_the_request_it_was_given():
 @pytest.fixture
 def target():
     published: list[dict] = []
-    t = RankTarget(None, "procs", 1, ("127.0.0.1", 1), published.append)
+    t = RankTarget(None, "procs", 1, published.append)
     t.published = published
     return t
 

@@ -47,7 +47,7 @@ class Console(Actor):
         pdb_rank.configure(opts.get("pdb_port"), opts.get("post_mortem"))
         pdb_rank.config.cell_files.add(filename)
         remember_source(filename, cell)
-        if rank_debugpy.listening() is not None:
+        if rank_debugpy.started() is not None:
             rank_debugpy.write_source(filename, cell)
         self.capture.clear()
         try:
@@ -75,9 +75,9 @@ class Console(Actor):
             print(SYNC + token, file=sys.stderr, flush=True)
 
     @endpoint
-    def debug_listen(self, host: str = "127.0.0.1") -> tuple[str, int]:
-        """Start debugpy here; runs on the console's own thread so cells are traced."""
-        return rank_debugpy.listen(host)
+    def debug_start(self) -> str:
+        """Start debugpy here (its ident); runs on the console's own thread so cells are traced."""
+        return rank_debugpy.start()
 
     @endpoint
     async def debug_setup(self, pdb_port=None, post_mortem: bool | None = None) -> None:

@@ -26,11 +26,10 @@ from IPython.core.error import UsageError
 from ...actor.errors import ActorError
 from ...runtime import hosts
 from ..messages import RankHost
+from ..rank import rank_debugpy
 from ..rank.inspector import Inspector
 from ..rank.relay import DapRelay
 from .rank_target import INSPECT_TIMEOUT_S, REPLY_TIMEOUT_S, FrontendState, RankTarget
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
@@ -39,7 +38,7 @@ class RankHelpers:
 
     inspector: Any  # Inspector: the variable panel while the rank runs
     relay: Any  # DapRelay: the DAP session's way to the rank's debugpy
-    port: int = 0  # where the rank's debugpy listens (a new one means the rank was restarted)
+    ident: str = ""  # the rank's debugpy (a new one means the rank was restarted)
     host: RankHost | None = None
 
 
@@ -163,11 +162,16 @@ def command(session, shell, args: list[str]) -> None:
         elif a == "--host":
             host = next(it, None)
             if not host:
-                raise UsageError("--host needs an address, e.g.  %mesh debug 3 --listen --host 0.0.0.0")
+                raise UsageError("--host needs a loopback address, e.g.  %mesh debug 3 --listen --host ::1")
         else:
             raise UsageError(f"%mesh debug: unexpected {a!r}; {usage}")
     if host is not None and not listen:
-        raise UsageError("--host goes with --listen:  %mesh debug 3 --listen --host 0.0.0.0")
+        raise UsageError("--host goes with --listen:  %mesh debug 3 --listen --host ::1")
+    if host is not None and rank_debugpy.loopback(host) is None:
+        raise UsageError(f"%mesh debug: --host {host} is not a loopback address.  The debugger listens only on the "
+                         f"loopback (127.0.0.1 or ::1), where it can check that a client is you; to attach from "
+                         f"another machine, forward a port to it:  ssh -N -L PORT:127.0.0.1:PORT "
+                         f"{socket.gethostname()}")
     try:
         rank = int(rank_word)
     except ValueError:
@@ -176,7 +180,6 @@ def command(session, shell, args: list[str]) -> None:
     if not 0 <= rank < len(procs):
         raise UsageError(f"%mesh debug {rank}: the mesh has ranks 0-{len(procs) - 1}")
     one = consoles.flatten("ranks").slice(ranks=rank)  # counted across every dim (hosts too)
-    want = host or "127.0.0.1"
     key = (procs.ref.id, rank)
     helpers = _helpers.get(key)
     fresh = None
@@ -184,29 +187,24 @@ def command(session, shell, args: list[str]) -> None:
         # Spawned before debugpy starts on the rank: an actor thread started after it
         # makes an interrupt of a rank stopped at a breakpoint land a line late.
         fresh = _spawn_helpers(procs, rank)
-    got_host, port = one.debug_listen.call_one(want).get(timeout=REPLY_TIMEOUT_S)
-    if helpers is not None and helpers.port != port:  # the rank was restarted: its helpers went with it
+    ident = one.debug_start.call_one().get(timeout=REPLY_TIMEOUT_S)
+    if helpers is not None and helpers.ident != ident:  # the rank was restarted: its helpers went with it
         fresh = _spawn_helpers(procs, rank)
     if fresh is not None:
-        fresh.port = port
+        fresh.ident = ident
         fresh.host = RankHost.decode(fresh.relay.where.call_one().get(timeout=REPLY_TIMEOUT_S))
         helpers = _helpers[key] = fresh
     assert helpers is not None and helpers.host is not None
     mesh_host = procs.ref.hosts[rank] if rank < len(procs.ref.hosts) else ""
     remote = is_remote(helpers.host, mesh_host)
     if listen:
-        if got_host != want:
-            print(f"note: rank {rank}'s debugpy already listens on {got_host}; a rank starts debugpy once, "
-                  f"so --host applies only the first time (restart the rank to change it)")
+        got_host, port = helpers.relay.listen.call_one(host or "127.0.0.1").get(timeout=REPLY_TIMEOUT_S)
         if not remote:
             print(launch_config(procs.name, rank, got_host, port))
             return
         where = ssh_host(helpers.host, mesh_host)
-        if got_host not in LOOPBACK:
-            print(launch_config(procs.name, rank, where if got_host in ("0.0.0.0", "::") else got_host, port))
-            return
         local_port = free_local_port()
-        print(f"rank {rank} runs on {where}, where its debugpy listens on {got_host}:{port} only.  Forward a "
+        print(f"rank {rank} runs on {where}, where its debugger listens on {got_host}:{port} only.  Forward a "
               f"port to it first, from the machine VS Code runs on (leave it running):\n"
               f"  {ssh_forward(local_port, got_host, port, where)}")
         print(launch_config(procs.name, rank, "127.0.0.1", local_port))
@@ -216,11 +214,11 @@ def command(session, shell, args: list[str]) -> None:
     if current is not None and (current.mesh, current.rank) == (procs.name, rank) and current.conn is not None:
         print(f"JupyterLab's debugger is already on {current.label}")
         return
-    dbg.switch(RankTarget(helpers.inspector, procs.name, rank, (got_host, port), dbg.event_callback,
-                          relay=helpers.relay, remote=remote))
+    dbg.switch(RankTarget(helpers.inspector, procs.name, rank, dbg.event_callback, relay=helpers.relay,
+                          remote=remote))
     on = f" on {ssh_host(helpers.host, mesh_host)}" if remote else ""
-    print(f"JupyterLab's debugger now debugs rank {rank} (its debugpy listens on {got_host}:{port}{on}; the kernel "
-          f"reaches it through the mesh's own connection): set breakpoints in %%mesh cells and run them.  "
+    print(f"JupyterLab's debugger now debugs rank {rank}{on} (the kernel reaches its debugpy through the rank's "
+          f"relay, over the mesh's own connection): set breakpoints in %%mesh cells and run them.  "
           f"%mesh debug off goes back to the kernel.")
 
 
@@ -307,7 +305,8 @@ def launch_config(mesh: str, rank: int, host: str, port: int) -> str:
     """A VS Code ``launch.json`` "attach" entry for a rank's debugpy."""
     entry = {"name": f"monarch {mesh} rank {rank}", "type": "debugpy", "request": "attach",
              "connect": {"host": host, "port": port}, "justMyCode": False}
-    return ("Add this to .vscode/launch.json \"configurations\" (one DAP client at a time per rank):\n"
+    return (f"Add this to .vscode/launch.json \"configurations\".  The port takes one client, run by you (any "
+            f"other user's connection is closed), then closes; %mesh debug {rank} --listen again opens another:\n"
             + json.dumps(entry, indent=2))
 
 

@@ -63,12 +63,10 @@ class FrontendState:
 class RankTarget:
     """One rank's debugpy, driven for the frontend.  Blocking; run off the control loop."""
 
-    def __init__(self, inspector, mesh: str, rank: int, address: tuple[str, int], publish,
-                 relay=None, remote: bool = False):
+    def __init__(self, inspector, mesh: str, rank: int, publish, relay=None, remote: bool = False):
         self.inspector = inspector  # this rank's Inspector actor: answers while the console is busy
         self.relay = relay  # this rank's DapRelay actor: the DAP session goes through it
         self.mesh, self.rank = mesh, rank
-        self.address = address  # where debugpy listens, as the rank sees it (its own loopback)
         self.remote = remote  # the rank runs on another host: its files are not ours
         self._publish = publish
         self.current = True  # events reach the frontend only while this is the target
@@ -142,7 +140,8 @@ class RankTarget:
             if self.attached:
                 return {"success": True}
             args = dict(args or {})
-            args["connect"] = {"host": self.address[0], "port": self.address[1]}
+            for key in ("connect", "listen", "host", "port", "processId", "subProcessId"):
+                args.pop(key, None)  # the frontend's, for the kernel's debugpy: the rank's adapter has its own
             args.setdefault("justMyCode", False)
             # Never step into the runtime's own frames (worker loop, console plumbing).
             args["rules"] = [*args.get("rules", []), {"path": rank_debugpy.package_dir(), "include": False}]

@@ -58,7 +58,7 @@ class Inspector(Actor):
     def interrupt(self, actor_id: str) -> bool:
         """Interrupt the console while debugpy holds the rank at a breakpoint.  debugpy
         suspends every traced thread then; this actor's own thread is untraced (as is the
-        rank's IO thread once debugpy runs, ``rank_debugpy.listen``), so the call gets here."""
+        rank's IO thread once debugpy runs, ``rank_debugpy.start``), so the call gets here."""
         return Runtime.current().server.interrupt_actor(actor_id)
 
 

@@ -1,19 +1,42 @@
 """debugpy on a rank, started on demand: what JupyterLab's debugger (through the kernel) or
 VS Code attaches to, and the cell sources and namespace it is shown.
 
-Runs in rank processes (the console calls it).  It must never start debugpy unless asked,
-never listen beyond loopback unless the user named another host, and never change the
-environment at import.
+Runs in rank processes (the console and the relay call it).  debugpy's adapter runs as this
+rank's child (``debug_adapter.py``) and takes DAP clients only as sockets handed to it here:
+the relay's, and the one client of a loopback port ``listen_once`` opens for ``--listen``, which
+only this user may connect to.  It must never start debugpy unless asked, never listen beyond
+loopback, and never change the environment at import.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
+import secrets
 import socket
+import subprocess
+import sys
 import threading
+from dataclasses import dataclass
 
-_listen_lock = threading.Lock()
-_listening: tuple[str, int] | None = None
+from ...runtime import config
+from .debug_adapter import CLIENT, LISTEN
+
+START_TIMEOUT_S = config.seconds("debugpy_start_timeout")
+ADAPTER_MAIN = ("import sys; sys.path += sys.argv[2:]; "
+                "from monarch_kernel.debug.rank.debug_adapter import main; sys.exit(main(sys.argv[1]))")
+
+
+@dataclass
+class _Debugpy:
+    ident: str  # tells this debugpy from a restarted rank's
+    control: socket.socket  # the pair to the adapter: it takes clients and ports from here
+    adapter: subprocess.Popen
+
+
+_start_lock = threading.Lock()
+_debugpy: _Debugpy | None = None
 _namespace: dict = {}  # the console's namespace on this rank (share_namespace)
 
 
@@ -34,27 +57,144 @@ def quiet_pydevd() -> None:
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 
-def listening() -> tuple[str, int] | None:
-    """The (host, port) debugpy listens on in this rank, if it was started."""
-    return _listening
+def started() -> str | None:
+    """This rank's debugpy's ident, if it was started."""
+    return _debugpy.ident if _debugpy is not None else None
 
 
-def listen(host: str = "127.0.0.1") -> tuple[str, int]:
-    """Start debugpy in this rank (once); the (host, port) a DAP client connects to."""
-    global _listening
-    with _listen_lock:
-        if _listening is not None:
-            return _listening
+def start() -> str:
+    """Start debugpy in this rank (once; on the thread whose code should be traced, with
+    every thread started later); its ident, new in each process."""
+    global _debugpy
+    with _start_lock:
+        if _debugpy is not None:
+            return _debugpy.ident
         quiet_pydevd()
         _untrace_io_thread()
         import debugpy
+        from debugpy.server import api
 
+        if api.listen.called:
+            raise RuntimeError("debugpy.listen() was already called in this rank, so the kernel cannot start its "
+                               "own debugpy here; restart the rank (%mesh restart) and use %mesh debug R")
         # Ranks are not meant to spawn debugged children of their own.
         debugpy.configure(subProcess=False)
-        got = debugpy.listen((host, 0))
+        token = secrets.token_hex(32)
+        control, adapter, server = _spawn_adapter(token)
+        try:
+            _trace(server, token)
+        except BaseException:
+            adapter.kill()
+            control.close()
+            raise
+        api.listen.called = True  # as debugpy.listen() marks it: a second listen() here raises, not hangs
         _reply_at_once()
-        _listening = (str(got[0]), int(got[1]))
-        return _listening
+        _debugpy = _Debugpy(secrets.token_hex(8), control, adapter)
+        return _debugpy.ident
+
+
+def _spawn_adapter(token: str) -> tuple[socket.socket, subprocess.Popen, tuple[str, int]]:
+    """Start this rank's adapter; the pair to it, the process, and where pydevd connects."""
+    import debugpy
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # The rank's sys.path may come from its start-up, not PYTHONPATH: the adapter appends
+    # where monarch_kernel and debugpy are (appended: they never hide the standard library).
+    paths = [os.path.dirname(package_dir()), os.path.dirname(os.path.dirname(debugpy.__file__))]
+    try:
+        adapter = subprocess.Popen([sys.executable, "-c", ADAPTER_MAIN, str(theirs.fileno()), *paths],
+                                   pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   start_new_session=True)  # an interrupt of the rank's process group is not for it
+    finally:
+        theirs.close()
+    try:
+        ours.settimeout(START_TIMEOUT_S)
+        ours.send(json.dumps({"token": token}).encode())
+        data = ours.recv(1 << 16)
+        if not data:
+            raise RuntimeError("debugpy's adapter exited as it started (its error is in this rank's stderr)")
+        reply = json.loads(data)
+        if "error" in reply:
+            raise RuntimeError(f"debugpy's adapter did not start: {reply['error']}")
+        ours.settimeout(None)
+        host, port = reply["server"]
+        return ours, adapter, (str(host), int(port))
+    except TimeoutError:
+        adapter.kill()
+        ours.close()
+        raise RuntimeError(f"debugpy's adapter did not start within {START_TIMEOUT_S:g} s") from None
+    except BaseException:
+        adapter.kill()
+        ours.close()
+        raise
+
+
+def _trace(server: tuple[str, int], token: str) -> None:
+    """Connect pydevd to the adapter and trace from here on, as ``debugpy.listen`` would."""
+    import debugpy
+    import pydevd  # type: ignore[import-not-found]  # on sys.path once debugpy.server is imported
+    from debugpy.common.util import hide_debugpy_internals
+    from pydevd_file_utils import absolute_path  # type: ignore[import-not-found]
+
+    kwargs: dict = {}
+    if hide_debugpy_internals():
+        kwargs["dont_trace_start_patterns"] = (os.path.dirname(absolute_path(debugpy.__file__)),)
+        kwargs["dont_trace_end_patterns"] = ("debugpy_launcher.py",)
+    pydevd.settrace(host=server[0], port=server[1], suspend=False, patch_multiprocessing=False,
+                    wait_for_ready_to_run=False, block_until_connected=True, access_token=token,
+                    notify_stdin=False, **kwargs)
+
+
+def _control() -> socket.socket:
+    if _debugpy is None:
+        raise RuntimeError("debugpy is not running on this rank; %mesh debug R starts it")
+    return _debugpy.control
+
+
+def _hand_over(kind: bytes, sock: socket.socket) -> None:
+    try:
+        socket.send_fds(_control(), [kind], [sock.fileno()])
+    except OSError as e:
+        raise ConnectionError(f"this rank's debug adapter is gone ({e}); restart the rank to debug it") from None
+
+
+def open_client() -> socket.socket:
+    """A new DAP connection to this rank's debugpy: one end of a socket pair whose other end
+    the adapter takes as a client."""
+    mine, theirs = socket.socketpair()
+    try:
+        _hand_over(CLIENT, theirs)
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    return mine
+
+
+def loopback(host: str) -> str | None:
+    """``host`` as a loopback address to listen on, or None if it is not one."""
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        return host if ipaddress.ip_address(host).is_loopback else None
+    except ValueError:
+        return None
+
+
+def listen_once(host: str = "127.0.0.1") -> tuple[str, int]:
+    """A port on this host's loopback that takes one DAP client of this rank's user (any
+    other user's connection is closed unread), then closes; an unused one given before
+    closes now.  The (host, port) to attach to."""
+    address = loopback(host)
+    if address is None:
+        raise ValueError(f"the debugger listens only on a loopback address (127.0.0.1 or ::1), not {host!r}")
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as listener:
+        listener.bind((address, 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        _hand_over(LISTEN, listener)  # the adapter holds it from here; our copy closes
+    return address, port
 
 
 def _untrace_io_thread() -> None:
@@ -75,7 +215,7 @@ def _reply_at_once() -> None:
     debug adapter; without TCP_NODELAY the second waits for the adapter's delayed ACK, and
     every response takes ~40 ms more.  (debugpy's own socket: nothing of ours travels on it.)"""
     try:
-        import pydevd  # type: ignore[import-not-found]  # on sys.path once debugpy.server set it up, as listen() has
+        import pydevd  # on sys.path once debugpy.server is imported, as start() has
 
         sock = pydevd.get_global_debugger().writer.sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

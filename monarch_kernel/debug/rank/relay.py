@@ -1,6 +1,8 @@
-"""The rank's end of the DAP tunnel: ``DapRelay`` connects to this rank's debugpy on the
-rank's own loopback and carries the kernel's DAP session over actor messages (the kernel's
-calls in, a port of the kernel's out), so no debug port is ever reached over the network.
+"""The rank's end of the DAP tunnel: ``DapRelay`` opens a connection to this rank's debugpy (a
+socket pair whose other end the rank's debug adapter takes, ``rank_debugpy.open_client``) and
+carries the kernel's DAP session over actor messages (the kernel's calls in, a port of the
+kernel's out), so no debug port is reached over the network, or by anyone but the kernel.
+It also opens ``--listen``'s loopback port, which takes one client of the rank's own user.
 
 Runs in rank processes (the kernel spawns one per debugged rank, before debugpy starts).
 All of it runs on the actor's own worker thread and event loop, which debugpy never traces
@@ -59,15 +61,6 @@ class _Link:
 _links: dict[int, _Link] = {}
 _ids = itertools.count(1)
 _last_end = [0.0]  # when a session's connection last ended (time.monotonic)
-
-
-def loopback_for(host: str) -> str:
-    """Where on this host to reach a server listening on ``host`` (any address: loopback)."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
 
 
 def _end(entry: _Link, why: str) -> None:
@@ -139,12 +132,16 @@ class DapRelay(Actor):
         return RankHost(socket.gethostname(), hosts.host_key(), hosts.ipv4_addresses()).encode()
 
     @endpoint
+    async def listen(self, host: str = "127.0.0.1") -> tuple[str, int]:
+        """A port on this host's loopback for one DAP client of this rank's user (``%mesh
+        debug R --listen``): it closes once that client connects (or a new one is asked for)."""
+        return rank_debugpy.listen_once(host)
+
+    @endpoint
     async def open(self, port: Port, lease_s: float = 30.0) -> int:
         """Connect to this rank's debugpy; the link's number, for the other endpoints."""
-        listening = rank_debugpy.listening()
-        if listening is None:
+        if rank_debugpy.started() is None:
             raise RuntimeError("debugpy is not running on this rank; %mesh debug R starts it")
-        host, dport = listening
         olds = list(_links.values())
         for old in olds:
             _end(old, "a new session took over")
@@ -154,7 +151,7 @@ class DapRelay(Actor):
         settle = _last_end[0] + SETTLE_S - time.monotonic()
         if settle > 0:
             await asyncio.sleep(settle)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(loopback_for(host), dport),
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(sock=rank_debugpy.open_client()),
                                                 CONNECT_TIMEOUT_S)
         entry = _Link(reader, writer, port, asyncio.get_running_loop(), lease_s)
         try:

@@ -1,0 +1,345 @@
+"""Nobody but the rank's own user reaches a rank's debugger.  A real 2-rank mesh, debugpy
+started on rank 1 as ``%mesh debug 1 --listen`` starts it, and an attacker run as another
+user (uid 65534, the system's python) that tries every socket the rank's debug machinery
+listens on (read from /proc for the rank and its descendants) with DAP initialize, attach,
+pause, stackTrace and an evaluate that would write a file as the notebook's user.  The same
+attacker as the rank's own user, through the printed ``--listen`` entry, runs its code: so
+the attack is real.  Another host (a network namespace) finds nothing listening at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import time
+
+import psutil
+import pytest
+from test_debug import Session
+from test_debug_tunnel import other_host  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.timeout(150)
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+SYSTEM_PYTHON = "/usr/bin/python3"  # every user can run it; it has no debugpy, no torch
+
+# A DAP client in the standard library alone: argv[1] is a JSON list of targets (["tcp", host,
+# port] or ["unix", path], "@name" for an abstract socket), argv[2] the file its evaluate
+# writes.  It prints, per target, what it got: EACCES, refused, closed (connected, then
+# nothing but the end), silent (nothing within the deadline), answered (DAP replies, but no
+# code ran), or ran (the evaluate succeeded).
+ATTACK = r'''
+import json, socket, sys, time
+
+def frame(seq, command, arguments=None):
+    body = json.dumps({"seq": seq, "type": "request", "command": command,
+                       "arguments": arguments or {}}).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+class Peer:
+    def __init__(self, sock):
+        self.sock, self.buf, self.got, self.ended = sock, b"", 0, False
+    def next(self, deadline):
+        while True:
+            if b"\r\n\r\n" in self.buf:
+                head, rest = self.buf.split(b"\r\n\r\n", 1)
+                n = int(head.split(b":")[1])
+                if len(rest) >= n:
+                    self.buf = rest[n:]
+                    return json.loads(rest[:n])
+            left = deadline - time.monotonic()
+            if left <= 0 or self.ended:
+                return None
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                return None
+            except OSError:
+                data = b""
+            if not data:
+                self.ended = True
+                return None
+            self.got += len(data)
+            self.buf += data
+    def wait(self, want, deadline):
+        while True:
+            msg = self.next(deadline)
+            if msg is None or want(msg):
+                return msg
+    def send(self, seq, command, arguments=None):
+        try:
+            self.sock.sendall(frame(seq, command, arguments))
+        except OSError:
+            self.ended = True
+
+def response(seq):
+    return lambda m: m.get("type") == "response" and m.get("request_seq") == seq
+
+def attack(target, marker):
+    if target[0] == "tcp":
+        sock = socket.socket(socket.AF_INET6 if ":" in target[1] else socket.AF_INET)
+        address = (target[1], target[2])
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        address = "\0" + target[1][1:] if target[1].startswith("@") else target[1]
+    sock.settimeout(5)
+    try:
+        sock.connect(address)
+    except PermissionError:
+        return "EACCES"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError as e:
+        return "error: %s" % e
+    peer, deadline = Peer(sock), time.monotonic() + 20
+    peer.send(1, "initialize", {"adapterID": "python", "clientID": "attacker", "pathFormat": "path",
+                                "linesStartAt1": True, "columnsStartAt1": True})
+    peer.send(2, "attach", {"justMyCode": False})
+    if peer.wait(lambda m: m.get("event") == "initialized", deadline) is None:
+        return "closed" if peer.ended and not peer.got else ("silent" if not peer.got else "answered")
+    peer.send(3, "configurationDone")
+    peer.wait(response(2), deadline)
+    peer.send(4, "threads")
+    threads = (peer.wait(response(4), deadline) or {}).get("body", {}).get("threads", [])
+    spin = [t["id"] for t in threads if t["name"] == "spin"]
+    if not spin:
+        return "answered"
+    peer.send(5, "pause", {"threadId": spin[0]})
+    stopped = peer.wait(lambda m: m.get("event") == "stopped", deadline)
+    if stopped is None:
+        return "answered"
+    peer.send(6, "stackTrace", {"threadId": stopped["body"]["threadId"]})
+    frames = (peer.wait(response(6), deadline) or {}).get("body", {}).get("stackFrames", [])
+    if not frames:
+        return "answered"
+    code = "open(%r, 'w').write(__import__('os').popen('id').read())" % marker
+    peer.send(7, "evaluate", {"expression": code, "frameId": frames[0]["id"], "context": "repl"})
+    ran = peer.wait(response(7), deadline)
+    peer.send(8, "disconnect", {"terminateDebuggee": False})  # lets the rank run on
+    peer.wait(response(8), time.monotonic() + 5)
+    return "ran" if ran and ran.get("success") else "answered"
+
+targets, marker = json.loads(sys.argv[1]), sys.argv[2]
+print(json.dumps([[t, attack(t, marker)] for t in targets]))
+'''
+
+
+def _address(hex_address: str) -> str:
+    """An address as /proc/net/tcp{,6} lists it (32-bit words in host byte order), as text."""
+    raw = b"".join(struct.pack("=I", int(hex_address[i:i + 8], 16)) for i in range(0, len(hex_address), 8))
+    return socket.inet_ntoa(raw) if len(raw) == 4 else socket.inet_ntop(socket.AF_INET6, raw)
+
+
+def _listeners(pid: int) -> set[tuple]:
+    """Every socket process ``pid`` listens on, read from /proc/PID (so in its own network
+    namespace): ("tcp", address, port) and ("unix", path or @abstract name)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found: set[tuple] = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    ip, port = fields[1].rsplit(":", 1)
+                    found.add(("tcp", _address(ip), int(port, 16)))
+    with open(f"/proc/{pid}/net/unix") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()  # Num RefCount Protocol Flags Type St Inode [Path]
+            if len(fields) > 7 and fields[6] in inodes and int(fields[3], 16) & 0x10000:  # __SO_ACCEPTCON
+                found.add(("unix", fields[7]))
+    return found
+
+
+def _family(rank_pid: int) -> list[int]:
+    return [rank_pid] + [p.pid for p in psutil.Process(rank_pid).children(recursive=True)]
+
+
+def _debug_listeners(rank_pid: int, before: set[tuple]) -> set[tuple]:
+    """What the rank's debug machinery listens on: the sockets its descendants (debugpy's
+    adapter) listen on, and those the rank itself opened since ``before``."""
+    found = _listeners(rank_pid) - before
+    for pid in _family(rank_pid)[1:]:
+        try:
+            found |= _listeners(pid)
+        except FileNotFoundError:  # it ended meanwhile (the `id` the attack ran, say)
+            pass
+    return found
+
+
+def _ports(listeners: set[tuple]) -> set[tuple]:
+    return {t for t in listeners if t[0] == "tcp"}
+
+
+def _wait(what: str, check, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.05)
+    return got
+
+
+def _attack(targets, marker, as_user: list[str], netns: str | None = None) -> dict:
+    command = [*as_user, SYSTEM_PYTHON, "-c", ATTACK, json.dumps(sorted(targets)), str(marker)]
+    if netns is not None:
+        command = ["ip", "netns", "exec", netns, *command]
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    return {tuple(t): got for t, got in json.loads(ran.stdout)}
+
+
+def _rank_pid(s: Session, rank: int) -> int:
+    return int(s.cell(f"%%mesh --ranks {rank}\nimport os\nos.getpid()").split()[-1])
+
+
+SPIN = ("%%mesh --ranks 1\nimport threading, time\ndef _spin():\n    while True:\n        time.sleep(0.02)\n"
+        "threading.Thread(target=_spin, name='spin', daemon=True).start()")
+
+
+def _needs_other_users():
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to run an attacker as another user")
+
+
+def test_another_user_gets_nothing_from_a_ranks_debugger_and_the_user_gets_in(kc, tmp_path):
+    _needs_other_users()
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 2")
+    rank_pid = _rank_pid(s, 1)
+    before = _listeners(rank_pid)
+    out = s.cell("%mesh debug 1 --listen")
+    entry = json.loads(out[out.index("{"):])
+    listen = ("tcp", entry["connect"]["host"], entry["connect"]["port"])
+    s.cell(SPIN)  # a thread to pause (started after debugpy, so it is traced)
+    targets = _debug_listeners(rank_pid, before)
+    assert listen in targets, (listen, targets)
+    # Ports on the loopback only; unix sockets (the new helper actors' inboxes) in the run directory.
+    assert all(t[1] == "127.0.0.1" for t in _ports(targets)), targets
+    assert all(t[1].startswith(s.cell("%%mesh --ranks 1\nimport tempfile\nprint(tempfile.gettempdir())").split()[-1])
+               for t in targets - _ports(targets)), targets
+    marker = tmp_path / "ran-as-the-notebook-user"
+
+    got = _attack(targets, marker, NOBODY)
+    assert set(got) == targets and all(v in ("refused", "closed", "EACCES") for v in got.values()), got
+    assert not marker.exists(), marker.read_text()
+
+    # The rank's own user, through the printed entry, gets in (after the other user's tries).
+    got = _attack([listen], marker, [])
+    assert got == {listen: "ran"}, got
+    assert marker.read_text().startswith(f"uid={os.geteuid()}"), marker.read_text()
+    # That session over, the port it came through is gone; the rank runs on.
+    _wait(f"port {listen[2]} to close", lambda: listen not in _debug_listeners(rank_pid, before))
+    assert "[rank 1] 3" in s.cell("%%mesh --ranks 1\n1 + 2")
+
+
+def test_a_listen_port_takes_one_client_and_goes_away_with_its_session(kc):
+    from monarch_kernel.debug.dap import DapConnection
+
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 2")
+    rank_pid = _rank_pid(s, 1)
+    before = _listeners(rank_pid)
+    out = s.cell("%mesh debug 1 --listen")
+    first = json.loads(out[out.index("{"):])["connect"]
+    internal = _ports(_debug_listeners(rank_pid, before)) - {("tcp", first["host"], first["port"])}
+    assert len(internal) == 1, internal  # pydevd's way to the adapter (this user only)
+    # Asked again before anyone used it: a new port, and the old one closes.
+    out = s.cell("%mesh debug 1 --listen")
+    entry = json.loads(out[out.index("{"):])["connect"]
+    assert entry != first
+    _wait("the unused --listen port to close", lambda: _ports(_debug_listeners(rank_pid, before)) == internal | {
+        ("tcp", entry["host"], entry["port"])})
+    events: list[str] = []
+    conn = DapConnection(entry["host"], entry["port"], lambda m: events.append(m["event"]))
+    try:
+        assert conn.request("initialize", {"adapterID": "python"}).result(30)["success"]
+        # The port took its one client: it is gone while the session goes on.
+        _wait("the used --listen port to close", lambda: _ports(_debug_listeners(rank_pid, before)) == internal)
+        pending = conn.request("attach", {"justMyCode": False})
+        _wait("debugpy's initialized event", lambda: "initialized" in events, 30)
+        assert conn.request("configurationDone").result(30)["success"] and pending.result(30)["success"]
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((entry["host"], entry["port"]), timeout=5).close()
+        conn.request("disconnect", {"terminateDebuggee": False}).result(30)
+    finally:
+        conn.close()
+    # JupyterLab's panel on the rank opens no port at all.
+    out = s.cell("%mesh debug 1")
+    assert "now debugs rank 1" in out, out
+    assert _ports(_debug_listeners(rank_pid, before)) == internal
+
+
+def test_another_host_finds_nothing_of_the_debugger_listening(kc, tmp_path, other_host):  # noqa: F811
+    _needs_other_users()
+    ns, address_there = other_host
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 2")
+    rank_pid = _rank_pid(s, 1)
+    before = _listeners(rank_pid)
+    s.cell("%mesh debug 1 --listen")
+    s.cell(SPIN)
+    targets = _ports(_debug_listeners(rank_pid, before))
+    assert len(targets) == 2 and all(t[1] == "127.0.0.1" for t in targets), targets
+    ours = address_there.rsplit(".", 1)[0] + ".1"  # this host, as the other one reaches it
+    marker = tmp_path / "ran-from-another-host"
+    from_there = {("tcp", ours, t[2]) for t in targets}
+    got = _attack(from_there, marker, [], netns=ns)
+    assert got == {t: "refused" for t in from_there}, got
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("line, hint", [
+    ("%mesh debug 1 --listen --host 0.0.0.0", "--host 0.0.0.0 is not a loopback address"),
+    ("%mesh debug 1 --listen --host ::", "ssh -N -L PORT:127.0.0.1:PORT"),
+])
+def test_listen_refuses_an_address_beyond_loopback_before_starting_anything(kc, line, hint):
+    from _kernels import run, text
+
+    run(kc, "procs = %mesh spawn -n 2")
+    rank_pid = int(text(run(kc, "%%mesh --ranks 1\nimport os\nos.getpid()")[0]).split()[-1])
+    out, reply = run(kc, line)
+    assert reply["status"] == "error" and reply["ename"] == "UsageError", text(out)
+    assert hint in reply["evalue"]
+    assert not psutil.Process(rank_pid).children(), "something was started on the rank"
+
+
+def test_a_loopback_peer_is_known_by_its_user_and_a_gone_one_is_nobody():
+    """The check behind every debug port: the owner of the connecting socket, from
+    /proc/net/tcp; a peer that closed at once is listed as uid 0, so it must count as nobody."""
+    _needs_other_users()
+    from monarch_kernel.debug.rank import peer_uid
+
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family) as listener:
+            listener.bind((host, 0))
+            listener.listen(4)
+            port = listener.getsockname()[1]
+            with socket.create_connection((host, port)), listener.accept()[0] as conn:
+                assert peer_uid.peer_uid(conn) == os.geteuid() and peer_uid.from_this_user(conn)
+            hold = f"import socket, sys; s = socket.create_connection(({host!r}, {port})); sys.stdin.read()"
+            other = subprocess.Popen([*NOBODY, SYSTEM_PYTHON, "-c", hold], stdin=subprocess.PIPE)
+            try:
+                conn = listener.accept()[0]
+                with conn:
+                    assert peer_uid.peer_uid(conn) == 65534 and not peer_uid.from_this_user(conn)
+            finally:
+                other.communicate(timeout=10)
+            gone = f"import socket; socket.create_connection(({host!r}, {port})).close()"
+            subprocess.run([*NOBODY, SYSTEM_PYTHON, "-c", gone], check=True, timeout=10)
+            conn = listener.accept()[0]
+            with conn:
+                # The peer's socket is no process's now: listed (if at all) as uid 0, inode 0.
+                conn.settimeout(10)
+                assert conn.recv(1) == b"", "the other user's connection did not end"
+                assert peer_uid.peer_uid(conn) is None and not peer_uid.from_this_user(conn)
+
