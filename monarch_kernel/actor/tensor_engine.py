@@ -77,9 +77,9 @@ class EngineBackend:
         self.key = f"{procs.ref.id}/{secrets.token_hex(4)}"
         self.world = len(root.shape)
         # The rendezvous of the ranks' process groups for reductions and to_mesh, kept here.
-        self.keeper, rendezvous = serve_rendezvous(procs.ref.hosts)
+        self.keeper, self.rendezvous = serve_rendezvous(procs.ref.hosts)
         try:
-            self.engines: ActorMesh = root.spawn("tensor_engine", TensorEngine, self.key, rendezvous)
+            self.engines: ActorMesh = root.spawn("tensor_engine", TensorEngine, self.key, self.rendezvous)
         except BaseException:
             self.keeper.stop()
             raise
