@@ -68,6 +68,11 @@ class RendezvousKeeper(Actor):
     async def check(self, keys: list[str]) -> bool:
         return self.table.check(keys)
 
+    @endpoint
+    async def waiting(self) -> dict[str, int]:
+        """``{key: waits}``: the keys ranks wait for now."""
+        return self.table.waiting()
+
     @endpoint(concurrent=True)
     async def wait(self, keys: list[str], timeout: float | None, values: bool = False):
         return await self.table.wait(keys, timeout, values)

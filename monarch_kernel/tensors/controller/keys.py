@@ -91,6 +91,11 @@ class KeyTable:
             finally:
                 self._forget(waiter)
 
+    def waiting(self) -> dict[str, int]:
+        """``{key: how many waits want it}``: what the ranks wait for now (a group whose
+        making hangs names the member that never came)."""
+        return {k: len(ws) for k, ws in self._waiting.items()}
+
     def clear(self) -> None:
         """Drop every key; waits still running fail."""
         self._values.clear()

@@ -21,11 +21,15 @@ class MeshStore(dist.Store):
 
         store = MeshStore(rendezvous.keeper, datetime.timedelta(seconds=300))
         pg = dist.ProcessGroupGloo(dist.PrefixStore("g", store), rank, size, opts)
+
+    Keep a reference to it while torch uses it: torch holds only its C++ half, and a
+    Python store whose Python object is gone answers nothing.
     """
 
     def __init__(self, keeper: Keeper, timeout: datetime.timedelta):
         super().__init__()
         self._keeper = keeper
+        self._clones: list[MeshStore] = []
         self.set_timeout(timeout)
 
     def _ask(self, op: str, *args, timeout: float | None = None):
@@ -73,7 +77,10 @@ class MeshStore(dist.Store):
     getNumKeys = num_keys  # noqa: N815
 
     def clone(self) -> MeshStore:
-        return MeshStore(self._keeper, self.timeout)
+        # torch keeps only its C++ half: the Python object, whose methods it calls, lives here.
+        twin = MeshStore(self._keeper, self.timeout)
+        self._clones.append(twin)
+        return twin
 
     def has_extended_api(self) -> bool:
         return True
