@@ -39,7 +39,8 @@ class CollectivesBench(Actor):
         from monarch_kernel.tensors.rank.groups import Groups
 
         me = current_rank().rank
-        self.colls = {mode: Collectives(dims, ranks, me, rendezvous, transfer=mode) for mode in (None, "direct", "gloo")}
+        self.colls = {mode: Collectives(dims, ranks, me, rendezvous, transfer=mode)
+                      for mode in (None, "direct", "gloo")}
         if not dist.is_initialized():  # the baseline: torch's own default group, over the same store
             dist.init_process_group("gloo", store=dist.PrefixStore("raw", Groups.shared(rendezvous).store),
                                     rank=ranks.index(me), world_size=len(ranks))
@@ -175,7 +176,7 @@ def run(n: int) -> dict:
     log(f"W13 collectives: {n} ranks")
     with this_host().spawn_procs(per_host={"a": 2, "b": n // 2}) as procs:
         bench = procs.spawn("w13c", CollectivesBench)
-        _keeper, rendezvous = serve_rendezvous(procs.ref.hosts)  # stops with this process
+        _server, rendezvous = serve_rendezvous(procs.ref.hosts)  # closes with this process
         bench.setup.call(rendezvous, dict(procs.extent), list(procs.shape.ranks)).get(timeout=300)
         reps = 12 if n <= 4 else 6
         got = bench.all_reduce_vs_raw.call(reps).get(timeout=900)

@@ -129,11 +129,11 @@ class CollectiveProbe(Actor):
 def mesh():
     with this_host().spawn_procs(per_host={"a": 2, "b": 2}) as procs:
         probes = procs.spawn("probes", CollectiveProbe)
-        keeper, rendezvous = serve_rendezvous(procs.ref.hosts)  # in this process: no port is opened
+        server, rendezvous = serve_rendezvous(procs.ref.hosts)  # in this process: no listener is opened
         points = probes.setup.call(rendezvous, dict(procs.extent), list(procs.shape.ranks)).get(timeout=60)
         assert {p["a"] * 2 + p["b"] for p in points.values()} == {0, 1, 2, 3}
         yield probes
-        keeper.stop().get(timeout=30)
+        server.close()
 
 
 def members(rank: int, dims) -> list[int]:

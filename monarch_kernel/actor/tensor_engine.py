@@ -81,13 +81,13 @@ class EngineBackend:
         try:
             self.engines: ActorMesh = root.spawn("tensor_engine", TensorEngine, self.key, self.rendezvous)
         except BaseException:
-            self.keeper.stop()
+            self.keeper.close()
             raise
         self._one: dict[int, ActorMesh] = {}
 
     def close(self) -> None:
         """The proc mesh stopped: the rendezvous's keys go with it."""
-        self.keeper.stop()
+        self.keeper.close()
 
     def _at(self, rank: int) -> ActorMesh:
         m = self._one.get(rank)

@@ -18,8 +18,9 @@ class Keeper(Protocol):
     """The way from a rank to the keys of its activation."""
 
     def ask(self, op: str, args: tuple, timeout: float | None) -> Any:
-        """Run ``op`` (one of ``OPERATIONS``) on the keys and return its answer; raise
-        ``TimeoutError`` if a ``wait`` is not over within ``timeout`` seconds."""
+        """Run ``op`` (one of ``OPERATIONS``, with ``KeyTable``'s arguments; ``wait``'s are
+        ``(keys, values)``) on the keys and return its answer; raise ``TimeoutError`` if a
+        ``wait`` is not over within ``timeout`` seconds (None: no limit)."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import buffers, reductions
 from ..rendezvous import Rendezvous
+from . import buffers, reductions
 from .groups import Groups, backend_for
 from .links import Links
 from .peer_failed import flag as flag_word

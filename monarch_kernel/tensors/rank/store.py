@@ -32,28 +32,33 @@ class MeshStore(dist.Store):
         self._clones: list[MeshStore] = []
         self.set_timeout(timeout)
 
-    def _ask(self, op: str, *args, timeout: float | None = None):
+    def _ask(self, op: str, *args, seconds: float | None | bool = True):
+        """Ask the keeper; ``seconds``: how long it may take (True: the store's timeout)."""
+        limit = _seconds(self._limit()) if seconds is True else seconds
         try:
-            return self._keeper.ask(op, args, _seconds(self.timeout) if timeout is None else timeout)
+            return self._keeper.ask(op, args, limit)
         except TimeoutError as e:
             raise dist.DistStoreError(f"{e} (collective_timeout; MONARCH_KERNEL_COLLECTIVE_TIMEOUT)") from None
+
+    def _limit(self) -> datetime.timedelta:
+        """The timeout torch set (``set_timeout``; init_process_group sets its own)."""
+        return self.timeout  # type: ignore[attr-defined]  # (torch's stub omits Store.timeout)
 
     # torch's Store interface (names as torch calls them from Python and from C++)
     def set(self, key: str, value) -> None:
         self._ask("set", key, _as_bytes(value))
 
     def get(self, key: str) -> bytes:
-        return self._ask("wait", [key], _seconds(self.timeout), True)[0]
+        return self._ask("wait", [key], True)[0]
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._ask("wait", list(keys), _seconds(self.timeout), True)
+        return self._ask("wait", list(keys), True)
 
     def multi_set(self, keys: list[str], values: list) -> None:
         self._ask("multi_set", list(keys), [_as_bytes(v) for v in values])
 
     def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
-        seconds = _seconds(self.timeout if timeout is None else timeout)
-        self._ask("wait", list(keys), seconds, False, timeout=seconds)
+        self._ask("wait", list(keys), False, seconds=_seconds(self._limit() if timeout is None else timeout))
 
     def check(self, keys: list[str]) -> bool:
         return self._ask("check", list(keys))
@@ -78,7 +83,7 @@ class MeshStore(dist.Store):
 
     def clone(self) -> MeshStore:
         # torch keeps only its C++ half: the Python object, whose methods it calls, lives here.
-        twin = MeshStore(self._keeper, self.timeout)
+        twin = MeshStore(self._keeper, self._limit())
         self._clones.append(twin)
         return twin
 
