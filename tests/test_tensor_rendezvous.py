@@ -149,7 +149,7 @@ def test_the_keys_go_when_the_mesh_stops_and_a_pending_wait_fails_then():
             total = procs.rank_tensor("gpus").float().reduce("gpus", "sum")
         assert float(inspect(total)) == 1.0
         backend = tensor_client(procs).backend
-        server, rendezvous = backend.keeper, backend.rendezvous
+        server, rendezvous = backend.rendezvous_server, backend.rendezvous
         assert server.table.num_keys() > 0  # the reduce's group's keys
         users = procs.spawn("users", StoreUser)
         pending = users.slice(gpus=0).get_later.call_one(rendezvous, "never", 120.0)

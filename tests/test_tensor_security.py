@@ -2,7 +2,7 @@
 as the neighbours would try it: a host in a network namespace of its own (joined to this one
 by a veth pair) and another local user (uid 65534, the system's python, no torch: raw
 sockets).  On a real 2-rank mesh, after a reduce and a move: the controller opens no port
-for the ranks' rendezvous (its keys travel as the mesh's signed calls), the only TCP
+for the ranks' rendezvous (its keys travel as the runtime's signed messages), the only TCP
 listeners are gloo's own, on the loopback; the link sockets' names tell nothing of the
 activation; torch's MASTER_PORT store binds MASTER_ADDR (127.0.0.1) alone and a torchrun
 script's ``init_process_group()`` still meets there."""
@@ -163,8 +163,8 @@ def _link_names(pids: list[int]) -> set[str]:
 
 def test_a_reduce_and_a_move_open_no_store_and_only_gloo_listens_on_the_loopback(mesh, reduced):
     _procs, _where, pids = mesh
-    # The controller opened nothing: the ranks' rendezvous is an actor here, reached by the
-    # mesh's signed calls (before, a TCPStore listened on every interface).
+    # The controller opened nothing: the ranks' rendezvous is a port of this process, reached
+    # by the runtime's signed messages (before, a TCPStore listened on every interface).
     assert _listening(os.getpid()) == reduced[os.getpid()]
     for pid in pids:
         # What a rank listens on is gloo's own: one listener per process group (here, the

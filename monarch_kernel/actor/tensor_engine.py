@@ -77,17 +77,17 @@ class EngineBackend:
         self.key = f"{procs.ref.id}/{secrets.token_hex(4)}"
         self.world = len(root.shape)
         # The rendezvous of the ranks' process groups for reductions and to_mesh, kept here.
-        self.keeper, self.rendezvous = serve_rendezvous(procs.ref.hosts)
+        self.rendezvous_server, self.rendezvous = serve_rendezvous(procs.ref.hosts)
         try:
             self.engines: ActorMesh = root.spawn("tensor_engine", TensorEngine, self.key, self.rendezvous)
         except BaseException:
-            self.keeper.close()
+            self.rendezvous_server.close()
             raise
         self._one: dict[int, ActorMesh] = {}
 
     def close(self) -> None:
         """The proc mesh stopped: the rendezvous's keys go with it."""
-        self.keeper.close()
+        self.rendezvous_server.close()
 
     def _at(self, rank: int) -> ActorMesh:
         m = self._one.get(rank)

@@ -1,8 +1,9 @@
 """Where the ranks of one activation meet to make their process groups: ``Rendezvous``, the
 small reference every tensor engine is given, and ``Keeper``, what it leads to.  The keys
-live in the controller (``controller/keys.py``) and travel as the mesh's own signed calls,
-so no port is opened for them and nothing outside the job can read or write them; the key
-prefix only keeps groups and activations apart, it is no secret.  Imports no torch.
+live in the controller (``controller/keys.py``) and travel as the runtime's own signed
+messages, so no listener is opened for them and nothing outside the job can read or write
+them; the key prefix only keeps groups and activations apart, it is no secret.  Imports no
+torch.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A group is a gloo (CPU tensors) or nccl (CUDA tensors) backend built straight over the
 activation's rendezvous (``MeshStore``: keys the controller keeps, reached through the
-mesh's signed calls, so no port is opened for them), under a key spelled from the group's
+runtime's signed messages, so no port is opened for them), under a key spelled from the group's
 members, backend and stream.  No other group uses that key, so groups can be made lazily,
 at first use, in any order: ranks outside a group take no part, and no two ranks need to
 agree on the order groups are made in.  torch's default group is neither made nor touched,

@@ -1,6 +1,6 @@
 """``MeshStore``: a ``torch.distributed.Store`` whose keys are kept by the controller
 (``Rendezvous``), for gloo and nccl to make the ranks' groups over.  Each operation is one
-of the mesh's signed calls, so no listener is opened for it; a ``get`` or ``wait`` of a key
+of the runtime's signed messages, so no listener is opened for it; a ``get`` or ``wait`` of a key
 not set yet blocks (this thread only) until a peer sets it or the timeout passes, as on a
 ``TCPStore``.  Operations happen when a group is made, never per collective.
 
