@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import monarch_kernel as mk
-from monarch_kernel import Actor, endpoint, inspect, this_host
+from monarch_kernel import Actor, ActorError, endpoint, inspect, this_host
 from monarch_kernel.actor.tensor_engine import tensor_client
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.spmd import setup_torch_distributed, setup_torch_elastic_env
@@ -257,6 +257,20 @@ def test_torchs_store_listens_on_master_addr_alone_and_a_torchrun_script_meets_t
     assert addr2 == "127.0.0.1" and port2 != port
     assert [(pid, ip) for pid in [os.getpid(), *pids] for ip, p in _listening(pid) if p == port2] == [
         (pids[0], "127.0.0.1")]
+
+
+def test_a_master_addr_or_port_rank_0_cannot_serve_says_what_to_pass(mesh):
+    procs, _where, _pids = mesh
+    with pytest.raises(ActorError, match=r"MASTER_ADDR '192\.0\.2\.1' is not an address of rank 0's host .*pass one "
+                       r"of its addresses, or master_addr=None"):
+        setup_torch_elastic_env(procs, "192.0.2.1", 29500)  # (TEST-NET-1: nobody's address)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ActorError, match=rf"MASTER_PORT {port} is in use on 127\.0\.0\.1 .*pass another "
+                           r"master_port, or None for a free one"):
+            setup_torch_elastic_env(procs, "127.0.0.1", port)
 
 
 def _env_script(tmp_path):
