@@ -32,23 +32,17 @@ REDUCTIONS = ("stack", "sum", "avg", "product", "min", "max", "band", "bor", "bx
 
 class CollectivesBench(Actor):
     @endpoint
-    def serve_store(self):
-        from monarch_kernel.tensors.rank.groups import StoreServer
-
-        self.server = StoreServer("127.0.0.1")
-        return self.server.address
-
-    @endpoint
-    def setup(self, address, dims: dict, ranks: list) -> None:
+    def setup(self, rendezvous, dims: dict, ranks: list) -> None:
         import torch.distributed as dist
 
         from monarch_kernel.tensors.rank.collectives import Collectives
         from monarch_kernel.tensors.rank.groups import Groups
 
         me = current_rank().rank
-        self.colls = {mode: Collectives(dims, ranks, me, address, transfer=mode) for mode in (None, "direct", "gloo")}
+        self.colls = {mode: Collectives(dims, ranks, me, rendezvous, transfer=mode)
+                      for mode in (None, "direct", "gloo")}
         if not dist.is_initialized():  # the baseline: torch's own default group, over the same store
-            dist.init_process_group("gloo", store=dist.PrefixStore("raw", Groups.shared(address).store),
+            dist.init_process_group("gloo", store=dist.PrefixStore("raw", Groups.shared(rendezvous).store),
                                     rank=ranks.index(me), world_size=len(ranks))
 
     @endpoint
@@ -177,12 +171,13 @@ def _mbps(nbytes: int, samples) -> float:
 
 def run(n: int) -> dict:
     from monarch_kernel import this_host
+    from monarch_kernel.actor.rendezvous import serve_rendezvous
 
     log(f"W13 collectives: {n} ranks")
     with this_host().spawn_procs(per_host={"a": 2, "b": n // 2}) as procs:
         bench = procs.spawn("w13c", CollectivesBench)
-        address = bench.slice(a=0, b=0).serve_store.call_one().get(timeout=120)
-        bench.setup.call(address, dict(procs.extent), list(procs.shape.ranks)).get(timeout=300)
+        _server, rendezvous = serve_rendezvous(procs.ref.hosts)  # closes with this process
+        bench.setup.call(rendezvous, dict(procs.extent), list(procs.shape.ranks)).get(timeout=300)
         reps = 12 if n <= 4 else 6
         got = bench.all_reduce_vs_raw.call(reps).get(timeout=900)
         raw, ours, inplace, cloned = (_slowest(got, k) for k in ("raw", "reduce", "reduce_", "raw_clone"))

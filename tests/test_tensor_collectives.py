@@ -13,6 +13,7 @@ import operator
 import pytest
 
 from monarch_kernel import Actor, ActorError, current_rank, endpoint, this_host
+from monarch_kernel.actor.rendezvous import serve_rendezvous
 from monarch_kernel.tensors.rank.peer_failed import PeerFailed
 
 pytestmark = pytest.mark.timeout(120)
@@ -30,19 +31,12 @@ def shard(rank: int, dtype) -> torch.Tensor:
 
 class CollectiveProbe(Actor):
     @endpoint
-    def serve_store(self):
-        from monarch_kernel.tensors.rank.groups import StoreServer
-
-        self.server = StoreServer("127.0.0.1")
-        return self.server.address
-
-    @endpoint
-    def setup(self, address, dims: dict, ranks: list) -> dict:
+    def setup(self, rendezvous, dims: dict, ranks: list) -> dict:
         from monarch_kernel.tensors.rank.collectives import Collectives
 
         me = current_rank().rank
-        self.coll = Collectives(dims, ranks, me, address)
-        self.forced = {m: Collectives(dims, ranks, me, address, transfer=m) for m in ("direct", "gloo")}
+        self.coll = Collectives(dims, ranks, me, rendezvous)
+        self.forced = {m: Collectives(dims, ranks, me, rendezvous, transfer=m) for m in ("direct", "gloo")}
         return self.coll.point
 
     @endpoint
@@ -135,10 +129,11 @@ class CollectiveProbe(Actor):
 def mesh():
     with this_host().spawn_procs(per_host={"a": 2, "b": 2}) as procs:
         probes = procs.spawn("probes", CollectiveProbe)
-        address = probes.slice(a=0, b=0).serve_store.call_one().get(timeout=60)
-        points = probes.setup.call(address, dict(procs.extent), list(procs.shape.ranks)).get(timeout=60)
+        server, rendezvous = serve_rendezvous(procs.ref.hosts)  # in this process: no listener is opened
+        points = probes.setup.call(rendezvous, dict(procs.extent), list(procs.shape.ranks)).get(timeout=60)
         assert {p["a"] * 2 + p["b"] for p in points.values()} == {0, 1, 2, 3}
         yield probes
+        server.close()
 
 
 def members(rank: int, dims) -> list[int]:

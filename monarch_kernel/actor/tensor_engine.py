@@ -14,10 +14,10 @@ import secrets
 import threading
 from typing import Any
 
-from ..runtime.process import Runtime
 from .actor import Actor, current_rank
 from .actor_mesh import ActorMesh
 from .endpoint import endpoint
+from .rendezvous import serve_rendezvous
 from .shape import Point, Shape
 from .value_mesh import ValueMesh
 
@@ -65,18 +65,6 @@ class TensorEngine(Actor):
         self.executor.close()
 
 
-def _store_host(hosts) -> str:
-    """The address ranks reach this process on: loopback when they all run here."""
-    import socket
-
-    here = {socket.gethostname(), "localhost", "127.0.0.1", "", None}
-    if all(h in here for h in hosts):
-        return "127.0.0.1"
-    net = Runtime.current().network.net_address or ""
-    host = net.removeprefix("tcp://").rsplit(":", 1)[0]
-    return host or socket.gethostbyname(socket.gethostname())
-
-
 class EngineBackend:
     """A ``tensors.controller.client.Backend`` over the tensor engines of one proc mesh."""
 
@@ -88,12 +76,18 @@ class EngineBackend:
         self.mesh_id = procs.ref.id
         self.key = f"{procs.ref.id}/{secrets.token_hex(4)}"
         self.world = len(root.shape)
-        from ..tensors.rank.groups import StoreServer
-
-        # The rendezvous of the ranks' process groups for reductions and to_mesh, served here.
-        self.store = StoreServer(_store_host(procs.ref.hosts))
-        self.engines: ActorMesh = root.spawn("tensor_engine", TensorEngine, self.key, self.store.address)
+        # The rendezvous of the ranks' process groups for reductions and to_mesh, kept here.
+        self.rendezvous_server, self.rendezvous = serve_rendezvous(procs.ref.hosts)
+        try:
+            self.engines: ActorMesh = root.spawn("tensor_engine", TensorEngine, self.key, self.rendezvous)
+        except BaseException:
+            self.rendezvous_server.close()
+            raise
         self._one: dict[int, ActorMesh] = {}
+
+    def close(self) -> None:
+        """The proc mesh stopped: the rendezvous's keys go with it."""
+        self.rendezvous_server.close()
 
     def _at(self, rank: int) -> ActorMesh:
         m = self._one.get(rank)
@@ -163,7 +157,7 @@ def tensor_client(procs):
         client = _CLIENTS.get(procs.ref.id)
         if client is None or procs.stopped:
             if client is not None:
-                client.close()
+                _close(client)
             client = _CLIENTS[procs.ref.id] = MeshClient(EngineBackend(procs))
     return client
 
@@ -173,7 +167,14 @@ def forget(mesh_id: str) -> None:
     with _LOCK:
         client = _CLIENTS.pop(mesh_id, None)
     if client is not None:
-        client.close()
+        _close(client)
+
+
+def _close(client) -> None:
+    client.close()
+    backend = client.backend
+    if isinstance(backend, EngineBackend):
+        backend.close()
 
 
 def live_tensors() -> dict[str, list[dict]]:

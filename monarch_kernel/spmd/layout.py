@@ -31,6 +31,9 @@ class RankEnv:
             "GROUP_RANK": str(self.group_rank), "GROUP_WORLD_SIZE": str(self.group_world_size),
             "ROLE_RANK": str(self.rank), "ROLE_WORLD_SIZE": str(self.world_size), "ROLE_NAME": "default",
             "TORCHELASTIC_RUN_ID": "monarch",
+            # RANK 0 serves the store at MASTER_ADDR:MASTER_PORT (spmd/rank/master_store.py), as
+            # torchrun's agent does: every rank's init_process_group() connects to it.
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
 
 

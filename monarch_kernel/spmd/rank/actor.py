@@ -16,7 +16,7 @@ from ...actor.actor import Actor, context, current_rank
 from ...actor.endpoint import endpoint
 from ...runtime import config
 from ..layout import RankEnv, elastic_layout, layout_from_point
-from . import flight, group, profiler
+from . import flight, group, master_store, profiler
 from .script import run_script
 
 
@@ -55,6 +55,8 @@ class SPMDActor(Actor):
 
     def _setup_env(self, master_addr: str, master_port: int) -> RankEnv:
         env = self._env()
+        if env.rank == 0:  # the store every rank's init_process_group() meets at, as torchrun's agent serves it
+            master_store.serve(str(master_addr), int(master_port))
         # Every variable torchrun would set, from this package alone: a rank's environment
         # from its start holds none of them (the runtime knows nothing of torch).
         os.environ.update(env.variables(master_addr, master_port))
@@ -79,14 +81,15 @@ class SPMDActor(Actor):
 
     @endpoint
     def rendezvous(self, spans_hosts: bool, peer: str | None = None) -> tuple[str, int]:
-        """Where the other ranks reach this one for torch.distributed's rendezvous:
-        127.0.0.1 when every rank is on this host; else this host's bind address
-        (``MONARCH_KERNEL_BIND``), or the address its route to ``peer`` leaves from."""
+        """Serve torch.distributed's rendezvous store (``master_store``) where the other
+        ranks reach this one, on that address alone: 127.0.0.1 when every rank is on this
+        host; else this host's bind address (``MONARCH_KERNEL_BIND``), or the address its
+        route to ``peer`` leaves from.  Returns ``(MASTER_ADDR, MASTER_PORT)``."""
         if not spans_hosts:
             addr = "127.0.0.1"
         else:
             addr = config.bind_address() or _route_to(peer) or _resolve(socket.gethostname())
-        return addr, _free_port(addr)
+        return addr, master_store.serve(addr)
 
     @endpoint
     def setup_env(self, master_addr: str, master_port: int) -> None:

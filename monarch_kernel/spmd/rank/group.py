@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from ..layout import RankEnv
+from . import master_store
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -66,8 +67,10 @@ def init_group(backend: str, env: RankEnv, timeout_s: float | None) -> str:
         kwargs: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "init_method": "env://"}
         if timeout_s is not None:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+        before_init()
         with recording_sockets():
             dist.init_process_group(backend, **kwargs)
+        made()
         return dist.get_backend()
 
 
@@ -96,6 +99,7 @@ def abort_group(reason: str = "") -> bool:
 
     _state["device_mesh"] = None
     _shut_sockets()
+    master_store.group_gone()
     try:
         dist.distributed_c10d._abort_process_group()  # noqa: SLF001  (torch's own abort, public in all but name)
     except (AttributeError, RuntimeError, ValueError):
@@ -106,6 +110,28 @@ def abort_group(reason: str = "") -> bool:
     if reason:
         log.warning("process group aborted: %s", reason)
     return True
+
+
+def before_init() -> None:
+    """On RANK 0, before a default group is made with torchrun's variables: the store they
+    name is served here (again, when a destroyed group took the last one with it)."""
+    if os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+        if addr and port.isdigit():
+            master_store.ensure(addr, int(port))
+
+
+def made() -> None:
+    """The default group was just made, over the store at ``MASTER_ADDR:MASTER_PORT`` (which
+    then lives as long as the group)."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if addr and port.isdigit():
+        master_store.group_made(addr, int(port))
+
+
+def gone() -> None:
+    """The default group was destroyed: the store it was made over goes too."""
+    master_store.group_gone()
 
 
 @contextlib.contextmanager
@@ -185,4 +211,5 @@ def _drop_group() -> None:
         dist.destroy_process_group()
     except (RuntimeError, ValueError, AssertionError):
         abort_group()
+    gone()
     _sockets.clear()

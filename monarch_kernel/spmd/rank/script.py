@@ -115,24 +115,32 @@ class _GroupGuard:
         c10d = sys.modules["torch.distributed.distributed_c10d"]
         real_init, real_destroy = c10d.init_process_group, c10d.destroy_process_group
 
+        def init(backend, init_method, timeout, world_size, rank, *args, **kw):
+            group.before_init()
+            with group.recording_sockets():  # so that a failure elsewhere can cut this group short
+                made = real_init(backend, init_method, timeout, world_size, rank, *args, **kw)
+            group.made()
+            return made
+
         def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, *args, **kw):
             if not dist.is_initialized():
-                with group.recording_sockets():  # so that a failure elsewhere can cut this group short
-                    return real_init(backend, init_method, timeout, world_size, rank, *args, **kw)
+                return init(backend, init_method, timeout, world_size, rank, *args, **kw)
             have = dist.get_world_size(), dist.get_rank()
             if (world_size not in (-1, None) and world_size != have[0]) or (rank not in (-1, None) and rank != have[1]):
                 raise RuntimeError(f"init_process_group(world_size={world_size}, rank={rank}): this rank already "
                                    f"has a group of world size {have[0]} in which it is rank {have[1]}")
             if backend is not None and not _same_backend(str(backend), str(dist.get_backend())):
-                real_destroy()
-                with group.recording_sockets():
-                    return real_init(backend, init_method, timeout, world_size, rank, *args, **kw)
+                real_destroy()  # (the new group meets over the same store)
+                return init(backend, init_method, timeout, world_size, rank, *args, **kw)
             return None  # already initialised, as the script wants
 
-        def destroy_process_group(group=None):
-            if group is None and self.pre_existing:
+        def destroy_process_group(pg=None):
+            if pg is None and self.pre_existing:
                 return None  # the notebook's group outlives the script
-            return real_destroy(group)
+            out = real_destroy(pg)
+            if pg is None:
+                group.gone()  # its store's keys are never met again
+            return out
 
         for module in (dist, c10d):
             for name, fn in (("init_process_group", init_process_group),

@@ -8,9 +8,9 @@ default group or on torchrun's variables.  A call is collective over its group: 
 member must make it, in the same order as the others (the controller's order of ops), or
 on another ``stream`` (a name: each stream has groups of its own, so two threads may
 reduce at once).  A collective that fails (a peer died) leaves its group unusable: close
-these collectives and make new ones over a store address with a fresh prefix.
+these collectives and make new ones over a rendezvous with a fresh prefix.
 
-    coll = Collectives({"hosts": 2, "gpus": 2}, ranks=[0, 1, 2, 3], rank=me, store=address)
+    coll = Collectives({"hosts": 2, "gpus": 2}, ranks=[0, 1, 2, 3], rank=me, store=rendezvous)
     total = coll.reduce(t, "gpus", "sum")            # all_reduce over gpus
     shard = coll.reduce(t, "gpus", "sum", scatter=True)
     moved = coll.transfer(t, [(0, 2), (1, 3)], like=t)   # hosts=0 -> hosts=1
@@ -22,8 +22,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..rendezvous import Rendezvous
 from . import buffers, reductions
-from .groups import Groups, StoreAddress, backend_for
+from .groups import Groups, backend_for
 from .links import Links
 from .peer_failed import flag as flag_word
 from .peer_failed import raise_if_flagged
@@ -35,12 +36,12 @@ class Collectives:
 
     ``dims``: the mesh's ``{dim: size}`` in order (or ``(dim, size)`` pairs); ``ranks``: the
     proc-mesh rank at each point, row-major (a ``Shape``'s ``ranks``); ``rank``: this
-    process's proc-mesh rank; ``store``: the activation's rendezvous (``StoreServer``);
+    process's proc-mesh rank; ``store``: the activation's ``Rendezvous``;
     ``transfer``: ``"direct"``, ``"gloo"`` or None (the best per pair; the same on every rank).
     """
 
     def __init__(self, dims: Mapping[str, int] | Sequence[tuple[str, int]], ranks: Sequence[int], rank: int,
-                 store: StoreAddress, *, transfer: str | None = None):
+                 store: Rendezvous, *, transfer: str | None = None):
         items = list(dims.items() if isinstance(dims, Mapping) else dims)
         self._labels = tuple(str(k) for k, _ in items)
         self._sizes = tuple(int(v) for _, v in items)
@@ -183,7 +184,7 @@ class Collectives:
         return "direct" if self._transfers.direct_with(int(peer)) else "gloo"
 
     def close(self) -> None:
-        """Drop the groups and links of this store, in this process: what waits on one fails."""
+        """Drop the groups and links of this rendezvous, in this process: what waits on one fails."""
         Links.close_for(self._store)
         self._groups.close()
 

@@ -77,7 +77,7 @@ class Executor:
     def __init__(self, rank: int, key: str, seed: int | None = None, store=None):
         self.rank = rank
         self.key = key
-        self.store = store  # the StoreAddress reductions meet over (made by the controller)
+        self.store = store  # the Rendezvous reductions meet over (made by the controller)
         self.env: dict[int, Any] = {}
         self.done = 0  # the last batch that every stream has run (requests after it are answered)
         self._main = 0  # the last batch dispatched (and run on the main stream)

@@ -1,88 +1,53 @@
 """Process groups for one activated mesh, each made by its own members alone.
 
-A group is a gloo (CPU tensors) or nccl (CUDA tensors) backend built straight over a
-``TCPStore`` whose address the controller hands out (``StoreAddress``), under a key spelled
-from the group's members, backend and stream.  No other group uses that key, so groups can
-be made lazily, at first use, in any order: ranks outside a group take no part, and no two
-ranks need to agree on the order groups are made in.  torch's default group is neither
-made nor touched, so a user's own ``init_process_group`` lives beside these groups.  Nothing
-here sets torchrun's environment variables.  torch is imported only once a store or a group
-is made.
+A group is a gloo (CPU tensors) or nccl (CUDA tensors) backend built straight over the
+activation's rendezvous (``MeshStore``: keys the controller keeps, reached through the
+runtime's signed messages, so no port is opened for them), under a key spelled from the group's
+members, backend and stream.  No other group uses that key, so groups can be made lazily,
+at first use, in any order: ranks outside a group take no part, and no two ranks need to
+agree on the order groups are made in.  torch's default group is neither made nor touched,
+so a user's own ``init_process_group`` lives beside these groups.  Nothing here sets
+torchrun's environment variables.  torch is imported only once a group is made.
 """
 
 from __future__ import annotations
 
 import datetime
-import secrets
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from ...runtime import config
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-@dataclass(frozen=True)
-class StoreAddress:
-    """Where the rendezvous store of one activation listens, and the key prefix its groups
-    use.  A fresh prefix per activation (or after a rank was replaced) keeps a new group from
-    meeting the keys an older one left."""
-
-    host: str
-    port: int
-    prefix: str
-
-
-class StoreServer:
-    """A ``TCPStore`` served from this process (rank 0 of the mesh, or the controller), for
-    as long as the object lives::
-
-        server = StoreServer("127.0.0.1")      # on one rank; its .address goes to every rank
-        Collectives(dims, ranks, rank, server.address)
-    """
-
-    def __init__(self, host: str = "127.0.0.1", prefix: str | None = None):
-        import torch.distributed as dist
-
-        timeout = datetime.timedelta(seconds=config.collective_timeout())
-        self._store: Any = dist.TCPStore(host, 0, is_master=True,
-                                    wait_for_workers=False, timeout=timeout)
-        self.address = StoreAddress(host, int(self._store.port), prefix or secrets.token_hex(4))
-
-    def close(self) -> None:
-        self._store = None
+from ..rendezvous import Rendezvous
 
 
 class Groups:
-    """The process groups made over one store in this process, shared by every
-    ``Collectives`` over that store (a mesh's and its slices' views)."""
+    """The process groups made over one rendezvous in this process, shared by every
+    ``Collectives`` over it (a mesh's and its slices' views)."""
 
-    _shared: dict[StoreAddress, Groups] = {}
+    _shared: dict[Rendezvous, Groups] = {}
     _shared_lock = threading.Lock()
 
-    def __init__(self, address: StoreAddress):
-        import torch.distributed as dist
+    def __init__(self, rendezvous: Rendezvous):
+        from .store import MeshStore
 
-        self.address = address
+        self.rendezvous = rendezvous
         self.timeout = datetime.timedelta(seconds=config.collective_timeout())
-        self.store = dist.TCPStore(address.host, address.port, is_master=False, wait_for_workers=False,
-                                   timeout=self.timeout)
+        self.store = MeshStore(rendezvous.keeper, self.timeout)
         self._groups: dict[tuple, Any] = {}
         self._making: dict[tuple, threading.Lock] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     @classmethod
-    def shared(cls, address: StoreAddress) -> Groups:
+    def shared(cls, rendezvous: Rendezvous) -> Groups:
         with cls._shared_lock:
-            got = cls._shared.get(address)
+            got = cls._shared.get(rendezvous)
             if got is None or got._closed:
-                got = cls._shared[address] = cls(address)
+                got = cls._shared[rendezvous] = cls(rendezvous)
             return got
 
     def key(self, *parts) -> str:
-        return "/".join([self.address.prefix, *map(str, parts)])
+        return "/".join([self.rendezvous.prefix, *map(str, parts)])
 
     def group(self, members: tuple[int, ...], me: int, backend: str, stream: str = "default"):
         """The ``backend`` group of ``members`` (proc-mesh ranks, in group order) on
@@ -116,7 +81,9 @@ class Groups:
         if backend == "gloo":
             opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._timeout = self.timeout
-            host = "127.0.0.1" if self.address.host in LOOPBACK else (config.bind_address() or "")
+            # gloo's own listener (one per group, an ephemeral port): the loopback when every
+            # rank runs on one host; else MONARCH_KERNEL_BIND, or what the host's name resolves to.
+            host = "127.0.0.1" if self.rendezvous.local else (config.bind_address() or "")
             device = (dist.ProcessGroupGloo.create_device(hostname=host) if host
                       else dist.ProcessGroupGloo.create_default_device())
             opts._devices = [device]
@@ -138,8 +105,8 @@ class Groups:
             except (AttributeError, RuntimeError):
                 pass
         with self._shared_lock:
-            if self._shared.get(self.address) is self:
-                del self._shared[self.address]
+            if self._shared.get(self.rendezvous) is self:
+                del self._shared[self.rendezvous]
 
 
 def backend_for(device_type: str) -> str:

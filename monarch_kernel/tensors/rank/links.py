@@ -3,10 +3,12 @@ messages (where the bytes are; that they arrived).  A gloo message costs millise
 loaded machine (its own threads pass it on); a blocking read on a local socket wakes the
 reader at once (17 us against 3.9 ms for a round trip, measured on 2 busy cores).
 
-Each rank listens on an abstract socket whose name it publishes in the activation's store;
-of a pair, the higher rank connects to the lower one.  Both ends check, by the kernel's word
-(``SO_PEERCRED``), that the other end is the process the store names for that rank, so a
-stranger on the host can neither pose as a peer nor learn what a rank sends.
+Each rank listens on an abstract socket under a random name (every local user can list
+those names in /proc/net/unix, so it says nothing of the activation) that it publishes in
+the activation's rendezvous; of a pair, the higher rank connects to the lower one.  Both
+ends check, by the kernel's word (``SO_PEERCRED``), that the other end is the process the
+rendezvous names for that rank, so a stranger on the host can neither pose as a peer nor
+learn what a rank sends.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 class Links:
-    """The links of one rank over one store, by (peer rank, stream)."""
+    """The links of one rank over one rendezvous, by (peer rank, stream)."""
 
     _shared: dict[tuple, Links] = {}
     _shared_lock = threading.Lock()
@@ -31,7 +33,7 @@ class Links:
     def __init__(self, groups, rank: int):
         self._groups, self._rank = groups, rank
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        name = f"monarch-kernel-{groups.address.prefix}-{rank}-{secrets.token_hex(6)}"
+        name = f"monarch-kernel-{secrets.token_hex(12)}"
         self._listener.bind("\0" + name)
         self._listener.listen(64)
         self._listener.settimeout(config.collective_timeout())
@@ -43,7 +45,7 @@ class Links:
     @classmethod
     def shared(cls, groups, rank: int) -> Links:
         with cls._shared_lock:
-            key = (groups.address, rank)
+            key = (groups.rendezvous, rank)
             got = cls._shared.get(key)
             if got is None:
                 got = cls._shared[key] = cls(groups, rank)
@@ -86,10 +88,10 @@ class Links:
             self._early.setdefault(_peer_pid(s), []).append(s)
 
     @classmethod
-    def close_for(cls, address) -> None:
-        """Close this process's links over the store at ``address``."""
+    def close_for(cls, rendezvous) -> None:
+        """Close this process's links over ``rendezvous``."""
         with cls._shared_lock:
-            gone = [k for k in cls._shared if k[0] == address]
+            gone = [k for k in cls._shared if k[0] == rendezvous]
             links = [cls._shared.pop(k) for k in gone]
         for link in links:
             link.close()

@@ -2,8 +2,8 @@
 asks for, carried out by ``Collectives`` over the mesh (or slice) it names, reading its
 input from the executor's refs and binding its output there.
 
-One ``Collectives`` per mesh the requests name, all over the rendezvous store the
-controller made when it spawned the tensor engines (``TensorEngine``'s ``store``), so a
+One ``Collectives`` per mesh the requests name, all over the rendezvous the controller
+made when it spawned the tensor engines (``TensorEngine``'s ``store``), so a
 mesh and its slices share their process groups.
 """
 
@@ -26,7 +26,7 @@ class CollectiveRequests:
         if c is None:
             store = self.executor.store
             if store is None:
-                raise RuntimeError("this tensor engine has no rendezvous store: reductions need the engines the "
+                raise RuntimeError("this tensor engine has no rendezvous: reductions need the engines the "
                                    "controller spawns with procs.activate()")
             c = self._meshes[key] = Collectives(list(zip(labels, sizes, strict=True)), ranks, self.executor.rank,
                                                 store)

@@ -37,7 +37,7 @@ MODES = ("direct", "gloo")
 
 
 class Transfers:
-    """One rank's transfers over one store; ``mode``: ``"direct"``, ``"gloo"``, or None for
+    """One rank's transfers over one rendezvous; ``mode``: ``"direct"``, ``"gloo"``, or None for
     the best per pair (it must be the same on every rank)."""
 
     def __init__(self, groups: Groups, rank: int, mode: str | None = None):
