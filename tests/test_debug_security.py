@@ -317,7 +317,7 @@ def test_a_loopback_peer_is_known_by_its_user_and_a_gone_one_is_nobody():
     """The check behind every debug port: the owner of the connecting socket, from
     /proc/net/tcp; a peer that closed at once is listed as uid 0, so it must count as nobody."""
     _needs_other_users()
-    from monarch_kernel.debug.rank import peer_uid
+    from monarch_kernel.debug import peer_uid
 
     for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         with socket.socket(family) as listener:
