@@ -382,7 +382,8 @@ def _the_panel_still_stops_and_evaluates(s: Session) -> None:
     thread = s.wait_event("stopped")["body"]["threadId"]
     frame = s.dap("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
     assert frame["line"] == 2
-    assert s.dap("evaluate", {"expression": "kv + 5", "frameId": frame["id"], "context": "repl"})["body"]["result"] == "12"
+    evaluated = s.dap("evaluate", {"expression": "kv + 5", "frameId": frame["id"], "context": "repl"})
+    assert evaluated["body"]["result"] == "12", evaluated
     assert s.dap("continue", {"threadId": thread})["success"]
     assert "14" in s.wait_done(msg_id)
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]

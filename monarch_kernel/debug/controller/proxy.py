@@ -130,6 +130,7 @@ class MeshDebugger(Debugger):
     def _listen_here(self) -> None:
         """Start the kernel's own debugpy on this (the shell's) thread, as ``start()`` would
         through an execute request, which cannot run while this cell does."""
+        os.makedirs(get_tmp_directory(), mode=0o700, exist_ok=True)  # where dumpCell writes cells
         host, port = self.debugpy_client.get_host_port()
         kernel_debugpy.listen(host, int(port))
         self.debugpy_initialized = True
