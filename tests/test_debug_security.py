@@ -350,18 +350,26 @@ KERNEL_SPIN = ("import threading, time\ndef _spin():\n    while True:\n        t
 
 
 def _kernel_debug_ports(kernel_pid: int, before: set[tuple]) -> set[tuple]:
-    """The TCP ports the kernel and its children (debugpy's adapter) listen on since ``before``."""
+    """The TCP ports the kernel's debug machinery opened since ``before``: those the kernel and
+    its children (debugpy's adapter) listen on, and those the kernel connects to on the
+    loopback (ipykernel's client to the adapter, pydevd to it: debugpy's own adapter is no
+    child of the kernel, it daemonizes)."""
     found: set[tuple] = set()
     for pid in _family(kernel_pid):
         try:
-            found |= _listeners(pid)
+            found |= _ports(_listeners(pid))
         except FileNotFoundError:
             pass
-    return _ports(found - before)
+    kernel = psutil.Process(kernel_pid)
+    connections = kernel.net_connections("tcp") if hasattr(kernel, "net_connections") else kernel.connections("tcp")
+    for c in connections:
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.ip == "127.0.0.1" and \
+                ("tcp", c.laddr.ip, c.laddr.port) not in found | before:  # not one the kernel accepted
+            found.add(("tcp", c.raddr.ip, c.raddr.port))
+    return found - before
 
 
-def _attack_the_kernel(s: Session, kernel_pid: int, before: set[tuple], tmp_path) -> None:
-    targets = _kernel_debug_ports(kernel_pid, before)
+def _attack_the_kernel(targets: set[tuple], tmp_path) -> None:
     # ipykernel's client port and pydevd's, on the loopback only.
     assert len(targets) == 2 and all(t[1] == "127.0.0.1" for t in targets), targets
     marker = tmp_path / "ran-in-the-kernel"
@@ -402,11 +410,12 @@ def test_another_user_gets_nothing_from_the_kernels_own_debugger(kc, tmp_path):
 
     s = Session(kc)
     kernel_pid = _kernel_pid(s)
-    before = {t for pid in _family(kernel_pid) for t in _listeners(pid)}
+    before = _kernel_debug_ports(kernel_pid, set())
     start_debugger(s)
     s.cell(KERNEL_SPIN)  # a thread to pause (started after debugpy, so it is traced)
+    targets = _kernel_debug_ports(kernel_pid, before)
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
-    _attack_the_kernel(s, kernel_pid, before, tmp_path)
+    _attack_the_kernel(targets, tmp_path)
     _the_panel_still_stops_and_evaluates(s)
 
 
@@ -419,9 +428,10 @@ def test_another_user_gets_nothing_from_the_kernels_debugger_after_debug_off(kc,
     kernel_pid = _kernel_pid(s)
     assert "now debugs rank 1" in s.cell("procs = %mesh spawn -n 2\n%mesh debug 1")
     start_debugger(s)
-    before = {t for pid in _family(kernel_pid) for t in _listeners(pid)}
+    before = _kernel_debug_ports(kernel_pid, set())
     assert "debugs the kernel itself" in s.cell("%mesh debug off")
     s.cell(KERNEL_SPIN)
+    targets = _kernel_debug_ports(kernel_pid, before)
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
-    _attack_the_kernel(s, kernel_pid, before, tmp_path)
+    _attack_the_kernel(targets, tmp_path)
     _the_panel_still_stops_and_evaluates(s)
