@@ -317,7 +317,7 @@ def test_a_loopback_peer_is_known_by_its_user_and_a_gone_one_is_nobody():
     """The check behind every debug port: the owner of the connecting socket, from
     /proc/net/tcp; a peer that closed at once is listed as uid 0, so it must count as nobody."""
     _needs_other_users()
-    from monarch_kernel.debug.rank import peer_uid
+    from monarch_kernel.debug import peer_uid
 
     for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         with socket.socket(family) as listener:
@@ -343,3 +343,95 @@ def test_a_loopback_peer_is_known_by_its_user_and_a_gone_one_is_nobody():
                 assert conn.recv(1) == b"", "the other user's connection did not end"
                 assert peer_uid.peer_uid(conn) is None and not peer_uid.from_this_user(conn)
 
+
+
+KERNEL_SPIN = ("import threading, time\ndef _spin():\n    while True:\n        time.sleep(0.02)\n"
+               "threading.Thread(target=_spin, name='spin', daemon=True).start()")
+
+
+def _kernel_debug_ports(kernel_pid: int, before: set[tuple]) -> set[tuple]:
+    """The TCP ports the kernel's debug machinery opened since ``before``: those the kernel and
+    its children (debugpy's adapter) listen on, and those the kernel connects to on the
+    loopback (ipykernel's client to the adapter, pydevd to it: debugpy's own adapter is no
+    child of the kernel, it daemonizes)."""
+    found: set[tuple] = set()
+    for pid in _family(kernel_pid):
+        try:
+            found |= _ports(_listeners(pid))
+        except FileNotFoundError:
+            pass
+    kernel = psutil.Process(kernel_pid)
+    connections = kernel.net_connections("tcp") if hasattr(kernel, "net_connections") else kernel.connections("tcp")
+    for c in connections:
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.ip == "127.0.0.1" and \
+                ("tcp", c.laddr.ip, c.laddr.port) not in found | before:  # not one the kernel accepted
+            found.add(("tcp", c.raddr.ip, c.raddr.port))
+    return found - before
+
+
+def _attack_the_kernel(targets: set[tuple], tmp_path) -> None:
+    # ipykernel's client port and pydevd's, on the loopback only.
+    assert len(targets) == 2 and all(t[1] == "127.0.0.1" for t in targets), targets
+    marker = tmp_path / "ran-in-the-kernel"
+    got = _attack(targets, marker, NOBODY)
+    assert set(got) == targets and all(v in ("refused", "closed") for v in got.values()), got
+    assert not marker.exists(), marker.read_text()
+
+
+def _the_panel_still_stops_and_evaluates(s: Session) -> None:
+    from test_debug import start_debugger
+
+    start_debugger(s)
+    code = "kv = 7\nkv2 = kv * 2\nprint(kv2)"
+    path = s.dap("dumpCell", {"code": code})["body"]["sourcePath"]
+    assert s.dap("setBreakpoints", {"source": {"path": path}, "breakpoints": [{"line": 2}]})["success"]
+    assert s.dap("configurationDone")["success"]
+    msg_id = s.execute(code)
+    thread = s.wait_event("stopped")["body"]["threadId"]
+    frame = s.dap("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
+    assert frame["line"] == 2
+    evaluated = s.dap("evaluate", {"expression": "kv + 5", "frameId": frame["id"], "context": "repl"})
+    assert evaluated["body"]["result"] == "12", evaluated
+    assert s.dap("continue", {"threadId": thread})["success"]
+    assert "14" in s.wait_done(msg_id)
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+
+
+def _kernel_pid(s: Session) -> int:
+    return int(s.cell("import os\nos.getpid()").split()[-1])
+
+
+def test_another_user_gets_nothing_from_the_kernels_own_debugger(kc, tmp_path):
+    """JupyterLab's debugger on the kernel itself (ipykernel starts debugpy at the panel's
+    initialize): its ports take only the kernel's user; the panel's session works before
+    and after the attack, through the same port."""
+    _needs_other_users()
+    from test_debug import start_debugger
+
+    s = Session(kc)
+    kernel_pid = _kernel_pid(s)
+    before = _kernel_debug_ports(kernel_pid, set())
+    start_debugger(s)
+    s.cell(KERNEL_SPIN)  # a thread to pause (started after debugpy, so it is traced)
+    targets = _kernel_debug_ports(kernel_pid, before)
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    _attack_the_kernel(targets, tmp_path)
+    _the_panel_still_stops_and_evaluates(s)
+
+
+def test_another_user_gets_nothing_from_the_kernels_debugger_after_debug_off(kc, tmp_path):
+    """The panel on a rank first; ``%mesh debug off`` starts the kernel's debugpy from a cell."""
+    _needs_other_users()
+    from test_debug import start_debugger
+
+    s = Session(kc)
+    kernel_pid = _kernel_pid(s)
+    assert "now debugs rank 1" in s.cell("procs = %mesh spawn -n 2\n%mesh debug 1")
+    start_debugger(s)
+    before = _kernel_debug_ports(kernel_pid, set())
+    assert "debugs the kernel itself" in s.cell("%mesh debug off")
+    s.cell(KERNEL_SPIN)
+    targets = _kernel_debug_ports(kernel_pid, before)
+    assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
+    _attack_the_kernel(targets, tmp_path)
+    _the_panel_still_stops_and_evaluates(s)

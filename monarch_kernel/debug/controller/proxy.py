@@ -15,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import socket
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+from ipykernel.compiler import get_tmp_directory
 from ipykernel.debugger import Debugger
 from IPython.core.error import UsageError
 
@@ -29,6 +32,7 @@ from ..messages import RankHost
 from ..rank import rank_debugpy
 from ..rank.inspector import Inspector
 from ..rank.relay import DapRelay
+from . import kernel_debugpy
 from .rank_target import INSPECT_TIMEOUT_S, REPLY_TIMEOUT_S, FrontendState, RankTarget
 
 
@@ -72,6 +76,23 @@ class MeshDebugger(Debugger):
         self.frontend.record(message)
         return reply
 
+    def start(self):
+        """ipykernel's ``start``, the kernel's debugpy started by ``kernel_debugpy`` (its ports
+        this user's only) where ipykernel would call ``debugpy.listen``: on the shell thread,
+        through an execute request."""
+        if not self.debugpy_initialized:
+            os.makedirs(get_tmp_directory(), mode=0o700, exist_ok=True)
+            host, port = self.debugpy_client.get_host_port()
+            content = {"code": kernel_debugpy.LISTEN_CODE.format(host, int(port)), "silent": True}
+            self.session.send(self.shell_socket, "execute_request", content, None,
+                              self.shell_socket.getsockopt(zmq.ROUTING_ID))
+            _ident, msg = self.session.recv(self.shell_socket, mode=0)
+            if msg["content"]["status"] != "ok":
+                self.log.error("The kernel's debugpy did not start: %s", msg["content"].get("evalue", ""))
+                return False
+            self.debugpy_initialized = True
+        return super().start()  # debugpy_initialized: it connects ipykernel's client, and never listens
+
     def _stopped_where(self) -> str:
         if self.target is not None and self.target.stopped_threads:
             return self.target.label
@@ -107,12 +128,11 @@ class MeshDebugger(Debugger):
             self._in_control_loop(self._restart_kernel_session())
 
     def _listen_here(self) -> None:
-        """Start the kernel's own debugpy on this (the shell's) thread, as ipykernel's
-        ``start()`` would through an execute request, which cannot run while this cell does."""
-        import debugpy
-
+        """Start the kernel's own debugpy on this (the shell's) thread, as ``start()`` would
+        through an execute request, which cannot run while this cell does."""
+        os.makedirs(get_tmp_directory(), mode=0o700, exist_ok=True)  # where dumpCell writes cells
         host, port = self.debugpy_client.get_host_port()
-        debugpy.listen((host, int(port)))
+        kernel_debugpy.listen(host, int(port))
         self.debugpy_initialized = True
 
     async def _kernel_request(self, command: str, arguments: dict | None = None) -> dict:

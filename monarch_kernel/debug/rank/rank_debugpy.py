@@ -2,7 +2,7 @@
 VS Code attaches to, and the cell sources and namespace it is shown.
 
 Runs in rank processes (the console and the relay call it).  debugpy's adapter runs as this
-rank's child (``debug_adapter.py``) and takes DAP clients only as sockets handed to it here:
+rank's child (``debug/debug_adapter.py``) and takes DAP clients only as sockets handed to it here:
 the relay's, and the one client of a loopback port ``listen_once`` opens for ``--listen``, which
 only this user may connect to.  It must never start debugpy unless asked, never listen beyond
 loopback, and never change the environment at import.
@@ -11,21 +11,18 @@ loopback, and never change the environment at import.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import secrets
 import socket
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 
 from ...runtime import config
-from .debug_adapter import CLIENT, LISTEN
+from .. import debug_adapter
+from ..debug_adapter import CLIENT, LISTEN
 
 START_TIMEOUT_S = config.seconds("debugpy_start_timeout")
-ADAPTER_MAIN = ("import sys; sys.path += sys.argv[2:]; "
-                "from monarch_kernel.debug.rank.debug_adapter import main; sys.exit(main(sys.argv[1]))")
 
 
 @dataclass
@@ -80,9 +77,9 @@ def start() -> str:
         # Ranks are not meant to spawn debugged children of their own.
         debugpy.configure(subProcess=False)
         token = secrets.token_hex(32)
-        control, adapter, server = _spawn_adapter(token)
+        control, adapter, server = debug_adapter.spawn(token, START_TIMEOUT_S)
         try:
-            _trace(server, token)
+            debug_adapter.trace(server, token)
         except BaseException:
             adapter.kill()
             control.close()
@@ -91,58 +88,6 @@ def start() -> str:
         _reply_at_once()
         _debugpy = _Debugpy(secrets.token_hex(8), control, adapter)
         return _debugpy.ident
-
-
-def _spawn_adapter(token: str) -> tuple[socket.socket, subprocess.Popen, tuple[str, int]]:
-    """Start this rank's adapter; the pair to it, the process, and where pydevd connects."""
-    import debugpy
-
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    # The rank's sys.path may come from its start-up, not PYTHONPATH: the adapter appends
-    # where monarch_kernel and debugpy are (appended: they never hide the standard library).
-    paths = [os.path.dirname(package_dir()), os.path.dirname(os.path.dirname(debugpy.__file__))]
-    try:
-        adapter = subprocess.Popen([sys.executable, "-c", ADAPTER_MAIN, str(theirs.fileno()), *paths],
-                                   pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   start_new_session=True)  # an interrupt of the rank's process group is not for it
-    finally:
-        theirs.close()
-    try:
-        ours.settimeout(START_TIMEOUT_S)
-        ours.send(json.dumps({"token": token}).encode())
-        data = ours.recv(1 << 16)
-        if not data:
-            raise RuntimeError("debugpy's adapter exited as it started (its error is in this rank's stderr)")
-        reply = json.loads(data)
-        if "error" in reply:
-            raise RuntimeError(f"debugpy's adapter did not start: {reply['error']}")
-        ours.settimeout(None)
-        host, port = reply["server"]
-        return ours, adapter, (str(host), int(port))
-    except TimeoutError:
-        adapter.kill()
-        ours.close()
-        raise RuntimeError(f"debugpy's adapter did not start within {START_TIMEOUT_S:g} s") from None
-    except BaseException:
-        adapter.kill()
-        ours.close()
-        raise
-
-
-def _trace(server: tuple[str, int], token: str) -> None:
-    """Connect pydevd to the adapter and trace from here on, as ``debugpy.listen`` would."""
-    import debugpy
-    import pydevd  # type: ignore[import-not-found]  # on sys.path once debugpy.server is imported
-    from debugpy.common.util import hide_debugpy_internals
-    from pydevd_file_utils import absolute_path  # type: ignore[import-not-found]
-
-    kwargs: dict = {}
-    if hide_debugpy_internals():
-        kwargs["dont_trace_start_patterns"] = (os.path.dirname(absolute_path(debugpy.__file__)),)
-        kwargs["dont_trace_end_patterns"] = ("debugpy_launcher.py",)
-    pydevd.settrace(host=server[0], port=server[1], suspend=False, patch_multiprocessing=False,
-                    wait_for_ready_to_run=False, block_until_connected=True, access_token=token,
-                    notify_stdin=False, **kwargs)
 
 
 def _control() -> socket.socket:

@@ -1,8 +1,8 @@
 """Who is at the other end of a loopback TCP connection: the user owning the peer's socket,
 as Linux lists it in /proc/net/tcp and /proc/net/tcp6 (identd answers the same question the
-same way).  The debugger's TCP ports take a connection only from the rank's own user.
+same way).  The debugger's TCP ports take a connection only from the debuggee's own user.
 
-Runs in a rank's debug adapter (``debug_adapter.py``).  It must fail closed: a peer it cannot
+Runs in debugpy's adapter (``debug_adapter.py``), a rank's or the kernel's.  It must fail closed: a peer it cannot
 find in this network namespace (another host, another namespace), or finds only as a socket
 no process holds any more (the kernel lists those as uid 0), belongs to nobody.
 """

@@ -1,18 +1,20 @@
-"""debugpy's adapter for one rank, run so that no other user can reach it.  It takes DAP
-clients only as connected sockets its rank hands it over a private socket pair (the kernel's
-relay, or the one client of a ``%mesh debug R --listen`` port), and every TCP port it opens
-(pydevd's way in, the ``--listen`` port) takes a connection only from the rank's own user.
+"""debugpy's adapter for one debuggee (a rank, or the kernel), run so that no other user can
+reach it.  It takes DAP clients only as connected sockets its debuggee hands it over a private
+socket pair, or from listening sockets the debuggee hands it the same way, and every TCP
+port it opens or takes (pydevd's way in, a ``--listen`` port, the kernel's client port)
+takes a connection only from the debuggee's own user (``peer_uid``).
 
-Runs as the rank's child process, ``main(FD)`` (FD: its end of the pair), started by
-``rank_debugpy.start`` (``debugpy.listen`` would listen for clients on a TCP port
-anyone on the machine may connect to, and put pydevd's token on the adapter's command line).
-It must never listen for clients itself, never take a secret from its command line or
-environment, and never outlive its rank's debugpy.  Importing it does nothing.
+``spawn`` and ``trace`` run in the debuggee, in place of ``debugpy.listen`` (which would listen
+for clients on a TCP port anyone on the machine may connect to, take the adapter's report of
+its ports on another such port, and put pydevd's token on the adapter's command line);
+``main(FD)`` runs in the adapter, the debuggee's child (FD: its end of the pair).  The adapter
+must never listen for clients unless handed a port, never take a secret from its command line
+or environment, and never outlive its debuggee's debugpy.  Importing it does nothing.
 
-The pair carries, rank to adapter: ``{"token": ...}`` (pydevd's access token) first, then
-``client`` or ``listen`` messages, each with one file descriptor (a connected socket to take
-as a client; a listening socket to take one client from); adapter to rank, once:
-``{"server": [host, port]}`` (where pydevd connects) or ``{"error": why}``.
+The pair carries, debuggee to adapter: ``{"token": ...}`` (pydevd's access token) first, then
+``client``, ``listen`` or ``serve`` messages, each with one file descriptor (a connected socket
+to take as a client; a listening socket to take one client from, or every client from);
+adapter to debuggee, once: ``{"server": [host, port]}`` (where pydevd connects) or ``{"error": why}``.
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 
 from . import peer_uid
 
 CLIENT = b"client"
 LISTEN = b"listen"
+SERVE = b"serve"
+ADAPTER_MAIN = ("import sys; sys.path += sys.argv[2:]; "
+                "from monarch_kernel.debug.debug_adapter import main; sys.exit(main(sys.argv[1]))")
 
 
 def _refuse(sock: socket.socket) -> None:
@@ -76,7 +83,8 @@ def _serve_this_user(name, handler, host, port=0, backlog=socket.SOMAXCONN, time
 
 
 class _Handover:
-    """Takes the rank's messages on the pair: clients, and the one pending ``--listen`` port."""
+    """Takes the debuggee's messages on the pair: clients, the one pending ``--listen`` port,
+    and ports that take every client (the kernel's, where ipykernel's debugger connects)."""
 
     def __init__(self, control: socket.socket):
         self.control = control
@@ -92,7 +100,7 @@ class _Handover:
                 msg, fds, _flags, _addr = socket.recv_fds(self.control, 64, 4)
             except OSError:
                 msg, fds = b"", []
-            if not msg:  # the rank is gone: if pydevd never came, nothing will
+            if not msg:  # the debuggee is gone: if pydevd never came, nothing will
                 if not servers.connections():
                     servers.dont_wait_for_first_connection()
                 return
@@ -101,10 +109,13 @@ class _Handover:
                 try:
                     clients.Client(socks[0])
                 except Exception:  # the relay went away as it came; keep taking the next ones
-                    log.swallow_exception("A client handed over by the rank failed:", level="warning")
+                    log.swallow_exception("A client handed over by the debuggee failed:", level="warning")
                     _refuse(socks[0])
             elif msg == LISTEN and len(socks) == 1:
                 self.listen(socks[0], clients.Client)
+            elif msg == SERVE and len(socks) == 1:
+                threading.Thread(target=_accept, args=(socks[0], clients.Client, "Client", False),
+                                 name="accept clients", daemon=True).start()
             else:
                 for s in socks:
                     _refuse(s)
@@ -124,7 +135,7 @@ class _Handover:
 
 
 def main(fd: str) -> int:
-    """The adapter process, given its end of the pair to the rank."""
+    """The adapter process, given its end of the pair to its debuggee."""
     control = socket.socket(fileno=int(fd))
     hello = json.loads(control.recv(1 << 16) or b"{}")
     # Imported now, in debugpy's own order (its adapter modules import each other).
@@ -145,7 +156,7 @@ def main(fd: str) -> int:
         control.send(json.dumps({"error": f"debugpy's adapter cannot listen for pydevd: {e}"}).encode())
         return 1
     control.send(json.dumps({"server": [host, port]}).encode())
-    # Nothing more for the rank's output: stderr is the rank's pipe, and may outlive it.
+    # Nothing more for the debuggee's output: stderr is its pipe, and may outlive it.
     devnull = os.open(os.devnull, os.O_RDWR)
     for std in (0, 1, 2):
         os.dup2(devnull, std)
@@ -154,4 +165,61 @@ def main(fd: str) -> int:
     sessions.wait_until_ended()
     servers.stop_serving()
     return 0
+
+
+
+def spawn(token: str, timeout: float) -> tuple[socket.socket, subprocess.Popen, tuple[str, int]]:
+    """Start this process's adapter; the pair to it, the process, and where pydevd connects."""
+    import debugpy
+
+    import monarch_kernel
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # This process's sys.path may come from its start-up, not PYTHONPATH: the adapter appends
+    # where monarch_kernel and debugpy are (appended: they never hide the standard library).
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(monarch_kernel.__file__))),
+             os.path.dirname(os.path.dirname(debugpy.__file__))]
+    try:
+        adapter = subprocess.Popen([sys.executable, "-c", ADAPTER_MAIN, str(theirs.fileno()), *paths],
+                                   pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   start_new_session=True)  # an interrupt of our process group is not for it
+    finally:
+        theirs.close()
+    try:
+        ours.settimeout(timeout)
+        ours.send(json.dumps({"token": token}).encode())
+        data = ours.recv(1 << 16)
+        if not data:
+            raise RuntimeError("debugpy's adapter exited as it started (its error is in this process's stderr)")
+        reply = json.loads(data)
+        if "error" in reply:
+            raise RuntimeError(f"debugpy's adapter did not start: {reply['error']}")
+        ours.settimeout(None)
+        host, port = reply["server"]
+        return ours, adapter, (str(host), int(port))
+    except TimeoutError:
+        adapter.kill()
+        ours.close()
+        raise RuntimeError(f"debugpy's adapter did not start within {timeout:g} s") from None
+    except BaseException:
+        adapter.kill()
+        ours.close()
+        raise
+
+
+def trace(server: tuple[str, int], token: str) -> None:
+    """Connect pydevd to the adapter and trace from here on (this thread, and every thread
+    started later), as ``debugpy.listen`` would."""
+    import debugpy
+    import pydevd  # type: ignore[import-not-found]  # on sys.path once debugpy.server is imported
+    from debugpy.common.util import hide_debugpy_internals
+    from pydevd_file_utils import absolute_path  # type: ignore[import-not-found]
+
+    kwargs: dict = {}
+    if hide_debugpy_internals():
+        kwargs["dont_trace_start_patterns"] = (os.path.dirname(absolute_path(debugpy.__file__)),)
+        kwargs["dont_trace_end_patterns"] = ("debugpy_launcher.py",)
+    pydevd.settrace(host=server[0], port=server[1], suspend=False, patch_multiprocessing=False,
+                    wait_for_ready_to_run=False, block_until_connected=True, access_token=token,
+                    notify_stdin=False, **kwargs)
 
