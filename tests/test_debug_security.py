@@ -435,3 +435,16 @@ def test_another_user_gets_nothing_from_the_kernels_debugger_after_debug_off(kc,
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
     _attack_the_kernel(targets, tmp_path)
     _the_panel_still_stops_and_evaluates(s)
+
+
+def test_a_cells_source_written_for_the_debugger_is_readable_by_its_user_alone(tmp_path):
+    from monarch_kernel.debug.rank.rank_debugpy import write_source
+
+    shared = tmp_path / "ipykernel_1"  # ipykernel makes its folder with the default mode
+    shared.mkdir(mode=0o755)
+    path = shared / "123.py"
+    write_source(str(path), "secret = 1\n")
+    assert path.read_text() == "secret = 1\n"
+    assert os.stat(path).st_mode & 0o077 == 0, oct(os.stat(path).st_mode)
+    write_source(str(path), "secret = 2\n")  # rewritten in place, still private
+    assert path.read_text() == "secret = 2\n" and os.stat(path).st_mode & 0o077 == 0

@@ -177,7 +177,8 @@ def write_source(path: str, text: str) -> None:
                 return
     except OSError:
         pass
-    with open(path, "w", encoding="utf-8") as f:
+    # 0600: the folder may be ipykernel's, made with the default mode, and a cell is the user's own
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
         f.write(text)
 
 
