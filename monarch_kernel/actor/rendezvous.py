@@ -19,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..runtime import config
 from ..runtime.envelope import Part
 from ..runtime.failure import ActorError
 from ..runtime.process import Runtime
@@ -29,7 +30,7 @@ from .port import Channel, Port, PortReceiver
 log = logging.getLogger(__name__)
 # A wait's answer may come this much after its own timeout (the trip, a busy controller)
 # before the rank stops listening for it.
-ANSWER_GRACE_S = 30.0
+ANSWER_GRACE_S = config.seconds("rendezvous_answer_grace")
 
 
 class RendezvousServer:
