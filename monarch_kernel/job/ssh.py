@@ -1,6 +1,7 @@
 """``SSHJob``: any hosts reachable by ``ssh``; each runs an agent started as the ssh command.
 
-ssh runs with ``BatchMode=yes`` (the agent's stdin carries its credentials, so a password
+Host names are ssh's: a ``Host`` alias, ``-F FILE`` and ``-J``/``ProxyJump`` work as for ssh
+itself (``ssh_config``).  ssh runs with ``BatchMode=yes`` (the agent's stdin carries its credentials, so a password
 prompt could never be answered) and the user's ``ssh_args``.  The agent dies with the ssh
 session, and the session with this controller.
 """
@@ -16,6 +17,7 @@ from ..runtime import config
 from ..runtime.process import Runtime
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .job import JobTrait
+from .ssh_config import route_host
 
 
 class SSHJob(JobTrait):
@@ -69,7 +71,7 @@ class SSHJob(JobTrait):
         if not self._meshes:
             raise ValueError("this job has no hosts: job.add_mesh('workers', ['host1', 'host2']) first")
         rt = Runtime.current()
-        controller = controller_address(rt, self.hosts[0])
+        controller = controller_address(rt, route_host(self.hosts[0], self.ssh_args))
         started = {h: AgentProcess(rt, h, self.command(h), controller, remote_kill=self._remote_kill(h))
                    for h in self.hosts}
         deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
