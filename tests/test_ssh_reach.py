@@ -16,9 +16,9 @@ import pytest
 from cluster import ssh_network
 
 from monarch_kernel import Actor, ProcessDied, endpoint
-from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.job import SSHJob
 from monarch_kernel.job.ssh_config import route_host, ssh_target
+from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -161,7 +161,8 @@ def test_a_mesh_beyond_a_login_node_runs_through_the_agents_ssh(walled, checkout
     # Without out_of_cluster: the agent has no route back, so the start fails.
     direct = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg), start_timeout=4)
     direct.add_mesh("workers", ["gpu1"])
-    with pytest.raises((TimeoutError, ConnectionError), match="did not connect back in time|Permission denied|unreachable"):
+    with pytest.raises((TimeoutError, ConnectionError),
+                       match="did not connect back in time|Permission denied|unreachable"):
         direct.state()
     direct.kill()
     rt = Runtime.current()
