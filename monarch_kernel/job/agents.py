@@ -48,14 +48,14 @@ class AgentProcess:
     """One host's agent, started by ``argv`` (the launcher command)."""
 
     def __init__(self, rt: Runtime, host: str, argv: list[str], controller: str, env: dict | None = None,
-                 remote_kill=None):
+                 remote_kill=None, link=None):
         """``remote_kill(pid)``: how to end the remote process when it never came up (its
         launcher command then prints ``mk-agent-pid PID`` first); None when ending the
-        launcher ends it (srun)."""
+        launcher ends it (srun).  ``link``: the host's link, when made before (``add_host``)."""
         self.rt = rt
         self.host = host
         self.argv = argv
-        self.link = rt.launcher.add_host(host)
+        self.link = link if link is not None else rt.launcher.add_host(host)
         self.stderr: collections.deque[str] = collections.deque(maxlen=40)
         self.remote_kill = remote_kill
         self.remote_pid: int | None = None
@@ -117,7 +117,7 @@ class AgentProcess:
         text = "\n".join(self.stderr)
         code = self.proc.returncode
         said = self._said()
-        if "Permission denied" in text or "Host key verification failed" in text:
+        if "Permission denied (" in text or "Host key verification failed" in text:
             return (f"cannot start the agent on {self.host}: ssh authentication failed; check the key "
                     f"and user in ssh_args (ssh runs with BatchMode=yes, so it never asks for a password){said}")
         if any(s in text for s in ("Could not resolve", "Connection refused", "Connection timed out",

@@ -104,6 +104,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_BIND", "bind_address", str, None, kernel=True, shown="the route to the controller",
          help_="the address a process of a job that spans hosts listens on (its inboxes, its data server); an "
                "agent sets it for the ranks it forks"),
+    _env("MONARCH_KERNEL_CONTROLLER_VIA", "controller_via", str, None, shown="unset",
+         help_="on a host out of the controller's reach (`SSHJob(out_of_cluster=True)` sets it for the agent it "
+               "starts): the controller's IP, whose ports this host's ssh connection forwards to its loopback"),
     _env("MONARCH_KERNEL_STRICT", "strict", bool, False, kernel=True, shown="off",
          help_="`1`: Monarch's behaviour where ours differs (exit on an unhandled failure, no mixed sync/async "
                "endpoints)"),

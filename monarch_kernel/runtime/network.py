@@ -8,6 +8,7 @@ address as well, served with CurveZMQ.  Nothing here sends or reads a message.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -30,6 +31,25 @@ class Network:
         self.main: Inbox | None = None  # the process's main inbox (set by the runtime)
         self.on_keys = lambda curve: None  # told when the keys change (the transport's client keys)
         self._monitor: zmq.Socket | None = None  # the main inbox's ZeroMQ events (watch_refusals)
+        self._tcp: list[str] = []  # every TCP address this process listens on, oldest first
+        self._on_listen: list[Callable[[str], None]] = []
+
+    def add_listen_hook(self, hook: Callable[[str], None]) -> Callable[[], None]:
+        """``hook(address)`` hears each TCP address this process starts listening on, before
+        the address is handed to anyone (an ssh forward is set up there).  Returns its remover."""
+        self._on_listen.append(hook)
+        return lambda: self._on_listen.remove(hook) if hook in self._on_listen else None
+
+    def tcp_addresses(self) -> list[str]:
+        """The TCP addresses this process listens on so far."""
+        return list(self._tcp)
+
+    def _listened(self, address: str) -> str:
+        if address not in self._tcp:
+            self._tcp.append(address)
+            for hook in list(self._on_listen):
+                hook(address)
+        return address
 
     def guard(self) -> None:
         """Start the ZAP handler before the first TCP bind, so no connection is let in unchecked."""
@@ -90,7 +110,7 @@ class Network:
             return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve)
         inbox = Inbox(self.ctx, f"{base}.t{n}")
         if self.bind_ip is not None:  # it listens for other hosts too
-            inbox.listen_tcp(self.bind_ip, self.curve)
+            self._listened(inbox.listen_tcp(self.bind_ip, self.curve))
         return inbox
 
     def actor_inbox(self, address: str) -> Inbox:
@@ -116,7 +136,7 @@ class Network:
         self.guard()
         self.bind_ip = ip
         with self.main.lease:
-            return self.main.listen_tcp(ip, self.curve)
+            return self._listened(self.main.listen_tcp(ip, self.curve))
 
     def set_keys(self, curve: CurveKeys) -> None:
         self.curve = curve
@@ -136,7 +156,7 @@ class Network:
         """The address of ``inbox`` a peer at ``dest`` can answer: its TCP one for a TCP peer."""
         if dest[:4] == "tcp:" and inbox.net_address is None and self.bind_ip is not None:
             with inbox.lease:
-                inbox.listen_tcp(self.bind_ip, self.curve)
+                self._listened(inbox.listen_tcp(self.bind_ip, self.curve))
         return inbox.net_address if dest[:4] == "tcp:" and inbox.net_address else inbox.address
 
     def port_address(self, address: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from collections.abc import Callable
 
 import zmq
 from zmq.backend import zmq_poll
@@ -72,6 +73,29 @@ class Transport:
         fast = sockets()
         self._send_first = fast.send if fast is not None else None  # libzmq's send, straight from C
         self.links: Links | None = None  # same-host datagram links (datagram.py), once the IO thread is known
+        self._dialers: list[Callable[[str], str | None]] = []
+        if via := config.get("controller_via"):  # a host whose controller is reached through ssh
+            self.add_dialer(loopback_for(via))
+
+    def add_dialer(self, dial: Callable[[str], str | None]) -> Callable[[], None]:
+        """``dial(addr)``: where to connect to reach the peer at ``addr`` (say, the local end of
+        an ssh forward), or None to connect to ``addr`` itself.  Asked once per thread and
+        peer, before connecting; a TCP peer stays a Curve server wherever it is reached.
+        Returns a function that removes it (connections already made stay)."""
+        self._dialers.append(dial)
+
+        def remove() -> None:
+            if dial in self._dialers:
+                self._dialers.remove(dial)
+
+        return remove
+
+    def _dial(self, addr: str) -> str:
+        for dial in list(self._dialers):
+            got = dial(addr)
+            if got:
+                return got
+        return addr
 
     def use_io(self, io) -> None:
         """The process's IO thread: it never waits for room, and it sends what waits in
@@ -106,7 +130,7 @@ class Transport:
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
             if self.curve is not None and addr.startswith("tcp://"):
                 self.curve.connect_as_client(s)  # links between hosts: CurveZMQ as well as the HMAC
-            s.connect(addr)
+            s.connect(self._dial(addr) if self._dialers else addr)
             socks[addr] = s
         return s
 
@@ -211,3 +235,14 @@ class Transport:
             self._purge(socks)
         if self.links is not None:
             self.links.forget(self._links_gone())
+
+
+def loopback_for(ip: str) -> Callable[[str], str | None]:
+    """A dialer that reaches ``tcp://ip:PORT`` at ``tcp://127.0.0.1:PORT``: on a host whose
+    ssh connection forwards each of the controller's ports to the same port of its loopback."""
+    prefix = f"tcp://{ip}:"
+
+    def dial(addr: str) -> str | None:
+        return "tcp://127.0.0.1:" + addr[len(prefix):] if addr.startswith(prefix) else None
+
+    return dial

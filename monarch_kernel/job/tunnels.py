@@ -1,0 +1,98 @@
+"""An out-of-cluster host's ssh connection as its only way to and from the controller.
+
+The agent's ssh process is an ssh ControlMaster (its control socket in the controller's 0700
+run directory).  Each TCP port the controller listens on is forwarded (``-R``) to the same
+port of the host's loopback, where the agent and its ranks reach it (``controller_via``, set
+for them); each address a process on the host listens on is forwarded (``-L``) to a unix
+socket in the run directory, which the controller's transport dials instead.  Curve and the
+HMAC still authenticate end to end; the controller opens no port on any network interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import threading
+
+log = logging.getLogger("monarch_kernel.job")
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def _ip(address: str) -> str:
+    return address[len("tcp://"):].rsplit(":", 1)[0]
+
+
+class Tunnels:
+    """One host's forwards, through the control socket ``ctl`` of its agent's ssh."""
+
+    def __init__(self, host: str, rundir: str, tag: str, controller_ip: str, link):
+        """``link``: the host's ``AgentLink``; its ``ip`` (from the agent's UP, before anything is
+        sent to the host) is the address its processes listen on."""
+        self.host = host
+        self.ctl = os.path.join(rundir, f"ssh{tag}")
+        self._socks = os.path.join(rundir, f"f{tag}-")
+        self.controller_ip = controller_ip
+        self.link = link
+        self._lock = threading.Lock()
+        self._local: dict[str, str] = {}  # a host address -> the ipc address that reaches it
+        self._remote: set[int] = set()  # controller ports forwarded to the host
+        self._ready = False  # the master is up: later ports are added to it
+
+    def master_options(self, controller_addresses: list[str]) -> list[str]:
+        """ssh's options for the agent's connection: the master, and the controller's ports so far."""
+        opts = ["-o", "ControlMaster=yes", "-o", f"ControlPath={self.ctl}", "-o", "ExitOnForwardFailure=yes",
+                "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+        for addr in controller_addresses:
+            self._remote.add(_port(addr))
+            opts += ["-R", f"127.0.0.1:{_port(addr)}:{_ip(addr)}:{_port(addr)}"]
+        return opts
+
+    def environment(self) -> str:
+        """Shell assignments for the agent: listen on the address ssh came in on, and reach
+        the controller's IP through this host's loopback."""
+        via = f" MONARCH_KERNEL_CONTROLLER_VIA={shlex.quote(self.controller_ip)}"
+        return 'set -- $SSH_CONNECTION; export MONARCH_KERNEL_BIND="$3"' + via + "; "
+
+    def ready(self, controller_addresses: list[str]) -> None:
+        """The agent is up (its ssh is the master): forward the ports opened meanwhile."""
+        with self._lock:
+            self._ready = True
+            late = [a for a in controller_addresses if _port(a) not in self._remote]
+            self._remote.update(_port(a) for a in late)
+        for addr in late:
+            self._forward(["-R", f"127.0.0.1:{_port(addr)}:{_ip(addr)}:{_port(addr)}"])
+
+    def _forward(self, spec: list[str]) -> None:
+        r = subprocess.run(["ssh", "-S", self.ctl, "-O", "forward", *spec, self.host], capture_output=True,
+                           text=True, timeout=15, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise ConnectionError(f"cannot forward {' '.join(spec)} through the ssh connection to {self.host}: "
+                                  f"{r.stderr.strip() or r.returncode}")
+
+    def controller_listens(self, address: str) -> None:
+        """A new controller port: forward it to the host's loopback too (once the master is up)."""
+        port = _port(address)
+        with self._lock:
+            if port in self._remote or not self._ready:  # not yet: ``ready`` forwards it
+                return
+            self._remote.add(port)
+        self._forward(["-R", f"127.0.0.1:{port}:{_ip(address)}:{port}"])
+
+    def dial(self, address: str) -> str | None:
+        """The local unix socket that reaches ``address`` on this host, or None if not its."""
+        ip = self.link.ip
+        if not ip or not address.startswith(f"tcp://{ip}:"):
+            return None
+        with self._lock:
+            got = self._local.get(address)
+            if got is None:
+                path = f"{self._socks}{len(self._local)}"
+                self._forward(["-L", f"{path}:{ip}:{_port(address)}"])
+                got = self._local[address] = f"ipc://{path}"
+                log.debug("reaching %s on %s through %s", address, self.host, path)
+        return got

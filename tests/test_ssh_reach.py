@@ -1,0 +1,193 @@
+"""SSHJob with ssh's own names: a ``Host`` alias only ssh's configuration knows (``-F FILE``),
+and a ``ProxyJump`` through one simulated host to the other (cluster.py's ssh hosts)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+
+import cluster
+import psutil
+import pytest
+from cluster import ssh_network
+
+from monarch_kernel import Actor, ProcessDied, endpoint
+from monarch_kernel.job import SSHJob
+from monarch_kernel.job.ssh_config import route_host, ssh_target
+from monarch_kernel.runtime.process import Runtime
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Here(Actor):
+    @endpoint
+    def here(self) -> tuple:
+        return os.uname().nodename, os.environ.get("MONARCH_KERNEL_BIND")
+
+
+@pytest.fixture(scope="module")
+def checkout_python(tmp_path_factory) -> str:
+    """The interpreter with this checkout first on its path (agents run the code under test)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path_factory.mktemp("python") / "python"
+    path.write_text(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def ssh_config(ssh_hosts, tmp_path, entries: str) -> str:
+    """An ssh configuration file: ``entries``, then the test hosts' key and options for all."""
+    path = tmp_path / "ssh_config"
+    path.write_text(entries + f"""
+Host *
+  User {ssh_hosts.user}
+  IdentityFile {ssh_hosts.key}
+  IdentitiesOnly yes
+  IdentityAgent none
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  BatchMode yes
+  LogLevel ERROR
+  ConnectTimeout 5
+""")
+    return str(path)
+
+
+def test_host_aliases_from_an_ssh_config_file(ssh_hosts, checkout_python, tmp_path):
+    h1, h2 = ssh_hosts.hosts
+    cfg = ssh_config(ssh_hosts, tmp_path, f"Host gpu1\n  HostName {h1}\nHost gpu2\n  HostName {h2}\n")
+    assert ssh_target("gpu1", ("-F", cfg)).hostname == h1
+    job = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg))
+    job.add_mesh("workers", ["gpu1", "gpu2"])
+    try:
+        procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+        got = procs.spawn("here", Here).here.call().get(timeout=30)
+        assert sorted(got.values()) == sorted(zip(ssh_hosts.names, ssh_hosts.hosts, strict=True))
+    finally:
+        job.kill()
+
+
+def test_a_name_nothing_resolves_says_what_to_write(ssh_hosts, tmp_path):
+    cfg = ssh_config(ssh_hosts, tmp_path, "")
+    with pytest.raises(ConnectionError, match=r"cannot resolve host 'nowhere-gpu': ssh's configuration names it "
+                                              r"'nowhere-gpu'.*HostName in ~/.ssh/config"):
+        route_host("nowhere-gpu", ("-F", cfg))
+
+
+def test_a_far_host_through_a_jump_host(ssh_hosts, checkout_python, tmp_path):
+    """``far`` is reached through the first host (ProxyJump in the config file, and ``-J``):
+    the far host's sshd sees the connection come from the jump host's address."""
+    h1, h2 = ssh_hosts.hosts
+    far = ssh_hosts.names[1]
+    cfg = ssh_config(ssh_hosts, tmp_path, f"Host jump\n  HostName {h1}\nHost far\n  HostName {h2}\n  ProxyJump jump\n")
+    for args, name in ((("-F", cfg), "far"), (("-F", cfg, "-J", "jump"), h2)):
+        with open(ssh_hosts.logs[1]) as f:
+            f.seek(0, os.SEEK_END)
+            before = f.tell()
+        job = SSHJob(python_exe=checkout_python, ssh_args=args)
+        job.add_mesh("workers", [name])
+        try:
+            procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+            got = procs.spawn("here", Here).here.call().get(timeout=30)
+            assert list(got.values()) == [(far, h2)] * 2
+        finally:
+            job.kill()
+        with open(ssh_hosts.logs[1]) as f:
+            f.seek(before)
+            log = f.read()
+        assert f"Accepted publickey for root from {h1} " in log, log
+
+
+# ------------------------------------------------------------ out of cluster
+
+class Probe(Actor):
+    @endpoint
+    def where(self) -> tuple:
+        return os.uname().nodename, os.environ.get("MONARCH_KERNEL_BIND")
+
+    @endpoint
+    def echo(self, x):
+        print(f"echo {x}", flush=True)
+        return x
+
+    @endpoint
+    def nap(self, s: float) -> str:
+        time.sleep(s)
+        return "woke"
+
+    @endpoint
+    def ask(self, other, x):
+        """Call another actor mesh (on the other compute host) from this rank."""
+        return list(other.echo.call(x).get(timeout=30).values())
+
+    @endpoint
+    def dial(self, ip: str, port: int) -> str:
+        """This rank's own attempt to open a connection to ``ip:port``."""
+        try:
+            socket.create_connection((ip, port), timeout=3).close()
+        except OSError as e:
+            return type(e).__name__
+        return "connected"
+
+
+@pytest.fixture(scope="module")
+def walled():
+    """Three ssh hosts: a login node and two compute hosts, which have no route to the test
+    process (the laptop): every packet they send it is refused, so the laptop reaches them
+    only through the login node, and they cannot open a connection back."""
+    with ssh_network(3) as hosts:
+        for ns in (hosts.netns(h) for h in hosts.hosts[1:]):
+            cluster.run(["ip", "-n", ns, "route", "del", "default"])  # nothing beyond the cluster's subnet
+            cluster.run(["ip", "-n", ns, "route", "add", "prohibit", f"{hosts.controller_ip}/32"])
+        yield hosts
+
+
+def _agent_pid(hosts, host: str) -> int:
+    for pid in hosts.pids(host):
+        with contextlib.suppress(psutil.Error):
+            if "monarch_kernel.agent" in " ".join(psutil.Process(pid).cmdline()):
+                return pid
+    raise AssertionError(f"no agent on {host}")
+
+
+def test_a_mesh_beyond_a_login_node_runs_through_the_agents_ssh(walled, checkout_python, tmp_path):
+    login, c1, c2 = walled.hosts
+    cfg = ssh_config(walled, tmp_path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"
+                                       f"Host gpu1\n  HostName {c1}\nHost gpu2\n  HostName {c2}\n")
+    # Without out_of_cluster: the agent has no route back, so the start fails.
+    direct = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg), start_timeout=4)
+    direct.add_mesh("workers", ["gpu1"])
+    with pytest.raises((TimeoutError, ConnectionError),
+                       match="did not connect back in time|Permission denied|unreachable"):
+        direct.state()
+    direct.kill()
+    rt = Runtime.current()
+    listened = rt.network.net_address  # an earlier test's job may have opened one already
+    job = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg), out_of_cluster=True)
+    job.add_mesh("workers", ["gpu1", "gpu2"])
+    try:
+        procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+        m = procs.spawn("probe", Probe)
+        got = m.where.call().get(timeout=30)
+        assert list(got.values()) == [(walled.names[1], c1)] * 2 + [(walled.names[2], c2)] * 2
+        assert list(m.echo.call(5).get(timeout=30).values()) == [5] * 4
+        # A rank on one compute host calls the other's actors directly.
+        assert m.slice(hosts=1, gpus=0).ask.call_one(m.slice(hosts=0), "x").get(timeout=30) == ["x", "x"]
+        # The controller opened no port on a network, and a rank's own connection to the laptop fails.
+        assert rt.network.net_address == listened or rt.network.net_address.startswith("tcp://127.0.0.1:")
+        assert m.slice(hosts=0, gpus=0).dial.call_one(walled.controller_ip, 22).get(timeout=30) != "connected"
+        # A compute host's death fails its ranks' calls, naming it.
+        pending = m.slice(hosts=1).nap.call(30)
+        time.sleep(0.3)
+        os.kill(_agent_pid(walled, c2), signal.SIGKILL)
+        t = time.monotonic()
+        with pytest.raises(ProcessDied, match="gpu2"):
+            pending.get(timeout=20)
+        assert time.monotonic() - t < 5
+        assert list(m.slice(hosts=0).echo.call(2).get(timeout=30).values()) == [2, 2]
+    finally:
+        job.kill()
