@@ -43,7 +43,8 @@ $(STAMP): pyproject.toml setup.py $(SYSSTAMP)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: the local CPU wheel, never a multi-GB CUDA download.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e . --config-settings editable_mode=compat
+	# JupyterLab: what the panel is built with (jlpm) and shown in.
+	$(BIN)/pip install -q -e . 'jupyterlab>=4.2' --config-settings editable_mode=compat
 	$(BIN)/python -m monarch_kernel install --sys-prefix
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
@@ -83,7 +84,6 @@ $(TEST_STAMP): $(STAMP) $(TEST_SYSSTAMP)
 	touch $@
 
 lab: setup
-	$(BIN)/pip install -q 'jupyterlab>=4.2'
 	@echo "JupyterLab with the 'Python 3 (monarch mesh)' kernel; open the URL it prints below."
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
