@@ -17,4 +17,5 @@ from .job import JobState, JobTrait, LocalJob, job_from_spec, job_load
 from .slurm import SlurmJob
 from .ssh import SSHJob
 
-__all__ = ["AttachJob", "JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "attach_to_workers", "job_from_spec", "job_load"]
+__all__ = ["AttachJob", "JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "attach_to_workers", "job_from_spec",
+           "job_load"]

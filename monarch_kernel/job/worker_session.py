@@ -160,11 +160,11 @@ class WorkerSession:
                 break
         if self.link.up.done() and self.link.up.error() is None:
             return
+        hint = (f"is this controller's address {self.rt.network.net_address} reachable from {self.host}?  "
+                "Set MONARCH_KERNEL_BIND to one that is, before the first job")
         if self.ended.is_set():
-            raise ConnectionError(f"the agent of the worker {self.worker} did not connect: {self.why}")
-        raise TimeoutError(f"the agent of the worker {self.worker} did not connect back in time: is this "
-                           f"controller's address {self.rt.network.net_address} reachable from {self.host}?  "
-                           "Set MONARCH_KERNEL_BIND to one that is")
+            raise ConnectionError(f"the agent of the worker {self.worker} did not connect back ({hint}): {self.why}")
+        raise TimeoutError(f"the agent of the worker {self.worker} did not connect back in time: {hint}")
 
     def end(self, shutdown: bool) -> None:
         """Let go of the worker (``shutdown``: and have it exit); returns once its agent ended."""
