@@ -27,6 +27,7 @@ from _kernels import assert_gone, running
 
 from monarch_kernel import Actor, ProcessDied, attach_to_workers, endpoint
 from monarch_kernel.agent.worker import MAX_UNAUTHENTICATED_PER_PEER
+from monarch_kernel.job import AttachJob, job_load
 from monarch_kernel.runtime import worker_wire
 from monarch_kernel.runtime.worker_key import KeyFileError, new_key_file
 
@@ -142,6 +143,20 @@ def test_key_new_writes_a_private_key_and_a_readable_one_is_refused(tmp_path):
         attach_to_workers(workers=["tcp://127.0.0.1:1"], key=str(path))
     with pytest.raises(ValueError, match="give the host's name or address and the port"):
         attach_to_workers(workers=["tcp://127.0.0.1"], key=str(path))
+
+
+def test_an_attach_job_is_dumped_without_its_key(key, tmp_path):
+    job = AttachJob(["tcp://node1:29500", "tcp://10.0.0.2:29500"], key, name="trainers")
+    path = str(tmp_path / "job.json")
+    job.dump(path)
+    with open(key) as f:
+        secret = f.read().split()[-1]
+    with open(path) as f:
+        assert secret not in f.read()
+    again = job_load(path)
+    assert (again.kind, again.workers, again.key_file, again.name) == ("attach", job.workers, key, "trainers")
+    with pytest.raises(ValueError, match="tcp://node1:29500 is given more than once"):
+        AttachJob(["tcp://node1:29500", "tcp://node1:29500"], key)
 
 
 # ---------------------------------------------------------------- controllers in turn

@@ -58,7 +58,7 @@ def parse_listen(address: str) -> tuple[str, int]:
     if host == "*":
         host = "0.0.0.0"
     try:
-        ip = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        ip = str(socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror as e:
         raise ValueError(f"--listen {address!r}: cannot resolve {host!r} ({e.strerror}); e.g. {example}") from None
     return ip, int(port)
@@ -274,10 +274,10 @@ async def _recv_zmq(loop: asyncio.AbstractEventLoop, sock: zmq.Socket) -> list[b
     got = loop.create_future()
 
     def readable() -> None:
-        if not got.done() and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not got.done() and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             got.set_result(None)
 
-    fd = sock.getsockopt(zmq.FD)
+    fd = int(sock.getsockopt(zmq.FD))
     loop.add_reader(fd, readable)
     try:
         readable()

@@ -14,14 +14,17 @@ import os
 import socket
 import threading
 import time
+from typing import TypeVar
 
 import zmq
 
 from ..runtime import config
 from ..runtime import worker_wire as wire
+from ..runtime.agent_link import AgentLink
 from ..runtime.process import Runtime
 from ..runtime.worker_key import mac, session_curve
 
+M = TypeVar("M", bound=wire.Message)
 RETRY_S = config.seconds("worker_retry")
 END_S = config.seconds("worker_agent_end") + wire.HANDSHAKE_S  # the worker ends its agent within this
 
@@ -47,7 +50,7 @@ class WorkerSession:
         self.worker = worker
         self.host, self.port = parse_worker(worker)
         self._key = key
-        self.link = None  # the AgentLink, once the worker took the credentials
+        self.link: AgentLink | None = None  # once the worker took the credentials
         self.sock: socket.socket | None = None
         self.codec: wire.Codec | None = None
         self.ended = threading.Event()  # the session is over (the worker said so, or its connection closed)
@@ -112,8 +115,8 @@ class WorkerSession:
         who = f"the controller {controller} (pid {os.getpid()} on {socket.gethostname()})"
         sock.sendall(codec.pack(wire.Attach(who)))
         channel = self._expect(sock, codec, wire.Channel, deadline)
-        self.link = self.rt.launcher.add_host(self.host)
-        line = self.link.credentials(controller)
+        self.link = link = self.rt.launcher.add_host(self.host)
+        line = link.credentials(controller)
         keys = session_curve(session)
         ctx = zmq.Context()
         try:
@@ -126,7 +129,7 @@ class WorkerSession:
             ctx.term()
         self._expect(sock, codec, wire.Started, deadline)
 
-    def _expect(self, sock: socket.socket, codec: wire.Codec, kind: type, deadline: float):
+    def _expect(self, sock: socket.socket, codec: wire.Codec, kind: type[M], deadline: float) -> M:
         msg = wire.recv_message(sock, codec, deadline)
         if isinstance(msg, wire.Ended):
             raise ConnectionError(f"the worker {self.worker} could not take this controller: {msg.why}")
