@@ -44,13 +44,17 @@ class Where(Actor):
         time.sleep(s)
         return "woke"
 
+    @endpoint
+    def env(self, name: str):
+        return os.environ.get(name)
+
 
 class Worker:
     """A worker process (``argv`` before python: e.g. ``ip netns exec NS``); its stderr lines
     are collected as they come."""
 
-    def __init__(self, key: str, ip: str = "127.0.0.1", prefix: tuple = ()):
-        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "monarch_kernel.agent", "--listen",
+    def __init__(self, key: str, ip: str = "127.0.0.1", prefix: tuple = (), python: tuple = (sys.executable,)):
+        self.proc = subprocess.Popen([*prefix, *python, "-m", "monarch_kernel.agent", "--listen",
                                       f"tcp://{ip}:0", "--key-file", key], stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -368,6 +372,20 @@ def test_a_worker_on_another_host_runs_ranks_there(workers, key, other_host, tmp
     assert w.proc.wait(20) == 0
     left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10).stdout.split()
     assert not left, f"processes left in the worker's namespace: {left}"
+
+
+def test_a_worker_that_torchrun_starts(workers, key):
+    """The README's torchrun recipe, on one node: the ranks get none of torchrun's variables."""
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1")
+    (w,) = workers(1, python=torchrun)
+    hosts = attach_to_workers(workers=[w.address], key=key)
+    try:
+        m = hosts.spawn_procs().spawn("w", Where)
+        assert [m.env.call_one(v).get(timeout=60) for v in ("RANK", "MASTER_ADDR", "TORCHELASTIC_RUN_ID")] == \
+            [None, None, None]
+    finally:
+        hosts.stop().get(timeout=30)
+    assert w.proc.poll() is None  # torchrun's worker waits for the next controller
 
 
 # ---------------------------------------------------------------- from a notebook

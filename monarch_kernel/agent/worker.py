@@ -44,6 +44,11 @@ MAX_UNAUTHENTICATED = 64
 MAX_UNAUTHENTICATED_PER_PEER = 16
 AGENT_END_S = config.seconds("worker_agent_end")
 MAX_CREDENTIALS = 1 << 16  # the credentials line (keys, addresses, module names): a few hundred bytes
+# What torchrun told a worker it started of its own job: not the ranks' (spmd gives each mesh
+# its own torch.distributed environment), so the agent and its ranks start without them.
+LAUNCHER_VARIABLES = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"})
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -211,7 +216,8 @@ class Worker:
         # when its stdin closes: when this worker closes it, or dies.
         agent = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "monarch_kernel.agent", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            env=_agent_env())
         assert agent.stdin is not None and agent.stderr is not None and self._stop is not None
         tail: collections.deque[str] = collections.deque(maxlen=20)
         relay = asyncio.ensure_future(_relay(agent.stderr, tail))
@@ -261,6 +267,11 @@ class Worker:
         if isinstance(msg, wire.Release):
             return "the controller let go of it"
         return f"the controller sent an unexpected {msg.OP}"
+
+
+def _agent_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k not in LAUNCHER_VARIABLES and not k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))}
 
 
 async def _recv(reader: asyncio.StreamReader, codec: wire.Codec) -> wire.Message:
