@@ -222,6 +222,29 @@ def test_workers_outlive_their_controller_and_serve_the_next(workers, key, tmp_p
     w1.wait_for(r"exiting \(the controller shut it down\)")
 
 
+def test_a_controller_that_falls_silent_loses_its_ranks_and_the_next_one_attaches(workers, key, tmp_path):
+    """A stopped (or cut off) controller keeps its connection open: the agent's heartbeat is
+    what tells the worker it is gone."""
+    (w,) = workers(1)
+    script = tmp_path / "first.py"
+    script.write_text(FIRST_CONTROLLER.format(tests=os.path.dirname(__file__), workers=[w.address], key=key))
+    first = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None
+        pids = [int(p) for p in first.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        first.send_signal(signal.SIGSTOP)
+        assert_gone(pids, 20, "the ranks of a silent controller outlived its silence")
+        w.wait_for(r"the controller has been silent for .*waiting for the next controller")
+        hosts = attach_to_workers(workers=[w.address], key=key)
+        assert hosts.spawn_procs().spawn("w", Where).nap.call_one(0).get(timeout=60) == "woke"
+        hosts.stop().get(timeout=30)
+    finally:
+        first.kill()
+        first.wait(10)
+        first.stdout.close()
+
+
 # ---------------------------------------------------------------- who may attach
 
 

@@ -181,7 +181,8 @@ class WorkerSession:
                 sock.sendall(self.codec.pack(wire.Shutdown() if shutdown else wire.Release()))
             except OSError:
                 pass
-            self.ended.wait(END_S)
+            if self.link is None or self.link.alive:  # not a host already declared gone (silent)
+                self.ended.wait(END_S)
         self.close()
 
     def close(self) -> None:
