@@ -25,7 +25,7 @@ import time
 import pytest
 from _kernels import assert_gone, running
 
-from monarch_kernel import Actor, ProcessDied, attach_to_workers, endpoint
+from monarch_kernel import Actor, ProcessDied, attach_to_workers, endpoint, run_worker_loop_forever
 from monarch_kernel.agent.worker import MAX_UNAUTHENTICATED_PER_PEER
 from monarch_kernel.job import AttachJob, job_load
 from monarch_kernel.runtime import worker_wire
@@ -147,6 +147,11 @@ def test_key_new_writes_a_private_key_and_a_readable_one_is_refused(tmp_path):
         attach_to_workers(workers=["tcp://127.0.0.1:1"], key=str(path))
     with pytest.raises(ValueError, match="give the host's name or address and the port"):
         attach_to_workers(workers=["tcp://127.0.0.1"], key=str(path))
+    # Monarch's ca= has no open mode here: it says what to give instead.
+    with pytest.raises(TypeError, match=r"give key= the path of a key file \(for Monarch's ca= and private_key=\)"):
+        attach_to_workers(workers=["tcp://127.0.0.1:1"], ca="trust_all_connections")
+    with pytest.raises(TypeError, match="key new PATH"):
+        run_worker_loop_forever(address="tcp://127.0.0.1:0", ca="trust_all_connections")
 
 
 def test_an_attach_job_is_dumped_without_its_key(key, tmp_path):

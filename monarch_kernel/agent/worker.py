@@ -34,7 +34,7 @@ import zmq
 from ..runtime import config, diagnostics, rejects
 from ..runtime import worker_wire as wire
 from ..runtime.curve import Gatekeeper
-from ..runtime.worker_key import mac, read_key_file, session_curve, session_key
+from ..runtime.worker_key import mac, no_key, read_key_file, session_curve, session_key
 
 log = logging.getLogger(__name__)
 
@@ -320,9 +320,12 @@ async def _end(agent: asyncio.subprocess.Process) -> None:
         await agent.wait()
 
 
-def run_worker_loop_forever(*, address: str, key) -> None:
+def run_worker_loop_forever(*, address: str, key=None, ca=None, private_key=None) -> None:
     """Serve controllers that hold the key in file ``key`` at ``address`` (``tcp://ADDR:PORT``)
-    until SIGTERM, SIGINT or a controller's ``job.kill()`` (Monarch's name)."""
+    until SIGTERM, SIGINT or a controller's ``job.kill()`` (Monarch's name; a key file stands
+    for Monarch's ``ca=`` and ``private_key=``)."""
+    if key is None:
+        raise TypeError(no_key("run_worker_loop_forever(address=..., key=PATH)", ca, private_key))
     ip, port = parse_listen(address)
     secret = read_key_file(key)
     diagnostics.install()

@@ -18,7 +18,7 @@ import time
 from ..actor.host_mesh import HostMesh
 from ..runtime import config
 from ..runtime.process import Runtime
-from ..runtime.worker_key import read_key_file
+from ..runtime.worker_key import no_key, read_key_file
 from .agents import controller_address
 from .job import JobTrait
 from .worker_session import WorkerSession, parse_worker
@@ -95,10 +95,13 @@ class AttachJob(JobTrait):
         return cls(spec["workers"], spec["key_file"], spec.get("name") or "hosts")
 
 
-def attach_to_workers(*, workers, key, name: str | None = None, start_timeout: float | None = None) -> HostMesh:
+def attach_to_workers(*, workers, key=None, name: str | None = None, start_timeout: float | None = None,
+                      ca=None, private_key=None) -> HostMesh:
     """A ``HostMesh`` (dim ``hosts``) over the workers at ``workers`` (``tcp://HOST:PORT``,
-    as each worker's ``--listen``), which hold the key in file ``key`` (Monarch's name).
-    Returns once every worker's agent has connected; ``.stop()`` lets go of the workers,
-    ``.shutdown()`` ends them."""
+    as each worker's ``--listen``), which hold the key in file ``key`` (Monarch's name; a key
+    file stands for Monarch's ``ca=`` and ``private_key=``).  Returns once every worker's
+    agent has connected; ``.stop()`` lets go of the workers, ``.shutdown()`` ends them."""
+    if key is None:
+        raise TypeError(no_key("attach_to_workers(workers=[...], key=PATH)", ca, private_key))
     job = AttachJob(workers, key, name=name or "hosts", start_timeout=start_timeout)
     return getattr(job.state(), job.name)

@@ -75,6 +75,14 @@ def read_key_file(path) -> bytes:
     return key
 
 
+def no_key(call: str, ca=None, private_key=None) -> str:
+    """What to say to a call without ``key=`` (perhaps Monarch's, with ``ca=``)."""
+    monarch = " (for Monarch's ca= and private_key=)" if ca is not None or private_key is not None else ""
+    return (f"{call}: give key= the path of a key file{monarch}; make one with  python -m monarch_kernel key new "
+            "PATH  and copy it to every worker host.  There is no way to run without one: an open worker runs "
+            "anyone's code")
+
+
 def mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
     """HMAC-SHA256 of ``parts`` under ``key``, labelled so no two uses can be swapped."""
     return hmac.new(key, label + b"\0" + b"".join(parts), hashlib.sha256).digest()
