@@ -202,12 +202,12 @@ def test_workers_outlive_their_controller_and_serve_the_next(workers, key, tmp_p
         first.kill()  # no goodbye: the workers learn it from their connections' end
         first.wait(10)
         first.stdout.close()
+    # The second controller, this process, at once: it waits while the workers end the first one's ranks.
+    hosts = attach_to_workers(workers=[w1.address, w2.address], key=key)
     assert_gone(pids, 15, "the first controller's ranks outlived it")
     for w in (w1, w2):
         w.wait_for("connection closed .*waiting for the next controller")
         assert w.proc.poll() is None
-    # The second controller: this process.
-    hosts = attach_to_workers(workers=[w1.address, w2.address], key=key)
     assert hosts.extent == {"hosts": 2}
     procs = hosts.spawn_procs(per_host={"gpus": 1})
     assert procs.extent == {"hosts": 2, "gpus": 1}

@@ -117,10 +117,6 @@ class Worker:
         if n:
             self._pending[peer] = n
 
-    def unauthenticated(self) -> int:
-        """Connections still proving the key."""
-        return sum(self._pending.values())
-
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str((writer.get_extra_info("peername") or ("?",))[0])
         try:
@@ -235,7 +231,7 @@ class Worker:
                 why = f"the worker was stopped ({self._why_stop})"
             else:
                 why = self._asked(asked)
-            self.ending = True
+            self.ending, self.holder = True, ""  # a controller that asks now waits for the end, then attaches
             await _end(agent)
             try:
                 writer.write(codec.pack(wire.Ended(why)))
@@ -245,7 +241,7 @@ class Worker:
             log.info("monarch_kernel worker: detached from %s: %s; %s", who, why,
                      "exiting" if self._stop.is_set() else "waiting for the next controller")
         finally:
-            self.ending = True
+            self.ending, self.holder = True, ""
             for t in waits:
                 t.cancel()
             await _end(agent)
