@@ -256,7 +256,7 @@ def test_a_controller_that_falls_silent_loses_its_ranks_and_the_next_one_attache
 def test_a_wrong_key_is_refused_before_anything_is_unpickled_and_the_worker_keeps_serving(workers, key, tmp_path):
     (w,) = workers(1)
     other = new_key_file(str(tmp_path / "other.key"))
-    with pytest.raises(PermissionError, match=rf"the worker {w.address} refused to attach: it refused this "
+    with pytest.raises(PermissionError, match=rf"cannot attach to the worker {w.address}: it refused this "
                                               "controller's key"):
         attach_to_workers(workers=[w.address], key=other)
     w.wait_for(r"rejected input on the worker wire \(forged\): a connection from 127\.0\.0\.1 does not hold")

@@ -67,23 +67,29 @@ class WorkerSession:
                 hello = wire.recv_message(sock, codec, deadline)
                 if not isinstance(hello, wire.Hello):
                     raise wire.HandshakeFailed(f"it began with {hello.OP}, not hello")
-                if hello.state == "free":
-                    break
-                if hello.state == "busy":
-                    raise ConnectionError(f"the worker {self.worker} (pid {hello.pid} on {hello.hostname}) serves "
-                                          f"another controller: {hello.holder}.  Stop that one's hosts there "
-                                          "(hosts.stop()) or end it, then attach again")
             except wire.WorkerBusy:
-                pass
+                hello = None
             except wire.HandshakeFailed as e:
                 sock.close()
-                raise PermissionError(f"the worker {self.worker} refused to attach: {e}.  Both sides must use the "
+                raise PermissionError(f"cannot attach to the worker {self.worker}: {e}.  Both sides must use the "
                                       "same key file (python -m monarch_kernel key new PATH, copied to the "
                                       "hosts)") from None
+            except TimeoutError as e:
+                sock.close()
+                raise TimeoutError(f"cannot attach to the worker {self.worker}: {e}") from None
+            except OSError as e:
+                sock.close()
+                raise ConnectionError(f"cannot attach to the worker {self.worker}: {e}") from None
             except BaseException:
                 sock.close()
                 raise
+            if hello is not None and hello.state == "free":
+                break
             sock.close()  # busy with other connections, or ending the ranks of the controller before
+            if hello is not None and hello.state == "busy":
+                raise ConnectionError(f"the worker {self.worker} (pid {hello.pid} on {hello.hostname}) serves "
+                                      f"another controller: {hello.holder}.  Stop that one's hosts there "
+                                      "(hosts.stop()) or end it, then attach again")
             if time.monotonic() + RETRY_S > deadline:
                 raise TimeoutError(f"the worker {self.worker} was not free in time (it was ending the ranks of "
                                    f"the controller before, or too many connections were proving the key)")
