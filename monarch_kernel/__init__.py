@@ -46,6 +46,8 @@ __all__ = [
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
+    # workers that any scheduler starts, and the notebook that attaches to them
+    "attach_to_workers", "run_worker_loop_forever",
     # distributed tensors (Monarch's top-level ``monarch`` names)
     "RemoteException", "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
     "get_active_stream", "grad_function", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote",
@@ -71,6 +73,15 @@ def __getattr__(name: str):
         from .data import RDMABuffer
 
         return RDMABuffer
+    # Jobs and workers too: only a controller with hosts, and a worker's host, use them.
+    if name == "attach_to_workers":
+        from .job.attach import attach_to_workers
+
+        return attach_to_workers
+    if name == "run_worker_loop_forever":
+        from .agent.worker import run_worker_loop_forever
+
+        return run_worker_loop_forever
     if name in _TENSOR_NAMES:
         import importlib
 

@@ -1,9 +1,10 @@
 """Malformed, truncated, oversized and forged bytes on every decoder that reads what another
 process sent, in process, with hypothesis: the envelope and its framing (both the C and the
 Python path), the template's and agents' messages, a rank's control pipe, the data plane's
-requests and replies, the DAP stream and its tunnel, pdb messages, the panel's requests and
-the REST body.  Each decoder either returns a value of its type or raises its one documented
-error; rejections are counted on the process's ``rejects`` registry."""
+requests and replies, the DAP stream and its tunnel, pdb messages, the panel's requests, the
+REST body, and the worker wire's messages and session frames.  Each decoder either returns a
+value of its type or raises its one documented error; rejections are counted on the
+process's ``rejects`` registry."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from monarch_kernel.data import wire as data_wire
 from monarch_kernel.debug import messages as debug_messages
 from monarch_kernel.debug.dap import DapClient, FrameError, FrameReader, encode
 from monarch_kernel.kernel.panel_messages import MessageError, Request
-from monarch_kernel.runtime import agent_wire, framing, host_wire, rejects, template_wire
+from monarch_kernel.runtime import agent_wire, framing, host_wire, rejects, template_wire, worker_wire
 from monarch_kernel.runtime.auth import MAC_LEN, Dropped, Signer
 from monarch_kernel.runtime.envelope import Header, Kind, Part, Status, join_parts
 from monarch_kernel.runtime.payloads import PAYLOADS, decode_payload
@@ -276,6 +277,47 @@ def test_agent_wire_decode_of_any_body(body):
     h = Header(Kind.HOST, 0, "o", "o", "host", parts=[[0, 0, len(body) - 1]] if body else [])
     msg = agent_wire.decode(h, body)
     assert msg is None or isinstance(msg, host_wire.Message)
+
+
+# ---------------------------------------------------------------- the worker wire (agent --listen)
+
+
+@fuzz(60)
+@given(st.binary(max_size=300) | st.lists(msgpack_values, max_size=8).map(lambda v: msgpack.packb(v)))
+def test_worker_wire_decode_raises_only_malformed_message(data):
+    try:
+        msg = worker_wire.decode(data)
+    except host_wire.MalformedMessage:
+        return
+    assert type(msg) in worker_wire.OPS.values()
+    assert worker_wire.decode(msg.encode()) == msg
+
+
+@fuzz(100)
+@given(st.binary(min_size=4, max_size=4), st.binary(max_size=64), st.integers(0, 3))
+def test_worker_session_frames_are_checked_before_they_are_decoded(head, body, tamper):
+    """A frame's length is refused past the limit before its body is read; a body that the
+    other side did not sign as its next one (forged, replayed, reordered) is refused before
+    it is decoded."""
+    session = secrets.token_bytes(32)
+    try:
+        n = worker_wire.Codec.length(head)
+    except host_wire.MalformedMessage:
+        assert struct.unpack("<I", head)[0] > worker_wire.MAX_MESSAGE
+    else:
+        assert n <= worker_wire.MAX_MESSAGE
+    worker, controller = worker_wire.Codec(session, worker=True), worker_wire.Codec(session, worker=False)
+    first, second = (controller.pack(m) for m in (worker_wire.Attach("x"), worker_wire.Release()))
+    sig, good = first[4:4 + worker_wire.MAC], first[4 + worker_wire.MAC:]
+    forged = [(sig, body), (secrets.token_bytes(worker_wire.MAC), good),  # another body; another MAC
+              (second[4:4 + worker_wire.MAC], second[4 + worker_wire.MAC:]),  # out of order
+              (worker.pack(worker_wire.Attach("x"))[4:4 + worker_wire.MAC], good)][tamper]  # its own direction
+    if forged[1] != good or forged[0] != sig:
+        with pytest.raises(worker_wire.HandshakeFailed):
+            worker.unpack(*forged)
+    assert worker.unpack(sig, good) == worker_wire.Attach("x")
+    with pytest.raises(worker_wire.HandshakeFailed):  # the same frame again: a replay
+        worker.unpack(sig, good)
 
 
 def test_template_datagrams_malformed_are_counted_and_fds_closed():

@@ -10,9 +10,11 @@ from typing import Any
 
 from ..runtime import config
 from ..runtime.capacity import NoRoom
+from ..runtime.completion import Completion
 from ..runtime.failure import ProcessDied
 from ..runtime.process import Runtime
 from .controllers import publish_registry
+from .future import Future
 from .proc_mesh import ProcMesh
 from .shape import Extent, Shape
 from .spawn_checks import check_env, check_mesh_name, check_per_host, check_room, refusal, size_of
@@ -29,10 +31,14 @@ class HostMesh:
     """Hosts procs are started on: this machine (``this_host()``), or the hosts of a job
     (``monarch_kernel.job``), each running an agent that forks ranks there."""
 
-    def __init__(self, hosts: int = 1, python_executable: str | None = None, agents: list | None = None):
+    def __init__(self, hosts: int = 1, python_executable: str | None = None, agents: list | None = None,
+                 job=None):
+        """``job``: the job whose hosts these are (its ``kill()`` and ``release()`` end or let
+        go of them: ``shutdown()``, ``stop()``)."""
         self._hosts = len(agents) if agents else hosts
         self._python = python_executable  # None: the controller's own interpreter
         self._agents = list(agents) if agents else None  # the runtime's links to the hosts' agents
+        self._job = job
 
     @property
     def host_names(self) -> list[str]:
@@ -51,6 +57,24 @@ class HostMesh:
     def is_fake_in_process(self) -> bool:
         """Always False: every rank here is a process of its own (Monarch's name)."""
         return False
+
+    def stop(self) -> Future:
+        """End every proc on these hosts and let go of them (Monarch's name): workers that a
+        scheduler started (``attach_to_workers``) wait for the next controller."""
+        self._job_of("stop").release()
+        return _done()
+
+    def shutdown(self) -> Future:
+        """End every proc on these hosts and what runs them (Monarch's name): the job's
+        agents, and workers that a scheduler started (``attach_to_workers``) exit."""
+        self._job_of("shutdown").kill()
+        return _done()
+
+    def _job_of(self, what: str):
+        if self._job is None:
+            raise RuntimeError(f"{what}() is for a job's hosts (attach_to_workers, job.state()); this machine's "
+                               "procs end with procs.stop()")
+        return self._job
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """This host mesh, with procs started by ``python_executable`` (another venv, a
@@ -119,6 +143,12 @@ class HostMesh:
     def __repr__(self) -> str:
         python = f" python={self._python!r}" if self._python else ""
         return f"HostMesh<{self.extent!r}{python}>"
+
+
+def _done() -> Future:
+    done = Completion()
+    done.set_result(None)
+    return Future(done)
 
 
 def _pickle_bootstrap(fn) -> bytes | None:

@@ -177,6 +177,10 @@ class HostAgent:
             return
         self.ending = True
         try:
+            print(f"monarch_kernel agent: ending its ranks and exiting: {why}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # its launcher's stream is gone
+            pass
+        try:
             if self.template is not None:
                 self.template.close()
         finally:

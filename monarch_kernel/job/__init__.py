@@ -8,10 +8,14 @@ objects, one per named mesh, whose ``spawn_procs`` forks ranks on those hosts::
     job.add_mesh("workers", ["h1", "h2"])
     procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
     job.kill()
+
+``attach_to_workers`` (``AttachJob``) attaches to workers that any scheduler started.
 """
 
+from .attach import AttachJob, attach_to_workers
 from .job import JobState, JobTrait, LocalJob, job_from_spec, job_load
 from .slurm import SlurmJob
 from .ssh import SSHJob
 
-__all__ = ["JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "job_from_spec", "job_load"]
+__all__ = ["AttachJob", "JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "attach_to_workers", "job_from_spec",
+           "job_load"]

@@ -70,6 +70,12 @@ class JobTrait(ABC):
         self._kill()
         self._running = False
 
+    def release(self) -> None:
+        """Let go of the hosts: an attached job's workers end their ranks and wait for the
+        next controller (``AttachJob``); a job that started its hosts' agents ends, as with
+        ``kill()``."""
+        self.kill()
+
     def spec(self) -> dict:
         """The job as plain data (``job_from_spec`` builds it again; no secret is in it)."""
         return dict(self._spec(), kind=self.kind)

@@ -1,4 +1,4 @@
-"""The jobs this kernel started from magics (``%mesh spawn --job ssh|slurm``): their names,
+"""The jobs this kernel started from magics (``%mesh spawn --job ssh|slurm``, ``--attach``): their names,
 which meshes run on each, and ending them (``%mesh kill-job``).
 
 A job outlives its meshes: stopping the last mesh of a job leaves its hosts (and a Slurm
@@ -13,7 +13,7 @@ import sys
 
 from IPython.core.error import UsageError
 
-from ..job import JobTrait, SlurmJob, SSHJob
+from ..job import AttachJob, JobTrait, SlurmJob, SSHJob
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,33 @@ class KernelJobs:
         self._count[kind] = n + 1
         return f"{kind}{n}"
 
+    @staticmethod
+    def check_attach(a) -> None:
+        """``--attach`` and ``--key-file`` go together, and with no other way to find hosts."""
+        if a.key_file and not a.attach:
+            raise UsageError("--key-file goes with --attach: type  %mesh spawn --attach tcp://node1:29500 "
+                             "--key-file ~/.mk-key -n 2")
+        if not a.attach:
+            return
+        if a.job or a.hosts or a.nodes or a.ssh_args or a.python:
+            raise UsageError("--attach starts the ranks on running workers; it takes no --job, --hosts, --nodes, "
+                             "--ssh-args or --python (the workers' own interpreter runs them)")
+        if a.detach:
+            raise UsageError("--detach with --attach is not supported yet: attach without --detach (the workers "
+                             "outlive this kernel anyway, and end its ranks when it ends)")
+        if not a.key_file:
+            raise UsageError("--attach needs the workers' key: type  %mesh spawn --attach tcp://node1:29500 "
+                             "--key-file ~/.mk-key -n 2")
+
     def open(self, a) -> tuple[str, JobTrait]:
-        """The job ``%mesh spawn --job ...`` names: an existing one, or a new ssh/slurm job."""
+        """The job ``%mesh spawn --job ...`` names: an existing one, or a new ssh/slurm job
+        (or, with ``--attach``, a new attached one)."""
         if a.job in self.jobs:
             if not self.jobs[a.job].active:
                 raise UsageError(f"job {a.job!r} was killed; start a new one with  --job ssh  or  --job slurm")
             return a.job, self.jobs[a.job]
         job = self.make(a)
-        name = self._name(a.job)
+        name = self._name(a.job or "attach")
         job.apply()  # starts the agents (and waits for Slurm's allocation) before anything is kept
         self.jobs[name] = job
         return name, job
@@ -46,7 +65,12 @@ class KernelJobs:
             raise UsageError(f"--detach starts a job of its own for the detached mesh: type  --job ssh --hosts ... "
                              f"or  --job slurm --nodes N,  not a running job's name ({a.job})")
         job: JobTrait
-        if a.job == "ssh":
+        if a.attach:
+            try:
+                job = AttachJob(a.attach, a.key_file)
+            except (ValueError, OSError) as e:  # a malformed address; a key file missing or readable by others
+                raise UsageError(f"--attach {a.attach} --key-file {a.key_file}: {e}") from None
+        elif a.job == "ssh":
             if not a.hosts:
                 raise UsageError("--job ssh needs its hosts: type  %mesh spawn --job ssh --hosts h1,h2 -n 2")
             quoted = a.ssh_args or ""
@@ -100,10 +124,11 @@ class KernelJobs:
         return name, meshes
 
     def close(self) -> None:
-        """The kernel is ending: its jobs end with it (agents, ranks, and allocations)."""
+        """The kernel is ending: its jobs end with it (agents, ranks, and allocations);
+        attached workers end its ranks and wait for the next controller."""
         for job in list(self.jobs.values()):
             try:
-                job.kill()
+                job.release()
             except Exception as e:  # noqa: BLE001  (one job's failure must not keep the others)
                 log.error("monarch_kernel: ending a job failed: %s", e)
         self.jobs.clear()

@@ -1,5 +1,6 @@
 """``python -m monarch_kernel``: ``install [--user|--sys-prefix]`` installs the ``monarch``
-kernelspec; ``settings [--markdown]`` prints the settings in force (or the README's tables)."""
+kernelspec; ``settings [--markdown]`` prints the settings in force (or the README's tables);
+``key new PATH`` writes the key workers (``agent --listen``) and their controllers share."""
 
 from __future__ import annotations
 
@@ -43,12 +44,31 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--prefix", help="under this prefix")
     shown = sub.add_parser("settings", help="the settings in force, each with its environment variable")
     shown.add_argument("--markdown", action="store_true", help="the README's tables of settings and constants")
+    key = sub.add_parser("key", help="the key that workers (agent --listen) and their controllers share")
+    key_sub = key.add_subparsers(dest="key_cmd", required=True)
+    key_new = key_sub.add_parser("new", help="write a new key to PATH (mode 0600; never over an existing file)")
+    key_new.add_argument("path", metavar="PATH")
     args = p.parse_args(argv)
     if args.cmd == "settings":
         return settings(args.markdown)
+    if args.cmd == "key":
+        return new_key(args.path)
     prefix = sys.prefix if args.sys_prefix else args.prefix
     path = install(user=args.user, prefix=prefix)
     print(f"installed kernelspec {KERNEL_NAME!r} ({DISPLAY_NAME}) in {path}")
+    return 0
+
+
+def new_key(path: str) -> int:
+    from ..runtime.worker_key import new_key_file
+
+    try:
+        made = new_key_file(path)
+    except OSError as e:
+        print(f"python -m monarch_kernel key new: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote a new key to {made} (mode 0600).  Copy it to every worker host, keeping its mode (scp -p), "
+          f"and start each worker with  python -m monarch_kernel.agent --listen tcp://0.0.0.0:PORT --key-file {made}")
     return 0
 
 

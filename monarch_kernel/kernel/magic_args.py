@@ -54,6 +54,9 @@ def _env(value: str) -> tuple[str, str]:
 @argument("--time", metavar="T", default="01:00:00", help="--job slurm: the time limit (default 01:00:00)")
 @argument("--account", metavar="A", help="--job slurm: the account")
 @argument("--python", metavar="PATH", help="--job: the interpreter on the hosts (default: this kernel's)")
+@argument("--attach", metavar="tcp://H:P,...", help="start the ranks on workers that a scheduler started (python -m "
+          "monarch_kernel.agent --listen tcp://0.0.0.0:P --key-file PATH); -n is then ranks per worker")
+@argument("--key-file", metavar="PATH", help="--attach: the workers' key file (python -m monarch_kernel key new PATH)")
 def _spawn():
     """start N ranks (returns the ProcMesh; it becomes current)
 
@@ -61,6 +64,7 @@ def _spawn():
       procs = %mesh spawn -n 4
       procs = %mesh spawn -n 4 --detach trainers      (outlives the kernel; %mesh attach trainers)
       procs = %mesh spawn --job slurm --nodes 2 -n 4  (4 ranks on each of 2 nodes)
+      procs = %mesh spawn --attach tcp://node1:29500,tcp://node2:29500 --key-file ~/.mk-key -n 4
     """
 
 
@@ -94,13 +98,13 @@ def _stop():
 
 @magic_arguments(name="mesh jobs")
 def _jobs():
-    """list the jobs (ssh, slurm) this kernel started, their hosts and meshes"""
+    """list the jobs (ssh, slurm, attach) this kernel started, their hosts and meshes"""
 
 
 @magic_arguments(name="mesh kill-job")
 @argument("name", nargs="?", help="the job (default: the only one)")
 def _kill_job():
-    """end a job: stop its meshes, its agents, and free its hosts (scancel for slurm)"""
+    """end a job: stop its meshes, its agents, and free its hosts (scancel for slurm; attached workers exit)"""
 
 
 @magic_arguments(name="mesh status")

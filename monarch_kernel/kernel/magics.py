@@ -113,10 +113,11 @@ class MeshMagics(Magics):
         if a.job is None and (a.hosts or a.nodes or a.partition or a.account or a.ssh_args or a.python):
             raise UsageError("--hosts, --nodes, --partition, --account, --ssh-args and --python go with --job; type  "
                              "%mesh spawn --job ssh --hosts h1,h2 -n 2  or  %mesh spawn --job slurm --nodes 2 -n 4")
+        s.jobs.check_attach(a)
         if a.detach:
             job_spec = s.jobs.make(a).spec() if a.job else None  # the mesh's host process starts it
             procs = detached.spawn(s, a.detach, a.n, env, job_spec)
-        elif a.job:
+        elif a.job or a.attach:
             job_name, job = s.jobs.open(a)
             hosts = s.jobs.host_mesh(job)
             procs = hosts.spawn_procs(per_host={"ranks": a.n}, name=name, env=env)

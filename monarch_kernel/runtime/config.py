@@ -159,6 +159,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("agent_beat", 0.5, "runtime/agent_wire.py", "how often a host agent and its controller beat to each other"),
     _s("agent_silent", 2.5, "runtime/agent_wire.py", "silence after which an agent or its controller declares "
        "the other gone; checked every `agent_beat`, so a dead host is declared within 3 s"),
+    _s("worker_handshake", 5.0, "runtime/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
+       "has, in all, to prove it holds the key, and then to hand over the job's credentials"),
+    _s("worker_retry", 0.2, "job/worker_session.py", "a controller attaching to a worker that is still ending the "
+       "ranks of the controller before (or turned it away as too busy) tries again after this"),
+    _s("worker_agent_end", 10.0, "agent/worker.py", "how long a worker waits for the agent of a controller that "
+       "let go of it (or vanished) to end its ranks before it kills the agent"),
     _s("orphan_sweep_first", 0.2, "runtime/template_server.py", "after a rank exits, when its template first "
        "looks for the rank's orphaned children"),
     _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),

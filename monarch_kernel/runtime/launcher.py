@@ -348,13 +348,16 @@ class Launcher:
             self.rt.io.call_soon(self._beat)
         return link
 
-    def end_host(self, link: AgentLink) -> None:
-        """End a host on purpose (``job.kill()``): the ranks there stop, which is no failure."""
+    def end_host(self, link: AgentLink, bye: bool = True) -> None:
+        """End a host on purpose (``job.kill()``): the ranks there stop, which is no failure.
+        ``bye=False``: only mark them so, for an agent that its job ends another way (an
+        attached worker, told over its own connection)."""
         def go():
             for om in list(self.rt.meshes.values()):
                 if om.links is not None and any(lk is link for lk in om.links):
                     om.stopping = True
-            link.close()
+            if bye:
+                link.close()
 
         self.rt.io.run(go)
 

@@ -1,7 +1,8 @@
 """Rejected input, counted by (wire, reason) and logged: what this process refused to read
 from another process (a forged envelope, a malformed datagram from a template, the pieces of
 an unfinished same-host message past its bounds, a data-plane
-peer without the key, a DAP frame over the limit, a panel request of the wrong shape).
+peer without the key, a controller without a worker's key, a DAP frame over the limit, a
+panel request of the wrong shape).
 
 One registry per process (``REJECTS``), filled by every decoder's caller, read by tests and
 by ``Runtime.stats()["rejected"]``.  A reason is logged on the ``monarch_kernel`` logger the
@@ -17,7 +18,7 @@ import threading
 log = logging.getLogger("monarch_kernel.rejects")
 
 #: The wires, as counted: each decoder's caller names one of these.
-WIRES = ("envelope", "zmq", "datagram", "template", "data", "dap", "tunnel", "pdb", "panel", "rest")
+WIRES = ("envelope", "zmq", "datagram", "template", "data", "dap", "tunnel", "pdb", "panel", "rest", "worker")
 
 
 class Rejects:

@@ -160,7 +160,7 @@ def _reply_at_once() -> None:
     debug adapter; without TCP_NODELAY the second waits for the adapter's delayed ACK, and
     every response takes ~40 ms more.  (debugpy's own socket: nothing of ours travels on it.)"""
     try:
-        import pydevd  # on sys.path once debugpy.server is imported, as start() has
+        import pydevd  # type: ignore[import-not-found]  # on sys.path once debugpy.server is imported, as start() has
 
         sock = pydevd.get_global_debugger().writer.sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
