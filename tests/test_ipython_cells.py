@@ -158,3 +158,64 @@ def test_debug_after_an_error_stops_in_the_mesh_pdb(mesh_kc):
     assert "rank 1 stopped after ZeroDivisionError: division by zero at cell line 4 (post-mortem)" in shown, shown
     assert "6\n3\n" in shown and "-> f(3)" in shown, shown
     assert prompts == ["(Pdb rank 1) "] * 4, prompts
+
+
+def shell_reply(kc, msg_id: str, timeout: float = 30) -> dict:
+    from _kernels import reply_to
+
+    return reply_to(kc, msg_id, timeout)
+
+
+@pytest.mark.timeout(120)
+def test_tab_and_shift_tab_in_a_mesh_cell_answer_from_the_ranks(mesh_kc):
+    cell(mesh_kc, '%%mesh\ndef rank_only_helper(n):\n    "Triples n, on a rank."\n    return 3 * n\n'
+                  "rank_only_value = 1")
+    cell(mesh_kc, "%%mesh --ranks 2\nsolely_on_rank_two = 2")
+    code = "%%mesh\nx = 1\nrank_only_v"
+    reply = shell_reply(mesh_kc, mesh_kc.complete(code, len(code)))
+    assert "rank_only_value" in reply["matches"], reply
+    assert reply["metadata"]["monarch_kernel"]["answered_by"] == "rank 0", reply
+    assert (reply["cursor_start"], reply["cursor_end"]) == (len(code) - len("rank_only_v"), len(code)), reply
+    code = "%%mesh --ranks 2-3\nsolely_on_r"
+    reply = shell_reply(mesh_kc, mesh_kc.complete(code, len(code)))
+    assert reply["matches"] == ["solely_on_rank_two"], reply
+    assert reply["metadata"]["monarch_kernel"]["answered_by"] == "rank 2", reply
+    code = "%%mesh\nrank_only_helper("
+    reply = shell_reply(mesh_kc, mesh_kc.inspect(code, len(code) - 1))
+    assert reply["found"] and "Triples n, on a rank." in ANSI.sub("", reply["data"]["text/plain"]), reply
+    # The kernel's own cells, and the %%mesh line itself, are the kernel's to complete.
+    reply = shell_reply(mesh_kc, mesh_kc.complete("rank_only_v", len("rank_only_v")))
+    assert reply["matches"] == [] and "monarch_kernel" not in reply["metadata"], reply
+    reply = shell_reply(mesh_kc, mesh_kc.complete("pro", 3))
+    assert "procs" in reply["matches"], reply
+    # %mesh auto on: every cell is a mesh cell.
+    cell(mesh_kc, "%mesh auto on")
+    try:
+        reply = shell_reply(mesh_kc, mesh_kc.complete("rank_only_v", len("rank_only_v")))
+        assert reply["matches"] == ["rank_only_value"], reply
+    finally:
+        cell(mesh_kc, "%mesh auto off")
+
+
+@pytest.mark.timeout(120)
+def test_tab_falls_back_to_the_kernel_when_the_rank_cannot_answer(mesh_kc):
+    import time
+
+    from _freeze import freeze, thaw
+
+    out = cell(mesh_kc, "%%mesh --ranks 3\nimport os\nos.getpid()")
+    pid = int(re.search(r"\[rank 3\] (\d+)", out).group(1))
+    code = "%%mesh --ranks 3\npro"
+    reply = shell_reply(mesh_kc, mesh_kc.complete(code, len(code)))  # the completer is up before we freeze
+    assert reply["metadata"]["monarch_kernel"]["answered_by"] == "rank 3", reply
+    freeze(pid)
+    try:
+        t0 = time.monotonic()
+        reply = shell_reply(mesh_kc, mesh_kc.complete(code, len(code)))
+        took = time.monotonic() - t0
+    finally:
+        thaw(pid)
+    said = reply["metadata"]["monarch_kernel"]
+    assert said["answered_by"] == "controller" and "rank 3 did not answer within 200 ms" in said["why"], reply
+    assert "procs" in reply["matches"], reply  # the kernel's own namespace
+    assert took < 2.0, f"a frozen rank held Tab for {took:.2f} s"

@@ -41,8 +41,9 @@ def compile_cell(code: str, filename: str, line_offset: int = 0,
         code = python
         tree = _parse(before + python, filename)
     last = tree.body[-1] if tree.body else None
-    shows = isinstance(last, ast.Expr) and not _ends_in_semicolon(code, last, line_offset)
-    if shows:
+    shows = False
+    if isinstance(last, ast.Expr) and not _ends_in_semicolon(code, last, line_offset):
+        shows = True
         tree.body[-1] = ast.copy_location(ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
         ast.fix_missing_locations(tree)
     return compile(tree, filename, "exec"), shows
@@ -51,7 +52,9 @@ def compile_cell(code: str, filename: str, line_offset: int = 0,
 def _parse(code: str, filename: str) -> ast.Module:
     # compile() itself rather than ast.parse: a syntax error's traceback then has no frame
     # of ast.py, only the cell's line.
-    return compile(code, filename, "exec", ast.PyCF_ONLY_AST)
+    tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST)
+    assert isinstance(tree, ast.Module)
+    return tree
 
 
 def _ends_in_semicolon(code: str, last: ast.stmt, line_offset: int) -> bool:

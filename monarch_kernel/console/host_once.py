@@ -6,7 +6,8 @@ rank of a mesh on one host shares it).  The lowest rank of the host that reaches
 claims the lock (each higher rank gives the ones below it a moment, ``STAGGER_S``, first),
 runs it and leaves its result in a file; the others wait at the lock and read that file
 instead of running it again.  A rank that fails before its turn, or dies holding the lock,
-lets the others go on (the lock goes with its process).  Then every rank of the host sees what was installed (``importlib.invalidate_caches``).
+lets the others go on (the lock goes with its process).  Then every rank of the host sees
+what was installed (``importlib.invalidate_caches``).
 Runs on ranks; importing it changes nothing.
 """
 

@@ -44,7 +44,8 @@ class RankPublisher(DisplayPublisher):
 class RankShell(InteractiveShell):
     """An ``InteractiveShell`` that lives in a rank process it does not own."""
 
-    display_pub_class = Type(RankPublisher)
+    # A traitlets Type, as InteractiveShell declares it; its stubs type the base's value as a plain class.
+    display_pub_class = Type(RankPublisher)  # type: ignore[assignment]
 
     def init_sys_modules(self) -> None:
         # IPython puts its namespace in ``sys.modules`` under its ``__name__``; ours stays out,
@@ -104,6 +105,7 @@ class RankShell(InteractiveShell):
         self.execution_count += 1
         self.events.trigger("pre_execute")
         self.events.trigger("pre_run_cell", info)
+        assert self.history_manager is not None  # made in __init__
         self.history_manager.store_inputs(result.execution_count, raw_cell, raw_cell)
         return result
 
@@ -136,6 +138,7 @@ def new_shell(ns: dict, display_sink) -> RankShell:
         raise RuntimeError("this process already runs another IPython shell; a console belongs in a rank process")
     cfg = Config()
     cfg.HistoryManager.enabled = False
+    cfg.IPCompleter.use_jedi = False  # Tab answers from ranks within 200 ms: jedi's first use alone takes longer
     shell = RankShell.instance(config=cfg, user_ns=ns)
     shell.display_pub.sink = display_sink
     shell.set_hook("show_in_pager", _pager, 99)
