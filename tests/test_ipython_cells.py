@@ -219,3 +219,32 @@ def test_tab_falls_back_to_the_kernel_when_the_rank_cannot_answer(mesh_kc):
     assert said["answered_by"] == "controller" and "rank 3 did not answer within 200 ms" in said["why"], reply
     assert "procs" in reply["matches"], reply  # the kernel's own namespace
     assert took < 2.0, f"a frozen rank held Tab for {took:.2f} s"
+
+
+@pytest.mark.timeout(120)
+def test_the_stop_button_ends_a_shell_command_and_what_it_started(mesh_kc):
+    import time
+
+    import psutil
+    from _kernels import reply_to
+
+    out = cell(mesh_kc, "%%mesh --ranks 0-1\nimport os\nos.getpid()")
+    pids = [int(p) for p in re.findall(r"\[rank \d\] (\d+)", out)]
+    msg_id = mesh_kc.execute("%%mesh --ranks 0-1\n!echo started; sleep 60; echo slept")
+
+    def sleepers() -> list:
+        return [c for p in pids for c in psutil.Process(p).children(recursive=True) if c.name() == "sleep"]
+
+    iopub(mesh_kc).wait("both ranks' sleep to start", lambda: len(sleepers()) == 2, 30,
+                        detail=iopub(mesh_kc).so_far(msg_id))
+    started = sleepers()
+    t0 = time.monotonic()
+    mesh_kc.parent.interrupt_kernel()
+    reply = reply_to(mesh_kc, msg_id, 30)
+    assert reply["ename"] == "KeyboardInterrupt", reply
+    assert time.monotonic() - t0 < 5, "the interrupt did not end the shell command at once"
+    gone, alive = psutil.wait_procs(started, timeout=5)
+    assert not alive, f"the shell command's sleep outlived the interrupt: {alive}"
+    assert "slept" not in text(iopub(mesh_kc).outputs(msg_id))
+    out = cell(mesh_kc, "%%mesh --ranks 0-1\n!echo still a shell here")  # the namespace and the shell go on
+    assert "[ranks 0-1] still a shell here" in out, out

@@ -63,20 +63,24 @@ class RankShell(InteractiveShell):
     def system(self, cmd: str) -> None:
         """``!cmd``: run in the rank's shell with the rank's own stdout and stderr, so its lines
         stream into the cell as the rank's prints do (stderr stays stderr).  The stop button
-        ends the command, then the cell."""
+        interrupts the command's whole process group, then ends the cell."""
         cmd = self.var_expand(cmd, depth=1)  # {name} and $name from the cell's frame
         sys.stdout.flush()
         sys.stderr.flush()
-        proc = subprocess.Popen(cmd, shell=True, executable=os.environ.get("SHELL"), stdin=subprocess.DEVNULL)
+        # Its own process group, so an interrupt reaches what the shell started (``sleep`` in
+        # ``!echo; sleep 60``); if the rank dies first, the template ends the orphaned group.
+        proc = subprocess.Popen(cmd, shell=True, executable=os.environ.get("SHELL"), stdin=subprocess.DEVNULL,
+                                start_new_session=True)
         try:
             code = proc.wait()
         except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
+            _signal_group(proc.pid, signal.SIGINT)
             try:
                 proc.wait(CHILD_GRACE_S)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                pass
+            _signal_group(proc.pid, signal.SIGKILL)  # and whatever it left behind
+            proc.wait()
             raise
         self.user_ns["_exit_code"] = code
 
@@ -143,6 +147,13 @@ def new_shell(ns: dict, display_sink) -> RankShell:
     shell.display_pub.sink = display_sink
     shell.set_hook("show_in_pager", _pager, 99)
     return shell
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _pager(_shell, data, start: int = 0, screen_lines: int = 0) -> None:
