@@ -77,7 +77,7 @@ class HostOnce:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held already by a claim; else waits (the stop button ends it)
             done = _read(key + ".json")
             if done is None:
-                print(f"%{name} runs once per host (host {socket.gethostname()}: "
+                print(f"%{name} runs once per host (host {hosts[rank] or socket.gethostname()}: "
                       f"{rank_label(here, brackets=False)})", flush=True)
                 done = {"rank": rank, "error": "", "exit_code": None}
                 try:
