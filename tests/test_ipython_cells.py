@@ -248,3 +248,19 @@ def test_the_stop_button_ends_a_shell_command_and_what_it_started(mesh_kc):
     assert "slept" not in text(iopub(mesh_kc).outputs(msg_id))
     out = cell(mesh_kc, "%%mesh --ranks 0-1\n!echo still a shell here")  # the namespace and the shell go on
     assert "[ranks 0-1] still a shell here" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_magics_without_their_percent_and_a_misspelt_magic(mesh_kc, tmp_path):
+    cell(mesh_kc, "%%mesh\nimport os\nstart_dir = os.getcwd()")
+    try:
+        out = cell(mesh_kc, f"%%mesh\ncd {tmp_path}")  # parses as Python (cd / tmp_path), read as IPython reads it
+        assert f"[ranks 0-3] {tmp_path}" in out, out
+        out = cell(mesh_kc, "%%mesh\npwd")
+        assert f"[ranks 0-3] {str(tmp_path)!r}" in out, out
+    finally:
+        cell(mesh_kc, "%%mesh\ncd $start_dir")
+    out, reply = run(mesh_kc, "%%mesh --ranks 0\n%frobnicate now")
+    shown = ANSI.sub("", text(out))
+    assert reply["status"] == "error" and "UsageError: Line magic function `%frobnicate` not found." in shown, shown
+    assert "interactiveshell.py" not in shown and "%frobnicate now" in shown, shown  # the cell line, no IPython frames

@@ -17,27 +17,26 @@ LAST = "__mesh_last_value__"  # holds a cell's last expression for a moment
 
 
 def compile_cell(code: str, filename: str, line_offset: int = 0,
-                 transform: Callable[[str], str] | None = None) -> tuple[types.CodeType, bool]:
+                 transform: Callable[[str], str] | None = None,
+                 magic_line: bool = False) -> tuple[types.CodeType, bool]:
     """``(code object, shows)``; ``shows``: the cell ends in an expression whose value is
     left in ``LAST`` of the namespace it runs in, as IPython shows a cell's last value.
 
     ``transform`` (IPython's ``transform_cell``) is tried only when ``code`` is not Python,
-    so a plain cell costs nothing more.  One code object, so a debugger steps onto the last
-    line too.  Raises SyntaxError.
+    so a plain cell costs nothing more, or when ``magic_line`` says IPython reads it as a
+    magic though it parses (``cd /tmp``).  One code object, so a debugger steps onto the
+    last line too.  Raises SyntaxError.
     """
     before = "\n" * line_offset  # numbered as in the whole cell, syntax errors too
-    try:
-        tree = _parse(before + code, filename)
-    except SyntaxError:
-        if transform is None:
-            raise
-        lines = code.splitlines(True)
-        blank = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
-        rest = "".join(lines[blank:])  # IPython drops leading blank lines: they keep their numbers here
-        python = transform(rest)
-        if python == rest:
-            raise
-        python = "\n" * blank + python
+    python = _ipython(code, transform) if magic_line and transform is not None else None
+    if python is None:
+        try:
+            tree = _parse(before + code, filename)
+        except SyntaxError:
+            python = _ipython(code, transform) if transform is not None else None
+            if python is None:
+                raise
+    if python is not None:
         code = python
         tree = _parse(before + python, filename)
     last = tree.body[-1] if tree.body else None
@@ -47,6 +46,15 @@ def compile_cell(code: str, filename: str, line_offset: int = 0,
         tree.body[-1] = ast.copy_location(ast.Assign([ast.Name(LAST, ast.Store())], last.value), last)
         ast.fix_missing_locations(tree)
     return compile(tree, filename, "exec"), shows
+
+
+def _ipython(code: str, transform: Callable[[str], str]) -> str | None:
+    """``code`` as Python by IPython's rules, on the same lines; None if that changes nothing."""
+    lines = code.splitlines(True)
+    blank = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    rest = "".join(lines[blank:])  # IPython drops leading blank lines: they keep their numbers here
+    python = transform(rest)
+    return None if python.rstrip("\n") == rest.rstrip("\n") else "\n" * blank + python
 
 
 def _parse(code: str, filename: str) -> ast.Module:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import bdb
 import sys
 
+from IPython.core.error import UsageError
+
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..debug.rank import pdb_rank, rank_debugpy
@@ -56,7 +58,8 @@ class Console(Actor):
         shell = self.shell
         cell_result = shell.cell_starts(code)
         try:
-            compiled, shows = compile_cell(code, filename, opts.get("line_offset", 0), shell.transform_cell)
+            compiled, shows = compile_cell(code, filename, opts.get("line_offset", 0), shell.transform_cell,
+                                           shell.magic_line(code))
             exec(compiled, self.ns)
             value = None
             if shows:
@@ -70,6 +73,8 @@ class Console(Actor):
             tb = e.__traceback__
             while tb is not None and tb.tb_frame.f_code is sys._getframe().f_code:
                 tb = tb.tb_next  # start at the cell, not here
+            if isinstance(e, UsageError) and tb is not None:
+                tb.tb_next = None  # a magic used wrongly: the cell's line and the message, as IPython shows it
             shell.cell_ends(cell_result, e.with_traceback(tb) if tb is not None else e)
             if ((pdb_rank.config.post_mortem or shell.call_pdb) and tb is not None
                     and not isinstance(e, (KeyboardInterrupt, bdb.BdbQuit, SyntaxError))):

@@ -17,6 +17,7 @@ import sys
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+from IPython.core.prefilter import is_shadowed
 from traitlets import Type
 from traitlets.config import Config
 
@@ -98,6 +99,15 @@ class RankShell(InteractiveShell):
         why = pdb_rank.post_mortem(tb, error, force=True)
         if why:
             print(f"%debug: cannot stop here: {why}")
+
+    def magic_line(self, cell: str) -> bool:
+        """Whether IPython reads this one-line cell as a magic without its ``%`` (``cd /tmp``,
+        ``pwd``) though it parses as Python: automagic, not shadowed by a name."""
+        text = cell.strip()
+        if not text or "\n" in text or not self.automagic:
+            return False
+        word = text.split(None, 1)[0]
+        return self.find_magic(word) is not None and not is_shadowed(word.split(".", 1)[0], self)
 
     # -- around each cell the console runs (what IPython's own run_cell does around its code)
 
