@@ -23,11 +23,12 @@ import stat
 import time
 
 from ..actor.ranks import rank_label
+from ..runtime.config import seconds
 from ..runtime.context import process_mesh
 
 COMMANDS = ("pip", "conda", "mamba", "micromamba", "uv")  # IPython's magics that install packages
-STAGGER_S = 0.2  # the k-th rank of a host leaves the ones before it k times this long to go first
-POLL_S = 0.02
+STAGGER_S = seconds("host_once_stagger")  # the k-th rank of a host lets the ranks below it go first k times this
+POLL_S = seconds("host_once_poll")
 
 
 class HostOnceError(RuntimeError):

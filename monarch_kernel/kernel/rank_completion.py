@@ -13,9 +13,10 @@ from IPython.core.error import UsageError
 from ..actor.errors import ActorError
 from ..actor.ranks import RankSpecError, parse_ranks
 from ..console.completer import Completer
+from ..runtime import config
 from .magic_args import cell_args, parse
 
-ANSWER_S = 0.2  # a Tab waits this long for a rank, then the kernel's own namespace answers
+ANSWER_S = config.seconds("rank_complete")  # a Tab waits this long for a rank, then the kernel's namespace answers
 KEY = "monarch_kernel"  # the reply metadata's key that says who answered
 
 
