@@ -115,22 +115,14 @@ def test_a_remote_ranks_traceback_shows_the_cell_source(ssh_hosts, kc):
     s.cell("%mesh kill-job")
 
 
-def test_pip_in_a_mesh_cell_runs_once_on_each_host(ssh_hosts, kc, tmp_path):
+def test_pip_in_a_mesh_cell_runs_once_on_each_host(ssh_hosts, kc):
     # Two ranks on each of two hosts: %pip runs on rank 0 for host 0 and on rank 2 for host 1.
-    import os
     import re
 
-    import monarch_kernel
-
-    # The hosts run the monarch_kernel under test (an ssh session does not carry PYTHONPATH).
-    python = tmp_path / "python"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(monarch_kernel.__file__)))
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(root)} exec {shlex.quote(sys.executable)} \"$@\"\n")
-    python.chmod(0o755)
     s = Session(kc)
     hosts = ",".join(ssh_hosts.hosts)
     args = shlex.quote(" ".join(shlex.quote(a) for a in ssh_hosts.ssh_args))
-    out = s.cell(f"procs = %mesh spawn --job ssh --hosts {hosts} -n 2 --python {python} --ssh-args {args}")
+    out = s.cell(f"procs = %mesh spawn --job ssh --hosts {hosts} -n 2 --python {sys.executable} --ssh-args {args}")
     assert "mesh procs: 4 ranks on job ssh" in out, out
     out = s.cell("%%mesh\n%pip --version\n_exit_code", timeout=120)
     labels = re.findall(r"^\[(ranks? [\d,-]+)\] pip \d+\S* from ", out, re.M)
