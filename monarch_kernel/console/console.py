@@ -22,7 +22,7 @@ from ..runtime.process import Runtime
 from . import host_once
 from .cells import LAST, compile_cell, remember_source
 from .display import DisplayCapture
-from .shell import new_shell
+from .shell import rank_shell
 
 SYNC = "\x1emonarch-sync "  # starts the marker line a rank prints after each cell
 
@@ -31,9 +31,9 @@ class Console(Actor):
     runs_on_main_thread = True  # the stop button then interrupts blocking calls at once
 
     def __init__(self):
-        self.ns: dict = {"__name__": "__mesh__", "__builtins__": __builtins__}
         self.capture = DisplayCapture()
-        self.shell = new_shell(self.ns, self.capture.add)
+        self.shell = rank_shell({"__name__": "__mesh__", "__builtins__": __builtins__}, self.capture.add)
+        self.ns: dict = self.shell.user_ns
         self.packages = host_once.HostOnce(Runtime.current().rundir)
         self.packages.install(self.shell)  # %pip and %conda: once per host
         rank_debugpy.share_namespace(self.ns)

@@ -4,7 +4,7 @@
 The console still compiles and runs each cell itself, as one code object under the cell's
 own line numbers (tracebacks and debuggers see the cell, stepping reaches every line); the
 shell only turns IPython syntax into Python and keeps IPython's state and events around it.
-Runs on ranks; importing it creates nothing (``new_shell`` does).
+Runs on ranks; importing it creates nothing (``rank_shell`` does).
 """
 
 from __future__ import annotations
@@ -143,14 +143,21 @@ class RankShell(InteractiveShell):
         self.events.trigger("post_run_cell", result)
 
 
-def new_shell(ns: dict, display_sink) -> RankShell:
-    """This rank's shell, running cells in ``ns``; ``display()`` bundles go to ``display_sink``.
+def rank_shell(ns: dict, display_sink) -> RankShell:
+    """This rank's shell, made on first use to run cells in ``ns`` (a later console of the
+    same rank shares the first one's namespace: ``shell.user_ns``); ``display()`` bundles go
+    to ``display_sink``.
 
     History stays in memory (a database file written by every rank at once helps nobody), and
-    no startup files or profile extensions run: a rank is a program, not a person's terminal.
+    no config files, startup files or profile extensions run: a rank is a program, not a
+    person's terminal.
     """
-    if InteractiveShell.initialized() and not isinstance(InteractiveShell.instance(), RankShell):
-        raise RuntimeError("this process already runs another IPython shell; a console belongs in a rank process")
+    if InteractiveShell.initialized():
+        shell = InteractiveShell.instance()
+        if not isinstance(shell, RankShell):
+            raise RuntimeError("this process already runs another IPython shell; a console belongs in a rank process")
+        shell.display_pub.sink = display_sink
+        return shell
     cfg = Config()
     cfg.HistoryManager.enabled = False
     cfg.IPCompleter.use_jedi = False  # Tab answers from ranks within 200 ms: jedi's first use alone takes longer
