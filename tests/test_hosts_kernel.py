@@ -113,3 +113,20 @@ def test_a_remote_ranks_traceback_shows_the_cell_source(ssh_hosts, kc):
     out = s.cell("%%mesh\nvalue = 41\nratio = value / (value - 41)")
     assert "ZeroDivisionError" in out and "ratio = value / (value - 41)" in out, out
     s.cell("%mesh kill-job")
+
+
+def test_pip_in_a_mesh_cell_runs_once_on_each_host(ssh_hosts, kc):
+    # Two ranks on each of two hosts: %pip runs on rank 0 for host 0 and on rank 2 for host 1.
+    import re
+
+    s = Session(kc)
+    hosts = ",".join(ssh_hosts.hosts)
+    args = shlex.quote(" ".join(shlex.quote(a) for a in ssh_hosts.ssh_args))
+    out = s.cell(f"procs = %mesh spawn --job ssh --hosts {hosts} -n 2 --python {sys.executable} --ssh-args {args}")
+    assert "mesh procs: 4 ranks on job ssh" in out, out
+    out = s.cell("%%mesh\n%pip --version\n_exit_code", timeout=120)
+    labels = re.findall(r"^\[(ranks? [\d,-]+)\] pip \d+\S* from ", out, re.M)
+    assert sorted(labels) in (["ranks 0,2"], ["rank 0", "rank 2"]), out  # once a host, not once a rank
+    assert f"(host {ssh_hosts.hosts[0]}: ranks 0-1)" in out and f"(host {ssh_hosts.hosts[1]}: ranks 2-3)" in out, out
+    assert "[ranks 0-3] 0" in out, out
+    s.cell("%mesh kill-job")

@@ -1,4 +1,5 @@
-"""The console actor: one persistent namespace per rank, in which ``%%mesh`` cells run.
+"""The console actor: one persistent namespace per rank, in which ``%%mesh`` cells run, with
+the rank's IPython shell around it (``shell.py``: ``!cmd``, magics, ``x?``, ``%debug``).
 
 A cell's last expression is evaluated and its repr returned, as IPython does; rich output
 is collected (``display.py``) and returned for the notebook to show under the rank's label.
@@ -12,12 +13,16 @@ from __future__ import annotations
 import bdb
 import sys
 
+from IPython.core.error import UsageError
+
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..debug.rank import pdb_rank, rank_debugpy
 from ..runtime.process import Runtime
+from . import host_once
 from .cells import LAST, compile_cell, remember_source
 from .display import DisplayCapture
+from .shell import rank_shell
 
 SYNC = "\x1emonarch-sync "  # starts the marker line a rank prints after each cell
 
@@ -26,12 +31,11 @@ class Console(Actor):
     runs_on_main_thread = True  # the stop button then interrupts blocking calls at once
 
     def __init__(self):
-        self.ns: dict = {"__name__": "__mesh__", "__builtins__": __builtins__}
-        hooks = Runtime.current().hooks
         self.capture = DisplayCapture()
-        self.capture.install(hooks)
-        if self.capture.display is not None:
-            self.ns["display"] = self.capture.display
+        self.shell = rank_shell({"__name__": "__mesh__", "__builtins__": __builtins__}, self.capture.add)
+        self.ns: dict = self.shell.user_ns
+        self.packages = host_once.HostOnce(Runtime.current().rundir)
+        self.packages.install(self.shell)  # %pip and %conda: once per host
         rank_debugpy.share_namespace(self.ns)
         pdb_rank.install()
 
@@ -50,23 +54,31 @@ class Console(Actor):
         if rank_debugpy.started() is not None:
             rank_debugpy.write_source(filename, cell)
         self.capture.clear()
+        self.packages.cell_starts(token)
+        shell = self.shell
+        cell_result = shell.cell_starts(code)
         try:
-            compiled, shows = compile_cell(code, filename, opts.get("line_offset", 0))
+            compiled, shows = compile_cell(code, filename, opts.get("line_offset", 0), shell.transform_cell,
+                                           shell.magic_line(code))
             exec(compiled, self.ns)
             value = None
             if shows:
                 result = self.ns.pop(LAST, None)
                 if result is not None:
-                    self.ns["_"] = result
+                    shell.cell_shows(cell_result, result)
                     value = repr(result)
+            shell.cell_ends(cell_result)
             return {"value": value, "displays": self.capture.take()}
         except BaseException as e:
-            if pdb_rank.config.post_mortem and not isinstance(e, (KeyboardInterrupt, bdb.BdbQuit, SyntaxError)):
-                tb = e.__traceback__
-                while tb is not None and tb.tb_frame.f_code is sys._getframe().f_code:
-                    tb = tb.tb_next  # start at the cell, not here
-                if tb is not None:
-                    pdb_rank.post_mortem(tb, e)
+            tb = e.__traceback__
+            while tb is not None and tb.tb_frame.f_code is sys._getframe().f_code:
+                tb = tb.tb_next  # start at the cell, not here
+            if isinstance(e, UsageError) and tb is not None:
+                tb.tb_next = None  # a magic used wrongly: the cell's line and the message, as IPython shows it
+            shell.cell_ends(cell_result, e.with_traceback(tb) if tb is not None else e)
+            if ((pdb_rank.config.post_mortem or shell.call_pdb) and tb is not None
+                    and not isinstance(e, (KeyboardInterrupt, bdb.BdbQuit, SyntaxError))):
+                pdb_rank.post_mortem(tb, e)
             raise
         finally:
             sys.stdout.flush()

@@ -1,8 +1,8 @@
-"""Rich output on a rank: ``IPython.display.display()`` and open matplotlib figures become
-mime bundles the notebook shows under the rank's label.
+"""Rich output on a rank: what a cell displays (``display()``, through the rank's IPython
+shell) and the matplotlib figures it leaves open become mime bundles the notebook shows
+under the rank's label.
 
-Runs on ranks.  It patches IPython's ``display`` only through the runtime's hooks, when a
-console starts, and undoes it when asked; importing it changes nothing.
+Runs on ranks.  It only collects what it is given; importing it changes nothing.
 """
 
 from __future__ import annotations
@@ -17,34 +17,10 @@ class DisplayCapture:
 
     def __init__(self):
         self.bundles: list[tuple[dict, dict]] = []
-        self._handles: list = []
-        self.display = None  # the function cells see as ``display``, once installed
 
-    def install(self, hooks) -> None:
-        """Make IPython's ``display()`` on this rank collect bundles (until ``remove()``)."""
-        try:
-            import IPython.core.display_functions as df
-            import IPython.display as ipd
-            from IPython.core.formatters import DisplayFormatter
-        except ImportError:
-            return
-        formatter = DisplayFormatter()
-
-        def display(*objs, raw: bool = False, metadata: dict | None = None, **_kwargs):
-            for obj in objs:
-                if raw:
-                    self.bundles.append((dict(obj), dict(metadata or {})))
-                else:
-                    data, md = formatter.format(obj)
-                    self.bundles.append((data, {**md, **(metadata or {})}))
-
-        self.display = display
-        self._handles = [hooks.patch(df, "display", display), hooks.patch(ipd, "display", display)]
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+    def add(self, data: dict, metadata: dict) -> None:
+        """One displayed bundle (the shell's display publisher calls this)."""
+        self.bundles.append((data, metadata))
 
     def take(self) -> list[tuple[dict, dict]]:
         """What the cell displayed, plus its open figures (closed after); empties the list."""
@@ -61,6 +37,9 @@ class DisplayCapture:
             return
         for num in plt.get_fignums():
             fig = plt.figure(num)
+            if len(fig.get_children()) <= 1:  # nothing drawn (only its background): nothing to show
+                plt.close(fig)
+                continue
             buf = io.BytesIO()
             fig.savefig(buf, format="png", bbox_inches="tight")
             self.bundles.append(({"image/png": base64.b64encode(buf.getvalue()).decode(),

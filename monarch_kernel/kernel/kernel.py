@@ -1,7 +1,8 @@
 """``MeshKernel``: ipykernel's IPythonKernel with the ``%mesh`` magics loaded.
 
 Kept thin on purpose: the controller is the runtime, usable without Jupyter; the kernel
-only adds magics, sends rank output into the running cell, and gives the settings a
+only adds magics, sends rank output into the running cell, hands Tab and Shift-Tab in mesh
+cells to a rank (``rank_completion``), and gives the settings a
 controller reads (``runtime/config.py``) as traitlets: ``--MeshKernel.heartbeat_timeout=7``
 on its command line, or ``c.MeshKernel.heartbeat_timeout = 7`` in a config file.  Three
 guards against ipykernel's edges: garbage on its ports (``port_guard``), the order of a
@@ -24,6 +25,7 @@ from ..runtime import config, diagnostics
 from .panel_messages import COMM_TARGET
 from .port_guard import PortGuard
 from .quiet_status import QuietRequests
+from .rank_completion import KEY, RankCompletion
 
 _TRAITS: dict[type, type[TraitType]] = {int: Integer, float: Float, str: Unicode, bool: Bool}
 
@@ -68,7 +70,8 @@ class MeshKernel(IPythonKernel):
         for s in config.kernel_settings():
             if getattr(self, s.name) is not None:  # configured (command line, config file)
                 config.set(s.name, getattr(self, s.name))
-        load_magics(self.shell)
+        # Tab and Shift-Tab in mesh cells: answered by a rank (rank_completion.py).
+        self.rank_completion = RankCompletion(load_magics(self.shell).session)
 
     # ipykernel (7.x) sends a failed cell's reply, then starts aborting the requests queued
     # behind it, and stops aborting when a marker it posts reaches the shell queue; a client
@@ -102,6 +105,18 @@ class MeshKernel(IPythonKernel):
             return  # a request of the Mesh panel: not the notebook's work
         super()._publish_status(status, channel, parent)
 
+    def do_complete(self, code, cursor_pos):
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        answer = self.rank_completion.complete(code, cursor_pos)
+        return answer if isinstance(answer, dict) else _said(super().do_complete(code, cursor_pos), answer)
+
+    def do_inspect(self, code, cursor_pos, detail_level=0, omit_sections=()):
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        answer = self.rank_completion.inspect(code, cursor_pos, detail_level, omit_sections)
+        if isinstance(answer, dict):
+            return answer
+        return _said(super().do_inspect(code, cursor_pos, detail_level, omit_sections), answer)
+
     @observe(*(s.name for s in config.kernel_settings()))
     def _setting_changed(self, change) -> None:
         config.set(change["name"], change["new"])  # None gives the setting back to its variable
@@ -112,6 +127,13 @@ class MeshKernel(IPythonKernel):
         unload_magics(self.shell)  # the runtime's hooks go with the kernel
         self.port_guard.uninstall()
         return super().do_shutdown(restart)
+
+
+def _said(reply: dict, why: str | None) -> dict:
+    """The kernel's own reply to a mesh cell no rank answered, saying why in its metadata."""
+    if why is not None:
+        reply.setdefault("metadata", {})[KEY] = {"answered_by": "controller", "why": why}
+    return reply
 
 
 class MeshKernelApp(IPKernelApp):

@@ -18,6 +18,8 @@ from .panel import PanelFeed
 from .watchdog import Watchdog
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
+                   "monarch_kernel.console.shell", "monarch_kernel.console.host_once",
+                   "monarch_kernel.console.completer",
                    "monarch_kernel.debug.rank.pdb_rank", "monarch_kernel.debug.rank.rank_debugpy")
 
 

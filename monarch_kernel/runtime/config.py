@@ -205,6 +205,14 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("panel_coalesce", 0.05, "kernel/panel.py", "a burst of events (a cell's first lines) makes one update"),
     _s("panel_cpu_stale", 3.0, "kernel/panel_view.py", "an older CPU sample (a rank not shown since) is not averaged "
        "over (3 ticks)"),
+    _s("rank_complete", 0.2, "kernel/rank_completion.py", "how long Tab and Shift-Tab in a mesh cell wait for a "
+       "rank before the kernel's own namespace answers"),
+    # The console, on ranks.
+    _s("shell_command_grace", 1.0, "console/shell.py", "a `!cmd` the stop button interrupts has this long to end "
+       "on SIGINT before its process group is killed"),
+    _s("host_once_stagger", 0.2, "console/host_once.py", "`%pip` once per host: the k-th rank of a host lets the "
+       "ranks below it go first for k times this"),
+    _s("host_once_poll", 0.02, "console/host_once.py", "... how often it looks whether one of them has"),
     # Debugging.
     _s("pdb_tell_timeout", 30.0, "debug/controller/pdb_controller.py",
        "how long telling a mesh's ranks where to report pdb stops waits for them"),

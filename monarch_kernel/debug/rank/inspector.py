@@ -15,9 +15,11 @@ from ...actor.endpoint import endpoint
 from ...runtime.process import Runtime
 from . import rank_debugpy
 
-# Names JupyterLab's variable panel should not show: the console's own plumbing.
+# Names JupyterLab's variable panel should not show: the console's own plumbing, and its
+# IPython shell's (as ipykernel's variable panel hides them).
 HIDDEN = frozenset({"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
-                    "__builtins__", "__builtin__", "display", "_"})
+                    "__builtins__", "__builtin__", "display", "_", "__", "___", "_i", "_ii", "_iii",
+                    "_ih", "_oh", "_dh", "In", "Out", "get_ipython", "exit", "quit", "_exit_code"})
 
 
 class Inspector(Actor):
@@ -103,8 +105,8 @@ class NamespaceView:
 
 
 def visible(name: str) -> bool:
-    """Whether the variable panel shows ``name`` (not the console's plumbing, nor ``_3``)."""
-    return name not in HIDDEN and not (name.startswith("_") and name[1:].isdigit())
+    """Whether the variable panel shows ``name`` (not the console's plumbing, nor ``_3``, ``_i3``)."""
+    return name not in HIDDEN and not (name[:1] == "_" and name.lstrip("_i").isdigit())
 
 
 def rich(value) -> tuple[dict, dict]:

@@ -133,10 +133,13 @@ def _start(frame, header=None) -> None:
 POST_MORTEM_MARK = "__monarch_post_mortem__"
 
 
-def post_mortem(tb, error: BaseException) -> None:
-    """Stop at the frame that raised ``error`` (``tb`` without the console's frames)."""
-    if _cannot_stop() or getattr(error, POST_MORTEM_MARK, False):
-        return
+def post_mortem(tb, error: BaseException, force: bool = False) -> str:
+    """Stop at the frame that raised ``error`` (``tb`` without the console's frames); once per
+    error, unless ``force`` (``%debug`` asks again for an error that stopped already).
+    Returns why it could not stop ("" when it did, or had before)."""
+    why = _cannot_stop()
+    if why or (getattr(error, POST_MORTEM_MARK, False) and not force):
+        return why
     try:
         setattr(error, POST_MORTEM_MARK, True)
     except AttributeError:
@@ -147,6 +150,7 @@ def post_mortem(tb, error: BaseException) -> None:
         p.interaction(None, tb)
     finally:
         p.end()
+    return ""
 
 
 def _cannot_stop() -> str:
