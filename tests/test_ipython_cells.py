@@ -135,7 +135,8 @@ def test_pip_runs_once_per_host(mesh_kc):
     out, reply = run(mesh_kc, "%%mesh\n%conda list")  # no conda here: it fails once, said on every rank
     shown = ANSI.sub("", text(out))
     assert reply["status"] == "error" and "does not appear to be a conda environment" in shown, shown
-    assert shown.count("HostOnceError: %conda failed on rank 0, which ran it for this host") == 3, shown
+    # the other ranks' failures are one and the same: shown once, for ranks 1-3
+    assert shown.count("[ranks 1-3] HostOnceError: %conda failed on rank 0, which ran it for this host") == 1, shown
 
 
 @pytest.mark.timeout(120)

@@ -202,16 +202,28 @@ class CellSyntaxError(Exception):
 _transformer = None
 
 
-def check_syntax(code: str, filename: str, line_offset: int, label: str = "") -> None:
-    """Raise ``CellSyntaxError`` (named after the SyntaxError's type) if the cell body ``code``
-    does not compile as an IPython cell under ``filename``, ``line_offset`` lines into the
-    cell; ``label`` names the cell in the message (``Cell In[7]``)."""
+def _transform(code: str) -> str:
+    """``code`` as IPython reads it: the kernel's own shell's ``transform_cell`` where there is
+    one (a one-line cell also goes through its prefilter, so ``cd /tmp`` is a magic, as the
+    ranks read it), else IPython's input transformers alone."""
     global _transformer
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        return shell.transform_cell(code)
     if _transformer is None:
         from IPython.core.inputtransformer2 import TransformerManager
 
         _transformer = TransformerManager()
-    source = "\n" * line_offset + _transformer.transform_cell(code)
+    return _transformer.transform_cell(code)
+
+
+def check_syntax(code: str, filename: str, line_offset: int, label: str = "") -> None:
+    """Raise ``CellSyntaxError`` (named after the SyntaxError's type) if the cell body ``code``
+    does not compile as an IPython cell under ``filename``, ``line_offset`` lines into the
+    cell; ``label`` names the cell in the message (``Cell In[7]``)."""
+    source = "\n" * line_offset + _transform(code)
     try:
         compile(source, filename, "exec", ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
     except SyntaxError as e:
