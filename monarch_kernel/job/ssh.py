@@ -15,6 +15,7 @@ from ..actor.host_mesh import HostMesh
 from ..runtime import config
 from ..runtime.process import Runtime
 from .agents import AGENT_MODULE, AgentProcess, controller_address
+from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
 
 
@@ -22,13 +23,17 @@ class SSHJob(JobTrait):
     kind = "ssh"
 
     def __init__(self, python_exe: str = "python3", ssh_args=(), monarch_port: int | None = None,
-                 start_timeout: float | None = None):
+                 start_timeout: float | None = None, sync_env: bool | str = False):
+        """``sync_env``: first send this controller's Python environment to hosts that lack it
+        (a folder: the hosts' cache there, instead of ~/.cache/monarch-kernel/env)."""
         super().__init__()
         if isinstance(ssh_args, str):
             raise TypeError("ssh_args is a sequence of arguments, e.g. ('-i', '~/.ssh/id_ed25519'), not one string")
         self.python_exe = python_exe
         self.ssh_args = tuple(ssh_args)
         self.start_timeout = start_timeout
+        self.sync_env = sync_env
+        self.env_syncs: dict[str, HostEnv] = {}  # host -> what sync_env did there
         self._meshes: dict[str, list[str]] = {}
         self._agents: dict[str, AgentProcess] = {}  # host -> its agent
 
@@ -58,7 +63,11 @@ class SSHJob(JobTrait):
 
     def command(self, host: str) -> list[str]:
         """The agent's ssh command; it says its pid first, so a stuck one can be ended."""
-        return [*self._ssh(host), f"echo mk-agent-pid $$; exec {shlex.quote(self.python_exe)} -m {AGENT_MODULE}"]
+        python = self.env_syncs[host].python if host in self.env_syncs else self.python_exe
+        return [*self._ssh(host), f"echo mk-agent-pid $$; exec {shlex.quote(python)} -m {AGENT_MODULE}"]
+
+    def _remote(self, host: str, argv: list[str]) -> list[str]:
+        return [*self._ssh(host), shlex.join(argv)]
 
     def _remote_kill(self, host: str):
         def kill(pid: int) -> None:
@@ -70,6 +79,9 @@ class SSHJob(JobTrait):
             raise ValueError("this job has no hosts: job.add_mesh('workers', ['host1', 'host2']) first")
         rt = Runtime.current()
         controller = controller_address(rt, self.hosts[0])
+        if self.sync_env:
+            cache = self.sync_env if isinstance(self.sync_env, str) else None
+            self.env_syncs = sync_hosts(self.hosts, self._remote, self.python_exe, cache)
         started = {h: AgentProcess(rt, h, self.command(h), controller, remote_kill=self._remote_kill(h))
                    for h in self.hosts}
         deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
@@ -91,11 +103,13 @@ class SSHJob(JobTrait):
         self._agents = {}
 
     def _spec(self) -> dict:
-        return {"python_exe": self.python_exe, "ssh_args": list(self.ssh_args), "meshes": self._meshes}
+        return {"python_exe": self.python_exe, "ssh_args": list(self.ssh_args), "meshes": self._meshes,
+                "sync_env": self.sync_env}
 
     @classmethod
     def _from_spec(cls, spec: dict) -> SSHJob:
-        job = cls(python_exe=spec["python_exe"], ssh_args=tuple(spec.get("ssh_args") or ()))
+        job = cls(python_exe=spec["python_exe"], ssh_args=tuple(spec.get("ssh_args") or ()),
+                  sync_env=spec.get("sync_env", False))
         for name, hosts in spec["meshes"].items():
             job.add_mesh(name, hosts)
         return job
