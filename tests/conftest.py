@@ -162,11 +162,12 @@ def ipython_kc():
 # from the scheduler below, not from ``xdist_group`` marks: under pytest 9 xdist cannot add
 # a mark's group to a test's id, so its own loadgroup would send every test on its own.)
 
-CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slurm", "test_debug_tunnel"}
+CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slurm", "test_debug_tunnel",
+                   "test_sync_env"}
 # Seconds each of the slowest modules took; a module not named here counts as short.
 # Only the order of the units depends on them.
 SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
-    "test_notebooks": 209, "test_kernel": 134, "test_panel_lab": 104, "test_chaos": 104, "test_data": 100,
+    "test_notebooks": 209, "test_sync_env": 90, "test_kernel": 134, "test_panel_lab": 104, "test_chaos": 104, "test_data": 100,
     "test_debug": 73, "test_stacks": 63, "test_hostile": 62, "test_panel": 58, "test_scale": 54, "test_spmd": 52,
     "test_hosts": 51, "test_packaging": 46, "test_tensors": 41, "test_tensor_collectives": 40,
     "test_debug_tunnel": 37, "test_spmd_kernel": 36, "test_hosts_kernel": 31, "test_shm": 30,

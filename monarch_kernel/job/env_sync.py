@@ -10,6 +10,7 @@ extensions are sent as they are, so hosts must be the same platform.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -37,11 +38,13 @@ class EnvSyncError(RuntimeError):
 @dataclass
 class HostEnv:
     """What syncing did on one host: ``python`` runs the agent there (the venv in its cache,
-    or the given one where the host shares our files), ``sent`` units, ``bytes_sent``."""
+    or the given one where the host shares our files, with ``pythonpath`` our sys.path
+    folders), ``sent`` units, ``bytes_sent``."""
 
     host: str
     python: str
     shared: bool = False
+    pythonpath: str | None = None
     sent: list[str] = field(default_factory=list)
     bytes_sent: int = 0
     seconds: float = 0.0
@@ -145,7 +148,8 @@ def sync_host(host: str, env: LocalEnv, remote: Remote, python: str, cache: str 
             f"sync_env copies packages built for {env.version}; pass python_exe= a Python {env.version} on "
             f"{host} (e.g. python{env.version})")
     if got["shared"]:
-        return HostEnv(host, python, shared=True, seconds=time.monotonic() - t)
+        return HostEnv(host, python, shared=True, pythonpath=":".join(r["path"] for r in env.scanned),
+                       seconds=time.monotonic() - t)
     units = env.units()
     missing = [k for k in units if k not in set(got["have"])]
     need = sum(units[k][1]["size"] for k in missing)
@@ -157,24 +161,30 @@ def sync_host(host: str, env: LocalEnv, remote: Remote, python: str, cache: str 
     if not missing and got["ready"]:
         return HostEnv(host, os.path.join(got["cache"], "envs", env.key, "venv", "bin", "python"),
                        seconds=time.monotonic() - t)
-    proc = subprocess.Popen(remote(host, _script("receive", spec, python)), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out: list[bytes] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    try:
-        with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            for key in missing:
-                root, unit = units[key]
-                for rel, *_rest in unit["files"]:
-                    tar.add(os.path.join(root, rel), arcname=f"{key}/{rel}", recursive=False)
-        proc.stdin.close()  # type: ignore[union-attr]
-    except (BrokenPipeError, OSError):
-        pass  # it ended early: its answer says why
-    err = proc.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
-    code = proc.wait()
-    reader.join()
-    done = _answer(host, (code, (out[0] if out else b"").decode(errors="replace"), err), python)
+    with subprocess.Popen(remote(host, _script("receive", spec, python)), stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        said: dict[str, bytes] = {}
+        readers = [threading.Thread(target=lambda n=n, f=f: said.__setitem__(n, f.read()), daemon=True)
+                   for n, f in (("out", proc.stdout), ("err", proc.stderr))]
+        for r in readers:
+            r.start()
+        try:
+            with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for key in missing:
+                    root, unit = units[key]
+                    for rel, *_rest in unit["files"]:
+                        tar.add(os.path.join(root, rel), arcname=f"{key}/{rel}", recursive=False)
+        except OSError:
+            pass  # it ended early: its answer says why
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        code = proc.wait()
+        for r in readers:
+            r.join()
+    done = _answer(host, (code, said.get("out", b"").decode(errors="replace"),
+                          said.get("err", b"").decode(errors="replace")), python)
     return HostEnv(host, done["python"], sent=[units[k][1]["name"] for k in missing], bytes_sent=need,
                    seconds=time.monotonic() - t)
 

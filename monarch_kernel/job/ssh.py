@@ -63,8 +63,10 @@ class SSHJob(JobTrait):
 
     def command(self, host: str) -> list[str]:
         """The agent's ssh command; it says its pid first, so a stuck one can be ended."""
-        python = self.env_syncs[host].python if host in self.env_syncs else self.python_exe
-        return [*self._ssh(host), f"echo mk-agent-pid $$; exec {shlex.quote(python)} -m {AGENT_MODULE}"]
+        synced = self.env_syncs.get(host)
+        python = synced.python if synced else self.python_exe
+        path = f"PYTHONPATH={shlex.quote(synced.pythonpath)} " if synced and synced.pythonpath else ""
+        return [*self._ssh(host), f"echo mk-agent-pid $$; {path}exec {shlex.quote(python)} -m {AGENT_MODULE}"]
 
     def _remote(self, host: str, argv: list[str]) -> list[str]:
         return [*self._ssh(host), shlex.join(argv)]
