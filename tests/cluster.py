@@ -271,7 +271,8 @@ class Network:
     SPAWN = ('hostname "$1" && shift && for f in hosts resolv.conf; do if [ -e "/etc/$f" ]; then '
              'mount --bind "$ETC_DIR/$f" "/etc/$f" || exit 1; fi; done && '
              'if [ -n "$SHM_SIZE" ]; then mount -t tmpfs -o "size=$SHM_SIZE,mode=1777" tmpfs /dev/shm || exit 1; fi && '
-             'IFS=: && for d in $HIDE_DIRS; do if [ -d "$d" ]; then mount --bind "$EMPTY_DIR" "$d" || exit 1; fi; done && '
+             'IFS=: && for d in $HIDE_DIRS; do '
+             'if [ -d "$d" ]; then mount --bind "$EMPTY_DIR" "$d" || exit 1; fi; done && '
              'unset IFS ETC_DIR SHM_SIZE HIDE_DIRS EMPTY_DIR && exec "$@"')
 
     def spawn(self, i: int, argv: Sequence[str], log: str, env: dict | None = None,

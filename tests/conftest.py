@@ -167,13 +167,13 @@ CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slur
 # Seconds each of the slowest modules took; a module not named here counts as short.
 # Only the order of the units depends on them.
 SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
-    "test_notebooks": 209, "test_sync_env": 90, "test_kernel": 134, "test_panel_lab": 104, "test_chaos": 104, "test_data": 100,
+    "test_notebooks": 209, "test_kernel": 134, "test_panel_lab": 104, "test_chaos": 104, "test_data": 100,
     "test_debug": 73, "test_stacks": 63, "test_hostile": 62, "test_panel": 58, "test_scale": 54, "test_spmd": 52,
     "test_hosts": 51, "test_packaging": 46, "test_tensors": 41, "test_tensor_collectives": 40,
     "test_debug_tunnel": 37, "test_spmd_kernel": 36, "test_hosts_kernel": 31, "test_shm": 30,
     "test_lifecycle": 30, "test_slurm": 30, "test_jupyterlab": 27, "test_rdma_compat": 25, "test_cluster": 24,
     "test_fuzz_wires": 23, "test_config": 21, "test_monarch_examples": 21, "test_leaks": 19, "test_api": 18,
-    "test_server_api": 14, "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
+    "test_sync_env": 90, "test_server_api": 14, "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
 }
 
 

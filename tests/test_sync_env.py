@@ -10,9 +10,9 @@ import os
 import sys
 import time
 
+import cluster
 import pytest
 
-import cluster
 from monarch_kernel import Actor, endpoint
 from monarch_kernel.job import SSHJob
 from monarch_kernel.job.env_sync import EnvSyncError, roots
@@ -24,9 +24,10 @@ HOST_PYTHON = "/usr/bin/python3"  # not the controller's interpreter: the host's
 class Where(Actor):
     @endpoint
     def files(self) -> dict:
-        import monarch_kernel
-        import msgpack
         import mk_sync_probe  # type: ignore[import-not-found]
+        import msgpack
+
+        import monarch_kernel
         return {"monarch_kernel": monarch_kernel.__file__, "msgpack": msgpack.__file__,
                 "probe": mk_sync_probe.VALUE, "python": sys.executable}
 

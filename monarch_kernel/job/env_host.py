@@ -85,7 +85,7 @@ def scan_roots(roots: list[list]) -> list[dict]:
         units = []
         names = sorted(os.listdir(path)) if os.path.isdir(path) else []
         if kind == "site":
-            owned = set()
+            owned: set[str] = set()
             for info in (n for n in names if n.endswith(".dist-info")):
                 files = _record_files(path, info)
                 owned.update(f[0].split(os.sep)[0] for f in files)
@@ -178,7 +178,8 @@ def receive(spec: dict, stream) -> dict:
                 for member in tar:
                     if not (member.isfile() or member.isdir()):
                         continue
-                    tar.extract(member, staging, set_attrs=True, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+                    safe: dict = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.11.4+
+                    tar.extract(member, staging, set_attrs=True, **safe)
             for key in os.listdir(staging):
                 dest = os.path.join(units, key)
                 if not os.path.exists(dest):

@@ -132,14 +132,15 @@ def _answer(host: str, proc: subprocess.CompletedProcess | tuple[int, str, str],
     raise EnvSyncError(f"could not sync the environment to {host} (exit {code}): " + " / ".join(said))
 
 
-def sync_host(host: str, env: LocalEnv, remote: Remote, python: str, cache: str | None) -> HostEnv:
+def sync_host(host: str, env: LocalEnv, remote: Remote, python: str, cache: str | None,
+              environ: dict | None = None) -> HostEnv:
     """Bring ``host``'s cache up to ``env`` (sending only the units it lacks) and say which
     Python runs the agent there."""
     t = time.monotonic()
     spec = env.spec(cache)
     try:
         got = _answer(host, subprocess.run(remote(host, _script("probe", spec, python)), capture_output=True,
-                                           text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL), python)
+                                           text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL, env=environ), python)
     except subprocess.TimeoutExpired:
         raise EnvSyncError(f"{host} did not answer the environment probe in {TIMEOUT_S:g} s") from None
     if got["version"] != env.version:
@@ -162,7 +163,7 @@ def sync_host(host: str, env: LocalEnv, remote: Remote, python: str, cache: str 
         return HostEnv(host, os.path.join(got["cache"], "envs", env.key, "venv", "bin", "python"),
                        seconds=time.monotonic() - t)
     with subprocess.Popen(remote(host, _script("receive", spec, python)), stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ) as proc:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         said: dict[str, bytes] = {}
         readers = [threading.Thread(target=lambda n=n, f=f: said.__setitem__(n, f.read()), daemon=True)
@@ -189,14 +190,16 @@ def sync_host(host: str, env: LocalEnv, remote: Remote, python: str, cache: str 
                    seconds=time.monotonic() - t)
 
 
-def sync_hosts(hosts: list[str], remote: Remote, python: str, cache: str | None = None) -> dict[str, HostEnv]:
-    """Sync every host at once; the first failure is raised once all are done."""
-    env = LocalEnv.scan()
+def sync_hosts(hosts: list[str], remote: Remote, python: str, cache: str | None = None,
+               env: dict | None = None) -> dict[str, HostEnv]:
+    """Sync every host at once (``env``: the environment of the ``remote`` commands); the
+    first failure is raised once all are done."""
+    local = LocalEnv.scan()
     results: dict[str, HostEnv | BaseException] = {}
 
     def one(host: str) -> None:
         try:
-            results[host] = sync_host(host, env, remote, python, cache)
+            results[host] = sync_host(host, local, remote, python, cache, env)
         except BaseException as e:  # noqa: BLE001  (raised below, in the caller's thread)
             results[host] = e
 
@@ -206,8 +209,9 @@ def sync_hosts(hosts: list[str], remote: Remote, python: str, cache: str | None 
     for th in threads:
         th.join()
     for h in hosts:
-        if isinstance(results[h], BaseException):
-            raise results[h]
+        got = results[h]
+        if isinstance(got, BaseException):
+            raise got
     return {h: r for h, r in results.items() if isinstance(r, HostEnv)}
 
 
