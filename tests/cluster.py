@@ -564,6 +564,18 @@ def ssh_hosts(ssh_hosts_session: SSHHosts) -> Iterator[SSHHosts]:
         pytest.fail(report, pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def ssh_bare_hosts() -> Iterator[SSHHosts]:
+    """One ssh host on which this controller's Python environment (every sys.path folder
+    outside the standard library: the .venv's site-packages, this checkout) is empty folders,
+    as on a machine without the notebook's packages; for ``sync_env``.  Session scope, as the
+    others: the controller listens on a bridge's address once, which must outlive the test."""
+    from monarch_kernel.job.env_sync import roots
+
+    with ssh_network(1, hide=[path for path, _kind, _only in roots()]) as hosts:
+        yield hosts
+
+
 # ------------------------------------------------------------------------- slurm
 
 

@@ -15,7 +15,7 @@ import uuid
 
 import psutil
 import pytest
-from cluster import slurm_cluster, slurm_cluster_session, ssh_hosts, ssh_hosts_session  # noqa: F401  (fixtures)
+from cluster import slurm_cluster, slurm_cluster_session, ssh_bare_hosts, ssh_hosts, ssh_hosts_session  # noqa: F401  (fixtures)
 
 SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
