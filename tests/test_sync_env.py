@@ -55,41 +55,41 @@ def test_a_bare_host_gets_the_environment_once_then_only_what_changed(ssh_bare_h
     monkeypatch.syspath_prepend(_probe_package(tmp_path / "extra"))  # a small package, changed below
     cache = str(tmp_path / "cache")
     hosts = ssh_bare_hosts
-    if True:
-        host = hosts.hosts[0]
-        bare = hosts.ssh(host, f"{HOST_PYTHON} -c 'import monarch_kernel'")
-        assert "No module named 'monarch_kernel'" in bare.stderr  # the host really lacks it
-        small = tmp_path / "small"
-        small.mkdir()
-        assert hosts.in_host(host, f"mount -t tmpfs -o size=4m tmpfs {small}").returncode == 0  # there only
-        job = SSHJob(python_exe=HOST_PYTHON, ssh_args=hosts.ssh_args, sync_env=str(small / "cache"))
-        job.add_mesh("m", [host])
-        t = time.monotonic()
-        with pytest.raises(EnvSyncError, match=rf"{host} has 0\.00 GiB free in {small}/cache, and this environment "
-                                               r"needs .* GiB more .*: free space there, or pass sync_env="):
-            job.state()
-        assert time.monotonic() - t < 30 and not job.active
-        try:
-            job, got = _run(hosts, cache)
-            first = job.env_syncs[host]
-            assert got["monarch_kernel"].startswith(cache) and got["msgpack"].startswith(cache)
-            assert got["python"].startswith(cache) and got["probe"] == 1
-            assert first.bytes_sent > 1 << 20 and "mk_sync_probe" in first.sent
-            job, got = _run(hosts, cache)
-            second = job.env_syncs[host]
-            assert second.sent == [] and second.bytes_sent == 0
-            assert second.seconds < 10
-            (tmp_path / "extra" / "mk_sync_probe" / "__init__.py").write_text("VALUE = 2\n")
-            job, got = _run(hosts, cache)
-            third = job.env_syncs[host]
-            assert third.sent == ["mk_sync_probe"] and got["probe"] == 2
-            print(f"\nfirst sync: {first.bytes_sent / 2**20:.0f} MiB in {first.seconds:.1f} s; "
-                  f"second: {second.bytes_sent} B in {second.seconds:.1f} s; "
-                  f"third: {third.bytes_sent} B in {third.seconds:.1f} s")
-        finally:
-            shutil.rmtree(cache, ignore_errors=True)  # the same file system: not through the host
-            report = hosts.check_clean()
-            assert not report, report
+    host = hosts.hosts[0]
+    bare = hosts.ssh(host, f"{HOST_PYTHON} -c 'import monarch_kernel'")
+    assert "No module named 'monarch_kernel'" in bare.stderr  # the host really lacks it
+    small = tmp_path / "small"
+    small.mkdir()
+    assert hosts.in_host(host, f"mount -t tmpfs -o size=4m tmpfs {small}").returncode == 0  # there only
+    job = SSHJob(python_exe=HOST_PYTHON, ssh_args=hosts.ssh_args, sync_env=str(small / "cache"))
+    job.add_mesh("m", [host])
+    t = time.monotonic()
+    with pytest.raises(EnvSyncError, match=rf"{host} has 0\.00 GiB free in {small}/cache, and this environment "
+                                           r"needs .* GiB more .*: free space there, or pass sync_env="):
+        job.state()
+    assert time.monotonic() - t < 30 and not job.active
+    try:
+        job, got = _run(hosts, cache)
+        first = job.env_syncs[host]
+        assert got["monarch_kernel"].startswith(cache) and got["msgpack"].startswith(cache)
+        assert got["python"].startswith(cache) and got["probe"] == 1
+        assert first.bytes_sent > 1 << 20 and "mk_sync_probe" in first.sent
+        job, got = _run(hosts, cache)
+        second = job.env_syncs[host]
+        assert second.sent == [] and second.bytes_sent == 0
+        assert second.seconds < 10
+        (tmp_path / "extra" / "mk_sync_probe" / "__init__.py").write_text("VALUE = 2\n")
+        job, got = _run(hosts, cache)
+        third = job.env_syncs[host]
+        assert third.sent == ["mk_sync_probe"] and got["probe"] == 2
+        print(f"\nfirst sync: {first.bytes_sent / 2**20:.0f} MiB in {first.seconds:.1f} s; "
+              f"second: {second.bytes_sent} B in {second.seconds:.1f} s; "
+              f"third: {third.bytes_sent} B in {third.seconds:.1f} s")
+    finally:
+        hosts.in_host(host, f"umount {small}")
+        shutil.rmtree(cache, ignore_errors=True)  # the same file system: not through the host
+        report = hosts.check_clean()
+        assert not report, report
 
 
 @pytest.mark.timeout(60)
