@@ -174,6 +174,7 @@ class Network:
     ips: list[str] = field(default_factory=list)
     cut_hosts: set[str] = field(default_factory=set)
     etc: str = ""  # the hosts' hosts and resolv.conf
+    empty: str = ""  # an empty folder, mounted over the folders a host must not see
 
     @property
     def bridge(self) -> str:
@@ -270,17 +271,21 @@ class Network:
     SPAWN = ('hostname "$1" && shift && for f in hosts resolv.conf; do if [ -e "/etc/$f" ]; then '
              'mount --bind "$ETC_DIR/$f" "/etc/$f" || exit 1; fi; done && '
              'if [ -n "$SHM_SIZE" ]; then mount -t tmpfs -o "size=$SHM_SIZE,mode=1777" tmpfs /dev/shm || exit 1; fi && '
-             'unset ETC_DIR SHM_SIZE && exec "$@"')
+             'IFS=: && for d in $HIDE_DIRS; do '
+             'if [ -d "$d" ]; then mount --bind "$EMPTY_DIR" "$d" || exit 1; fi; done && '
+             'unset IFS ETC_DIR SHM_SIZE HIDE_DIRS EMPTY_DIR && exec "$@"')
 
     def spawn(self, i: int, argv: Sequence[str], log: str, env: dict | None = None,
-              shm_size: str | None = None) -> subprocess.Popen:
+              shm_size: str | None = None, hide: Sequence[str] = ()) -> subprocess.Popen:
         """Start ``argv`` in host i's namespace under its own hostname, with its own
-        /etc/hosts (and, given ``shm_size`` such as ``"256m"``, its own /dev/shm); it keeps
-        the pid of the Popen (nsenter and unshare exec into it)."""
+        /etc/hosts (and, given ``shm_size`` such as ``"256m"``, its own /dev/shm; given
+        ``hide``, those folders seen empty there); it keeps the pid of the Popen (nsenter and
+        unshare exec into it)."""
         cmd = ["nsenter", f"--net=/run/netns/{self.namespaces[i]}", "unshare", "--uts", "--mount", "--",
                "sh", "-c", self.SPAWN, "sh", self.names[i], *argv]
         with open(log, "ab") as out:
-            return _popen(cmd, out, {**(env or daemon_env()), "ETC_DIR": self.etc, "SHM_SIZE": shm_size or ""})
+            return _popen(cmd, out, {**(env or daemon_env()), "ETC_DIR": self.etc, "SHM_SIZE": shm_size or "",
+                                     "HIDE_DIRS": ":".join(hide), "EMPTY_DIR": self.empty})
 
     def pids(self, i: int) -> list[int]:
         r = run(["ip", "netns", "pids", self.namespaces[i]], check=False)
@@ -497,11 +502,13 @@ Subsystem sftp internal-sftp
 
 
 @contextlib.contextmanager
-def ssh_network(n: int = 2, shm_size: str | None = None) -> Iterator[SSHHosts]:
+def ssh_network(n: int = 2, shm_size: str | None = None, hide: Sequence[str] = ()) -> Iterator[SSHHosts]:
     """``n`` hosts with sshd (see ``SSHHosts``); everything is removed on exit, and what is
     still running in their namespaces then raises (after being killed).  ``shm_size``
     (``"256m"``): each host gets a /dev/shm of its own, of that size (``SSHHosts.in_host``
-    runs a command where it is seen); by default they share the machine's."""
+    runs a command where it is seen); by default they share the machine's.  ``hide``:
+    folders that are empty on the hosts (the controller's Python environment, for
+    ``sync_env``), each an empty folder mounted over it in sshd's mount namespace."""
     _skip_unless(SSHD, "ssh", "ssh-keygen")
     tmp = tempfile.mkdtemp(prefix="mk-ssh-")
     net = Network("s", [f"mk-h{i + 1}" for i in range(n)])
@@ -512,6 +519,8 @@ def ssh_network(n: int = 2, shm_size: str | None = None) -> Iterator[SSHHosts]:
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"monarch-kernel-test-{name}",
                  "-f", f"{tmp}/{name}"])
         shutil.copy(f"{tmp}/id_ed25519.pub", f"{tmp}/authorized_keys")
+        net.empty = f"{tmp}/empty"
+        os.mkdir(net.empty, 0o755)
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
         net.create(tmp)
         logs = []
@@ -521,7 +530,7 @@ def ssh_network(n: int = 2, shm_size: str | None = None) -> Iterator[SSHHosts]:
                 f.write(SSHD_CONFIG.format(ip=ip, dir=tmp, name=name))
             run([SSHD, "-t", "-f", cfg])
             logs.append(f"{tmp}/sshd-{name}.log")
-            sshd.append(net.spawn(i, [SSHD, "-D", "-e", "-f", cfg], logs[i], shm_size=shm_size))
+            sshd.append(net.spawn(i, [SSHD, "-D", "-e", "-f", cfg], logs[i], shm_size=shm_size, hide=hide))
         hosts = SSHHosts(net, f"{tmp}/id_ed25519", f"{tmp}/wrong_ed25519", sshd, logs)
         for ip, log in zip(net.ips, logs, strict=True):
             _wait(f"sshd on {ip}:22", lambda ip=ip: _reachable(ip, 22), 10.0, [log])
@@ -553,6 +562,18 @@ def ssh_hosts(ssh_hosts_session: SSHHosts) -> Iterator[SSHHosts]:
     report = ssh_hosts_session.check_clean()
     if report:
         pytest.fail(report, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def ssh_bare_hosts() -> Iterator[SSHHosts]:
+    """One ssh host on which this controller's Python environment (every sys.path folder
+    outside the standard library: the .venv's site-packages, this checkout) is empty folders,
+    as on a machine without the notebook's packages; for ``sync_env``.  Session scope, as the
+    others: the controller listens on a bridge's address once, which must outlive the test."""
+    from monarch_kernel.job.env_sync import roots
+
+    with ssh_network(1, hide=[path for path, _kind, _only in roots()]) as hosts:
+        yield hosts
 
 
 # ------------------------------------------------------------------------- slurm

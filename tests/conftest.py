@@ -15,7 +15,7 @@ import uuid
 
 import psutil
 import pytest
-from cluster import slurm_cluster, slurm_cluster_session, ssh_hosts, ssh_hosts_session  # noqa: F401  (fixtures)
+from cluster import slurm_cluster, slurm_cluster_session, ssh_bare_hosts, ssh_hosts, ssh_hosts_session  # noqa: F401  (fixtures)
 
 SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
@@ -162,7 +162,8 @@ def ipython_kc():
 # from the scheduler below, not from ``xdist_group`` marks: under pytest 9 xdist cannot add
 # a mark's group to a test's id, so its own loadgroup would send every test on its own.)
 
-CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slurm", "test_debug_tunnel"}
+CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slurm", "test_debug_tunnel",
+                   "test_sync_env"}
 # Seconds each of the slowest modules took; a module not named here counts as short.
 # Only the order of the units depends on them.
 SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
@@ -172,7 +173,7 @@ SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
     "test_debug_tunnel": 37, "test_spmd_kernel": 36, "test_hosts_kernel": 31, "test_shm": 30,
     "test_lifecycle": 30, "test_slurm": 30, "test_jupyterlab": 27, "test_rdma_compat": 25, "test_cluster": 24,
     "test_fuzz_wires": 23, "test_config": 21, "test_monarch_examples": 21, "test_leaks": 19, "test_api": 18,
-    "test_server_api": 14, "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
+    "test_sync_env": 90, "test_server_api": 14, "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
 }
 
 

@@ -135,7 +135,8 @@ def test_arguments_parse_to_their_values():
     assert _parse(COMMANDS["spawn"], "--name 9lives.v2").name == "9lives.v2"  # what spawn_procs(name=) takes
     assert vars(_parse(COMMANDS["spawn"], "")) == {"n": 1, "name": None, "env": [], "detach": None, "job": None,
                                                    "hosts": None, "ssh_args": None, "nodes": None, "partition": None,
-                                                   "time": "01:00:00", "account": None, "python": None}
+                                                   "time": "01:00:00", "account": None, "python": None,
+                                                   "sync_env": False, "attach": None, "key_file": None}
     a = _parse(COMMANDS["spawn"], "--job ssh --hosts a,b -n 2 --ssh-args '-i k'")
     assert (a.job, a.hosts, a.n, a.ssh_args) == ("ssh", "a,b", 2, "'-i k'")
     assert _parse(COMMANDS["stop"], "").name is None and _parse(COMMANDS["stop"], "m").name == "m"

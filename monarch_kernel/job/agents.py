@@ -129,7 +129,8 @@ class AgentProcess:
                 or "No module named monarch_kernel" in text:
             return (f"monarch_kernel is not installed for {python} on {self.host}: run "
                     f"`ssh {self.host} {python} -m pip install monarch-kernel` (or install this checkout there), "
-                    f"or point python_exe at an interpreter that has it{said}")
+                    f"or point python_exe at an interpreter that has it, or pass sync_env=True (%mesh spawn "
+                    f"--sync-env) to send this controller's environment there{said}")
         if code == 127 or "command not found" in text or f"{python}: No such file" in text:
             return (f"{python} was not found on {self.host}: pass python_exe= the path of a Python 3 "
                     f"interpreter there{said}")

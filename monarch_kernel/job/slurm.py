@@ -21,6 +21,7 @@ from ..actor.host_mesh import HostMesh
 from ..runtime import config
 from ..runtime.process import Runtime
 from .agents import AGENT_MODULE, AgentProcess, controller_address
+from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
 from .squeue import PLAIN_FORMAT, SqueueJob, find_job, parse_plain
 
@@ -84,7 +85,7 @@ class SlurmJob(JobTrait):
                  gpus_per_node: int | None = None, cpus_per_task: int | None = None, mem: str | None = None,
                  account: str | None = None, qos: str | None = None, exclusive: bool = True,
                  job_start_timeout: float = 300.0, start_timeout: float | None = None,
-                 idle_timeout: float | None = 300.0):
+                 idle_timeout: float | None = 300.0, sync_env: bool | str = False):
         super().__init__()
         if isinstance(slurm_args, str):
             raise TypeError("slurm_args is a sequence of sbatch arguments, e.g. ('--constraint=h100',), "
@@ -111,6 +112,8 @@ class SlurmJob(JobTrait):
         self.job_start_timeout = job_start_timeout
         self.start_timeout = start_timeout
         self.idle_timeout = idle_timeout
+        self.sync_env = sync_env  # send this environment to the nodes first (a folder: their cache)
+        self.env_syncs: dict[str, HostEnv] = {}  # node -> what sync_env did there
         self.job_id: str | None = None  # Slurm's, once submitted (or loaded)
         self.nodes: list[str] = []  # the allocation's nodes, in Slurm's order
         self.allocated_partition = ""  # where Slurm put it (squeue's answer)
@@ -150,9 +153,16 @@ class SlurmJob(JobTrait):
         the allocation, which its ranks inherit.  --export=ALL: the agent gets this
         environment (less what names this process's own Slurm job or bind address)."""
         assert self.job_id is not None
+        synced = self.env_syncs.get(node)
+        python = synced.python if synced else self.python_exe
         return ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                 f"--job-name={AGENT_STEP}", "--input=all", "--kill-on-bad-exit=1", "--export=ALL", "--mpi=none",
-                self.python_exe, "-m", AGENT_MODULE]
+                python, "-m", AGENT_MODULE]
+
+    def _remote(self, node: str, argv: list[str]) -> list[str]:
+        """``argv`` run on ``node`` as a step of the allocation (sync_env's probe and transfer)."""
+        return ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                "--input=all", "--export=ALL", "--mpi=none", *argv]
 
     @staticmethod
     def environment() -> dict[str, str]:
@@ -316,6 +326,11 @@ class SlurmJob(JobTrait):
         rt = Runtime.current()
         controller = self._controller(rt, self.nodes[0])
         env = self.environment()
+        if self.sync_env:
+            cache = self.sync_env if isinstance(self.sync_env, str) else None
+            self.env_syncs = sync_hosts(self.nodes, self._remote, self.python_exe, cache, env=env)
+            if not all(e.shared for e in self.env_syncs.values()):
+                env.pop("PYTHONPATH", None)  # the synced venv has our folders; these paths are this machine's
         started: dict[str, AgentProcess] = {
             n: _SrunAgent(rt, n, self.command(n), controller, env=env, job_id=self.job_id or "") for n in self.nodes}
         deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
@@ -347,6 +362,7 @@ class SlurmJob(JobTrait):
                 "gpus_per_node": self.gpus_per_node, "cpus_per_task": self.cpus_per_task, "mem": self.mem,
                 "account": self.account, "qos": self.qos, "exclusive": self.exclusive,
                 "job_start_timeout": self.job_start_timeout, "idle_timeout": self.idle_timeout,
+                "sync_env": self.sync_env,
                 "job_id": self.job_id, "nodes": self.nodes}
 
     @classmethod
@@ -357,7 +373,7 @@ class SlurmJob(JobTrait):
                   cpus_per_task=spec.get("cpus_per_task"), mem=spec.get("mem"), account=spec.get("account"),
                   qos=spec.get("qos"), exclusive=spec.get("exclusive", True),
                   job_start_timeout=spec.get("job_start_timeout", 300.0),
-                  idle_timeout=spec.get("idle_timeout", 300.0))
+                  idle_timeout=spec.get("idle_timeout", 300.0), sync_env=spec.get("sync_env", False))
         job.job_id = spec.get("job_id")
         return job
 
@@ -397,7 +413,8 @@ class _SrunAgent(AgentProcess):
         if "No module named" in text and "monarch_kernel" in text:
             return (f"{where}: monarch_kernel is not installed for {python} there; install it where the nodes "
                     f"see it (on a shared filesystem, this controller's environment is theirs), or pass "
-                    f"python_exe= an interpreter that has it{said}")
+                    f"python_exe= an interpreter that has it, or pass sync_env=True (%mesh spawn --sync-env) to "
+                    f"send this controller's environment there{said}")
         if "No such file or directory" in text or "command not found" in text or "Permission denied" in text:
             return f"{where}: {python} cannot be run there; pass python_exe= the path of a Python 3 on the nodes{said}"
         return f"{where}: srun exited with status {self.proc.returncode} before the agent connected{said}"

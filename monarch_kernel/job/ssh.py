@@ -18,6 +18,7 @@ from ..actor.host_mesh import HostMesh
 from ..runtime import config
 from ..runtime.process import Runtime
 from .agents import AGENT_MODULE, AgentProcess, controller_address
+from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
 from .ssh_config import route_host
 from .tunnels import Tunnels
@@ -27,10 +28,12 @@ class SSHJob(JobTrait):
     kind = "ssh"
 
     def __init__(self, python_exe: str = "python3", ssh_args=(), monarch_port: int | None = None,
-                 start_timeout: float | None = None, out_of_cluster: bool = False):
+                 start_timeout: float | None = None, out_of_cluster: bool = False, sync_env: bool | str = False):
         """``out_of_cluster=True``: no host can open a connection to this controller (a laptop
         beyond a login node); every connection between them goes through the ssh connection
-        that started the host's agent (``tunnels``), and this controller listens on loopback only."""
+        that started the host's agent (``tunnels``), and this controller listens on loopback only.
+        ``sync_env``: first send this controller's Python environment to hosts that lack it
+        (a folder: the hosts' cache there, instead of ~/.cache/monarch-kernel/env)."""
         super().__init__()
         if not isinstance(out_of_cluster, bool):
             raise TypeError(f"out_of_cluster is True or False, not {out_of_cluster!r}")
@@ -39,6 +42,8 @@ class SSHJob(JobTrait):
         self.python_exe = python_exe
         self.ssh_args = tuple(ssh_args)
         self.start_timeout = start_timeout
+        self.sync_env = sync_env
+        self.env_syncs: dict[str, HostEnv] = {}  # host -> what sync_env did there
         self._meshes: dict[str, list[str]] = {}
         self._agents: dict[str, AgentProcess] = {}  # host -> its agent
         self.out_of_cluster = out_of_cluster
@@ -71,12 +76,19 @@ class SSHJob(JobTrait):
 
     def command(self, host: str, tunnels: Tunnels | None = None, controller: Sequence[str] = ()) -> list[str]:
         """The agent's ssh command; it says its pid first, so a stuck one can be ended.  With
-        ``tunnels`` it is also their ssh master, forwarding the ``controller``'s addresses."""
-        run = f"exec {shlex.quote(self.python_exe)} -m {AGENT_MODULE}"
+        ``tunnels`` it is also their ssh master, forwarding the ``controller``'s addresses; on
+        a host ``sync_env`` synced, it runs that environment's python."""
+        synced = self.env_syncs.get(host)
+        python = synced.python if synced else self.python_exe
+        path = f"PYTHONPATH={shlex.quote(synced.pythonpath)} " if synced and synced.pythonpath else ""
+        run = f"{path}exec {shlex.quote(python)} -m {AGENT_MODULE}"
         if tunnels is None:
             return [*self._ssh(host), f"echo mk-agent-pid $$; {run}"]
         return ["ssh", "-o", "BatchMode=yes", *tunnels.master_options(list(controller)), *self.ssh_args, host, "--",
                 f"echo mk-agent-pid $$; {tunnels.environment()}{run}"]
+
+    def _remote(self, host: str, argv: list[str]) -> list[str]:
+        return [*self._ssh(host), shlex.join(argv)]
 
     def _remote_kill(self, host: str):
         def kill(pid: int) -> None:
@@ -87,6 +99,9 @@ class SSHJob(JobTrait):
         if not self._meshes:
             raise ValueError("this job has no hosts: job.add_mesh('workers', ['host1', 'host2']) first")
         rt = Runtime.current()
+        if self.sync_env:
+            cache = self.sync_env if isinstance(self.sync_env, str) else None
+            self.env_syncs = sync_hosts(self.hosts, self._remote, self.python_exe, cache)
         if self.out_of_cluster:
             started = self._start_out_of_cluster(rt)
         else:
@@ -146,12 +161,12 @@ class SSHJob(JobTrait):
 
     def _spec(self) -> dict:
         return {"python_exe": self.python_exe, "ssh_args": list(self.ssh_args), "meshes": self._meshes,
-                "out_of_cluster": self.out_of_cluster}
+                "out_of_cluster": self.out_of_cluster, "sync_env": self.sync_env}
 
     @classmethod
     def _from_spec(cls, spec: dict) -> SSHJob:
         job = cls(python_exe=spec["python_exe"], ssh_args=tuple(spec.get("ssh_args") or ()),
-                  out_of_cluster=bool(spec.get("out_of_cluster")))
+                  out_of_cluster=bool(spec.get("out_of_cluster")), sync_env=spec.get("sync_env", False))
         for name, hosts in spec["meshes"].items():
             job.add_mesh(name, hosts)
         return job

@@ -80,11 +80,13 @@ class KernelJobs:
                 ssh_args = shlex.split(quoted)
             except ValueError as e:
                 raise UsageError(f"--ssh-args {a.ssh_args!r}: {e}") from None
-            ssh = SSHJob(python_exe=a.python or sys.executable, ssh_args=ssh_args)
+            ssh = SSHJob(python_exe=a.python or ("python3" if a.sync_env else sys.executable), ssh_args=ssh_args,
+                         sync_env=a.sync_env)
             job = ssh.add_mesh("hosts", [h for h in a.hosts.split(",") if h])
         elif a.job == "slurm":
             job = SlurmJob(meshes={"hosts": a.nodes or 1}, partition=a.partition, time_limit=a.time,
-                           account=a.account, python_exe=a.python or sys.executable)
+                           account=a.account, python_exe=a.python or ("python3" if a.sync_env else sys.executable),
+                           sync_env=a.sync_env)
         else:
             known = ", ".join(self.jobs) or "none yet"
             raise UsageError(f"--job {a.job!r}: type  --job ssh --hosts h1,h2  or  --job slurm --nodes N,  "

@@ -53,7 +53,10 @@ def _env(value: str) -> tuple[str, str]:
 @argument("--partition", metavar="P", help="--job slurm: the partition")
 @argument("--time", metavar="T", default="01:00:00", help="--job slurm: the time limit (default 01:00:00)")
 @argument("--account", metavar="A", help="--job slurm: the account")
-@argument("--python", metavar="PATH", help="--job: the interpreter on the hosts (default: this kernel's)")
+@argument("--python", metavar="PATH", help="--job: the interpreter on the hosts (default: this kernel's; "
+          "with --sync-env, python3)")
+@argument("--sync-env", action="store_true", help="--job: first send this kernel's Python environment to hosts "
+          "that lack it (cached there; a second job sends only what changed)")
 @argument("--attach", metavar="tcp://H:P,...", help="start the ranks on workers that a scheduler started (python -m "
           "monarch_kernel.agent --listen tcp://0.0.0.0:P --key-file PATH); -n is then ranks per worker")
 @argument("--key-file", metavar="PATH", help="--attach: the workers' key file (python -m monarch_kernel key new PATH)")

@@ -1,0 +1,120 @@
+"""``SSHJob(sync_env=...)``: a host whose sshd sees this controller's environment (the .venv's
+site-packages, this checkout, every other sys.path folder) as empty folders gets it from the
+controller over ssh, once; a second job sends nothing; a changed package is all a third sends.
+A host that shares our files is left alone; another Python minor, or too little disk, is a
+clear error before anything is sent."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+from monarch_kernel import Actor, endpoint
+from monarch_kernel.job import SSHJob
+from monarch_kernel.job.env_sync import EnvSyncError
+
+pytestmark = pytest.mark.timeout(300)
+HOST_PYTHON = "/usr/bin/python3"  # not the controller's interpreter: the host's own, same minor
+
+
+class Where(Actor):
+    @endpoint
+    def files(self) -> dict:
+        import mk_sync_probe  # type: ignore[import-not-found]
+        import msgpack
+
+        import monarch_kernel
+        return {"monarch_kernel": monarch_kernel.__file__, "msgpack": msgpack.__file__,
+                "probe": mk_sync_probe.VALUE, "python": sys.executable}
+
+
+def _probe_package(folder) -> str:
+    pkg = folder / "mk_sync_probe"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("VALUE = 1\n")
+    return str(folder)
+
+
+def _run(hosts, cache: str) -> tuple[SSHJob, dict]:
+    job = SSHJob(python_exe=HOST_PYTHON, ssh_args=hosts.ssh_args, sync_env=cache)
+    job.add_mesh("workers", hosts.hosts)
+    try:
+        procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+        got = procs.spawn("where", Where).files.call_one().get(timeout=60)
+        procs.stop().get(timeout=30)
+    finally:
+        job.kill()
+    return job, got
+
+
+def test_a_bare_host_gets_the_environment_once_then_only_what_changed(ssh_bare_hosts, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(_probe_package(tmp_path / "extra"))  # a small package, changed below
+    cache = str(tmp_path / "cache")
+    hosts = ssh_bare_hosts
+    host = hosts.hosts[0]
+    bare = hosts.ssh(host, f"{HOST_PYTHON} -c 'import monarch_kernel'")
+    assert "No module named 'monarch_kernel'" in bare.stderr  # the host really lacks it
+    small = tmp_path / "small"
+    small.mkdir()
+    assert hosts.in_host(host, f"mount -t tmpfs -o size=4m tmpfs {small}").returncode == 0  # there only
+    job = SSHJob(python_exe=HOST_PYTHON, ssh_args=hosts.ssh_args, sync_env=str(small / "cache"))
+    job.add_mesh("m", [host])
+    t = time.monotonic()
+    with pytest.raises(EnvSyncError, match=rf"{host} has 0\.00 GiB free in {small}/cache, and this environment "
+                                           r"needs .* GiB more .*: free space there, or pass sync_env="):
+        job.state()
+    assert time.monotonic() - t < 30 and not job.active
+    try:
+        job, got = _run(hosts, cache)
+        first = job.env_syncs[host]
+        assert got["monarch_kernel"].startswith(cache) and got["msgpack"].startswith(cache)
+        assert got["python"].startswith(cache) and got["probe"] == 1
+        assert first.bytes_sent > 1 << 20 and "mk_sync_probe" in first.sent
+        job, got = _run(hosts, cache)
+        second = job.env_syncs[host]
+        assert second.sent == [] and second.bytes_sent == 0
+        assert second.seconds < 10
+        (tmp_path / "extra" / "mk_sync_probe" / "__init__.py").write_text("VALUE = 2\n")
+        job, got = _run(hosts, cache)
+        third = job.env_syncs[host]
+        assert third.sent == ["mk_sync_probe"] and got["probe"] == 2
+        print(f"\nfirst sync: {first.bytes_sent / 2**20:.0f} MiB in {first.seconds:.1f} s; "
+              f"second: {second.bytes_sent} B in {second.seconds:.1f} s; "
+              f"third: {third.bytes_sent} B in {third.seconds:.1f} s")
+    finally:
+        hosts.in_host(host, f"umount {small}")
+        shutil.rmtree(cache, ignore_errors=True)  # the same file system: not through the host
+        report = hosts.check_clean()
+        assert not report, report
+
+
+@pytest.mark.timeout(60)
+def test_a_host_sharing_our_files_is_left_alone(ssh_hosts, tmp_path):
+    job = SSHJob(python_exe=sys.executable, ssh_args=ssh_hosts.ssh_args, sync_env=str(tmp_path / "cache"))
+    job.add_mesh("workers", ssh_hosts.hosts)
+    try:
+        procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+        procs.stop().get(timeout=30)
+        assert all(e.shared and e.bytes_sent == 0 and e.python == sys.executable and e.pythonpath
+                   for e in job.env_syncs.values())
+        assert not os.path.exists(tmp_path / "cache")
+    finally:
+        job.kill()
+
+
+@pytest.mark.timeout(60)
+def test_another_python_is_a_clear_error(ssh_hosts, tmp_path):
+    host = ssh_hosts.hosts[0]
+    other = "/root/.pyenv/versions/3.10.13/bin/python3"
+    if not os.path.exists(other) or sys.version_info[:2] == (3, 10):
+        pytest.skip(f"needs {other}, a Python of another minor version")
+    job = SSHJob(python_exe=other, ssh_args=ssh_hosts.ssh_args, sync_env=True)
+    job.add_mesh("m", [host])
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    with pytest.raises(EnvSyncError, match=rf"the Python on {host} .* is 3\.10, this controller's is {mine}.*"
+                                           rf"pass python_exe= a Python {mine}"):
+        job.state()
