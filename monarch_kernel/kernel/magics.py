@@ -222,8 +222,9 @@ class MeshMagics(Magics):
     def _cmd_stacks(self, a):
         procs, _consoles = self.session.get()
         ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
-        return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
-                            method="py-spy" if a.py_spy else "auto")
+        report = procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
+                              method="py-spy" if a.py_spy else "auto")
+        return report.name_frames(self.session.cells.frame)
 
     def _cmd_top(self, a):
         if a.interval <= 0 or a.count < 0:
@@ -252,7 +253,10 @@ class MeshMagics(Magics):
         from ..spmd.controller.collectives import collectives
 
         procs, _consoles = self.session.get()
-        return collectives(procs)
+        report = collectives(procs)
+        if report.stacks is not None:
+            report.stacks.name_frames(self.session.cells.frame)
+        return report
 
     def _cmd_watchdog(self, a):
         if a.seconds == "off":

@@ -11,6 +11,7 @@ from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug.controller.pdb_controller import PdbHub
 from ..runtime.process import Runtime
+from .cell_names import CellNames
 from .jobs import KernelJobs
 from .metrics import RankMetrics
 from .output import CollapsingSink
@@ -33,6 +34,7 @@ class MeshSession:
         self.live = None  # the %mesh status widget that is refreshing, if any
         self.hosts: dict = {}  # name -> MeshHost ActorMesh, for detached meshes
         self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
+        self.cells = CellNames(shell)  # cells named as tracebacks name them (stacks of ranks)
         self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
         self.jobs = KernelJobs()  # ssh and slurm jobs started by %mesh spawn --job
         rt = Runtime.current()
@@ -110,7 +112,9 @@ class MeshSession:
             from ipykernel.compiler import get_file_name
         except ImportError:  # IPython without ipykernel: no debugger to agree with
             return raw, f"<mesh-cell-{abs(hash(raw)):x}>", raw.count("\n", 0, start)
-        return raw, get_file_name(raw), raw.count("\n", 0, start)
+        filename = get_file_name(raw)
+        self.cells.remember(filename, raw)
+        return raw, filename, raw.count("\n", 0, start)
 
     def restart(self, name: str, ranks: list[int] | None = None):
         """Replace the dead and not-responding ranks (or ``ranks``) of mesh ``name``, each
