@@ -159,16 +159,9 @@ class MeshMagics(Magics):
             print(line)
 
     def _cmd_tensors(self, _a):
-        from ..actor.tensor_engine import live_tensors
+        from .tensor_listing import tensor_lines
 
-        rows = live_tensors()
-        if not rows:
-            print("no distributed tensors; make some inside  with procs.activate():")
-        for mesh, tensors in rows.items():
-            total = sum(t["bytes"] for t in tensors)
-            print(f"{mesh}: {len(tensors)} tensors, {total:,} bytes per rank")
-            for t in tensors:
-                print(f"  {t['shape']} {t['dtype']} on {t['device']}: {t['bytes']:,} bytes per rank")
+        print("\n".join(tensor_lines(self.shell.user_ns)))
 
     def _cmd_use(self, a):
         self.session.get(a.name)
