@@ -31,7 +31,7 @@ class MeshSession:
         self.meshes: dict[str, tuple] = {}  # name -> (ProcMesh, console ActorMesh)
         self.current: str | None = None
         self.auto = False
-        self.live = None  # the %mesh status widget that is refreshing, if any
+        self.live: dict = {}  # mesh name -> its %mesh status widget, refreshing until the mesh stops
         self.hosts: dict = {}  # name -> MeshHost ActorMesh, for detached meshes
         self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
         self.cells = CellNames(shell)  # cells named as tracebacks name them (stacks of ranks)
@@ -72,8 +72,9 @@ class MeshSession:
         self.panel.close()
         self.pdb.close()
         self.jobs.close()
-        if self.live is not None:
-            self.live.close()
+        for live in self.live.values():
+            live.close()
+        self.live = {}
         self.sink.close()
 
     def add(self, procs, consoles, host=None) -> None:
@@ -84,10 +85,14 @@ class MeshSession:
         self.current = procs.name
 
     def remove(self, name: str) -> None:
+        """Mesh ``name`` stopped (or its job went): its status widget says so, once."""
         self.meshes.pop(name, None)
         self.hosts.pop(name, None)
         if self.current == name:
             self.current = next(iter(self.meshes), None)
+        live = self.live.pop(name, None)
+        if live is not None:
+            live.refresh()  # its last word: every rank stopped
 
     def run_in_cell(self, fn) -> None:
         """Run ``fn`` in the running cell's context (the last cell's between cells), so what it
