@@ -93,8 +93,9 @@ class Attached:
         if me["notebook"] and b.get("notebook") == me["notebook"]:
             return f"{said}, as this notebook's earlier kernel had it"
         if b.get("running"):
-            other = f"kernel {b['kernel_id']} (pid {b['pid']})" if b.get("kernel_id") else f"the kernel of pid {b['pid']}"
-            return f"{said}; it was attached to another kernel, {other}, which no longer gets its output"
+            other = f"kernel {b['kernel_id']} " if b.get("kernel_id") else "the kernel "
+            return (f"{said}; it was attached to another kernel, {other}(pid {b['pid']}), "
+                    "which no longer gets its output")
         return said
 
 
