@@ -60,3 +60,21 @@ def test_a_very_long_line_arrives_whole_in_pieces_without_blocking_print(mesh_kc
     assert "".join(xs) == "x" * n
     assert len(xs) >= 5 and max(map(len, xs)) <= 2 << 20, "the line was held and sent whole"
     assert blocked < 0.5, f"print of a 10 MB line blocked the rank for {blocked} s"
+
+
+def test_a_ranks_log_records_show_as_a_plain_kernels_would(mesh_kc):
+    """WARNING and up, the message alone (Python's last resort), with no prefix of ours: a
+    library's INFO records (matplotlib's font manager) stay out of the cell, and out of the
+    rank's last line, which is the last line it printed."""
+    out, reply = run(mesh_kc, "%%mesh\nimport logging, time\nlog = logging.getLogger('some.library')\n"
+                              "log.warning('disk almost full')\ntime.sleep(0.3)\nprint('working', flush=True)\n"
+                              "log.info('font cache built')\nlogging.info('root info')\ntime.sleep(0.3)")
+    assert reply["status"] == "ok", text(out)
+    t = text(out)
+    warned = [o for o in out if "disk almost full" in o.text]
+    assert "[ranks 0-1] disk almost full\n" in t and all(o.name == "stderr" for o in warned), t
+    assert "font cache built" not in t and "root info" not in t, t
+    assert "actor=" not in t and "WARNING" not in t, t
+    out, reply = run(mesh_kc, "%mesh status")
+    rows = [line for line in text(out).splitlines() if line.startswith("  rank ")]
+    assert len(rows) == 2 and all(row.endswith("| working") for row in rows), text(out)

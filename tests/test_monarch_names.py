@@ -118,7 +118,7 @@ class Worker(Actor):
     def log(self, text: str) -> None:
         self.logger.info("own logger: %s", text)
         logging.getLogger("some.library").warning("library: %s", text)
-        self.logger.debug("debug: %s", text)  # below INFO: never forwarded by default
+        self.logger.debug("debug: %s", text)  # below WARNING: not forwarded by default
 
 
 class Spawner(Actor):
@@ -361,13 +361,14 @@ def test_logging_option_is_a_coroutine_and_sets_the_forwarded_level(tmp_path):
     assert done.returncode == 0, err
     assert "refused: Invalid logging level: 1000" in done.stdout
     for rank in (0, 1):
-        assert f"[actor=Worker 'workers' rank {rank}] INFO Worker: own logger: default" in err, err
-        assert f"[actor=Worker 'workers' rank {rank}] WARNING some.library: library: default" in err, err
-        assert f"[actor=Worker 'workers' rank {rank}] DEBUG Worker: debug: at-debug" in err, err
-        # Monarch's prefix on what the actor's own handlers write, under the controller's label.
+        # Before logging_option: as on a plain Python, WARNING and up, the message alone.
+        assert f"[rank {rank}] library: default\n" in err, err
+        # Streamed (logging_option): at the level asked, with Monarch's prefix, under the controller's label.
         prefix = f"[rank {rank}] [actor=<root>.<test_monarch_names.Worker workers{{'gpus': {rank}/2}}>]"
-        assert f"{prefix} through its own handler" in done.stdout, done.stdout
-    assert "debug: default" not in err
+        assert f"{prefix} INFO Worker: own logger: at-debug" in err, err
+        assert f"{prefix} DEBUG Worker: debug: at-debug" in err, err
+        assert f"{prefix} through its own handler" in done.stdout, done.stdout  # the actor's own handler too
+    assert "own logger: default" not in err and "debug: default" not in err  # INFO, DEBUG: not by default
     assert "at-error" not in err and "not-streamed" not in err
 
 

@@ -184,3 +184,25 @@ def test_a_torch_without_its_recorder_is_recorded_in_python():
     assert (g["last_enqueued"], g["last_completed"]) == (2, 2)
     assert [(e["op"], e["sizes"], e["dtype"]) for e in g["entries"]] == [("all_reduce", [[3]], "float32"),
                                                                           ("broadcast", [[2]], "int64")]
+
+
+def test_stacks_name_a_notebook_cell_as_tracebacks_do(kc):
+    """``cell [5], line 4: time.sleep(20)``, IPython's ``Cell In[5], line 4`` with the line
+    quoted, where the stacks used to say ``<module> (4060393333.py:4)``: in a function the
+    cell defined, and in the cell itself while it runs (the watchdog's stacks)."""
+    from _kernels import run, text
+
+    run(kc, "procs = %mesh spawn -n 2")
+    out, reply = run(kc, "%%mesh --ranks 1\nimport threading, time\ndef stuck_in_load():\n    time.sleep(600)\n"
+                         "threading.Thread(target=stuck_in_load, name='loader', daemon=True).start()")
+    assert reply["status"] == "ok", text(out)
+    defined = reply["execution_count"]
+    out, reply = run(kc, "%mesh stacks")
+    t = text(out)
+    assert f"[rank 1] stuck_in_load (cell [{defined}], line 4: time.sleep(600))" in t, t
+    assert ".py:4)" not in t, t  # no hashed cell file name
+    run(kc, "%mesh watchdog 2")
+    out, reply = run(kc, "%%mesh --ranks 0\nimport time\ntime.sleep(8)")
+    assert reply["status"] == "ok", text(out)
+    t = text(out)
+    assert f"[rank 0] cell [{reply['execution_count']}], line 3: time.sleep(8)" in t, t

@@ -377,7 +377,9 @@ export class MeshPanel extends Widget {
         h('td', { class: 'mk-Detached-name' }, m.name),
         h('td', {}, `${m.ranks} ranks`),
         h('td', {}, m.hosts.join(', ')),
-        h('td', {}, m.state === 'running' ? (m.kernel ? 'attached to another kernel' : 'running') : 'gone'),
+        // A restart keeps the kernel's id: the notebook's own restarted kernel is not another one.
+        h('td', {}, m.state !== 'running' ? 'gone'
+          : !m.kernel ? 'running' : m.kernel === kernelId ? 'attached to this notebook' : 'attached to another kernel'),
         h('td', { title: `host pid ${m.host_pid}` }, formatStarted(m.started)),
         h(
           'td',

@@ -46,7 +46,8 @@ class Actor:
     @functools.cached_property
     def logger(self) -> logging.Logger:
         """A logger named after the actor's class, open to every level (as Monarch's); on a
-        rank its records at INFO and up reach the controller, prefixed with actor and rank."""
+        rank its records reach the controller as any logger's do: WARNING and up, or the
+        level ``procs.logging_option(level=...)`` sets, with Monarch's ``[actor=...]``."""
         lgr = logging.getLogger(type(self).__name__)
         lgr.setLevel(logging.DEBUG)
         return lgr

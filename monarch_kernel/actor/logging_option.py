@@ -1,8 +1,10 @@
 """``ProcMesh.logging_option``: which of the ranks' log records reach the controller.
 
-Ranks' stdout and stderr always stream to the controller; what this sets is the level of
-the rank's log handler (``runtime/rank_logging.py``), through one small actor per mesh
-handle, spawned the first time it is asked.
+Ranks' stdout and stderr always stream to the controller, and a rank's log records reach it
+as on a plain Python (WARNING and up, the message alone); what this sets is the level of the
+rank's log handler and Monarch's ``[actor=...]`` prefix on records made in actors
+(``runtime/rank_logging.py``), through one small actor per mesh handle, spawned the first
+time it is asked.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ class LogControl(Actor):
 
     @endpoint
     def set_level(self, level: int | None) -> None:
-        rank_logging.set_level(level)
-        rank_logging.prefix_records(level is not None)  # Monarch's [actor=...] on the actors' records
+        rank_logging.stream(level)  # and Monarch's [actor=...] on the actors' records
 
 
 _controls: weakref.WeakKeyDictionary[ProcMesh, ActorMesh] = weakref.WeakKeyDictionary()

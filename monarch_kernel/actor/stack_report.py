@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import os
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .ranks import rank_label
@@ -104,12 +105,18 @@ class StackGroup:
         return rank_label(self.ranks)
 
 
+#: How a frame is shown, when the caller knows better than its file name (the kernel names a
+#: notebook cell ``cell [5], line 4: ...``); None: as ``str(frame)``.
+FrameNamer = Callable[[Frame], "str | None"]
+
+
 class StackReport:
     """The grouped stacks of ``mesh``'s selected ranks (``groups``, odd ones first)."""
 
     def __init__(self, mesh: str, stacks: list[RankStack], *, all_threads: bool = False,
                  runtime_frames: bool = False):
         self.mesh = mesh
+        self.frame_namer: FrameNamer | None = None
         self.stacks = sorted(stacks, key=lambda s: s.rank)
         self.all_threads = all_threads
         self.runtime_frames = runtime_frames
@@ -122,6 +129,16 @@ class StackReport:
                 groups[k] = StackGroup([s.rank], s)
         # The majority last; the smallest (the odd ones out) first; of groups as large, idle ones later.
         self.groups = sorted(groups.values(), key=lambda g: (len(g.ranks), self._idle(g), g.ranks[0]))
+
+    def name_frames(self, namer: FrameNamer | None) -> StackReport:
+        """Show frames through ``namer`` (its None: the frame as it is); returns the report."""
+        self.frame_namer = namer
+        return self
+
+    def frame_text(self, f: Frame) -> str:
+        """How frame ``f`` is shown."""
+        named = self.frame_namer(f) if self.frame_namer is not None else None
+        return named or str(f)
 
     def _idle(self, g: StackGroup) -> bool:
         return not g.sample.error and not any(frames for _name, frames in self._threads(g))
@@ -151,7 +168,7 @@ class StackReport:
                 lines.append(f"{g.label()} idle: no user code running")
                 continue
             name, frames = threads[0]
-            chain = " ← ".join(str(f) for f in frames[:4]) + (" ← …" if len(frames) > 4 else "")
+            chain = " ← ".join(self.frame_text(f) for f in frames[:4]) + (" ← …" if len(frames) > 4 else "")
             more = f"  (+{len(threads) - 1} more threads)" if len(threads) > 1 else ""
             lines.append(f"{g.label()} {chain}{more}")
         return lines
@@ -167,7 +184,7 @@ class StackReport:
             out.append(f"{g.label()}")
             for name, frames in self._threads(g):
                 out.append(f"  thread {name}:")
-                out.extend(f"    {f}" for f in frames)
+                out.extend(f"    {self.frame_text(f)}" for f in frames)
                 if not frames:
                     out.append("    (only monarch_kernel frames)")
         return "\n".join(out).rstrip()
@@ -180,7 +197,7 @@ class StackReport:
             else:
                 blocks = []
                 for name, frames in self._threads(g):
-                    items = "".join(f"<li><code>{html.escape(str(f))}</code></li>" for f in frames)
+                    items = "".join(f"<li><code>{html.escape(self.frame_text(f))}</code></li>" for f in frames)
                     blocks.append(f"<b>{html.escape(name)}</b><ol style='margin:0'>{items or '<li>idle</li>'}</ol>")
                 body = "".join(blocks) or "<i>idle: no user code running</i>"
             odd = " style='background:#fff3cd'" if len(self.groups) > 1 and g is not self.groups[-1] else ""

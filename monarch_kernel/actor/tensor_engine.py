@@ -188,6 +188,25 @@ def live_tensors() -> dict[str, list[dict]]:
     return out
 
 
+def live_handles() -> dict[str, list]:
+    """``{mesh name: [handle, ...]}``: the live distributed tensors themselves, for a caller
+    that tells them apart (``%mesh tensors`` names each by the notebook variable holding it);
+    ``describe(handle)`` gives a row of ``live_tensors``."""
+    out: dict[str, list] = {}
+    for client in list(_CLIENTS.values()):
+        handles = client.live()
+        if handles:
+            out[client.name] = handles
+    return out
+
+
+def describe(handle) -> dict:
+    """``{shape, dtype, device, bytes}`` of one distributed tensor (bytes: each rank's)."""
+    from ..tensors.controller.client import describe as describe_handle
+
+    return describe_handle(handle)
+
+
 def tensor_totals(mesh_id: str) -> tuple[int, int]:
     """``(count, bytes per rank)`` of the live distributed tensors of proc mesh ``mesh_id``
     (the Mesh panel); ``(0, 0)`` before its first ``activate()``."""

@@ -31,17 +31,27 @@ class MeshHost(Actor):
     def __init__(self):
         self.port = None
         self.kernel_pid = None
+        self.holder: dict | None = None  # the kernel attached last: its ids, pid and start time
         self.procs = None  # set by main(): the mesh, its consoles, and what ends the host
         self.consoles = None
         self.job = None  # the job whose hosts the ranks run on, if any
         self.done = threading.Event()
 
     @endpoint
-    def attach(self, port, kernel_pid: int) -> None:
+    def attach(self, port, kernel_pid: int, kernel: dict | None = None) -> dict | None:
+        """The kernel of process ``kernel_pid`` gets the output and deaths from now on;
+        ``kernel``: its Jupyter ids (``kernel_id``, ``notebook``).  Returns the kernel that
+        had the mesh before (those ids, ``pid``, and whether it still ``running``), or None."""
         if self.port is not None and self.port.address != port.address:
             rt = Runtime.current()
             rt.transport.forget(rt.network.reach(rt.address, self.port.address))
+        before = self.holder
+        if before is not None:
+            now = records.start_time(before["pid"])
+            before = {**before, "running": now is not None and now == before["start"]}
         self.port, self.kernel_pid = port, kernel_pid
+        self.holder = {**(kernel or {}), "pid": kernel_pid, "start": records.start_time(kernel_pid)}
+        return before
 
     def forward(self, message: tuple) -> None:
         """Send an output line or a death to the attached kernel, if it is still there."""

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from IPython.core.error import UsageError
 
@@ -24,6 +25,7 @@ from ..runtime import config
 from ..runtime.curve import CurveKeys
 from ..runtime.failure import DeathInfo
 from ..runtime.process import Runtime
+from .panel_detached import kernel_id
 
 START_TIMEOUT_S = config.seconds("detached_start_timeout")
 
@@ -67,10 +69,45 @@ def spawn(session, name: str, n: int, env: dict, job: dict | None = None):
             proc.kill()
             raise TimeoutError(f"timed out after {START_TIMEOUT_S:g} s waiting for detached mesh {name!r} to start")
         time.sleep(0.05)
-    return attach(session, name)
+    return attach(session, name).procs
 
 
-def attach(session, name: str) -> ProcMesh:
+def this_kernel() -> dict:
+    """What names this kernel to a detached mesh's host, so that a restarted kernel of the
+    same notebook is known as such: Jupyter's kernel id (kept across a restart; the name of
+    its connection file) and the notebook's path (``JPY_SESSION_NAME``, which Jupyter Server
+    gives a notebook's kernels); "" where there is none."""
+    return {"kernel_id": kernel_id(), "notebook": os.environ.get("JPY_SESSION_NAME", "")}
+
+
+@dataclass
+class Attached:
+    """A detached mesh this kernel attached, and the kernel that had it before (or None)."""
+
+    procs: ProcMesh
+    before: dict | None
+
+    def line(self) -> str:
+        """What ``%mesh attach`` says it did, in one line."""
+        n = len(self.procs)
+        said = f"attached detached mesh {self.procs.name!r}: {n} rank{'s' if n != 1 else ''}"
+        b, me = self.before, this_kernel()
+        if b is None:
+            return said
+        if b.get("pid") == os.getpid():
+            return f"{said} (again)"
+        if me["kernel_id"] and b.get("kernel_id") == me["kernel_id"]:
+            return f"{said}, as this notebook's kernel had it before its restart"
+        if me["notebook"] and b.get("notebook") == me["notebook"]:
+            return f"{said}, as this notebook's earlier kernel had it"
+        if b.get("running"):
+            other = f"kernel {b['kernel_id']} " if b.get("kernel_id") else "the kernel "
+            return (f"{said}; it was attached to another kernel, {other}(pid {b['pid']}), "
+                    "which no longer gets its output")
+        return said
+
+
+def attach(session, name: str) -> Attached:
     record = records.read(name)
     if record is None:
         raise UsageError(f"no detached mesh named {name!r} (looked for {records.info_path(name)}); start one with "
@@ -103,13 +140,13 @@ def attach(session, name: str) -> ProcMesh:
             rt.rank_died(*message[1:])
 
     port_id = rt.ports.open(forwarded, once=False)
-    host.attach.call_one(Port(rt.port_address, port_id), os.getpid()).get(timeout=30)
+    before = host.attach.call_one(Port(rt.port_address, port_id), os.getpid(), this_kernel()).get(timeout=30)
     for row in host.status.call_one().get(timeout=30):
         if row["death"]:  # it died while no kernel was attached
             rt.rank_died(ref.id, row["rank"], DeathInfo(ref.name, row["rank"], row["pid"] or 0, row["host"], None, None,
                                                        [f"(died while detached: {row['death']})"]))
     session.add(procs, consoles, host=host)
-    return procs
+    return Attached(procs, before)
 
 
 def stop(name: str, host) -> bool:

@@ -118,6 +118,8 @@ class MeshMagics(Magics):
         if a.detach:
             job_spec = s.jobs.make(a).spec() if a.job else None  # the mesh's host process starts it
             procs = detached.spawn(s, a.detach, a.n, env, job_spec)
+            print(f"mesh {procs.name}: {n_ranks(len(procs))}, detached: they outlive this kernel "
+                  f"(%mesh attach {procs.name} reconnects after a restart)")
         elif a.job or a.attach:
             job_name, job = s.jobs.open(a)
             hosts = s.jobs.host_mesh(job)
@@ -137,16 +139,18 @@ class MeshMagics(Magics):
             consoles = procs.spawn("console", Console)
             consoles.initialized().get(timeout=spawn_wait(len(procs)))  # the notebook needs its consoles up
             s.add(procs, consoles)
+            print(f"mesh {procs.name}: {n_ranks(len(procs))} on this host")
         s.pdb.tell_ranks(procs.name)
         return procs
 
     def _cmd_attach(self, a):
         if a.name in self.session.meshes:
             raise UsageError(f"mesh {a.name!r} is already attached; %mesh use {a.name} makes it current")
-        procs = detached.attach(self.session, a.name)
+        attached = detached.attach(self.session, a.name)
         # Ranks report pdb stops to this kernel now; sessions left by the old one run on.
-        self.session.pdb.tell_ranks(procs.name)
-        return procs
+        self.session.pdb.tell_ranks(attached.procs.name)
+        print(attached.line())
+        return attached.procs
 
     def _cmd_list(self, _a):
         s = self.session
@@ -161,20 +165,14 @@ class MeshMagics(Magics):
             print(line)
 
     def _cmd_tensors(self, _a):
-        from ..actor.tensor_engine import live_tensors
+        from .tensor_listing import tensor_lines
 
-        rows = live_tensors()
-        if not rows:
-            print("no distributed tensors; make some inside  with procs.activate():")
-        for mesh, tensors in rows.items():
-            total = sum(t["bytes"] for t in tensors)
-            print(f"{mesh}: {len(tensors)} tensors, {total:,} bytes per rank")
-            for t in tensors:
-                print(f"  {t['shape']} {t['dtype']} on {t['device']}: {t['bytes']:,} bytes per rank")
+        print("\n".join(tensor_lines(self.shell.user_ns)))
 
     def _cmd_use(self, a):
-        self.session.get(a.name)
+        procs, _c = self.session.get(a.name)
         self.session.current = a.name
+        print(f"mesh {a.name} is current: %%mesh cells run on its {n_ranks(len(procs))}")
 
     def _cmd_stop(self, a):
         s = self.session
@@ -182,10 +180,13 @@ class MeshMagics(Magics):
         proxy.forget_mesh(self.shell, procs.name)
         host = s.hosts.get(procs.name)
         if host is not None:
-            if not detached.stop(procs.name, host):
+            if detached.stop(procs.name, host):
+                print(f"stopped detached mesh {procs.name!r}: its {n_ranks(len(procs))} and its host process ended")
+            else:
                 print(f"detached mesh {procs.name!r} was already gone: its host process is no longer running")
         else:
             procs.stop().get(timeout=30)
+            print(f"stopped mesh {procs.name}: its {n_ranks(len(procs))} ended")
         s.remove(procs.name)
         job = s.jobs.meshes.pop(procs.name, None)
         if job is not None and job not in s.jobs.meshes.values():
@@ -212,20 +213,26 @@ class MeshMagics(Magics):
                              full=a.all))
         if host is not None:
             return None
+        live = s.live.get(procs.name)
+        if live is not None and live.full == a.all and not live.final:
+            display(live.widget)  # the same widget once more: every view of it stays live
+            return None
         try:
             live = status.LiveStatus(s, full=a.all)
         except ImportError:  # no ipywidgets: the text table is all there is
             return None
-        if s.live is not None:
-            s.live.close()
-        s.live = live
+        old = s.live.pop(procs.name, None)
+        if old is not None:
+            old.close(note="not updated: a newer %mesh status is")
+        s.live[procs.name] = live
         display(live.widget)
 
     def _cmd_stacks(self, a):
         procs, _consoles = self.session.get()
         ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
-        return procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
-                            method="py-spy" if a.py_spy else "auto")
+        report = procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
+                              method="py-spy" if a.py_spy else "auto")
+        return report.name_frames(self.session.cells.frame)
 
     def _cmd_top(self, a):
         if a.interval <= 0 or a.count < 0:
@@ -254,7 +261,10 @@ class MeshMagics(Magics):
         from ..spmd.controller.collectives import collectives
 
         procs, _consoles = self.session.get()
-        return collectives(procs)
+        report = collectives(procs)
+        if report.stacks is not None:
+            report.stacks.name_frames(self.session.cells.frame)
+        return report
 
     def _cmd_watchdog(self, a):
         if a.seconds == "off":
@@ -308,13 +318,15 @@ class MeshMagics(Magics):
               f"in {time.monotonic() - started:.1f} s")
 
     def _cmd_auto(self, a):
-        self.session.get()
+        procs, _c = self.session.get()
         self.session.auto = a.state == "on"
         transformers = self.shell.input_transformers_cleanup  # before %% magics are parsed
         if self.session.auto and _auto_transform not in transformers:
             transformers.append(_auto_transform)
         elif not self.session.auto and _auto_transform in transformers:
             transformers.remove(_auto_transform)
+        print(f"auto on: every cell runs on mesh {procs.name} (%mesh lines stay here; %mesh auto off ends it)"
+              if self.session.auto else "auto off: cells run here again")
 
     def _cmd_debug(self, words):
         proxy.command(self.session, self.shell, words)
@@ -329,8 +341,9 @@ class MeshMagics(Magics):
             if not eq or not name.isidentifier():
                 raise UsageError(f"%mesh push {pair!r}: write name=expr, e.g. %mesh push lr=0.1")
             values[name] = self.shell.ev(expr) if expr else None
-        _procs, consoles = self.session.get()
+        procs, consoles = self.session.get()
         consoles.push.call(values).get(timeout=60)
+        print(f"pushed {', '.join(values)} to {rank_label(list(range(len(procs))), brackets=False)}")
 
     def _cmd_pull(self, a):
         if not a.name.isidentifier():
@@ -350,12 +363,18 @@ class MeshMagics(Magics):
         futs = [flat.slice(ranks=r).push.call_one({name: c}) for r, c in enumerate(chunks)]
         for f in futs:
             f.get(timeout=60)
+        print(f"scattered {name}: one piece to each of {rank_label(list(range(len(chunks))), brackets=False)}")
 
     def _cmd_gather(self, a):
         if not a.name.isidentifier():
             raise UsageError("type  %mesh gather name")
         _procs, consoles = self.session.get()
         return join_along_ranks(list(consoles.pull.call(a.name).get(timeout=60).values()))
+
+
+def n_ranks(n: int) -> str:
+    """``1 rank``, ``4 ranks``."""
+    return f"{n} rank{'s' if n != 1 else ''}"
 
 
 def _asks_help(words: list[str]) -> bool:

@@ -198,7 +198,8 @@ class CollapsingSink:
                 self._synced.setdefault(line[len(SYNC):], set()).add((mesh, rank, stream))
                 self._cv.notify_all()
             return
-        self.last_lines[(mesh, rank)] = line
+        if line.strip():  # the last line the rank printed that says something (status, the panel)
+            self.last_lines[(mesh, rank)] = line
         for watch in self.watchers:
             watch(mesh, rank, stream, line)
         with self._cv:

@@ -276,7 +276,7 @@ class PanelFeed:
         panel's comm has its own thread, and py-spy reads the ranks from outside."""
         procs, _consoles = self._procs(req)
         ranks = [req.rank] if req.rank is not None else req.ranks
-        report = procs.stacks(ranks)
+        report = procs.stacks(ranks).name_frames(self.session.cells.frame)
         odd = report.odd_ranks()
         return (f"stacks of {procs.name}: {len(report.groups)} group{'s' if len(report.groups) != 1 else ''}"
                 + (f", {rank_label(odd, brackets=False)} differ{'s' if len(odd) == 1 else ''} from the rest"

@@ -11,6 +11,7 @@ from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug.controller.pdb_controller import PdbHub
 from ..runtime.process import Runtime
+from .cell_names import CellNames
 from .jobs import KernelJobs
 from .metrics import RankMetrics
 from .output import CollapsingSink
@@ -32,9 +33,10 @@ class MeshSession:
         self.meshes: dict[str, tuple] = {}  # name -> (ProcMesh, console ActorMesh)
         self.current: str | None = None
         self.auto = False
-        self.live = None  # the %mesh status widget that is refreshing, if any
+        self.live: dict = {}  # mesh name -> its %mesh status widget, refreshing until the mesh stops
         self.hosts: dict = {}  # name -> MeshHost ActorMesh, for detached meshes
         self.raw_cell = ""  # the running cell as typed: %%mesh compiles under its name
+        self.cells = CellNames(shell)  # cells named as tracebacks name them (stacks of ranks)
         self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
         self.jobs = KernelJobs()  # ssh and slurm jobs started by %mesh spawn --job
         rt = Runtime.current()
@@ -72,8 +74,9 @@ class MeshSession:
         self.panel.close()
         self.pdb.close()
         self.jobs.close()
-        if self.live is not None:
-            self.live.close()
+        for live in self.live.values():
+            live.close()
+        self.live = {}
         self.sink.close()
 
     def add(self, procs, consoles, host=None) -> None:
@@ -84,10 +87,14 @@ class MeshSession:
         self.current = procs.name
 
     def remove(self, name: str) -> None:
+        """Mesh ``name`` stopped (or its job went): its status widget says so, once."""
         self.meshes.pop(name, None)
         self.hosts.pop(name, None)
         if self.current == name:
             self.current = next(iter(self.meshes), None)
+        live = self.live.pop(name, None)
+        if live is not None:
+            live.refresh()  # its last word: every rank stopped
 
     def run_in_cell(self, fn) -> None:
         """Run ``fn`` in the running cell's context (the last cell's between cells), so what it
@@ -112,7 +119,9 @@ class MeshSession:
             from ipykernel.compiler import get_file_name
         except ImportError:  # IPython without ipykernel: no debugger to agree with
             return raw, f"<mesh-cell-{abs(hash(raw)):x}>", raw.count("\n", 0, start)
-        return raw, get_file_name(raw), raw.count("\n", 0, start)
+        filename = get_file_name(raw)
+        self.cells.remember(filename, raw)
+        return raw, filename, raw.count("\n", 0, start)
 
     def restart(self, name: str, ranks: list[int] | None = None):
         """Replace the dead and not-responding ranks (or ``ranks``) of mesh ``name``, each

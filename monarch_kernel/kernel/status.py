@@ -82,13 +82,15 @@ def as_text(name: str, rows: list[dict], detached: bool = False, full: bool = Fa
     return "\n".join(out)
 
 
-def as_html(name: str, rows: list[dict], full: bool = False) -> str:
-    colour = {"idle": "#2e7d32", "busy": "#f9a825"}
+def as_html(name: str, rows: list[dict], full: bool = False, note: str = "") -> str:
+    colour = {"idle": "#2e7d32", "busy": "#f9a825", "stopped": "#757575"}
     shown = notable(rows, full)
     summary = ""
     if shown is not rows:
         summary = (" &middot; " + ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(counts(rows).items()))
                    + f" &middot; {len(shown)} not idle shown (<code>%mesh status --all</code>: every rank)")
+    if note:
+        summary += f" &middot; {html.escape(note)}"
     rows = shown
     cells = "".join(
         f"<tr><td>{row['rank']}</td><td>{html.escape(str(row['host']))}</td><td>{row['pid']}</td>"
@@ -100,32 +102,64 @@ def as_html(name: str, rows: list[dict], full: bool = False) -> str:
             f"<th>state</th><th>memory</th><th>last line</th></tr>{cells}</table>")
 
 
+def stopped(rows: list[dict]) -> list[dict]:
+    """The rows of a mesh that has stopped: every rank "stopped" (the dead stay dead), no
+    memory, the last line kept."""
+    return [{**row, "state": row["state"] if row["state"].startswith("dead") else "stopped", "rss": ""}
+            for row in rows]
+
+
 class LiveStatus:
-    """A widget that refreshes itself every second from a background thread."""
+    """A widget that shows one mesh, refreshed every second from a background thread, until
+    the mesh stops: then its last word is that every rank stopped, and it is not refreshed again."""
 
     def __init__(self, session, full: bool = False):
         import ipywidgets
 
         self.session = session
         self.full = full
+        self.procs, _consoles = session.get()
+        self.name = self.procs.name
         self.widget = ipywidgets.HTML()
+        self.rows: list[dict] = []
+        self.final = False
+        self._lock = threading.Lock()  # one refresh at a time: the thread's, or the kernel's at a stop
         self._stop = threading.Event()
         self.refresh()
         threading.Thread(target=self._loop, name="mesh-status", daemon=True).start()
 
+    def _gone(self) -> bool:
+        got = self.session.meshes.get(self.name)
+        return got is None or got[0] is not self.procs or self.procs.stopped
+
     def refresh(self) -> bool:
-        try:
-            procs, consoles = self.session.get()
-        except Exception:
+        """Show the mesh now; False once it has stopped (its final state is shown)."""
+        with self._lock:
+            if self.final:
+                return False
+            if not self._gone():
+                try:
+                    self.rows = snapshot(self.procs, self.session.sink.last_lines,
+                                         self.session.hosts.get(self.name))
+                except Exception:  # noqa: BLE001  (a mesh mid-stop: the next look says so)
+                    return not self._gone()
+                self.widget.value = as_html(self.name, self.rows, self.full)
+                return True
+            self.final = True
+            self._stop.set()
+            self.widget.value = as_html(self.name, stopped(self.rows), self.full, note="stopped")
             return False
-        self.widget.value = as_html(procs.name, snapshot(procs, self.session.sink.last_lines,
-                                                         self.session.hosts.get(procs.name)), self.full)
-        return not procs.stopped
 
     def _loop(self) -> None:
         while not self._stop.wait(REFRESH_S):
             if not self.refresh():
                 return
 
-    def close(self) -> None:
+    def close(self, note: str = "") -> None:
+        """Stop refreshing; ``note`` (why) is then the widget's last word."""
         self._stop.set()
+        if note:
+            with self._lock:
+                if not self.final:
+                    self.final = True
+                    self.widget.value = as_html(self.name, self.rows, self.full, note=note)

@@ -62,7 +62,7 @@ class Watchdog:
             if not rt.busy_ranks(procs.ref.id):
                 continue
             try:
-                report = procs.stacks()
+                report = procs.stacks().name_frames(self.session.cells.frame)
             except Exception as e:  # noqa: BLE001 - a mesh mid-stop: nothing to show
                 log.warning("monarch_kernel: the watchdog could not read the stacks of %s: %s", name, e)
                 continue

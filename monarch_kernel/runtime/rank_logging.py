@@ -1,10 +1,13 @@
-"""Log records of a rank's actors, written to its stderr (which streams to the controller)
-with the actor and rank they came from: ``[actor=Trainer 'trainers' rank 1] INFO ...``.
+"""Log records on a rank reach its stderr (which streams to the controller, into the cell) as
+a user's own loggers' records would on a plain Python: WARNING and above, the message alone.
 
 Installed by the rank entry point, never at import.  It is logging's handler of last resort,
 so a rank whose code configures logging itself (``basicConfig``, its own handlers) keeps
-exactly that configuration and never sees a record twice.  Once ``logging_option`` asks
-to stream (``prefix_records``), records made inside an actor also carry Monarch's
+exactly that configuration and never sees a record twice; a library's INFO records
+(matplotlib's font manager) stay out of the notebook, and no prefix of ours is added.
+
+``ProcMesh.logging_option(stream_to_client=True, level=...)`` (``stream``) forwards records
+at that level and up, and records made inside an actor then carry Monarch's
 ``[actor=<root>.<mod.Cls name{point}>]`` prefix, whichever handler writes them.
 """
 
@@ -13,26 +16,23 @@ from __future__ import annotations
 import logging
 import sys
 
-from .context import actor_name, actor_path, current_actor, process_mesh
+from .context import actor_path, current_actor
 
+DEFAULT_LEVEL = logging.WARNING  # Python's own last resort's
 DISABLED = logging.CRITICAL + 1  # a handler level no record reaches
 
 
-class _ActorPrefix(logging.Formatter):
-    """``[actor=<class> '<name>' rank <r>] LEVEL logger: message``; outside an actor the
-    prefix names the rank's mesh."""
+class _Format(logging.Formatter):
+    """The message alone, as Python's last resort writes it; while streaming
+    (``logging_option``), ``[actor=...] LEVEL logger: message``."""
 
     def format(self, record: logging.LogRecord) -> str:
-        if hasattr(record, "actor_prefix"):  # this handler says where itself, its own way
+        if not _prefixing:
+            return super().format(record)
+        prefix = getattr(record, "actor_prefix", "")
+        if prefix:  # the prefix first, then the record as streamed records read
             record = logging.makeLogRecord({**record.__dict__, "msg": record.__dict__["actor_msg"]})
-        ctx = current_actor.get()
-        if ctx is not None:
-            name = actor_name(ctx.actor)
-            where = f"actor={type(ctx.instance).__qualname__} '{name}' rank {ctx.rank}"
-        else:
-            mesh, rank = process_mesh
-            where = f"mesh '{mesh.name}' rank {rank}" if mesh is not None else "rank ?"
-        return f"[{where}] {super().format(record)}"
+        return f"{prefix}{record.levelname} {record.name}: {super().format(record)}"
 
 
 class _Stderr(logging.StreamHandler):
@@ -49,15 +49,15 @@ class _Stderr(logging.StreamHandler):
 _handler: _Stderr | None = None
 
 
-def install(level: int = logging.INFO) -> logging.Handler:
-    """Forward records at ``level`` and above to stderr (once per process); the root
-    logger is opened down to ``level`` unless the rank's code already configured it."""
+def install() -> logging.Handler:
+    """Logging's last resort on this rank (once per process): records at WARNING and above
+    that no handler of the rank's own took, the message alone, to stderr."""
     global _handler
     if _handler is None:
         _handler = _Stderr()
-        _handler.setFormatter(_ActorPrefix("%(levelname)s %(name)s: %(message)s"))
+        _handler.setFormatter(_Format("%(message)s"))
+        _handler.setLevel(DEFAULT_LEVEL)
         logging.lastResort = _handler
-    set_level(level)
     return _handler
 
 
@@ -82,20 +82,16 @@ def _prefixed_record(*args, **kwargs) -> logging.LogRecord:
     return record
 
 
-def prefix_records(on: bool) -> None:
-    """Whether records made inside actors carry Monarch's ``[actor=...]`` prefix (what
-    ``logging_option(stream_to_client=True)`` asks for)."""
+def stream(level: int | None) -> None:
+    """What ``logging_option`` asks: forward records at ``level`` and above, made inside
+    actors with Monarch's ``[actor=...]`` prefix; ``None``: forward none."""
     global _prefixing, _plain_factory
-    _prefixing = on
-    if on and _plain_factory is None:
+    handler = install()
+    handler.setLevel(DISABLED if level is None else level)
+    _prefixing = level is not None
+    if _prefixing and _plain_factory is None:
         _plain_factory = logging.getLogRecordFactory()
         logging.setLogRecordFactory(_prefixed_record)
-
-
-def set_level(level: int | None) -> None:
-    """Forward records at ``level`` and above; ``None``: forward none."""
-    handler = _handler if _handler is not None else install(logging.INFO)
-    handler.setLevel(DISABLED if level is None else level)
     root = logging.getLogger()
     if level is not None and not root.handlers and root.level > level:
         root.setLevel(level)  # else records below WARNING never reach a handler

@@ -244,15 +244,17 @@ class MeshClient:
 
     def listing(self) -> list[dict]:
         """``{shape, dtype, device, bytes}`` of each live handle (bytes: each rank's shard)."""
-        rows = []
-        for t in self.live():
-            size, _stride, _off, dtype, device, _rg = t._meta
-            n = 1
-            for s in size:
-                n *= s
-            rows.append({"shape": list(size), "dtype": str(dtype).removeprefix("torch."), "device": str(device),
-                         "bytes": n * dtype.itemsize})
-        return rows
+        return [describe(t) for t in self.live()]
+
+
+def describe(t) -> dict:
+    """``{shape, dtype, device, bytes}`` of a distributed tensor's handle (bytes: each rank's)."""
+    size, _stride, _off, dtype, device, _rg = t._meta
+    n = 1
+    for s in size:
+        n *= s
+    return {"shape": list(size), "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+            "bytes": n * dtype.itemsize}
 
 
 def encode_value(obj):
