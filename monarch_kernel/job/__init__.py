@@ -12,6 +12,7 @@ objects, one per named mesh, whose ``spawn_procs`` forks ranks on those hosts::
 
 from .job import JobState, JobTrait, LocalJob, job_from_spec, job_load
 from .slurm import SlurmJob
-from .ssh import SSHJob
+from .ssh import SSHJob, UnreachableControllerWarning
 
-__all__ = ["JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "job_from_spec", "job_load"]
+__all__ = ["JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "UnreachableControllerWarning", "job_from_spec",
+           "job_load"]

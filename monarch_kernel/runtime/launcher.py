@@ -358,6 +358,10 @@ class Launcher:
 
         self.rt.io.run(go)
 
+    def forget_host(self, link: AgentLink, why: str) -> None:
+        """Drop an agent ended before it connected (its job starts it again another way)."""
+        self.rt.io.run(lambda: (link.gone(why), self.links.pop(link.id, None)))
+
     def on_host(self, origin: str, host_id: str, msg) -> None:
         """A ``host_wire`` message from the agent of host ``host_id``."""
         link = self.links.get(host_id)
