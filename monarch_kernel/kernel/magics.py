@@ -110,8 +110,10 @@ class MeshMagics(Magics):
             raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
         env = dict(a.env)
         env.setdefault("MPLBACKEND", "Agg")  # figures are collected and shown in the cell
-        if a.job is None and (a.hosts or a.nodes or a.partition or a.account or a.ssh_args or a.python):
-            raise UsageError("--hosts, --nodes, --partition, --account, --ssh-args and --python go with --job; type  "
+        if a.job is None and (a.hosts or a.nodes or a.partition or a.account or a.ssh_args or a.python
+                              or a.out_of_cluster):
+            raise UsageError("--hosts, --nodes, --partition, --account, --ssh-args, --out-of-cluster and --python go "
+                             "with --job; type  "
                              "%mesh spawn --job ssh --hosts h1,h2 -n 2  or  %mesh spawn --job slurm --nodes 2 -n 4")
         if a.detach:
             job_spec = s.jobs.make(a).spec() if a.job else None  # the mesh's host process starts it
