@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
@@ -233,3 +234,30 @@ def _cmdline(pid: int) -> list[str]:
     with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).cmdline()
     return []
+
+
+def test_a_notebook_spawns_beyond_a_login_node(walled, checkout_python, tmp_path, kc):
+    """``%mesh spawn --job ssh`` through a real kernel: by default the compute hosts are reached
+    through ssh after the first try, and the cell says so once; ``--out-of-cluster`` takes that
+    path at once, without a word."""
+    from test_debug import Session
+
+    login, c1, c2 = walled.hosts
+    cfg = ssh_config(walled, tmp_path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"
+                                       f"Host gpu1\n  HostName {c1}\nHost gpu2\n  HostName {c2}\n")
+    s = Session(kc)
+    ssh = f"--python {checkout_python} --ssh-args '-F {cfg}'"
+    out = s.cell(f"procs = %mesh spawn --job ssh --hosts gpu1 -n 2 {ssh}")
+    assert "mesh procs: 2 ranks on job ssh0" in out, out
+    assert out.count("could not reach this controller") == 1 and "UnreachableControllerWarning" in out, out
+    out = s.cell(f"b = %mesh spawn --job ssh --hosts gpu2 -n 1 --name b {ssh} --out-of-cluster")
+    assert "mesh b: 1 ranks on job ssh1" in out and "could not reach" not in out, out
+    out = s.cell("%%mesh\nimport os\nprint(os.uname().nodename)")
+    assert f"[rank 0] {walled.names[2]}" in out, out  # b is the current mesh
+    # A second job through ssh to gpu1 cannot forward the controller's ports to where ssh0's do.
+    out = s.cell(f"c = %mesh spawn --job ssh --hosts gpu1 -n 1 --name c {ssh} --out-of-cluster")
+    assert re.search(r"cannot forward this controller's port \d+ to gpu1: port \d+ of gpu1's loopback is in use "
+                     r"there \(another job of this controller that reaches gpu1 through ssh holds it: use that job, "
+                     r"or kill it first", out), out
+    for job in ("ssh0", "ssh1"):
+        assert "killed" in s.cell(f"%mesh kill-job {job}")

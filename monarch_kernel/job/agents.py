@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ipaddress
+import re
 import socket
 import subprocess
 import threading
@@ -19,6 +20,7 @@ import time
 from ..runtime import agent_wire as wire
 from ..runtime import config
 from ..runtime.process import Runtime
+from .tunnels import port_taken
 
 AGENT_MODULE = "monarch_kernel.agent"
 
@@ -132,6 +134,8 @@ class AgentProcess:
         text = "\n".join(self.stderr)
         code = self.proc.returncode
         said = self._said()
+        if taken := re.search(r"remote port forwarding failed for listen port (\d+)", text):
+            return port_taken(self.host, taken[1]) + said
         if wire.NO_ROUTE in text:
             return (f"{self.host} has no route to this controller's address {self.rt.network.net_address}: set "
                     "MONARCH_KERNEL_BIND to one it can reach"

@@ -360,7 +360,8 @@ class Launcher:
 
     def forget_host(self, link: AgentLink, why: str) -> None:
         """Drop an agent ended before it connected (its job starts it again another way)."""
-        self.rt.io.run(lambda: (link.gone(why), self.links.pop(link.id, None)))
+        self.rt.io.run(lambda: link.gone(why))
+        self.links.pop(link.id, None)  # after: the IO thread heard it, and never hears it again
 
     def on_host(self, origin: str, host_id: str, msg) -> None:
         """A ``host_wire`` message from the agent of host ``host_id``."""
