@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(30)
 # Every option of every subcommand, as a user types it (the parsers and the help must both know it).
 OPTIONS = {
     "spawn": ["-n N", "--name NAME", "--env K=V", "--detach M", "--job ssh|slurm|NAME", "--hosts H1,H2",
-              "--ssh-args 'ARGS'", "--nodes N", "--partition P", "--time T", "--account A", "--python PATH"],
+              "--ssh-args 'ARGS'", "--out-of-cluster [yes|no|auto]",
+              "--nodes N", "--partition P", "--time T", "--account A", "--python PATH"],
     "jobs": [],
     "run": ["SCRIPT [ARGS]", "-m MODULE [ARGS]"],
     "kill-job": ["[name]"],
@@ -102,6 +103,7 @@ def test_the_magic_docstring_is_the_list():
     ("attach", "../x", "'../x' cannot name a mesh"),
     ("spawn", "--bogus", "unrecognized arguments: --bogus"),
     ("attach", "", "the following arguments are required: name"),
+    ("spawn", "--job ssh --out-of-cluster maybe", "argument --out-of-cluster: invalid choice: 'maybe'"),
     ("use", "a b", "unrecognized arguments: b"),
     ("push", "", "the following arguments are required: name=expr"),
     ("auto", "maybe", "invalid choice: 'maybe'"),
@@ -134,11 +136,15 @@ def test_arguments_parse_to_their_values():
     assert (a.n, a.name, a.env, a.detach) == (3, None, [("A", "1"), ("B", ""), ("C", "x=y")], "t-1")
     assert _parse(COMMANDS["spawn"], "--name 9lives.v2").name == "9lives.v2"  # what spawn_procs(name=) takes
     assert vars(_parse(COMMANDS["spawn"], "")) == {"n": 1, "name": None, "env": [], "detach": None, "job": None,
-                                                   "hosts": None, "ssh_args": None, "nodes": None, "partition": None,
+                                                   "hosts": None, "ssh_args": None, "out_of_cluster": None,
+                                                   "nodes": None, "partition": None,
                                                    "time": "01:00:00", "account": None, "python": None,
                                                    "sync_env": False, "attach": None, "key_file": None}
     a = _parse(COMMANDS["spawn"], "--job ssh --hosts a,b -n 2 --ssh-args '-i k'")
     assert (a.job, a.hosts, a.n, a.ssh_args) == ("ssh", "a,b", 2, "'-i k'")
+    assert [_parse(COMMANDS["spawn"], f"--job ssh --hosts a {flag}").out_of_cluster
+            for flag in ("--out-of-cluster", "--out-of-cluster no", "--out-of-cluster auto", "")] \
+        == ["yes", "no", "auto", None]
     assert _parse(COMMANDS["stop"], "").name is None and _parse(COMMANDS["stop"], "m").name == "m"
     assert _parse(COMMANDS["push"], "a=1 b=x+1").pairs == ["a=1", "b=x+1"]
     assert _parse(COMMANDS["auto"], "off").state == "off"

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
 import time
+import warnings
 
 import cluster
 import psutil
@@ -16,7 +18,7 @@ import pytest
 from cluster import ssh_network
 
 from monarch_kernel import Actor, ProcessDied, endpoint
-from monarch_kernel.job import SSHJob
+from monarch_kernel.job import SSHJob, UnreachableControllerWarning
 from monarch_kernel.job.ssh_config import route_host, ssh_target
 from monarch_kernel.runtime.process import Runtime
 
@@ -158,11 +160,13 @@ def test_a_mesh_beyond_a_login_node_runs_through_the_agents_ssh(walled, checkout
     login, c1, c2 = walled.hosts
     cfg = ssh_config(walled, tmp_path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"
                                        f"Host gpu1\n  HostName {c1}\nHost gpu2\n  HostName {c2}\n")
-    # Without out_of_cluster: the agent has no route back, so the start fails.
-    direct = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg), start_timeout=4)
+    # out_of_cluster=False: the agent has no route back, so the start fails, saying what to pass.
+    direct = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg), start_timeout=4, out_of_cluster=False)
     direct.add_mesh("workers", ["gpu1"])
-    with pytest.raises((TimeoutError, ConnectionError),
-                       match="did not connect back in time|Permission denied|unreachable"):
+    with pytest.raises(ConnectionError, match=r"^gpu1 has no route to this controller's address tcp://[0-9.:]+: set "
+                                              r"MONARCH_KERNEL_BIND to one it can reach, or pass out_of_cluster=True "
+                                              r"to reach it through ssh; it said:\n  monarch_kernel.agent: this host "
+                                              r"has no route to the controller at tcp://"):
         direct.state()
     direct.kill()
     rt = Runtime.current()
@@ -191,3 +195,69 @@ def test_a_mesh_beyond_a_login_node_runs_through_the_agents_ssh(walled, checkout
         assert list(m.slice(hosts=0).echo.call(2).get(timeout=30).values()) == [2, 2]
     finally:
         job.kill()
+
+
+def test_by_default_hosts_that_cannot_reach_the_controller_go_through_ssh(walled, checkout_python, tmp_path):
+    """out_of_cluster=None (the default): the compute hosts' first agents cannot connect within
+    reach_timeout, so they are ended (nothing of them is left on the hosts or in the launcher)
+    and started again through their ssh connections; one warning, at the user's line, says so."""
+    login, c1, c2 = walled.hosts
+    cfg = ssh_config(walled, tmp_path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"
+                                       f"Host gpu1\n  HostName {c1}\nHost gpu2\n  HostName {c2}\n")
+    rt = Runtime.current()
+    links_before = set(rt.launcher.links)
+    job = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg))
+    job.add_mesh("workers", ["gpu1", "gpu2"])
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            hosts = job.state().workers
+        notices = [w for w in said if issubclass(w.category, UnreachableControllerWarning)]
+        assert len(notices) == 1, [str(w.message) for w in said]
+        assert str(notices[0].message).startswith("the agent on gpu1, gpu2 could not reach this controller (tcp://")
+        assert "within 5 s" in str(notices[0].message)
+        assert notices[0].filename == __file__
+        # One agent per host (the first ones were ended there), and only their links are kept.
+        assert [sum("monarch_kernel.agent" in " ".join(_cmdline(p)) for p in walled.pids(h)) for h in (c1, c2)] \
+            == [1, 1]
+        assert len(set(rt.launcher.links) - links_before) == 2
+        procs = hosts.spawn_procs(per_host={"gpus": 2})
+        m = procs.spawn("probe", Probe)
+        got = list(m.where.call().get(timeout=30).values())
+        assert got == [(walled.names[1], c1)] * 2 + [(walled.names[2], c2)] * 2
+        assert m.slice(hosts=1, gpus=0).ask.call_one(m.slice(hosts=0), "y").get(timeout=30) == ["y", "y"]
+    finally:
+        job.kill()
+
+
+def _cmdline(pid: int) -> list[str]:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).cmdline()
+    return []
+
+
+def test_a_notebook_spawns_beyond_a_login_node(walled, checkout_python, tmp_path, kc):
+    """``%mesh spawn --job ssh`` through a real kernel: by default the compute hosts are reached
+    through ssh after the first try, and the cell says so once; ``--out-of-cluster`` takes that
+    path at once, without a word."""
+    from test_debug import Session
+
+    login, c1, c2 = walled.hosts
+    cfg = ssh_config(walled, tmp_path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"
+                                       f"Host gpu1\n  HostName {c1}\nHost gpu2\n  HostName {c2}\n")
+    s = Session(kc)
+    ssh = f"--python {checkout_python} --ssh-args '-F {cfg}'"
+    out = s.cell(f"procs = %mesh spawn --job ssh --hosts gpu1 -n 2 {ssh}")
+    assert "mesh procs: 2 ranks on job ssh0" in out, out
+    assert out.count("could not reach this controller") == 1 and "UnreachableControllerWarning" in out, out
+    out = s.cell(f"b = %mesh spawn --job ssh --hosts gpu2 -n 1 --name b {ssh} --out-of-cluster")
+    assert "mesh b: 1 ranks on job ssh1" in out and "could not reach" not in out, out
+    out = s.cell("%%mesh\nimport os\nprint(os.uname().nodename)")
+    assert f"[rank 0] {walled.names[2]}" in out, out  # b is the current mesh
+    # A second job through ssh to gpu1 cannot forward the controller's ports to where ssh0's do.
+    out = s.cell(f"c = %mesh spawn --job ssh --hosts gpu1 -n 1 --name c {ssh} --out-of-cluster")
+    assert re.search(r"cannot forward this controller's port \d+ to gpu1: port \d+ of gpu1's loopback is in use "
+                     r"there \(another job of this controller that reaches gpu1 through ssh holds it: use that job, "
+                     r"or kill it first", out), out
+    for job in ("ssh0", "ssh1"):
+        assert "killed" in s.cell(f"%mesh kill-job {job}")

@@ -205,7 +205,11 @@ def main() -> int:
         return 2
     creds = wire.read_credentials(line)
     controller = creds["controller"]
-    ip = creds.get("bind") or settings.bind_address() or route_address(controller)
+    try:
+        ip = creds.get("bind") or settings.bind_address() or route_address(controller)
+    except OSError as e:
+        print(f"{wire.NO_ROUTE} {controller} ({e.strerror})", file=sys.stderr, flush=True)
+        return 3
     rundir = tempfile.mkdtemp(prefix="mk-agent-")
     os.chmod(rundir, 0o700)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C in the user's terminal is the controller's

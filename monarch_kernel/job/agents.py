@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import collections
 import ipaddress
+import re
 import socket
 import subprocess
 import threading
 import time
 
+from ..runtime import agent_wire as wire
 from ..runtime import config
 from ..runtime.process import Runtime
+from .tunnels import port_taken
 
 AGENT_MODULE = "monarch_kernel.agent"
 
@@ -93,6 +96,16 @@ class AgentProcess:
             why += f": {self.stderr[-1]}"
         self.rt.io.call_soon(self.link.gone, why)
 
+    def reached(self, deadline: float) -> bool:
+        """Wait until the agent connects, exits or ``deadline`` passes: False when it runs still
+        unconnected, or exited saying its host has no route to this controller."""
+        while not self.link.up.wait(0.05):
+            if self.exited.is_set() or time.monotonic() > deadline:
+                break
+        if self.exited.is_set():
+            return not any(line.startswith(wire.NO_ROUTE) for line in self.stderr)
+        return self.link.up.done()
+
     def wait_up(self, deadline: float, python: str) -> None:
         """Until the agent has connected, or raise saying what went wrong on the host."""
         while not self.link.up.wait(0.05):
@@ -104,10 +117,14 @@ class AgentProcess:
             self.kill()
             raise TimeoutError(
                 f"the agent on {self.host} did not connect back in time (is this controller's address "
-                f"{self.rt.network.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is)"
+                f"{self.rt.network.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is"
+                + (", or pass out_of_cluster=True to reach it through ssh)" if self._direct_ssh() else ")")
                 + self._said())
         self.exited.wait(2)
         raise ConnectionError(self.diagnose(python))
+
+    def _direct_ssh(self) -> bool:
+        return self.argv[0] == "ssh" and "ControlMaster=yes" not in self.argv
 
     def _said(self) -> str:
         return ("; it said:\n  " + "\n  ".join(self.stderr)) if self.stderr else ""
@@ -117,6 +134,12 @@ class AgentProcess:
         text = "\n".join(self.stderr)
         code = self.proc.returncode
         said = self._said()
+        if taken := re.search(r"remote port forwarding failed for listen port (\d+)", text):
+            return port_taken(self.host, taken[1]) + said
+        if wire.NO_ROUTE in text:
+            return (f"{self.host} has no route to this controller's address {self.rt.network.net_address}: set "
+                    "MONARCH_KERNEL_BIND to one it can reach"
+                    + (", or pass out_of_cluster=True to reach it through ssh" if self._direct_ssh() else "") + said)
         if "Permission denied (" in text or "Host key verification failed" in text:
             return (f"cannot start the agent on {self.host}: ssh authentication failed; check the key "
                     f"and user in ssh_args (ssh runs with BatchMode=yes, so it never asks for a password){said}")

@@ -8,11 +8,16 @@ session, and the session with this controller.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shlex
 import subprocess
+import sys
 import time
+import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
 
 from ..actor.host_mesh import HostMesh
 from ..runtime import config
@@ -24,19 +29,41 @@ from .ssh_config import route_host
 from .tunnels import Tunnels
 
 
+class UnreachableControllerWarning(UserWarning):
+    """An ``SSHJob``'s hosts could not connect to this controller, so their connections go
+    through the ssh connections that start their agents (``out_of_cluster``)."""
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _caller_level() -> int:
+    """The stacklevel, seen from the caller of this, of the first frame outside this package:
+    the user's ``job.state()`` or ``spawn_procs``."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class SSHJob(JobTrait):
     kind = "ssh"
 
     def __init__(self, python_exe: str = "python3", ssh_args=(), monarch_port: int | None = None,
-                 start_timeout: float | None = None, out_of_cluster: bool = False, sync_env: bool | str = False):
+                 start_timeout: float | None = None, out_of_cluster: bool | None = None,
+                 sync_env: bool | str = False):
         """``out_of_cluster=True``: no host can open a connection to this controller (a laptop
         beyond a login node); every connection between them goes through the ssh connection
         that started the host's agent (``tunnels``), and this controller listens on loopback only.
+        ``None`` (the default): a host whose agent has not connected within ``reach_timeout``
+        is started again that way, said once (``UnreachableControllerWarning``).  ``False``: never.
         ``sync_env``: first send this controller's Python environment to hosts that lack it
         (a folder: the hosts' cache there, instead of ~/.cache/monarch-kernel/env)."""
         super().__init__()
-        if not isinstance(out_of_cluster, bool):
-            raise TypeError(f"out_of_cluster is True or False, not {out_of_cluster!r}")
+        if out_of_cluster is not None and not isinstance(out_of_cluster, bool):
+            raise TypeError(f"out_of_cluster is True, False or None (try direct, then through ssh), "
+                            f"not {out_of_cluster!r}")
         if isinstance(ssh_args, str):
             raise TypeError("ssh_args is a sequence of arguments, e.g. ('-i', '~/.ssh/id_ed25519'), not one string")
         self.python_exe = python_exe
@@ -102,14 +129,17 @@ class SSHJob(JobTrait):
         if self.sync_env:
             cache = self.sync_env if isinstance(self.sync_env, str) else None
             self.env_syncs = sync_hosts(self.hosts, self._remote, self.python_exe, cache)
-        if self.out_of_cluster:
-            started = self._start_out_of_cluster(rt)
-        else:
-            controller = controller_address(rt, route_host(self.hosts[0], self.ssh_args))
-            started = {h: AgentProcess(rt, h, self.command(h), controller, remote_kill=self._remote_kill(h))
-                       for h in self.hosts}
         deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
+        started: dict[str, AgentProcess] = {}
         try:
+            if self.out_of_cluster:
+                started = self._start_out_of_cluster(rt, self.hosts)
+            else:
+                controller = controller_address(rt, route_host(self.hosts[0], self.ssh_args))
+                started = {h: AgentProcess(rt, h, self.command(h), controller, remote_kill=self._remote_kill(h))
+                           for h in self.hosts}
+                if self.out_of_cluster is None:
+                    self._tunnel_unreached(rt, started, controller, deadline)
             for agent in started.values():
                 agent.wait_up(deadline, self.python_exe)
             for tunnels in self._tunnels.values():
@@ -121,17 +151,38 @@ class SSHJob(JobTrait):
             raise
         self._agents = started
 
-    def _start_out_of_cluster(self, rt: Runtime) -> dict[str, AgentProcess]:
+    def _tunnel_unreached(self, rt: Runtime, started: dict[str, AgentProcess], controller: str,
+                          deadline: float) -> None:
+        """Hosts whose agents have not connected within ``reach_timeout``: end those agents and
+        forget their links, then start them again through their ssh connections."""
+        soon = min(deadline, time.monotonic() + config.reach_timeout())
+        far = [h for h, agent in started.items() if not agent.reached(soon)]
+        if not far or time.monotonic() >= deadline:  # no time left for another start: wait_up says why
+            return
+        ended = [started.pop(h) for h in far]
+        with ThreadPoolExecutor(len(ended)) as pool:  # each may end its agent over ssh
+            list(pool.map(AgentProcess.kill, ended))
+        for agent in ended:
+            rt.launcher.forget_host(agent.link, "ended: its host could not reach the controller")
+        warnings.warn(
+            f"the agent on {', '.join(far)} could not reach this controller ({controller}) within "
+            f"{config.reach_timeout():g} s: this job's connections to {'it' if len(far) == 1 else 'them'} go through "
+            "the ssh connection that starts each agent instead (out_of_cluster).  SSHJob(..., out_of_cluster=True) "
+            "starts that way at once; out_of_cluster=False never does (MONARCH_KERNEL_REACH_TIMEOUT sets the wait)",
+            UnreachableControllerWarning, stacklevel=_caller_level())
+        started.update(self._start_out_of_cluster(rt, far))
+
+    def _start_out_of_cluster(self, rt: Runtime, hosts: list[str]) -> dict[str, AgentProcess]:
         """Agents whose ssh connections carry every connection to and from their hosts."""
         controller = rt.network.net_address or rt.network.listen("127.0.0.1")  # no network port, unless one is open
         tag = secrets.token_hex(3)
-        links = {h: rt.launcher.add_host(h) for h in self.hosts}
+        links = {h: rt.launcher.add_host(h) for h in hosts}
         self._tunnels = {h: Tunnels(h, rt.rundir, f"{tag}{i}", controller[len("tcp://"):].rsplit(":", 1)[0], links[h])
-                         for i, h in enumerate(self.hosts)}
+                         for i, h in enumerate(hosts)}
         self._unhook = [rt.network.add_listen_hook(self._controller_listens), rt.transport.add_dialer(self._dial)]
         addresses = rt.network.tcp_addresses()
         return {h: AgentProcess(rt, h, self.command(h, self._tunnels[h], addresses), controller,
-                                remote_kill=self._remote_kill(h), link=links[h]) for h in self.hosts}
+                                remote_kill=self._remote_kill(h), link=links[h]) for h in hosts}
 
     def _controller_listens(self, address: str) -> None:
         for tunnels in self._tunnels.values():
@@ -166,7 +217,7 @@ class SSHJob(JobTrait):
     @classmethod
     def _from_spec(cls, spec: dict) -> SSHJob:
         job = cls(python_exe=spec["python_exe"], ssh_args=tuple(spec.get("ssh_args") or ()),
-                  out_of_cluster=bool(spec.get("out_of_cluster")), sync_env=spec.get("sync_env", False))
+                  out_of_cluster=spec.get("out_of_cluster"), sync_env=spec.get("sync_env", False))
         for name, hosts in spec["meshes"].items():
             job.add_mesh(name, hosts)
         return job

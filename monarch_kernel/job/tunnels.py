@@ -27,6 +27,13 @@ def _ip(address: str) -> str:
     return address[len("tcp://"):].rsplit(":", 1)[0]
 
 
+def port_taken(host: str, port: int | str) -> str:
+    """Why a reverse forward of the controller's ``port`` to ``host`` failed, and what to do."""
+    return (f"cannot forward this controller's port {port} to {host}: port {port} of {host}'s loopback is in use "
+            f"there (another job of this controller that reaches {host} through ssh holds it: use that job, or "
+            f"kill it first; or another program on {host} listens on it)")
+
+
 class Tunnels:
     """One host's forwards, through the control socket ``ctl`` of its agent's ssh."""
 
@@ -70,6 +77,8 @@ class Tunnels:
     def _forward(self, spec: list[str]) -> None:
         r = subprocess.run(["ssh", "-S", self.ctl, "-O", "forward", *spec, self.host], capture_output=True,
                            text=True, timeout=15, stdin=subprocess.DEVNULL)
+        if r.returncode != 0 and spec[0] == "-R" and "forwarding failed" in r.stderr.lower():
+            raise ConnectionError(port_taken(self.host, _port("tcp://" + spec[1])))
         if r.returncode != 0:
             raise ConnectionError(f"cannot forward {' '.join(spec)} through the ssh connection to {self.host}: "
                                   f"{r.stderr.strip() or r.returncode}")

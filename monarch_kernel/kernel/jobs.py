@@ -49,6 +49,9 @@ class KernelJobs:
     def open(self, a) -> tuple[str, JobTrait]:
         """The job ``%mesh spawn --job ...`` names: an existing one, or a new ssh/slurm job
         (or, with ``--attach``, a new attached one)."""
+        if a.out_of_cluster and a.job != "ssh":
+            raise UsageError(f"--out-of-cluster is for a new ssh job (--job ssh --hosts h1,h2), not --job {a.job}: "
+                             "a running job keeps how its hosts reach this kernel")
         if a.job in self.jobs:
             if not self.jobs[a.job].active:
                 raise UsageError(f"job {a.job!r} was killed; start a new one with  --job ssh  or  --job slurm")
@@ -80,8 +83,9 @@ class KernelJobs:
                 ssh_args = shlex.split(quoted)
             except ValueError as e:
                 raise UsageError(f"--ssh-args {a.ssh_args!r}: {e}") from None
+            out = {"yes": True, "no": False}.get(a.out_of_cluster or "auto")
             ssh = SSHJob(python_exe=a.python or ("python3" if a.sync_env else sys.executable), ssh_args=ssh_args,
-                         sync_env=a.sync_env)
+                         sync_env=a.sync_env, out_of_cluster=out)
             job = ssh.add_mesh("hosts", [h for h in a.hosts.split(",") if h])
         elif a.job == "slurm":
             job = SlurmJob(meshes={"hosts": a.nodes or 1}, partition=a.partition, time_limit=a.time,

@@ -48,6 +48,7 @@ class MeshKernel(IPythonKernel):
     # The settings a controller reads; ranks spawned from here get them too (config.exported_env).
     fanout = _setting("fanout")
     spawn_timeout = _setting("spawn_timeout")
+    reach_timeout = _setting("reach_timeout")
     check_limits = _setting("check_limits")
     rank_memory = _setting("rank_memory")
     heartbeat_timeout = _setting("heartbeat_timeout")

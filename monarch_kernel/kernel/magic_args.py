@@ -49,6 +49,9 @@ def _env(value: str) -> tuple[str, str]:
           "running job's name (%%mesh jobs); -n is then ranks per host")
 @argument("--hosts", metavar="H1,H2", help="--job ssh: the hosts, as ssh reaches them")
 @argument("--ssh-args", metavar="'ARGS'", help="--job ssh: ssh's options, quoted as one, e.g. '-i key -l me'")
+@argument("--out-of-cluster", nargs="?", const="yes", choices=("yes", "no", "auto"), metavar="yes|no|auto",
+          help="--job ssh: the hosts reach this kernel through the ssh connections that start their agents: yes "
+          "(the flag alone), no (never), auto (the default: hosts that cannot reach it within reach_timeout)")
 @argument("--nodes", type=_count, metavar="N", help="--job slurm: nodes to allocate")
 @argument("--partition", metavar="P", help="--job slurm: the partition")
 @argument("--time", metavar="T", default="01:00:00", help="--job slurm: the time limit (default 01:00:00)")

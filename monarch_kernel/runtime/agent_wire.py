@@ -19,6 +19,9 @@ BEAT_S = config.seconds("agent_beat")
 # A side that hears nothing from the other for this long declares it gone; checked every
 # beat, so a dead host is declared within SILENT_S + BEAT_S = 3 s.
 SILENT_S = config.seconds("agent_silent")
+# What an agent says on its stderr, before it exits, when its host has no route to the
+# controller's address (a job may then start it again through its ssh connection).
+NO_ROUTE = "monarch_kernel.agent: this host has no route to the controller at"
 
 
 def encode(host_id: str, origin: str, msg: Message) -> tuple[Header, list]:

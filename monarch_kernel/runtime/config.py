@@ -104,6 +104,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_BIND", "bind_address", str, None, kernel=True, shown="the route to the controller",
          help_="the address a process of a job that spans hosts listens on (its inboxes, its data server); an "
                "agent sets it for the ranks it forks"),
+    _env("MONARCH_KERNEL_REACH_TIMEOUT", "reach_timeout", float, 5.0, unit="s", kernel=True, minimum=0.1,
+         help_="`SSHJob(out_of_cluster=None)`, the default: seconds a host's agent has to connect to the "
+               "controller before the job ends it and starts it again with its connections through its ssh "
+               "connection (`out_of_cluster=True`)"),
     _env("MONARCH_KERNEL_CONTROLLER_VIA", "controller_via", str, None, shown="unset",
          help_="on a host out of the controller's reach (`SSHJob(out_of_cluster=True)` sets it for the agent it "
                "starts): the controller's IP, whose ports this host's ssh connection forwards to its loopback"),
@@ -360,6 +364,10 @@ def send_queue() -> int:
 
 def send_block() -> float:
     return get("send_block")
+
+
+def reach_timeout() -> float:
+    return get("reach_timeout")
 
 
 def bind_address() -> str | None:

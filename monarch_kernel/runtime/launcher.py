@@ -11,7 +11,6 @@ says so), never by polling; what a death means is the supervision policy's to de
 from __future__ import annotations
 
 import functools
-import glob
 import os
 import secrets
 import signal
@@ -29,6 +28,7 @@ from .launch import LaunchConfig
 from .limits import raise_nofile_limit
 from .output import LineReader
 from .owned_mesh import OwnedMesh
+from .rank_remains import kill_rank, remove_inboxes
 from .template_client import TemplateClient
 
 STOP_GRACE_S = config.seconds("stop_grace")
@@ -224,7 +224,7 @@ class Launcher:
             return
         om, r = entry
         assert status is not None  # the template reports a rank's exit with its wait status
-        _remove_inboxes(om.ref.addresses[r])
+        remove_inboxes(om.ref.addresses[r])
         for reader in om.readers[r]:
             reader.drain()
         self.rt.receiver.drain(self.rt.inbox)  # answers it sent just before dying still count
@@ -310,7 +310,7 @@ class Launcher:
             if r not in om.alive:
                 c.set_result(True)
             else:
-                _sigkill(om, r)
+                kill_rank(om, r)
         return done
 
     def stop(self, om: OwnedMesh) -> Completion:
@@ -327,13 +327,13 @@ class Launcher:
         rt.caller.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
         for r in list(om.alive):
             if r not in om.up:
-                _sigkill(om, r)
+                kill_rank(om, r)
         rt.io.loop.call_later(STOP_GRACE_S, self._kill_rest, om)
 
     @staticmethod
     def _kill_rest(om: OwnedMesh) -> None:
         for r in list(om.alive):
-            _sigkill(om, r)
+            kill_rank(om, r)
 
     # ------------------------------------------------------------ hosts
 
@@ -361,6 +361,11 @@ class Launcher:
 
         self.rt.io.run(go)
 
+    def forget_host(self, link: AgentLink, why: str) -> None:
+        """Drop an agent ended before it connected (its job starts it again another way)."""
+        self.rt.io.run(lambda: link.gone(why))
+        self.links.pop(link.id, None)  # after: the IO thread heard it, and never hears it again
+
     def on_host(self, origin: str, host_id: str, msg) -> None:
         """A ``host_wire`` message from the agent of host ``host_id``."""
         link = self.links.get(host_id)
@@ -386,7 +391,7 @@ class Launcher:
             for done in [t.drain() for t in list(self.templates.values()) if t.alive]:
                 done.wait(max(0.0, deadline - time.monotonic()))
         for om, r in list(self.pid_index.values()):
-            _sigkill(om, r)
+            kill_rank(om, r)
         for template in list(self.templates.values()):
             template.close()
         for link in list(self.links.values()):
@@ -419,29 +424,3 @@ def _bootstrap_error(mesh: str, rank: int, part: Part) -> ActorError:
                               f"Traceback from rank {rank}:\n{failure.traceback.rstrip()}")
     err.__cause__ = failure.exception()
     return err
-
-
-def _sigkill(om: OwnedMesh, rank: int) -> None:
-    pid = om.pids[rank]
-    if pid is None:
-        return
-    if om.links is not None:
-        om.links[rank].kill(pid)
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _remove_inboxes(address: str) -> None:
-    """Remove the socket files of a rank that exited: its main inbox, its actors' and its
-    threads' (they all live under the rank's address)."""
-    if not address.startswith("ipc://"):
-        return
-    base = address[len("ipc://"):]
-    for path in [base, base + "d", *glob.glob(glob.escape(base) + ".*")]:  # "d": its datagrams (datagram.py)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
