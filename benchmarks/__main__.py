@@ -1,6 +1,7 @@
 """``python -m benchmarks [IDS...]``: run the selected workloads (all by default), each job
 in a fresh controller process, and print one JSON object (indent=1) on stdout.
-IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts: needs root) panel (W12: the Mesh panel)
+IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts, directly and through a login host with
+out_of_cluster=True: needs root; W9jump the latter alone) panel (W12: the Mesh panel)
 W1slurm (W1 over Slurm: needs root and Slurm's daemons) W10 (distributed training, torchrun beside
 the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries)
 W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
@@ -33,7 +34,8 @@ WORKLOADS = {
     "W6": [("W6", {}, 60)],
     "W7": [("W7", {}, 180)],
     "W8": [("W8", {"MONARCH_KERNEL_FANOUT": "8"}, 180), ("W8flat", {"MONARCH_KERNEL_FANOUT": "64"}, 180)],
-    "W9": [("W9", {}, 400)],
+    "W9": [("W9", {}, 400), ("W9jump", {}, 240)],
+    "W9jump": [("W9jump", {}, 240)],
     "W1slurm": [("W1slurm", {}, 180)],
     "panel": [("panel", {}, 120)],
     "W10": [("W10", {}, 900)],
@@ -46,8 +48,9 @@ WORKLOADS = {
     # are filled in from --seed and --minutes.
     "chaos": [("chaos", {}, 0)],
 }
-DEFAULT = [w for w in WORKLOADS if w not in ("W11", "chaos")]
-ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors", "W1SLURM": "W1slurm", "CHAOS": "chaos"}
+DEFAULT = [w for w in WORKLOADS if w not in ("W11", "chaos", "W9jump")]  # W9 runs W9jump
+ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors", "W1SLURM": "W1slurm", "W9JUMP": "W9jump",
+           "CHAOS": "chaos"}
 
 
 def _merge(into: dict, new: dict) -> None:
@@ -93,7 +96,10 @@ def _ratios(results: dict) -> None:
         return v
 
     pairs = {"W2_over_floor": (("W2_call_one_us", "median"), ("floor_pyzmq_rtt_us", "median")),
-             "W3_n4_over_floor": (("W3_call_all_us", "n4", "median"), ("floor_pyzmq_rtt_4_peers_us", "median"))}
+             "W3_n4_over_floor": (("W3_call_all_us", "n4", "median"), ("floor_pyzmq_rtt_4_peers_us", "median")),
+             # issue 35: through one login host against the same calls to a host reached directly
+             "W9jump_call_one_over_direct": (("W9jump_call_one_us", "median"), ("W9_W2_remote_call_one_us", "median")),
+             "W9jump_call_n4_over_direct": (("W9jump_call_n4_us", "median"), ("W9_W3_remote_n4_us", "median"))}
     out = {}
     for name, (num, den) in pairs.items():
         a, b = median(*num), median(*den)

@@ -20,6 +20,7 @@ JOBS = {
     "W8": ("calls", "w8"),
     "W8flat": ("calls", "w8_flat"),
     "W9": ("hosts", "w9"),
+    "W9jump": ("hosts", "w9_jump"),
     "W11": ("scale", "w11"),
     "W11flat": ("scale", "w11"),
     "W1slurm": ("slurm", "w1_slurm"),

@@ -9,11 +9,14 @@ Needs root (network namespaces, sshd); otherwise it reports why it did not run.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from ._util import ROOT, log, summary_us, time_calls
@@ -227,4 +230,174 @@ def w9() -> dict:
     r["W9_W4b_share_of_raw_tcp"] = round(r["W9_W4b_between_hosts"]["MBps"]
                                          / r["W9_raw_tcp_between_namespaces_64MiB_MBps"], 2)
     log(f"W9: {out}")
+    return out
+
+
+# ------------------------------------------------------------ W9jump: through a login host
+
+_ROUTER_ECHO = r"""
+import sys, zmq
+s = zmq.Context().socket(zmq.ROUTER)
+s.bind(f"tcp://{sys.argv[1]}:*")
+print(s.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+while True:
+    s.send_multipart(s.recv_multipart())
+"""
+
+
+def _ssh_forward(ctl: str, host: str, op: str, spec: list[str]) -> None:
+    subprocess.run(["ssh", "-S", ctl, "-O", op, *spec, host], check=True, capture_output=True, timeout=15,
+                   stdin=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def _hop_echo(net, ctl: str, alias: str, ip: str, sock: str):
+    """The floor: a raw pyzmq DEALER/ROUTER round trip (16 B, as floors.py's) to an echo on the
+    far host, through one ``-L`` forward of the same ssh connection that carries the mesh;
+    yields the round trip, a function of one (ignored) argument, as ``time_calls`` wants."""
+    import zmq
+
+    p = _in_ns(net.netns(ip), _ROUTER_ECHO, ip, stdout=subprocess.PIPE)
+    ctx = zmq.Context()
+    spec = ["-L", f"{sock}:{ip}:0"]
+    try:
+        assert p.stdout is not None
+        spec = ["-L", f"{sock}:{ip}:{p.stdout.readline().strip().rsplit(':', 1)[1]}"]
+        _ssh_forward(ctl, alias, "forward", spec)
+        s = ctx.socket(zmq.DEALER)
+        s.connect(f"ipc://{sock}")
+        msg = b"x" * 16
+
+        def rt(_i):
+            s.send(msg)
+            s.recv()
+
+        yield rt
+    finally:
+        subprocess.run(["ssh", "-S", ctl, "-O", "cancel", *spec, alias], capture_output=True, timeout=15,
+                       stdin=subprocess.DEVNULL)
+        p.kill()
+        p.wait()
+        ctx.destroy(0)
+
+
+def _interleaved(fns: dict, warmup: int, timed: int, blocks: int = 10) -> dict:
+    """Each of ``fns`` timed in turn, a block at a time (``timed`` calls each in all), so a
+    load that comes and goes on the machine weighs on the runtime and its floor alike."""
+    samples: dict = {name: [] for name in fns}
+    for fn in fns.values():
+        time_calls(fn, warmup, 0)
+    for _ in range(blocks):
+        for name, fn in fns.items():
+            samples[name] += time_calls(fn, 0, timed // blocks)
+    return {name: summary_us(got) for name, got in samples.items()}
+
+
+def _two_way_rtt(net, ctl: str, alias: str, ip: str, sock: str, curve: bool) -> dict:
+    """The runtime's own shape, raw: PUSH to the far host through ``-L``, its PUSH back to the
+    controller's loopback through ``-R`` (each way its own forwarded connection), 64 B."""
+    import zmq
+
+    spub, ssec = zmq.curve_keypair()
+    p = _in_ns(net.netns(ip), _ECHO, ip, "1" if curve else "0", ssec.decode(), spub.decode(), stdout=subprocess.PIPE)
+    ctx = zmq.Context()
+    specs: list[list[str]] = []
+    try:
+        assert p.stdout is not None
+        there = p.stdout.readline().strip().rsplit(":", 1)[1]
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        if curve:
+            pull.curve_server, pull.curve_secretkey = True, ssec
+            push.curve_serverkey = spub
+            push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
+        pull.bind("tcp://127.0.0.1:*")
+        me = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        port = me.rsplit(":", 1)[1]
+        for spec in (["-R", f"127.0.0.1:{port}:127.0.0.1:{port}"], ["-L", f"{sock}:{ip}:{there}"]):
+            _ssh_forward(ctl, alias, "forward", spec)
+            specs.append(spec)
+        push.connect(f"ipc://{sock}")
+        msg = b"x" * 64
+
+        def rt(_i):
+            push.send_multipart([me.encode(), msg])
+            pull.recv_multipart()
+
+        return summary_us(time_calls(rt, 200, 2000))
+    finally:
+        for spec in specs:
+            subprocess.run(["ssh", "-S", ctl, "-O", "cancel", *spec, alias], capture_output=True, timeout=15,
+                           stdin=subprocess.DEVNULL)
+        p.kill()
+        p.wait()
+        ctx.destroy(0)
+
+
+def _jump_config(net, path: str, login: str, far: str) -> None:
+    with open(path, "w") as f:
+        f.write(f"Host login\n  HostName {login}\nHost far\n  HostName {far}\n  ProxyJump login\n"
+                f"Host *\n  User {net.user}\n  IdentityFile {net.key}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
+                "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  BatchMode yes\n  LogLevel ERROR\n"
+                "  ConnectTimeout 5\n")
+
+
+def w9_jump() -> dict:
+    """``call_one`` and ``call`` (4 ranks) on a host reached through a login host with
+    ``out_of_cluster=True`` (it has no route to the controller), beside the raw round trip
+    over a forward of the same ssh connection (the floor) and the runtime's two-forward shape."""
+    if os.geteuid() != 0:
+        return {"W9jump_skipped": "needs root: network namespaces and sshd simulate the hosts"}
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import cluster
+
+    from monarch_kernel.job import SSHJob
+
+    from ._actors import Bench
+
+    out: dict = {}
+    tmp = tempfile.mkdtemp(prefix="mkbench-jump-")
+    python = os.path.join(tmp, "python")  # the hosts run this checkout, as the controller does
+    with open(python, "w") as f:
+        f.write(f'#!/bin/sh\nexport PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
+    os.chmod(python, 0o755)
+    with cluster.ssh_network(2) as net:
+        login, far = net.hosts
+        ns = net.netns(far)
+        cluster.run(["ip", "-n", ns, "route", "del", "default"])
+        cluster.run(["ip", "-n", ns, "route", "add", "prohibit", f"{net.controller_ip}/32"])
+        cfg = os.path.join(tmp, "ssh_config")
+        _jump_config(net, cfg, login, far)
+        t = time.perf_counter()
+        job = SSHJob(python_exe=python, ssh_args=("-F", cfg), out_of_cluster=True)
+        job.add_mesh("w", ["far"])
+        try:
+            mesh = job.state().w.spawn_procs(per_host={"gpus": 4}).spawn("b", Bench)
+            mesh.echo.call(0).get(timeout=60)
+            out["W9jump_W1_first_answer_s"] = round(time.perf_counter() - t, 3)
+            one = mesh.slice(gpus=0)
+
+            def call_one(i):
+                assert one.echo.call_one(i).get() == i
+
+            def call(i):
+                assert len(mesh.echo.call(i).get()) == 4
+
+            ctl = job.control_socket("far")
+            assert ctl, "an out-of-cluster host has an ssh control socket"
+            with _hop_echo(net, ctl, "far", far, os.path.join(tmp, "hop")) as hop:
+                got = _interleaved({"call_one": call_one, "floor": hop}, 200, 2000)
+                out["W9jump_call_one_us"], out["W9jump_floor_hop_rtt_us"] = got["call_one"], got["floor"]
+                got = _interleaved({"call": call, "floor": hop}, 50, 500)
+                out["W9jump_call_n4_us"], out["W9jump_floor_hop_rtt_beside_n4_us"] = got["call"], got["floor"]
+            out["W9jump_raw_push_pull_L_R_us"] = _two_way_rtt(net, ctl, "far", far, os.path.join(tmp, "two"), False)
+            out["W9jump_raw_push_pull_L_R_curve_us"] = _two_way_rtt(net, ctl, "far", far, os.path.join(tmp, "twoc"),
+                                                                    True)
+        finally:
+            job.kill()
+            shutil.rmtree(tmp, ignore_errors=True)
+    floor = out["W9jump_floor_hop_rtt_us"]["median"]
+    out["W9jump_call_one_over_hop_floor"] = round(out["W9jump_call_one_us"]["median"] / floor, 2)
+    out["W9jump_call_n4_over_hop_floor"] = round(out["W9jump_call_n4_us"]["median"]
+                                                  / out["W9jump_floor_hop_rtt_beside_n4_us"]["median"], 2)
+    log(f"W9jump: {out}")
     return out

@@ -201,6 +201,13 @@ class SSHJob(JobTrait):
         self._unhook = []
         self._tunnels = {}
 
+    def control_socket(self, host: str) -> str | None:
+        """The control socket of the ssh connection that carries ``host``'s traffic when it is
+        out of cluster (``ssh -S PATH -O forward -L ...`` adds a forward of one's own through
+        it), or None when the host is reached directly."""
+        tunnels = self._tunnels.get(host)
+        return tunnels.ctl if tunnels else None
+
     def _host_meshes(self) -> dict[str, HostMesh]:
         return {name: HostMesh(agents=[self._agents[h].link for h in hosts]) for name, hosts in self._meshes.items()}
 
