@@ -44,6 +44,7 @@ CELLS = [
     "mesh_var_kernel = 0",                                                 # 5: ... and one only the kernel has
     "",                                                                    # 6: Tab is pressed here
     "%%mesh\nimport time\nprint('sleeping')\ntime.sleep(8)\nprint('awake')",  # 7: the progress line
+    "%mesh stop",                                                          # 8: the debugger test ends with it
 ]
 DEBUG_BUTTON = ".jp-NotebookPanel-toolbar [data-jp-item-name='debugger-icon'] jp-button"
 # This checkout's Mesh panel, as `make setup` builds it; JupyterLab takes it before any other
@@ -165,7 +166,8 @@ def page():
 
 @pytest.fixture(scope="module")
 def nb(lab, page, tmp_path_factory):
-    """mesh.ipynb open on the monarch kernel, with two ranks spawned (its first cell)."""
+    """mesh.ipynb open on the monarch kernel, with two ranks spawned (its first cell).  The
+    debugger test comes last: it stops the mesh, so rank 1's debug adapter ends with it."""
     write_notebook(lab.root / "mesh.ipynb")
     notebook = Notebook(page, tmp_path_factory.mktemp("screenshots"), lab)
     with notebook.step("open the notebook on the monarch kernel and spawn two ranks"):
@@ -325,3 +327,8 @@ def test_a_notebook_runs_on_ranks_and_the_debugger_panel_stops_rank_1(nb):
         out = nb.wait_cell(3)
         assert "[rank 1] y is 84" in out.splitlines(), out
         nb.expect(page.locator(".jp-DebuggerPausedOverlay")).to_have_count(0, timeout=15_000)
+
+    with nb.step("the debugger off, then %mesh stop: the ranks, and the debug adapter rank 1 started, end"):
+        page.locator(DEBUG_BUTTON).click()
+        page.wait_for_selector(DEBUG_BUTTON + "[aria-pressed='false']", timeout=30_000)
+        assert "stopped" in nb.run_cell(8), nb.output(8)
