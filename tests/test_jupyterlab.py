@@ -1,10 +1,11 @@
 """What a user sees in JupyterLab 4: a real server and Debian's headless Chromium, driven
 with Playwright, on a notebook that uses the "monarch" kernel.  Cells run on two ranks and
-their output shows under rank labels; JupyterLab's own debugger panel stops rank 1 at a
-breakpoint clicked into a ``%%mesh`` cell's gutter, shows its call stack and rank 1's
-variables, and continues it.  The server, the kernels it starts and
-the browser all end with the test; nothing here fakes a step it cannot do (no browser:
-skip)."""
+their output shows under rank labels; Tab in a ``%%mesh`` cell pops up names that exist
+only on the ranks; a running cell's progress line ticks in place; JupyterLab's own debugger
+panel stops rank 1 at a breakpoint clicked into a ``%%mesh`` cell's gutter, shows its call
+stack and rank 1's variables, and continues it.  The tests share one server, browser page
+and kernel (with its two ranks), which end with the module; nothing here fakes a step it
+cannot do (no browser: skip)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ CELLS = [
     "%mesh debug 1",
     "%%mesh --ranks 1\nfrom monarch_kernel import current_rank\nrank = current_rank().rank\n"
     "x = 41 + rank\ny = x * 2\nprint('y is', y)",
+    "%%mesh\nmesh_var_alpha, mesh_var_beta = 1, 2",                        # 4: names only the ranks have
+    "mesh_var_kernel = 0",                                                 # 5: ... and one only the kernel has
+    "",                                                                    # 6: Tab is pressed here
+    "%%mesh\nimport time\nprint('sleeping')\ntime.sleep(8)\nprint('awake')",  # 7: the progress line
+    "%mesh stop",                                                          # 8: the debugger test ends with it
 ]
 DEBUG_BUTTON = ".jp-NotebookPanel-toolbar [data-jp-item-name='debugger-icon'] jp-button"
 # This checkout's Mesh panel, as `make setup` builds it; JupyterLab takes it before any other
@@ -136,11 +142,9 @@ class Lab:
         psutil.wait_procs(alive, timeout=5)
 
 
-@pytest.fixture
-def lab(tmp_path, kernelspec):
-    root, home = tmp_path / "notebooks", tmp_path / "jupyter"
-    root.mkdir()
-    home.mkdir()
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, kernelspec):
+    root, home = tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter")
     server = Lab(root, home)
     try:
         server.start()
@@ -149,7 +153,7 @@ def lab(tmp_path, kernelspec):
         server.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def page():
     with sync_api.sync_playwright() as pw:
         # Root cannot use Chromium's sandbox; the browser only ever loads this test's server.
@@ -158,6 +162,21 @@ def page():
             yield browser.new_page(viewport={"width": 1400, "height": 900})
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def nb(lab, page, tmp_path_factory):
+    """mesh.ipynb open on the monarch kernel, with two ranks spawned (its first cell).  The
+    debugger test comes last: it stops the mesh, so rank 1's debug adapter ends with it."""
+    write_notebook(lab.root / "mesh.ipynb")
+    notebook = Notebook(page, tmp_path_factory.mktemp("screenshots"), lab)
+    with notebook.step("open the notebook on the monarch kernel and spawn two ranks"):
+        page.goto(lab.url("mesh.ipynb"))
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
+        page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=60_000)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        notebook.run_cell(0)
+    return notebook
 
 
 def write_notebook(path: Path) -> None:
@@ -212,18 +231,61 @@ class Notebook:
         return self.wait_cell(i, timeout)
 
 
-def test_a_notebook_runs_on_ranks_and_the_debugger_panel_stops_rank_1(lab, page, tmp_path):
-    write_notebook(lab.root / "mesh.ipynb")
-    nb = Notebook(page, tmp_path, lab)
+def test_tab_in_a_mesh_cell_pops_up_the_ranks_names(nb):
+    page, expect = nb.page, nb.expect
+    with nb.step("define names on the ranks, and another on the kernel"):
+        nb.run_cell(4)
+        nb.run_cell(5)
 
-    with nb.step("open the notebook on the monarch kernel"):
-        page.goto(lab.url("mesh.ipynb"))
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-        page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    with nb.step("Tab after `mesh_var_` in a %%mesh cell: the popup lists the ranks' names"):
+        cell, typed = nb.cells.nth(6), "%%mesh\nmesh_var_"
+        shown = page.locator(".jp-Completer .jp-Completer-item .jp-Completer-match").filter(visible=True)
+        # The first Tab may find the rank's completer still starting (the kernel then answers,
+        # after 200 ms, from its own namespace); a person presses Tab again.
+        deadline = time.monotonic() + 30
+        while True:
+            cell.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Control+A")
+            page.keyboard.type(typed)
+            page.keyboard.press("Tab")
+            try:
+                expect(shown.filter(has_text=re.compile(r"^mesh_var_alpha$"))).to_have_count(1, timeout=3_000)
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, (
+                    f"no rank's name in the completer within 30 s; it showed {shown.all_inner_texts()}, "
+                    f"the cell reads {cell.locator('.cm-content').inner_text()!r}")
+                page.keyboard.press("Escape")
+        names = shown.all_inner_texts()
+        assert "mesh_var_beta" in names and "mesh_var_kernel" not in names, names
+        page.keyboard.press("Escape")
+        expect(shown).to_have_count(0, timeout=5_000)
 
-    with nb.step("spawn two ranks and print on them"):
-        nb.run_cell(0)
+
+def test_the_progress_line_of_a_running_cell_ticks_in_place(nb):
+    expect = nb.expect
+    progress = nb.cells.nth(7).locator(".jp-OutputArea-output", has_text="ranks finished")
+    with nb.step("an 8 s cell: a progress line shows after 2 s"):
+        nb.start_cell(7)
+        expect(progress).to_contain_text(re.compile(r"\d of 2 ranks finished \(\d+ s\)"), timeout=30_000)
+        first = int(re.search(r"\((\d+) s\)", progress.inner_text()).group(1))
+
+    with nb.step(f"the line moves on from {first} s, replaced in place rather than appended"):
+        later = "|".join(str(k) for k in range(first + 1, first + 10))
+        expect(progress).to_contain_text(re.compile(rf"ranks finished \((?:{later}) s\)"), timeout=5_000)
+        expect(progress).to_have_count(1)
+        text = progress.inner_text().strip()
+        assert "\n" not in text and nb.output(7).count("ranks finished") == 1, nb.output(7)
+
+    with nb.step("the cell ends: its output, and no progress line left"):
+        out = nb.wait_cell(7, timeout=30)
+        assert "[ranks 0-1] awake" in out.splitlines() and "ranks finished" not in out, out
+
+
+def test_a_notebook_runs_on_ranks_and_the_debugger_panel_stops_rank_1(nb):
+    page = nb.page
+
+    with nb.step("print on the two ranks"):
         out = nb.run_cell(1)
         lines = out.splitlines()
         assert "[ranks 0-1] hello from the mesh" in lines, out
@@ -265,3 +327,8 @@ def test_a_notebook_runs_on_ranks_and_the_debugger_panel_stops_rank_1(lab, page,
         out = nb.wait_cell(3)
         assert "[rank 1] y is 84" in out.splitlines(), out
         nb.expect(page.locator(".jp-DebuggerPausedOverlay")).to_have_count(0, timeout=15_000)
+
+    with nb.step("the debugger off, then %mesh stop: the ranks, and the debug adapter rank 1 started, end"):
+        page.locator(DEBUG_BUTTON).click()
+        page.wait_for_selector(DEBUG_BUTTON + "[aria-pressed='false']", timeout=30_000)
+        assert "stopped" in nb.run_cell(8), nb.output(8)
