@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -448,3 +449,28 @@ def test_a_cells_source_written_for_the_debugger_is_readable_by_its_user_alone(t
     assert os.stat(path).st_mode & 0o077 == 0, oct(os.stat(path).st_mode)
     write_source(str(path), "secret = 2\n")  # rewritten in place, still private
     assert path.read_text() == "secret = 2\n" and os.stat(path).st_mode & 0o077 == 0
+
+
+def test_a_ranks_debug_adapter_ends_with_its_mesh_though_a_client_is_still_on(kc):
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 2")
+    rank_pid = _rank_pid(s, 1)
+    out = s.cell("%mesh debug 1 --listen")
+    entry = json.loads(out[out.index("{"):])["connect"]
+    adapters = [psutil.Process(p) for p in _family(rank_pid)[1:]
+                if "debug_adapter" in " ".join(psutil.Process(p).cmdline())]
+    assert len(adapters) == 1, _family(rank_pid)
+    def request(seq: int, command: str, arguments: dict) -> bytes:
+        body = json.dumps({"seq": seq, "type": "request", "command": command, "arguments": arguments}).encode()
+        return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+    client = socket.create_connection((entry["host"], entry["port"]), timeout=30)
+    try:
+        client.sendall(request(1, "initialize", {"adapterID": "test"}))
+        assert client.recv(65536), "the adapter did not answer initialize"
+        client.sendall(request(2, "attach", {}))
+        s.cell("%mesh stop")  # the ranks end while a client is in session with rank 1's adapter
+        gone, left = psutil.wait_procs(adapters, timeout=20)
+        assert not left, f"rank 1's debug adapter outlived its rank by 20 s: {[p.pid for p in left]}"
+    finally:
+        client.close()

@@ -92,7 +92,7 @@ class _Handover:
         self.lock = threading.Lock()
 
     def run(self) -> None:
-        from debugpy.adapter import clients, servers
+        from debugpy.adapter import clients
         from debugpy.common import log
 
         while True:
@@ -100,10 +100,10 @@ class _Handover:
                 msg, fds, _flags, _addr = socket.recv_fds(self.control, 64, 4)
             except OSError:
                 msg, fds = b"", []
-            if not msg:  # the debuggee is gone: if pydevd never came, nothing will
-                if not servers.connections():
-                    servers.dont_wait_for_first_connection()
-                return
+            if not msg:  # the debuggee is gone (it holds the pair for its whole life)
+                # Its clients' sessions may never see their ends go (a relay's pair whose rank was
+                # killed mid-session), and nothing is left to debug: the adapter goes with it.
+                os._exit(0)
             socks = [socket.socket(fileno=fd) for fd in fds]
             if msg == CLIENT and len(socks) == 1:
                 try:
