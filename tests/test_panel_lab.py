@@ -269,6 +269,9 @@ def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path)
         status, body = rest(lab, "/monarch/meshes/side/attach", "POST", b'{"kernel_id": 3}')
         assert status == 400, body
         status, body = rest(lab, "/monarch/meshes/side/attach", "POST", b'{"kernel_id": "no-such-kernel"}')
+        assert status == 400 and "is not a kernel id" in body["message"], body  # not a UUID: refused unread
+        status, body = rest(lab, "/monarch/meshes/side/attach", "POST",
+                            b'{"kernel_id": "4f6c2d1e-8a3b-4c5d-9e7f-0a1b2c3d4e5f"}')
         assert status == 404 and "no kernel" in body["message"], body
 
     with nb.step("a new notebook's panel shows it under Detached; Attach keeps the ranks' state"):

@@ -60,11 +60,11 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _run(limit: int, n: int, tmp_path, timeout: float) -> subprocess.CompletedProcess:
+def _run(limit: int, n: int, tmp_path, timeout: float, **env: str) -> subprocess.CompletedProcess:
     script = tmp_path / "many.py"
     script.write_text(SCRIPT)
     return subprocess.run(["bash", "-c", f'ulimit -n {limit} && exec "$0" "$@"', sys.executable, str(script), str(n)],
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
 
 
 @pytest.mark.timeout(300)
@@ -79,10 +79,19 @@ def test_512_ranks_under_ulimit_1024_hold_a_flat_number_of_descriptors(tmp_path)
 
 @pytest.mark.timeout(120)
 def test_a_limit_too_small_fails_the_call_at_once_saying_how_to_raise_it(tmp_path):
-    done = _run(64, 40, tmp_path, 100)
+    # With the spawn's own check off (a user who said they know better), the call fails at once.
+    done = _run(64, 40, tmp_path, 100, MONARCH_KERNEL_CHECK_LIMITS="0")
     assert done.returncode != 0
     assert "out of file descriptors" in done.stderr and "ulimit -n" in done.stderr, done.stderr[-3000:]
     assert "limit of 64" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_spawn_the_open_files_limit_cannot_hold_is_refused_before_it_starts(tmp_path):
+    done = _run(128, 200, tmp_path, 100)
+    assert done.returncode != 0
+    assert "spawn_procs(per_host={'gpus': 200}) refused before starting anything" in done.stderr, done.stderr[-3000:]
+    assert "limit of 128 (`ulimit -n`" in done.stderr and "check_limits=False" in done.stderr, done.stderr[-3000:]
 
 
 @pytest.mark.timeout(240)

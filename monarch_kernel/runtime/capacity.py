@@ -20,11 +20,13 @@ PID_MAX_LIMIT = 1 << 22
 # Threads of an idle rank (/proc/PID/status): its main thread, IO thread and helpers.  Each is
 # a task: it takes a pid and counts against RLIMIT_NPROC and threads-max.
 THREADS_PER_RANK = 5
-# Open files the controller holds per rank: one link per rank and calling thread; measured
-# 1.2-1.5 per rank over same-host datagrams after a whole-mesh call and a call_one to every
-# rank, and 3.75 through ZeroMQ (a socket, its mailbox, the rank's connection back), which is
-# how ranks on other hosts are reached.
-CONTROLLER_FILES_PER_RANK = 2
+# Open files the controller holds per rank: one link per rank and calling thread.  Whole-mesh
+# calls stay flat (fan-out: under 100 for 512 ranks, tests/test_scale.py); a call_one to every
+# rank took 1.2-1.5 per rank over same-host datagrams, and 3.75 through ZeroMQ (a socket, its
+# mailbox, the rank's connection back), which is how ranks on other hosts are reached.  One a
+# same-host rank: a spawn that cannot even hold one link a rank is refused; past that, a call
+# that runs out fails at once with its own teaching error (test_scale).
+CONTROLLER_FILES_PER_RANK = 1
 CONTROLLER_FILES_PER_ZMQ_RANK = 4
 CONTROLLER_FILES_PER_TEMPLATE = 2  # a template's pipe and socket, in the controller
 TEMPLATE_FILES_PER_RANK = 3  # a rank's stdout, stderr and control pipe, in its template
@@ -232,7 +234,8 @@ def controller_files_shortfall(local: int, zmq_ranks: int, templates: int) -> Sh
         return None
     per = CONTROLLER_FILES_PER_ZMQ_RANK if zmq_ranks else CONTROLLER_FILES_PER_RANK
     return Shortfall("open files", max(0, room) // per, (
-        f"the controller needs about {per} open files per rank ({need:,} for these), and it holds {held:,} of "
+        f"the controller needs about {per} open file{'s' if per != 1 else ''} per rank ({need:,} for these), and it "
+        f"holds {held:,} of "
         f"its limit of {soft:,} (`ulimit -n`, RLIMIT_NOFILE; {RESERVE} are kept free)"))
 
 
