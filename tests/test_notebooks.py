@@ -83,7 +83,8 @@ def check_ddp(text: str) -> None:
     """The DDP notebook: a live plot, a rank killed and replaced, its state pulled from a
     survivor through RDMABuffer, step numbers continuous and the loss still falling."""
     assert "DDP training loss, per rank at step 250" in text  # the live plot's last update
-    assert re.search(r"\[rank 2\] rank 2 of mesh 'procs' \(pid \d+ on .+\) killed by signal 9 \(SIGKILL\)", text)
+    assert "[rank 2] ProcessDied: killed by signal 9 (SIGKILL)" in text  # the cell's error, its headline
+    assert re.search(r"^rank 2 of mesh 'procs' \(pid \d+ on .+\) killed by signal 9 \(SIGKILL\)", text, re.M)
     # the survivors say why their group ended (before or just after the cell's error, as it happens)
     assert "process group aborted: rank 2 (killed by signal 9 (SIGKILL)) died" in text
     assert "restarted [rank 2] with fresh namespaces" in text
