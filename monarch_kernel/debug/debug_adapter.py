@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -223,3 +224,20 @@ def trace(server: tuple[str, int], token: str) -> None:
                     wait_for_ready_to_run=False, block_until_connected=True, access_token=token,
                     notify_stdin=False, **kwargs)
 
+
+def start_here(timeout: float) -> tuple[socket.socket, subprocess.Popen]:
+    """What ``debugpy.listen`` does for this process, with no port for clients: the adapter
+    (our child, its pair returned) and pydevd tracing from here on.  ``debugpy.listen`` is
+    marked as called, so a later call of it here raises rather than hangs."""
+    from debugpy.server import api
+
+    token = secrets.token_hex(32)
+    control, adapter, server = spawn(token, timeout)
+    try:
+        trace(server, token)
+    except BaseException:
+        adapter.kill()
+        control.close()
+        raise
+    api.listen.called = True
+    return control, adapter

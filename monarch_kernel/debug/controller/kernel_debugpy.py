@@ -10,7 +10,6 @@ start debugpy unless asked, never listen beyond loopback, and never change anyth
 
 from __future__ import annotations
 
-import secrets
 import socket
 import subprocess
 import threading
@@ -42,16 +41,7 @@ def listen(host: str, port: int) -> None:
             if api.listen.called:
                 raise RuntimeError("debugpy.listen() was already called in this kernel, so JupyterLab's debugger "
                                    "cannot start its own debugpy here; restart the kernel to use the debugger")
-            token = secrets.token_hex(32)
-            control, adapter, server = debug_adapter.spawn(token, START_TIMEOUT_S)
-            try:
-                debug_adapter.trace(server, token)
-            except BaseException:
-                adapter.kill()
-                control.close()
-                raise
-            api.listen.called = True  # as debugpy.listen() marks it: a later listen() here raises
-            _adapter = (control, adapter)
+            _adapter = debug_adapter.start_here(START_TIMEOUT_S)
         if (address, port) in _served:
             return
         with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as listener:

@@ -76,15 +76,7 @@ def start() -> str:
                                "own debugpy here; restart the rank (%mesh restart) and use %mesh debug R")
         # Ranks are not meant to spawn debugged children of their own.
         debugpy.configure(subProcess=False)
-        token = secrets.token_hex(32)
-        control, adapter, server = debug_adapter.spawn(token, START_TIMEOUT_S)
-        try:
-            debug_adapter.trace(server, token)
-        except BaseException:
-            adapter.kill()
-            control.close()
-            raise
-        api.listen.called = True  # as debugpy.listen() marks it: a second listen() here raises, not hangs
+        control, adapter = debug_adapter.start_here(START_TIMEOUT_S)
         _reply_at_once()
         _debugpy = _Debugpy(secrets.token_hex(8), control, adapter)
         return _debugpy.ident
