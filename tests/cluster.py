@@ -790,3 +790,26 @@ def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]
     report = slurm_cluster_session.check_clean()
     if report:
         pytest.fail(report, pytrace=False)
+
+
+@contextlib.contextmanager
+def veth_namespace(kind: str, subnet_base: int = 200) -> Iterator[tuple[str, str, str]]:
+    """A network namespace joined to this one by a veth pair: another host on a /24 of its
+    own (``10.<subnet_base + 0..49>.<0..255>``).  Yields (namespace, this host's address
+    there, the namespace's address); the namespace, and its veth pair with it, go at the end.
+    The caller checks for root and iproute2 first."""
+    tag = os.urandom(3).hex()
+    ns = f"mk-{kind}-{tag}"
+    net = f"10.{subnet_base + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
+    here, there = f"h{kind[:3]}{tag}", f"n{kind[:3]}{tag}"
+    run(["ip", "netns", "add", ns], timeout=20)
+    try:
+        run(["ip", "-n", ns, "link", "set", "lo", "up"], timeout=20)
+        run(["ip", "link", "add", here, "type", "veth", "peer", "name", there, "netns", ns], timeout=20)
+        run(["ip", "addr", "add", f"{net}.1/24", "dev", here], timeout=20)
+        run(["ip", "link", "set", here, "up"], timeout=20)
+        run(["ip", "-n", ns, "addr", "add", f"{net}.2/24", "dev", there], timeout=20)
+        run(["ip", "-n", ns, "link", "set", there, "up"], timeout=20)
+        yield ns, f"{net}.1", f"{net}.2"
+    finally:
+        run(["ip", "netns", "delete", ns], timeout=20, check=False)

@@ -24,6 +24,7 @@ import time
 
 import pytest
 from _kernels import assert_gone, running
+from cluster import veth_namespace
 
 from monarch_kernel import Actor, ProcessDied, attach_to_workers, endpoint, run_worker_loop_forever
 from monarch_kernel.agent.worker import MAX_UNAUTHENTICATED_PER_PEER
@@ -345,29 +346,14 @@ def test_a_killed_worker_fails_its_ranks_calls_with_process_died_naming_it(worke
 # ---------------------------------------------------------------- another host
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-
 
 @pytest.fixture
 def other_host():
     """A network namespace joined to this one by a veth pair: (namespace, its address)."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 to create a network namespace (`make test` installs iproute2)")
-    tag = os.urandom(3).hex()
-    ns = f"mk-att-{tag}"
-    net = f"10.{150 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
-    _ip("netns", "add", ns)
-    try:
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", f"va{tag}", "type", "veth", "peer", "name", f"vw{tag}", "netns", ns)
-        _ip("addr", "add", f"{net}.1/24", "dev", f"va{tag}")
-        _ip("link", "set", f"va{tag}", "up")
-        _ip("-n", ns, "addr", "add", f"{net}.2/24", "dev", f"vw{tag}")
-        _ip("-n", ns, "link", "set", f"vw{tag}", "up")
-        yield ns, f"{net}.2"
-    finally:
-        _ip("netns", "delete", ns)  # takes the veth pair with it
+    with veth_namespace("att", 150) as (ns, here, there):
+        yield ns, there
 
 
 ANOTHER_HOST = '''

@@ -23,6 +23,7 @@ import time
 import psutil
 import pytest
 from _kernels import kernel, run, text
+from cluster import veth_namespace
 from test_debug import INITIALIZE, Session, start_debugger
 
 from monarch_kernel import Actor, endpoint, this_host
@@ -254,9 +255,6 @@ def test_the_kernel_holds_no_connection_to_a_ranks_debugpy(kc):
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-
 
 @pytest.fixture
 def other_host():
@@ -264,20 +262,8 @@ def other_host():
     loopback this process cannot reach.  Yields (namespace, its address)."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 to create a network namespace (`make test` installs iproute2)")
-    tag = os.urandom(3).hex()
-    ns = f"mk-dbg-{tag}"
-    net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
-    _ip("netns", "add", ns)
-    try:
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", f"vh{tag}", "type", "veth", "peer", "name", f"vr{tag}", "netns", ns)
-        _ip("addr", "add", f"{net}.1/24", "dev", f"vh{tag}")
-        _ip("link", "set", f"vh{tag}", "up")
-        _ip("-n", ns, "addr", "add", f"{net}.2/24", "dev", f"vr{tag}")
-        _ip("-n", ns, "link", "set", f"vr{tag}", "up")
-        yield ns, f"{net}.2"
-    finally:
-        _ip("netns", "delete", ns)  # takes the veth pair with it
+    with veth_namespace("dbg", 200) as (ns, here, there):
+        yield ns, there
 
 
 def test_a_rank_in_another_network_namespace_is_debugged_through_the_tunnel(kc, other_host):

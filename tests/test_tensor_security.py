@@ -18,6 +18,7 @@ import textwrap
 
 import psutil
 import pytest
+from cluster import veth_namespace
 
 import monarch_kernel as mk
 from monarch_kernel import Actor, ActorError, endpoint, inspect, this_host
@@ -119,9 +120,6 @@ def _other_user() -> list[str]:
     return OTHER_USER
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-
 
 @pytest.fixture
 def other_host():
@@ -129,20 +127,8 @@ def other_host():
     network.  Yields (namespace, this host's address on that network)."""
     if os.geteuid() != 0 or shutil.which("ip") is None or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs root and iproute2 to create a network namespace (`make test` installs iproute2)")
-    tag = os.urandom(3).hex()
-    ns = f"mk-sec-{tag}"
-    net = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
-    _ip("netns", "add", ns)
-    try:
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", f"vs{tag}", "type", "veth", "peer", "name", f"vt{tag}", "netns", ns)
-        _ip("addr", "add", f"{net}.1/24", "dev", f"vs{tag}")
-        _ip("link", "set", f"vs{tag}", "up")
-        _ip("-n", ns, "addr", "add", f"{net}.2/24", "dev", f"vt{tag}")
-        _ip("-n", ns, "link", "set", f"vt{tag}", "up")
-        yield ns, f"{net}.1"
-    finally:
-        _ip("netns", "delete", ns)  # takes the veth pair with it
+    with veth_namespace("sec", 200) as (ns, here, there):
+        yield ns, here
 
 
 def _link_names(pids: list[int]) -> set[str]:
