@@ -186,7 +186,7 @@ def test_mixing_meshes_or_a_local_tensor_raises_on_its_line(procs):
                                                  r"of mesh 'procs\d*' \{gpus=4\}.*t.to_mesh\(mesh\)"):
                 t + h
             with pytest.raises(ValueError, match=r"add\(\): a local tensor \(shape \[4\], on the controller\) "
-                                                 r"used with a distributed one of mesh 'procs' \{gpus=4\}"):
+                                                 r"used with a distributed one of mesh 'procs\d*' \{gpus=4\}"):
                 t + here
             with pytest.raises(ValueError, match="a local tensor"):
                 torch.cat([t, here])
