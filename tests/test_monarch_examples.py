@@ -10,6 +10,7 @@ the guide's steps in order, all of them, and make every call it makes (its
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -400,7 +401,9 @@ def test_getting_started_guide_runs_with_the_import_changed(tmp_path):
     assert "dsteps with a shard: 4" in out and "rref: (3, 4)" in out
     assert "context: [\"Actor rank: {'gpus': 0/4}, message rank: {'gpus': 0/4}\"," in out
     assert "memory: 4" in out and "channel: 3" in out and "sent: ['pmem', 'pmem', 'pmem', 'pmem']" in out
-    assert "first inferred with: 1" in out and "second inferred with: 1" in out  # the newest weights
+    # The engine's thread may take the first request before or after the second update (a race
+    # in the guide itself); the second is read a second later, after both updates.
+    assert re.search(r"^first inferred with: [01]$", out, re.M) and "second inferred with: 1" in out
     assert _last_own_line(out) == "guide done"
 
 
