@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 import warnings
@@ -102,6 +103,112 @@ def test_a_far_host_through_a_jump_host(ssh_hosts, checkout_python, tmp_path):
             f.seek(before)
             log = f.read()
         assert f"Accepted publickey for root from {h1} " in log, log
+
+
+# ------------------------------------------------------------ the controller's address
+
+MOVES = '''
+import os, subprocess, sys
+sys.path.insert(0, {tests!r})
+from monarch_kernel import this_host
+from monarch_kernel.job import SSHJob
+from monarch_kernel.runtime.process import Runtime
+from test_ssh_reach import Here
+
+rt = Runtime.current()
+local = this_host().spawn_procs(per_host={{"gpus": 1}}).spawn("here", Here)
+if sys.argv[1] == "loopback":  # an earlier out-of-cluster job listened there
+    print("first", rt.network.listen("127.0.0.1").rsplit(":", 1)[0], flush=True)
+else:  # an earlier job's network, gone since
+    subprocess.run(["ip", "link", "add", {dummy!r}, "type", "veth", "peer", "name", {dummy!r} + "p"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", "10.254.{net}.1/32", "dev", {dummy!r}], check=True)
+        subprocess.run(["ip", "link", "set", {dummy!r}, "up"], check=True)
+        print("first", rt.network.listen("10.254.{net}.1").rsplit(":", 1)[0], flush=True)
+    finally:
+        subprocess.run(["ip", "link", "delete", {dummy!r}], check=True)
+job = SSHJob(python_exe={python!r}, ssh_args={ssh_args!r}, out_of_cluster=False)
+job.add_mesh("workers", [{host!r}])
+try:
+    got = job.state().workers.spawn_procs().spawn("here", Here).here.call().get(timeout=30)
+    print("called", list(got.values())[0][0], rt.network.net_address.rsplit(":", 1)[0], flush=True)
+finally:
+    job.kill()
+print("local", list(local.here.call().get(timeout=30).values())[0][0] == os.uname().nodename, flush=True)
+'''
+
+
+def test_a_controller_moves_off_the_loopback_or_a_network_that_is_gone(ssh_hosts, checkout_python, tmp_path):
+    """The controller's first address came from an earlier job (the loopback, or a network
+    that is gone since): a job whose hosts reach it elsewhere still starts, and a mesh on this
+    host keeps answering."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add and remove an address")
+    tag = os.urandom(2).hex()
+    net = int(tag[:2], 16)
+    script = tmp_path / "moves.py"
+    script.write_text(MOVES.format(tests=os.path.dirname(__file__), python=checkout_python, net=net,
+                                   ssh_args=ssh_hosts.ssh_args, host=ssh_hosts.hosts[0], dummy=f"mkmv{tag}"))
+    for first, ip in (("loopback", "127.0.0.1"), ("gone", f"10.254.{net}.1")):
+        out = subprocess.run([checkout_python, str(script), first], capture_output=True, text=True, timeout=100)
+        assert out.returncode == 0, out.stderr[-4000:]
+        assert out.stdout.splitlines() == [f"first tcp://{ip}", f"called {ssh_hosts.names[0]} "
+                                           f"tcp://{ssh_hosts.controller_ip}", "local True"], out
+
+
+VOID = '''
+import sys, warnings
+sys.path.insert(0, {tests!r})
+from monarch_kernel.job import SSHJob, UnreachableControllerWarning
+from test_ssh_reach import Here
+
+direct = SSHJob(python_exe={python!r}, ssh_args={ssh_args!r}, out_of_cluster=False)
+direct.add_mesh("workers", [{host!r}])
+try:
+    direct.state()
+except ConnectionError as e:
+    print("direct:", str(e).splitlines()[0], flush=True)
+direct.kill()
+job = SSHJob(python_exe={python!r}, ssh_args={ssh_args!r})
+job.add_mesh("workers", [{host!r}])
+try:
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = job.state().workers.spawn_procs().spawn("here", Here).here.call().get(timeout=30)
+    print("auto:", list(got.values())[0][0], [type(w.message).__name__ for w in said], flush=True)
+finally:
+    job.kill()
+'''
+
+
+def test_a_host_whose_packets_to_the_controller_vanish_goes_through_ssh(ssh_hosts, checkout_python, tmp_path):
+    """The host has a route to the controller's address, but nothing arrives (a gateway that
+    is not there, as a firewall that drops): its agent says so, and the job takes the ssh path."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add an address and a route")
+    tag = os.urandom(2).hex()
+    ip, dev = f"10.253.{int(tag[:2], 16)}.1", f"mkvd{tag}"
+    host = ssh_hosts.hosts[1]
+    void = host.rsplit(".", 1)[0] + ".99"  # on the hosts' subnet; no one answers its ARP
+    script = tmp_path / "void.py"
+    script.write_text(VOID.format(tests=os.path.dirname(__file__), python=checkout_python,
+                                  ssh_args=ssh_hosts.ssh_args, host=host))
+    cluster.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", dev + "p"])
+    try:
+        cluster.run(["ip", "addr", "add", f"{ip}/32", "dev", dev])
+        cluster.run(["ip", "link", "set", dev, "up"])
+        cluster.run(["ip", "-n", ssh_hosts.netns(host), "route", "add", f"{ip}/32", "via", void])
+        out = subprocess.run([checkout_python, str(script)], capture_output=True, text=True, timeout=100,
+                             env={**os.environ, "MONARCH_KERNEL_BIND": ip, "MONARCH_KERNEL_REACH_TIMEOUT": "30"})
+    finally:
+        cluster.run(["ip", "-n", ssh_hosts.netns(host), "route", "del", f"{ip}/32"], check=False)
+        cluster.run(["ip", "link", "delete", dev], check=False)
+    assert out.returncode == 0, out.stderr[-4000:]
+    direct, auto = out.stdout.splitlines()
+    assert re.fullmatch(rf"direct: {host} heard nothing back from this controller's address tcp://{ip}:\d+: set "
+                        r"MONARCH_KERNEL_BIND to one it can reach, or pass out_of_cluster=True to reach it through "
+                        r"ssh; it said:", direct), out
+    assert auto == f"auto: {ssh_hosts.names[1]} ['UnreachableControllerWarning']", out
 
 
 # ------------------------------------------------------------ out of cluster

@@ -47,6 +47,7 @@ class HostAgent:
         self.warm = warm
         self.template: TemplateClient | None = None
         self.last_heard = time.monotonic()
+        self.heard = False  # anything from the controller yet: if not, it is out of reach
         self.pids: set[int] = set()  # ranks forked and not yet exited
         self.ending = False
         self._output: list = []  # output read this turn, forwarded as one message
@@ -72,12 +73,15 @@ class HostAgent:
     def _beat(self) -> None:
         silent = time.monotonic() - self.last_heard
         if silent > wire.SILENT_S:
+            if not self.heard:  # the job may start this host's agent again through its ssh connection
+                print(f"{wire.NEVER_HEARD} {self.controller} in {silent:.1f} s", file=sys.stderr, flush=True)
             self.shutdown(f"the controller has been silent for {silent:.1f} s")
         self._say(hw.Beat())
         self.rt.io.loop.call_later(wire.BEAT_S, self._beat)
 
     def on_message(self, origin: str, msg: hw.Message) -> None:
         self.last_heard = time.monotonic()
+        self.heard = True
         handler = self._handlers.get(type(msg))
         if handler is not None:
             handler(msg)

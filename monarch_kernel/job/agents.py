@@ -26,11 +26,17 @@ AGENT_MODULE = "monarch_kernel.agent"
 
 
 def controller_address(rt: Runtime, first_host: str) -> str:
-    """Listen for the job's hosts (once) on the address of our route to ``first_host``, or
-    on MONARCH_KERNEL_BIND; returns the controller's TCP address."""
-    if rt.network.net_address is not None:
-        return rt.network.net_address
-    ip = config.bind_address() or route_to(first_host)
+    """Listen for the job's hosts on the address of our route to ``first_host``, or on
+    MONARCH_KERNEL_BIND; returns the controller's TCP address.  A controller that already
+    listens keeps its address unless that one is of the loopback or gone (``Network.listen``)."""
+    ip = config.bind_address()
+    if ip is None:
+        try:
+            ip = route_to(first_host)
+        except ConnectionError:
+            if rt.network.net_address is not None:  # a name only the hosts know: keep ours
+                return rt.network.net_address
+            raise
     return rt.network.listen(ip)
 
 
@@ -103,7 +109,7 @@ class AgentProcess:
             if self.exited.is_set() or time.monotonic() > deadline:
                 break
         if self.exited.is_set():
-            return not any(line.startswith(wire.NO_ROUTE) for line in self.stderr)
+            return not any(line.startswith(wire.UNREACHED) for line in self.stderr)
         return self.link.up.done()
 
     def wait_up(self, deadline: float, python: str) -> None:
@@ -136,8 +142,9 @@ class AgentProcess:
         said = self._said()
         if taken := re.search(r"remote port forwarding failed for listen port (\d+)", text):
             return port_taken(self.host, taken[1]) + said
-        if wire.NO_ROUTE in text:
-            return (f"{self.host} has no route to this controller's address {self.rt.network.net_address}: set "
+        if wire.NO_ROUTE in text or wire.NEVER_HEARD in text:
+            how = "has no route to" if wire.NO_ROUTE in text else "heard nothing back from"
+            return (f"{self.host} {how} this controller's address {self.rt.network.net_address}: set "
                     "MONARCH_KERNEL_BIND to one it can reach"
                     + (", or pass out_of_cluster=True to reach it through ssh" if self._direct_ssh() else "") + said)
         if "Permission denied (" in text or "Host key verification failed" in text:

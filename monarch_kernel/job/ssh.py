@@ -174,7 +174,7 @@ class SSHJob(JobTrait):
 
     def _start_out_of_cluster(self, rt: Runtime, hosts: list[str]) -> dict[str, AgentProcess]:
         """Agents whose ssh connections carry every connection to and from their hosts."""
-        controller = rt.network.net_address or rt.network.listen("127.0.0.1")  # no network port, unless one is open
+        controller = rt.network.listen("127.0.0.1")  # no network port, unless one is open
         tag = secrets.token_hex(3)
         links = {h: rt.launcher.add_host(h) for h in hosts}
         self._tunnels = {h: Tunnels(h, rt.rundir, f"{tag}{i}", controller[len("tcp://"):].rsplit(":", 1)[0], links[h])

@@ -22,6 +22,10 @@ SILENT_S = config.seconds("agent_silent")
 # What an agent says on its stderr, before it exits, when its host has no route to the
 # controller's address (a job may then start it again through its ssh connection).
 NO_ROUTE = "monarch_kernel.agent: this host has no route to the controller at"
+# ... and when it has one, but nothing came back from the controller there (a firewall, an
+# address of another network, a port nothing forwards).
+NEVER_HEARD = "monarch_kernel.agent: nothing came back from the controller at"
+UNREACHED = (NO_ROUTE, NEVER_HEARD)
 
 
 def encode(host_id: str, origin: str, msg: Message) -> tuple[Header, list]:

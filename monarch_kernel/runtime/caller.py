@@ -129,7 +129,8 @@ class Caller:
         if h.hop == 0:
             call = self.calls.get(h.call_id)
             if call is not None and call.inbox is not None and (
-                    h.origin == call.inbox.address or h.origin == call.inbox.net_address):
+                    h.origin == call.inbox.address or h.origin == call.inbox.net_address
+                    or h.origin in call.inbox.former):
                 call.add(parts)
             return
         st = self.rt.server.nodes.add((h.origin, h.call_id), h.ranks[0], parts)
@@ -312,7 +313,7 @@ class Caller:
         a mesh that process belongs to, whose key signs the message (default: our own)."""
         rt = self.rt
         address = rt.network.reach(rt.address, address)
-        if address == rt.address or address == rt.inbox.net_address:
+        if address == rt.address or rt.inbox.owns(address):
             rt.io.call_soon(rt.ports.deliver, port_id, part)
             return
         # By default sign as a member of this process's mesh: whoever opened the port talks

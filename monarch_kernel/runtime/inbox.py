@@ -35,10 +35,11 @@ _recv = zmq.backend.Socket.recv
 class Inbox:
     """``address`` is where it listens (``tcp://ip:*`` picks a port; TCP binds serve Curve with
     ``curve``); ``net_address``, once ``listen_tcp`` ran, is a second, TCP, address of the
-    same socket for peers on other hosts."""
+    same socket for peers on other hosts (``net_ip`` its IP; ``former``: the TCP addresses it
+    listened on before, still bound, when the process moved to another IP)."""
 
-    __slots__ = ("sock", "address", "net_address", "lease", "missed", "watched", "_timeout_ms", "_ptr", "_recv",
-                 "dg", "items", "__weakref__")
+    __slots__ = ("sock", "address", "net_address", "net_ip", "former", "lease", "missed", "watched", "_timeout_ms",
+                 "_ptr", "_recv", "dg", "items", "__weakref__")
 
     def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None):
         self.sock = ctx.socket(zmq.PULL)
@@ -61,6 +62,8 @@ class Inbox:
             raise
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.net_address: str | None = self.address if tcp else None
+        self.net_ip: str | None = _ip(self.address) if tcp else None
+        self.former: tuple[str, ...] = ()
         self.lease = threading.Lock()
         self.missed = False  # the IO thread found it readable while someone else held it
         self.watched = False  # the IO thread polls it too
@@ -76,13 +79,21 @@ class Inbox:
 
     def listen_tcp(self, ip: str, curve: CurveKeys | None) -> str:
         """Also listen on ``tcp://ip:<free port>`` (a Curve server when ``curve`` is given;
-        the ipc bind keeps its plain options); returns that address."""
-        if self.net_address is None:
-            if curve is not None:
+        the ipc bind keeps its plain options); returns that address.  Listening on another IP
+        keeps the old address bound (``former``) for the peers that hold it."""
+        if self.net_address is None or self.net_ip != ip:
+            if self.net_address is None and curve is not None:
                 curve.serve(self.sock)
             self.sock.bind(f"tcp://{ip}:*")
+            if self.net_address is not None:
+                self.former += (self.net_address,)
             self.net_address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.net_ip = ip
         return self.net_address
+
+    def owns(self, address: str) -> bool:
+        """Whether ``address`` is one this inbox listens on."""
+        return address == self.address or address == self.net_address or address in self.former
 
     def recv(self):
         """One message's frames, or None when nothing is waiting."""
@@ -158,3 +169,7 @@ def actor_address(base: str, actor: str) -> str:
     if base.startswith("tcp://"):
         return base
     return f"{base}.{hashlib.blake2b(actor.encode(), digest_size=5).hexdigest()}"
+
+
+def _ip(address: str) -> str:
+    return address[len("tcp://"):].rsplit(":", 1)[0]

@@ -7,7 +7,9 @@ address as well, served with CurveZMQ.  Nothing here sends or reads a message.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 from collections.abc import Callable
 
 import zmq
@@ -127,9 +129,13 @@ class Network:
     def listen(self, ip: str, curve: CurveKeys | None = None) -> str:
         """Listen for processes on other hosts too: the main inbox gets a TCP address on
         ``ip``, a CurveZMQ server with the job's keys (made here unless given); later inboxes
-        follow.  Returns the main inbox's TCP address; a second call returns the same."""
+        follow.  Returns the main inbox's TCP address.  A later call returns the same, unless
+        that one is of the loopback and ``ip`` is not, or its IP has left this machine (a
+        network that is gone): then the process moves to ``ip``, and its old addresses stay
+        bound for the peers that hold them (this machine reaches ``ip`` too)."""
         assert self.main is not None
-        if self.main.net_address is not None:
+        old = self.main.net_ip
+        if old is not None and not _moves(old, ip):
             return self.main.net_address
         if self.curve is None:
             self.set_keys(curve or CurveKeys.generate())
@@ -154,7 +160,7 @@ class Network:
 
     def answerable(self, inbox: Inbox, dest: str) -> str:
         """The address of ``inbox`` a peer at ``dest`` can answer: its TCP one for a TCP peer."""
-        if dest[:4] == "tcp:" and inbox.net_address is None and self.bind_ip is not None:
+        if dest[:4] == "tcp:" and inbox.net_ip != self.bind_ip and self.bind_ip is not None:
             with inbox.lease:
                 self._listened(inbox.listen_tcp(self.bind_ip, self.curve))
         return inbox.net_address if dest[:4] == "tcp:" and inbox.net_address else inbox.address
@@ -181,6 +187,28 @@ class Network:
         if dest[:4] != "tcp:" or self.net_address is None:
             return dict(job_ports)
         return {k: (self.net_address if a == own else a, p) for k, (a, p) in job_ports.items()}
+
+
+def _moves(old: str, new: str) -> bool:
+    """Whether a process listening on ``old`` listens on ``new`` instead (``Network.listen``)."""
+    if old == new:
+        return False
+    if _loopback(old) and not _loopback(new):
+        return True
+    family = socket.AF_INET6 if ":" in old else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((old.strip("[]"), 0))
+        except OSError:  # EADDRNOTAVAIL: no interface has it any more
+            return True
+    return False
+
+
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _endpoint(raw) -> str | None:
