@@ -66,9 +66,6 @@ class LineReader:
         if not self.closed and data:
             self._feed(data)
 
-    def drain(self) -> None:
-        """Nothing to read: what was forwarded has been fed already."""
-
     def close(self) -> None:
         if self.closed:
             return
