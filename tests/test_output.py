@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel.kernel.output import HOLD_S, Collapser, CollapsingSink
 from monarch_kernel.runtime.output import LineReader
@@ -252,9 +253,9 @@ def test_a_long_line_is_read_in_linear_time_and_cut_into_bounded_pieces(io_loop)
     assert blocked < 4, f"writing a 32 MiB line blocked for {blocked:.1f} s"
 
 
-def test_pieces_of_a_long_line_never_split_a_character(io_loop, monkeypatch):
-    monkeypatch.setenv("MONARCH_KERNEL_MAX_LINE", "1024")
-    reader = Reader(io_loop)
+def test_pieces_of_a_long_line_never_split_a_character(io_loop):
+    with configured(max_line=1024):
+        reader = Reader(io_loop)  # its LineReader reads max_line when it is made
     text = "é€" * 5000
     reader.write_and_close(text.encode() + b"\r\nshort\r\ntail without newline")
     assert "".join(reader.got[:-2]) == text
