@@ -18,6 +18,7 @@ import sys
 import textwrap
 
 import pytest
+from _config import configured
 from _kernels import kernel, run
 
 from monarch_kernel.runtime import config
@@ -107,6 +108,20 @@ def test_a_given_value_wins_over_the_variable_which_wins_over_the_default(monkey
         config.get("heartbeat")
     monkeypatch.setenv("MONARCH_KERNEL_FANOUT", "0")
     assert config.fanout() == 1  # the minimum
+
+
+def test_configured_gives_each_setting_back_as_it_was():
+    """The tests' ``configured(**settings)``: nested, it gives back the outer value; a constant
+    named is refused before anything is given."""
+    with configured(heartbeat_timeout=1.5, strict=True):
+        assert config.heartbeat_timeout() == 1.5 and config.strict() is True
+        with configured(heartbeat_timeout="3"):
+            assert config.heartbeat_timeout() == 3.0
+        assert config.heartbeat_timeout() == 1.5 and config.given("heartbeat_timeout") == 1.5
+    assert config.given("heartbeat_timeout") is None and config.given("strict") is None
+    with pytest.raises(ValueError, match="agent_beat is a constant of the code"), configured(fanout=3, agent_beat=1):
+        pass
+    assert config.given("fanout") is None
 
 
 def test_every_kernel_setting_is_a_configurable_meshkernel_trait():

@@ -16,6 +16,7 @@ from dataclasses import astuple, replace
 import numpy as np
 import pytest
 import torch
+from _config import configured
 from _freeze import freeze
 
 from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
@@ -309,15 +310,14 @@ def test_transports_say_why():
     assert alias is RDMABuffer
 
 
-def test_a_forced_transport_that_cannot_serve_is_an_error(monkeypatch):
+def test_a_forced_transport_that_cannot_serve_is_an_error():
     with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
         owner = procs.spawn("owner", Owner)
         buf, _ = owner.make.call_one("x", 10).get(timeout=30)
-        monkeypatch.setenv("MONARCH_KERNEL_DATA_TRANSPORT", "carrier-pigeon")
-        with pytest.raises(TransferError, match="use one of ibverbs, cuda_ipc, shm, tcp"):
+        with configured(data_transport="carrier-pigeon"), \
+                pytest.raises(TransferError, match="use one of ibverbs, cuda_ipc, shm, tcp"):
             buf.read_into(bytearray(10)).get(timeout=10)
-        monkeypatch.setenv("MONARCH_KERNEL_DATA_TRANSPORT", "cuda_ipc")
-        with pytest.raises(TransferError, match="CPU memory"):
+        with configured(data_transport="cuda_ipc"), pytest.raises(TransferError, match="CPU memory"):
             buf.read_into(bytearray(10)).get(timeout=10)
 
 

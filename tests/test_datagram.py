@@ -20,9 +20,10 @@ import psutil
 import pytest
 import zmq
 from _actors import wait_for  # noqa: I001  (tests/ is on sys.path)
+from _config import configured
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.runtime import config, rejects, unfinished
+from monarch_kernel.runtime import rejects, unfinished
 from monarch_kernel.runtime.auth import Dropped, Signer
 from monarch_kernel.runtime.datagram import DGRAM_MAX, path_of
 from monarch_kernel.runtime.envelope import Header
@@ -215,8 +216,7 @@ def test_bad_datagrams_are_dropped_before_anything_is_unpickled(wire, tmp_path):
 
 
 def test_datagrams_off_leaves_ipc_to_zeromq(tmp_path):
-    config.set("datagrams", False)
-    try:
+    with configured(datagrams=False):
         w = Wire(tmp_path)
         try:
             inbox = w.inbox()
@@ -225,8 +225,6 @@ def test_datagrams_off_leaves_ipc_to_zeromq(tmp_path):
             assert [g[0] for g in w.received(inbox, 1)] == [1]
         finally:
             w.close()
-    finally:
-        config.set("datagrams", None)
 
 
 def test_a_link_waiting_for_a_peer_that_is_gone_stops_trying(wire):
@@ -313,20 +311,17 @@ def grew(after: dict, before: dict) -> dict:
 def small(tmp_path):
     """A wire whose inboxes take messages of at most 1 MiB (and its envelope) in pieces,
     age unfinished ones after 0.3 s, and a raw datagram socket onto its inbox."""
-    config.set("max_frame", MIB)
-    config.set("unfinished_timeout", 0.3)
-    w = Wire(tmp_path)
-    raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-    try:
-        inbox = w.inbox()
-        raw.connect(path_of(inbox.address))
-        yield w, inbox, raw
-    finally:
-        raw.close()
-        w.close()
-        config.set("max_frame", None)
-        config.set("unfinished_timeout", None)
+    with configured(max_frame=MIB, unfinished_timeout=0.3):
+        w = Wire(tmp_path)
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        try:
+            inbox = w.inbox()
+            raw.connect(path_of(inbox.address))
+            yield w, inbox, raw
+        finally:
+            raw.close()
+            w.close()
 
 
 def signed(w: Wire, n: int, body: bytes) -> list:

@@ -8,6 +8,7 @@ import secrets
 
 import numpy as np
 import pytest
+from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime.auth import BULK, Dropped, Signer
@@ -386,13 +387,13 @@ def test_both_paths_drop_the_same_corruptions_for_the_same_reason():
         assert outcome(native, frames) == outcome(python, frames), frames
 
 
-def test_the_setting_turns_the_c_path_off(monkeypatch):
-    monkeypatch.setenv("MONARCH_KERNEL_NATIVE_WIRE", "0")
-    assert not Signer(secrets.token_bytes(32)).native
-    monkeypatch.setenv("MONARCH_KERNEL_NATIVE_WIRE", "1")
+def test_the_setting_turns_the_c_path_off():
+    with configured(native_wire=False):
+        assert not Signer(secrets.token_bytes(32)).native
     from monarch_kernel.runtime import native
 
-    assert Signer(secrets.token_bytes(32)).native == native.is_available()[0]
+    with configured(native_wire=True):
+        assert Signer(secrets.token_bytes(32)).native == native.is_available()[0]
 
 
 class WireProbe(Actor):

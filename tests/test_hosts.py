@@ -17,6 +17,7 @@ import zlib
 import psutil
 import pytest
 import zmq
+from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
 from monarch_kernel.job import SSHJob, job_load
@@ -326,14 +327,11 @@ def test_a_host_without_room_refuses_the_spawn_before_anything_is_forked(job, ss
     """Each host checks its own memory and process limits when the controller asks it for
     ports: with a rank said to cost 1 PiB no host has room, and the spawn is refused, naming
     the host, before any host forks a rank; check_limits=False spawns them anyway."""
-    from monarch_kernel.runtime import config
-
     hosts = job.state().workers
     on_hosts = {h: set(ssh_hosts.pids(h)) for h in ssh_hosts.hosts}  # each one's agent and template
     with pytest.raises(ValueError, match="per_host names a dim 'hosts', which a job's mesh has already"):
         hosts.spawn_procs(per_host={"hosts": 2})
-    config.set("rank_memory", 1 << 50)
-    try:
+    with configured(rank_memory=1 << 50):
         with pytest.raises(ValueError) as info:
             hosts.spawn_procs(per_host={"gpus": 2})
         text = str(info.value)
@@ -344,8 +342,6 @@ def test_a_host_without_room_refuses_the_spawn_before_anything_is_forked(job, ss
         assert {h: set(ssh_hosts.pids(h)) for h in ssh_hosts.hosts} == on_hosts, "a host started a process"
         procs = hosts.spawn_procs(per_host={"gpus": 1}, check_limits=False)
         assert list(procs.spawn("where", Where).echo.call(3).get(timeout=30).values()) == [3, 3]
-    finally:
-        config.set("rank_memory", None)
 
 
 class Gloo(Actor):

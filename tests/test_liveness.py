@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+from _config import configured
 from _freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
@@ -83,11 +84,10 @@ def test_interrupt_cuts_a_blocking_call_short(tmp_path):
         assert [v["value"] for v in value.values()] == ["True", "True"]
 
 
-def test_a_frozen_rank_is_shown_not_responding(monkeypatch):
-    monkeypatch.setenv("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "1.5")
+def test_a_frozen_rank_is_shown_not_responding():
     from monarch_kernel.kernel import status
 
-    with this_host().spawn_procs(per_host={"r": 2}) as procs:
+    with configured(heartbeat_timeout=1.5), this_host().spawn_procs(per_host={"r": 2}) as procs:
         consoles = procs.spawn("console", Console)
         pid = procs._owned.pids[1]
         freeze(pid)
@@ -112,12 +112,11 @@ def test_a_frozen_rank_is_shown_not_responding(monkeypatch):
                 pass
 
 
-def test_restart_kills_and_replaces_a_rank_that_stopped_responding(monkeypatch):
+def test_restart_kills_and_replaces_a_rank_that_stopped_responding():
     """``ProcMesh.restart()``, the one restart path (the magic and the panel call it): with no
     ranks named it takes the dead ranks and the ones not responding, killing those first;
     a live rank that responds is refused."""
-    monkeypatch.setenv("MONARCH_KERNEL_HEARTBEAT_TIMEOUT", "1.5")
-    with this_host().spawn_procs(per_host={"r": 3}) as procs:
+    with configured(heartbeat_timeout=1.5), this_host().spawn_procs(per_host={"r": 3}) as procs:
         consoles = procs.spawn("console", Console)
         consoles.initialized().get(timeout=30)
         frozen = procs._owned.pids[1]

@@ -1,5 +1,5 @@
 """Rank output without a kernel: the collapsing rules on their own, the notebook sink's
-threads writing into a cell's context, and the controller's pipe reader on long lines."""
+threads writing into a cell's context, and the controller's line reader on long lines."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import threading
 import time
 
 import pytest
+from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel.kernel.output import HOLD_S, Collapser, CollapsingSink
-from monarch_kernel.runtime.output import PipeReader
+from monarch_kernel.runtime.output import LineReader
+from monarch_kernel.runtime.template_server import READ_SIZE
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -192,21 +194,37 @@ def test_held_lines_flush_by_rank_and_sync_markers_count(monkeypatch):
 
 
 class Reader:
-    """A PipeReader on the IO loop, with what its sink received."""
+    """A pipe read on the IO loop in chunks, as the template reads a rank's, each fed to the
+    controller's ``LineReader``; with what its sink received."""
 
     def __init__(self, loop):
         self.loop = loop
         self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
         self.got: list[str] = []
         self.eof = threading.Event()
+        self.lines = LineReader("m", 0, "stdout", lambda: self.sink)
         ready = threading.Event()
 
         def start():
-            self.reader = PipeReader(loop, self.r, "m", 0, "stdout", lambda: self.sink, self.eof.set)
+            loop.add_reader(self.r, self._readable)
             ready.set()
 
         loop.call_soon_threadsafe(start)
         assert ready.wait(5), "timed out after 5 s waiting for the reader to start"
+
+    def _readable(self):
+        try:
+            data = os.read(self.r, READ_SIZE)
+        except BlockingIOError:
+            return
+        if data:
+            self.lines.feed(data)
+            return
+        self.loop.remove_reader(self.r)
+        os.close(self.r)
+        self.lines.close()
+        self.eof.set()
 
     def sink(self, mesh, rank, stream, line):
         self.got.append(line)
@@ -235,9 +253,9 @@ def test_a_long_line_is_read_in_linear_time_and_cut_into_bounded_pieces(io_loop)
     assert blocked < 4, f"writing a 32 MiB line blocked for {blocked:.1f} s"
 
 
-def test_pieces_of_a_long_line_never_split_a_character(io_loop, monkeypatch):
-    monkeypatch.setenv("MONARCH_KERNEL_MAX_LINE", "1024")
-    reader = Reader(io_loop)
+def test_pieces_of_a_long_line_never_split_a_character(io_loop):
+    with configured(max_line=1024):
+        reader = Reader(io_loop)  # its LineReader reads max_line when it is made
     text = "é€" * 5000
     reader.write_and_close(text.encode() + b"\r\nshort\r\ntail without newline")
     assert "".join(reader.got[:-2]) == text

@@ -15,6 +15,7 @@ import textwrap
 import psutil
 import pytest
 from _actors import Echo  # noqa: I001  (tests/ is on sys.path)
+from _config import configured
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime import config
@@ -122,8 +123,7 @@ def test_more_ranks_than_free_memory_holds_are_refused_with_what_fits():
 def test_the_override_lets_a_refused_count_through():
     """With a rank said to cost 1 PiB no host holds 2 ranks; check_limits=False (or the
     setting) spawns them anyway, and they answer."""
-    config.set("rank_memory", 1 << 50)
-    try:
+    with configured(rank_memory=1 << 50):
         before = _children()
         with pytest.raises(ValueError) as info:
             this_host().spawn_procs(per_host={"gpus": 2})
@@ -133,12 +133,8 @@ def test_the_override_lets_a_refused_count_through():
         assert _children() - before == set()
         with this_host().spawn_procs(per_host={"gpus": 2}, check_limits=False) as procs:
             assert list(procs.spawn("echo", Echo).echo.call(1).get(timeout=30).values()) == [1, 1]
-        config.set("check_limits", False)
-        with this_host().spawn_procs(per_host={"gpus": 1}) as procs:
+        with configured(check_limits=False), this_host().spawn_procs(per_host={"gpus": 1}) as procs:
             assert procs.spawn("echo", Echo).echo.call_one(2).get(timeout=30) == 2
-    finally:
-        config.set("rank_memory", None)
-        config.set("check_limits", None)
 
 
 # A fresh controller whose open-files limit is lowered to just under what N ranks need (by the

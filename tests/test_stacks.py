@@ -10,11 +10,11 @@ import signal
 import time
 
 import pytest
+from _config import configured
 from _freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.actor.stack_report import StackReport
-from monarch_kernel.runtime import config
 from monarch_kernel.spmd import collectives, setup_torch_distributed
 
 pytestmark = pytest.mark.timeout(180)
@@ -135,11 +135,10 @@ def test_a_rank_that_cannot_answer_and_may_not_be_read_says_why(eight):
     procs, _, poke = eight
     pid = poke.slice(gpus=4).pid.call_one().get(timeout=30)
     freeze(pid)
-    config.set("stacks_py_spy", False)
     try:
-        r = procs.stacks([0, 4], all_threads=True, runtime_frames=True, timeout=3)
+        with configured(stacks_py_spy=False):
+            r = procs.stacks([0, 4], all_threads=True, runtime_frames=True, timeout=3)
     finally:
-        config.set("stacks_py_spy", None)
         os.kill(pid, signal.SIGCONT)
     ok, stopped = r.stacks
     assert ok.method == "in-process" and any(t.name == "MainThread" for t in ok.threads), ok

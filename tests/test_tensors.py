@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from _actors import wait_for  # noqa: E402
+from _config import configured  # noqa: E402
 
 import monarch_kernel as mk  # noqa: E402
 from monarch_kernel import (  # noqa: E402
@@ -223,10 +224,7 @@ def test_dropped_handles_free_the_ranks_tensors(procs):
 
 
 def test_a_fetch_does_not_wait_on_deletes_and_they_still_reach_the_ranks():
-    from monarch_kernel.runtime import config
-
-    config.set("tensor_flush", 0.5)  # deletes a fetch left go 5 s later: the fetch is seen alone
-    try:
+    with configured(tensor_flush=0.5):  # deletes a fetch left go 5 s later: the fetch is seen alone
         with this_host().spawn_procs(per_host={"gpus": 2}) as pm:
             with pm.activate():
                 x = torch.ones(2)
@@ -241,15 +239,10 @@ def test_a_fetch_does_not_wait_on_deletes_and_they_still_reach_the_ranks():
             wait_for(lambda: client.seq > sent, timeout=30)  # the flusher sent the delete on its own
             stats = client.backend.stats(client.seq).get(timeout=60)  # (no flush of its own)
             assert [v["refs"] for v in stats.values()] == [1, 1]  # x alone is left
-    finally:
-        config.set("tensor_flush", None)
 
 
 def test_a_temporary_passed_to_an_endpoint_lives_until_the_call_is_answered():
-    from monarch_kernel.runtime import config
-
-    config.set("tensor_flush", 0.001)  # a dead handle's delete leaves within milliseconds
-    try:
+    with configured(tensor_flush=0.001):  # a dead handle's delete leaves within milliseconds
         with this_host().spawn_procs(per_host={"gpus": 2}) as pm:
             lin = pm.spawn("lin", Linear)
             with pm.activate():
@@ -267,8 +260,6 @@ def test_a_temporary_passed_to_an_endpoint_lives_until_the_call_is_answered():
                 return [v["refs"] for v in client.backend.stats(client.seq).get(timeout=60).values()] == [1, 1]
 
             wait_for(only_x_left, timeout=30)  # and once answered, it was deleted
-    finally:
-        config.set("tensor_flush", None)
 
 
 def test_a_module_trains_on_every_rank(procs):

@@ -168,8 +168,8 @@ class Endpoint:
         rt = m._check_running()
         body = dumps_plain((args, kwargs))
         if body is not None:  # scalars: nothing to put in shared memory
-            return rt.caller.call(m._proc_ref, m._actor_id, self._name, ranks, body, mode=mode,
-                                  on_part=on_part, slice_info=slice_info, callbacks=callbacks)
+            return rt.call(m._proc_ref, m._actor_id, self._name, ranks, body, mode=mode,
+                           on_part=on_part, slice_info=slice_info, callbacks=callbacks)
         what = f"{m._class_name}.{self._name}"
         hosts = m._proc_ref.hosts
         tensors = sys.modules.get("monarch_kernel.tensors.controller.client")  # loaded once tensors exist

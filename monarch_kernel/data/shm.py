@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 
+from ..runtime import shm as segments
 from . import client, tcp, wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone
 from .memory import Memory, copy
@@ -28,8 +29,8 @@ from .memory import Memory, copy
 
 
 def is_available() -> tuple[bool, str]:
-    if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
-        return False, "/dev/shm is missing or not writable"
+    if not segments.available():
+        return False, f"{segments.ROOT} is missing or not writable"
     return True, ("peers on this host copy straight out of the owner's memory: torch CPU tensors "
                   "are moved into shared memory when registered; other memory streams over a "
                   "local socket")
@@ -53,7 +54,7 @@ def move_to_shared(mem: Memory) -> tuple[int, int, int] | None:
     torch = sys.modules["torch"]
     if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
         return None
-    if not t.is_shared() and _shm_free() < t.untyped_storage().nbytes():
+    if not t.is_shared() and segments.free_bytes() < t.untyped_storage().nbytes():
         # torch would create a named /dev/shm/torch_* file, fail to allocate it, and leave it.
         return None
     try:
@@ -67,14 +68,6 @@ def move_to_shared(mem: Memory) -> tuple[int, int, int] | None:
     mem.view = memoryview((ctypes.c_char * mem.nbytes).from_address(t.data_ptr())).cast("B")
     offset = t.data_ptr() - storage.data_ptr()
     return fd, size, offset
-
-
-def _shm_free() -> int:
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
 
 
 def _unlink_torch_leftover(message: str) -> None:

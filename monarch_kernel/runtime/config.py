@@ -299,6 +299,12 @@ def set(name: str, value: Any) -> None:
         _given[name] = s.parse(str(value)) if isinstance(value, str) else s.type(value)
 
 
+def given(name: str) -> Any:
+    """The value given to setting ``name`` with ``set()``, or None: what to give back after
+    a temporary ``set()``."""
+    return _given.get(setting(name).name)
+
+
 def exported_env() -> dict[str, str]:
     """The values given with ``set()``, as environment variables: spawned ranks (and what they
     spawn) see what this process sees.  A spawn's own ``env=`` wins over them."""

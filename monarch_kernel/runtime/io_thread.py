@@ -14,23 +14,13 @@ _get_ident = threading.get_ident
 
 
 class IOThread:
-    def __init__(self, name: str = "monarch-io", start: bool = True):
+    def __init__(self, name: str = "monarch-io"):
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        if not start:
-            self.thread = threading.current_thread()
-            self._ident = self.thread.ident
-            asyncio.set_event_loop(self.loop)
-            return
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
         self._ready.wait()
         self._ident = self.thread.ident
-
-    @classmethod
-    def in_this_thread(cls) -> IOThread:
-        """For ranks: the loop runs in the calling (main) thread, which then runs it forever."""
-        return cls(start=False)
 
     def _run(self):
         asyncio.set_event_loop(self.loop)

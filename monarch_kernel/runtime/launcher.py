@@ -225,8 +225,6 @@ class Launcher:
         om, r = entry
         assert status is not None  # the template reports a rank's exit with its wait status
         remove_inboxes(om.ref.addresses[r])
-        for reader in om.readers[r]:
-            reader.drain()
         self.rt.receiver.drain(self.rt.inbox)  # answers it sent just before dying still count
         info = DeathInfo.from_status(om.ref.name, r, pid, om.ref.hosts[r], status, om.readers[r][1].tail)
         info.stopped = om.stopping
@@ -252,9 +250,6 @@ class Launcher:
                     python = source.rsplit("#", 1)[0]
                     reason = (f"(the template running {python} exited before forking it: can {python} "
                               "start and import monarch_kernel?)")
-                if rank_pid is not None:
-                    for reader in om.readers[r]:
-                        reader.drain()
                 self._died(om, r, DeathInfo(om.ref.name, r, rank_pid or 0, om.ref.hosts[r], None,
                                             signal.SIGKILL if rank_pid is not None or link else None,
                                             [reason], om.stopping))

@@ -1,4 +1,5 @@
-"""Ranks' stdout and stderr, read from the pipes their file descriptors 1 and 2 point at.
+"""Ranks' stdout and stderr, cut into lines as the template (or host agent) forwards what it
+read from the pipes their file descriptors 1 and 2 point at.
 
 Captured at the fd level, so C extensions and child processes are caught too.  Lines go to
 a sink (the kernel plugs in its own); the last stderr lines of each rank are kept for death
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import sys
 from collections.abc import Callable
 
@@ -24,8 +24,6 @@ Sink = Callable[[str, int, str, str], None]
 
 TAIL_LINES = 20
 TAIL_CHARS = 4096  # a death report quotes at most this much of each stderr line
-READ_SIZE = 1 << 20
-PIPE_SIZE = 1 << 20  # ask for a 1 MiB pipe: a rank's big write needs fewer IO-thread wakeups
 
 
 def print_sink(mesh: str, rank: int, stream: str, line: str) -> None:
@@ -34,15 +32,6 @@ def print_sink(mesh: str, rank: int, stream: str, line: str) -> None:
         out.write(f"[rank {rank}] {line}\n")
         out.flush()
     except (ValueError, OSError):  # the controller's own stream is closed
-        pass
-
-
-def _grow_pipe(fd: int) -> None:
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except (ImportError, AttributeError, OSError):  # not Linux, or over pipe-max-size: keep the default
         pass
 
 
@@ -76,9 +65,6 @@ class LineReader:
     def feed(self, data: bytes) -> None:
         if not self.closed and data:
             self._feed(data)
-
-    def drain(self) -> None:
-        """Nothing to read: what was forwarded has been fed already."""
 
     def close(self) -> None:
         if self.closed:
@@ -136,52 +122,3 @@ class LineReader:
         else:
             self._parts = [rest] if rest else []
             self._held = len(rest)
-
-
-class PipeReader(LineReader):
-    """A ``LineReader`` that reads a pipe itself, on the IO loop; calls ``on_eof`` at EOF
-    (the template reads its ranks' pipes this way, in its own loop)."""
-
-    def __init__(self, loop, fd: int, mesh: str, rank: int, stream: str,
-                 sink: Callable[[], Sink], on_eof: Callable[[], None]):
-        super().__init__(mesh, rank, stream, sink)
-        self.loop, self.fd = loop, fd
-        self._on_eof = on_eof
-        os.set_blocking(fd, False)
-        _grow_pipe(fd)
-        loop.add_reader(fd, self._readable)
-
-    def _read_once(self) -> bool:
-        """Read one chunk; False when nothing more is available now."""
-        if self.closed:
-            return False
-        try:
-            data = os.read(self.fd, READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self.close()
-            return False
-        self._feed(data)
-        return True
-
-    def _readable(self) -> None:
-        self._read_once()
-
-    def drain(self) -> None:
-        """Read whatever is buffered right now (used before reporting a death)."""
-        while self._read_once():
-            pass
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        super().close()
-        try:
-            self.loop.remove_reader(self.fd)
-        except Exception:  # loop already closed at interpreter exit
-            pass
-        os.close(self.fd)
-        self._on_eof()

@@ -109,12 +109,12 @@ class Segments:
 
     def _room_for(self, nbytes: int) -> bool:
         """Whether a new segment of ``nbytes`` fits, giving back warm segments if that helps."""
-        free = _free_bytes()
+        free = free_bytes()
         if free >= nbytes:
             return True
         if self._pool:
             self.trim()
-            free = _free_bytes()
+            free = free_bytes()
             if free >= nbytes:
                 return True
         _say_full(nbytes, f"it has {free / (1 << 20):.1f} MiB free")
@@ -200,8 +200,12 @@ class Segments:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _free_bytes() -> int:
-    st = os.statvfs(ROOT)
+def free_bytes() -> int:
+    """Bytes a new segment may take in ``/dev/shm`` now; 0 where it cannot be asked."""
+    try:
+        st = os.statvfs(ROOT)
+    except OSError:
+        return 0
     return st.f_bavail * st.f_frsize
 
 

@@ -82,133 +82,150 @@ def serve() -> None:
     nofile = raise_nofile_limit()
     sock = socket.socket(fileno=fd)
     _warm_up(sys.argv[3:])
+    template = _Template(sock, nofile)
+    signal.signal(signal.SIGTERM, lambda *_: template.shutdown())
+    if pending_term:
+        template.shutdown()
+    template.run()
 
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    os.set_blocking(wake_r, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: dict[int, _Rank] = {}
-    by_fd: dict[int, _Rank] = {}
-    stdin = sys.stdin.fileno()
-    cleanup: list[str] = []  # the controller's run directory, if it is ours to remove
-    sweeps: list[float] = []  # monotonic times at which to end orphans of dead ranks
-    out = Outbox(sock)
-    sel = selectors.DefaultSelector()  # epoll: thousands of pipes, past select()'s 1,024
-    sampler = StackSampler(sel, lambda tag, pid, status, o, e: out.send(StackDump(tag, pid, status, o, e)))
-    for f in (sock.fileno(), wake_r, stdin):
-        sel.register(f, selectors.EVENT_READ)
-    sock.setblocking(False)
-    out.send(Ready(nofile))
-    batch: list = []  # output read this turn: [[pid, fd, data], ...], sent as one message
-    batch_bytes = 0
-    next_beats = time.monotonic() + BEATS_S
-    reading = True  # False while the outbox is full (backpressure on the ranks' output)
 
-    def flush_batch():
-        nonlocal batch, batch_bytes
-        if batch:
-            out.send(Output(batch))
-            batch, batch_bytes = [], 0
+class _Template:
+    """The template process: the ranks it forked, the read ends of their pipes, the output
+    read but not yet sent, and its one socket to the controller.  One thread, one selector."""
 
-    def read_pipe(rank: _Rank, f: int) -> bool:
-        """One read of a rank's pipe; False at EOF (then it is closed) or when empty."""
-        nonlocal batch_bytes
-        try:
-            data = os.read(f, READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            sel.unregister(f)
-            os.close(f)
-            del rank.fds[f]
-            by_fd.pop(f, None)
-            return False
-        kind = rank.fds[f]
-        if kind == 0:
-            control(rank, data)
-        else:
-            batch.append([rank.pid, kind, data])
-            batch_bytes += len(data)
-            if batch_bytes >= BATCH_BYTES:
-                flush_batch()
-        return True
+    def __init__(self, sock: socket.socket, nofile: int):
+        self.sock = sock
+        self.wake_r, self.wake_w = os.pipe()  # SIGCHLD wakes the selector through this pipe
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.children: dict[int, _Rank] = {}
+        self.by_fd: dict[int, _Rank] = {}
+        self.stdin = sys.stdin.fileno()
+        self.cleanup: list[str] = []  # the controller's run directory, if it is ours to remove
+        self.sweeps: list[float] = []  # monotonic times at which to end orphans of dead ranks
+        self.out = Outbox(sock)
+        self.sel = selectors.DefaultSelector()  # epoll: thousands of pipes, past select()'s 1,024
+        self.sampler = StackSampler(
+            self.sel, lambda tag, pid, status, o, e: self.out.send(StackDump(tag, pid, status, o, e)))
+        for f in (sock.fileno(), self.wake_r, self.stdin):
+            self.sel.register(f, selectors.EVENT_READ)
+        sock.setblocking(False)
+        self.out.send(Ready(nofile))
+        self.batch: list = []  # output read this turn: [[pid, fd, data], ...], sent as one message
+        self.batch_bytes = 0
+        self.next_beats = time.monotonic() + BEATS_S
+        self.reading = True  # False while the outbox is full (backpressure on the ranks' output)
 
-    def control(rank: _Rank, data: bytes):
-        for frame in rank.control.feed(data):
-            if not frame:
-                rank.beat = True
-            else:
-                flush_batch()  # what it printed before its hello comes first
-                out.send(Hello(rank.pid, frame))
+    # ------------------------------------------------------------ the loop
 
-    def release(rank: _Rank):
-        """A rank exited: forward what its pipes still hold, then close them."""
-        for f in list(rank.fds):
-            while f in rank.fds and read_pipe(rank, f):
+    def run(self) -> NoReturn:
+        while True:
+            try:
+                events = self.sel.select(self._timeout())
+            except InterruptedError:
+                continue
+            for key, _mask in events:
+                self._readable(key.fd)
+            self.sampler.tick()
+            self._flush_output()
+            self._send_beats()
+            self.out.flush()
+            self._set_reading(not self.out.full)
+
+    def _timeout(self) -> float:
+        """Seconds until the next thing due: the heartbeats, an orphan sweep (ending any that
+        are due now), the stack sampler, or a retry of a full socket."""
+        now = time.monotonic()
+        timeout = max(0.0, self.next_beats - now)
+        if self.sweeps:
+            if min(self.sweeps) <= now:
+                self.sweeps[:] = [t for t in self.sweeps if t > now]
+                self._end_orphans()
+            if self.sweeps:
+                timeout = min(timeout, max(0.0, min(self.sweeps) - now))
+        if self.sampler.next_deadline is not None:
+            timeout = min(timeout, max(0.0, self.sampler.next_deadline - now))
+        if self.out.queue:
+            timeout = min(timeout, 0.01)  # the socket had no room: try again soon
+        return timeout
+
+    def _readable(self, f: int) -> None:
+        if f == self.wake_r:
+            try:
+                os.read(self.wake_r, 4096)
+            except BlockingIOError:
                 pass
-            if f in rank.fds:
-                sel.unregister(f)
-                os.close(f)
-                by_fd.pop(f, None)
-        rank.fds.clear()
+            self._reap()
+        elif f == self.stdin:
+            if not os.read(self.stdin, 4096):  # the controller is gone
+                self.shutdown()
+        elif f == self.sock.fileno():
+            self._receive()
+        elif not self.sampler.readable(f):
+            rank = self.by_fd.get(f)
+            if rank is not None:
+                self._read_pipe(rank, f)
 
-    def sweep():
-        """End every child that is not a rank: a descendant of a rank that died (ranks are
-        subreapers themselves, so a live rank's orphans never come here)."""
-        for pid in children_of_self():
-            if pid not in children and not sampler.owns(pid):
-                end_tree(pid)
+    def _send_beats(self) -> None:
+        """Every ``BEATS_S``: the ranks whose control pipe said they are alive since the last."""
+        now = time.monotonic()
+        if now < self.next_beats:
+            return
+        beats = [r.pid for r in self.children.values() if r.beat]
+        for r in self.children.values():
+            r.beat = False
+        if beats:
+            self.out.send(Beats(beats))
+        self.next_beats = now + BEATS_S
+
+    # ------------------------------------------------------------ the controller's requests
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                msg, _fds = recv_msg(self.sock)
+            except BlockingIOError:
+                return
+            except MalformedMessage:
+                continue
+            except OSError:
+                msg = None
+            if msg is None:
+                self.shutdown()
+            elif type(msg) is Fork:
+                self._fork(msg)
+            elif type(msg) is Stacks:
+                for pid in msg.pids:
+                    if pid not in self.children:
+                        self.out.send(StackDump(msg.tag, pid, -1, b"", b"not a live rank of this template"))
+                self.sampler.start(msg.tag, [p for p in msg.pids if p in self.children], msg.native)
+            elif type(msg) is Drain:
+                self._drain(msg)
+            elif type(msg) is Kill:
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(msg.pid, msg.signal)
                 except ProcessLookupError:
                     pass
 
-    def reap():
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            if sampler.reaped(pid, status):
-                continue
-            rank = children.pop(pid, None)
-            if rank is None:
-                continue  # an orphan we ended
-            end_tree(pid)  # the rank's subprocesses go with it
-            release(rank)
-            flush_batch()
-            sweep()
-            now = time.monotonic()
-            sweeps.extend(now + d for d in SWEEP_AFTER_S)
-            out.send(Exit(pid, status))
+    def _drain(self, msg: Drain) -> None:
+        """Read each rank's pipes dry, send it, then say so."""
+        for f, owner in list(self.by_fd.items()):
+            for _ in range(64):  # at most 4 MiB a pipe: a rank printing on does not hold us
+                if owner.fds.get(f) not in (1, 2) or not self._read_pipe(owner, f):
+                    break
+        self._flush_output()
+        self.out.send(Drained(msg.tag))
 
-    def shutdown() -> NoReturn:
-        for pid in list(children):
-            end_tree(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        sweep()
-        for d in cleanup:
-            import shutil
-
-            shutil.rmtree(d, ignore_errors=True)
-        os._exit(0)
-
-    def fork(msg: Fork) -> None:
+    def _fork(self, msg: Fork) -> None:
         # The config is decoded in the child: a bad one costs that rank, not the template.
-        if not cleanup:
-            cleanup.extend(msg.config.get("cleanup_dirs") or [])
+        if not self.cleanup:
+            self.cleanup.extend(msg.config.get("cleanup_dirs") or [])
         try:
             fds = _rank_pipes()
         except OSError as e:
-            out.send(ForkFailed(msg.tag, limit_error(e, "pipes for a new rank")))
+            self.out.send(ForkFailed(msg.tag, limit_error(e, "pipes for a new rank")))
             return
         (out_r, out_w), (err_r, err_w), (ctl_r, ctl_w) = fds
         try:
@@ -216,126 +233,143 @@ def serve() -> None:
         except OSError as e:
             for f in (out_r, out_w, err_r, err_w, ctl_r, ctl_w):
                 os.close(f)
-            out.send(ForkFailed(msg.tag, limit_error(e, "a new process")))
+            self.out.send(ForkFailed(msg.tag, limit_error(e, "a new process")))
             return
         if pid == 0:
             os.setpgid(0, 0)  # its own process group: its subprocesses end with it
             become_subreaper()
-            sel.close()
-            for f in [wake_r, wake_w, out_r, err_r, ctl_r, *by_fd]:
+            self.sel.close()
+            for f in [self.wake_r, self.wake_w, out_r, err_r, ctl_r, *self.by_fd]:
                 os.close(f)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            sock.close()
+            self.sock.close()
             _become_rank(msg.config, [out_w, err_w, ctl_w], os.getppid())
         for f in (out_w, err_w, ctl_w):
             os.close(f)
-        rank = children[pid] = _Rank(pid, out_r, err_r, ctl_r)
+        rank = self.children[pid] = _Rank(pid, out_r, err_r, ctl_r)
         for f in (out_r, err_r, ctl_r):
             os.set_blocking(f, False)
-            by_fd[f] = rank
-            if reading or rank.fds[f] == 0:
-                sel.register(f, selectors.EVENT_READ)
+            self.by_fd[f] = rank
+            if self.reading or rank.fds[f] == 0:
+                self.sel.register(f, selectors.EVENT_READ)
         try:
             os.setpgid(pid, pid)  # also here, so a kill right after the fork finds the group
         except (ProcessLookupError, PermissionError):
             pass
-        out.send(Forked(msg.tag, pid))
+        self.out.send(Forked(msg.tag, pid))
 
-    def set_reading(on: bool) -> None:
+    # ------------------------------------------------------------ the ranks' pipes
+
+    def _read_pipe(self, rank: _Rank, f: int) -> bool:
+        """One read of a rank's pipe; False at EOF (then it is closed) or when empty."""
+        try:
+            data = os.read(f, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(f)
+            os.close(f)
+            del rank.fds[f]
+            self.by_fd.pop(f, None)
+            return False
+        kind = rank.fds[f]
+        if kind == 0:
+            self._on_control(rank, data)
+        else:
+            self.batch.append([rank.pid, kind, data])
+            self.batch_bytes += len(data)
+            if self.batch_bytes >= BATCH_BYTES:
+                self._flush_output()
+        return True
+
+    def _on_control(self, rank: _Rank, data: bytes) -> None:
+        for frame in rank.control.feed(data):
+            if not frame:
+                rank.beat = True
+            else:
+                self._flush_output()  # what it printed before its hello comes first
+                self.out.send(Hello(rank.pid, frame))
+
+    def _flush_output(self) -> None:
+        if self.batch:
+            self.out.send(Output(self.batch))
+            self.batch, self.batch_bytes = [], 0
+
+    def _set_reading(self, on: bool) -> None:
         """Stop (or start again) reading the ranks' output while the outbox is full."""
-        nonlocal reading
-        if on == reading:
+        if on == self.reading:
             return
-        reading = on
-        for f, rank in by_fd.items():
+        self.reading = on
+        for f, rank in self.by_fd.items():
             if rank.fds.get(f) in (1, 2):
                 if on:
-                    sel.register(f, selectors.EVENT_READ)
+                    self.sel.register(f, selectors.EVENT_READ)
                 else:
-                    sel.unregister(f)
+                    self.sel.unregister(f)
 
-    signal.signal(signal.SIGTERM, lambda *_: shutdown())
-    if pending_term:
-        shutdown()
+    # ------------------------------------------------------------ exits
 
-    while True:
-        now = time.monotonic()
-        timeout = max(0.0, next_beats - now)
-        if sweeps:
-            if min(sweeps) <= now:
-                sweeps[:] = [t for t in sweeps if t > now]
-                sweep()
-            if sweeps:
-                timeout = min(timeout, max(0.0, min(sweeps) - now))
-        if sampler.next_deadline is not None:
-            timeout = min(timeout, max(0.0, sampler.next_deadline - now))
-        if out.queue:
-            timeout = min(timeout, 0.01)  # the socket had no room: try again soon
-        try:
-            events = sel.select(timeout)
-        except InterruptedError:
-            continue
-        for key, _mask in events:
-            f = key.fd
-            if f == wake_r:
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.sampler.reaped(pid, status):
+                continue
+            rank = self.children.pop(pid, None)
+            if rank is None:
+                continue  # an orphan we ended
+            end_tree(pid)  # the rank's subprocesses go with it
+            self._release(rank)
+            self._flush_output()
+            self._end_orphans()
+            now = time.monotonic()
+            self.sweeps.extend(now + d for d in SWEEP_AFTER_S)
+            self.out.send(Exit(pid, status))
+
+    def _release(self, rank: _Rank) -> None:
+        """A rank exited: forward what its pipes still hold, then close them."""
+        for f in list(rank.fds):
+            while f in rank.fds and self._read_pipe(rank, f):
+                pass
+            if f in rank.fds:
+                self.sel.unregister(f)
+                os.close(f)
+                self.by_fd.pop(f, None)
+        rank.fds.clear()
+
+    def _end_orphans(self) -> None:
+        """End every child that is not a rank: a descendant of a rank that died (ranks are
+        subreapers themselves, so a live rank's orphans never come here)."""
+        for pid in children_of_self():
+            if pid not in self.children and not self.sampler.owns(pid):
+                end_tree(pid)
                 try:
-                    os.read(wake_r, 4096)
-                except BlockingIOError:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
                     pass
-                reap()
-            elif f == stdin:
-                if not os.read(stdin, 4096):  # the controller is gone
-                    shutdown()
-            elif f == sock.fileno():
-                while True:
-                    try:
-                        msg, _fds = recv_msg(sock)
-                    except BlockingIOError:
-                        break
-                    except MalformedMessage:
-                        continue
-                    except OSError:
-                        msg = None
-                    if msg is None:
-                        shutdown()
-                    elif type(msg) is Fork:
-                        fork(msg)
-                    elif type(msg) is Stacks:
-                        for pid in msg.pids:
-                            if pid not in children:
-                                out.send(StackDump(msg.tag, pid, -1, b"", b"not a live rank of this template"))
-                        sampler.start(msg.tag, [p for p in msg.pids if p in children], msg.native)
-                    elif type(msg) is Drain:  # read each rank's pipes dry, send it, then say so
-                        for f, owner in list(by_fd.items()):
-                            for _ in range(64):  # at most 4 MiB a pipe: a rank printing on does not hold us
-                                if owner.fds.get(f) not in (1, 2) or not read_pipe(owner, f):
-                                    break
-                        flush_batch()
-                        out.send(Drained(msg.tag))
-                    elif type(msg) is Kill:
-                        try:
-                            os.kill(msg.pid, msg.signal)
-                        except ProcessLookupError:
-                            pass
-            elif not sampler.readable(f):
-                rank = by_fd.get(f)
-                if rank is not None:
-                    read_pipe(rank, f)
-        sampler.tick()
-        flush_batch()
-        now = time.monotonic()
-        if now >= next_beats:
-            beats = [r.pid for r in children.values() if r.beat]
-            for r in children.values():
-                r.beat = False
-            if beats:
-                out.send(Beats(beats))
-            next_beats = now + BEATS_S
-        out.flush()
-        set_reading(not out.full)
+
+    def shutdown(self) -> NoReturn:
+        for pid in list(self.children):
+            end_tree(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._end_orphans()
+        for d in self.cleanup:
+            import shutil
+
+            shutil.rmtree(d, ignore_errors=True)
+        os._exit(0)
 
 
 def _rank_pipes() -> list[tuple[int, int]]:
