@@ -224,7 +224,7 @@ def test_dropped_handles_free_the_ranks_tensors(procs):
 
 
 def test_a_fetch_does_not_wait_on_deletes_and_they_still_reach_the_ranks():
-    with configured(tensor_flush=5):  # deletes a fetch left go 5 s later: the fetch is seen alone
+    with configured(tensor_flush=0.5):  # deletes a fetch left go 5 s later: the fetch is seen alone
         with this_host().spawn_procs(per_host={"gpus": 2}) as pm:
             with pm.activate():
                 x = torch.ones(2)

@@ -193,8 +193,13 @@ class MeshClient:
             time.sleep(self._delay)
             try:
                 if not self._batch and self.dead:
-                    due = self._deletes_due
-                    if due is not None and wake.wait(max(0.0, due - time.monotonic())):
+                    # Deletes alone (a fetch took the batch this wake was for): they wait as
+                    # a fetch leaves them, ten times tensor_flush, for a batch to carry them.
+                    with self._lock:
+                        if self._deletes_due is None:
+                            self._deletes_due = time.monotonic() + 10 * self._delay
+                        due = self._deletes_due
+                    if wake.wait(max(0.0, due - time.monotonic())):
                         continue  # ops were recorded meanwhile: their batch carries the deletes
                 if self._batch or self.dead:
                     self.flush()
