@@ -344,12 +344,14 @@ def _jump_config(net, path: str, login: str, far: str) -> None:
 def w9_jump() -> dict:
     """``call_one`` and ``call`` (4 ranks) on a host reached through a login host with
     ``out_of_cluster=True`` (it has no route to the controller), beside the raw round trip
-    over a forward of the same ssh connection (the floor) and the runtime's two-forward shape."""
+    over a forward of the same ssh connection (the floor), the runtime's two-forward shape, and
+    the same two calls on this host (what the call's fan-out to 4 ranks costs without ssh)."""
     if os.geteuid() != 0:
         return {"W9jump_skipped": "needs root: network namespaces and sshd simulate the hosts"}
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import cluster
 
+    from monarch_kernel import this_host
     from monarch_kernel.job import SSHJob
 
     from ._actors import Bench
@@ -395,6 +397,18 @@ def w9_jump() -> dict:
         finally:
             job.kill()
             shutil.rmtree(tmp, ignore_errors=True)
+    with this_host().spawn_procs(per_host={"gpus": 4}) as local:  # what the fan-out on the host costs alone
+        lm = local.spawn("b", Bench)
+        l1 = lm.slice(gpus=0)
+
+        def local_one(i):
+            assert l1.echo.call_one(i).get() == i
+
+        def local_four(i):
+            assert len(lm.echo.call(i).get()) == 4
+
+        got = _interleaved({"call_one": local_one, "n4": local_four}, 100, 1000)
+        out["W9jump_same_host_call_one_us"], out["W9jump_same_host_n4_us"] = got["call_one"], got["n4"]
     floor = out["W9jump_floor_hop_rtt_us"]["median"]
     out["W9jump_call_one_over_hop_floor"] = round(out["W9jump_call_one_us"]["median"] / floor, 2)
     out["W9jump_call_n4_over_hop_floor"] = round(out["W9jump_call_n4_us"]["median"]

@@ -179,7 +179,8 @@ class SSHJob(JobTrait):
         links = {h: rt.launcher.add_host(h) for h in hosts}
         self._tunnels = {h: Tunnels(h, rt.rundir, f"{tag}{i}", controller[len("tcp://"):].rsplit(":", 1)[0], links[h])
                          for i, h in enumerate(hosts)}
-        self._unhook = [rt.network.add_listen_hook(self._controller_listens), rt.transport.add_dialer(self._dial, self._carrier)]
+        self._unhook = [rt.network.add_listen_hook(self._controller_listens),
+                        rt.transport.add_dialer(self._dial, self._carrier)]
         addresses = rt.network.tcp_addresses()
         return {h: AgentProcess(rt, h, self.command(h, self._tunnels[h], addresses), controller,
                                 remote_kill=self._remote_kill(h), link=links[h]) for h in hosts}

@@ -155,6 +155,8 @@ class Transport:
         s = socks.get(addr)
         if s is None:
             check_room(f"a connection to {addr}")
+            # Dialed first: a dialer that fails (an ssh forward that cannot be made) leaves no socket behind.
+            where = self._dial(addr) if self._dialers else addr
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 2000)
             s.setsockopt(zmq.SNDHWM, self.queue_limit)
@@ -162,7 +164,7 @@ class Transport:
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
             if self.curve is not None and addr.startswith("tcp://"):
                 self.curve.connect_as_client(s)  # links between hosts: CurveZMQ as well as the HMAC
-            s.connect(self._dial(addr) if self._dialers else addr)
+            s.connect(where)
             socks[addr] = s
         return s
 
@@ -234,9 +236,9 @@ class Transport:
                 f"it has read none for {self.block_s if block else 0:g} s; the process there is not "
                 f"reading (stopped with SIGSTOP, stuck, or overloaded); see %mesh status, or raise "
                 f"MONARCH_KERNEL_SEND_QUEUE") from None
-        except OSError as e:  # check_room: too few descriptors left to connect
+        except OSError as e:  # check_room: too few descriptors left to connect; or a dialer's ConnectionError
             self.send_failures += 1
-            raise SendFailed(f"cannot send to {addr}: {e.strerror}") from None
+            raise SendFailed(f"cannot send to {addr}: {e.strerror or e}") from None
         except zmq.ZMQError as e:
             self.send_failures += 1
             hint = ""
