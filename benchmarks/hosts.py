@@ -159,6 +159,23 @@ def _death(job_factory, net, how: str) -> float:
         net.restore(net.hosts[1])
 
 
+def _same_host_calls(procs):
+    """``call_one`` to rank 0 and ``call`` to all 4 of ``procs`` (4 ranks on this host), each a
+    function of one argument, as ``time_calls`` wants."""
+    from ._actors import Bench
+
+    mesh = procs.spawn("b", Bench)
+    one = mesh.slice(gpus=0)
+
+    def call_one(i):
+        assert one.echo.call_one(i).get() == i
+
+    def call(i):
+        assert len(mesh.echo.call(i).get()) == 4
+
+    return call_one, call
+
+
 def w9() -> dict:
     if os.geteuid() != 0:
         return {"W9_skipped": "needs root: network namespaces and sshd simulate the hosts"}
@@ -206,15 +223,7 @@ def w9() -> dict:
         finally:
             job.kill()
         with this_host().spawn_procs(per_host={"gpus": 4}) as local:
-            lm = local.spawn("b", Bench)
-            l1 = lm.slice(gpus=0)
-
-            def local_one(i):
-                assert l1.echo.call_one(i).get() == i
-
-            def local_four(i):
-                assert len(lm.echo.call(i).get()) == 4
-
+            local_one, local_four = _same_host_calls(local)
             out["W9_W2_same_host_call_one_us"] = summary_us(time_calls(local_one, 200, 2000))
             out["W9_W3_same_host_n4_us"] = summary_us(time_calls(local_four, 50, 500))
         out["W9_raw_pyzmq_rtt_between_namespaces_us"] = _raw_rtt(net, curve=False)
@@ -344,12 +353,14 @@ def _jump_config(net, path: str, login: str, far: str) -> None:
 def w9_jump() -> dict:
     """``call_one`` and ``call`` (4 ranks) on a host reached through a login host with
     ``out_of_cluster=True`` (it has no route to the controller), beside the raw round trip
-    over a forward of the same ssh connection (the floor) and the runtime's two-forward shape."""
+    over a forward of the same ssh connection (the floor), the runtime's two-forward shape, and
+    the same two calls on this host (what the call's fan-out to 4 ranks costs without ssh)."""
     if os.geteuid() != 0:
         return {"W9jump_skipped": "needs root: network namespaces and sshd simulate the hosts"}
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import cluster
 
+    from monarch_kernel import this_host
     from monarch_kernel.job import SSHJob
 
     from ._actors import Bench
@@ -379,22 +390,32 @@ def w9_jump() -> dict:
             def call_one(i):
                 assert one.echo.call_one(i).get() == i
 
+            two = mesh.slice(gpus=slice(0, 2))
+
             def call(i):
                 assert len(mesh.echo.call(i).get()) == 4
+
+            def call_two(i):
+                assert len(two.echo.call(i).get()) == 2
 
             ctl = job.control_socket("far")
             assert ctl, "an out-of-cluster host has an ssh control socket"
             with _hop_echo(net, ctl, "far", far, os.path.join(tmp, "hop")) as hop:
                 got = _interleaved({"call_one": call_one, "floor": hop}, 200, 2000)
                 out["W9jump_call_one_us"], out["W9jump_floor_hop_rtt_us"] = got["call_one"], got["floor"]
-                got = _interleaved({"call": call, "floor": hop}, 50, 500)
+                got = _interleaved({"call": call, "call_two": call_two, "floor": hop}, 50, 500)
                 out["W9jump_call_n4_us"], out["W9jump_floor_hop_rtt_beside_n4_us"] = got["call"], got["floor"]
+                out["W9jump_call_n2_us"] = got["call_two"]  # one level forwarded on the host, one rank there
             out["W9jump_raw_push_pull_L_R_us"] = _two_way_rtt(net, ctl, "far", far, os.path.join(tmp, "two"), False)
             out["W9jump_raw_push_pull_L_R_curve_us"] = _two_way_rtt(net, ctl, "far", far, os.path.join(tmp, "twoc"),
                                                                     True)
         finally:
             job.kill()
             shutil.rmtree(tmp, ignore_errors=True)
+    with this_host().spawn_procs(per_host={"gpus": 4}) as local:  # what the fan-out to 4 ranks costs alone
+        local_one, local_four = _same_host_calls(local)
+        got = _interleaved({"call_one": local_one, "n4": local_four}, 100, 1000)
+        out["W9jump_same_host_call_one_us"], out["W9jump_same_host_n4_us"] = got["call_one"], got["n4"]
     floor = out["W9jump_floor_hop_rtt_us"]["median"]
     out["W9jump_call_one_over_hop_floor"] = round(out["W9jump_call_one_us"]["median"] / floor, 2)
     out["W9jump_call_n4_over_hop_floor"] = round(out["W9jump_call_n4_us"]["median"]

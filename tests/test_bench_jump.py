@@ -25,8 +25,9 @@ def test_w9jump_measures_calls_through_a_login_host_beside_the_ssh_hops_floor():
     if "W9jump_skipped" in out:
         pytest.skip(out["W9jump_skipped"])
     assert "W9jump_error" not in out, f"{out}\n{r.stderr[-6000:]}"
-    figures = ("W9jump_call_one_us", "W9jump_call_n4_us", "W9jump_floor_hop_rtt_us",
-               "W9jump_floor_hop_rtt_beside_n4_us", "W9jump_raw_push_pull_L_R_us", "W9jump_raw_push_pull_L_R_curve_us")
+    figures = ("W9jump_call_one_us", "W9jump_call_n4_us", "W9jump_call_n2_us", "W9jump_floor_hop_rtt_us",
+               "W9jump_floor_hop_rtt_beside_n4_us", "W9jump_raw_push_pull_L_R_us", "W9jump_raw_push_pull_L_R_curve_us",
+               "W9jump_same_host_call_one_us", "W9jump_same_host_n4_us")
     for key in figures:
         assert 0 < out[key]["median"] <= out[key]["p99"], (key, out)
     floor = out["W9jump_floor_hop_rtt_us"]["median"]

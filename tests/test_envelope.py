@@ -25,7 +25,7 @@ from monarch_kernel.runtime.payloads import (
     StacksAsk,
 )
 from monarch_kernel.runtime.serialize import dumps
-from monarch_kernel.runtime.tree import NodeTable, children, locate, split
+from monarch_kernel.runtime.tree import NodeTable, children, locate, split, split_groups
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -221,6 +221,23 @@ def test_locate_matches_forwarding():
         parent, sub = locate(ranks, 2, r)
         if parent is not None:
             assert any(c[0] == r for c in children(locate(ranks, 2, parent)[1], 2))
+
+
+def test_split_groups_keeps_each_hosts_ranks_in_one_subtree_and_locate_follows_it():
+    """An out-of-cluster host's ranks (one group) are one subtree: the caller sends its ssh
+    connection one message, and the tree below that root is the usual one."""
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]
+    assert split_groups(groups, 8) == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]
+    top = split_groups(groups, 2)
+    assert top == [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9]]
+    ranks = list(range(10))
+    assert locate(ranks, 2, 8, top) == (None, [8, 9])
+    assert locate(ranks, 2, 9, top) == (8, [9])
+    assert locate(ranks, 2, 8) != (None, [8, 9])  # without ``top``: split's own first level
+    for r in ranks:
+        parent, sub = locate(ranks, 2, r, top)
+        if parent is not None:
+            assert any(c[0] == r for c in children(locate(ranks, 2, parent, top)[1], 2))
 
 
 def test_node_table_redirect_outcomes():

@@ -286,6 +286,13 @@ def test_a_mesh_beyond_a_login_node_runs_through_the_agents_ssh(walled, checkout
         got = m.where.call().get(timeout=30)
         assert list(got.values()) == [(walled.names[1], c1)] * 2 + [(walled.names[2], c2)] * 2
         assert list(m.echo.call(5).get(timeout=30).values()) == [5] * 4
+        # A call to all 4 ranks sends each host's ssh connection one message, and each host
+        # answers with one, gathered there (a message of its own per rank waits on ssh's Nagle).
+        sent, received = rt.transport.sent, rt.receiver.received
+        for _ in range(20):
+            assert len(m.where.call().get(timeout=30)) == 4  # prints nothing: no output messages
+        assert (rt.transport.sent - sent) / 20 < 2.5 and (rt.receiver.received - received) / 20 < 2.5, \
+            (rt.transport.sent - sent, rt.receiver.received - received)
         # A rank on one compute host calls the other's actors directly.
         assert m.slice(hosts=1, gpus=0).ask.call_one(m.slice(hosts=0), "x").get(timeout=30) == ["x", "x"]
         # The controller opened no port on a network, and a rank's own connection to the laptop fails.

@@ -179,7 +179,8 @@ class SSHJob(JobTrait):
         links = {h: rt.launcher.add_host(h) for h in hosts}
         self._tunnels = {h: Tunnels(h, rt.rundir, f"{tag}{i}", controller[len("tcp://"):].rsplit(":", 1)[0], links[h])
                          for i, h in enumerate(hosts)}
-        self._unhook = [rt.network.add_listen_hook(self._controller_listens), rt.transport.add_dialer(self._dial)]
+        self._unhook = [rt.network.add_listen_hook(self._controller_listens),
+                        rt.transport.add_dialer(self._dial, self._carrier)]
         addresses = rt.network.tcp_addresses()
         return {h: AgentProcess(rt, h, self.command(h, self._tunnels[h], addresses), controller,
                                 remote_kill=self._remote_kill(h), link=links[h]) for h in hosts}
@@ -193,6 +194,14 @@ class SSHJob(JobTrait):
             got = tunnels.dial(address)
             if got:
                 return got
+        return None
+
+    def _carrier(self, address: str) -> str | None:
+        """The host whose ssh connection carries ``address``: a call to its ranks is sent
+        there once and fanned out on the host (``Caller.subtrees``)."""
+        for host, tunnels in self._tunnels.items():
+            if tunnels.carries(address):
+                return host
         return None
 
     def _unhook_tunnels(self) -> None:

@@ -92,11 +92,16 @@ class Tunnels:
             self._remote.add(port)
         self._forward(["-R", f"127.0.0.1:{port}:{_ip(address)}:{port}"])
 
+    def carries(self, address: str) -> bool:
+        """Whether ``address`` is on this host (so this ssh connection carries what goes there)."""
+        ip = self.link.ip
+        return bool(ip) and address.startswith(f"tcp://{ip}:")
+
     def dial(self, address: str) -> str | None:
         """The local unix socket that reaches ``address`` on this host, or None if not its."""
-        ip = self.link.ip
-        if not ip or not address.startswith(f"tcp://{ip}:"):
+        if not self.carries(address):
             return None
+        ip = self.link.ip
         with self._lock:
             got = self._local.get(address)
             if got is None:

@@ -22,7 +22,7 @@ from .failure import DeathInfo, MeshFailure, SendFailed
 from .inbox import Inbox, actor_address
 from .payloads import InterruptAck, PruneInfo
 from .serialize import dumps
-from .tree import split
+from .tree import split, split_groups
 
 if TYPE_CHECKING:
     from .process import Runtime
@@ -73,7 +73,11 @@ class Caller:
                 if (mesh.id, r) in dead:
                     call.add([synthetic_part(r, Status.DIED, dead[(mesh.id, r)])])
         send = rt.transport.send
-        for sub in (alive,) if len(alive) == 1 else split(alive, fanout):
+        if len(alive) == 1:
+            top = [alive]
+        else:
+            top = call.top = self.subtrees(mesh, alive, fanout)
+        for sub in top:
             h.ranks = sub
             try:
                 send(self.target(mesh, sub[0], kind, actor), h, body)
@@ -87,6 +91,24 @@ class Caller:
                     call.rank_died(r, dead[(mesh.id, r)])
             rt.io.call_soon(fail_late)
         return call
+
+    def subtrees(self, mesh: MeshRef, ranks: list[int], fanout: int) -> list[list[int]]:
+        """The first level of a call's tree over ``ranks``: ``split``, except that the ranks
+        one connection carries (an out-of-cluster host's ssh connection) stay in one subtree.
+        Such a host is sent one message per call and answers one, gathered there: each
+        message of its own through that connection costs a round trip of its own, and
+        answers that leave the host together wait on each other (ssh's Nagle)."""
+        transport = self.rt.transport
+        if not transport.carried:
+            return split(ranks, fanout)
+        groups: dict = {}
+        addresses = mesh.addresses
+        for r in ranks:
+            key = transport.carrier(addresses[r])
+            groups.setdefault(r if key is None else key, []).append(r)
+        if len(groups) == len(ranks):
+            return split(ranks, fanout)
+        return split_groups(list(groups.values()), fanout)
 
     def tell(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list, slice_info) -> None:
         """A CALL nobody waits for and nobody answers (``Mode.TELL``): no call is kept here and
@@ -202,7 +224,7 @@ class Caller:
             return
         body = list(body or [])
         origin = self.rt.network.answerable(self.rt.inbox, mesh.addresses[ranks[0]])
-        for sub in split(ranks, self.fanout):
+        for sub in self.subtrees(mesh, ranks, self.fanout):
             h = Header(kind, 0, origin, origin, mesh.id, ranks=sub, fanout=self.fanout, payload=payload)
             if body:
                 h.parts = [[0, Status.OK, len(body) - 1]]

@@ -26,7 +26,7 @@ def synthetic_part(rank: int, status: int, obj) -> Part:
 
 
 class PendingCall:
-    __slots__ = ("runtime", "header", "mesh", "ranks", "body", "on_part", "remaining", "parts", "resent",
+    __slots__ = ("runtime", "header", "mesh", "ranks", "top", "body", "on_part", "remaining", "parts", "resent",
                  "completion", "inbox", "segments", "_lock")
 
     def __init__(self, runtime, header: Header, mesh: MeshRef, ranks: list[int], body: list,
@@ -35,6 +35,7 @@ class PendingCall:
         self.header = header
         self.mesh = mesh
         self.ranks = ranks  # ranks the tree was built over (alive when sent)
+        self.top: list[list[int]] | None = None  # the tree's first level, if not split(ranks, fanout)
         self.body: list | None = body  # kept to re-send subtrees whose forwarder died before forwarding
         self.on_part = on_part
         self.remaining = set(ranks)
@@ -73,7 +74,7 @@ class PendingCall:
             pending = rank in self.remaining
         if not pending:
             return
-        found = locate(self.ranks, self.header.fanout, rank)
+        found = locate(self.ranks, self.header.fanout, rank, self.top)
         self.add([synthetic_part(rank, Status.DIED, info)])
         rt, h = self.runtime, self.header
         if self.inbox is not None and self.inbox is not rt.inbox:
@@ -91,7 +92,7 @@ class PendingCall:
         """``rank`` never got the call (its forwarder died first): send its subtree again."""
         if self.body is None:
             return
-        found = locate(self.ranks, self.header.fanout, rank)
+        found = locate(self.ranks, self.header.fanout, rank, self.top)
         if found is None:
             return
         with self._lock:

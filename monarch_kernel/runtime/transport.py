@@ -74,21 +74,53 @@ class Transport:
         self._send_first = fast.send if fast is not None else None  # libzmq's send, straight from C
         self.links: Links | None = None  # same-host datagram links (datagram.py), once the IO thread is known
         self._dialers: list[Callable[[str], str | None]] = []
+        self._carriers: list[Callable[[str], str | None]] = []
+        self._carried_by: dict[str, str | None] = {}  # addr -> its carrier, as the carriers said
         if via := config.get("controller_via"):  # a host whose controller is reached through ssh
             self.add_dialer(loopback_for(via))
 
-    def add_dialer(self, dial: Callable[[str], str | None]) -> Callable[[], None]:
+    def add_dialer(self, dial: Callable[[str], str | None],
+                   carrier: Callable[[str], str | None] | None = None) -> Callable[[], None]:
         """``dial(addr)``: where to connect to reach the peer at ``addr`` (say, the local end of
         an ssh forward), or None to connect to ``addr`` itself.  Asked once per thread and
         peer, before connecting; a TCP peer stays a Curve server wherever it is reached.
-        Returns a function that removes it (connections already made stay)."""
+        ``carrier(addr)``: the name of the one connection (an ssh connection's host) that
+        carries what ``dial`` sends to ``addr``, or None (``carrier``).  Returns a function
+        that removes both (connections already made stay)."""
         self._dialers.append(dial)
+        if carrier is not None:
+            self._carriers.append(carrier)
+            self._carried_by = {}
 
         def remove() -> None:
             if dial in self._dialers:
                 self._dialers.remove(dial)
+            if carrier in self._carriers:
+                self._carriers.remove(carrier)
+                self._carried_by = {}
 
         return remove
+
+    @property
+    def carried(self) -> bool:
+        """Whether some peers are reached through a carrier (``add_dialer``)."""
+        return bool(self._carriers)
+
+    def carrier(self, addr: str) -> str | None:
+        """The connection that carries messages to ``addr`` (say, the ssh connection of an
+        out-of-cluster host), or None when ``addr`` is dialed directly.  A call to many ranks
+        sends each carrier one message, fanned out beyond it (``Caller.call``)."""
+        known = self._carried_by
+        if addr in known:
+            return known[addr]
+        got = None
+        for carrier in list(self._carriers):
+            got = carrier(addr)
+            if got:
+                break
+        if len(known) < 65536:  # peers' addresses stay; a mesh of many asks for each on every call
+            known[addr] = got
+        return got
 
     def _dial(self, addr: str) -> str:
         for dial in list(self._dialers):
@@ -123,6 +155,8 @@ class Transport:
         s = socks.get(addr)
         if s is None:
             check_room(f"a connection to {addr}")
+            # Dialed first: a dialer that fails (an ssh forward that cannot be made) leaves no socket behind.
+            where = self._dial(addr) if self._dialers else addr
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 2000)
             s.setsockopt(zmq.SNDHWM, self.queue_limit)
@@ -130,7 +164,7 @@ class Transport:
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
             if self.curve is not None and addr.startswith("tcp://"):
                 self.curve.connect_as_client(s)  # links between hosts: CurveZMQ as well as the HMAC
-            s.connect(self._dial(addr) if self._dialers else addr)
+            s.connect(where)
             socks[addr] = s
         return s
 
@@ -202,9 +236,9 @@ class Transport:
                 f"it has read none for {self.block_s if block else 0:g} s; the process there is not "
                 f"reading (stopped with SIGSTOP, stuck, or overloaded); see %mesh status, or raise "
                 f"MONARCH_KERNEL_SEND_QUEUE") from None
-        except OSError as e:  # check_room: too few descriptors left to connect
+        except OSError as e:  # check_room: too few descriptors left to connect; or a dialer's ConnectionError
             self.send_failures += 1
-            raise SendFailed(f"cannot send to {addr}: {e.strerror}") from None
+            raise SendFailed(f"cannot send to {addr}: {e.strerror or e}") from None
         except zmq.ZMQError as e:
             self.send_failures += 1
             hint = ""

@@ -29,18 +29,26 @@ def split(ranks: list[int], fanout: int) -> list[list[int]]:
     return out
 
 
+def split_groups(groups: list[list[int]], fanout: int) -> list[list[int]]:
+    """Like ``split``, but never cutting a group: at most ``fanout`` subtrees, each some whole
+    ``groups`` (the ranks one connection carries) in a row."""
+    return [[r for g in part for r in g] for part in split(groups, fanout)]  # type: ignore[arg-type]
+
+
 def children(subtree: list[int], fanout: int) -> list[list[int]]:
     return split(subtree[1:], fanout)
 
 
-def locate(ranks: list[int], fanout: int, rank: int) -> tuple[int | None, list[int]] | None:
-    """Find ``rank`` in the tree the caller built over ``ranks``.
+def locate(ranks: list[int], fanout: int, rank: int,
+           top: list[list[int]] | None = None) -> tuple[int | None, list[int]] | None:
+    """Find ``rank`` in the tree the caller built over ``ranks`` (its first level ``top``, when
+    the caller did not cut it with ``split``: ``split_groups``).
 
     Returns ``(parent, subtree)``: the parent's rank (``None`` when the caller itself is the
     parent) and the subtree rooted at ``rank``; ``None`` if the rank is not in the tree.
     """
     parent: int | None = None
-    level = split(ranks, fanout)
+    level = top if top is not None else split(ranks, fanout)
     while True:
         for sub in level:
             if sub[0] == rank:
