@@ -206,11 +206,20 @@ class Caller:
     def send_control(self, mesh: MeshRef, rank: int, kind: int, call_id: int = 0, payload=None,
                      origin: str | None = None) -> None:
         """A small message to a rank; ``origin`` names the inbox a call was made from, which
-        is how ranks file the calls they serve."""
+        is how ranks file the calls they serve.  A tree repair (REDIRECT, PRUNE) that cannot
+        be sent is logged at DEBUG only: its rank is then gone too (its host died with the
+        one repaired around), and its own death fails its part of the call."""
         rt = self.rt
         origin = origin or rt.network.answerable(rt.inbox, mesh.addresses[rank])
         h = Header(kind, call_id, origin, origin, mesh.id, ranks=[rank], payload=payload)
-        self.send_or_report(mesh.addresses[rank], h, [], f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'")
+        what = f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'"
+        try:
+            self.rt.transport.send(mesh.addresses[rank], h, [])
+        except SendFailed as e:
+            if kind in (Kind.REDIRECT, Kind.PRUNE):
+                log.debug("monarch_kernel: %s was not sent: %s", what, e)
+            else:
+                self._not_sent(mesh.addresses[rank], what, e)
 
     def prune(self, mesh: MeshRef, parent: int, call_id: int, rank: int, origin: str) -> None:
         self.send_control(mesh, parent, Kind.PRUNE, call_id, PruneInfo(rank), origin)
