@@ -150,3 +150,25 @@ def test_bad_arguments_say_what_to_type():
         SlurmJob(meshes={"m": 1}, login="me@cluster", ssh_args="-i key")
     with pytest.raises(ValueError, match="login='me@cluster'"):
         SlurmJob(meshes={"m": 1}, login="-oProxyCommand=x")
+
+
+def test_a_notebook_spawns_through_the_login_node_by_its_ssh_alias(slurm, login, python, tmp_path, kc):
+    """``%mesh spawn --job slurm --login`` through a real kernel, the login node named by a Host
+    alias that only the ``-F`` file knows; ``%mesh kill-job`` scancels over ssh."""
+    from test_debug import Session
+
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host cluster\n  HostName {login.hosts.hosts[0]}\n  User {login.hosts.user}\n"
+                   f"  IdentityFile {login.hosts.key}\n  IdentitiesOnly yes\n  IdentityAgent none\n"
+                   "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    s = Session(kc)
+    out = s.cell(f"procs = %mesh spawn --job slurm --nodes 2 -n 1 --login cluster --ssh-args '-F {cfg}' "
+                 f"--python {python}")
+    assert "mesh procs: 2 ranks on job slurm0" in out, out
+    out = s.cell("%%mesh\nimport socket\nprint(socket.gethostname())")
+    assert f"[rank 0] {slurm.nodes[0]}" in out and f"[rank 1] {slurm.nodes[1]}" in out, out
+    assert len(slurm.jobs()) == 1
+    assert "killed" in s.cell("%mesh kill-job slurm0")
+    assert slurm.jobs() == []
+    out = s.cell("%mesh spawn --job ssh --hosts a --login cluster")
+    assert "--login is a Slurm cluster's login node: type  --job slurm --nodes N --login cluster" in out, out
