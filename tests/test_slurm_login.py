@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import time
 
 import psutil
@@ -172,3 +173,28 @@ def test_a_notebook_spawns_through_the_login_node_by_its_ssh_alias(slurm, login,
     assert slurm.jobs() == []
     out = s.cell("%mesh spawn --job ssh --hosts a --login cluster")
     assert "--login is a Slurm cluster's login node: type  --job slurm --nodes N --login cluster" in out, out
+
+
+class Where(Actor):
+    @endpoint
+    def files(self) -> str:
+        import monarch_kernel
+
+        return monarch_kernel.__file__
+
+
+def test_sync_env_through_the_login_node_finds_the_nodes_share_our_files(slurm, login, tmp_path):
+    """sync_env=True: its probe runs as an srun step through the login node; these nodes see this
+    controller's files (a shared file system), so nothing is sent and the agents run this
+    controller's own interpreter with its sys.path folders (this checkout first)."""
+    job = SlurmJob(meshes={"m": 1}, python_exe=sys.executable, login=login.login, ssh_args=login.hosts.ssh_args,
+                   sync_env=str(tmp_path / "cache"))
+    try:
+        where = job.state().m.spawn_procs(per_host={"gpus": 1}).spawn("where", Where).files.call_one()
+        assert where.get(timeout=30).startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        synced = job.env_syncs[slurm.nodes[0]]
+        assert synced.shared and synced.bytes_sent == 0 and synced.python == sys.executable
+        assert not os.path.exists(tmp_path / "cache")
+    finally:
+        job.kill()
+    assert slurm.jobs() == []

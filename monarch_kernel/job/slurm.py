@@ -367,8 +367,9 @@ class SlurmJob(JobTrait):
         else:
             controller = self._controller(rt, self.nodes[0])
         self._sync(None)
-        self._wait_agents({n: SrunAgent(rt, n, login.command(self.command(n), env), controller,
-                                         job_id=self.job_id or "", link=links[n], login=self.login)
+        paths = {n: {"PYTHONPATH": e.pythonpath} for n, e in self.env_syncs.items() if e.pythonpath}  # shared files
+        self._wait_agents({n: SrunAgent(rt, n, login.command(self.command(n), {**env, **paths.get(n, {})}),
+                                         controller, job_id=self.job_id or "", link=links[n], login=self.login)
                            for n in self.nodes})
 
     def _sync(self, env: dict | None) -> None:
