@@ -22,6 +22,7 @@ from cluster import checkout_interpreter, slurm_login
 
 from monarch_kernel import Actor, ProcessDied, endpoint
 from monarch_kernel.job import SlurmJob, job_load
+from monarch_kernel.job.slurm import SlurmError
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,8 +68,8 @@ def slurm(slurm_cluster, login):
         pytest.fail(report, pytrace=False)
 
 
-def _job(login, python, **kw) -> SlurmJob:
-    return SlurmJob(meshes={"m": 2}, python_exe=python, login=login.login, ssh_args=login.hosts.ssh_args,
+def _job(login, python, nodes: int = 2, **kw) -> SlurmJob:
+    return SlurmJob(meshes={"m": nodes}, python_exe=python, login=login.login, ssh_args=login.hosts.ssh_args,
                     time_limit="00:10:00", **kw)
 
 
@@ -197,4 +198,28 @@ def test_sync_env_through_the_login_node_finds_the_nodes_share_our_files(slurm, 
         assert not os.path.exists(tmp_path / "cache")
     finally:
         job.kill()
+    assert slurm.jobs() == []
+
+
+def test_a_second_job_through_the_same_login_node_says_what_holds_its_ports(slurm, login, python):
+    """One controller's ports are relayed once per login node: a second job there fails, saying
+    which, and its allocation is freed; the first carries on.  And a controller that listens on
+    loopback only cannot take out_of_cluster=False."""
+    first = _job(login, python, 1, exclusive=False)
+    second = _job(login, python, 1, exclusive=False)
+    try:
+        m = first.state().m.spawn_procs(per_host={"gpus": 1}).spawn("node", Node)
+        m.host.call_one().get(timeout=30)
+        with pytest.raises(ConnectionError, match=r"the relay on the login node \S+ cannot listen at port \d+ for "
+                                                  r"the nodes: .*in use \(another job of this controller"):
+            second.state()
+        assert [j["job_id"] for j in slurm.jobs()] == [first.job_id]
+        if (Runtime.current().network.net_address or "").startswith("tcp://127."):
+            direct = _job(login, python, 1, exclusive=False, out_of_cluster=False)
+            with pytest.raises(SlurmError, match="listens on loopback only .*: pass out_of_cluster=True with login="):
+                direct.state()
+        assert m.host.call_one().get(timeout=30) in slurm.nodes
+    finally:
+        second.kill()
+        first.kill()
     assert slurm.jobs() == []

@@ -79,12 +79,16 @@ class LoginNode:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, text=True)
         threading.Thread(target=self._read, args=(self.proc.stdout,), name="monarch-login-out", daemon=True).start()
-        threading.Thread(target=self._read_err, args=(self.proc.stderr,), name="monarch-login-err",
-                         daemon=True).start()
+        err = threading.Thread(target=self._read_err, args=(self.proc.stderr,), name="monarch-login-err", daemon=True)
+        err.start()
         first = self._next(OPEN_TIMEOUT_S)
         if first is None or not first.startswith("dir "):
+            exited = self.proc.poll() is not None
+            if exited:
+                err.join(2)  # all ssh said, for the message
+            why = self._why()
             self.close()
-            raise ConnectionError(self._why())
+            raise ConnectionError(why)
         self.folder = first[len("dir "):]
 
     def _read(self, out) -> None:
@@ -208,6 +212,9 @@ class LoginNode:
             got = self._next(max(0.0, deadline - time.monotonic()))
             if got is None or not got.startswith("listening "):
                 why = got.split(" ", 2)[-1] if got else self._why()
+                if "in use" in why:
+                    why += (" (another job of this controller that reaches the cluster through this login node "
+                            "holds it: use that job, or kill it first; or another program there listens on it)")
                 raise ConnectionError(f"the relay on the login node {self.login} cannot listen at port {port} for "
                                       f"the nodes: {why}")
             self.relay_ip = got.split()[1]

@@ -292,6 +292,9 @@ class SlurmJob(JobTrait):
         """Our TCP address for the agents: on MONARCH_KERNEL_BIND if set, else on our route
         to the first node, found by its name or, when the name does not resolve here (node
         names often resolve only on the cluster), by the NodeAddr Slurm has for it."""
+        if (rt.network.net_address or "").startswith("tcp://127.") and self.login is not None:
+            raise SlurmError(f"this controller listens on loopback only (an earlier job's choice), so the nodes "
+                             f"cannot reach it directly: pass out_of_cluster=True with login={self.login!r}")
         if rt.network.net_address is not None or config.bind_address():
             return controller_address(rt, node)
         if self.login is not None:  # inside the cluster's network, beside its login node

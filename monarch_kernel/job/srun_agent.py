@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+from ..runtime.agent_wire import NO_ROUTE
 from .agents import AgentProcess
 
 AGENT_STEP = "monarch-agent"  # the srun steps' name, which the hold script looks for
@@ -49,6 +50,11 @@ class SrunAgent(AgentProcess):
         where = f"cannot start the agent on {self.host} (srun in Slurm job {self.job_id})"
         if self.login and self.proc.returncode == 255 and "srun:" not in text:
             return f"{where}: the ssh connection to the login node {self.login} failed{said}"
+        if NO_ROUTE in text:
+            return (f"{where}: the node has no route to this controller's address {self.rt.network.net_address}: "
+                    + ("pass out_of_cluster=True (the default) to reach it through the login node" if self.login
+                       else "set MONARCH_KERNEL_BIND to one it reaches, or pass login='user@cluster' to reach it "
+                       "through the login node") + said)
         if "Invalid job id" in text or "already completing or completed" in text:
             return f"{where}: the allocation is gone (cancelled or timed out){said}"
         if "unrecognized option" in text and "overlap" in text:
