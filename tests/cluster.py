@@ -502,13 +502,15 @@ Subsystem sftp internal-sftp
 
 
 @contextlib.contextmanager
-def ssh_network(n: int = 2, shm_size: str | None = None, hide: Sequence[str] = ()) -> Iterator[SSHHosts]:
+def ssh_network(n: int = 2, shm_size: str | None = None, hide: Sequence[str] = (),
+                sshd_extra: str = "") -> Iterator[SSHHosts]:
     """``n`` hosts with sshd (see ``SSHHosts``); everything is removed on exit, and what is
     still running in their namespaces then raises (after being killed).  ``shm_size``
     (``"256m"``): each host gets a /dev/shm of its own, of that size (``SSHHosts.in_host``
     runs a command where it is seen); by default they share the machine's.  ``hide``:
     folders that are empty on the hosts (the controller's Python environment, for
-    ``sync_env``), each an empty folder mounted over it in sshd's mount namespace."""
+    ``sync_env``), each an empty folder mounted over it in sshd's mount namespace.
+    ``sshd_extra``: more lines for sshd_config (``SetEnv ...``)."""
     _skip_unless(SSHD, "ssh", "ssh-keygen")
     tmp = tempfile.mkdtemp(prefix="mk-ssh-")
     net = Network("s", [f"mk-h{i + 1}" for i in range(n)])
@@ -527,7 +529,7 @@ def ssh_network(n: int = 2, shm_size: str | None = None, hide: Sequence[str] = (
         for i, (name, ip) in enumerate(zip(net.names, net.ips, strict=True)):
             cfg = f"{tmp}/sshd_config-{name}"
             with open(cfg, "w") as f:
-                f.write(SSHD_CONFIG.format(ip=ip, dir=tmp, name=name))
+                f.write(SSHD_CONFIG.format(ip=ip, dir=tmp, name=name) + sshd_extra)
             run([SSHD, "-t", "-f", cfg])
             logs.append(f"{tmp}/sshd-{name}.log")
             sshd.append(net.spawn(i, [SSHD, "-D", "-e", "-f", cfg], logs[i], shm_size=shm_size, hide=hide))
@@ -813,3 +815,66 @@ def veth_namespace(kind: str, subnet_base: int = 200) -> Iterator[tuple[str, str
         yield ns, f"{net}.1", f"{net}.2"
     finally:
         run(["ip", "netns", "delete", ns], timeout=20, check=False)
+
+
+@dataclass
+class SlurmLogin:
+    """A login node of a ``SlurmCluster``, for a controller outside it (this process: a laptop).
+
+    ``hosts``: the login node as an ssh host (``hosts.hosts[0]``, on a network of its own with
+    this process); ``cluster_ip``: its second address, on the cluster's bridge; ``laptop_ip``:
+    this process's address on the login network.  The cluster's nodes have no route to that
+    network; the login node forwards nothing between its two."""
+
+    hosts: SSHHosts
+    cluster: SlurmCluster
+    cluster_ip: str
+
+    @property
+    def login(self) -> str:
+        return f"{self.hosts.user}@{self.hosts.hosts[0]}"
+
+    @property
+    def laptop_ip(self) -> str:
+        return self.hosts.controller_ip
+
+    def pids(self) -> list[int]:
+        """The login node's processes other than its sshd listener (relays, sruns, sessions)."""
+        return self.hosts.pids(self.hosts.hosts[0], sshd_sessions=True)
+
+
+@contextlib.contextmanager
+def slurm_login(cluster: SlurmCluster) -> Iterator[SlurmLogin]:
+    """A login namespace running sshd for ``cluster``: Slurm's clients work there (its sshd sets
+    SLURM_CONF; munge's socket and slurm.conf are on the shared file system), it has a second
+    interface on the cluster's bridge, and the nodes get a ``prohibit`` route to the login
+    network (this process's address there), removed on exit with the second interface."""
+    with ssh_network(1, sshd_extra=f"SetEnv SLURM_CONF={cluster.conf}\n") as hosts:
+        ns = hosts.netns(hosts.hosts[0])
+        veth = f"mklv{hosts.net.tag}"
+        used = {ip for ip in cluster.net.ips}
+        ip = next(f"{cluster.net.subnet}.{x}" for x in range(250, 200, -1) if f"{cluster.net.subnet}.{x}" not in used)
+        walled = f"{hosts.net.subnet}.0/24"
+        try:
+            run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth1", "netns", ns])
+            run(["ip", "link", "set", veth, "master", cluster.net.bridge, "up"])
+            run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth1"])
+            run(["ip", "-n", ns, "link", "set", "eth1", "up"])
+            for node_ns in cluster.net.namespaces:
+                run(["ip", "-n", node_ns, "route", "add", "prohibit", walled])
+            yield SlurmLogin(hosts, cluster, ip)
+        finally:
+            for node_ns in cluster.net.namespaces:
+                run(["ip", "-n", node_ns, "route", "del", "prohibit", walled], check=False)
+            run(["ip", "link", "delete", veth], check=False)
+
+
+def checkout_interpreter(folder: str) -> str:
+    """An interpreter at ``folder``/python with this checkout first on its path, for the hosts'
+    agents (they run the code under test wherever it is checked out)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(folder, "python")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
+    os.chmod(path, 0o755)
+    return path

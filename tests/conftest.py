@@ -163,7 +163,7 @@ def ipython_kc():
 # a mark's group to a test's id, so its own loadgroup would send every test on its own.)
 
 CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slurm", "test_debug_tunnel",
-                   "test_sync_env"}
+                   "test_sync_env", "test_slurm_login"}
 # Seconds each of the slowest modules took; a module not named here counts as short.
 # Only the order of the units depends on them.
 SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
@@ -175,7 +175,7 @@ SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
     "test_fuzz_wires": 23, "test_config": 21, "test_monarch_examples": 21, "test_leaks": 19, "test_api": 18,
     "test_sync_env": 90, "test_attach": 50, "test_debug_security": 45, "test_ipython_cells": 40,
     "test_kernel_feedback": 40, "test_ssh_reach": 40, "test_tensor_security": 30, "test_spawn_checks": 25,
-    "test_cell_errors": 20, "test_server_api": 14, "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
+    "test_cell_errors": 20, "test_slurm_login": 40, "test_server_api": 14, "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
 }
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(30)
 OPTIONS = {
     "spawn": ["-n N", "--name NAME", "--env K=V", "--detach M", "--job ssh|slurm|NAME", "--hosts H1,H2",
               "--ssh-args 'ARGS'", "--out-of-cluster [yes|no|auto]",
-              "--nodes N", "--partition P", "--time T", "--account A", "--python PATH"],
+              "--nodes N", "--partition P", "--time T", "--account A", "--login USER@HOST", "--python PATH"],
     "jobs": [],
     "run": ["SCRIPT [ARGS]", "-m MODULE [ARGS]"],
     "kill-job": ["[name]"],
@@ -138,7 +138,8 @@ def test_arguments_parse_to_their_values():
     assert vars(_parse(COMMANDS["spawn"], "")) == {"n": 1, "name": None, "env": [], "detach": None, "job": None,
                                                    "hosts": None, "ssh_args": None, "out_of_cluster": None,
                                                    "nodes": None, "partition": None,
-                                                   "time": "01:00:00", "account": None, "python": None,
+                                                   "time": "01:00:00", "account": None, "login": None,
+                                                   "python": None,
                                                    "sync_env": False, "attach": None, "key_file": None}
     a = _parse(COMMANDS["spawn"], "--job ssh --hosts a,b -n 2 --ssh-args '-i k'")
     assert (a.job, a.hosts, a.n, a.ssh_args) == ("ssh", "a,b", 2, "'-i k'")

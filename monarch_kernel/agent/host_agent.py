@@ -26,6 +26,7 @@ from ..runtime.launch import LaunchConfig
 from ..runtime.limits import raise_nofile_limit
 from ..runtime.process import Runtime
 from ..runtime.template_client import TemplateClient
+from ..runtime.transport import loopback_for
 
 
 def route_address(controller: str) -> str:
@@ -210,7 +211,9 @@ def main() -> int:
     creds = wire.read_credentials(line)
     controller = creds["controller"]
     try:
-        ip = creds.get("bind") or settings.bind_address() or route_address(controller)
+        via = settings.get("controller_via")  # reached through a relay: bind on the route to it
+        ip = creds.get("bind") or settings.bind_address() or route_address(
+            (loopback_for(via)(controller) if via and "@" in via else None) or controller)
     except OSError as e:
         print(f"{wire.NO_ROUTE} {controller} ({e.strerror})", file=sys.stderr, flush=True)
         return 3

@@ -34,8 +34,9 @@ def controller_address(rt: Runtime, first_host: str) -> str:
         try:
             ip = route_to(first_host)
         except ConnectionError:
-            if rt.network.net_address is not None:  # a name only the hosts know: keep ours
-                return rt.network.net_address
+            ours = rt.network.net_address
+            if ours is not None and not ours.startswith("tcp://127."):  # a name only the hosts know: keep ours
+                return ours
             raise
     return rt.network.listen(ip)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
-import threading
 import time
 
 from ..actor.host_mesh import HostMesh
@@ -23,35 +23,14 @@ from ..runtime.process import Runtime
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
-from .squeue import PLAIN_FORMAT, SqueueJob, find_job, parse_plain
+from .login import LoginNode, agent_settings
+from .squeue import NEVER_RUNS, PLAIN_FORMAT, SqueueJob, find_job, never_runs, parse_plain
+from .srun_agent import AGENT_STEP, HOLD_SCRIPT, SrunAgent, kill_all
+from .ssh_config import route_host
 
-AGENT_STEP = "monarch-agent"  # the srun steps' name, which the hold script looks for
-HOLD_SCRIPT = """#!/bin/sh
-# monarch-kernel SlurmJob: this only holds the allocation; the agents run as srun steps named
-# {step}.  Once none has run for {idle} s (every controller of the job is gone) it ends, and
-# the allocation with it.  Without squeue on the node it holds until the time limit.
-command -v squeue >/dev/null 2>&1 || exec sleep infinity
-idle=0
-while sleep 5; do
-  steps=$(squeue -h --steps --jobs="$SLURM_JOB_ID" -o %j 2>/dev/null) || {{ idle=0; continue; }}
-  if printf '%s\n' "$steps" | grep -qx {step}; then idle=0; else idle=$((idle + 5)); fi
-  [ "$idle" -lt {idle} ] || exit 0
-done
-"""
 KEEP_SLURM_VARS = frozenset({"SLURM_CONF", "SLURM_CLUSTERS"})  # configuration, not a job's context
 COMMAND_TIMEOUT_S = config.seconds("slurm_command_timeout")
 CANCEL_TIMEOUT_S = config.seconds("slurm_cancel_timeout")
-# Pending reasons that waiting does not cure (and "...PerJobLimit": a QOS or account cap on one job).
-NEVER_RUNS = {
-    "PartitionNodeLimit": "more nodes than its partition allows or has up (`sinfo -p {partition}` shows them); "
-                          "ask for fewer nodes in meshes= or another partition",
-    "PartitionTimeLimit": "time_limit is over the partition's MaxTime; ask for less",
-    "BadConstraints": "no node matches its constraints (slurm_args, gpus_per_node, cpus_per_task, mem)",
-    "InvalidAccount": "the account is not valid for this user; pass account= one `sacctmgr show assoc "
-                      "user=$USER` lists",
-    "InvalidQOS": "the QOS is not valid for this account; pass another qos=",
-    "DependencyNeverSatisfied": "its --dependency can never be met",
-}
 
 
 class SlurmError(RuntimeError):
@@ -76,6 +55,11 @@ class SlurmJob(JobTrait):
     partition's default.  ``job_start_timeout``: seconds to wait for RUNNING
     (then it is cancelled); ``scheduling_delay_s`` says how long the queue took, apart from
     start-up; ``start_timeout``: for the agents to connect (MONARCH_KERNEL_SPAWN_TIMEOUT).
+
+    ``login="user@cluster"`` (a laptop outside the cluster): Slurm's commands run on that login
+    node over one ssh connection (``ssh_args``, ``~/.ssh/config`` and ``-J`` as for ssh), and the
+    mesh's connections pass through it (``login.py``); this controller opens no network port.
+    ``out_of_cluster=False``: the nodes can connect to it directly (only the commands use ssh).
     """
 
     kind = "slurm"
@@ -85,8 +69,18 @@ class SlurmJob(JobTrait):
                  gpus_per_node: int | None = None, cpus_per_task: int | None = None, mem: str | None = None,
                  account: str | None = None, qos: str | None = None, exclusive: bool = True,
                  job_start_timeout: float = 300.0, start_timeout: float | None = None,
-                 idle_timeout: float | None = 300.0, sync_env: bool | str = False):
+                 idle_timeout: float | None = 300.0, sync_env: bool | str = False, login: str | None = None,
+                 ssh_args=(), out_of_cluster: bool | None = None):
         super().__init__()
+        if isinstance(ssh_args, str):
+            raise TypeError("ssh_args is a sequence of ssh's arguments for login=, e.g. ('-i', '~/.ssh/id_ed25519'), "
+                            "not one string")
+        if login is not None and (not isinstance(login, str) or not login or login.startswith("-")):
+            raise ValueError(f"login is the login node as ssh reaches it, e.g. login='me@cluster', not {login!r}")
+        if out_of_cluster is not None and not isinstance(out_of_cluster, bool):
+            raise TypeError(f"out_of_cluster is True, False or None, not {out_of_cluster!r}")
+        if out_of_cluster and login is None:
+            raise ValueError("out_of_cluster=True reaches the nodes through a login node: pass login='user@cluster'")
         if isinstance(slurm_args, str):
             raise TypeError("slurm_args is a sequence of sbatch arguments, e.g. ('--constraint=h100',), "
                             "not one string")
@@ -113,6 +107,10 @@ class SlurmJob(JobTrait):
         self.start_timeout = start_timeout
         self.idle_timeout = idle_timeout
         self.sync_env = sync_env  # send this environment to the nodes first (a folder: their cache)
+        self.login = login
+        self.ssh_args = tuple(str(a) for a in ssh_args)
+        self.out_of_cluster = out_of_cluster
+        self._login: LoginNode | None = None  # the ssh connection to ``login``, while the job runs
         self.env_syncs: dict[str, HostEnv] = {}  # node -> what sync_env did there
         self.job_id: str | None = None  # Slurm's, once submitted (or loaded)
         self.nodes: list[str] = []  # the allocation's nodes, in Slurm's order
@@ -161,8 +159,17 @@ class SlurmJob(JobTrait):
 
     def _remote(self, node: str, argv: list[str]) -> list[str]:
         """``argv`` run on ``node`` as a step of the allocation (sync_env's probe and transfer)."""
-        return ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+        srun = ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                 "--input=all", "--export=ALL", "--mpi=none", *argv]
+        return self._login.command(srun) if self._login else srun
+
+    def _login_node(self) -> LoginNode:
+        """The ssh connection to the login node, opened once (before anything is submitted)."""
+        if self._login is None:
+            assert self.login is not None
+            self._login = LoginNode(self.login, self.ssh_args, Runtime.current().rundir, f"L{secrets.token_hex(3)}")
+        self._login.open()
+        return self._login
 
     @staticmethod
     def environment() -> dict[str, str]:
@@ -174,14 +181,20 @@ class SlurmJob(JobTrait):
 
     def _slurm(self, argv: list[str], input: str | None = None) -> subprocess.CompletedProcess:
         try:
+            if self.login is not None:
+                return self._login_node().run(argv, input, COMMAND_TIMEOUT_S)
             return subprocess.run(argv, input=input, capture_output=True, text=True, env=self.environment(),
                                   timeout=COMMAND_TIMEOUT_S, stdin=None if input is not None else subprocess.DEVNULL)
         except FileNotFoundError:
-            raise SlurmError(f"Slurm's {argv[0]} is not on PATH: run this on a machine of the cluster that can "
-                             f"submit jobs (a login node), or add Slurm's bin directory to PATH") from None
+            raise SlurmError(f"Slurm's {argv[0]} is not on PATH{self._on()}: " + (
+                "add Slurm's bin directory to PATH in the login node's shell startup file (ssh runs commands in "
+                "a non-interactive shell)" if self.login else "run this on a machine of the cluster that can submit "
+                "jobs (a login node), or add Slurm's bin directory to PATH, or pass login='user@cluster'")) from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"`{' '.join(argv[:2])} ...` did not answer in {COMMAND_TIMEOUT_S:g} s: is slurmctld "
-                             f"up? (`sinfo` says)") from None
+            raise SlurmError(f"`{' '.join(argv[:2])} ...`{self._on()} did not answer in {COMMAND_TIMEOUT_S:g} s: is "
+                             f"slurmctld up? (`sinfo` says)") from None
+        except ConnectionError as e:  # the login node's ssh connection
+            raise SlurmError(str(e)) from None
 
     def query(self) -> SqueueJob | None:
         """What squeue says of this job now; None once it no longer lists it."""
@@ -200,7 +213,8 @@ class SlurmJob(JobTrait):
         if plain.returncode != 0:
             if "Invalid job id" in plain.stderr:
                 return None
-            raise SlurmError(f"squeue failed (exit {plain.returncode}): {(plain.stderr or r.stderr).strip()}")
+            raise SlurmError(f"squeue{self._on()} failed (exit {plain.returncode}): "
+                             f"{(plain.stderr or r.stderr).strip()}")
         lines = [line for line in plain.stdout.splitlines() if line.strip()]
         return parse_plain(lines[0], self.job_id) if lines else None
 
@@ -211,7 +225,7 @@ class SlurmJob(JobTrait):
         r = self._slurm(argv, input=self.hold_script())
         if r.returncode != 0:
             said = r.stderr.strip() or r.stdout.strip() or f"exit status {r.returncode}"
-            raise SlurmError(f"sbatch refused the allocation ({' '.join(argv[1:])}): {said}")
+            raise SlurmError(f"sbatch{self._on()} refused the allocation ({' '.join(argv[1:])}): {said}")
         job_id = r.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;cluster"
         if not job_id.isdigit():
             raise SlurmError(f"sbatch --parsable printed {r.stdout.strip()!r}, not a job id")
@@ -233,7 +247,7 @@ class SlurmJob(JobTrait):
                 raise SlurmError(f"Slurm job {self.job_id} {state}: its allocation ended before it ran. "
                                  f"`sacct -j {self.job_id}` says why, where accounting is on")
             last = job
-            if job.state == "PENDING" and _never_runs(job.reason):
+            if job.state == "PENDING" and never_runs(job.reason):
                 fix = NEVER_RUNS.get(job.reason, "it is over a per-job limit of its QOS or account")
                 fix = fix.format(partition=job.partition or self.partition or "PARTITION")
                 raise SlurmError(f"Slurm job {self.job_id} cannot run as asked (pending, reason {job.reason}): {fix}")
@@ -254,7 +268,7 @@ class SlurmJob(JobTrait):
             return
         r = self._slurm(["scancel", self.job_id])
         if r.returncode != 0 and not any(s in r.stderr for s in ("Invalid job id", "already completing or completed")):
-            raise SlurmError(f"scancel {self.job_id} failed: {r.stderr.strip()}")
+            raise SlurmError(f"scancel {self.job_id}{self._on()} failed: {r.stderr.strip()}")
         deadline = time.monotonic() + CANCEL_TIMEOUT_S
         while True:
             job = self.query()
@@ -264,6 +278,9 @@ class SlurmJob(JobTrait):
                 raise SlurmError(f"Slurm job {self.job_id} is still {job.state} {CANCEL_TIMEOUT_S:g} s after "
                                  f"scancel: check its nodes (`squeue -j {self.job_id}`, `sinfo -R`)")
             time.sleep(0.1)
+
+    def _on(self) -> str:
+        return f" on {self.login}" if self.login else ""
 
     def _node_address(self, node: str) -> str | None:
         """The address Slurm itself reaches ``node`` at (its NodeAddr), if it knows one."""
@@ -275,8 +292,8 @@ class SlurmJob(JobTrait):
         """Our TCP address for the agents: on MONARCH_KERNEL_BIND if set, else on our route
         to the first node, found by its name or, when the name does not resolve here (node
         names often resolve only on the cluster), by the NodeAddr Slurm has for it."""
-        if rt.network.net_address is not None or config.bind_address():
-            return controller_address(rt, node)
+        if self.login is not None and not config.bind_address():  # in the cluster's network, beside its login node
+            return controller_address(rt, route_host(self.login, self.ssh_args))
         try:
             return controller_address(rt, node)
         except ConnectionError as e:
@@ -290,6 +307,8 @@ class SlurmJob(JobTrait):
 
     def _create(self) -> None:
         submitted = self.job_id is None
+        if self.login is not None:
+            self._login_node()  # a bad login fails here, before anything is submitted
         try:
             if submitted:
                 t0 = time.monotonic()
@@ -310,6 +329,7 @@ class SlurmJob(JobTrait):
                     self._cancel()  # a failed scancel raises its own SlurmError, chained to this error
                 finally:
                     self.job_id = None
+            self._close_login()
             raise
 
     def _reattach(self) -> SqueueJob:
@@ -324,21 +344,51 @@ class SlurmJob(JobTrait):
 
     def _start_agents(self) -> None:
         rt = Runtime.current()
+        if self.login is not None:
+            return self._start_agents_on_login(rt)
         controller = self._controller(rt, self.nodes[0])
         env = self.environment()
+        self._sync(env)
+        self._wait_agents({n: SrunAgent(rt, n, self.command(n), controller, env=env, job_id=self.job_id or "")
+                           for n in self.nodes})
+
+    def _start_agents_on_login(self, rt: Runtime) -> None:
+        """Agents as srun steps started on the login node, their stdin through its ssh connection;
+        out of cluster, they and their ranks reach this controller through its relay."""
+        login = self._login_node()
+        links = {n: rt.launcher.add_host(n) for n in self.nodes}
+        env = agent_settings()
+        try:
+            if self.out_of_cluster is not False:
+                target = self._node_address(self.nodes[0]) or self.nodes[0]
+                env[config.env_name("controller_via")] = login.reach(rt, target, links)
+            first = self.nodes[0]
+            controller = rt.network.net_address if self.out_of_cluster is not False else self._controller(rt, first)
+            self._sync(None)
+        except BaseException:
+            for link in links.values():
+                rt.launcher.forget_host(link, "its agent was never started")
+            raise
+        paths = {n: {"PYTHONPATH": e.pythonpath} for n, e in self.env_syncs.items() if e.pythonpath}  # shared files
+        self._wait_agents({n: SrunAgent(rt, n, login.command(self.command(n), {**env, **paths.get(n, {})}),
+                                         controller, job_id=self.job_id or "", link=links[n], login=self.login)
+                           for n in self.nodes})
+
+    def _sync(self, env: dict | None) -> None:
+        """sync_env: this environment to the nodes first (``env``: what srun runs with here)."""
         if self.sync_env:
             cache = self.sync_env if isinstance(self.sync_env, str) else None
             self.env_syncs = sync_hosts(self.nodes, self._remote, self.python_exe, cache, env=env)
-            if not all(e.shared for e in self.env_syncs.values()):
+            if env is not None and not all(e.shared for e in self.env_syncs.values()):
                 env.pop("PYTHONPATH", None)  # the synced venv has our folders; these paths are this machine's
-        started: dict[str, AgentProcess] = {
-            n: _SrunAgent(rt, n, self.command(n), controller, env=env, job_id=self.job_id or "") for n in self.nodes}
+
+    def _wait_agents(self, started: dict[str, AgentProcess]) -> None:
         deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
         try:
             for agent in started.values():
                 agent.wait_up(deadline, self.python_exe)
         except BaseException:
-            _kill_all(list(started.values()))
+            kill_all(list(started.values()))
             raise
         self._agents = started
 
@@ -350,11 +400,19 @@ class SlurmJob(JobTrait):
         return out
 
     def _kill(self) -> None:
-        _kill_all(list(self._agents.values()))
+        kill_all(list(self._agents.values()))
         self._agents = {}
-        self._cancel()
+        try:
+            self._cancel()
+        finally:
+            self._close_login()
         self.job_id = None
         self.nodes = []
+
+    def _close_login(self) -> None:
+        login, self._login = self._login, None
+        if login is not None:
+            login.close()
 
     def _spec(self) -> dict:
         return {"meshes": self.meshes, "python_exe": self.python_exe, "slurm_args": list(self.slurm_args),
@@ -362,7 +420,8 @@ class SlurmJob(JobTrait):
                 "gpus_per_node": self.gpus_per_node, "cpus_per_task": self.cpus_per_task, "mem": self.mem,
                 "account": self.account, "qos": self.qos, "exclusive": self.exclusive,
                 "job_start_timeout": self.job_start_timeout, "idle_timeout": self.idle_timeout,
-                "sync_env": self.sync_env,
+                "sync_env": self.sync_env, "login": self.login, "ssh_args": list(self.ssh_args),
+                "out_of_cluster": self.out_of_cluster,
                 "job_id": self.job_id, "nodes": self.nodes}
 
     @classmethod
@@ -373,48 +432,12 @@ class SlurmJob(JobTrait):
                   cpus_per_task=spec.get("cpus_per_task"), mem=spec.get("mem"), account=spec.get("account"),
                   qos=spec.get("qos"), exclusive=spec.get("exclusive", True),
                   job_start_timeout=spec.get("job_start_timeout", 300.0),
-                  idle_timeout=spec.get("idle_timeout", 300.0), sync_env=spec.get("sync_env", False))
+                  idle_timeout=spec.get("idle_timeout", 300.0), sync_env=spec.get("sync_env", False),
+                  login=spec.get("login"), ssh_args=spec.get("ssh_args") or (),
+                  out_of_cluster=spec.get("out_of_cluster"))
         job.job_id = spec.get("job_id")
         return job
 
     def __repr__(self) -> str:
         where = f" job {self.job_id} on {','.join(self.nodes)}" if self.job_id else ""
         return f"SlurmJob<{self.meshes}{where}>"
-
-
-def _never_runs(reason: str) -> bool:
-    return reason in NEVER_RUNS or reason.endswith("PerJobLimit")
-
-
-def _kill_all(agents: list[AgentProcess]) -> None:
-    """End agents together (each waits for its srun to exit)."""
-    threads = [threading.Thread(target=a.kill, name=f"monarch-kill-{a.host}", daemon=True) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
-class _SrunAgent(AgentProcess):
-    """An agent started by srun: its start failures read as Slurm's, not ssh's."""
-
-    def __init__(self, *args, job_id: str, **kw):
-        self.job_id = job_id
-        super().__init__(*args, **kw)
-
-    def diagnose(self, python: str) -> str:
-        text = "\n".join(self.stderr)
-        said = self._said()
-        where = f"cannot start the agent on {self.host} (srun in Slurm job {self.job_id})"
-        if "Invalid job id" in text or "already completing or completed" in text:
-            return f"{where}: the allocation is gone (cancelled or timed out){said}"
-        if "unrecognized option" in text and "overlap" in text:
-            return f"{where}: this Slurm is older than 20.11 (its srun has no --overlap){said}"
-        if "No module named" in text and "monarch_kernel" in text:
-            return (f"{where}: monarch_kernel is not installed for {python} there; install it where the nodes "
-                    f"see it (on a shared filesystem, this controller's environment is theirs), or pass "
-                    f"python_exe= an interpreter that has it, or pass sync_env=True (%mesh spawn --sync-env) to "
-                    f"send this controller's environment there{said}")
-        if "No such file or directory" in text or "command not found" in text or "Permission denied" in text:
-            return f"{where}: {python} cannot be run there; pass python_exe= the path of a Python 3 on the nodes{said}"
-        return f"{where}: srun exited with status {self.proc.returncode} before the agent connected{said}"

@@ -183,3 +183,21 @@ def parse_plain(line: str, job_id: str) -> SqueueJob:
 
 
 PLAIN_FORMAT = "%T|%N|%P|%r|%j"
+
+
+# Pending reasons that waiting does not cure (and "...PerJobLimit": a QOS or account cap on one job).
+NEVER_RUNS = {
+    "PartitionNodeLimit": "more nodes than its partition allows or has up (`sinfo -p {partition}` shows them); "
+                          "ask for fewer nodes in meshes= or another partition",
+    "PartitionTimeLimit": "time_limit is over the partition's MaxTime; ask for less",
+    "BadConstraints": "no node matches its constraints (slurm_args, gpus_per_node, cpus_per_task, mem)",
+    "InvalidAccount": "the account is not valid for this user; pass account= one `sacctmgr show assoc "
+                      "user=$USER` lists",
+    "InvalidQOS": "the QOS is not valid for this account; pass another qos=",
+    "DependencyNeverSatisfied": "its --dependency can never be met",
+}
+
+
+def never_runs(reason: str) -> bool:
+    """Whether a pending job's ``reason`` is one that waiting does not cure."""
+    return reason in NEVER_RUNS or reason.endswith("PerJobLimit")

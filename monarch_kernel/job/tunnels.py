@@ -37,11 +37,12 @@ def port_taken(host: str, port: int | str) -> str:
 class Tunnels:
     """One host's forwards, through the control socket ``ctl`` of its agent's ssh."""
 
-    def __init__(self, host: str, rundir: str, tag: str, controller_ip: str, link):
+    def __init__(self, host: str, rundir: str, tag: str, controller_ip: str, link, ctl: str | None = None):
         """``link``: the host's ``AgentLink``; its ``ip`` (from the agent's UP, before anything is
-        sent to the host) is the address its processes listen on."""
+        sent to the host) is the address its processes listen on.  ``ctl``: another ssh's control
+        socket (a Slurm login node's, which connects onward to the node), instead of its own."""
         self.host = host
-        self.ctl = os.path.join(rundir, f"ssh{tag}")
+        self.ctl = ctl or os.path.join(rundir, f"ssh{tag}")
         self._socks = os.path.join(rundir, f"f{tag}-")
         self.controller_ip = controller_ip
         self.link = link

@@ -49,9 +49,14 @@ class KernelJobs:
     def open(self, a) -> tuple[str, JobTrait]:
         """The job ``%mesh spawn --job ...`` names: an existing one, or a new ssh/slurm job
         (or, with ``--attach``, a new attached one)."""
-        if a.out_of_cluster and a.job != "ssh":
-            raise UsageError(f"--out-of-cluster is for a new ssh job (--job ssh --hosts h1,h2), not --job {a.job}: "
-                             "a running job keeps how its hosts reach this kernel")
+        if a.out_of_cluster and a.job != "ssh" and not (a.job == "slurm" and a.login):
+            raise UsageError(f"--out-of-cluster is for a new ssh job (--job ssh --hosts h1,h2) or a slurm job "
+                             f"through a login node (--job slurm --login me@cluster), not --job {a.job}"
+                             + ("" if a.job == "slurm" else ": a running job keeps how its hosts reach this kernel"))
+        if a.ssh_args and a.job == "slurm" and not a.login:
+            raise UsageError("--ssh-args with --job slurm are for its login node: add  --login me@cluster")
+        if a.login and a.job != "slurm":
+            raise UsageError(f"--login is a Slurm cluster's login node: type  --job slurm --nodes N --login {a.login}")
         if a.job in self.jobs:
             if not self.jobs[a.job].active:
                 raise UsageError(f"job {a.job!r} was killed; start a new one with  --job ssh  or  --job slurm")
@@ -76,21 +81,13 @@ class KernelJobs:
         elif a.job == "ssh":
             if not a.hosts:
                 raise UsageError("--job ssh needs its hosts: type  %mesh spawn --job ssh --hosts h1,h2 -n 2")
-            quoted = a.ssh_args or ""
-            if len(quoted) > 1 and quoted[0] == quoted[-1] and quoted[0] in "'\"":
-                quoted = quoted[1:-1]  # IPython's argument splitter keeps the quotes
-            try:
-                ssh_args = shlex.split(quoted)
-            except ValueError as e:
-                raise UsageError(f"--ssh-args {a.ssh_args!r}: {e}") from None
-            out = {"yes": True, "no": False}.get(a.out_of_cluster or "auto")
-            ssh = SSHJob(python_exe=a.python or ("python3" if a.sync_env else sys.executable), ssh_args=ssh_args,
-                         sync_env=a.sync_env, out_of_cluster=out)
+            ssh = SSHJob(python_exe=a.python or ("python3" if a.sync_env else sys.executable),
+                         ssh_args=_ssh_args(a), sync_env=a.sync_env, out_of_cluster=_out_of_cluster(a))
             job = ssh.add_mesh("hosts", [h for h in a.hosts.split(",") if h])
         elif a.job == "slurm":
             job = SlurmJob(meshes={"hosts": a.nodes or 1}, partition=a.partition, time_limit=a.time,
                            account=a.account, python_exe=a.python or ("python3" if a.sync_env else sys.executable),
-                           sync_env=a.sync_env)
+                           sync_env=a.sync_env, login=a.login, ssh_args=_ssh_args(a), out_of_cluster=_out_of_cluster(a))
         else:
             known = ", ".join(self.jobs) or "none yet"
             raise UsageError(f"--job {a.job!r}: type  --job ssh --hosts h1,h2  or  --job slurm --nodes N,  "
@@ -138,3 +135,18 @@ class KernelJobs:
             except Exception as e:  # noqa: BLE001  (one job's failure must not keep the others)
                 log.error("monarch_kernel: ending a job failed: %s", e)
         self.jobs.clear()
+
+
+def _ssh_args(a) -> list[str]:
+    """``--ssh-args``, split as a shell would (IPython's argument splitter keeps the quotes)."""
+    quoted = a.ssh_args or ""
+    if len(quoted) > 1 and quoted[0] == quoted[-1] and quoted[0] in "'\"":
+        quoted = quoted[1:-1]
+    try:
+        return shlex.split(quoted)
+    except ValueError as e:
+        raise UsageError(f"--ssh-args {a.ssh_args!r}: {e}") from None
+
+
+def _out_of_cluster(a) -> bool | None:
+    return {"yes": True, "no": False}.get(a.out_of_cluster or "auto")

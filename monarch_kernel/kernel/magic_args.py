@@ -48,14 +48,18 @@ def _env(value: str) -> tuple[str, str]:
 @argument("--job", metavar="ssh|slurm|NAME", help="start the ranks on other hosts: a new ssh or slurm job, or a "
           "running job's name (%%mesh jobs); -n is then ranks per host")
 @argument("--hosts", metavar="H1,H2", help="--job ssh: the hosts, as ssh reaches them")
-@argument("--ssh-args", metavar="'ARGS'", help="--job ssh: ssh's options, quoted as one, e.g. '-i key -l me'")
+@argument("--ssh-args", metavar="'ARGS'", help="--job ssh (or slurm --login): ssh's options, quoted as one, e.g. "
+          "'-i key -l me'")
 @argument("--out-of-cluster", nargs="?", const="yes", choices=("yes", "no", "auto"), metavar="yes|no|auto",
-          help="--job ssh: the hosts reach this kernel through the ssh connections that start their agents: yes "
+          help="--job ssh (or slurm --login): the hosts reach this kernel through the ssh connections that start "
+          "their agents (or the login node's): yes "
           "(the flag alone), no (never), auto (the default: hosts that cannot reach it within reach_timeout)")
 @argument("--nodes", type=_count, metavar="N", help="--job slurm: nodes to allocate")
 @argument("--partition", metavar="P", help="--job slurm: the partition")
 @argument("--time", metavar="T", default="01:00:00", help="--job slurm: the time limit (default 01:00:00)")
 @argument("--account", metavar="A", help="--job slurm: the account")
+@argument("--login", metavar="USER@HOST", help="--job slurm from outside the cluster: run Slurm's commands on this "
+          "login node over ssh; the mesh's connections pass through it (this kernel opens no network port)")
 @argument("--python", metavar="PATH", help="--job: the interpreter on the hosts (default: this kernel's; "
           "with --sync-env, python3)")
 @argument("--sync-env", action="store_true", help="--job: first send this kernel's Python environment to hosts "
@@ -70,6 +74,7 @@ def _spawn():
       procs = %mesh spawn -n 4
       procs = %mesh spawn -n 4 --detach trainers      (outlives the kernel; %mesh attach trainers)
       procs = %mesh spawn --job slurm --nodes 2 -n 4  (4 ranks on each of 2 nodes)
+      procs = %mesh spawn --job slurm --nodes 2 --login me@cluster  (from a laptop)
       procs = %mesh spawn --attach tcp://node1:29500,tcp://node2:29500 --key-file ~/.mk-key -n 4
     """
 

@@ -111,8 +111,9 @@ class MeshMagics(Magics):
         env = dict(a.env)
         env.setdefault("MPLBACKEND", "Agg")  # figures are collected and shown in the cell
         if a.job is None and (a.hosts or a.nodes or a.partition or a.account or a.ssh_args or a.python or a.sync_env
-                              or a.out_of_cluster):
-            raise UsageError("--hosts, --nodes, --partition, --account, --ssh-args, --out-of-cluster, --python and "
+                              or a.out_of_cluster or a.login):
+            raise UsageError("--hosts, --nodes, --partition, --account, --login, --ssh-args, --out-of-cluster, "
+                             "--python and "
                              "--sync-env go with --job; type  "
                              "%mesh spawn --job ssh --hosts h1,h2 -n 2  or  %mesh spawn --job slurm --nodes 2 -n 4")
         s.jobs.check_attach(a)

@@ -110,7 +110,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
                "connection (`out_of_cluster=True`)"),
     _env("MONARCH_KERNEL_CONTROLLER_VIA", "controller_via", str, None, shown="unset",
          help_="on a host out of the controller's reach (`SSHJob(out_of_cluster=True)` sets it for the agent it "
-               "starts): the controller's IP, whose ports this host's ssh connection forwards to its loopback"),
+               "starts): the controller's IP, whose ports this host's ssh connection forwards to its loopback; "
+               "`IP@RELAY` (`SlurmJob(login=...)`): a relay on the login node RELAY listens at the same ports"),
     _env("MONARCH_KERNEL_STRICT", "strict", bool, False, kernel=True, shown="off",
          help_="`1`: Monarch's behaviour where ours differs (exit on an unhandled failure, no mixed sync/async "
                "endpoints)"),

@@ -132,11 +132,18 @@ class Network:
         follow.  Returns the main inbox's TCP address.  A later call returns the same, unless
         that one is of the loopback and ``ip`` is not, or its IP has left this machine (a
         network that is gone): then the process moves to ``ip``, and its old addresses stay
-        bound for the peers that hold them (this machine reaches ``ip`` too)."""
+        bound for the peers that hold them (this machine reaches ``ip`` too).  It cannot move
+        off the loopback while listen hooks forward it to other hosts (ssh tunnels): their
+        processes know this process by that address alone."""
         assert self.main is not None
         old = self.main.net_ip
         if old is not None and not _moves(old, ip):
             return self.main.net_address
+        if old is not None and self._on_listen and _loopback(old):
+            raise ConnectionError(
+                f"this controller listens on {old} only, for its jobs whose hosts reach it through ssh (they "
+                f"hold that address), so hosts that would reach it directly at {ip} cannot join it: pass "
+                "out_of_cluster=True for this job too (login= for a SlurmJob), or kill those jobs first")
         if self.curve is None:
             self.set_keys(curve or CurveKeys.generate())
         self.guard()

@@ -271,12 +271,16 @@ class Transport:
             self.links.forget(self._links_gone())
 
 
-def loopback_for(ip: str) -> Callable[[str], str | None]:
-    """A dialer that reaches ``tcp://ip:PORT`` at ``tcp://127.0.0.1:PORT``: on a host whose
-    ssh connection forwards each of the controller's ports to the same port of its loopback."""
+def loopback_for(via: str) -> Callable[[str], str | None]:
+    """A dialer for MONARCH_KERNEL_CONTROLLER_VIA: ``IP`` reaches ``tcp://IP:PORT`` at
+    ``tcp://127.0.0.1:PORT``, on a host whose ssh connection forwards each of the controller's
+    ports to the same port of its loopback; ``IP@RELAY`` reaches it at ``tcp://RELAY:PORT``, a
+    Slurm login node's relay of the same ports (``SlurmJob(login=...)``)."""
+    ip, _, relay = via.partition("@")
     prefix = f"tcp://{ip}:"
+    at = f"tcp://{relay or '127.0.0.1'}:"
 
     def dial(addr: str) -> str | None:
-        return "tcp://127.0.0.1:" + addr[len(prefix):] if addr.startswith(prefix) else None
+        return at + addr[len(prefix):] if addr.startswith(prefix) else None
 
     return dial
