@@ -106,7 +106,8 @@ def _route(ip: str, port: int) -> tuple[int, object]:
     node: ``out_of_cluster``), else ``ip:port`` itself."""
     from ..runtime.process import Runtime
 
-    got = Runtime.current().transport.route(f"tcp://{ip}:{port}")
+    rt = Runtime.existing()
+    got = rt.transport.route(f"tcp://{ip}:{port}") if rt is not None else f"tcp://{ip}:{port}"
     if got.startswith("ipc://"):
         return socket.AF_UNIX, got[len("ipc://"):]
     host, _, to = got[len("tcp://"):].rpartition(":")
