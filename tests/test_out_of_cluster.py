@@ -276,6 +276,15 @@ def test_a_detached_mesh_beyond_a_login_node_survives_its_kernel(walled, python,
         assert reply["status"] == "ok", text(out) + _host_log("walled")
         out, reply = run(client, "%%mesh\nimport os\nstate = os.uname().nodename\nprint('set')")
         assert "[ranks 0-1] set" in text(out), text(out)
+        out, reply = run(client, "from monarch_kernel.runtime.process import Runtime\n"
+                                 "print(Runtime.current().network.net_address)")
+        port = int(text(out).strip().rsplit(":", 1)[1])
+        assert port in _loopback_ports(walled, walled.hosts[1])  # the kernel's port, forwarded to gpu1
+    # The kernel took its forwards back as it exited; the host process's own stay.
+    deadline = time.monotonic() + 10
+    while port in _loopback_ports(walled, walled.hosts[1]):
+        assert time.monotonic() < deadline, "the exited kernel's port is still forwarded to gpu1"
+        time.sleep(0.2)
     with kernel(kernelspec) as client:
         try:
             out, reply = run(client, "procs = %mesh attach walled", timeout=60)
@@ -294,3 +303,9 @@ def _host_log(name: str) -> str:
     with contextlib.suppress(OSError), open(records.log_path(name)) as f:
         return "\nthe mesh host's log:\n" + f.read()[-3000:]
     return ""
+
+
+def _loopback_ports(hosts, host: str) -> set[int]:
+    """The TCP ports listening on ``host``'s loopback."""
+    out = hosts.in_host(host, "ss -ltnH").stdout
+    return {int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if " 127.0.0.1:" in line}

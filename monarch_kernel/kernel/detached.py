@@ -30,7 +30,7 @@ from ..runtime.process import Runtime
 from .panel_detached import kernel_id
 
 START_TIMEOUT_S = config.seconds("detached_start_timeout")
-_joined: dict = {}  # detached meshes whose hosts this kernel reaches through ssh -> what undoes it
+_joined: dict = {}  # the ssh control sockets this kernel reaches hosts through -> what undoes its forwards
 
 
 def _gone(record: records.Record) -> str:
@@ -156,8 +156,9 @@ def attach(session, name: str) -> Attached:
 
 def _through_ssh(rt, name: str, routes: dict, keys: CurveKeys) -> None:
     """Listen on loopback, forward that port to each host through the ssh connections the
-    detached mesh's host process holds, and reach the hosts through them (once per kernel)."""
-    if name in _joined:
+    detached mesh's host process holds, and reach the hosts through them (once per set of them)."""
+    masters = tuple(sorted(ctl for _host, ctl in routes.values()))
+    if masters in _joined:
         return
     if rt.network.net_address is None:
         rt.network.listen("127.0.0.1", keys)
@@ -165,7 +166,7 @@ def _through_ssh(rt, name: str, routes: dict, keys: CurveKeys) -> None:
         raise UsageError(f"cannot attach {name!r} here: its hosts reach a kernel only through ssh, on loopback, "
                          f"and this kernel listens on {rt.network.net_address}; attach it from a new notebook")
     undo = tunnels.join(rt, routes)
-    _joined[name] = undo
+    _joined[masters] = undo
     atexit.register(undo)
 
 
