@@ -549,6 +549,55 @@ def ssh_network(n: int = 2, shm_size: str | None = None, hide: Sequence[str] = (
         _report(report, failed)
 
 
+@contextlib.contextmanager
+def walled_network() -> Iterator[SSHHosts]:
+    """Three ssh hosts: a login node and two compute hosts, which have no route to the test
+    process (the laptop): every packet they send it is refused, so the laptop reaches them
+    only through the login node, and they cannot open a connection back."""
+    with ssh_network(3) as hosts:
+        for ns in (hosts.netns(h) for h in hosts.hosts[1:]):
+            run(["ip", "-n", ns, "route", "del", "default"])  # nothing beyond the cluster's subnet
+            run(["ip", "-n", ns, "route", "add", "prohibit", f"{hosts.controller_ip}/32"])
+        yield hosts
+
+
+def ssh_config_file(hosts: SSHHosts, path: str, entries: str) -> str:
+    """An ssh configuration file at ``path``: ``entries``, then the test hosts' key and
+    options for all; returns ``path``."""
+    with open(path, "w") as f:
+        f.write(entries + f"""
+Host *
+  User {hosts.user}
+  IdentityFile {hosts.key}
+  IdentitiesOnly yes
+  IdentityAgent none
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  BatchMode yes
+  LogLevel ERROR
+  ConnectTimeout 5
+""")
+    return path
+
+
+def walled_ssh_config(hosts: SSHHosts, path: str) -> str:
+    """``walled_network``'s names: ``login``, and ``gpu1``/``gpu2`` reached through it."""
+    login, c1, c2 = hosts.hosts
+    return ssh_config_file(hosts, path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"
+                                        f"Host gpu1\n  HostName {c1}\nHost gpu2\n  HostName {c2}\n")
+
+
+def checkout_python(folder: str) -> str:
+    """An interpreter, written into ``folder``, with this checkout first on its path (so
+    agents on the ssh hosts run the code under test)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(folder, "python")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
 @pytest.fixture(scope="session")
 def ssh_hosts_session() -> Iterator[SSHHosts]:
     """The session's ssh hosts (built on first use, in about a second)."""
@@ -869,12 +918,3 @@ def slurm_login(cluster: SlurmCluster) -> Iterator[SlurmLogin]:
             run(["ip", "link", "delete", veth], check=False)
 
 
-def checkout_interpreter(folder: str) -> str:
-    """An interpreter at ``folder``/python with this checkout first on its path, for the hosts'
-    agents (they run the code under test wherever it is checked out)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(folder, "python")
-    with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
-    os.chmod(path, 0o755)
-    return path

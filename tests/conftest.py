@@ -174,8 +174,9 @@ SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
     "test_lifecycle": 30, "test_slurm": 30, "test_jupyterlab": 27, "test_rdma_compat": 25, "test_cluster": 24,
     "test_fuzz_wires": 23, "test_config": 21, "test_monarch_examples": 21, "test_leaks": 19, "test_api": 18,
     "test_sync_env": 90, "test_attach": 50, "test_debug_security": 45, "test_ipython_cells": 40,
-    "test_kernel_feedback": 40, "test_ssh_reach": 40, "test_tensor_security": 30, "test_spawn_checks": 25,
-    "test_cell_errors": 20, "test_slurm_login": 40, "test_server_api": 14, "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
+    "test_kernel_feedback": 40, "test_ssh_reach": 40, "test_out_of_cluster": 45, "test_slurm_login": 40,
+    "test_tensor_security": 30, "test_spawn_checks": 25, "test_cell_errors": 20, "test_server_api": 14,
+    "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
 }
 
 

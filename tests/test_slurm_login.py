@@ -22,7 +22,7 @@ import time
 
 import psutil
 import pytest
-from cluster import checkout_interpreter, slurm_login
+from cluster import checkout_python, slurm_login
 
 from monarch_kernel.job import SlurmJob, job_load
 
@@ -69,7 +69,7 @@ def login(slurm_cluster_session):
 
 @pytest.fixture(scope="module")
 def python(tmp_path_factory) -> str:
-    return checkout_interpreter(str(tmp_path_factory.mktemp("python")))
+    return checkout_python(str(tmp_path_factory.mktemp("python")))
 
 
 @pytest.fixture(scope="module")

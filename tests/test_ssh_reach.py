@@ -9,14 +9,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import warnings
 
 import cluster
 import psutil
 import pytest
-from cluster import ssh_network
 
 from monarch_kernel import Actor, ProcessDied, endpoint
 from monarch_kernel.job import SSHJob, UnreachableControllerWarning
@@ -35,29 +33,12 @@ class Here(Actor):
 @pytest.fixture(scope="module")
 def checkout_python(tmp_path_factory) -> str:
     """The interpreter with this checkout first on its path (agents run the code under test)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = tmp_path_factory.mktemp("python") / "python"
-    path.write_text(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
-    path.chmod(0o755)
-    return str(path)
+    return cluster.checkout_python(str(tmp_path_factory.mktemp("python")))
 
 
 def ssh_config(ssh_hosts, tmp_path, entries: str) -> str:
     """An ssh configuration file: ``entries``, then the test hosts' key and options for all."""
-    path = tmp_path / "ssh_config"
-    path.write_text(entries + f"""
-Host *
-  User {ssh_hosts.user}
-  IdentityFile {ssh_hosts.key}
-  IdentitiesOnly yes
-  IdentityAgent none
-  StrictHostKeyChecking no
-  UserKnownHostsFile /dev/null
-  BatchMode yes
-  LogLevel ERROR
-  ConnectTimeout 5
-""")
-    return str(path)
+    return cluster.ssh_config_file(ssh_hosts, str(tmp_path / "ssh_config"), entries)
 
 
 def test_host_aliases_from_an_ssh_config_file(ssh_hosts, checkout_python, tmp_path):
@@ -245,13 +226,8 @@ class Probe(Actor):
 
 @pytest.fixture(scope="module")
 def walled():
-    """Three ssh hosts: a login node and two compute hosts, which have no route to the test
-    process (the laptop): every packet they send it is refused, so the laptop reaches them
-    only through the login node, and they cannot open a connection back."""
-    with ssh_network(3) as hosts:
-        for ns in (hosts.netns(h) for h in hosts.hosts[1:]):
-            cluster.run(["ip", "-n", ns, "route", "del", "default"])  # nothing beyond the cluster's subnet
-            cluster.run(["ip", "-n", ns, "route", "add", "prohibit", f"{hosts.controller_ip}/32"])
+    """A login node and two compute hosts with no route back to this process (cluster.py)."""
+    with cluster.walled_network() as hosts:
         yield hosts
 
 

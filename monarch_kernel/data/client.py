@@ -82,10 +82,11 @@ def _open(h, via: str) -> socket.socket:
     sock = None
     last: OSError | None = None
     for addr in h.addresses:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family, where = _route(addr, h.port)
+        s = socket.socket(family, socket.SOCK_STREAM)
         s.settimeout(CONNECT_TIMEOUT_S)
         try:
-            s.connect((addr, h.port))
+            s.connect(where)
             sock = s
             break
         except OSError as e:
@@ -93,9 +94,24 @@ def _open(h, via: str) -> socket.socket:
             s.close()
     if sock is None:
         raise OwnerGone(h, f"cannot reach it at {', '.join(h.addresses)} port {h.port}: {last}")
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if sock.family == socket.AF_INET:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     return sock
+
+
+def _route(ip: str, port: int) -> tuple[int, object]:
+    """The socket family and address that reach ``ip:port``: where this process's control
+    connections to it would go (an ssh forward's unix socket, for a host beyond a login
+    node: ``out_of_cluster``), else ``ip:port`` itself."""
+    from ..runtime.process import Runtime
+
+    rt = Runtime.existing()
+    got = rt.transport.route(f"tcp://{ip}:{port}") if rt is not None else f"tcp://{ip}:{port}"
+    if got.startswith("ipc://"):
+        return socket.AF_UNIX, got[len("ipc://"):]
+    host, _, to = got[len("tcp://"):].rpartition(":")
+    return socket.AF_INET, (host, int(to))
 
 
 class Connection:

@@ -114,7 +114,8 @@ def main() -> None:
     curve = [k.decode() for k in keys.to_wire()] if job is not None and keys is not None else None
     record = records.Record(name, os.getpid(), records.start_time(os.getpid()), rt.key.hex(),
                             procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id,
-                            curve, job.spec() if job is not None else None)
+                            curve, job.spec() if job is not None else None,
+                            (job.routes() if hasattr(job, "routes") else None) or None)  # SSHJob's, out of cluster
     record.write()
     try:
         instance.done.wait()

@@ -59,6 +59,7 @@ class Record:
     host: str  # actor id of the MeshHost actor
     curve: list | None = None  # the job's Curve keys (z85 text) when its ranks are on other hosts
     job: dict | None = None  # job.spec() of the job its ranks run on, if any
+    routes: dict | None = None  # hosts beyond this controller's reach: address -> [name, ssh control socket]
 
     @property
     def ref(self) -> MeshRef:

@@ -217,6 +217,11 @@ class SSHJob(JobTrait):
         tunnels = self._tunnels.get(host)
         return tunnels.ctl if tunnels else None
 
+    def routes(self) -> dict[str, list[str]]:
+        """Each out-of-cluster host's address -> [its name, its control socket]: what another
+        process of this user needs to reach this job's hosts too (``tunnels.join``)."""
+        return {t.link.ip: [h, t.ctl] for h, t in self._tunnels.items() if t.link.ip}
+
     def _host_meshes(self) -> dict[str, HostMesh]:
         return {name: HostMesh(agents=[self._agents[h].link for h in hosts]) for name, hosts in self._meshes.items()}
 

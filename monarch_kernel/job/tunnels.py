@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shlex
 import subprocess
 import threading
+from collections.abc import Callable
+from types import SimpleNamespace
 
 log = logging.getLogger("monarch_kernel.job")
 
@@ -50,6 +53,7 @@ class Tunnels:
         self._local: dict[str, str] = {}  # a host address -> the ipc address that reaches it
         self._remote: set[int] = set()  # controller ports forwarded to the host
         self._ready = False  # the master is up: later ports are added to it
+        self._added: list[list[str]] = []  # the forwards added through the master since it was up
 
     def master_options(self, controller_addresses: list[str]) -> list[str]:
         """ssh's options for the agent's connection: the master, and the controller's ports so far."""
@@ -83,6 +87,7 @@ class Tunnels:
         if r.returncode != 0:
             raise ConnectionError(f"cannot forward {' '.join(spec)} through the ssh connection to {self.host}: "
                                   f"{r.stderr.strip() or r.returncode}")
+        self._added.append(spec)  # (``dial`` holds the lock here)
 
     def controller_listens(self, address: str) -> None:
         """A new controller port: forward it to the host's loopback too (once the master is up)."""
@@ -98,6 +103,14 @@ class Tunnels:
         ip = self.link.ip
         return bool(ip) and address.startswith(f"tcp://{ip}:")
 
+    def cancel(self) -> None:
+        """Take back the forwards added to a master that was up already (``join``'s: the
+        master outlives this process; it may be gone already)."""
+        specs, self._added = self._added, []
+        for spec in specs:
+            subprocess.run(["ssh", "-S", self.ctl, "-O", "cancel", *spec, self.host], capture_output=True,
+                           timeout=15, stdin=subprocess.DEVNULL)
+
     def dial(self, address: str) -> str | None:
         """The local unix socket that reaches ``address`` on this host, or None if not its."""
         if not self.carries(address):
@@ -111,3 +124,39 @@ class Tunnels:
                 got = self._local[address] = f"ipc://{path}"
                 log.debug("reaching %s on %s through %s", address, self.host, path)
         return got
+
+
+# ---------------------------------------------------------------- another process's masters
+
+
+def join(rt, routes: dict[str, list[str]]) -> Callable[[], None]:
+    """Reach hosts through ssh masters another process of this user holds (a detached mesh's
+    host process; ``routes``: each host's address -> [its name, the master's control socket]):
+    this process's TCP ports forwarded to each host's loopback, where the ranks reply to it
+    (so it listens on 127.0.0.1), and its connections to the hosts' addresses through ``-L``
+    forwards to unix sockets in its own run directory.  Returns what cancels them all."""
+    tag = secrets.token_hex(3)
+    joined = []
+    for i, (ip, (host, ctl)) in enumerate(routes.items()):
+        t = Tunnels(host, rt.rundir, f"{tag}{i}", "127.0.0.1", SimpleNamespace(ip=ip))
+        t.ctl = ctl
+        joined.append(t)
+    for t in joined:
+        t.ready(rt.network.tcp_addresses())
+
+    def listens(address: str) -> None:
+        for t in joined:
+            t.controller_listens(address)
+
+    def dial(address: str) -> str | None:
+        return next((got for t in joined if (got := t.dial(address))), None)
+
+    unhook = [rt.network.add_listen_hook(listens), rt.transport.add_dialer(dial)]
+
+    def undo() -> None:
+        for remove in unhook:
+            remove()
+        for t in joined:
+            t.cancel()
+
+    return undo

@@ -4,6 +4,7 @@ host died, and turn what the host forwards (rank output, deaths) into cell outpu
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from ..actor.spawn_checks import check_env, check_mesh_name, check_room
 from ..console.console import Console
 from ..detached import records
 from ..detached.host import MeshHost
+from ..job import tunnels
 from ..job.agents import route_to
 from ..runtime import config
 from ..runtime.curve import CurveKeys
@@ -28,6 +30,7 @@ from ..runtime.process import Runtime
 from .panel_detached import kernel_id
 
 START_TIMEOUT_S = config.seconds("detached_start_timeout")
+_joined: dict = {}  # the ssh control sockets this kernel reaches hosts through -> what undoes its forwards
 
 
 def _gone(record: records.Record) -> str:
@@ -125,7 +128,9 @@ def attach(session, name: str) -> Attached:
         except RuntimeError as e:
             raise UsageError(f"cannot attach {name!r} here: {e}; attach it from a kernel without a job "
                              "of its own (a new notebook)") from None
-        if rt.network.net_address is None:
+        if record.routes:  # out of cluster: its hosts reach this kernel only through its host's ssh
+            _through_ssh(rt, name, record.routes, keys)
+        elif rt.network.net_address is None:
             rt.network.listen(route_to(ref.addresses[0][len("tcp://"):].rsplit(":", 1)[0]), keys)
     rt.trust([ref.id, host_ref.id], bytes.fromhex(record.key))
     procs = ProcMesh.from_ref(ref)
@@ -147,6 +152,22 @@ def attach(session, name: str) -> Attached:
                                                        [f"(died while detached: {row['death']})"]))
     session.add(procs, consoles, host=host)
     return Attached(procs, before)
+
+
+def _through_ssh(rt, name: str, routes: dict, keys: CurveKeys) -> None:
+    """Listen on loopback, forward that port to each host through the ssh connections the
+    detached mesh's host process holds, and reach the hosts through them (once per set of them)."""
+    masters = tuple(sorted(ctl for _host, ctl in routes.values()))
+    if masters in _joined:
+        return
+    if rt.network.net_address is None:
+        rt.network.listen("127.0.0.1", keys)
+    elif not rt.network.net_address.startswith("tcp://127.0.0.1:"):
+        raise UsageError(f"cannot attach {name!r} here: its hosts reach a kernel only through ssh, on loopback, "
+                         f"and this kernel listens on {rt.network.net_address}; attach it from a new notebook")
+    undo = tunnels.join(rt, routes)
+    _joined[masters] = undo
+    atexit.register(undo)
 
 
 def stop(name: str, host) -> bool:

@@ -122,6 +122,11 @@ class Transport:
             known[addr] = got
         return got
 
+    def route(self, addr: str) -> str:
+        """Where to connect to reach the peer at ``addr`` (``dial``'s answer, or ``addr``): for
+        connections of other planes (the data plane's sockets) that must go where these go."""
+        return self._dial(addr) if self._dialers else addr
+
     def _dial(self, addr: str) -> str:
         for dial in list(self._dialers):
             got = dial(addr)
