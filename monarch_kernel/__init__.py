@@ -56,7 +56,7 @@ __all__ = [
 
 # Distributed tensors load on first use (they import torch): name -> module under tensors/.
 _TENSOR_NAMES = {
-    "RemoteException": "messages", "Tensor": "controller.tensor",
+    "RemoteException": "errors", "Tensor": "controller.tensor",
     "call_on_shard_and_fetch": "controller.fetch", "fetch_shard": "controller.fetch",
     "inspect": "controller.fetch", "show": "controller.fetch",
     "get_active_mesh": "controller.meshes", "no_mesh": "controller.meshes", "slice_mesh": "controller.meshes",

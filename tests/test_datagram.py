@@ -27,7 +27,7 @@ from monarch_kernel.runtime import rejects, unfinished
 from monarch_kernel.runtime.auth import Dropped, Signer
 from monarch_kernel.runtime.datagram import DGRAM_MAX, path_of
 from monarch_kernel.runtime.envelope import Header
-from monarch_kernel.runtime.failure import SendFailed
+from monarch_kernel.runtime.errors import SendFailed
 from monarch_kernel.runtime.inbox import Inbox, actor_address
 from monarch_kernel.runtime.io_thread import IOThread
 from monarch_kernel.runtime.kinds import Kind

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from monarch_kernel.runtime import host_wire, template_client, template_server, template_wire
+from monarch_kernel.runtime import host_wire, template_client, template_fork, template_server, template_wire
 from monarch_kernel.runtime.context import MeshRef
 from monarch_kernel.runtime.launch import LaunchConfig
 
@@ -137,8 +137,8 @@ def _module_level_imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", ["template_client", "template_server", "template_wire", "host_wire",
-                                    "process_tree", "launch"])
+@pytest.mark.parametrize("module", ["template_client", "template_server", "template_fork", "template_wire",
+                                    "host_wire", "process_tree", "launch"])
 def test_template_modules_do_not_import_the_rank_or_runtime_at_import_time(module):
     imported = _module_level_imports(RUNTIME / f"{module}.py")
     assert not imported & {"rank", "process", "supervision", "launcher", "serving"}, imported
@@ -155,4 +155,4 @@ def test_the_template_warm_up_imports_resolve():
     # A module renamed under actor/ would otherwise surface as every spawn failing.
     from monarch_kernel.actor.host_mesh import RANK_MODULES
 
-    template_server._warm_up(list(RANK_MODULES))
+    template_fork.warm_up(list(RANK_MODULES))

@@ -15,7 +15,7 @@ import pytest
 from _actors import Echo
 
 from monarch_kernel import this_host
-from monarch_kernel.runtime.failure import SendFailed
+from monarch_kernel.runtime.errors import SendFailed
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,7 +80,7 @@ SCRIPT = textwrap.dedent("""
     import psutil
     from _actors import Echo
     from monarch_kernel import this_host
-    from monarch_kernel.runtime.failure import SendFailed
+    from monarch_kernel.runtime.errors import SendFailed
     procs = this_host().spawn_procs(per_host={"r": 2})
     echo = procs.spawn("echo", Echo)
     pid = echo.slice(r=1).pid.call_one().get(timeout=10)

@@ -14,7 +14,7 @@ from _freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.console.console import Console
-from monarch_kernel.runtime.failure import ActorError, ProcessDied
+from monarch_kernel.runtime.errors import ActorError, ProcessDied
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,7 +17,8 @@ import pytest
 from _kernels import run, text
 
 from monarch_kernel import Actor, current_rank, endpoint, this_host
-from monarch_kernel.actor.workspace import WorkspaceReloadError, scan
+from monarch_kernel.actor.errors import WorkspaceReloadError
+from monarch_kernel.actor.workspace import scan
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ from typing import Generic, TypeVar
 
 from ..runtime.actors import STOP_METHOD
 from ..runtime.context import MeshRef
-from ..runtime.failure import MeshStopped, ProcessDied
+from ..runtime.errors import MeshStopped, ProcessDied
 from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
 from ..runtime.serialize import dumps

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from ..runtime.completion import Completion
 from ..runtime.context import actor_path
 from ..runtime.envelope import Mode, Part, Status
-from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
+from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
+from ..runtime.failure import MeshFailure
 from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
 from ..runtime.serialize import describe_unpicklable, dumps, dumps_plain

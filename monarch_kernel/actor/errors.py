@@ -1,6 +1,27 @@
-"""The exceptions users catch.  They are defined next to the runtime's failure records (the
-runtime raises them too) and re-exported here as the public names."""
+"""The actor layer's public exceptions, in one place for whoever catches them.
 
-from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied
+``ActorError``, ``ProcessDied`` and ``MeshStopped`` are defined in ``runtime/errors.py``
+(the runtime raises them too) and re-exported here, as is the ``MeshFailure`` record a
+supervisor is handed; the errors only this layer raises are defined here.
+"""
 
-__all__ = ["ActorError", "ProcessDied", "MeshStopped", "MeshFailure"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..runtime.errors import ActorError, MeshStopped, ProcessDied
+from ..runtime.failure import MeshFailure
+
+if TYPE_CHECKING:
+    from .workspace import WorkspaceSync
+
+__all__ = ["ActorError", "ProcessDied", "MeshStopped", "MeshFailure", "WorkspaceReloadError"]
+
+
+class WorkspaceReloadError(ImportError):
+    """``sync_workspace`` copied the files, but re-importing raised on some ranks: an
+    ``ImportError``, as a failed import is; ``summary`` is the sync's, to see what was sent."""
+
+    def __init__(self, message: str, summary: WorkspaceSync):
+        super().__init__(message)
+        self.summary = summary

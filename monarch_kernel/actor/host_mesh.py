@@ -11,7 +11,7 @@ from typing import Any
 from ..runtime import config
 from ..runtime.capacity import NoRoom
 from ..runtime.completion import Completion
-from ..runtime.failure import ProcessDied
+from ..runtime.errors import ProcessDied
 from ..runtime.process import Runtime
 from .controllers import publish_registry
 from .future import Future

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from ..runtime.context import actor_path, current_actor, new_actor_id
 from ..runtime.envelope import Kind
-from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
+from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
+from ..runtime.failure import MeshFailure
 from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
 from .actor_mesh import ActorMesh, endpoint_names, propagators

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..runtime import config
 from ..runtime.envelope import Part
-from ..runtime.failure import ActorError
+from ..runtime.errors import ActorError
 from ..runtime.process import Runtime
 from ..tensors.controller.keys import KeyTable
 from ..tensors.rendezvous import OPERATIONS, Rendezvous

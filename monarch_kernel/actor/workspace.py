@@ -20,9 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..runtime.failure import MeshStopped, ProcessDied
+from ..runtime.errors import MeshStopped, ProcessDied
 from ..runtime.process import Runtime
 from . import workspace_copy
+from .errors import WorkspaceReloadError
 from .ranks import rank_label
 from .workspace_copy import WorkspaceCopy
 
@@ -181,14 +182,6 @@ class WorkspaceSync:
     def __repr__(self) -> str:
         return (f"WorkspaceSync({self.path!r}, {len(self.hosts)} host(s): {self.files_sent} sent "
                 f"({_size(self.bytes_sent)}), {self.deleted} deleted)")
-
-
-class WorkspaceReloadError(ImportError):
-    """Files were synced, but re-importing raised on some ranks; ``summary`` is the sync's."""
-
-    def __init__(self, message: str, summary: WorkspaceSync):
-        super().__init__(message)
-        self.summary = summary
 
 
 def sync_workspace(procs: ProcMesh, path=None, *, auto_reload: bool = True, exclude: Iterable[str] = (),

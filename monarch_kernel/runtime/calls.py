@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from .completion import Completion
 from .context import MeshRef
 from .envelope import Header, Kind, Part, Status
-from .failure import DeathInfo, SendFailed
+from .errors import SendFailed
+from .failure import DeathInfo
 from .tree import children, locate, split
 
 if TYPE_CHECKING:

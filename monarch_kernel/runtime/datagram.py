@@ -32,7 +32,7 @@ import threading
 import time
 
 from . import config, rejects
-from .failure import SendFailed
+from .errors import SendFailed
 from .limits import check_room
 from .unfinished import WIRE, Joiner
 

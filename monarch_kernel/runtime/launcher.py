@@ -22,7 +22,8 @@ from .agent_link import AgentLink
 from .completion import Completion
 from .context import MeshRef, current_actor
 from .envelope import Kind, Part, Status
-from .failure import ActorError, DeathInfo
+from .errors import ActorError
+from .failure import DeathInfo
 from .host_wire import MalformedMessage, RankHello
 from .launch import LaunchConfig
 from .limits import raise_nofile_limit

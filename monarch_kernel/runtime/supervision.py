@@ -13,7 +13,8 @@ import inspect
 
 from .context import actor_path, process_mesh
 from .envelope import Kind
-from .failure import DeathInfo, MeshFailure, ProcessDied
+from .errors import ProcessDied
+from .failure import DeathInfo, MeshFailure
 from .owned_mesh import OwnedMesh
 from .payloads import DeathNotice, ReviveNotice
 from .serialize import dumps

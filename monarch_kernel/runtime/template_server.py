@@ -2,8 +2,9 @@
 
 It imports what ranks need once and holds no threads and no ZeroMQ context, so a fork is safe
 and a new rank costs a fork, not an interpreter start.  It reads its ranks' output and
-control pipes and forwards them to the controller in batches.  It must never import the rank's modules
-at import time (only in ``serve()``), nor be imported by the controller.
+control pipes and forwards them to the controller in batches.  What a fork carries and the
+child's first moments are in ``template_fork``.  It must never import the rank's modules at
+import time (only in ``serve()``), nor be imported by the controller.
 """
 
 from __future__ import annotations
@@ -33,17 +34,16 @@ from .host_wire import (
     StackDump,
     Stacks,
 )
-from .launch import LaunchConfig
 from .limits import limit_error, raise_nofile_limit
 from .process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
-from .stack_sampler import StackSampler, rank_tracer
+from .stack_sampler import StackSampler
+from .template_fork import become_rank, leave_template, rank_pipes, warm_up
 from .template_wire import ControlReader, Outbox, recv_msg
 
 SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sweep_last"))
 READ_SIZE = 1 << 16
 BATCH_BYTES = 48 << 10  # output is forwarded in messages of about this size (the socket takes ~200 KiB)
 BEATS_S = config.seconds("template_beats")
-PIPE_SIZE = 1 << 20  # a rank's big write needs fewer wake-ups
 
 
 # ---------------------------------------------------------------- the template process
@@ -81,7 +81,7 @@ def serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     nofile = raise_nofile_limit()
     sock = socket.socket(fileno=fd)
-    _warm_up(sys.argv[3:])
+    warm_up(sys.argv[3:])
     template = _Template(sock, nofile)
     signal.signal(signal.SIGTERM, lambda *_: template.shutdown())
     if pending_term:
@@ -223,7 +223,7 @@ class _Template:
         if not self.cleanup:
             self.cleanup.extend(msg.config.get("cleanup_dirs") or [])
         try:
-            fds = _rank_pipes()
+            fds = rank_pipes()
         except OSError as e:
             self.out.send(ForkFailed(msg.tag, limit_error(e, "pipes for a new rank")))
             return
@@ -236,17 +236,8 @@ class _Template:
             self.out.send(ForkFailed(msg.tag, limit_error(e, "a new process")))
             return
         if pid == 0:
-            os.setpgid(0, 0)  # its own process group: its subprocesses end with it
-            become_subreaper()
-            self.sel.close()
-            for f in [self.wake_r, self.wake_w, out_r, err_r, ctl_r, *self.by_fd]:
-                os.close(f)
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self.sock.close()
-            _become_rank(msg.config, [out_w, err_w, ctl_w], os.getppid())
+            leave_template(self.sel, self.sock, [self.wake_r, self.wake_w, out_r, err_r, ctl_r, *self.by_fd])
+            become_rank(msg.config, [out_w, err_w, ctl_w], os.getppid())
         for f in (out_w, err_w, ctl_w):
             os.close(f)
         rank = self.children[pid] = _Rank(pid, out_r, err_r, ctl_r)
@@ -370,78 +361,3 @@ class _Template:
 
             shutil.rmtree(d, ignore_errors=True)
         os._exit(0)
-
-
-def _rank_pipes() -> list[tuple[int, int]]:
-    made: list[tuple[int, int]] = []
-    try:
-        for _ in range(3):
-            made.append(os.pipe())
-    except OSError:
-        for r, w in made:
-            os.close(r)
-            os.close(w)
-        raise
-    for r, _w in made[:2]:
-        _grow_pipe(r)
-    return made
-
-
-def _grow_pipe(fd: int) -> None:
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except (ImportError, AttributeError, OSError):  # not Linux, or over pipe-max-size: keep the default
-        pass
-
-
-def _warm_up(modules: list[str]) -> None:
-    """Import what every rank needs before the first fork, so each fork starts warm: the rank
-    entry (and with it the runtime), and the modules the controller named (the public
-    classes ranks unpickle; the upper layers name them, see ``Runtime.warm``)."""
-    import importlib
-
-    from . import native, rank  # noqa: F401
-
-    native.sockets()  # the wire's C extension too, bound to libzmq once, so forks share it
-    for name in modules:
-        importlib.import_module(name)
-
-
-def _become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
-    """In the forked child: take the rank's stdio (``fds``: stdout, stderr, and the control
-    pipe for its hello and heartbeats), then run it until it exits."""
-    code = 1
-    try:
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
-        control = fds[2]
-        for f in fds[:2]:
-            os.close(f)
-        sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
-        sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
-        # typeshed marks these Final; the rank's own stdio is what they must name from here on.
-        sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
-        die_with_parent(template_pid)
-        rank_tracer(template_pid)
-        from .rank import run_rank
-
-        run_rank(LaunchConfig.from_wire(wire_config), template_pid, control)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)

@@ -23,7 +23,7 @@ from .auth import Signer
 from .curve import CurveKeys
 from .datagram import Links
 from .envelope import Header
-from .failure import SendFailed
+from .errors import SendFailed
 from .framing import CHUNK, pieces
 from .limits import check_room
 from .native import sockets

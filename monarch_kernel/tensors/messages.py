@@ -56,28 +56,6 @@ class Poisoned:
         return f"<poisoned on rank {self.rank} by {self.what}>"
 
 
-class RemoteException(Exception):
-    """A distributed tensor's value failed on a rank: the op that failed there, the rank and
-    its traceback.  Later ops still run; only what depends on the failed value is poisoned::
-
-        with procs.activate():
-            bad = x @ torch.ones(5, 5)      # a shape the controller could not check
-        inspect(bad)                          # RemoteException: ... on rank 0 ...
-    """
-
-    def __init__(self, poisoned: Poisoned):
-        self.rank, self.what, self.remote_traceback = poisoned.rank, poisoned.what, poisoned.traceback
-        super().__init__(f"{poisoned.what} failed on rank {poisoned.rank}; its traceback there:\n"
-                         f"{poisoned.traceback.rstrip()}")
-
-    def __reduce__(self):
-        return (_remote_exception, (self.rank, self.what, self.remote_traceback))
-
-
-def _remote_exception(rank: int, what: str, traceback: str) -> RemoteException:
-    return RemoteException(Poisoned(rank, what, traceback))
-
-
 class Collective:
     """A ``COLLECTIVE`` message's request, for the rank's ``Collectives``: ``kind``
     ("reduce" or "to_mesh"), the input ref ``source`` and output ref ``out`` (the same for

@@ -21,7 +21,7 @@ from IPython.core.error import StdinNotImplementedError
 from ...actor.port import Channel, Port, PortReceiver
 from ...runtime import config, rejects
 from ...runtime.envelope import Part, Status
-from ...runtime.failure import ActorError, MeshStopped, SendFailed
+from ...runtime.errors import ActorError, MeshStopped, SendFailed
 from ...runtime.process import Runtime
 from ...runtime.serialize import dumps
 from ..messages import Ended, Prompt, Reply, Resumed, Stopped, decode

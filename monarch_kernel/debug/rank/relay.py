@@ -23,7 +23,7 @@ from ...actor.actor import Actor
 from ...actor.endpoint import endpoint
 from ...actor.port import Port
 from ...runtime import config, hosts
-from ...runtime.failure import SendFailed
+from ...runtime.errors import SendFailed
 from ..dap import FrameReader, encode
 from ..messages import DapClosed, DapFrames, RankHost
 from . import rank_debugpy

@@ -13,7 +13,8 @@ Example::
 
 from __future__ import annotations
 
-from ..messages import Poisoned, RemoteException
+from ..errors import RemoteException
+from ..messages import Poisoned
 from .meshes import TensorMesh, active, mesh_of
 
 

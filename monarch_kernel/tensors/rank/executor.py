@@ -410,7 +410,7 @@ class Executor:
                                    "distributed tensor passed to this endpoint")
         v = self.env.get(ref, _MISSING)
         if type(v) is Poisoned:
-            from ..messages import RemoteException
+            from ..errors import RemoteException
 
             raise RemoteException(v)
         if v is _MISSING:

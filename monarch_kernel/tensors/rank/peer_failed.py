@@ -1,20 +1,15 @@
-"""``PeerFailed``: a collective or a move whose input failed on another rank.
+"""The word sent beside a collective's or a move's data: whether its input failed, and where.
 
-That rank takes part anyway, with a stand-in and the word that its input failed, so every
-peer fails at once (its result poisoned, naming the rank to look at) instead of waiting
-for bytes that will never come.
+A rank whose input failed takes part anyway, with a stand-in and this word, so every peer
+raises ``PeerFailed`` (``tensors/errors.py``) at once instead of waiting for bytes that
+will never come.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-
-class PeerFailed(RuntimeError):
-    def __init__(self, origin: int, members: tuple, what: str = "this reduction"):
-        self.origin = origin
-        super().__init__(f"the input of a member of {what} (ranks {list(members)}) failed on rank {origin}; "
-                         f"inspect that tensor on rank {origin} for the op that failed and its traceback")
+from ..errors import PeerFailed
 
 
 def flag(failed: int | None, device: Any) -> Any:
