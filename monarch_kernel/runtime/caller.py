@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from .calls import PendingCall, synthetic_part
 from .context import MeshRef, process_mesh
 from .envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
-from .failure import DeathInfo, MeshFailure, SendFailed
+from .errors import SendFailed
+from .failure import DeathInfo, MeshFailure
 from .inbox import Inbox, actor_address
 from .payloads import InterruptAck, PruneInfo
 from .serialize import dumps

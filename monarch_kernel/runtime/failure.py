@@ -131,14 +131,3 @@ class MeshFailure:
     def __str__(self) -> str:
         # Monarch's form, which its users print and match on; the report is its event.
         return f"MeshFailure(mesh_name={self.mesh}, crashed_ranks=[{self.rank}], event={self.report()})"
-
-
-def __getattr__(name: str):
-    # caller.py and server.py still import ActorError and SendFailed from here (another branch
-    # edits them as this one lands); lazily, so errors.py -> failure.py stays the only arrow.
-    # Delete once they import from errors.py.
-    if name in ("ActorError", "SendFailed"):
-        from . import errors
-
-        return getattr(errors, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -137,7 +137,7 @@ class Network:
         processes know this process by that address alone."""
         assert self.main is not None
         old = self.main.net_ip
-        if old is not None and not _moves(old, ip):
+        if old is not None and self.main.net_address is not None and not _moves(old, ip):
             return self.main.net_address
         if old is not None and self._on_listen and _loopback(old):
             raise ConnectionError(

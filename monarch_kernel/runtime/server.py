@@ -19,7 +19,8 @@ from . import config
 from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
 from .context import ActorContext, MeshRef, actor_name, actor_path, current_actor
 from .envelope import Header, Kind, Mode, Part, Status, load
-from .failure import ActorError, DeathInfo, MeshFailure, RemoteFailure, SendFailed
+from .errors import ActorError, SendFailed
+from .failure import DeathInfo, MeshFailure, RemoteFailure
 from .payloads import ReplyInfo
 from .serialize import describe_unpicklable, dumps
 from .tree import NodeState, NodeTable, split
