@@ -100,7 +100,7 @@ def _open(h, via: str) -> socket.socket:
     return sock
 
 
-def _route(ip: str, port: int) -> tuple[int, object]:
+def _route(ip: str, port: int) -> tuple[int, str | tuple[str, int]]:
     """The socket family and address that reach ``ip:port``: where this process's control
     connections to it would go (an ssh forward's unix socket, for a host beyond a login
     node: ``out_of_cluster``), else ``ip:port`` itself."""

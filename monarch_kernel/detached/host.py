@@ -115,7 +115,7 @@ def main() -> None:
     record = records.Record(name, os.getpid(), records.start_time(os.getpid()), rt.key.hex(),
                             procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id,
                             curve, job.spec() if job is not None else None,
-                            (job.routes() if hasattr(job, "routes") else None) or None)  # SSHJob's, out of cluster
+                            (job.routes() if job is not None else None) or None)  # SSHJob's, out of cluster
     record.write()
     try:
         instance.done.wait()

@@ -76,6 +76,11 @@ class JobTrait(ABC):
         ``kill()``."""
         self.kill()
 
+    def routes(self) -> dict[str, list[str]]:
+        """How another process of this user reaches hosts that only this job's ssh connections
+        reach (out of cluster): none, unless the job has such hosts (``SSHJob``)."""
+        return {}
+
     def spec(self) -> dict:
         """The job as plain data (``job_from_spec`` builds it again; no secret is in it)."""
         return dict(self._spec(), kind=self.kind)

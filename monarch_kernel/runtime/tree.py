@@ -12,15 +12,19 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from .envelope import Part
 
+T = TypeVar("T")
 
-def split(ranks: list[int], fanout: int) -> list[list[int]]:
+
+def split(ranks: list[T], fanout: int) -> list[list[T]]:
     """Cut ``ranks`` into at most ``fanout`` contiguous, nearly equal subtrees."""
     n = len(ranks)
     k = max(1, min(fanout, n))
-    out, start = [], 0
+    out: list[list[T]] = []
+    start = 0
     for i in range(k):
         size = n // k + (1 if i < n % k else 0)
         if size:
@@ -32,7 +36,7 @@ def split(ranks: list[int], fanout: int) -> list[list[int]]:
 def split_groups(groups: list[list[int]], fanout: int) -> list[list[int]]:
     """Like ``split``, but never cutting a group: at most ``fanout`` subtrees, each some whole
     ``groups`` (the ranks one connection carries) in a row."""
-    return [[r for g in part for r in g] for part in split(groups, fanout)]  # type: ignore[arg-type]
+    return [[r for g in part for r in g] for part in split(groups, fanout)]
 
 
 def children(subtree: list[int], fanout: int) -> list[list[int]]:
