@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from ..runtime.failure import MeshStopped, ProcessDied
 from ..runtime.process import Runtime
+from ..runtime.rank_sets import rank_label
 from . import workspace_copy
-from .ranks import rank_label
 from .workspace_copy import WorkspaceCopy
 
 if TYPE_CHECKING:

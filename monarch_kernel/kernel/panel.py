@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
-from ..actor.ranks import rank_label
 from ..debug.controller import proxy
 from ..runtime import config, rejects
 from ..runtime.diagnostics import PROCESS_STDERR
 from ..runtime.process import Runtime
+from ..runtime.rank_sets import rank_label
 from . import panel_detached
 from .panel_messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
 from .panel_view import PanelView, RankLog
