@@ -15,20 +15,22 @@ pytestmark = pytest.mark.timeout(60)
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "monarch_kernel"
 
 # package -> the packages it may import (besides itself and the top-level re-exports' leaves).
-# Actors and meshes are one layer (``actor/``, as Monarch's ``_src/actor/``); no two packages
+# Actors and meshes are one layer (``actor/``, as Monarch's ``_src/actor/``); looking at ranks
+# (``observe/``: stacks, metrics) sits between the runtime and that layer; no two packages
 # may import each other (``test_no_two_packages_may_import_each_other``).
 ALLOWED = {
     "runtime": set(),
     "agent": {"runtime"},
+    "observe": {"runtime"},
     "tensors": {"runtime"},
-    "actor": {"runtime", "tensors"},
+    "actor": {"runtime", "observe", "tensors"},
     "data": {"runtime", "actor"},
     "job": {"runtime", "actor"},
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
     "detached": {"runtime", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
+    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).

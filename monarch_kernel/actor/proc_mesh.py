@@ -13,6 +13,8 @@ import os
 import sys
 from typing import NamedTuple
 
+from ..observe.stack_report import StackReport
+from ..observe.stacks import take as take_stacks
 from ..runtime.context import actor_path, current_actor, new_actor_id
 from ..runtime.envelope import Kind
 from ..runtime.failure import ActorError, MeshFailure, MeshStopped, ProcessDied, SendFailed
@@ -22,8 +24,6 @@ from .actor_mesh import ActorMesh, endpoint_names, propagators
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
 from .shape import Shape, Shaped
-from .stack_report import StackReport
-from .stacks import take as take_stacks
 
 
 class Restarted(NamedTuple):

@@ -178,9 +178,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "before its template kills it (`%mesh stacks`)"),
     _s("collectives_ask", 5.0, "spmd/controller/collectives.py", "how long `%mesh collectives` waits for each rank "
        "to say where it is in its collectives (one in C code holding the GIL cannot)"),
-    _s("stacks_self_wait", 1.0, "actor/stacks.py", "how long `%mesh stacks` waits for ranks to dump their own "
+    _s("stacks_self_wait", 1.0, "observe/stacks.py", "how long `%mesh stacks` waits for ranks to dump their own "
        "stacks before it sends py-spy to those that did not"),
-    _s("stacks_wait", 15.0, "actor/stacks.py", "how long `%mesh stacks` waits for every rank's "
+    _s("stacks_wait", 15.0, "observe/stacks.py", "how long `%mesh stacks` waits for every rank's "
        "stack, py-spy's and the in-process fallback's together"),
     _s("exit_drain", 1.0, "runtime/launcher.py", "at a controller's exit, how long it waits for its local ranks' "
        "last output (what they wrote before it) before it kills them"),
