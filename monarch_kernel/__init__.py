@@ -2,10 +2,11 @@
 
 Names follow ``monarch.actor``, so Monarch code ports by changing one import.  Layers, top
 to bottom: ``kernel`` (Jupyter), ``console`` and ``debug`` (what runs on ranks for the
-notebook), ``spmd`` (torch.distributed), ``actor`` (actors and meshes, one layer as
-Monarch's ``_src/actor/``) and ``data`` (public), ``tensors`` (distributed tensors: recorded
-on the controller, run by an executor on the ranks; below ``actor``, reached through its
-``Backend``), ``runtime`` (internal engine).  The tensor names load torch on first use.
+notebook), ``spmd`` (torch.distributed), ``tensors`` (distributed tensors: recorded on the
+controller, run by an executor on the ranks; the actor layer reaches it only through
+``actor/tensor_shim.py``), ``actor`` (actors and meshes, one layer as Monarch's
+``_src/actor/``) and ``data`` (public), ``observe`` (stacks and metrics of ranks),
+``runtime`` (internal engine).  The tensor names load torch on first use.
 This module only re-exports; importing it installs nothing.
 """
 

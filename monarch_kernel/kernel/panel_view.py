@@ -13,9 +13,9 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..actor.tensor_engine import tensor_totals
 from ..runtime import config
 from ..runtime.process import Runtime
+from ..tensors.controller.registry import tensor_totals
 from . import panel_detached, status
 from .panel_messages import JobRow, MeshRow, PanelState, RankRow
 from .status import rss_mib
