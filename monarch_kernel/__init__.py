@@ -25,6 +25,7 @@ from .actor.errors import ActorError as ActorError
 from .actor.errors import MeshFailure as MeshFailure
 from .actor.errors import MeshStopped as MeshStopped
 from .actor.errors import ProcessDied as ProcessDied
+from .actor.fault_hook import unhandled_fault_hook as unhandled_fault_hook
 from .actor.future import Future as Future
 from .actor.host_mesh import HostMesh as HostMesh
 from .actor.host_mesh import this_host as this_host
@@ -37,7 +38,6 @@ from .actor.shape import Extent as Extent
 from .actor.shape import Point as Point
 from .actor.shape import Shape as Shape
 from .actor.shutdown import shutdown_context as shutdown_context
-from .actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from .actor.value_mesh import ValueMesh as ValueMesh
 
 __all__ = [

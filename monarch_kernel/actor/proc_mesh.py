@@ -282,7 +282,7 @@ class ProcMesh(Shaped):
 
             procs.sync_workspace("~/project/src")      # then: import mymod, on any rank
         """
-        from .workspace import sync_workspace
+        from .code_sync.workspace import sync_workspace
 
         return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
                               auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
