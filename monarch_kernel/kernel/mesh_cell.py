@@ -18,7 +18,7 @@ from ..debug.controller import proxy
 from ..runtime import config
 from ..runtime.rank_sets import RankSpecError, parse_ranks, rank_label
 from .cell_errors import MeshCellError, MeshCellInterrupted, check_syntax
-from .panel_grid import show_displays
+from .panel.grid import show_displays
 
 if TYPE_CHECKING:
     from .session import MeshSession

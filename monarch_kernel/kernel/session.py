@@ -15,7 +15,7 @@ from ..runtime.process import Runtime
 from .cell_names import CellNames
 from .jobs import KernelJobs
 from .output import CollapsingSink
-from .panel import PanelFeed
+from .panel.feed import PanelFeed
 from .watchdog import Watchdog
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",

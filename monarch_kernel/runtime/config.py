@@ -204,10 +204,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("progress_after", 2.0, "kernel/mesh_cell.py", "a `%%mesh` cell running this long shows a progress line"),
     _s("status_refresh", 1.0, "kernel/status.py", "how often the `%mesh status` widget refreshes"),
     _s("detached_start_timeout", 60.0, "kernel/detached.py", "how long a detached mesh's host process has to start"),
-    _s("panel_tick", 1.0, "kernel/panel.py", "while a cell runs or a rank is busy: one Mesh panel update per tick"),
-    _s("panel_min_gap", 0.5, "kernel/panel.py", "at most one panel update per this interval, however fast ranks print"),
-    _s("panel_coalesce", 0.05, "kernel/panel.py", "a burst of events (a cell's first lines) makes one update"),
-    _s("panel_cpu_stale", 3.0, "kernel/panel_view.py", "an older CPU sample (a rank not shown since) is not averaged "
+    _s("panel_tick", 1.0, "kernel/panel/feed.py", "while a cell runs or a rank is busy: one Mesh panel update per "
+       "tick"),
+    _s("panel_min_gap", 0.5, "kernel/panel/feed.py", "at most one panel update per this interval, however fast ranks "
+       "print"),
+    _s("panel_coalesce", 0.05, "kernel/panel/feed.py", "a burst of events (a cell's first lines) makes one update"),
+    _s("panel_cpu_stale", 3.0, "kernel/panel/view.py", "an older CPU sample (a rank not shown since) is not averaged "
        "over (3 ticks)"),
     _s("rank_complete", 0.2, "kernel/rank_completion.py", "how long Tab and Shift-Tab in a mesh cell wait for a "
        "rank before the kernel's own namespace answers"),
