@@ -171,7 +171,7 @@ def _mbps(nbytes: int, samples) -> float:
 
 def run(n: int) -> dict:
     from monarch_kernel import this_host
-    from monarch_kernel.actor.rendezvous import serve_rendezvous
+    from monarch_kernel.tensors.rendezvous_actor import serve_rendezvous
 
     log(f"W13 collectives: {n} ranks")
     with this_host().spawn_procs(per_host={"a": 2, "b": n // 2}) as procs:

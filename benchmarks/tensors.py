@@ -18,7 +18,7 @@ def _one(n: int) -> dict:
     import torch
 
     from monarch_kernel import inspect, this_host
-    from monarch_kernel.actor.tensor_engine import tensor_client
+    from monarch_kernel.tensors.controller.registry import tensor_client
 
     from ._actors import Bench
 

@@ -2,10 +2,11 @@
 
 Names follow ``monarch.actor``, so Monarch code ports by changing one import.  Layers, top
 to bottom: ``kernel`` (Jupyter), ``console`` and ``debug`` (what runs on ranks for the
-notebook), ``spmd`` (torch.distributed), ``actor`` (actors and meshes, one layer as
-Monarch's ``_src/actor/``) and ``data`` (public), ``tensors`` (distributed tensors: recorded
-on the controller, run by an executor on the ranks; below ``actor``, reached through its
-``Backend``), ``runtime`` (internal engine).  The tensor names load torch on first use.
+notebook), ``spmd`` (torch.distributed), ``tensors`` (distributed tensors: recorded on the
+controller, run by an executor on the ranks; the actor layer reaches it only through
+``actor/tensor_shim.py``), ``actor`` (actors and meshes, one layer as Monarch's
+``_src/actor/``) and ``data`` (public), ``observe`` (stacks and metrics of ranks),
+``runtime`` (internal engine).  The tensor names load torch on first use.
 This module only re-exports; importing it installs nothing.
 """
 
@@ -24,6 +25,7 @@ from .actor.errors import ActorError as ActorError
 from .actor.errors import MeshFailure as MeshFailure
 from .actor.errors import MeshStopped as MeshStopped
 from .actor.errors import ProcessDied as ProcessDied
+from .actor.fault_hook import unhandled_fault_hook as unhandled_fault_hook
 from .actor.future import Future as Future
 from .actor.host_mesh import HostMesh as HostMesh
 from .actor.host_mesh import this_host as this_host
@@ -36,7 +38,6 @@ from .actor.shape import Extent as Extent
 from .actor.shape import Point as Point
 from .actor.shape import Shape as Shape
 from .actor.shutdown import shutdown_context as shutdown_context
-from .actor.supervision import unhandled_fault_hook as unhandled_fault_hook
 from .actor.value_mesh import ValueMesh as ValueMesh
 
 __all__ = [

@@ -15,13 +15,13 @@ import atheris
 _MODULES = ["monarch_kernel.runtime.envelope", "monarch_kernel.runtime.payloads", "monarch_kernel.runtime.framing",
             "monarch_kernel.runtime.auth", "monarch_kernel.runtime.host_wire", "monarch_kernel.runtime.template_wire",
             "monarch_kernel.data.wire", "monarch_kernel.debug.dap", "monarch_kernel.debug.messages",
-            "monarch_kernel.kernel.panel_messages"]
+            "monarch_kernel.kernel.panel.messages"]
 
 with atheris.instrument_imports(include=_MODULES):
     from monarch_kernel.data import wire as data_wire
     from monarch_kernel.debug import messages
     from monarch_kernel.debug.dap import FrameError, FrameReader
-    from monarch_kernel.kernel.panel_messages import MessageError, Request
+    from monarch_kernel.kernel.panel.messages import MessageError, Request
     from monarch_kernel.runtime import framing, host_wire, template_wire
     from monarch_kernel.runtime.auth import Dropped, Signer
     from monarch_kernel.runtime.envelope import Header

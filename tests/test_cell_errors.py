@@ -12,8 +12,8 @@ import re
 import pytest
 from _kernels import iopub, reply_to, run, text
 
-from monarch_kernel.actor.ranks import parse_ranks
 from monarch_kernel.kernel.cell_errors import CellSyntaxError, check_syntax
+from monarch_kernel.runtime.rank_sets import parse_ranks
 
 pytestmark = pytest.mark.timeout(180)
 

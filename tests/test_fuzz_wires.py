@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from monarch_kernel.data import wire as data_wire
 from monarch_kernel.debug import messages as debug_messages
 from monarch_kernel.debug.dap import DapClient, FrameError, FrameReader, encode
-from monarch_kernel.kernel.panel_messages import MessageError, Request
+from monarch_kernel.kernel.panel.messages import MessageError, Request
 from monarch_kernel.runtime import agent_wire, framing, host_wire, rejects, template_wire, worker_wire
 from monarch_kernel.runtime.auth import MAC_LEN, Dropped, Signer
 from monarch_kernel.runtime.envelope import Header, Kind, Part, Status, join_parts

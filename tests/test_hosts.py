@@ -302,7 +302,7 @@ def test_stacks_and_usage_of_ranks_on_other_hosts_are_read_by_their_agents(job):
     assert report.summary()[0].startswith("[rank 1] Where.nap (test_hosts.py:")
     assert report.summary()[1] == "[rank 0] idle: no user code running"  # a tie: the idle group goes last
     # %mesh top's and the panel's samples: each host's agent reads its ranks' /proc.
-    from monarch_kernel.kernel.metrics import RankMetrics
+    from monarch_kernel.observe.metrics import RankMetrics
 
     metrics = RankMetrics()
     metrics.sample(procs)

@@ -15,20 +15,23 @@ pytestmark = pytest.mark.timeout(60)
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "monarch_kernel"
 
 # package -> the packages it may import (besides itself and the top-level re-exports' leaves).
-# Actors and meshes are one layer (``actor/``, as Monarch's ``_src/actor/``); no two packages
-# may import each other (``test_no_two_packages_may_import_each_other``).
+# Actors and meshes are one layer (``actor/``, as Monarch's ``_src/actor/``); looking at ranks
+# (``observe/``: stacks, metrics) sits between the runtime and that layer, distributed tensors
+# above it (the actor layer reaches them only through ``actor/tensor_shim.py``); no two
+# packages may import each other (``test_no_two_packages_may_import_each_other``).
 ALLOWED = {
     "runtime": set(),
     "agent": {"runtime"},
-    "tensors": {"runtime"},
-    "actor": {"runtime", "tensors"},
+    "observe": {"runtime"},
+    "actor": {"runtime", "observe"},
+    "tensors": {"runtime", "actor"},
     "data": {"runtime", "actor"},
     "job": {"runtime", "actor"},
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
     "detached": {"runtime", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
+    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).
@@ -106,6 +109,19 @@ def test_what_runs_on_ranks_never_imports_what_runs_in_the_controller():
             if target[:2] == [package, HALVES[package][1]]:
                 bad.append(f"{rel}:{line} imports {'.'.join(target)}")
     assert not bad, "rank-side modules importing controller-side ones:\n" + "\n".join(bad)
+
+
+def test_the_actor_layer_names_the_tensors_package_only_in_its_shim():
+    """actor/ imports no tensors module (``ALLOWED``), and names none in a string either (a
+    ``sys.modules`` look-up, an ``importlib`` call) but in ``tensor_shim.py``, the one way up."""
+    bad = []
+    for package, rel, tree in _modules():
+        if package != "actor" or rel.name == "tensor_shim.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "tensors." in node.value:
+                bad.append(f"{rel}:{node.lineno} names {node.value!r}")
+    assert not bad, "actor/ reaching the tensors package other than through tensor_shim.py:\n" + "\n".join(bad)
 
 
 def test_no_module_is_over_450_lines():

@@ -28,7 +28,7 @@ def test_a_process_off_the_gpu_reads_as_none():
 @pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no NVIDIA GPU on this machine (no nvidia-smi)")
 def test_a_rank_on_a_gpu_shows_its_use():
     from monarch_kernel import Actor, endpoint, this_host
-    from monarch_kernel.kernel.metrics import RankMetrics
+    from monarch_kernel.observe.metrics import RankMetrics
 
     class OnGpu(Actor):
         @endpoint

@@ -15,9 +15,9 @@ import pytest
 from _freeze import freeze
 from _kernels import iopub, run, text
 
-from monarch_kernel.kernel.panel import spawn_line
-from monarch_kernel.kernel.panel_grid import GRID_MIME, grid_bundle
-from monarch_kernel.kernel.panel_messages import (
+from monarch_kernel.kernel.panel.feed import spawn_line
+from monarch_kernel.kernel.panel.grid import GRID_MIME, grid_bundle
+from monarch_kernel.kernel.panel.messages import (
     COMM_TARGET,
     JobRow,
     LogLines,
@@ -29,7 +29,7 @@ from monarch_kernel.kernel.panel_messages import (
     Reply,
     Request,
 )
-from monarch_kernel.kernel.panel_view import RankLog
+from monarch_kernel.kernel.panel.view import RankLog
 from monarch_kernel.kernel.quiet_status import QuietRequests
 
 pytestmark = pytest.mark.timeout(180)

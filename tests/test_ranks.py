@@ -7,8 +7,8 @@ import doctest
 
 import pytest
 
-from monarch_kernel.actor import ranks
-from monarch_kernel.actor.ranks import SPEC_HELP, RankSpecError, parse_ranks, rank_label
+from monarch_kernel.runtime import rank_sets
+from monarch_kernel.runtime.rank_sets import SPEC_HELP, RankSpecError, parse_ranks, rank_label
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -84,5 +84,5 @@ def test_a_label_reads_back_as_the_same_ranks(spec):
 
 
 def test_the_module_examples_hold():
-    result = doctest.testmod(ranks)
+    result = doctest.testmod(rank_sets)
     assert result.attempted >= 3 and result.failed == 0

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from monarch_kernel.actor.ranks import parse_ranks
+from monarch_kernel.runtime.rank_sets import parse_ranks
 
 SCRIPT = textwrap.dedent('''
     import json, os, sys, time

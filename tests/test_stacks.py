@@ -14,7 +14,7 @@ from _config import configured
 from _freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.actor.stack_report import StackReport
+from monarch_kernel.observe.stack_report import StackReport
 from monarch_kernel.spmd import collectives, setup_torch_distributed
 
 pytestmark = pytest.mark.timeout(180)

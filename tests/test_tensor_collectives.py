@@ -13,8 +13,8 @@ import operator
 import pytest
 
 from monarch_kernel import Actor, ActorError, current_rank, endpoint, this_host
-from monarch_kernel.actor.rendezvous import serve_rendezvous
 from monarch_kernel.tensors.errors import PeerFailed
+from monarch_kernel.tensors.rendezvous_actor import serve_rendezvous
 
 pytestmark = pytest.mark.timeout(120)
 torch = pytest.importorskip("torch")

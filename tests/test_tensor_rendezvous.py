@@ -1,5 +1,5 @@
 """The rendezvous of the ranks' process groups (tensors/rank/store.py over a port of the
-controller, actor/rendezvous.py) on real ranks: it answers as torch's own store does
+controller, tensors/rendezvous_actor.py) on real ranks: it answers as torch's own store does
 (checked op by op against torch's HashStore, through torch's PrefixStore), a wait blocks its
 caller only, until a peer sets the key or its timeout passes (naming the key), two
 activations never meet each other's keys, and the keys go when the mesh stops."""
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from monarch_kernel import Actor, MeshStopped, ProcessDied, endpoint, inspect, this_host
-from monarch_kernel.actor.rendezvous import serve_rendezvous
-from monarch_kernel.actor.tensor_engine import tensor_client
+from monarch_kernel.tensors.controller.registry import tensor_client
+from monarch_kernel.tensors.rendezvous_actor import serve_rendezvous
 
 pytestmark = pytest.mark.timeout(180)
 torch = pytest.importorskip("torch")

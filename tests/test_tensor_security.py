@@ -22,9 +22,9 @@ from cluster import veth_namespace
 
 import monarch_kernel as mk
 from monarch_kernel import Actor, ActorError, endpoint, inspect, this_host
-from monarch_kernel.actor.tensor_engine import tensor_client
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.spmd import setup_torch_distributed, setup_torch_elastic_env
+from monarch_kernel.tensors.controller.registry import tensor_client
 
 pytestmark = pytest.mark.timeout(240)
 torch = pytest.importorskip("torch")

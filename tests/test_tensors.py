@@ -37,7 +37,7 @@ from monarch_kernel import (  # noqa: E402
     show,
     this_host,
 )
-from monarch_kernel.actor.tensor_engine import tensor_client  # noqa: E402
+from monarch_kernel.tensors.controller.registry import tensor_client  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -142,7 +142,7 @@ def test_shapes_are_known_at_once_and_values_come_from_each_rank(procs):
 
 
 def test_live_tensors_are_listed_per_mesh(procs):
-    from monarch_kernel.actor.tensor_engine import live_tensors
+    from monarch_kernel.tensors.controller.registry import live_tensors
 
     with procs.activate():
         t = torch.zeros(16, 4, dtype=torch.float64)

@@ -17,8 +17,8 @@ import pytest
 from _kernels import run, text
 
 from monarch_kernel import Actor, current_rank, endpoint, this_host
+from monarch_kernel.actor.code_sync.workspace import scan
 from monarch_kernel.actor.errors import WorkspaceReloadError
-from monarch_kernel.actor.workspace import scan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -244,7 +244,7 @@ def test_another_job_gets_its_own_copy_removed_when_it_ends(procs, ws):
 
 
 def test_large_totals_travel_in_several_calls_and_arrive_intact(procs, tmp_path, monkeypatch):
-    from monarch_kernel.actor import workspace
+    from monarch_kernel.actor.code_sync import workspace
 
     monkeypatch.setattr(workspace, "CHUNK", 3 << 20)  # a call per 3 MiB (32 MiB normally)
     ws = str(tmp_path / "blobs")

@@ -11,7 +11,7 @@ Jupyter Server's own authentication guards every request (token or cookie, and X
 cookies); errors are JSON with a ``message``.  README.md's REST table lists every route's
 bodies and status codes.  The server process never becomes a mesh
 controller: what needs the mesh's connection runs in a short-lived helper process
-(``monarch_kernel.kernel.panel_detached``) or in the kernel itself.
+(``monarch_kernel.detached.listing``) or in the kernel itself.
 """
 
 from __future__ import annotations

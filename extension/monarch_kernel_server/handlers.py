@@ -14,11 +14,10 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
-from monarch_kernel.detached import records
-from monarch_kernel.kernel import panel_detached
+from monarch_kernel.detached import listing, records
 from monarch_kernel.runtime import config, rejects
 
-HELPER = [sys.executable, "-m", "monarch_kernel.kernel.panel_detached"]
+HELPER = [sys.executable, "-m", "monarch_kernel.detached.listing"]
 HELPER_TIMEOUT_S = config.seconds("server_helper_timeout")
 KERNEL_TIMEOUT_S = config.seconds("server_kernel_timeout")
 MAX_BODY = 4096  # bytes of an attach request's body ({"kernel_id": ID} needs under 100)
@@ -42,7 +41,7 @@ def said(text: str) -> str:
 
 
 async def run_helper(*args: str, timeout: float = HELPER_TIMEOUT_S) -> tuple[int, dict]:
-    """Run ``python -m monarch_kernel.kernel.panel_detached ARGS``; (exit status, its JSON)."""
+    """Run ``python -m monarch_kernel.detached.listing ARGS``; (exit status, its JSON)."""
     proc = await asyncio.create_subprocess_exec(*HELPER, *args, stdin=asyncio.subprocess.DEVNULL,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
@@ -79,7 +78,7 @@ def attach_kernel_id(body: bytes) -> str:
 
 class MeshApiHandler(APIHandler):
     def _record(self, name: str) -> records.Record:
-        record = panel_detached.find(name)
+        record = listing.find(name)
         if record is None:
             raise web.HTTPError(404, f"no detached mesh named {shown(name)}")
         return record
@@ -118,7 +117,7 @@ class MeshApiHandler(APIHandler):
 
 
 async def with_ranks(found: list[dict], *names: str) -> list[dict]:
-    """``found`` (``panel_detached.describe`` of records) with each running mesh's rank pids,
+    """``found`` (``listing.describe`` of records) with each running mesh's rank pids,
     hosts and dead ranks, asked of its host by a helper (``names``: only those meshes)."""
     if any(m["state"] == "running" for m in found):
         _code, ranks = await run_helper("list", *names)
@@ -135,20 +134,20 @@ async def with_ranks(found: list[dict], *names: str) -> list[dict]:
 class MeshesHandler(MeshApiHandler):
     @web.authenticated
     async def get(self) -> None:
-        found = await with_ranks([panel_detached.describe(r) for r in records.all_records()])
+        found = await with_ranks([listing.describe(r) for r in records.all_records()])
         self.finish(json.dumps({"meshes": found}))
 
 
 class MeshHandler(MeshApiHandler):
     @web.authenticated
     async def get(self, name: str) -> None:
-        (found,) = await with_ranks([panel_detached.describe(self._record(name))], name)
+        (found,) = await with_ranks([listing.describe(self._record(name))], name)
         self.finish(json.dumps(found))
 
     @web.authenticated
     async def delete(self, name: str) -> None:
         record = self._record(name)
-        kernel = panel_detached.attached_kernel(name) if record.alive() else None
+        kernel = listing.attached_kernel(name) if record.alive() else None
         if kernel is not None and kernel in self.kernel_manager:
             out = await self.run_in_kernel(kernel, f"%mesh stop {name}")
             message = said(out) or f"stopped detached mesh {shown(name)} (it was attached to kernel {kernel})"
@@ -174,7 +173,7 @@ class AttachHandler(MeshApiHandler):
         record = self._record(name)
         if not record.alive():
             raise web.HTTPError(409, f"detached mesh {shown(name)} is gone: its host process is no longer running")
-        holder = panel_detached.attached_kernel(name)
+        holder = listing.attached_kernel(name)
         if holder is not None and holder != kernel_id and holder in self.kernel_manager:
             raise web.HTTPError(409, f"detached mesh {shown(name)} is attached to kernel {holder}; stop it there, "
                                      "or shut that kernel down, first")

@@ -1,6 +1,6 @@
 /**
  * The Mesh panel's comm messages: the same shapes as
- * monarch_kernel/kernel/panel_messages.py (kernel -> panel: state, log, reply;
+ * monarch_kernel/kernel/panel/messages.py (kernel -> panel: state, log, reply;
  * panel -> kernel: request).  Types only.
  */
 

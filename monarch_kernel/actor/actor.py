@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..runtime.context import MeshRef, current_actor, process_mesh
 from ..runtime.process import Runtime
+from . import tensor_shim
 from .endpoint import endpoint
 from .host_mesh import this_proc
 from .proc_mesh import ProcMesh
@@ -39,9 +40,7 @@ class Actor:
     def __monarch_rref__(self, key: str, method: str, out, args, kwargs) -> None:
         """``rref``: run endpoint ``method`` here and keep its result on this rank, as the
         distributed tensors ``out`` of the proc mesh's tensor engine ``key``."""
-        from .tensor_engine import keep_result
-
-        keep_result(self, key, method, out, args, kwargs)
+        tensor_shim.tensors().keep_result(self, key, method, out, args, kwargs)
 
     @functools.cached_property
     def logger(self) -> logging.Logger:

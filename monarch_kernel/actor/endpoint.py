@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import inspect
-import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from ..runtime.failure import MeshFailure
 from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
 from ..runtime.serialize import describe_unpicklable, dumps, dumps_plain
+from . import tensor_shim
 from .future import Future
 from .value_mesh import ValueMesh
 
@@ -173,22 +173,13 @@ class Endpoint:
                            on_part=on_part, slice_info=slice_info, callbacks=callbacks)
         what = f"{m._class_name}.{self._name}"
         hosts = m._proc_ref.hosts
-        tensors = sys.modules.get("monarch_kernel.tensors.controller.client")  # loaded once tensors exist
-        token = tensors.destination.set(m._proc_ref.id) if tensors is not None else None
-        pin_token = tensors.pinned.set([]) if tensors is not None else None
-        handles = None
-        try:
+        with tensor_shim.pinned_for(m._proc_ref.id) as handles:  # the distributed tensors pickled, if any
             if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
                 # Same host: large arrays and tensors go through shared memory.
                 with rt.segments.track() as created:
                     body = encode_args(what, args, kwargs)
             else:
                 body, created = encode_args(what, args, kwargs), None
-        finally:
-            if token is not None:
-                tensors.destination.reset(token)
-                handles = tensors.pinned.get()
-                tensors.pinned.reset(pin_token)
         try:
             pending = rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
                               on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
@@ -196,7 +187,7 @@ class Endpoint:
             if created:
                 rt.segments.unlink(created)
             raise
-        if token is not None and handles:
+        if handles:
             # The distributed tensors in the arguments live until the call is answered: a
             # temporary's delete would otherwise race the endpoint's lookup of its shard.
             pending.completion.add_done_callback(lambda _c, keep=handles: keep.clear())
@@ -312,9 +303,12 @@ class Endpoint:
 
             o = torch.relu(linear.forward.rref(t))
         """
-        from .tensor_engine import rref
-
-        return rref(self._mesh, self._name, args, kwargs)
+        m = self._mesh
+        propagate = (m._propagators or {}).get(self._name)
+        if propagate is None:
+            raise ValueError(f"{m._class_name}.{self._name}.rref(...) needs its result's shape: declare it with "
+                             f"@endpoint(propagate=lambda *args: ...) (a function of the arguments' fake tensors)")
+        return tensor_shim.tensors().rref(m, self._name, propagate, m._proc_mesh, args, kwargs)
 
     def stream(self, *args, **kwargs) -> Stream:
         """Run on every rank; one Future per rank, in the order they answer.  Iterate it

@@ -13,7 +13,7 @@ from ..runtime.errors import ActorError, MeshStopped, ProcessDied
 from ..runtime.failure import MeshFailure
 
 if TYPE_CHECKING:
-    from .workspace import WorkspaceSync
+    from .code_sync.workspace import WorkspaceSync
 
 __all__ = ["ActorError", "ProcessDied", "MeshStopped", "MeshFailure", "WorkspaceReloadError"]
 

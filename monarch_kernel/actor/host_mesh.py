@@ -14,17 +14,17 @@ from ..runtime.completion import Completion
 from ..runtime.errors import ProcessDied
 from ..runtime.process import Runtime
 from .controllers import publish_registry
+from .fault_hook import route_unhandled
 from .future import Future
 from .proc_mesh import ProcMesh
 from .shape import Extent, Shape
 from .spawn_checks import check_env, check_mesh_name, check_per_host, check_room, refusal, size_of
-from .supervision import route_unhandled
 
 _names: dict[str, int] = {}
 # What every rank unpickles: the template imports these before it forks, so ranks start warm.
 RANK_MODULES = tuple(f"monarch_kernel.{m}" for m in (
     "actor.actor", "actor.actor_mesh", "actor.endpoint", "actor.errors", "actor.future", "actor.port",
-    "actor.supervision", "actor.value_mesh", "actor.host_mesh", "actor.proc_mesh", "actor.shape"))
+    "actor.fault_hook", "actor.value_mesh", "actor.host_mesh", "actor.proc_mesh", "actor.shape"))
 
 
 class HostMesh:

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import NamedTuple
 
+from ..observe.stack_report import StackReport
+from ..observe.stacks import take as take_stacks
 from ..runtime.context import actor_path, current_actor, new_actor_id
 from ..runtime.envelope import Kind
 from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
 from ..runtime.failure import MeshFailure
 from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
+from . import tensor_shim
 from .actor_mesh import ActorMesh, endpoint_names, propagators
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
 from .shape import Shape, Shaped
-from .stack_report import StackReport
-from .stacks import take as take_stacks
 
 
 class Restarted(NamedTuple):
@@ -250,9 +250,7 @@ class ProcMesh(Shaped):
                 raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
             rt = Runtime.current()
             self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
-            engines = sys.modules.get(f"{__package__}.tensor_engine")  # loaded once tensors were used
-            if engines is not None:
-                engines.forget(self._ref.id)
+            tensor_shim.forget(self._ref.id)  # its tensor client, if tensors were used
         return self._stop_future
 
     def interrupt(self, actors=None, ranks=None, wait: float = 0.0) -> bool:
@@ -285,7 +283,7 @@ class ProcMesh(Shaped):
 
             procs.sync_workspace("~/project/src")      # then: import mymod, on any rank
         """
-        from .workspace import sync_workspace
+        from .code_sync.workspace import sync_workspace
 
         return sync_workspace(self, None if path is None else os.path.expanduser(os.fspath(path)),
                               auto_reload=auto_reload, exclude=exclude, max_file_size=max_file_size, timeout=timeout)
@@ -300,23 +298,15 @@ class ProcMesh(Shaped):
                 u = t @ t.T
             inspect(u, gpus=1)
         """
-        from .tensor_engine import tensor_mesh
-
-        return tensor_mesh(self).activate()
+        return tensor_shim.tensors().tensor_mesh(self).activate()
 
     def rank_tensor(self, dim: str):
         """A distributed 0-dim int64 tensor: each rank's index along ``dim``."""
-        from ..tensors.controller.remote import rank_tensor
-        from .tensor_engine import tensor_mesh
-
-        return rank_tensor(tensor_mesh(self), dim)
+        return tensor_shim.tensors().rank_tensor(self, dim)
 
     def rank_tensors(self) -> dict:
         """``{dim: rank_tensor(dim)}`` for every dim."""
-        from ..tensors.controller.remote import rank_tensors
-        from .tensor_engine import tensor_mesh
-
-        return rank_tensors(tensor_mesh(self))
+        return tensor_shim.tensors().rank_tensors(self)
 
     def __getattr__(self, name: str):
         if name in _SPMD_FUNCTIONS:  # torch.distributed is spmd's, a layer above: its free functions
@@ -342,6 +332,12 @@ class ProcMesh(Shaped):
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "running"
         return f"ProcMesh<'{self.name}' {self.extent!r} {state}>"
+
+
+def whole_mesh(procs: ProcMesh) -> ProcMesh:
+    """The whole proc mesh ``procs`` is a slice of, with the same rights (spawn, stop) as
+    ``procs``: what spawns an actor on every rank of it (the tensor engine)."""
+    return ProcMesh(procs.ref, Shape.full(procs.ref.dims), procs._owned)
 
 
 _SPMD_FUNCTIONS = ("setup_torch_distributed", "device_mesh", "setup_torch_elastic_env", "collectives",

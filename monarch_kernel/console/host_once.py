@@ -22,9 +22,9 @@ import socket
 import stat
 import time
 
-from ..actor.ranks import rank_label
 from ..runtime.config import seconds
 from ..runtime.context import process_mesh
+from ..runtime.rank_sets import rank_label
 
 COMMANDS = ("pip", "conda", "mamba", "micromamba", "uv")  # IPython's magics that install packages
 STAGGER_S = seconds("host_once_stagger")  # the k-th rank of a host lets the ranks below it go first k times this

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import linecache
 
-from ..actor.stack_report import Frame
+from ..observe.stack_report import Frame
 
 KEEP = 200  # %%mesh cells whose text is kept for quoting (the newest)
 

@@ -21,13 +21,13 @@ from ..actor.spawn_checks import check_env, check_mesh_name, check_room
 from ..console.console import Console
 from ..detached import records
 from ..detached.host import MeshHost
+from ..detached.listing import kernel_id
 from ..job import tunnels
 from ..job.agents import route_to
 from ..runtime import config
 from ..runtime.curve import CurveKeys
 from ..runtime.failure import DeathInfo
 from ..runtime.process import Runtime
-from .panel_detached import kernel_id
 
 START_TIMEOUT_S = config.seconds("detached_start_timeout")
 _joined: dict = {}  # the ssh control sockets this kernel reaches hosts through -> what undoes its forwards

@@ -22,7 +22,7 @@ from traitlets import Bool, Float, Integer, TraitType, Type, Unicode, observe
 from traitlets.config import Application
 
 from ..runtime import config, diagnostics
-from .panel_messages import COMM_TARGET
+from .panel.messages import COMM_TARGET
 from .port_guard import PortGuard
 from .quiet_status import QuietRequests
 from .rank_completion import KEY, RankCompletion

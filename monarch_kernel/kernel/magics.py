@@ -17,14 +17,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_local_scope
 
 from ..actor.host_mesh import this_host
-from ..actor.ranks import rank_label
 from ..console.console import Console
 from ..debug.controller import proxy
+from ..observe.metrics import top_table
 from ..runtime import config
+from ..runtime.rank_sets import rank_label
 from . import detached, status
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
 from .mesh_cell import check_cell, ranks_arg, run_on_mesh
-from .metrics import top_table
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
 

@@ -14,11 +14,11 @@ from IPython.core.display_functions import display
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
-from ..actor.ranks import RankSpecError, parse_ranks, rank_label
 from ..debug.controller import proxy
 from ..runtime import config
+from ..runtime.rank_sets import RankSpecError, parse_ranks, rank_label
 from .cell_errors import MeshCellError, MeshCellInterrupted, check_syntax
-from .panel_grid import show_displays
+from .panel.grid import show_displays
 
 if TYPE_CHECKING:
     from .session import MeshSession

@@ -16,9 +16,9 @@ import sys
 import threading
 import time
 
-from ..actor.ranks import rank_label
 from ..console.console import SYNC
 from ..runtime import config
+from ..runtime.rank_sets import rank_label
 
 WINDOW_S = config.seconds("collapse_window")
 # A line other ranks are joining waits this long again after each join, up to HOLD_S in all:

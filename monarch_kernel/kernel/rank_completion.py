@@ -11,9 +11,9 @@ from __future__ import annotations
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
-from ..actor.ranks import RankSpecError, parse_ranks
 from ..console.completer import Completer
 from ..runtime import config
+from ..runtime.rank_sets import RankSpecError, parse_ranks
 from .magic_args import cell_args, parse
 
 ANSWER_S = config.seconds("rank_complete")  # a Tab waits this long for a rank, then the kernel's namespace answers

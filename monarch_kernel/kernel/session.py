@@ -10,12 +10,12 @@ from IPython.core.error import UsageError
 from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug.controller.pdb_controller import PdbHub
+from ..observe.metrics import RankMetrics
 from ..runtime.process import Runtime
 from .cell_names import CellNames
 from .jobs import KernelJobs
-from .metrics import RankMetrics
 from .output import CollapsingSink
-from .panel import PanelFeed
+from .panel.feed import PanelFeed
 from .watchdog import Watchdog
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",

@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 
-from ..actor.tensor_engine import describe, live_handles
+from ..tensors.controller.registry import describe, live_handles
 
 HIDDEN = {"In", "Out", "exit", "quit", "get_ipython"}  # IPython's own names, not the user's
 DEPTH = 2  # containers looked into: ``stages[0].weight`` is found, ``a[0][1][2]`` is not

@@ -179,9 +179,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "before its template kills it (`%mesh stacks`)"),
     _s("collectives_ask", 5.0, "spmd/controller/collectives.py", "how long `%mesh collectives` waits for each rank "
        "to say where it is in its collectives (one in C code holding the GIL cannot)"),
-    _s("stacks_self_wait", 1.0, "actor/stacks.py", "how long `%mesh stacks` waits for ranks to dump their own "
+    _s("stacks_self_wait", 1.0, "observe/stacks.py", "how long `%mesh stacks` waits for ranks to dump their own "
        "stacks before it sends py-spy to those that did not"),
-    _s("stacks_wait", 15.0, "actor/stacks.py", "how long `%mesh stacks` waits for every rank's "
+    _s("stacks_wait", 15.0, "observe/stacks.py", "how long `%mesh stacks` waits for every rank's "
        "stack, py-spy's and the in-process fallback's together"),
     _s("exit_drain", 1.0, "runtime/launcher.py", "at a controller's exit, how long it waits for its local ranks' "
        "last output (what they wrote before it) before it kills them"),
@@ -205,10 +205,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("progress_after", 2.0, "kernel/mesh_cell.py", "a `%%mesh` cell running this long shows a progress line"),
     _s("status_refresh", 1.0, "kernel/status.py", "how often the `%mesh status` widget refreshes"),
     _s("detached_start_timeout", 60.0, "kernel/detached.py", "how long a detached mesh's host process has to start"),
-    _s("panel_tick", 1.0, "kernel/panel.py", "while a cell runs or a rank is busy: one Mesh panel update per tick"),
-    _s("panel_min_gap", 0.5, "kernel/panel.py", "at most one panel update per this interval, however fast ranks print"),
-    _s("panel_coalesce", 0.05, "kernel/panel.py", "a burst of events (a cell's first lines) makes one update"),
-    _s("panel_cpu_stale", 3.0, "kernel/panel_view.py", "an older CPU sample (a rank not shown since) is not averaged "
+    _s("panel_tick", 1.0, "kernel/panel/feed.py", "while a cell runs or a rank is busy: one Mesh panel update per "
+       "tick"),
+    _s("panel_min_gap", 0.5, "kernel/panel/feed.py", "at most one panel update per this interval, however fast ranks "
+       "print"),
+    _s("panel_coalesce", 0.05, "kernel/panel/feed.py", "a burst of events (a cell's first lines) makes one update"),
+    _s("panel_cpu_stale", 3.0, "kernel/panel/view.py", "an older CPU sample (a rank not shown since) is not averaged "
        "over (3 ticks)"),
     _s("rank_complete", 0.2, "kernel/rank_completion.py", "how long Tab and Shift-Tab in a mesh cell wait for a "
        "rank before the kernel's own namespace answers"),
@@ -254,8 +256,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("relay_end_wait", 3.0, "debug/rank/relay.py", "how long a new debugger session waits for the old ones to end"),
     _s("env_probe_timeout", 30.0, "job/env_sync.py", "how long sync_env waits for a host to say what its Python and "
        "cache hold, before anything is sent"),
-    _s("rendezvous_answer_grace", 30.0, "actor/rendezvous.py", "a rank waits this long past a rendezvous wait's own "
-       "timeout for the controller's answer (the trip, a busy controller) before it stops listening"),
+    _s("rendezvous_answer_grace", 30.0, "tensors/rendezvous_actor.py", "a rank waits this long past a rendezvous "
+       "wait's own timeout for the controller's answer (the trip, a busy controller) before it stops listening"),
     # Data plane, distributed training, jobs, the server extension.
     _s("data_connect_timeout", 2.0, "data/client.py", "for a connection to a buffer owner's data server"),
     _s("data_busy_wait", 10.0, "data/client.py", "how long to keep trying an owner whose server turns "

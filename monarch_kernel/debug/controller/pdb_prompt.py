@@ -2,7 +2,7 @@
 ``attach R``, ``cast RANKS CMD``, ``continue``) and ``%mesh pdb``, as Monarch's debugger has.
 
 Runs in the kernel, for ``PdbHub``.  Ranks are named in the grammar of ``%%mesh --ranks``
-(``actor/ranks.py``).  It must never send a rank anything the user did not type, and a
+(``runtime/rank_sets.py``).  It must never send a rank anything the user did not type, and a
 mistake at the prompt is told there, never raised out of the cell.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 
-from ...actor.ranks import RankSpecError, parse_ranks, rank_label
+from ...runtime.rank_sets import RankSpecError, parse_ranks, rank_label
 
 if TYPE_CHECKING:
     from .pdb_controller import PdbHub, RankStop

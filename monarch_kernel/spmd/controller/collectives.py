@@ -14,8 +14,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ...actor.ranks import rank_label
 from ...runtime import config
+from ...runtime.rank_sets import rank_label
 from .env import record
 
 ASK_S = config.seconds("collectives_ask")

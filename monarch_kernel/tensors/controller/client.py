@@ -24,8 +24,8 @@ from .meshes import state
 
 
 class Backend(Protocol):
-    """How a client reaches its ranks; the actor layer implements it over a tensor engine
-    actor on every rank.  ``key`` names the executors; ``mesh_id``: the proc mesh's id;
+    """How a client reaches its ranks; ``EngineBackend`` (``backend.py``) implements it
+    over a tensor engine actor on every rank.  ``key`` names the executors; ``mesh_id``: the proc mesh's id;
     ``world``: its ranks; ``name``: its name, for messages."""
 
     key: str
@@ -49,7 +49,8 @@ class Backend(Protocol):
         """Every rank of ``shape`` sends its ``fn(...)`` to ``port``."""
 
 
-# The proc mesh whose actors the arguments being pickled go to (set by the actor layer).
+# The proc mesh whose actors the arguments being pickled go to (set by the actor layer,
+# through ``actor/tensor_shim.py``'s ``pinned_for``).
 destination: contextvars.ContextVar[str | None] = contextvars.ContextVar("destination", default=None)
 # The handles pickled into that call's arguments, which the actor layer keeps alive until the
 # call is answered (a rank looks their shards up when it unpickles them).

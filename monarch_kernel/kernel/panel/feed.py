@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from ..actor.errors import ActorError
-from ..actor.ranks import rank_label
-from ..debug.controller import proxy
-from ..runtime import config, rejects
-from ..runtime.diagnostics import PROCESS_STDERR
-from ..runtime.process import Runtime
-from . import panel_detached
-from .panel_messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
-from .panel_view import PanelView, RankLog
+from ...actor.errors import ActorError
+from ...debug.controller import proxy
+from ...detached import listing
+from ...runtime import config, rejects
+from ...runtime.diagnostics import PROCESS_STDERR
+from ...runtime.process import Runtime
+from ...runtime.rank_sets import rank_label
+from .messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
+from .view import PanelView, RankLog
 
 if TYPE_CHECKING:
-    from .session import MeshSession
+    from ..session import MeshSession
 
 log = logging.getLogger(__name__)
 TICK_S = config.seconds("panel_tick")
@@ -101,7 +101,7 @@ class PanelFeed:
                 pass
         self.comms = []
         for name in list(self._attached):
-            panel_detached.unmark_attached(name)
+            listing.unmark_attached(name)
         self._attached.clear()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -139,9 +139,9 @@ class PanelFeed:
         (the server extension shows it); a cheap dict comparison after each cell."""
         now = set(self.session.hosts)
         for name in now - self._attached:
-            panel_detached.mark_attached(name)
+            listing.mark_attached(name)
         for name in self._attached - now:
-            panel_detached.unmark_attached(name)
+            listing.unmark_attached(name)
         self._attached = now
 
     # ------------------------------------------------------------ the comm

@@ -20,15 +20,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..runtime.errors import MeshStopped, ProcessDied
-from ..runtime.process import Runtime
+from ...runtime.errors import MeshStopped, ProcessDied
+from ...runtime.process import Runtime
+from ...runtime.rank_sets import rank_label
+from ..errors import WorkspaceReloadError
 from . import workspace_copy
-from .errors import WorkspaceReloadError
-from .ranks import rank_label
 from .workspace_copy import WorkspaceCopy
 
 if TYPE_CHECKING:
-    from .proc_mesh import ProcMesh
+    from ..proc_mesh import ProcMesh
 
 MAX_FILE_SIZE = 8 << 20  # larger files are skipped (data, checkpoints), and the summary says so
 MAX_TOTAL = 512 << 20  # a folder holding more is refused: sync a smaller one

@@ -23,10 +23,10 @@ import sys
 import tempfile
 import threading
 
-from ..runtime.process import Runtime
-from .actor import Actor, current_rank
-from .controllers import PORT_NAME
-from .endpoint import endpoint
+from ...runtime.process import Runtime
+from ..actor import Actor, current_rank
+from ..controllers import PORT_NAME
+from ..endpoint import endpoint
 
 JOB_DIR_PREFIX = "monarch-workspace-"
 TMP_PREFIX = ".mk-partial-"  # a file being written; a leftover of an interrupted sync is removed

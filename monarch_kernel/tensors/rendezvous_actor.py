@@ -19,13 +19,13 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from ..actor.port import Channel, Port, PortReceiver
 from ..runtime import config
 from ..runtime.envelope import Part
 from ..runtime.errors import ActorError
 from ..runtime.process import Runtime
-from ..tensors.controller.keys import KeyTable
-from ..tensors.rendezvous import OPERATIONS, Rendezvous
-from .port import Channel, Port, PortReceiver
+from .controller.keys import KeyTable
+from .rendezvous import OPERATIONS, Rendezvous
 
 log = logging.getLogger(__name__)
 # A wait's answer may come this much after its own timeout (the trip, a busy controller)

@@ -1,6 +1,6 @@
 """Detached meshes as the Jupyter Server extension sees them, with no kernel attached:
 which exist, their ranks' pids and hosts, when they started, which kernel has each
-attached, and stopping one.  ``python -m monarch_kernel.kernel.panel_detached list|stop NAME``
+attached, and stopping one.  ``python -m monarch_kernel.detached.listing list|stop NAME``
 runs a short-lived controller for what needs the mesh's own connection, so the server
 process itself never becomes one.  It never starts a mesh.
 """
@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from ..detached import records
+from . import records
 
 ATTACHED_PREFIX = "monarch-panel-attached-"  # not records.PREFIX: these are not mesh records
 
@@ -113,8 +113,8 @@ def find(name: str) -> records.Record | None:
 def _host(record: records.Record):
     from ..actor.actor_mesh import ActorMesh
     from ..actor.proc_mesh import ProcMesh
-    from ..detached.host import MeshHost
     from ..runtime.process import Runtime
+    from .host import MeshHost
 
     Runtime.current().trust([record.ref.id, record.host_ref.id], bytes.fromhex(record.key))
     return ActorMesh.from_ref(ProcMesh.from_ref(record.host_ref), record.host, "meshhost", MeshHost)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         stop(found)
         print(json.dumps({"message": f"stopped detached mesh {args[1]!r}"}))
         return 0
-    print("usage: python -m monarch_kernel.kernel.panel_detached list [NAME...] | stop NAME", file=sys.stderr)
+    print("usage: python -m monarch_kernel.detached.listing list [NAME...] | stop NAME", file=sys.stderr)
     return 1
 
 

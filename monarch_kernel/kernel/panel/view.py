@@ -1,5 +1,5 @@
 """What JupyterLab's Mesh panel shows: the kernel's meshes, their ranks and its jobs, built as
-one ``PanelState`` for ``PanelFeed`` (``panel.py``) to send, with each local rank's CPU and
+one ``PanelState`` for ``PanelFeed`` (``feed.py``) to send, with each local rank's CPU and
 memory measured for the rows sent; and ``RankLog``, the ranks' recent lines for its log tab.
 Runs in the kernel; it reads the session, the public mesh API and ``/proc``, and sends
 nothing itself.
@@ -13,15 +13,16 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..actor.tensor_engine import tensor_totals
-from ..runtime import config
-from ..runtime.process import Runtime
-from . import panel_detached, status
-from .panel_messages import JobRow, MeshRow, PanelState, RankRow
-from .status import rss_mib
+from ...detached import listing
+from ...runtime import config
+from ...runtime.process import Runtime
+from ...tensors.controller.registry import tensor_totals
+from .. import status
+from ..status import rss_mib
+from .messages import JobRow, MeshRow, PanelState, RankRow
 
 if TYPE_CHECKING:
-    from .session import MeshSession
+    from ..session import MeshSession
 
 LOG_LINES = 1000  # recent lines kept per rank for the log tab
 CPU_STALE_S = config.seconds("panel_cpu_stale")
@@ -97,7 +98,7 @@ class PanelView:
             jobs.append(JobRow(job_name, job.kind, job.active, hosts,
                                [m for m, j in s.jobs.meshes.items() if j == job_name]))
         debug_target = f"{target.mesh}:{target.rank}" if target is not None and hasattr(target, "rank") else ""
-        return PanelState(meshes, jobs, running, panel_detached.kernel_id(), debug_target)
+        return PanelState(meshes, jobs, running, listing.kernel_id(), debug_target)
 
     def _mesh(self, name: str, procs, target, stopped_pdb: set) -> MeshRow:
         """One mesh as the panel shows it.  Over ``status.SUMMARY_OVER`` ranks it is summarised
