@@ -140,7 +140,7 @@ class ProcMesh(Shaped):
         ``ProcessDied``.  Returns once their deaths are handled."""
         if self._owned is None:
             raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can kill its ranks")
-        for c in Runtime.current().launcher.kill(self._owned, list(ranks)):
+        for c in Runtime.current().kill_ranks(self._owned, list(ranks)):
             if not c.wait(timeout):
                 raise TimeoutError(f"timed out after {timeout:g} s waiting for ranks {list(ranks)} of "
                                    f"'{self.name}' to die")
@@ -224,7 +224,7 @@ class ProcMesh(Shaped):
         """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn
         ``actors`` on them again."""
         rt = Runtime.current()
-        for c in rt.launcher.restart(self._owned, ranks):
+        for c in rt.restart_ranks(self._owned, ranks):
             if not c.wait(timeout):
                 raise TimeoutError(
                     f"timed out after {timeout:g} s waiting for restarted ranks of '{self.name}' to connect")
@@ -248,7 +248,7 @@ class ProcMesh(Shaped):
             if self._owned is None:
                 raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
             rt = Runtime.current()
-            self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
+            self._stop_future = Future(rt.stop_mesh(self._owned), lambda _: None)
             engines = sys.modules.get(f"{__package__}.tensor_engine")  # loaded once tensors were used
             if engines is not None:
                 engines.forget(self._ref.id)

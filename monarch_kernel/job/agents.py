@@ -65,7 +65,7 @@ class AgentProcess:
         self.rt = rt
         self.host = host
         self.argv = argv
-        self.link = link if link is not None else rt.launcher.add_host(host)
+        self.link = link if link is not None else rt.add_host(host)
         self.stderr: collections.deque[str] = collections.deque(maxlen=40)
         self.remote_kill = remote_kill
         self.remote_pid: int | None = None
@@ -171,7 +171,7 @@ class AgentProcess:
         """Tell the agent to end its ranks and exit, close its stdin, and end the launcher."""
         came_up = self.link.alive and self.link.up.done() and self.link.up.error() is None
         if came_up:
-            self.rt.launcher.end_host(self.link)
+            self.rt.end_host(self.link)
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()

@@ -163,7 +163,7 @@ class SSHJob(JobTrait):
         with ThreadPoolExecutor(len(ended)) as pool:  # each may end its agent over ssh
             list(pool.map(AgentProcess.kill, ended))
         for agent in ended:
-            rt.launcher.forget_host(agent.link, "ended: its host could not reach the controller")
+            rt.forget_host(agent.link, "ended: its host could not reach the controller")
         warnings.warn(
             f"the agent on {', '.join(far)} could not reach this controller ({controller}) within "
             f"{config.reach_timeout():g} s: this job's connections to {'it' if len(far) == 1 else 'them'} go through "
@@ -176,7 +176,7 @@ class SSHJob(JobTrait):
         """Agents whose ssh connections carry every connection to and from their hosts."""
         controller = rt.network.listen("127.0.0.1")  # no network port, unless one is open
         tag = secrets.token_hex(3)
-        links = {h: rt.launcher.add_host(h) for h in hosts}
+        links = {h: rt.add_host(h) for h in hosts}
         self._tunnels = {h: Tunnels(h, rt.rundir, f"{tag}{i}", controller[len("tcp://"):].rsplit(":", 1)[0], links[h])
                          for i, h in enumerate(hosts)}
         self._unhook = [rt.network.add_listen_hook(self._controller_listens),

@@ -46,7 +46,7 @@ def spawn(session, name: str, n: int, env: dict, job: dict | None = None):
     env = check_env(env)
     check = config.check_limits()
     if job is None:
-        check_room({"ranks": n}, n, 1, local=True, check=check, per_template=Runtime.current().launcher.per_template)
+        check_room({"ranks": n}, n, 1, local=True, check=check, per_template=Runtime.current().per_template)
     record = records.read(name)
     if record is not None:
         if record.alive():

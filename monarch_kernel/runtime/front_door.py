@@ -1,0 +1,60 @@
+"""The front door: what the layers above runtime/ may ask of the runtime's parts, as methods
+of ``Runtime`` (trio's ``_core/_generated_run.py`` plays this role for its runner).
+
+Upper layers never name a part (``rt.launcher``, ``rt.caller``...; tests/test_layering.py
+checks it), so a part can change behind these methods without them noticing.  Each class here
+is the door to one group of parts, mixed into ``Runtime``; each method only delegates.
+``rt.io`` and ``rt.hooks`` are surfaces of their own and have no door.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .agent_link import AgentLink
+    from .completion import Completion
+    from .launcher import Launcher
+    from .owned_mesh import OwnedMesh
+
+
+class MeshDoor:
+    """Meshes and hosts: the launcher, and the meshes this process spawned."""
+
+    launcher: Launcher
+    meshes: dict
+
+    def spawn_mesh(self, name: str, dims: tuple, env: dict | None = None, *, bootstrap: bytes | None = None,
+                   python: str | None = None, hosts: list | None = None, check: bool = False) -> OwnedMesh:
+        """Launch a mesh's ranks (``Launcher.spawn`` says how)."""
+        return self.launcher.spawn(name, dims, env, bootstrap=bootstrap, python=python, hosts=hosts, check=check)
+
+    @property
+    def per_template(self) -> int:
+        """How many ranks one template forks: the room check counts in these."""
+        return self.launcher.per_template
+
+    def kill_ranks(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
+        """SIGKILL ``ranks`` of a mesh this process spawned; one completion per rank, done once
+        its death is handled."""
+        return self.launcher.kill(om, ranks)
+
+    def restart_ranks(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
+        """Start dead ``ranks`` again in place; one completion per rank, done when it connected."""
+        return self.launcher.restart(om, ranks)
+
+    def stop_mesh(self, om: OwnedMesh) -> Completion:
+        """End every rank of ``om``; the completion is done once they have all exited."""
+        return self.launcher.stop(om)
+
+    def add_host(self, host: str) -> AgentLink:
+        """A link for the agent a job is about to start on ``host`` (``Launcher.add_host``)."""
+        return self.launcher.add_host(host)
+
+    def end_host(self, link: AgentLink, bye: bool = True) -> None:
+        """End a host on purpose: its ranks stop, which is no failure (``Launcher.end_host``)."""
+        self.launcher.end_host(link, bye)
+
+    def forget_host(self, link: AgentLink, why: str) -> None:
+        """Drop an agent that ended before it connected (its job starts it again another way)."""
+        self.launcher.forget_host(link, why)
