@@ -262,7 +262,7 @@ class ProcMesh(Shaped):
         even inside a blocking call; others at their next bytecode."""
         actor_id = "" if actors is None else actors.actor_id
         ranks = list(self._shape.ranks) if ranks is None else list(ranks)
-        return Runtime.current().caller.interrupt(self._ref, ranks, actor_id, wait=wait)
+        return Runtime.current().interrupt_ranks(self._ref, ranks, actor_id, wait=wait)
 
     async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3,
                              level: int = logging.INFO) -> None:

@@ -19,9 +19,7 @@ from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..actor.host_mesh import this_host, this_proc
 from ..console.console import Console
-from ..runtime.envelope import Part, Status
 from ..runtime.process import Runtime
-from ..runtime.serialize import dumps
 from . import records
 
 
@@ -63,7 +61,7 @@ class MeshHost(Actor):
         except OSError:  # the kernel is gone; wait for the next attach
             self.port = None
             return
-        Runtime.current().caller.send_port(port.address, port.port_id, Part(0, Status.OK, dumps(message)))
+        port.send(message)
 
     @endpoint
     def status(self) -> list[dict]:

@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .agent_link import AgentLink
+    from .caller import Caller
     from .completion import Completion
+    from .context import MeshRef
+    from .envelope import Header, Part
     from .launcher import Launcher
     from .owned_mesh import OwnedMesh
 
@@ -58,3 +61,33 @@ class MeshDoor:
     def forget_host(self, link: AgentLink, why: str) -> None:
         """Drop an agent that ended before it connected (its job starts it again another way)."""
         self.launcher.forget_host(link, why)
+
+
+class CallDoor:
+    """Calls, ports and hosted actors: the caller, the server and supervision."""
+
+    caller: Caller
+
+    def tell(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list, slice_info) -> None:
+        """A call nobody waits for and nobody answers (``Caller.tell``)."""
+        self.caller.tell(mesh, actor, method, ranks, body, slice_info)
+
+    def interrupt_ranks(self, mesh: MeshRef, ranks, actor: str = "", wait: float = 0.0) -> bool:
+        """KeyboardInterrupt in ``actor`` (or every actor) on ``ranks``; ``wait``: seconds to
+        wait until each rank delivered it (True if all did)."""
+        return self.caller.interrupt(mesh, ranks, actor, wait=wait)
+
+    def calls_waiting_on(self, mesh_id: str) -> dict[int, int]:
+        """How many of this process's calls each rank of ``mesh_id`` still owes an answer
+        (``busy_ranks`` says only which)."""
+        return self.caller.busy_ranks(mesh_id)
+
+    def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
+        """Deliver one value to a port opened by the process at ``address``; ``mesh_id``: a mesh
+        that process belongs to, whose key signs the message (default: our own)."""
+        self.caller.send_port(address, port_id, part, mesh_id)
+
+    def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool:
+        """Send a message nobody waits on; a failure is logged once per peer (no caller to
+        raise it to).  False if it was not sent."""
+        return self.caller.send_or_report(address, h, body, what)
