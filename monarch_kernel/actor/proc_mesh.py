@@ -212,9 +212,9 @@ class ProcMesh(Shaped):
 
         pending.completion.add_done_callback(constructed)
         if self._owned is not None:  # a death of these ranks is reported as this actor's failure
-            rt.supervision.note_hosted(self._ref.id, owner, f"{cls.__module__}.{cls.__qualname__}", actor_id, ranks)
+            rt.note_hosted(self._ref.id, owner, f"{cls.__module__}.{cls.__qualname__}", actor_id, ranks)
         if owner is not None:  # it stops when the actor that spawns it does
-            rt.server.note_spawned(owner.actor, self._ref, actor_id, ranks)
+            rt.note_spawned(owner.actor, self._ref, actor_id, ranks)
         mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
                                     self, initialized=Future(pending.completion, check), owner=(owner,))
         mesh._propagators, mesh._class_module = propagators(cls), cls.__module__

@@ -104,7 +104,7 @@ def main() -> None:
     consoles.initialized().get(timeout=60)
     host.initialized().get(timeout=60)
     rt = Runtime.current()
-    instance = rt.server.actor_instance(host.actor_id)
+    instance = rt.actor_instance(host.actor_id)
     instance.procs, instance.consoles, instance.job = procs, consoles, job
     rt.hooks.output.install(lambda mesh, rank, stream, line: instance.forward(("line", mesh, rank, stream, line)))
     rt.hooks.death.install(lambda mesh_id, rank, info: instance.forward(("death", mesh_id, rank, info)))

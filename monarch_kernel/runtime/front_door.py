@@ -17,8 +17,11 @@ if TYPE_CHECKING:
     from .completion import Completion
     from .context import MeshRef
     from .envelope import Header, Part
+    from .io_thread import IOThread
     from .launcher import Launcher
     from .owned_mesh import OwnedMesh
+    from .server import Server
+    from .supervision import SupervisionPolicy
 
 
 class MeshDoor:
@@ -67,6 +70,9 @@ class CallDoor:
     """Calls, ports and hosted actors: the caller, the server and supervision."""
 
     caller: Caller
+    server: Server
+    supervision: SupervisionPolicy
+    io: IOThread
 
     def tell(self, mesh: MeshRef, actor: str, method: str, ranks: list[int], body: list, slice_info) -> None:
         """A call nobody waits for and nobody answers (``Caller.tell``)."""
@@ -91,3 +97,31 @@ class CallDoor:
         """Send a message nobody waits on; a failure is logged once per peer (no caller to
         raise it to).  False if it was not sent."""
         return self.caller.send_or_report(address, h, body, what)
+
+    def abort_actor(self, actor_id: str, reason: str) -> None:
+        """The hosted actor ``actor_id`` fails with ``reason`` (``Server.abort_actor``)."""
+        self.server.abort_actor(actor_id, reason)
+
+    def interrupt_actor(self, actor_id: str) -> bool:
+        """KeyboardInterrupt in hosted actor ``actor_id``'s running sync endpoint, from any
+        thread (the IO thread may be held by a debugger); False if it runs none."""
+        return self.server.interrupt_actor(actor_id)
+
+    def actor_instance(self, actor_id: str):
+        """The object behind an actor hosted in this process (None if there is none)."""
+        return self.server.actor_instance(actor_id)
+
+    def note_spawned(self, owner: str, ref: MeshRef, actor_id: str, ranks: list[int]) -> None:
+        """Hosted actor ``owner`` spawned actor mesh ``actor_id`` on ``ranks`` of ``ref``: it
+        stops when ``owner`` does."""
+        self.server.note_spawned(owner, ref, actor_id, ranks)
+
+    def note_hosted(self, mesh_id: str, spawner, class_name: str, actor_id: str, ranks) -> None:
+        """An actor mesh was spawned on ``ranks`` of mesh ``mesh_id``, which this process owns:
+        a death there is reported as that actor's failure (``SupervisionPolicy.note_hosted``)."""
+        self.supervision.note_hosted(mesh_id, spawner, class_name, actor_id, ranks)
+
+    def forget_deaths(self, mesh_id: str, ranks) -> None:
+        """Forget that ``ranks`` of ``mesh_id`` died (they were started again, here or by the
+        mesh's owner).  Any thread: it runs on the IO thread, and returns once it has."""
+        self.io.run(self.supervision.forget_deaths, mesh_id, list(ranks))
