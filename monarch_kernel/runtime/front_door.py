@@ -65,6 +65,14 @@ class MeshDoor:
         """Drop an agent that ended before it connected (its job starts it again another way)."""
         self.launcher.forget_host(link, why)
 
+    def owned_mesh(self, mesh_id: str) -> OwnedMesh | None:
+        """The mesh ``mesh_id`` if this process spawned it (its processes, deaths, stops)."""
+        return self.meshes.get(mesh_id)
+
+    def owned_meshes(self) -> list[OwnedMesh]:
+        """Every mesh this process spawned and has not forgotten, as of now."""
+        return list(self.meshes.values())
+
 
 class CallDoor:
     """Calls, ports and hosted actors: the caller, the server and supervision."""
