@@ -34,11 +34,11 @@ def controller_address(rt: Runtime, first_host: str) -> str:
         try:
             ip = route_to(first_host)
         except ConnectionError:
-            ours = rt.network.net_address
+            ours = rt.net_address
             if ours is not None and not ours.startswith("tcp://127."):  # a name only the hosts know: keep ours
                 return ours
             raise
-    return rt.network.listen(ip)
+    return rt.listen(ip)
 
 
 def route_to(host: str) -> str:
@@ -124,7 +124,7 @@ class AgentProcess:
             self.kill()
             raise TimeoutError(
                 f"the agent on {self.host} did not connect back in time (is this controller's address "
-                f"{self.rt.network.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is"
+                f"{self.rt.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is"
                 + (", or pass out_of_cluster=True to reach it through ssh)" if self._direct_ssh() else ")")
                 + self._said())
         self.exited.wait(2)
@@ -145,7 +145,7 @@ class AgentProcess:
             return port_taken(self.host, taken[1]) + said
         if wire.NO_ROUTE in text or wire.NEVER_HEARD in text:
             how = "has no route to" if wire.NO_ROUTE in text else "heard nothing back from"
-            return (f"{self.host} {how} this controller's address {self.rt.network.net_address}: set "
+            return (f"{self.host} {how} this controller's address {self.rt.net_address}: set "
                     "MONARCH_KERNEL_BIND to one it can reach"
                     + (", or pass out_of_cluster=True to reach it through ssh" if self._direct_ssh() else "") + said)
         if "Permission denied (" in text or "Host key verification failed" in text:

@@ -363,7 +363,7 @@ class SlurmJob(JobTrait):
                 target = self._node_address(self.nodes[0]) or self.nodes[0]
                 env[config.env_name("controller_via")] = login.reach(rt, target, links)
             first = self.nodes[0]
-            controller = rt.network.net_address if self.out_of_cluster is not False else self._controller(rt, first)
+            controller = rt.net_address if self.out_of_cluster is not False else self._controller(rt, first)
             self._sync(None)
         except BaseException:
             for link in links.values():

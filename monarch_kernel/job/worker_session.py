@@ -169,7 +169,7 @@ class WorkerSession:
                 break
         if self.link.up.done() and self.link.up.error() is None:
             return
-        hint = (f"is this controller's address {self.rt.network.net_address} reachable from {self.host}?  "
+        hint = (f"is this controller's address {self.rt.net_address} reachable from {self.host}?  "
                 "Set MONARCH_KERNEL_BIND to one that is, before the first job")
         if self.ended.is_set():
             raise ConnectionError(f"the agent of the worker {self.worker} did not connect back ({hint}): {self.why}")

@@ -9,6 +9,7 @@ is the door to one group of parts, mixed into ``Runtime``; each method only dele
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,12 +17,15 @@ if TYPE_CHECKING:
     from .caller import Caller
     from .completion import Completion
     from .context import MeshRef
+    from .curve import CurveKeys
     from .envelope import Header, Part
     from .io_thread import IOThread
     from .launcher import Launcher
+    from .network import Network
     from .owned_mesh import OwnedMesh
     from .server import Server
     from .supervision import SupervisionPolicy
+    from .transport import Transport
 
 
 class MeshDoor:
@@ -133,3 +137,56 @@ class CallDoor:
         """Forget that ``ranks`` of ``mesh_id`` died (they were started again, here or by the
         mesh's owner).  Any thread: it runs on the IO thread, and returns once it has."""
         self.io.run(self.supervision.forget_deaths, mesh_id, list(ranks))
+
+
+class NetDoor:
+    """Where this process listens and how it reaches its peers: the network and the transport."""
+
+    network: Network
+    transport: Transport
+    address: str
+
+    @property
+    def net_address(self) -> str | None:
+        """The main inbox's TCP address, once this process listens for other hosts."""
+        return self.network.net_address
+
+    def listen(self, ip: str, keys: CurveKeys | None = None) -> str:
+        """Listen for processes on other hosts on ``ip`` too, with the job's Curve ``keys``
+        (made here unless given); returns the main inbox's TCP address (``Network.listen``)."""
+        return self.network.listen(ip, keys)
+
+    def tcp_addresses(self) -> list[str]:
+        """The TCP addresses this process listens on so far."""
+        return self.network.tcp_addresses()
+
+    def on_listen(self, hook: Callable[[str], None]) -> Callable[[], None]:
+        """``hook(address)`` hears each TCP address this process starts listening on, before
+        anyone is given it (an ssh forward is set up there).  Returns its remover."""
+        return self.network.add_listen_hook(hook)
+
+    @property
+    def curve_keys(self) -> CurveKeys | None:
+        """The Curve keys this process's TCP inboxes serve with (None before any are made)."""
+        return self.network.curve
+
+    def use_job_keys(self, keys: CurveKeys) -> None:
+        """Take another job's Curve keys as this process's own (attaching to a detached mesh
+        on a job's hosts); only before it listens for hosts of its own."""
+        self.network.use_job_keys(keys)
+
+    def add_dialer(self, dial: Callable[[str], str | None],
+                   carrier: Callable[[str], str | None] | None = None) -> Callable[[], None]:
+        """``dial(addr)``: where to connect to reach the peer at ``addr`` (an ssh forward's
+        end), or None for ``addr`` itself (``Transport.add_dialer``).  Returns its remover."""
+        return self.transport.add_dialer(dial, carrier)
+
+    def route(self, addr: str) -> str:
+        """Where to connect to reach the peer at ``addr``: for the data plane's own sockets,
+        which must go where this process's messages go."""
+        return self.transport.route(addr)
+
+    def forget_peer(self, address: str) -> None:
+        """Close every thread's sockets to the process at ``address`` (a port's address too):
+        it is gone, and a new one may come at the same address."""
+        self.transport.forget(self.network.reach(self.address, address))
