@@ -193,6 +193,47 @@ def test_the_layering_check_sees_a_violation(tmp_path):
     assert found == [["debug", "controller", "tunnel", "TunnelConnection"], ["debug", "controller", "proxy"]]
 
 
+# The runtime's parts that layers above it reach only through ``Runtime``'s front door
+# (runtime/front_door.py): they may change behind it.  ``rt.io`` and ``rt.hooks`` are surfaces.
+RUNTIME_PARTS = {"launcher", "caller", "server", "supervision", "meshes", "network", "transport"}
+RUNTIME_NAMES = {"rt", "_rt", "runtime"}
+
+
+def _is_runtime(node: ast.AST) -> bool:
+    """``rt``, ``self.rt``, ``self._rt``, ``Runtime.current()`` or ``Runtime.existing()``."""
+    if isinstance(node, ast.Name):
+        return node.id in RUNTIME_NAMES
+    if isinstance(node, ast.Attribute):
+        return node.attr in RUNTIME_NAMES and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in
+            ("current", "existing") and isinstance(node.func.value, ast.Name) and node.func.value.id == "Runtime")
+
+
+def _part_reach_ins(rel, tree: ast.AST) -> list[str]:
+    return [f"{rel}:{node.lineno} names .{node.attr} of the runtime" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in RUNTIME_PARTS and _is_runtime(node.value)]
+
+
+def test_upper_layers_use_the_runtime_through_its_front_door():
+    """Above runtime/, nobody names ``rt.launcher``, ``rt.caller``...: they call the methods
+    of ``Runtime`` (runtime/front_door.py), so the parts can change behind them."""
+    bad = []
+    for package, rel, tree in _modules():
+        if package != "runtime":
+            bad += _part_reach_ins(rel, tree)
+    for path in sorted((ROOT.parent / "extension").rglob("*.py")):
+        bad += _part_reach_ins(path.relative_to(ROOT.parent), ast.parse(path.read_text(), str(path)))
+    assert not bad, "reach-ins past the runtime's front door (add a method to runtime/front_door.py):\n" + \
+        "\n".join(bad)
+
+
+def test_the_front_door_check_sees_a_reach_in():
+    tree = ast.parse("rt.launcher.kill(om, [0])\nRuntime.current().caller.send_port(a, 1, p)\n"
+                     "self.rt.network.net_address\nself._rt.meshes.get(m)\nRuntime.existing().transport\n"
+                     "rt.io.call_soon(f)\nrt.hooks.output\nrt.listen(ip)\njob.meshes\n")
+    assert sorted(int(line.split(":")[1].split()[0]) for line in _part_reach_ins("x.py", tree)) == [1, 2, 3, 4, 5]
+
+
 TORCHRUN_VARIABLES = re.compile(r"\b(" + "|".join(sorted(TORCH_VARIABLES)) + r")\b")
 
 

@@ -75,7 +75,7 @@ class ActorInstance:
         """
         if not self.actor_id:
             raise RuntimeError("abort() stops an actor; call it from an endpoint, not outside one")
-        Runtime.current().server.abort_actor(self.actor_id, reason)
+        Runtime.current().abort_actor(self.actor_id, reason)
 
     @property
     def proc(self) -> ProcMesh:

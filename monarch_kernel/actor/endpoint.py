@@ -245,7 +245,7 @@ class Endpoint:
         """Run on one rank: the one with the fewest of this process's calls in flight."""
         m = self._mesh
         rt = Runtime.current()
-        busy = rt.caller.busy_ranks(m._proc_ref.id)
+        busy = rt.calls_waiting_on(m._proc_ref.id)
         alive = [r for r in m._shape.ranks if rt.death(m._proc_ref.id, r) is None] or list(m._shape.ranks)
         rank = min(alive, key=lambda r: busy.get(r, 0))
         return self._one(rank, args, kwargs)
@@ -295,7 +295,7 @@ class Endpoint:
         m = self._mesh
         rt = m._check_running()
         body = dumps_plain((args, kwargs)) or encode_args(f"{m._class_name}.{self._name}", args, kwargs)
-        rt.caller.tell(m._proc_ref, m._actor_id, self._name, list(ranks), body, self._slice_info(broadcast=True))
+        rt.tell(m._proc_ref, m._actor_id, self._name, list(ranks), body, self._slice_info(broadcast=True))
 
     def rref(self, *args, **kwargs):
         """Run on every rank; the result stays there as a distributed tensor (its shape from

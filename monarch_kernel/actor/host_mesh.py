@@ -104,7 +104,7 @@ class HostMesh:
         rt = Runtime.current()
         n = size_of(dims)
         check_room(dict(dims), n, self._hosts, local=self._agents is None, check=check,
-                   per_template=rt.launcher.per_template)
+                   per_template=rt.per_template)
         if name is None:
             _names["procs"] = _names.get("procs", 0) + 1
             name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
@@ -115,8 +115,8 @@ class HostMesh:
         if self._agents is not None:
             dims = (("hosts", len(self._agents)),) + dims
         try:
-            om = rt.launcher.spawn(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents,
-                                   check=check)
+            om = rt.spawn_mesh(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents,
+                                 check=check)
         except NoRoom as e:  # a host of the job has no room: nothing was started
             raise refusal(dict(dims[1:]), n, e.shortfall, e.host) from None
         pm = ProcMesh(om.ref, Shape.full(dict(dims)), om)

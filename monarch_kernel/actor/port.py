@@ -37,17 +37,19 @@ class Port(Generic[R]):
     def __init__(self, address: str, port_id: int, rank: int = 0):
         self.address, self.port_id, self.rank = address, port_id, rank
 
-    def send(self, value: R) -> None:
+    def send(self, value: R, *, mesh_id: str | None = None) -> None:
+        """``mesh_id``: a mesh of the port's process whose key signs the value (default: this
+        process's own); the kernel answering a detached mesh's rank signs with that mesh's."""
         try:
             frames = dumps(value)
         except Exception as e:
             raise TypeError(f"a value sent to a port cannot be pickled: {describe_unpicklable(value, e)}") from e
-        Runtime.current().caller.send_port(self.address, self.port_id, Part(self.rank, Status.OK, frames))
+        Runtime.current().send_port(self.address, self.port_id, Part(self.rank, Status.OK, frames), mesh_id)
 
     def exception(self, error: BaseException) -> None:
         """Answer with an error; the receiver raises it as an ``ActorError``."""
         failure = RemoteFailure.capture(self.rank, "port", "send", error, frames_to_skip=0)
-        Runtime.current().caller.send_port(self.address, self.port_id, Part(self.rank, Status.RAISED, dumps(failure)))
+        Runtime.current().send_port(self.address, self.port_id, Part(self.rank, Status.RAISED, dumps(failure)))
 
     def __reduce__(self):
         return (Port, (self.address, self.port_id, self.rank))

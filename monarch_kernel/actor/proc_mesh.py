@@ -141,7 +141,7 @@ class ProcMesh(Shaped):
         ``ProcessDied``.  Returns once their deaths are handled."""
         if self._owned is None:
             raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can kill its ranks")
-        for c in Runtime.current().launcher.kill(self._owned, list(ranks)):
+        for c in Runtime.current().kill_ranks(self._owned, list(ranks)):
             if not c.wait(timeout):
                 raise TimeoutError(f"timed out after {timeout:g} s waiting for ranks {list(ranks)} of "
                                    f"'{self.name}' to die")
@@ -213,9 +213,9 @@ class ProcMesh(Shaped):
 
         pending.completion.add_done_callback(constructed)
         if self._owned is not None:  # a death of these ranks is reported as this actor's failure
-            rt.supervision.note_hosted(self._ref.id, owner, f"{cls.__module__}.{cls.__qualname__}", actor_id, ranks)
+            rt.note_hosted(self._ref.id, owner, f"{cls.__module__}.{cls.__qualname__}", actor_id, ranks)
         if owner is not None:  # it stops when the actor that spawns it does
-            rt.server.note_spawned(owner.actor, self._ref, actor_id, ranks)
+            rt.note_spawned(owner.actor, self._ref, actor_id, ranks)
         mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
                                     self, initialized=Future(pending.completion, check), owner=(owner,))
         mesh._propagators, mesh._class_module = propagators(cls), cls.__module__
@@ -225,7 +225,7 @@ class ProcMesh(Shaped):
         """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn
         ``actors`` on them again."""
         rt = Runtime.current()
-        for c in rt.launcher.restart(self._owned, ranks):
+        for c in rt.restart_ranks(self._owned, ranks):
             if not c.wait(timeout):
                 raise TimeoutError(
                     f"timed out after {timeout:g} s waiting for restarted ranks of '{self.name}' to connect")
@@ -249,7 +249,7 @@ class ProcMesh(Shaped):
             if self._owned is None:
                 raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
             rt = Runtime.current()
-            self._stop_future = Future(rt.launcher.stop(self._owned), lambda _: None)
+            self._stop_future = Future(rt.stop_mesh(self._owned), lambda _: None)
             tensor_shim.forget(self._ref.id)  # its tensor client, if tensors were used
         return self._stop_future
 
@@ -261,7 +261,7 @@ class ProcMesh(Shaped):
         even inside a blocking call; others at their next bytecode."""
         actor_id = "" if actors is None else actors.actor_id
         ranks = list(self._shape.ranks) if ranks is None else list(ranks)
-        return Runtime.current().caller.interrupt(self._ref, ranks, actor_id, wait=wait)
+        return Runtime.current().interrupt_ranks(self._ref, ranks, actor_id, wait=wait)
 
     async def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: float | None = 3,
                              level: int = logging.INFO) -> None:

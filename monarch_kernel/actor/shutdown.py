@@ -21,7 +21,7 @@ def shutdown_context() -> Future[None]:
     rt = Runtime.existing()
     if rt is None:
         return Future.ready(None)
-    stops = [ProcMesh(om.ref, Shape.full(om.ref.dims), om).stop() for om in list(rt.meshes.values())]
+    stops = [ProcMesh(om.ref, Shape.full(om.ref.dims), om).stop() for om in rt.owned_meshes()]
     done = Completion()
     if not stops:
         done.set_result(None)

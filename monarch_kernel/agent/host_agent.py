@@ -69,7 +69,7 @@ class HostAgent:
 
     def _say(self, msg: hw.Message) -> None:
         h, body = wire.encode(self.host_id, self.rt.address, msg)
-        self.rt.caller.send_or_report(self.controller, h, body, f"a {msg.OP} for the controller")
+        self.rt.send_or_report(self.controller, h, body, f"a {msg.OP} for the controller")
 
     def _beat(self) -> None:
         silent = time.monotonic() - self.last_heard

@@ -107,7 +107,7 @@ def _route(ip: str, port: int) -> tuple[int, str | tuple[str, int]]:
     from ..runtime.process import Runtime
 
     rt = Runtime.existing()
-    got = rt.transport.route(f"tcp://{ip}:{port}") if rt is not None else f"tcp://{ip}:{port}"
+    got = rt.route(f"tcp://{ip}:{port}") if rt is not None else f"tcp://{ip}:{port}"
     if got.startswith("ipc://"):
         return socket.AF_UNIX, got[len("ipc://"):]
     host, _, to = got[len("tcp://"):].rpartition(":")

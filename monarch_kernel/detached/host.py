@@ -19,9 +19,7 @@ from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..actor.host_mesh import this_host, this_proc
 from ..console.console import Console
-from ..runtime.envelope import Part, Status
 from ..runtime.process import Runtime
-from ..runtime.serialize import dumps
 from . import records
 
 
@@ -44,7 +42,7 @@ class MeshHost(Actor):
         had the mesh before (those ids, ``pid``, and whether it still ``running``), or None."""
         if self.port is not None and self.port.address != port.address:
             rt = Runtime.current()
-            rt.transport.forget(rt.network.reach(rt.address, self.port.address))
+            rt.forget_peer(self.port.address)
         before = self.holder
         if before is not None:
             now = records.start_time(before["pid"])
@@ -63,7 +61,7 @@ class MeshHost(Actor):
         except OSError:  # the kernel is gone; wait for the next attach
             self.port = None
             return
-        Runtime.current().caller.send_port(port.address, port.port_id, Part(0, Status.OK, dumps(message)))
+        port.send(message)
 
     @endpoint
     def status(self) -> list[dict]:
@@ -106,11 +104,11 @@ def main() -> None:
     consoles.initialized().get(timeout=60)
     host.initialized().get(timeout=60)
     rt = Runtime.current()
-    instance = rt.server.actor_instance(host.actor_id)
+    instance = rt.actor_instance(host.actor_id)
     instance.procs, instance.consoles, instance.job = procs, consoles, job
     rt.hooks.output.install(lambda mesh, rank, stream, line: instance.forward(("line", mesh, rank, stream, line)))
     rt.hooks.death.install(lambda mesh_id, rank, info: instance.forward(("death", mesh_id, rank, info)))
-    keys = rt.network.curve
+    keys = rt.curve_keys
     curve = [k.decode() for k in keys.to_wire()] if job is not None and keys is not None else None
     record = records.Record(name, os.getpid(), records.start_time(os.getpid()), rt.key.hex(),
                             procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id,

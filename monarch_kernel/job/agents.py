@@ -34,11 +34,11 @@ def controller_address(rt: Runtime, first_host: str) -> str:
         try:
             ip = route_to(first_host)
         except ConnectionError:
-            ours = rt.network.net_address
+            ours = rt.net_address
             if ours is not None and not ours.startswith("tcp://127."):  # a name only the hosts know: keep ours
                 return ours
             raise
-    return rt.network.listen(ip)
+    return rt.listen(ip)
 
 
 def route_to(host: str) -> str:
@@ -65,7 +65,7 @@ class AgentProcess:
         self.rt = rt
         self.host = host
         self.argv = argv
-        self.link = link if link is not None else rt.launcher.add_host(host)
+        self.link = link if link is not None else rt.add_host(host)
         self.stderr: collections.deque[str] = collections.deque(maxlen=40)
         self.remote_kill = remote_kill
         self.remote_pid: int | None = None
@@ -124,7 +124,7 @@ class AgentProcess:
             self.kill()
             raise TimeoutError(
                 f"the agent on {self.host} did not connect back in time (is this controller's address "
-                f"{self.rt.network.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is"
+                f"{self.rt.net_address} reachable from {self.host}? set MONARCH_KERNEL_BIND to one that is"
                 + (", or pass out_of_cluster=True to reach it through ssh)" if self._direct_ssh() else ")")
                 + self._said())
         self.exited.wait(2)
@@ -145,7 +145,7 @@ class AgentProcess:
             return port_taken(self.host, taken[1]) + said
         if wire.NO_ROUTE in text or wire.NEVER_HEARD in text:
             how = "has no route to" if wire.NO_ROUTE in text else "heard nothing back from"
-            return (f"{self.host} {how} this controller's address {self.rt.network.net_address}: set "
+            return (f"{self.host} {how} this controller's address {self.rt.net_address}: set "
                     "MONARCH_KERNEL_BIND to one it can reach"
                     + (", or pass out_of_cluster=True to reach it through ssh" if self._direct_ssh() else "") + said)
         if "Permission denied (" in text or "Host key verification failed" in text:
@@ -171,7 +171,7 @@ class AgentProcess:
         """Tell the agent to end its ranks and exit, close its stdin, and end the launcher."""
         came_up = self.link.alive and self.link.up.done() and self.link.up.error() is None
         if came_up:
-            self.rt.launcher.end_host(self.link)
+            self.rt.end_host(self.link)
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()

@@ -181,13 +181,13 @@ class LoginNode:
         """Make the controller reachable from the nodes through the relay, and the nodes' addresses
         (their ``links``' ips) from the controller; ``target``: a node's address, as the login
         node knows it.  Returns MONARCH_KERNEL_CONTROLLER_VIA's value for the agents."""
-        controller = rt.network.net_address or rt.network.listen("127.0.0.1")  # no network port, unless one is open
+        controller = rt.net_address or rt.listen("127.0.0.1")  # no network port, unless one is open
         self._target = target
-        for address in rt.network.tcp_addresses():
+        for address in rt.tcp_addresses():
             self.relay(address)
         self._tunnels = [Tunnels(self.login, self._rundir, f"{self._tag}{i}", _ip(controller), link, ctl=self.ctl)
                          for i, link in enumerate(links.values())]
-        self._unhook = [rt.network.add_listen_hook(self.relay), rt.transport.add_dialer(self._dial)]
+        self._unhook = [rt.on_listen(self.relay), rt.add_dialer(self._dial)]
         return f"{_ip(controller)}@{self.relay_ip}"
 
     def relay(self, address: str) -> None:

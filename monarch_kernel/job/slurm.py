@@ -356,18 +356,18 @@ class SlurmJob(JobTrait):
         """Agents as srun steps started on the login node, their stdin through its ssh connection;
         out of cluster, they and their ranks reach this controller through its relay."""
         login = self._login_node()
-        links = {n: rt.launcher.add_host(n) for n in self.nodes}
+        links = {n: rt.add_host(n) for n in self.nodes}
         env = agent_settings()
         try:
             if self.out_of_cluster is not False:
                 target = self._node_address(self.nodes[0]) or self.nodes[0]
                 env[config.env_name("controller_via")] = login.reach(rt, target, links)
             first = self.nodes[0]
-            controller = rt.network.net_address if self.out_of_cluster is not False else self._controller(rt, first)
+            controller = rt.net_address if self.out_of_cluster is not False else self._controller(rt, first)
             self._sync(None)
         except BaseException:
             for link in links.values():
-                rt.launcher.forget_host(link, "its agent was never started")
+                rt.forget_host(link, "its agent was never started")
             raise
         paths = {n: {"PYTHONPATH": e.pythonpath} for n, e in self.env_syncs.items() if e.pythonpath}  # shared files
         self._wait_agents({n: SrunAgent(rt, n, login.command(self.command(n), {**env, **paths.get(n, {})}),

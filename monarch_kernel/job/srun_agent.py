@@ -51,7 +51,7 @@ class SrunAgent(AgentProcess):
         if self.login and self.proc.returncode == 255 and "srun:" not in text:
             return f"{where}: the ssh connection to the login node {self.login} failed{said}"
         if NO_ROUTE in text:
-            return (f"{where}: the node has no route to this controller's address {self.rt.network.net_address}: "
+            return (f"{where}: the node has no route to this controller's address {self.rt.net_address}: "
                     + ("pass out_of_cluster=True (the default) to reach it through the login node" if self.login
                        else "set MONARCH_KERNEL_BIND to one it reaches, or pass login='user@cluster' to reach it "
                        "through the login node") + said)

@@ -143,7 +143,7 @@ class SSHJob(JobTrait):
             for agent in started.values():
                 agent.wait_up(deadline, self.python_exe)
             for tunnels in self._tunnels.values():
-                tunnels.ready(rt.network.tcp_addresses())
+                tunnels.ready(rt.tcp_addresses())
         except BaseException:
             for agent in started.values():
                 agent.kill()
@@ -163,7 +163,7 @@ class SSHJob(JobTrait):
         with ThreadPoolExecutor(len(ended)) as pool:  # each may end its agent over ssh
             list(pool.map(AgentProcess.kill, ended))
         for agent in ended:
-            rt.launcher.forget_host(agent.link, "ended: its host could not reach the controller")
+            rt.forget_host(agent.link, "ended: its host could not reach the controller")
         warnings.warn(
             f"the agent on {', '.join(far)} could not reach this controller ({controller}) within "
             f"{config.reach_timeout():g} s: this job's connections to {'it' if len(far) == 1 else 'them'} go through "
@@ -174,14 +174,14 @@ class SSHJob(JobTrait):
 
     def _start_out_of_cluster(self, rt: Runtime, hosts: list[str]) -> dict[str, AgentProcess]:
         """Agents whose ssh connections carry every connection to and from their hosts."""
-        controller = rt.network.listen("127.0.0.1")  # no network port, unless one is open
+        controller = rt.listen("127.0.0.1")  # no network port, unless one is open
         tag = secrets.token_hex(3)
-        links = {h: rt.launcher.add_host(h) for h in hosts}
+        links = {h: rt.add_host(h) for h in hosts}
         self._tunnels = {h: Tunnels(h, rt.rundir, f"{tag}{i}", controller[len("tcp://"):].rsplit(":", 1)[0], links[h])
                          for i, h in enumerate(hosts)}
-        self._unhook = [rt.network.add_listen_hook(self._controller_listens),
-                        rt.transport.add_dialer(self._dial, self._carrier)]
-        addresses = rt.network.tcp_addresses()
+        self._unhook = [rt.on_listen(self._controller_listens),
+                        rt.add_dialer(self._dial, self._carrier)]
+        addresses = rt.tcp_addresses()
         return {h: AgentProcess(rt, h, self.command(h, self._tunnels[h], addresses), controller,
                                 remote_kill=self._remote_kill(h), link=links[h]) for h in hosts}
 

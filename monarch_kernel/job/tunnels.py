@@ -142,7 +142,7 @@ def join(rt, routes: dict[str, list[str]]) -> Callable[[], None]:
         t.ctl = ctl
         joined.append(t)
     for t in joined:
-        t.ready(rt.network.tcp_addresses())
+        t.ready(rt.tcp_addresses())
 
     def listens(address: str) -> None:
         for t in joined:
@@ -151,7 +151,7 @@ def join(rt, routes: dict[str, list[str]]) -> Callable[[], None]:
     def dial(address: str) -> str | None:
         return next((got for t in joined if (got := t.dial(address))), None)
 
-    unhook = [rt.network.add_listen_hook(listens), rt.transport.add_dialer(dial)]
+    unhook = [rt.on_listen(listens), rt.add_dialer(dial)]
 
     def undo() -> None:
         for remove in unhook:

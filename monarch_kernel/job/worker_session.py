@@ -121,7 +121,7 @@ class WorkerSession:
         who = f"the controller {controller} (pid {os.getpid()} on {socket.gethostname()})"
         sock.sendall(codec.pack(wire.Attach(who)))
         channel = self._expect(sock, codec, wire.Channel, deadline)
-        self.link = link = self.rt.launcher.add_host(self.host)
+        self.link = link = self.rt.add_host(self.host)
         line = link.credentials(controller)
         keys = session_curve(session)
         ctx = zmq.Context()
@@ -169,7 +169,7 @@ class WorkerSession:
                 break
         if self.link.up.done() and self.link.up.error() is None:
             return
-        hint = (f"is this controller's address {self.rt.network.net_address} reachable from {self.host}?  "
+        hint = (f"is this controller's address {self.rt.net_address} reachable from {self.host}?  "
                 "Set MONARCH_KERNEL_BIND to one that is, before the first job")
         if self.ended.is_set():
             raise ConnectionError(f"the agent of the worker {self.worker} did not connect back ({hint}): {self.why}")
@@ -181,7 +181,7 @@ class WorkerSession:
         if sock is None:
             return
         if self.link is not None:
-            self.rt.launcher.end_host(self.link, bye=False)  # its ranks' ends are no failure
+            self.rt.end_host(self.link, bye=False)  # its ranks' ends are no failure
         if not self.ended.is_set() and self.codec is not None:
             try:
                 sock.sendall(self.codec.pack(wire.Shutdown() if shutdown else wire.Release()))

@@ -46,7 +46,7 @@ def spawn(session, name: str, n: int, env: dict, job: dict | None = None):
     env = check_env(env)
     check = config.check_limits()
     if job is None:
-        check_room({"ranks": n}, n, 1, local=True, check=check, per_template=Runtime.current().launcher.per_template)
+        check_room({"ranks": n}, n, 1, local=True, check=check, per_template=Runtime.current().per_template)
     record = records.read(name)
     if record is not None:
         if record.alive():
@@ -124,14 +124,14 @@ def attach(session, name: str) -> Attached:
     if record.curve is not None:  # its ranks are on a job's hosts: speak that job's Curve keys
         keys = CurveKeys.from_wire([k.encode() for k in record.curve])
         try:
-            rt.network.use_job_keys(keys)
+            rt.use_job_keys(keys)
         except RuntimeError as e:
             raise UsageError(f"cannot attach {name!r} here: {e}; attach it from a kernel without a job "
                              "of its own (a new notebook)") from None
         if record.routes:  # out of cluster: its hosts reach this kernel only through its host's ssh
             _through_ssh(rt, name, record.routes, keys)
-        elif rt.network.net_address is None:
-            rt.network.listen(route_to(ref.addresses[0][len("tcp://"):].rsplit(":", 1)[0]), keys)
+        elif rt.net_address is None:
+            rt.listen(route_to(ref.addresses[0][len("tcp://"):].rsplit(":", 1)[0]), keys)
     rt.trust([ref.id, host_ref.id], bytes.fromhex(record.key))
     procs = ProcMesh.from_ref(ref)
     consoles = ActorMesh.from_ref(procs, record.console, "console", Console)
@@ -160,11 +160,11 @@ def _through_ssh(rt, name: str, routes: dict, keys: CurveKeys) -> None:
     masters = tuple(sorted(ctl for _host, ctl in routes.values()))
     if masters in _joined:
         return
-    if rt.network.net_address is None:
-        rt.network.listen("127.0.0.1", keys)
-    elif not rt.network.net_address.startswith("tcp://127.0.0.1:"):
+    if rt.net_address is None:
+        rt.listen("127.0.0.1", keys)
+    elif not rt.net_address.startswith("tcp://127.0.0.1:"):
         raise UsageError(f"cannot attach {name!r} here: its hosts reach a kernel only through ssh, on loopback, "
-                         f"and this kernel listens on {rt.network.net_address}; attach it from a new notebook")
+                         f"and this kernel listens on {rt.net_address}; attach it from a new notebook")
     undo = tunnels.join(rt, routes)
     _joined[masters] = undo
     atexit.register(undo)

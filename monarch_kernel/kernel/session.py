@@ -134,7 +134,7 @@ class MeshSession:
                 return procs.restart(ranks, [(consoles, Console, (), {})])
             done = host.restart.call_one(ranks).get(timeout=120)
             rt = Runtime.current()  # the host told us of the deaths; it revives only its own meshes' view
-            rt.io.run(rt.supervision.forget_deaths, procs.ref.id, done.ranks)
+            rt.forget_deaths(procs.ref.id, done.ranks)
             return done
         except ValueError as e:
             raise UsageError(str(e)) from None

@@ -37,7 +37,7 @@ class RankMetrics:
     def sample(self, procs, timeout: float = 5.0) -> dict[int, Point]:
         """One sample of each rank of ``procs`` (a mesh this kernel spawned; others are blank)."""
         rt = Runtime.current()
-        om = rt.meshes.get(procs.ref.id)
+        om = rt.owned_mesh(procs.ref.id)
         ranks = list(procs.shape.ranks)
         now = time.monotonic()
         got: dict = {}

@@ -45,7 +45,7 @@ def take(ref, chosen: list[int], *, native: bool = False, all_threads: bool = Fa
         budget = wait if method == "in-process" else min(wait, config.seconds("stacks_self_wait"))
         _parse_own(out, ref, stack_dump.ask(rt, ref, alive, budget), "in-process")
     rest = [r for r in alive if r not in out]
-    om = rt.meshes.get(ref.id)
+    om = rt.owned_mesh(ref.id)
     if rest and method != "in-process":
         if om is None:
             why_not.update({r: "this process did not spawn the mesh, so it has no template to run it" for r in rest})

@@ -31,6 +31,7 @@ from .context import MeshRef, process_mesh
 from .curve import CurveKeys
 from .envelope import Header, Kind, split_parts
 from .failure import DeathInfo, MeshFailure
+from .front_door import CallDoor, MeshDoor, NetDoor
 from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("monarch_kernel.runtime")
 
 
-class Runtime:
+class Runtime(MeshDoor, CallDoor, NetDoor):
     _current: Runtime | None = None
     _create_lock = threading.Lock()
 

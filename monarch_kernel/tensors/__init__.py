@@ -10,5 +10,4 @@ imports only those two small modules (torch loads once a tensor exists)."""
 from ..actor import tensor_shim as _tensor_shim
 from .shim import ActorSide as _ActorSide
 
-
 _tensor_shim.install(_ActorSide())

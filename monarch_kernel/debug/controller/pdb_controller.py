@@ -20,10 +20,8 @@ from IPython.core.error import StdinNotImplementedError
 
 from ...actor.port import Channel, Port, PortReceiver
 from ...runtime import config, rejects
-from ...runtime.envelope import Part, Status
 from ...runtime.errors import ActorError, MeshStopped, SendFailed
 from ...runtime.process import Runtime
-from ...runtime.serialize import dumps
 from ..messages import Ended, Prompt, Reply, Resumed, Stopped, decode
 from .pdb_prompt import PdbCommands, describe
 
@@ -252,9 +250,7 @@ class PdbHub:
             if entry is None:
                 raise LookupError(f"mesh '{stop.where.mesh}' is no longer attached")
             # Signed with the mesh's key: a detached mesh's ranks know no other.
-            frames = dumps(Reply(line, sources or {}).encode())
-            Runtime.current().caller.send_port(port.address, port.port_id, Part(0, Status.OK, frames),
-                                        mesh_id=entry[0].ref.id)
+            port.send(Reply(line, sources or {}).encode(), mesh_id=entry[0].ref.id)
         except Exception as e:  # the mesh is gone: so is the session
             stop.output.append(f"pdb on rank {stop.rank}: {e}\n")
             self._drop(stop)

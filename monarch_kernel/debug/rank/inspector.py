@@ -61,7 +61,7 @@ class Inspector(Actor):
         """Interrupt the console while debugpy holds the rank at a breakpoint.  debugpy
         suspends every traced thread then; this actor's own thread is untraced (as is the
         rank's IO thread once debugpy runs, ``rank_debugpy.start``), so the call gets here."""
-        return Runtime.current().server.interrupt_actor(actor_id)
+        return Runtime.current().interrupt_actor(actor_id)
 
 
 class NamespaceView:
