@@ -52,7 +52,7 @@ HEADERS = os.path.exists("/usr/include/infiniband/verbs.h")
 # them messages take the pure-Python path, the same wire format, slower.
 SSL_HEADERS = os.path.exists("/usr/include/openssl/sha.h")
 MISSING = {"monarch_kernel.data._ibverbs": "the ibverbs transport is off",
-           "monarch_kernel.runtime._wire": "messages take the pure-Python path",
+           "monarch_kernel.runtime.wire._wire": "messages take the pure-Python path",
            "*": "the ibverbs transport is off and messages take the pure-Python path"}
 HERE = os.path.dirname(os.path.abspath(__file__))
 LABEXT_NAME = "monarch-kernel-panel"
@@ -204,7 +204,7 @@ if HEADERS:
     EXTENSIONS.append(Extension("monarch_kernel.data._ibverbs", ["native/ibverbs.c"], libraries=["ibverbs"],
                                 extra_compile_args=["-O2", "-Wall"]))
 if SSL_HEADERS:
-    EXTENSIONS.append(Extension("monarch_kernel.runtime._wire", ["native/wire.c"], libraries=["crypto", "dl"],
+    EXTENSIONS.append(Extension("monarch_kernel.runtime.wire._wire", ["native/wire.c"], libraries=["crypto", "dl"],
                                 extra_compile_args=["-O2", "-Wall"]))
 
 setup(

@@ -1,8 +1,8 @@
-/* The runtime's per-message work in one call each way (monarch_kernel.runtime._wire).
+/* The runtime's per-message work in one call each way (monarch_kernel.runtime.wire._wire).
  *
  * seal(): msgpack-encode a Header, HMAC-SHA256 it with the body (the same coverage as
- * runtime/auth.py), and pack the MAC, the header and the small body frames into one first
- * frame (runtime/framing.py's layout).  open(): the reverse, with every check of
+ * runtime/wire/auth.py), and pack the MAC, the header and the small body frames into one first
+ * frame (runtime/wire/framing.py's layout).  open(): the reverse, with every check of
  * Signer.verify in the same order and with the same drop reasons; the MAC is compared in
  * constant time before anything is handed back, and nothing here ever unpickles.
  * The wire format is exactly the pure-Python path's, so the two interoperate.
@@ -67,7 +67,7 @@ static int Keys_init(KeysObject *self, PyObject *args, PyObject *kw) {
 
 static PyTypeObject KeysType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "monarch_kernel.runtime._wire.Keys",
+    .tp_name = "monarch_kernel.runtime.wire._wire.Keys",
     .tp_basicsize = sizeof(KeysObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "HMAC-SHA256 states of one job key: Keys(key)",

@@ -12,19 +12,28 @@ import sys
 
 import atheris
 
-_MODULES = ["monarch_kernel.runtime.envelope", "monarch_kernel.runtime.payloads", "monarch_kernel.runtime.framing",
-            "monarch_kernel.runtime.auth", "monarch_kernel.runtime.host_wire", "monarch_kernel.runtime.template_wire",
-            "monarch_kernel.data.wire", "monarch_kernel.debug.dap", "monarch_kernel.debug.messages",
-            "monarch_kernel.kernel.panel.messages"]
+_MODULES = [
+    "monarch_kernel.runtime.wire.envelope",
+    "monarch_kernel.runtime.wire.payloads",
+    "monarch_kernel.runtime.wire.framing",
+    "monarch_kernel.runtime.wire.auth",
+    "monarch_kernel.runtime.host_wire",
+    "monarch_kernel.runtime.template_wire",
+    "monarch_kernel.data.wire",
+    "monarch_kernel.debug.dap",
+    "monarch_kernel.debug.messages",
+    "monarch_kernel.kernel.panel.messages",
+]
 
 with atheris.instrument_imports(include=_MODULES):
     from monarch_kernel.data import wire as data_wire
     from monarch_kernel.debug import messages
     from monarch_kernel.debug.dap import FrameError, FrameReader
     from monarch_kernel.kernel.panel.messages import MessageError, Request
-    from monarch_kernel.runtime import framing, host_wire, template_wire
-    from monarch_kernel.runtime.auth import Dropped, Signer
-    from monarch_kernel.runtime.envelope import Header
+    from monarch_kernel.runtime import host_wire, template_wire
+    from monarch_kernel.runtime.wire import framing
+    from monarch_kernel.runtime.wire.auth import Dropped, Signer
+    from monarch_kernel.runtime.wire.envelope import Header
 
 _SIGNER = Signer(b"k" * 32, wire=False)
 _NATIVE = None

@@ -17,10 +17,10 @@ import pytest
 from _actors import BadInit, Echo, inject, wait_for  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import ActorError, MeshStopped, ProcessDied, this_host
-from monarch_kernel.runtime.auth import Signer
-from monarch_kernel.runtime.envelope import Header, Kind
 from monarch_kernel.runtime.inbox import actor_address
 from monarch_kernel.runtime.process import Runtime
+from monarch_kernel.runtime.wire.auth import Signer
+from monarch_kernel.runtime.wire.envelope import Header, Kind
 
 SMALL_FRAME = 1_000_000
 REASONS = ("unsigned", "forged", "truncated", "oversized", "malformed", "curve")

@@ -23,16 +23,17 @@ from _actors import wait_for  # noqa: I001  (tests/ is on sys.path)
 from _config import configured
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.runtime import rejects, unfinished
-from monarch_kernel.runtime.auth import Dropped, Signer
+from monarch_kernel.runtime import unfinished
 from monarch_kernel.runtime.datagram import DGRAM_MAX, path_of
-from monarch_kernel.runtime.envelope import Header
 from monarch_kernel.runtime.errors import SendFailed
 from monarch_kernel.runtime.inbox import Inbox, actor_address
 from monarch_kernel.runtime.io_thread import IOThread
-from monarch_kernel.runtime.kinds import Kind
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.runtime.transport import Transport
+from monarch_kernel.runtime.wire import rejects
+from monarch_kernel.runtime.wire.auth import Dropped, Signer
+from monarch_kernel.runtime.wire.envelope import Header
+from monarch_kernel.runtime.wire.kinds import Kind
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -92,8 +92,8 @@ class Session:
 def test_pdb_messages_round_trip_through_the_wire_codec():
     from monarch_kernel.actor.port import Port
     from monarch_kernel.debug.messages import Ended, Prompt, Resumed, Stopped
-    from monarch_kernel.runtime.envelope import Part
-    from monarch_kernel.runtime.serialize import dumps
+    from monarch_kernel.runtime.wire.envelope import Part
+    from monarch_kernel.runtime.wire.serialize import dumps
 
     messages = [Stopped("m", 3, 1, "/tmp/cell.py", 4, "<module>", "breakpoint", True, "", ("/x.py",),
                         Port("ipc:///tmp/a", 7, 3)),

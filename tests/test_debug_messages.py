@@ -10,8 +10,8 @@ import pytest
 
 from monarch_kernel.actor.port import Port
 from monarch_kernel.debug import messages as m
-from monarch_kernel.runtime.envelope import Part
-from monarch_kernel.runtime.serialize import dumps
+from monarch_kernel.runtime.wire.envelope import Part
+from monarch_kernel.runtime.wire.serialize import dumps
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,9 +11,10 @@ import pytest
 from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.runtime.auth import BULK, Dropped, Signer
-from monarch_kernel.runtime.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
-from monarch_kernel.runtime.payloads import (
+from monarch_kernel.runtime.tree import NodeTable, children, locate, split, split_groups
+from monarch_kernel.runtime.wire.auth import BULK, Dropped, Signer
+from monarch_kernel.runtime.wire.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
+from monarch_kernel.runtime.wire.payloads import (
     PAYLOADS,
     CallInfo,
     DeathNotice,
@@ -24,8 +25,7 @@ from monarch_kernel.runtime.payloads import (
     SpawnInfo,
     StacksAsk,
 )
-from monarch_kernel.runtime.serialize import dumps
-from monarch_kernel.runtime.tree import NodeTable, children, locate, split, split_groups
+from monarch_kernel.runtime.wire.serialize import dumps
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -133,8 +133,8 @@ import sys, types
 sys.modules["torch"] = types.ModuleType("torch")  # what another thread's `import torch` shows meanwhile
 sys.modules["numpy"] = types.ModuleType("numpy")
 from monarch_kernel.data.memory import as_memory
-from monarch_kernel.runtime.envelope import Part
-from monarch_kernel.runtime.serialize import dumps
+from monarch_kernel.runtime.wire.envelope import Part
+from monarch_kernel.runtime.wire.serialize import dumps
 value = {"x": [1, 2.5, "three", bytearray(8192)], "f": lambda: 1}  # the lambda: cloudpickle's path too
 back = Part(0, 0, dumps(value)).load()
 assert back["x"] == value["x"] and back["f"]() == 1
@@ -272,7 +272,7 @@ def test_node_table_redirect_outcomes():
 def test_packed_frames_round_trip_to_the_signed_layout(body):
     """Small parts ride in the first frame with the MAC and header; large ones follow as
     frames of their own; unpacking gives back exactly what was signed."""
-    from monarch_kernel.runtime.framing import INLINE_MAX, pack, unpack
+    from monarch_kernel.runtime.wire.framing import INLINE_MAX, pack, unpack
 
     s = Signer(secrets.token_bytes(32))
     h = Header(Kind.CALL, 1, "ipc:///o", "ipc:///o", "m", "a", "f", [0])
@@ -289,7 +289,7 @@ def test_packed_frames_round_trip_to_the_signed_layout(body):
 
 
 def test_a_packed_first_frame_that_lies_about_its_lengths_is_dropped():
-    from monarch_kernel.runtime.framing import pack, unpack
+    from monarch_kernel.runtime.wire.framing import pack, unpack
 
     s = Signer(secrets.token_bytes(32))
     first = pack(_signed(s))[0]
@@ -304,7 +304,7 @@ def test_a_packed_first_frame_that_lies_about_its_lengths_is_dropped():
 # two speak one wire format.  Every test below runs on each path, and across them.
 
 def _native_or_skip():
-    from monarch_kernel.runtime import native
+    from monarch_kernel.runtime.wire import native
 
     ok, why = native.is_available()
     if not ok:
@@ -407,7 +407,7 @@ def test_both_paths_drop_the_same_corruptions_for_the_same_reason():
 def test_the_setting_turns_the_c_path_off():
     with configured(native_wire=False):
         assert not Signer(secrets.token_bytes(32)).native
-    from monarch_kernel.runtime import native
+    from monarch_kernel.runtime.wire import native
 
     with configured(native_wire=True):
         assert Signer(secrets.token_bytes(32)).native == native.is_available()[0]

@@ -28,10 +28,11 @@ from monarch_kernel.data import wire as data_wire
 from monarch_kernel.debug import messages as debug_messages
 from monarch_kernel.debug.dap import DapClient, FrameError, FrameReader, encode
 from monarch_kernel.kernel.panel.messages import MessageError, Request
-from monarch_kernel.runtime import agent_wire, framing, host_wire, rejects, template_wire, worker_wire
-from monarch_kernel.runtime.auth import MAC_LEN, Dropped, Signer
-from monarch_kernel.runtime.envelope import Header, Kind, Part, Status, join_parts
-from monarch_kernel.runtime.payloads import PAYLOADS, decode_payload
+from monarch_kernel.runtime import agent_wire, host_wire, template_wire, worker_wire
+from monarch_kernel.runtime.wire import framing, rejects
+from monarch_kernel.runtime.wire.auth import MAC_LEN, Dropped, Signer
+from monarch_kernel.runtime.wire.envelope import Header, Kind, Part, Status, join_parts
+from monarch_kernel.runtime.wire.payloads import PAYLOADS, decode_payload
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,7 +61,7 @@ msgpack_values = st.recursive(
 
 
 def _wires() -> list[str]:
-    from monarch_kernel.runtime import native
+    from monarch_kernel.runtime.wire import native
 
     return ["python"] + (["native"] if native.wire() is not None else [])
 

@@ -11,9 +11,9 @@ from typing import Generic, TypeVar
 from ..runtime.actors import STOP_METHOD
 from ..runtime.context import MeshRef
 from ..runtime.errors import MeshStopped, ProcessDied
-from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
-from ..runtime.serialize import dumps
+from ..runtime.wire.payloads import CallInfo
+from ..runtime.wire.serialize import dumps
 from .endpoint import ENDPOINT_MARK, RREF_METHOD, Endpoint, part_value
 from .shape import Shape, Shaped
 

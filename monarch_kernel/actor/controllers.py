@@ -17,8 +17,8 @@ import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..runtime.completion import Completion
-from ..runtime.envelope import Part
 from ..runtime.process import Runtime
+from ..runtime.wire.envelope import Part
 from .future import Future
 
 if TYPE_CHECKING:

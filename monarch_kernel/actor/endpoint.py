@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..runtime.completion import Completion
 from ..runtime.context import actor_path
-from ..runtime.envelope import Mode, Part, Status
 from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
 from ..runtime.failure import MeshFailure
-from ..runtime.payloads import CallInfo
 from ..runtime.process import Runtime
-from ..runtime.serialize import describe_unpicklable, dumps, dumps_plain
+from ..runtime.wire.envelope import Mode, Part, Status
+from ..runtime.wire.payloads import CallInfo
+from ..runtime.wire.serialize import describe_unpicklable, dumps, dumps_plain
 from . import tensor_shim
 from .future import Future
 from .value_mesh import ValueMesh

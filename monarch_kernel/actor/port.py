@@ -19,10 +19,10 @@ import threading
 from typing import Generic, TypeVar
 
 from ..runtime.completion import Completion
-from ..runtime.envelope import Part, Status
 from ..runtime.failure import RemoteFailure
 from ..runtime.process import Runtime
-from ..runtime.serialize import describe_unpicklable, dumps
+from ..runtime.wire.envelope import Part, Status
+from ..runtime.wire.serialize import describe_unpicklable, dumps
 from .endpoint import part_value
 from .future import Future
 

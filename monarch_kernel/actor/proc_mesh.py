@@ -15,11 +15,11 @@ from typing import NamedTuple
 from ..observe.stack_report import StackReport
 from ..observe.stacks import take as take_stacks
 from ..runtime.context import actor_path, current_actor, new_actor_id
-from ..runtime.envelope import Kind
 from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
 from ..runtime.failure import MeshFailure
-from ..runtime.payloads import SpawnInfo
 from ..runtime.process import Runtime
+from ..runtime.wire.envelope import Kind
+from ..runtime.wire.payloads import SpawnInfo
 from . import tensor_shim
 from .actor_mesh import ActorMesh, endpoint_names, propagators
 from .endpoint import part_value, refuse_mixed_endpoints
@@ -349,7 +349,7 @@ def _spawn_options(cls) -> SpawnInfo | None:
 
 
 def _spawn_body(cls, args, kwargs) -> list:
-    from ..runtime.serialize import describe_unpicklable, dumps
+    from ..runtime.wire.serialize import describe_unpicklable, dumps
 
     try:
         return dumps((cls, args, kwargs))

@@ -14,12 +14,12 @@ import struct
 import time
 from dataclasses import dataclass
 
-from ..runtime import rejects
+from ..runtime.wire import rejects
 
 # One stream socket (Unix on one host, TCP across hosts) carries many requests, one at a
 # time.  The handshake proves both ends hold the job key with fresh nonces on both sides, so
 # a recorded session cannot be replayed; after it, bulk bytes travel unhashed, as on the
-# control plane (runtime/auth.py), straight between the memories with sendall/recv_into.
+# control plane (runtime/wire/auth.py), straight between the memories with sendall/recv_into.
 # The handshake has one deadline in all, not one per recv, so a peer that drips bytes cannot
 # hold a connection open; a server with too many handshakes in progress answers BUSY and
 # closes, and the client tries again shortly.

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 
 from . import config
-from .curve import CurveKeys
-from .envelope import Header, Kind, Part, Status, join_parts, split_parts
 from .host_wire import MalformedMessage, Message
 from .host_wire import decode as decode_message
+from .wire.curve import CurveKeys
+from .wire.envelope import Header, Kind, Part, Status, join_parts, split_parts
 
 BEAT_S = config.seconds("agent_beat")
 # A side that hears nothing from the other for this long declares it gone; checked every

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from .calls import PendingCall, synthetic_part
 from .context import MeshRef, process_mesh
-from .envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
 from .errors import SendFailed
 from .failure import DeathInfo, MeshFailure
 from .inbox import Inbox, actor_address
-from .payloads import InterruptAck, PruneInfo
-from .serialize import dumps
 from .tree import split, split_groups
+from .wire.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
+from .wire.payloads import InterruptAck, PruneInfo
+from .wire.serialize import dumps
 
 if TYPE_CHECKING:
     from .process import Runtime

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from .completion import Completion
 from .context import MeshRef
-from .envelope import Header, Kind, Part, Status
 from .errors import SendFailed
 from .failure import DeathInfo
 from .tree import children, locate, split
+from .wire.envelope import Header, Kind, Part, Status
 
 if TYPE_CHECKING:
     from .inbox import Inbox

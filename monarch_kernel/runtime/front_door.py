@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from .caller import Caller
     from .completion import Completion
     from .context import MeshRef
-    from .curve import CurveKeys
-    from .envelope import Header, Part
     from .io_thread import IOThread
     from .launcher import Launcher
     from .network import Network
@@ -26,6 +24,8 @@ if TYPE_CHECKING:
     from .server import Server
     from .supervision import SupervisionPolicy
     from .transport import Transport
+    from .wire.curve import CurveKeys
+    from .wire.envelope import Header, Part
 
 
 class MeshDoor:

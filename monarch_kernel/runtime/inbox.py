@@ -18,10 +18,11 @@ import threading
 import zmq
 from zmq.backend import zmq_poll
 
-from . import config, native
-from .curve import CurveKeys
+from . import config
 from .datagram import Listener, path_of
-from .framing import CHUNK, join
+from .wire import native
+from .wire.curve import CurveKeys
+from .wire.framing import CHUNK, join
 
 # Plain ints: pyzmq's flag enums cost more to combine than the calls they modify.
 _NOBLOCK = int(zmq.NOBLOCK)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .context import MeshRef
-from .curve import CurveKeys
+from .wire.curve import CurveKeys
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from . import agent_wire, config
 from .agent_link import AgentLink
 from .completion import Completion
 from .context import MeshRef, current_actor
-from .envelope import Kind, Part, Status
 from .errors import ActorError
 from .failure import DeathInfo
 from .host_wire import MalformedMessage, RankHello
@@ -31,6 +30,7 @@ from .output import LineReader
 from .owned_mesh import OwnedMesh
 from .rank_remains import kill_rank, remove_inboxes
 from .template_client import TemplateClient
+from .wire.envelope import Kind, Part, Status
 
 STOP_GRACE_S = config.seconds("stop_grace")
 EXIT_DRAIN_S = config.seconds("exit_drain")

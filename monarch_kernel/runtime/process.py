@@ -23,13 +23,10 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, diagnostics, finalize, rejects, serialize, shm, stack_dump, unfinished
-from .auth import DropCounts, Signer
+from . import agent_wire, config, diagnostics, finalize, stack_dump, unfinished
 from .caller import Caller
 from .completion import Completion
 from .context import MeshRef, process_mesh
-from .curve import CurveKeys
-from .envelope import Header, Kind, split_parts
 from .failure import DeathInfo, MeshFailure
 from .front_door import CallDoor, MeshDoor, NetDoor
 from .hooks import Hooks
@@ -43,6 +40,11 @@ from .receiver import Receiver
 from .server import Server
 from .supervision import SupervisionPolicy
 from .transport import Transport
+from .wire import rejects, serialize
+from .wire import segments as shm
+from .wire.auth import DropCounts, Signer
+from .wire.curve import CurveKeys
+from .wire.envelope import Header, Kind, split_parts
 
 if TYPE_CHECKING:
     from .calls import PendingCall

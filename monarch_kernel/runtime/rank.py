@@ -18,7 +18,6 @@ import sys
 
 from . import config, diagnostics, finalize, rank_logging
 from .context import process_mesh
-from .envelope import Part, Status
 from .failure import RemoteFailure
 from .host_wire import RankHello
 from .hosts import enter_netns
@@ -27,8 +26,9 @@ from .launch import LaunchConfig
 from .limits import raise_nofile_limit
 from .main_thread import MainThread
 from .process import Runtime
-from .serialize import dumps
 from .template_wire import MAX_CONTROL
+from .wire.envelope import Part, Status
+from .wire.serialize import dumps
 
 WATCHDOG_S = config.seconds("rank_beat")
 

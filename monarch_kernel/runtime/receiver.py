@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 
 from . import config
-from .auth import DropCounts, Dropped, Signer
 from .completion import Completion
-from .envelope import Header
 from .hooks import Hooks
 from .inbox import Inbox
 from .io_thread import IOThread
-from .kinds import Kind
+from .wire.auth import DropCounts, Dropped, Signer
+from .wire.envelope import Header
+from .wire.kinds import Kind
 
 log = logging.getLogger("monarch_kernel.runtime")
 

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 from . import config
 from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
 from .context import ActorContext, MeshRef, actor_name, actor_path, current_actor
-from .envelope import Header, Kind, Mode, Part, Status, load
 from .errors import ActorError, SendFailed
 from .failure import DeathInfo, MeshFailure, RemoteFailure
-from .payloads import ReplyInfo
-from .serialize import describe_unpicklable, dumps
 from .tree import NodeState, NodeTable, split
+from .wire.envelope import Header, Kind, Mode, Part, Status, load
+from .wire.payloads import ReplyInfo
+from .wire.serialize import describe_unpicklable, dumps
 
 if TYPE_CHECKING:
     from .process import Runtime

@@ -18,10 +18,10 @@ import types
 
 from .completion import Completion
 from .context import MeshRef
-from .envelope import Header, Kind, Part, Status, join_parts
 from .host_wire import StackDump
-from .payloads import StacksAsk
-from .serialize import dumps
+from .wire.envelope import Header, Kind, Part, Status, join_parts
+from .wire.payloads import StacksAsk
+from .wire.serialize import dumps
 
 
 class PendingDumps:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import inspect
 
 from .context import actor_path, process_mesh
-from .envelope import Kind
 from .errors import ProcessDied
 from .failure import DeathInfo, MeshFailure
 from .owned_mesh import OwnedMesh
-from .payloads import DeathNotice, ReviveNotice
-from .serialize import dumps
+from .wire.envelope import Kind
+from .wire.payloads import DeathNotice, ReviveNotice
+from .wire.serialize import dumps
 
 
 class SupervisionPolicy:

@@ -29,7 +29,8 @@ def warm_up(modules: list[str]) -> None:
     classes ranks unpickle; the upper layers name them, see ``Runtime.warm``)."""
     import importlib
 
-    from . import native, rank  # noqa: F401
+    from . import rank  # noqa: F401
+    from .wire import native
 
     native.sockets()  # the wire's C extension too, bound to libzmq once, so forks share it
     for name in modules:

@@ -14,8 +14,8 @@ import errno
 import os
 import socket
 
-from . import rejects
 from .host_wire import MalformedMessage, Message, decode
+from .wire import rejects
 
 MAX_MSG = 1 << 20  # a launch config is a few KiB (sys.path and env are its largest parts); output ~48 KiB
 _MAX_FDS = 16

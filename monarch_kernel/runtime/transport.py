@@ -19,14 +19,14 @@ import zmq
 from zmq.backend import zmq_poll
 
 from . import config
-from .auth import Signer
-from .curve import CurveKeys
 from .datagram import Links
-from .envelope import Header
 from .errors import SendFailed
-from .framing import CHUNK, pieces
 from .limits import check_room
-from .native import sockets
+from .wire.auth import Signer
+from .wire.curve import CurveKeys
+from .wire.envelope import Header
+from .wire.framing import CHUNK, pieces
+from .wire.native import sockets
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK

@@ -21,9 +21,9 @@ from typing import Any
 
 from ..actor.port import Channel, Port, PortReceiver
 from ..runtime import config
-from ..runtime.envelope import Part
 from ..runtime.errors import ActorError
 from ..runtime.process import Runtime
+from ..runtime.wire.envelope import Part
 from .controller.keys import KeyTable
 from .rendezvous import OPERATIONS, Rendezvous
 

@@ -28,10 +28,11 @@ from IPython.core.error import UsageError
 from ...actor.errors import ActorError
 from ...debug.controller import proxy
 from ...detached import listing
-from ...runtime import config, rejects
+from ...runtime import config
 from ...runtime.diagnostics import PROCESS_STDERR
 from ...runtime.process import Runtime
 from ...runtime.rank_sets import rank_label
+from ...runtime.wire import rejects
 from .messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
 from .view import PanelView, RankLog
 

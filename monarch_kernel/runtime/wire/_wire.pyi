@@ -1,4 +1,4 @@
-"""Type stub of the native wire extension built from native/wire.c (see runtime/native.py)."""
+"""Type stub of the native wire extension built from native/wire.c (see runtime/wire/native.py)."""
 
 from collections.abc import Callable
 from typing import Any

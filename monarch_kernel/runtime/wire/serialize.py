@@ -14,7 +14,7 @@ import warnings
 
 import cloudpickle
 
-from . import shm as _shm
+from . import segments as _shm
 
 # Buffers smaller than this are cheaper to copy than to send as their own frame.
 _OOB_MIN = 4096

@@ -11,7 +11,7 @@ import functools
 import logging
 from types import ModuleType
 
-from . import config
+from .. import config
 
 log = logging.getLogger("monarch_kernel.runtime")
 
