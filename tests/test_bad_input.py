@@ -17,7 +17,7 @@ import pytest
 from _actors import BadInit, Echo, inject, wait_for  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import ActorError, MeshStopped, ProcessDied, this_host
-from monarch_kernel.runtime.inbox import actor_address
+from monarch_kernel.runtime.net.inbox import actor_address
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.runtime.wire.auth import Signer
 from monarch_kernel.runtime.wire.envelope import Header, Kind

@@ -590,7 +590,7 @@ def test_importing_the_data_plane_installs_nothing():
         import atexit, copyreg, os, pkgutil, signal, sys, threading
         import monarch_kernel, monarch_kernel.actor.future, monarch_kernel.runtime.completion
         import monarch_kernel.runtime.config, monarch_kernel.runtime.context
-        import monarch_kernel.runtime.hosts, monarch_kernel.runtime.process
+        import monarch_kernel.runtime.net.hosts, monarch_kernel.runtime.process
         import msgpack
 
         installed = []  # (what, by which module) for every fork or exit handler registered meanwhile

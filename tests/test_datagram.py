@@ -1,7 +1,7 @@
-"""Same-host datagram links (runtime/datagram.py): order, pieces, a full peer queue, an inbox
+"""Same-host datagram links (runtime/net/datagram.py): order, pieces, a full peer queue, an inbox
 that is not there yet, and bad datagrams, between the runtime's own inboxes and transport
 in this process (real sockets, real signing); and the bounds on unfinished messages
-(runtime/unfinished.py), from a process that speaks the raw format to a real rank."""
+(runtime/net/unfinished.py), from a process that speaks the raw format to a real rank."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from _actors import wait_for  # noqa: I001  (tests/ is on sys.path)
 from _config import configured
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.runtime import unfinished
-from monarch_kernel.runtime.datagram import DGRAM_MAX, path_of
 from monarch_kernel.runtime.errors import SendFailed
-from monarch_kernel.runtime.inbox import Inbox, actor_address
-from monarch_kernel.runtime.io_thread import IOThread
+from monarch_kernel.runtime.net import unfinished
+from monarch_kernel.runtime.net.datagram import DGRAM_MAX, path_of
+from monarch_kernel.runtime.net.inbox import Inbox, actor_address
+from monarch_kernel.runtime.net.io_thread import IOThread
+from monarch_kernel.runtime.net.transport import Transport
 from monarch_kernel.runtime.process import Runtime
-from monarch_kernel.runtime.transport import Transport
 from monarch_kernel.runtime.wire import rejects
 from monarch_kernel.runtime.wire.auth import Dropped, Signer
 from monarch_kernel.runtime.wire.envelope import Header

@@ -207,7 +207,7 @@ def test_sessions_ended_as_soon_as_they_open_leave_the_rank_debuggable():
 
 def test_where_a_rank_runs_decides_remote_and_the_ssh_line():
     here = socket.gethostname()
-    from monarch_kernel.runtime import hosts
+    from monarch_kernel.runtime.net import hosts
 
     local = RankHost(here, hosts.host_key(), ("127.0.0.1",))
     assert not proxy.is_remote(local) and not proxy.is_remote(local, here)

@@ -20,8 +20,8 @@ from _actors import Echo, wait_for  # noqa: I001  (tests/ is on sys.path)
 from monarch_kernel import Actor, ActorError, RDMABuffer, endpoint, this_host
 from monarch_kernel.data import wire
 from monarch_kernel.runtime import config
-from monarch_kernel.runtime.io_thread import IOThread
-from monarch_kernel.runtime.network import Network
+from monarch_kernel.runtime.net.io_thread import IOThread
+from monarch_kernel.runtime.net.network import Network
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.runtime.wire import framing
 from monarch_kernel.runtime.wire.auth import DropCounts

@@ -21,12 +21,12 @@ from ..runtime import config as settings
 from ..runtime import diagnostics, proc_stats
 from ..runtime import host_wire as hw
 from ..runtime.capacity import host_shortfall, template_files_shortfall
-from ..runtime.io_thread import IOThread
 from ..runtime.launch import LaunchConfig
 from ..runtime.limits import raise_nofile_limit
+from ..runtime.net.io_thread import IOThread
+from ..runtime.net.transport import loopback_for
 from ..runtime.process import Runtime
 from ..runtime.template_client import TemplateClient
-from ..runtime.transport import loopback_for
 
 
 def route_address(controller: str) -> str:

@@ -17,8 +17,9 @@ from dataclasses import astuple, dataclass
 import msgpack
 
 from ..actor.future import Future
-from ..runtime import config, hosts
+from ..runtime import config
 from ..runtime.completion import Completion
+from ..runtime.net import hosts
 from ..runtime.process import Runtime
 from . import client, cuda_ipc, ibverbs, shm, tcp, wire
 from .errors import ForgedHandle, TransferError

@@ -17,8 +17,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..runtime import config, hosts
+from ..runtime import config
 from ..runtime.context import process_mesh
+from ..runtime.net import hosts
 from ..runtime.wire import rejects
 from . import cuda_ipc, ibverbs, shm, tcp, wire
 from .memory import Memory

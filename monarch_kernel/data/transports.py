@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 
-from ..runtime import config, hosts
+from ..runtime import config
+from ..runtime.net import hosts
 from . import cuda_ipc, ibverbs, shm
 from .errors import TransferError
 

@@ -25,7 +25,7 @@ from zmq.backend import zmq_poll
 from . import config
 from .completion import Completion
 from .context import ActorContext, MeshRef, current_actor
-from .inbox import Inbox, actor_address
+from .net.inbox import Inbox, actor_address
 
 log = logging.getLogger(__name__)
 POLLIN = int(zmq.POLLIN)

@@ -19,7 +19,7 @@ from .calls import PendingCall, synthetic_part
 from .context import MeshRef, process_mesh
 from .errors import SendFailed
 from .failure import DeathInfo, MeshFailure
-from .inbox import Inbox, actor_address
+from .net.inbox import Inbox, actor_address
 from .tree import split, split_groups
 from .wire.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
 from .wire.payloads import InterruptAck, PruneInfo

@@ -19,7 +19,7 @@ from .tree import children, locate, split
 from .wire.envelope import Header, Kind, Part, Status
 
 if TYPE_CHECKING:
-    from .inbox import Inbox
+    from .net.inbox import Inbox
 
 
 def synthetic_part(rank: int, status: int, obj) -> Part:

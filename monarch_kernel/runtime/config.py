@@ -190,10 +190,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "rank (within `stop_grace`)"),
     _s("stop_init_grace", 2.0, "runtime/server.py", "how long `ActorMesh.stop()` waits for a running `__init__` "
        "to return (then `__cleanup__` runs) before it stops the actor without it"),
-    _s("datagram_retry", 0.0002, "runtime/datagram.py", "a same-host link to an inbox that is not there yet "
+    _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "
        "(an actor its rank has not made yet) tries again after this, then twice as long each time"),
-    _s("datagram_retry_max", 0.005, "runtime/datagram.py", "the longest wait between those tries"),
-    _s("inbox_lease_recheck", 0.05, "runtime/receiver.py", "how often a thread waiting on an inbox that "
+    _s("datagram_retry_max", 0.005, "runtime/net/datagram.py", "the longest wait between those tries"),
+    _s("inbox_lease_recheck", 0.05, "runtime/net/receiver.py", "how often a thread waiting on an inbox that "
        "another thread reads checks whether it may read it"),
     # The kernel.
     _s("collapse_window", 0.15, "kernel/output.py", "how long a line waits for the same line from other ranks"),

@@ -17,13 +17,13 @@ if TYPE_CHECKING:
     from .caller import Caller
     from .completion import Completion
     from .context import MeshRef
-    from .io_thread import IOThread
     from .launcher import Launcher
-    from .network import Network
+    from .net.io_thread import IOThread
+    from .net.network import Network
+    from .net.transport import Transport
     from .owned_mesh import OwnedMesh
     from .server import Server
     from .supervision import SupervisionPolicy
-    from .transport import Transport
     from .wire.curve import CurveKeys
     from .wire.envelope import Header, Part
 

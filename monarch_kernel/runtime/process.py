@@ -23,23 +23,24 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, diagnostics, finalize, stack_dump, unfinished
+from . import agent_wire, config, diagnostics, finalize, stack_dump
 from .caller import Caller
 from .completion import Completion
 from .context import MeshRef, process_mesh
 from .failure import DeathInfo, MeshFailure
 from .front_door import CallDoor, MeshDoor, NetDoor
 from .hooks import Hooks
-from .inbox import Inbox
-from .io_thread import IOThread
 from .launcher import Launcher
 from .limits import open_files_limit, raise_nofile_limit
-from .network import Network
-from .ports import PortTable
-from .receiver import Receiver
+from .net import unfinished
+from .net.inbox import Inbox
+from .net.io_thread import IOThread
+from .net.network import Network
+from .net.ports import PortTable
+from .net.receiver import Receiver
+from .net.transport import Transport
 from .server import Server
 from .supervision import SupervisionPolicy
-from .transport import Transport
 from .wire import rejects, serialize
 from .wire import segments as shm
 from .wire.auth import DropCounts, Signer

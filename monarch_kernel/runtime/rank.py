@@ -20,11 +20,11 @@ from . import config, diagnostics, finalize, rank_logging
 from .context import process_mesh
 from .failure import RemoteFailure
 from .host_wire import RankHello
-from .hosts import enter_netns
-from .io_thread import IOThread
 from .launch import LaunchConfig
 from .limits import raise_nofile_limit
 from .main_thread import MainThread
+from .net.hosts import enter_netns
+from .net.io_thread import IOThread
 from .process import Runtime
 from .template_wire import MAX_CONTROL
 from .wire.envelope import Part, Status

@@ -18,11 +18,11 @@ import threading
 import zmq
 from zmq.backend import zmq_poll
 
-from . import config
+from .. import config
+from ..wire import native
+from ..wire.curve import CurveKeys
+from ..wire.framing import CHUNK, join
 from .datagram import Listener, path_of
-from .wire import native
-from .wire.curve import CurveKeys
-from .wire.framing import CHUNK, join
 
 # Plain ints: pyzmq's flag enums cost more to combine than the calls they modify.
 _NOBLOCK = int(zmq.NOBLOCK)

@@ -15,11 +15,11 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ..wire import rejects
+from ..wire.auth import DropCounts
+from ..wire.curve import CurveKeys, Gatekeeper
 from .inbox import Inbox
 from .io_thread import IOThread
-from .wire import rejects
-from .wire.auth import DropCounts
-from .wire.curve import CurveKeys, Gatekeeper
 
 
 class Network:

@@ -23,7 +23,7 @@ import collections
 import threading
 import time
 
-from .wire import rejects
+from ..wire import rejects
 
 WIRE = "datagram"
 MAX_MESSAGES = 256  # unfinished messages a process holds at once, across its inboxes

@@ -15,14 +15,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import config
-from .completion import Completion
-from .hooks import Hooks
+from .. import config
+from ..completion import Completion
+from ..hooks import Hooks
+from ..wire.auth import DropCounts, Dropped, Signer
+from ..wire.envelope import Header
+from ..wire.kinds import Kind
 from .inbox import Inbox
 from .io_thread import IOThread
-from .wire.auth import DropCounts, Dropped, Signer
-from .wire.envelope import Header
-from .wire.kinds import Kind
 
 log = logging.getLogger("monarch_kernel.runtime")
 

@@ -31,11 +31,11 @@ import struct
 import threading
 import time
 
-from . import config
-from .errors import SendFailed
-from .limits import check_room
+from .. import config
+from ..errors import SendFailed
+from ..limits import check_room
+from ..wire import rejects
 from .unfinished import WIRE, Joiner
-from .wire import rejects
 
 log = logging.getLogger("monarch_kernel.runtime")
 

@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 
-from . import config
+from .. import config
 
 SIOCGIFADDR = 0x8915
 

@@ -8,7 +8,7 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from .wire.envelope import Part
+from ..wire.envelope import Part
 
 
 class PortTable:

@@ -18,15 +18,15 @@ from collections.abc import Callable
 import zmq
 from zmq.backend import zmq_poll
 
-from . import config
+from .. import config
+from ..errors import SendFailed
+from ..limits import check_room
+from ..wire.auth import Signer
+from ..wire.curve import CurveKeys
+from ..wire.envelope import Header
+from ..wire.framing import CHUNK, pieces
+from ..wire.native import sockets
 from .datagram import Links
-from .errors import SendFailed
-from .limits import check_room
-from .wire.auth import Signer
-from .wire.curve import CurveKeys
-from .wire.envelope import Header
-from .wire.framing import CHUNK, pieces
-from .wire.native import sockets
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
