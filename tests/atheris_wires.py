@@ -17,8 +17,8 @@ _MODULES = [
     "monarch_kernel.runtime.wire.payloads",
     "monarch_kernel.runtime.wire.framing",
     "monarch_kernel.runtime.wire.auth",
-    "monarch_kernel.runtime.host_wire",
-    "monarch_kernel.runtime.template_wire",
+    "monarch_kernel.runtime.spawn.host_messages",
+    "monarch_kernel.runtime.spawn.template_channel",
     "monarch_kernel.data.wire",
     "monarch_kernel.debug.dap",
     "monarch_kernel.debug.messages",
@@ -30,7 +30,8 @@ with atheris.instrument_imports(include=_MODULES):
     from monarch_kernel.debug import messages
     from monarch_kernel.debug.dap import FrameError, FrameReader
     from monarch_kernel.kernel.panel.messages import MessageError, Request
-    from monarch_kernel.runtime import host_wire, template_wire
+    from monarch_kernel.runtime.spawn import host_messages as host_wire
+    from monarch_kernel.runtime.spawn import template_channel as template_wire
     from monarch_kernel.runtime.wire import framing
     from monarch_kernel.runtime.wire.auth import Dropped, Signer
     from monarch_kernel.runtime.wire.envelope import Header

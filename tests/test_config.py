@@ -102,7 +102,7 @@ def test_a_given_value_wins_over_the_variable_which_wins_over_the_default(monkey
         config.set("heartbeat_timeout", None)
         config.set("strict", None)
     assert config.heartbeat_timeout() == 2.5 and config.exported_env() == {}
-    with pytest.raises(ValueError, match=r"^agent_beat is a constant of the code \(runtime/agent_wire.py\)"):
+    with pytest.raises(ValueError, match=r"^agent_beat is a constant of the code \(runtime/spawn/agent_channel.py\)"):
         config.set("agent_beat", 1)
     with pytest.raises(KeyError, match="no setting named 'heartbeat'"):
         config.get("heartbeat")

@@ -28,7 +28,10 @@ from monarch_kernel.data import wire as data_wire
 from monarch_kernel.debug import messages as debug_messages
 from monarch_kernel.debug.dap import DapClient, FrameError, FrameReader, encode
 from monarch_kernel.kernel.panel.messages import MessageError, Request
-from monarch_kernel.runtime import agent_wire, host_wire, template_wire, worker_wire
+from monarch_kernel.runtime.spawn import agent_channel as agent_wire
+from monarch_kernel.runtime.spawn import host_messages as host_wire
+from monarch_kernel.runtime.spawn import template_channel as template_wire
+from monarch_kernel.runtime.spawn import worker_wire
 from monarch_kernel.runtime.wire import framing, rejects
 from monarch_kernel.runtime.wire.auth import MAC_LEN, Dropped, Signer
 from monarch_kernel.runtime.wire.envelope import Header, Kind, Part, Status, join_parts

@@ -11,8 +11,10 @@ import socket
 import msgpack
 import pytest
 
-from monarch_kernel.runtime import agent_wire, host_wire, template_wire
-from monarch_kernel.runtime.host_wire import MalformedMessage
+from monarch_kernel.runtime.spawn import agent_channel as agent_wire
+from monarch_kernel.runtime.spawn import host_messages as host_wire
+from monarch_kernel.runtime.spawn import template_channel as template_wire
+from monarch_kernel.runtime.spawn.host_messages import MalformedMessage
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,12 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from monarch_kernel.runtime import host_wire, template_client, template_fork, template_server, template_wire
+from monarch_kernel.runtime import template_server
 from monarch_kernel.runtime.context import MeshRef
-from monarch_kernel.runtime.launch import LaunchConfig
+from monarch_kernel.runtime.spawn import host_messages as host_wire
+from monarch_kernel.runtime.spawn import template_channel as template_wire
+from monarch_kernel.runtime.spawn import template_client, template_fork
+from monarch_kernel.runtime.spawn.launch_config import LaunchConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,8 +113,9 @@ def state():
             "wakeup_fd": wakeup, "environ": dict(os.environ), "atexit": atexit._ncallbacks(),
             "breakpointhook": repr(sys.breakpointhook), "excepthook": repr(sys.excepthook)}
 before = state()
-import monarch_kernel.runtime.template_server, monarch_kernel.runtime.template_client
-import monarch_kernel.runtime.template_wire, monarch_kernel.runtime.launch, monarch_kernel.runtime.host_wire
+import monarch_kernel.runtime.template_server, monarch_kernel.runtime.spawn.template_client
+import monarch_kernel.runtime.spawn.template_channel, monarch_kernel.runtime.spawn.launch_config
+import monarch_kernel.runtime.spawn.host_messages
 print(json.dumps({"before": before, "after": state()}))
 """
 
@@ -137,12 +141,13 @@ def _module_level_imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", ["template_client", "template_server", "template_fork", "template_wire",
-                                    "host_wire", "process_tree", "launch"])
+@pytest.mark.parametrize("module", ["spawn/template_client", "template_server", "spawn/template_fork",
+                                    "spawn/template_channel", "spawn/host_messages", "spawn/process_tree",
+                                    "spawn/launch_config"])
 def test_template_modules_do_not_import_the_rank_or_runtime_at_import_time(module):
     imported = _module_level_imports(RUNTIME / f"{module}.py")
     assert not imported & {"rank", "process", "supervision", "launcher", "serving"}, imported
-    if module == "template_client":
+    if module == "spawn/template_client":
         assert "template_server" not in imported, "the controller's side imports the template's"
 
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from monarch_kernel.runtime import proc_stats
+from monarch_kernel.runtime.spawn import proc_stats
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -38,7 +38,7 @@ from monarch_kernel import (
 )
 from monarch_kernel.actor.shape import Extent, Shape
 from monarch_kernel.runtime.context import MeshRef
-from monarch_kernel.runtime.launch import LaunchConfig
+from monarch_kernel.runtime.spawn.launch_config import LaunchConfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ import pytest
 from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel.kernel.output import HOLD_S, Collapser, CollapsingSink
-from monarch_kernel.runtime.output import LineReader
+from monarch_kernel.runtime.spawn.rank_output import LineReader
 from monarch_kernel.runtime.template_server import READ_SIZE
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime import config
-from ..runtime.capacity import NoRoom
 from ..runtime.completion import Completion
 from ..runtime.errors import ProcessDied
 from ..runtime.process import Runtime
+from ..runtime.spawn.capacity import NoRoom
 from .controllers import publish_registry
 from .fault_hook import route_unhandled
 from .future import Future

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 
 from ..runtime import config
-from ..runtime.capacity import PID_MAX_LIMIT, Shortfall, controller_files_shortfall, host_shortfall
+from ..runtime.spawn.capacity import PID_MAX_LIMIT, Shortfall, controller_files_shortfall, host_shortfall
 from .shape import check_dim
 
 # A mesh's name becomes part of file names (detached meshes' records and logs, merged

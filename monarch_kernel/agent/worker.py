@@ -32,10 +32,10 @@ import time
 import zmq
 
 from ..runtime import config, diagnostics
-from ..runtime import worker_wire as wire
+from ..runtime.spawn import worker_wire as wire
+from ..runtime.spawn.worker_key import mac, no_key, read_key_file, session_curve, session_key
 from ..runtime.wire import rejects
 from ..runtime.wire.curve import Gatekeeper
-from ..runtime.worker_key import mac, no_key, read_key_file, session_curve, session_key
 
 log = logging.getLogger(__name__)
 

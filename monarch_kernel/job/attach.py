@@ -18,7 +18,7 @@ import time
 from ..actor.host_mesh import HostMesh
 from ..runtime import config
 from ..runtime.process import Runtime
-from ..runtime.worker_key import no_key, read_key_file
+from ..runtime.spawn.worker_key import no_key, read_key_file
 from .agents import controller_address
 from .job import JobTrait
 from .worker_session import WorkerSession, parse_worker

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from ..runtime.agent_wire import NO_ROUTE
+from ..runtime.spawn.agent_channel import NO_ROUTE
 from .agents import AgentProcess
 
 AGENT_STEP = "monarch-agent"  # the srun steps' name, which the hold script looks for

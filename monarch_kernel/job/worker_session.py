@@ -19,10 +19,10 @@ from typing import TypeVar
 import zmq
 
 from ..runtime import config
-from ..runtime import worker_wire as wire
-from ..runtime.agent_link import AgentLink
 from ..runtime.process import Runtime
-from ..runtime.worker_key import mac, session_curve
+from ..runtime.spawn import worker_wire as wire
+from ..runtime.spawn.agent_link import AgentLink
+from ..runtime.spawn.worker_key import mac, session_curve
 
 M = TypeVar("M", bound=wire.Message)
 RETRY_S = config.seconds("worker_retry")

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def new_key(path: str) -> int:
-    from ..runtime.worker_key import new_key_file
+    from ..runtime.spawn.worker_key import new_key_file
 
     try:
         made = new_key_file(path)

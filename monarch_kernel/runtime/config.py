@@ -161,10 +161,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
     _s("template_beats", 0.25, "runtime/template_server.py", "how often a template passes its ranks' beats "
        "on, together (a beat reaches the owner at most 1.25 s old)"),
-    _s("agent_beat", 0.5, "runtime/agent_wire.py", "how often a host agent and its controller beat to each other"),
-    _s("agent_silent", 2.5, "runtime/agent_wire.py", "silence after which an agent or its controller declares "
+    _s("agent_beat", 0.5, "runtime/spawn/agent_channel.py", "how often a host agent and its controller beat to "
+       "each other"),
+    _s("agent_silent", 2.5, "runtime/spawn/agent_channel.py", "silence after which an agent or its controller declares "
        "the other gone; checked every `agent_beat`, so a dead host is declared within 3 s"),
-    _s("worker_handshake", 5.0, "runtime/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
+    _s("worker_handshake", 5.0, "runtime/spawn/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
        "has, in all, to prove it holds the key, and then to hand over the job's credentials"),
     _s("worker_retry", 0.2, "job/worker_session.py", "a controller attaching to a worker that is still ending the "
        "ranks of the controller before (or turned it away as too busy) tries again after this"),
@@ -175,7 +176,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
     _s("port_guard_every", 10.0, "kernel/port_guard.py", "how often the kernel says, in one line of its log, "
        "how many malformed frames reached its Jupyter ports (between, they are only counted)"),
-    _s("stack_dump", 10.0, "runtime/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
+    _s("stack_dump", 10.0, "runtime/spawn/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
        "before its template kills it (`%mesh stacks`)"),
     _s("collectives_ask", 5.0, "spmd/controller/collectives.py", "how long `%mesh collectives` waits for each rank "
        "to say where it is in its collectives (one in C code holding the GIL cannot)"),
@@ -183,9 +184,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "stacks before it sends py-spy to those that did not"),
     _s("stacks_wait", 15.0, "observe/stacks.py", "how long `%mesh stacks` waits for every rank's "
        "stack, py-spy's and the in-process fallback's together"),
-    _s("exit_drain", 1.0, "runtime/launcher.py", "at a controller's exit, how long it waits for its local ranks' "
+    _s("exit_drain", 1.0, "runtime/spawn/launcher.py", "at a controller's exit, how long it waits for its local ranks' "
        "last output (what they wrote before it) before it kills them"),
-    _s("stop_grace", 2.0, "runtime/launcher.py", "how long stopped ranks have to exit before they are killed"),
+    _s("stop_grace", 2.0, "runtime/spawn/launcher.py", "how long stopped ranks have to exit before they are killed"),
     _s("cleanup_budget", 1.0, "runtime/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),
     _s("stop_init_grace", 2.0, "runtime/server.py", "how long `ActorMesh.stop()` waits for a running `__init__` "

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from .failure import DeathInfo, MeshFailure
-from .host_wire import Message
-from .output import print_sink
+from .spawn.host_messages import Message
+from .spawn.rank_output import print_sink
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import agent_wire, config, diagnostics, finalize, stack_dump
+from . import config, diagnostics, finalize
 from .caller import Caller
 from .completion import Completion
 from .context import MeshRef, process_mesh
 from .failure import DeathInfo, MeshFailure
 from .front_door import CallDoor, MeshDoor, NetDoor
 from .hooks import Hooks
-from .launcher import Launcher
 from .limits import open_files_limit, raise_nofile_limit
 from .net import unfinished
 from .net.inbox import Inbox
@@ -40,6 +39,9 @@ from .net.ports import PortTable
 from .net.receiver import Receiver
 from .net.transport import Transport
 from .server import Server
+from .spawn import agent_channel as agent_wire
+from .spawn import stack_dump
+from .spawn.launcher import Launcher
 from .supervision import SupervisionPolicy
 from .wire import rejects, serialize
 from .wire import segments as shm

@@ -16,17 +16,18 @@ import os
 import pickle
 import sys
 
-from . import config, diagnostics, finalize, rank_logging
+from . import config, diagnostics, finalize
 from .context import process_mesh
 from .failure import RemoteFailure
-from .host_wire import RankHello
-from .launch import LaunchConfig
 from .limits import raise_nofile_limit
 from .main_thread import MainThread
 from .net.hosts import enter_netns
 from .net.io_thread import IOThread
 from .process import Runtime
-from .template_wire import MAX_CONTROL
+from .spawn import rank_logging
+from .spawn.host_messages import RankHello
+from .spawn.launch_config import LaunchConfig
+from .spawn.template_channel import MAX_CONTROL
 from .wire.envelope import Part, Status
 from .wire.serialize import dumps
 

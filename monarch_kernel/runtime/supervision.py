@@ -14,7 +14,7 @@ import inspect
 from .context import actor_path, process_mesh
 from .errors import ProcessDied
 from .failure import DeathInfo, MeshFailure
-from .owned_mesh import OwnedMesh
+from .spawn.owned_mesh import OwnedMesh
 from .wire.envelope import Kind
 from .wire.payloads import DeathNotice, ReviveNotice
 from .wire.serialize import dumps

@@ -18,7 +18,8 @@ import time
 from typing import NoReturn
 
 from . import config
-from .host_wire import (
+from .limits import limit_error, raise_nofile_limit
+from .spawn.host_messages import (
     Beats,
     Drain,
     Drained,
@@ -34,11 +35,10 @@ from .host_wire import (
     StackDump,
     Stacks,
 )
-from .limits import limit_error, raise_nofile_limit
-from .process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
-from .stack_sampler import StackSampler
-from .template_fork import become_rank, leave_template, rank_pipes, warm_up
-from .template_wire import ControlReader, Outbox, recv_msg
+from .spawn.process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
+from .spawn.stack_sampler import StackSampler
+from .spawn.template_channel import ControlReader, Outbox, recv_msg
+from .spawn.template_fork import become_rank, leave_template, rank_pipes, warm_up
 
 SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sweep_last"))
 READ_SIZE = 1 << 16

@@ -20,7 +20,7 @@ from . import segments as _shm
 _OOB_MIN = 4096
 
 
-# Set by the runtime while pickling arguments for ranks on this host (see shm.py).
+# Set by the runtime while pickling arguments for ranks on this host (see segments.py).
 segments: _shm.Segments | None = None
 
 

@@ -17,20 +17,21 @@ import signal
 import sys
 import time
 
-from . import agent_wire, config
+from .. import config
+from ..completion import Completion
+from ..context import MeshRef, current_actor
+from ..errors import ActorError
+from ..failure import DeathInfo
+from ..limits import raise_nofile_limit
+from ..wire.envelope import Kind, Part, Status
+from . import agent_channel
 from .agent_link import AgentLink
-from .completion import Completion
-from .context import MeshRef, current_actor
-from .errors import ActorError
-from .failure import DeathInfo
-from .host_wire import MalformedMessage, RankHello
-from .launch import LaunchConfig
-from .limits import raise_nofile_limit
-from .output import LineReader
+from .host_messages import MalformedMessage, RankHello
+from .launch_config import LaunchConfig
 from .owned_mesh import OwnedMesh
+from .rank_output import LineReader
 from .rank_remains import kill_rank, remove_inboxes
 from .template_client import TemplateClient
-from .wire.envelope import Kind, Part, Status
 
 STOP_GRACE_S = config.seconds("stop_grace")
 EXIT_DRAIN_S = config.seconds("exit_drain")
@@ -372,7 +373,7 @@ class Launcher:
         now = time.monotonic()
         for link in list(self.links.values()):
             link.beat(now)
-        self.rt.io.loop.call_later(agent_wire.BEAT_S, self._beat)
+        self.rt.io.loop.call_later(agent_channel.BEAT_S, self._beat)
 
     def close(self) -> None:
         """At exit: every rank we spawned is killed, then the templates and the hosts' agents.

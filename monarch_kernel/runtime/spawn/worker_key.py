@@ -20,7 +20,7 @@ import stat
 import zmq
 import zmq.utils.z85
 
-from .wire.curve import CurveKeys
+from ..wire.curve import CurveKeys
 
 PREFIX = "monarch-kernel-key-1 "
 KEY_BYTES = 32

@@ -14,8 +14,8 @@ import errno
 import os
 import socket
 
-from .host_wire import MalformedMessage, Message, decode
-from .wire import rejects
+from ..wire import rejects
+from .host_messages import MalformedMessage, Message, decode
 
 MAX_MSG = 1 << 20  # a launch config is a few KiB (sys.path and env are its largest parts); output ~48 KiB
 _MAX_FDS = 16

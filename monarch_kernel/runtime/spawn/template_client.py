@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from .host_wire import (
+from .host_messages import (
     Beats,
     Drain,
     Drained,
@@ -36,9 +36,9 @@ from .host_wire import (
     StackDump,
     Stacks,
 )
-from .launch import LaunchConfig
+from .launch_config import LaunchConfig
 from .stack_dump import PendingDumps
-from .template_wire import recv_msg, send_msg
+from .template_channel import recv_msg, send_msg
 
 # conftest.py recognises a template process by "template_server import serve" in its command line.
 SERVE = "from monarch_kernel.runtime.template_server import serve; serve()"

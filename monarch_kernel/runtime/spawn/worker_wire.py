@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from . import config
-from .host_wire import MalformedMessage, Message
+from .. import config
+from .host_messages import MalformedMessage, Message
 from .worker_key import mac, session_key
 
 MAGIC = b"MKW1"

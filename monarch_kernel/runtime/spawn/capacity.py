@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .limits import RESERVE, open_files
+from ..limits import RESERVE, open_files
 
 # Linux's largest pid_max (PID_MAX_LIMIT on 64-bit): no host runs more tasks at once, whatever
 # its settings, so a spawn of more ranks per host is refused even with the checks off.

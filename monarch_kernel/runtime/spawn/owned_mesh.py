@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 import time
 
-from . import config
-from .completion import Completion
-from .context import MeshRef
-from .output import LineReader
+from .. import config
+from ..completion import Completion
+from ..context import MeshRef
+from .rank_output import LineReader
 
 
 class OwnedMesh:

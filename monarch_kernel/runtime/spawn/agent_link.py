@@ -18,11 +18,11 @@ import signal
 import time
 from collections.abc import Callable
 
-from . import agent_wire as wire
-from . import host_wire as hw
+from ..completion import Completion
+from . import agent_channel as wire
+from . import host_messages as hw
 from .capacity import NoRoom, Shortfall
-from .completion import Completion
-from .launch import LaunchConfig
+from .launch_config import LaunchConfig
 from .stack_dump import PendingDumps
 
 

@@ -15,8 +15,8 @@ import logging
 import sys
 from collections.abc import Callable
 
-from . import config
-from .diagnostics import PROCESS_STDERR
+from .. import config
+from ..diagnostics import PROCESS_STDERR
 
 log = logging.getLogger(__name__)
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".

@@ -21,7 +21,7 @@ import sysconfig
 import time
 from collections.abc import Callable
 
-from . import config
+from .. import config
 
 PARALLEL = 8  # py-spy processes at once, per template
 LIMIT = 160 << 10  # bytes of one dump the template forwards (its socket takes one ~200 KiB datagram)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 
-from . import config
-from .host_wire import MalformedMessage, Message
-from .host_wire import decode as decode_message
-from .wire.curve import CurveKeys
-from .wire.envelope import Header, Kind, Part, Status, join_parts, split_parts
+from .. import config
+from ..wire.curve import CurveKeys
+from ..wire.envelope import Header, Kind, Part, Status, join_parts, split_parts
+from .host_messages import MalformedMessage, Message
+from .host_messages import decode as decode_message
 
 BEAT_S = config.seconds("agent_beat")
 # A side that hears nothing from the other for this long declares it gone; checked every

@@ -10,8 +10,8 @@ import os
 import shutil
 import subprocess
 
-from . import host_wire as hw
-from .completion import Completion
+from ..completion import Completion
+from . import host_messages as hw
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .context import MeshRef
-from .wire.curve import CurveKeys
+from ..context import MeshRef
+from ..wire.curve import CurveKeys
 
 
 @dataclass(frozen=True)

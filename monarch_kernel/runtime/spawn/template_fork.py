@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 
-from .launch import LaunchConfig
+from .launch_config import LaunchConfig
 from .process_tree import become_subreaper, die_with_parent
 from .stack_sampler import rank_tracer
 
@@ -29,8 +29,8 @@ def warm_up(modules: list[str]) -> None:
     classes ranks unpickle; the upper layers name them, see ``Runtime.warm``)."""
     import importlib
 
-    from . import rank  # noqa: F401
-    from .wire import native
+    from .. import rank  # noqa: F401
+    from ..wire import native
 
     native.sockets()  # the wire's C extension too, bound to libzmq once, so forks share it
     for name in modules:
@@ -99,7 +99,7 @@ def become_rank(wire_config: dict, fds: list[int], template_pid: int) -> None:
         sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
         die_with_parent(template_pid)
         rank_tracer(template_pid)
-        from .rank import run_rank
+        from ..rank import run_rank
 
         run_rank(LaunchConfig.from_wire(wire_config), template_pid, control)
         code = 0

@@ -16,12 +16,12 @@ import sys
 import threading
 import types
 
-from .completion import Completion
-from .context import MeshRef
-from .host_wire import StackDump
-from .wire.envelope import Header, Kind, Part, Status, join_parts
-from .wire.payloads import StacksAsk
-from .wire.serialize import dumps
+from ..completion import Completion
+from ..context import MeshRef
+from ..wire.envelope import Header, Kind, Part, Status, join_parts
+from ..wire.payloads import StacksAsk
+from ..wire.serialize import dumps
+from .host_messages import StackDump
 
 
 class PendingDumps:
