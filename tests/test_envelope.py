@@ -11,7 +11,7 @@ import pytest
 from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.runtime.tree import NodeTable, children, locate, split, split_groups
+from monarch_kernel.runtime.calls.tree import NodeTable, children, locate, split, split_groups
 from monarch_kernel.runtime.wire.auth import BULK, Dropped, Signer
 from monarch_kernel.runtime.wire.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
 from monarch_kernel.runtime.wire.payloads import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from ..runtime.actors import STOP_METHOD
+from ..runtime.calls.actor_slots import STOP_METHOD
 from ..runtime.context import MeshRef
 from ..runtime.errors import MeshStopped, ProcessDied
 from ..runtime.process import Runtime

@@ -32,7 +32,7 @@ from .value_mesh import ValueMesh
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
-from ..runtime.actors import CONCURRENT_MARK, ENDPOINT_MARK
+from ..runtime.calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK
 
 RREF_METHOD = "__monarch_rref__"  # the Actor endpoint that runs another for ``rref`` (never listed)
 

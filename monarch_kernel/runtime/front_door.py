@@ -13,17 +13,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .caller import Caller
+    from .calls.caller import Caller
+    from .calls.server import Server
+    from .calls.supervision import SupervisionPolicy
     from .completion import Completion
     from .context import MeshRef
     from .net.io_thread import IOThread
     from .net.network import Network
     from .net.transport import Transport
-    from .server import Server
     from .spawn.agent_link import AgentLink
     from .spawn.launcher import Launcher
     from .spawn.owned_mesh import OwnedMesh
-    from .supervision import SupervisionPolicy
     from .wire.curve import CurveKeys
     from .wire.envelope import Header, Part
 

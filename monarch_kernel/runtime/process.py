@@ -23,8 +23,11 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from . import config, diagnostics, finalize
-from .caller import Caller
+from . import config, diagnostics
+from .calls import finalize
+from .calls.caller import Caller
+from .calls.server import Server
+from .calls.supervision import SupervisionPolicy
 from .completion import Completion
 from .context import MeshRef, process_mesh
 from .failure import DeathInfo, MeshFailure
@@ -38,11 +41,9 @@ from .net.network import Network
 from .net.ports import PortTable
 from .net.receiver import Receiver
 from .net.transport import Transport
-from .server import Server
 from .spawn import agent_channel as agent_wire
 from .spawn import stack_dump
 from .spawn.launcher import Launcher
-from .supervision import SupervisionPolicy
 from .wire import rejects, serialize
 from .wire import segments as shm
 from .wire.auth import DropCounts, Signer
@@ -50,8 +51,8 @@ from .wire.curve import CurveKeys
 from .wire.envelope import Header, Kind, split_parts
 
 if TYPE_CHECKING:
-    from .calls import PendingCall
-    from .main_thread import MainThread
+    from .calls.main_thread import MainThread
+    from .calls.outstanding import PendingCall
 
 log = logging.getLogger("monarch_kernel.runtime")
 

@@ -16,11 +16,12 @@ import os
 import pickle
 import sys
 
-from . import config, diagnostics, finalize
+from . import config, diagnostics
+from .calls import finalize
+from .calls.main_thread import MainThread
 from .context import process_mesh
 from .failure import RemoteFailure
 from .limits import raise_nofile_limit
-from .main_thread import MainThread
 from .net.hosts import enter_netns
 from .net.io_thread import IOThread
 from .process import Runtime

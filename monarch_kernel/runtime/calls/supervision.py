@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import inspect
 
-from .context import actor_path, process_mesh
-from .errors import ProcessDied
-from .failure import DeathInfo, MeshFailure
-from .spawn.owned_mesh import OwnedMesh
-from .wire.envelope import Kind
-from .wire.payloads import DeathNotice, ReviveNotice
-from .wire.serialize import dumps
+from ..context import actor_path, process_mesh
+from ..errors import ProcessDied
+from ..failure import DeathInfo, MeshFailure
+from ..spawn.owned_mesh import OwnedMesh
+from ..wire.envelope import Kind
+from ..wire.payloads import DeathNotice, ReviveNotice
+from ..wire.serialize import dumps
 
 
 class SupervisionPolicy:

@@ -11,15 +11,15 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .completion import Completion
-from .context import MeshRef
-from .errors import SendFailed
-from .failure import DeathInfo
+from ..completion import Completion
+from ..context import MeshRef
+from ..errors import SendFailed
+from ..failure import DeathInfo
+from ..wire.envelope import Header, Kind, Part, Status
 from .tree import children, locate, split
-from .wire.envelope import Header, Kind, Part, Status
 
 if TYPE_CHECKING:
-    from .net.inbox import Inbox
+    from ..net.inbox import Inbox
 
 
 def synthetic_part(rank: int, status: int, obj) -> Part:

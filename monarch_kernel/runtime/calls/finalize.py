@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 
-from . import config
+from .. import config
 
 CLEANUP_BUDGET_S = config.seconds("cleanup_budget")
 

@@ -15,18 +15,18 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import config
-from .actors import CONCURRENT_MARK, STOP_METHOD, ActorSlot
-from .context import ActorContext, MeshRef, actor_name, actor_path, current_actor
-from .errors import ActorError, SendFailed
-from .failure import DeathInfo, MeshFailure, RemoteFailure
+from .. import config
+from ..context import ActorContext, MeshRef, actor_name, actor_path, current_actor
+from ..errors import ActorError, SendFailed
+from ..failure import DeathInfo, MeshFailure, RemoteFailure
+from ..wire.envelope import Header, Kind, Mode, Part, Status, load
+from ..wire.payloads import ReplyInfo
+from ..wire.serialize import describe_unpicklable, dumps
+from .actor_slots import CONCURRENT_MARK, STOP_METHOD, ActorSlot
 from .tree import NodeState, NodeTable, split
-from .wire.envelope import Header, Kind, Mode, Part, Status, load
-from .wire.payloads import ReplyInfo
-from .wire.serialize import describe_unpicklable, dumps
 
 if TYPE_CHECKING:
-    from .process import Runtime
+    from ..process import Runtime
 
 STOP_INIT_GRACE_S = config.seconds("stop_init_grace")
 

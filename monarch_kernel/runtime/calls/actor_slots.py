@@ -22,10 +22,10 @@ from typing import Any
 import zmq
 from zmq.backend import zmq_poll
 
-from . import config
-from .completion import Completion
-from .context import ActorContext, MeshRef, current_actor
-from .net.inbox import Inbox, actor_address
+from .. import config
+from ..completion import Completion
+from ..context import ActorContext, MeshRef, current_actor
+from ..net.inbox import Inbox, actor_address
 
 log = logging.getLogger(__name__)
 POLLIN = int(zmq.POLLIN)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .wire.envelope import Part
+from ..wire.envelope import Part
 
 T = TypeVar("T")
 

@@ -15,18 +15,18 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from .calls import PendingCall, synthetic_part
-from .context import MeshRef, process_mesh
-from .errors import SendFailed
-from .failure import DeathInfo, MeshFailure
-from .net.inbox import Inbox, actor_address
+from ..context import MeshRef, process_mesh
+from ..errors import SendFailed
+from ..failure import DeathInfo, MeshFailure
+from ..net.inbox import Inbox, actor_address
+from ..wire.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
+from ..wire.payloads import InterruptAck, PruneInfo
+from ..wire.serialize import dumps
+from .outstanding import PendingCall, synthetic_part
 from .tree import split, split_groups
-from .wire.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
-from .wire.payloads import InterruptAck, PruneInfo
-from .wire.serialize import dumps
 
 if TYPE_CHECKING:
-    from .process import Runtime
+    from ..process import Runtime
 
 log = logging.getLogger("monarch_kernel.runtime")
 
