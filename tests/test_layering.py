@@ -100,6 +100,37 @@ def test_no_two_packages_may_import_each_other():
         "\n".join(both)
 
 
+def _rooms_importing_each_other(modules) -> list[str]:
+    """Pairs of runtime/'s rooms (its sub-packages) that import each other, lazy and
+    type-only imports included, each with the first place of each direction."""
+    modules = list(modules)
+    rooms = {rel.parts[1] for package, rel, _tree in modules if package == "runtime" and len(rel.parts) > 2}
+    first: dict[tuple[str, str], str] = {}
+    for package, rel, tree in modules:
+        if package != "runtime" or len(rel.parts) < 3:
+            continue
+        for line, target in _imported_modules(rel, tree):
+            if len(target) > 2 and target[0] == "runtime" and target[1] in rooms and target[1] != rel.parts[1]:
+                first.setdefault((rel.parts[1], target[1]), f"{rel}:{line}")
+    return sorted(f"{a} <-> {b} ({first[a, b]}, {first[b, a]})" for a, b in first if a < b and (b, a) in first)
+
+
+def test_no_two_rooms_of_the_runtime_import_each_other():
+    """runtime/'s rooms (wire/, net/, spawn/, calls/) stand on each other one way only, as
+    runtime/__init__.py draws them."""
+    both = _rooms_importing_each_other(_modules())
+    assert not both, "rooms of runtime/ that import each other (one must be the lower):\n" + "\n".join(both)
+
+
+def test_the_rooms_check_sees_two_rooms_importing_each_other():
+    planted = [("runtime", pathlib.Path(path), ast.parse(source)) for path, source in [
+        ("runtime/wire/a.py", "from ..net.inbox import Inbox\n"),
+        ("runtime/net/b.py", "def f():\n    from ..wire import envelope\n"),
+        ("runtime/spawn/c.py", "from ..wire.envelope import Part\nfrom .. import config\n"),
+        ("runtime/process.py", "from .net import inbox\nfrom .wire import envelope\n")]]
+    assert _rooms_importing_each_other(planted) == ["net <-> wire (runtime/net/b.py:2, runtime/wire/a.py:1)"]
+
+
 def test_what_runs_on_ranks_never_imports_what_runs_in_the_controller():
     bad = []
     for package, rel, tree in _modules():
