@@ -1,6 +1,6 @@
 """The host agent: forks a controller's ranks on this host and reports on them.
 
-Everything it says goes to the controller as ``host_wire`` messages over the runtime's own
+Everything it says goes to the controller as ``host_messages`` over the runtime's own
 signed, Curve-encrypted link; it holds no state the controller cannot rebuild by starting a
 new agent.  Its ranks run in a local template it starts, as ranks on the controller's own
 host do, and get this host's interpreter, ``sys.path`` and bind address in their launch config.

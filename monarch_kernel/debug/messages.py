@@ -297,7 +297,7 @@ def decode_tunnel(obj) -> DapFrames | DapClosed:
 @dataclass
 class RankHost:
     """Where a rank runs: its host name, its host identity (boot id and network namespace,
-    as ``runtime.hosts.host_key``) and its IPv4 addresses, loopback last."""
+    as ``runtime.net.hosts.host_key``) and its IPv4 addresses, loopback last."""
 
     KIND: ClassVar[str] = "rank.host"
 

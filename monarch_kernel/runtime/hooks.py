@@ -134,7 +134,7 @@ def _print_unhandled(failure: MeshFailure) -> None:
 
 class HostHook(Protocol):
     """Installed by a host's agent (``monarch_kernel.agent``): called on the IO thread with
-    each authenticated ``host_wire`` message from the controller, and the address it came from."""
+    each authenticated ``host_messages`` message from the controller, and the address it came from."""
 
     def __call__(self, origin: str, msg: Message, /) -> None: ...
 

@@ -1,5 +1,5 @@
 """The framing between a controller and the agent on each of its hosts: ``Kind.HOST``
-messages whose one part is one ``host_wire`` message, signed like every message and never
+messages whose one part is one ``host_messages`` message, signed like every message and never
 unpickled; the link's timing; and the credentials line an agent reads on its stdin.  Both
 sides import it (``agent_link`` in the controller, ``monarch_kernel.agent`` on the host); it
 never holds either side's state.

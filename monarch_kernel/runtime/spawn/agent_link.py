@@ -1,7 +1,7 @@
 """Runs in the controller: its link to the agent on one of its hosts, standing in for the
 local template (``template_client``) when ranks are forked on that host.
 
-The link speaks ``host_wire`` messages, framed by ``agent_wire``, over the runtime's own signed
+The link speaks ``host_messages`` messages, framed by ``agent_channel``, over the runtime's own signed
 (and, between hosts, Curve) messages.  What the agent's template says of its ranks (output,
 hellos, heartbeats, exits) arrives as the same messages and goes to the launcher as a local
 template's does.  The link beats

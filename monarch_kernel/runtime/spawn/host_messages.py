@@ -2,8 +2,8 @@
 agent on one of its hosts): one small dataclass per kind, each with one msgpack encoding.
 
 Decoding checks every field's type and raises ``MalformedMessage`` on anything else; nothing
-here ever unpickles.  The framing is each transport's own (``template_wire``: datagrams with
-file descriptors; ``agent_wire``: signed ``Kind.HOST`` messages).  Both sides import this
+here ever unpickles.  The framing is each transport's own (``template_channel``: datagrams with
+file descriptors; ``agent_channel``: signed ``Kind.HOST`` messages).  Both sides import this
 module, so it holds message shapes only, never either side's state.
 """
 
@@ -265,7 +265,7 @@ class Exit(Message):
 
 @dataclass(frozen=True)
 class Beat(Message):
-    """(agents, both ways, every ``agent_wire.BEAT_S``) Still here."""
+    """(agents, both ways, every ``agent_channel.BEAT_S``) Still here."""
 
     OP = "beat"
 

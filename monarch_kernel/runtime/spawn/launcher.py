@@ -364,7 +364,7 @@ class Launcher:
         self.links.pop(link.id, None)  # after: the IO thread heard it, and never hears it again
 
     def on_host(self, origin: str, host_id: str, msg) -> None:
-        """A ``host_wire`` message from the agent of host ``host_id``."""
+        """A ``host_messages`` message from the agent of host ``host_id``."""
         link = self.links.get(host_id)
         if link is not None and link.alive:
             link.on_message(origin, msg)

@@ -1,8 +1,8 @@
 """Runs in the controller (and in a host agent): its handle on a template process that forks
 ranks.
 
-It starts the template (``template_server``) and talks to it in ``host_wire`` messages over
-``template_wire``; it never
+It starts the template (``template_server``) and talks to it in ``host_messages`` messages over
+``template_channel``; it never
 imports the template's side, so the runtime's imports stay acyclic.  The template forwards
 its ranks' output, hellos and heartbeats; they reach the ``TemplateEvents`` given here.
 """

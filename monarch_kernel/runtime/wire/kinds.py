@@ -21,7 +21,7 @@ class Kind(enum.IntEnum):
     INTERRUPT = 13  # caller -> rank: raise KeyboardInterrupt in an actor's running endpoint
     REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
     STACKS = 15  # caller -> rank: dump your threads' stacks yourself (when py-spy cannot)
-    HOST = 16  # controller <-> the agent of one of its hosts: one agent_wire message (msgpack)
+    HOST = 16  # controller <-> the agent of one of its hosts: one agent_channel message (msgpack)
 
 
 class Mode(enum.IntEnum):
