@@ -74,8 +74,7 @@ class Server:
         # for CALLs (it cannot finish before its own part anyway), else the IO thread.
         caller = self.rt.caller
         back = caller.target(mesh, me, h.kind, h.actor) if gather else h.origin
-        fwd = Header(h.kind, h.call_id, h.origin, back, h.mesh, h.actor, h.method, [], h.fanout, h.mode,
-                     h.resend, 1 if gather else 0, h.parts, h.payload)
+        fwd = Header.forward(h, [], back, 1 if gather else 0)
         for s in subs:
             fwd.ranks = s
             try:
@@ -83,8 +82,7 @@ class Server:
             except SendFailed:
                 # The caller knows the whole tree: it sends that subtree again itself, and
                 # its own send fails loudly if the rank is truly unreachable.
-                nack = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[s[0]])
-                caller.send_or_report(h.origin, nack, [], f"a NOT_RECEIVED for rank {s[0]}")
+                caller.send_or_report(h.origin, Header.not_received(h, s[0]), [], f"a NOT_RECEIVED for rank {s[0]}")
 
     def on_redirect(self, h: Header, _body: list) -> None:
         outcome = self.nodes.redirect((h.origin, h.call_id), h.origin)
@@ -92,8 +90,7 @@ class Server:
         if isinstance(outcome, tuple):
             self.rt.caller.send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
         elif outcome == "lost":
-            back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[me])
-            self.rt.caller.send_or_report(h.origin, back, [], f"a NOT_RECEIVED from rank {me}")
+            self.rt.caller.send_or_report(h.origin, Header.not_received(h, me), [], f"a NOT_RECEIVED from rank {me}")
 
     def on_prune(self, h: Header, _body: list) -> None:
         if h.payload is None:
