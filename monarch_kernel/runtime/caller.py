@@ -143,20 +143,18 @@ class Caller:
         return actor_address(base, actor)
 
     def on_reply(self, h: Header, body: list) -> None:
+        """A REPLY at hop 0: answers to a call made here (hop 1 goes to ``Gathering.on_reply``)."""
+        self.learn_direct(h)
+        call = self.calls.get(h.call_id)
+        if call is not None and call.inbox is not None and (
+                h.origin == call.inbox.address or h.origin == call.inbox.net_address
+                or h.origin in call.inbox.former):
+            call.add(split_parts(h, body))
+
+    def learn_direct(self, h: Header) -> None:
+        """A REPLY may name the answering actor's own TCP inbox: its calls go there from now on."""
         if h.payload is not None and h.ranks:
-            self.direct[(h.mesh, h.ranks[0], h.payload.actor)] = h.payload.address  # from now on
-        parts = split_parts(h, body)
-        if h.hop == 0:
-            call = self.calls.get(h.call_id)
-            if call is not None and call.inbox is not None and (
-                    h.origin == call.inbox.address or h.origin == call.inbox.net_address
-                    or h.origin in call.inbox.former):
-                call.add(parts)
-            return
-        st = self.rt.server.nodes.add((h.origin, h.call_id), h.ranks[0], parts)
-        if st is not None:
-            member = self.rt.memberships.get(h.mesh)
-            self.send_reply(st, h.origin, h.call_id, member[1] if member else -1, h.mesh)
+            self.direct[(h.mesh, h.ranks[0], h.payload.actor)] = h.payload.address
 
     def on_not_received(self, h: Header, _body: list) -> None:
         call = self.calls.get(h.call_id)
