@@ -144,7 +144,8 @@ class Caller:
 
     def on_reply(self, h: Header, body: list) -> None:
         """A REPLY at hop 0: answers to a call made here (hop 1 goes to ``Gathering.on_reply``)."""
-        self.learn_direct(h)
+        if h.payload is not None:
+            self.learn_direct(h)
         call = self.calls.get(h.call_id)
         if call is not None and call.inbox is not None and (
                 h.origin == call.inbox.address or h.origin == call.inbox.net_address
