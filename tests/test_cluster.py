@@ -3,7 +3,7 @@ environment's Python there under the host's own hostname, a wrong key fails fast
 reach each other and the controller, a cut link drops a host until it is restored, and
 what a test leaves on a host is found; Slurm runs a step across both nodes, cancels a
 batch job, answers ``squeue --json``, and its tasks reach the controller.  The saved
-``squeue --json`` samples (tests/data) hold the layouts parsers must read."""
+``squeue --json`` samples (tests/fixtures) hold the layouts parsers must read."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from cluster import Network, SlurmCluster, SSHHosts, describe
 
 pytestmark = pytest.mark.timeout(60)
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+DATA = pathlib.Path(__file__).resolve().parent / "fixtures"
 PY = shlex.quote(sys.executable)
 
 
