@@ -22,7 +22,7 @@ from cluster import Network, SlurmCluster, SSHHosts, describe
 
 pytestmark = pytest.mark.timeout(60)
 
-DATA = pathlib.Path(__file__).resolve().parent / "fixtures"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 PY = shlex.quote(sys.executable)
 
 
@@ -181,7 +181,7 @@ def test_a_killed_test_process_leaves_no_daemon_and_the_next_sweep_removes_its_n
     """A pytest killed before its teardown: its sshd dies with it, and the namespaces and
     bridge it left are removed when the next network is built (this session's own network,
     ``ssh_hosts``, whose maker is alive, is kept)."""
-    here = str(pathlib.Path(__file__).resolve().parent)
+    here = str(pathlib.Path(__file__).resolve().parents[1])  # tests/, where cluster.py is
     with subprocess.Popen([sys.executable, "-c", KILLED_BUILDER, here], stdout=subprocess.PIPE, text=True) as builder:
         try:
             line = builder.stdout.readline()
