@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d
 #   pure-Python path).  Nothing else: no daemon, no browser.
 # - for the tests only (`make test`, which CI runs): rdma-core and libibverbs' headers (the
 #   ibverbs extension) and Debian's pyverbs, iproute2 (network namespaces as simulated
-#   hosts), chromium (tests/test_jupyterlab.py drives JupyterLab in it with Playwright), and
+#   hosts), chromium (tests/system/test_jupyterlab.py drives JupyterLab in it with Playwright), and
 #   an sshd per simulated host and a small Slurm cluster (openssh-server/-client, slurmctld,
 #   slurmd, slurm-client, munge).  The tests start their own daemons with their own
 #   configuration; on a machine with systemd, installing these also enables (and may start)
@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml setup.py $(SYSSTAMP)
 # The Mesh panel: the JupyterLab extension built with jlpm (JupyterLab's yarn, in .venv) from
 # labextension/, then linked into .venv with the server extension, as the wheel installs them
 # (an editable install carries neither; a wheel builds the labextension itself, setup.py's
-# build_labextension, and tests/test_packaging.py checks that wheel).
+# build_labextension, and tests/system/test_packaging.py checks that wheel).
 LABEXT := labextension/prebuilt/package.json
 LABSRC := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
 	labextension/package.json labextension/yarn.lock labextension/tsconfig.json

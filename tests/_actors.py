@@ -117,7 +117,7 @@ class Echo(Actor):
 def _only_own_part_missing(rank: int) -> bool:
     """Whether a call this rank forwards waits only for this rank's own answer (its
     subtrees have all answered to it)."""
-    return any(st.waiting == {rank} for st in list(Runtime.current().server.nodes.active.values()))
+    return any(st.waiting == {rank} for st in list(Runtime.current().server.gathering.nodes.active.values()))
 
 
 class LockedError(Exception):

@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing (atheris, libFuzzer) of the wire decoders that read another
 process's bytes.  The first input byte picks the decoder, the rest is its input; a decoder
 that raises anything but its own documented error is a crash, which libFuzzer reports with
-the input that caused it.  ``tests/test_fuzz_wires.py`` runs this for a few seconds;
+the input that caused it.  ``tests/runtime/test_fuzz_wires.py`` runs this for a few seconds;
 by hand: ``python tests/atheris_wires.py -max_total_time=600 [corpus dir]``.
 """
 

@@ -723,7 +723,7 @@ class SlurmCluster:
         return run(argv, timeout=timeout, check=check, env=self.env, input=input)
 
     def squeue_json(self) -> dict:
-        """``squeue --json``, parsed (Slurm 22.05's layout: see tests/data/)."""
+        """``squeue --json``, parsed (Slurm 22.05's layout: see tests/fixtures/)."""
         return json.loads(self.run("squeue", "--json").stdout)
 
     def jobs(self) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -16,6 +17,16 @@ import uuid
 import psutil
 import pytest
 from cluster import slurm_cluster, slurm_cluster_session, ssh_bare_hosts, ssh_hosts, ssh_hosts_session  # noqa: F401  (fixtures)
+
+# Test modules sit in sub-folders that mirror the packages (tests/runtime/, tests/job/...), with
+# no __init__.py: each is imported by its basename (unique across folders), as the helpers here
+# are.  Every sub-folder is on sys.path from the start, so one test module imports another's
+# (test_debug's Session) whichever runs first, and ranks, which inherit this sys.path, unpickle
+# a test's actor classes by module name.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [d.path for d in sorted(os.scandir(_HERE), key=lambda d: d.name)
+                if d.is_dir() and d.name.isidentifier() and not d.name.startswith("_")
+                and d.name != "fixtures" and d.path not in sys.path]
 
 SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)

@@ -22,11 +22,11 @@ PY="${PYTHON:-.venv/bin/python}"
 DIR="${STRESS_DIR:-$(mktemp -d -t mk-stress-XXXXXX)}"
 mkdir -p "$DIR"
 MODULES=(
-    tests/test_hosts.py tests/test_hosts_kernel.py       # remote hosts: agents, cut links
-    tests/test_lifecycle.py tests/test_liveness.py       # restarts, deaths, interrupts
-    tests/test_kernel.py tests/test_spmd_kernel.py       # interrupts through a kernel
-    tests/test_panel.py                                  # the panel's live state
-    tests/test_debug.py tests/test_debug_tunnel.py       # the debugger
+    tests/job/test_hosts.py tests/system/test_hosts_kernel.py      # remote hosts: agents, cut links
+    tests/runtime/test_lifecycle.py tests/runtime/test_liveness.py # restarts, deaths, interrupts
+    tests/kernel/test_kernel.py tests/spmd/test_spmd_kernel.py     # interrupts through a kernel
+    tests/kernel/test_panel.py                                     # the panel's live state
+    tests/debug/test_debug.py tests/debug/test_debug_tunnel.py     # the debugger
 )
 
 loaders=()

@@ -185,7 +185,7 @@ class AttachHandler(MeshApiHandler):
 
 def routes(base_url: str = "/") -> list[tuple[str, type[MeshApiHandler]]]:
     """Every route (a URL pattern, its handler) under ``base_url``; README.md's REST table
-    lists each one's methods, bodies and status codes (tests/test_server_api.py compares)."""
+    lists each one's methods, bodies and status codes (tests/system/test_server_api.py compares)."""
     base = url_path_join(base_url, "monarch", "meshes")
     return [
         (base + r"/?", MeshesHandler),

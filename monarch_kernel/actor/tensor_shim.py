@@ -1,7 +1,7 @@
 """The actor layer's one way to distributed tensors, which sit above it (``tensors/``): a
 typed slot (``Tensors``) that the tensors package fills when it is imported.
 
-actor/ never imports tensors/ (tests/test_layering.py).  ``forget`` and ``pinned_for``
+actor/ never imports tensors/ (tests/system/test_layering.py).  ``forget`` and ``pinned_for``
 ask only a filled slot: where no tensors module was imported there is no tensor to forget
 or to pin.  ``tensors()``, for what needs the engine (``procs.activate()``,
 ``endpoint.rref``, an rref's result on a rank), first imports the package by name while

@@ -23,7 +23,7 @@ from . import client, wire
 #
 # Running it on a machine with a NIC needs nothing but libibverbs-dev at install time (so the
 # extension is built) and a device: monarch_kernel.data.transports() then lists ibverbs as
-# available, and `pytest tests/test_data.py -k ibverbs` runs its tests.
+# available, and `pytest tests/data/test_data.py -k ibverbs` runs its tests.
 # MONARCH_KERNEL_IB_DEVICE/_PORT/_GID_INDEX pick the device, port and GID (RoCE usually needs
 # the GID index of the RoCE v2 address).
 

@@ -1,7 +1,7 @@
 """Reading what Slurm says about a job: ``squeue --json`` (22.05's layout and 23.x/24.x's)
 and host lists (``"gpu[01-04,07],login1"``), with no other Slurm command and no Slurm library.
 
-Pure functions over text and parsed JSON, tested on saved samples (tests/data); it never runs
+Pure functions over text and parsed JSON, tested on saved samples (tests/fixtures); it never runs
 a command itself.  Unknown fields are ignored, so a newer layout only breaks what it renames.
 """
 

@@ -6,6 +6,9 @@ an interrupt of the ranks.  Runs in the kernel (any IPython shell with the magic
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -55,13 +58,15 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
         except KeyboardInterrupt:
             # The stop button: interrupt the ranks' code, keep their namespaces.
             interrupted = True
-            # A rank held at a breakpoint is interrupted through its inspector (debugpy holds
-            # its IO loop too), then resumed so the interrupt lands on the line it stopped at.
-            held = proxy.stopped_rank(session.shell, procs.name, ranks)
-            procs.interrupt(consoles, [r for r in ranks if r != held], wait=2.0)
-            proxy.release_for_interrupt(session.shell, procs.name, ranks, consoles.actor_id)
             try:
-                results = fut.get(timeout=INTERRUPT_GRACE_S)
+                with _stops_deferred():  # a second click is no traceback from inside a send
+                    # A rank held at a breakpoint is interrupted through its inspector (debugpy
+                    # holds its IO loop too), then resumed so the interrupt lands on the line
+                    # it stopped at.
+                    held = proxy.stopped_rank(session.shell, procs.name, ranks)
+                    procs.interrupt(consoles, [r for r in ranks if r != held], wait=2.0)
+                    proxy.release_for_interrupt(session.shell, procs.name, ranks, consoles.actor_id)
+                    results = fut.get(timeout=INTERRUPT_GRACE_S)
             except TimeoutError:
                 late = (f"; some did not stop within {INTERRUPT_GRACE_S:g} s and may still run "
                         "(%mesh stacks shows where)")
@@ -97,6 +102,21 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     if failed is not None:
         raise MeshCellError.of(errors or {ranks[0]: failed}, filename)
     return None
+
+
+@contextlib.contextmanager
+def _stops_deferred():
+    """While the ranks are being interrupted, a further SIGINT (the stop button again) is
+    dropped instead of raising inside a message half sent: the cell is stopping already, and
+    ends within ``interrupt_grace`` either way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, lambda _signum, _frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def check_cell(session: MeshSession, cell: str, line: str = "") -> tuple[str, str, int]:

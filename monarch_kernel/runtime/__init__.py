@@ -18,7 +18,8 @@ are lazy or for types only, and are named.  tests/test_layering.py checks that n
   net/           messages moving: the IO thread, inboxes, the receiver, the transport,
                  datagrams, unfinished sends, the network, hosts, ports.  Stands on wire/.
   calls/         what a message means: outstanding calls, the caller, the server and its
-                 actor slots, the multicast tree, supervision, finalize, the main thread.
+                 actor slots, the multicast tree and the calls gathering answers through
+                 this rank (gathering), supervision, finalize, the main thread.
                  Stands on net/, spawn/ and wire/.  (caller and server name process.Runtime
                  for types only, until each part is given its collaborators.)
   front_door     what the layers above may ask of the parts, as methods of ``Runtime``

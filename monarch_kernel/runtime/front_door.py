@@ -1,7 +1,7 @@
 """The front door: what the layers above runtime/ may ask of the runtime's parts, as methods
 of ``Runtime`` (trio's ``_core/_generated_run.py`` plays this role for its runner).
 
-Upper layers never name a part (``rt.launcher``, ``rt.caller``...; tests/test_layering.py
+Upper layers never name a part (``rt.launcher``, ``rt.caller``...; tests/system/test_layering.py
 checks it), so a part can change behind these methods without them noticing.  Each class here
 is the door to one group of parts, mixed into ``Runtime``; each method only delegates.
 ``rt.io`` and ``rt.hooks`` are surfaces of their own and have no door.

@@ -117,14 +117,15 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.inbox = self.network.main_inbox(address or f"ipc://{rundir}/{name}")
         self.address = self.inbox.address
         self.caller = Caller(self, config.fanout())
-        self.server = Server(self)
+        self.server = Server(self, self.caller)
         # The dispatch table: every kind this process accepts, and the part that handles it.
         self.handlers: dict[int, Callable[[Header, list], None]] = {
             Kind.CALL: self.server.on_call,
             Kind.SPAWN: self.server.on_call,
-            Kind.REPLY: self.caller.on_reply,
-            Kind.REDIRECT: self.server.on_redirect,
-            Kind.PRUNE: self.server.on_prune,
+            # A REPLY at hop 0 answers a call made here; at hop 1, one this rank forwarded.
+            Kind.REPLY: _by_hop(self.caller.on_reply, self.server.gathering.on_reply),
+            Kind.REDIRECT: self.server.gathering.on_redirect,
+            Kind.PRUNE: self.server.gathering.on_prune,
             Kind.NOT_RECEIVED: self.caller.on_not_received,
             Kind.INTERRUPT: self.server.on_interrupt,
             Kind.STACKS: lambda h, body: stack_dump.on_stacks(self, h, body),
@@ -309,3 +310,14 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
 
 def _nothing(_h: Header, _body: list) -> None:
     """WAKE: an answer arrived another way; reading the message was the point."""
+
+
+def _by_hop(at_origin: Callable[[Header, list], None], in_tree: Callable[[Header, list], None]):
+    """A REPLY's handler: the caller's for the origin's own answers (hop 0), the tree
+    node's for its children's (hop 1); each owns the state the answer changes."""
+    def on_reply(h: Header, body: list) -> None:
+        if h.hop == 0:
+            at_origin(h, body)
+        else:
+            in_tree(h, body)
+    return on_reply

@@ -61,9 +61,8 @@ class Caller:
         alive = [r for r in ranks if (mesh.id, r) not in dead] if dead else list(ranks)
         inbox = rt.inbox if (on_part is not None or callbacks) else rt.receiver.reply_inbox(rt.inbox)
         origin = rt.network.answerable(inbox, mesh.addresses[0]) if mesh.addresses else inbox.address
-        h = Header(kind, next(self._ids), origin, origin, mesh.id, actor, method,
-                   [], fanout, mode, False, 0, [[-1, Status.OK, len(body) - 1]],
-                   slice_info if options is None else options)
+        h = Header.call(kind, next(self._ids), origin, mesh.id, actor, method, body, fanout, mode,
+                        slice_info if options is None else options)
         call = PendingCall(rt, h, mesh, alive, body, on_part)
         call.inbox = inbox
         call.segments = segments
@@ -121,8 +120,7 @@ class Caller:
         if self.oversized(body):
             self.check_size(body, f"the arguments of {method}")
         origin = rt.network.answerable(rt.inbox, mesh.addresses[0]) if mesh.addresses else rt.inbox.address
-        h = Header(Kind.CALL, next(self._ids), origin, origin, mesh.id, actor, method, [], 1, Mode.TELL, False, 0,
-                   [[-1, Status.OK, len(body) - 1]], slice_info)
+        h = Header.call(Kind.CALL, next(self._ids), origin, mesh.id, actor, method, body, 1, Mode.TELL, slice_info)
         dead, send = self.dead, rt.transport.send
         for r in ranks:
             if dead and (mesh.id, r) in dead:
@@ -146,20 +144,19 @@ class Caller:
         return actor_address(base, actor)
 
     def on_reply(self, h: Header, body: list) -> None:
+        """A REPLY at hop 0: answers to a call made here (hop 1 goes to ``Gathering.on_reply``)."""
+        if h.payload is not None:
+            self.learn_direct(h)
+        call = self.calls.get(h.call_id)
+        if call is not None and call.inbox is not None and (
+                h.origin == call.inbox.address or h.origin == call.inbox.net_address
+                or h.origin in call.inbox.former):
+            call.add(split_parts(h, body))
+
+    def learn_direct(self, h: Header) -> None:
+        """A REPLY may name the answering actor's own TCP inbox: its calls go there from now on."""
         if h.payload is not None and h.ranks:
-            self.direct[(h.mesh, h.ranks[0], h.payload.actor)] = h.payload.address  # from now on
-        parts = split_parts(h, body)
-        if h.hop == 0:
-            call = self.calls.get(h.call_id)
-            if call is not None and call.inbox is not None and (
-                    h.origin == call.inbox.address or h.origin == call.inbox.net_address
-                    or h.origin in call.inbox.former):
-                call.add(parts)
-            return
-        st = self.rt.server.nodes.add((h.origin, h.call_id), h.ranks[0], parts)
-        if st is not None:
-            member = self.rt.memberships.get(h.mesh)
-            self.send_reply(st, h.origin, h.call_id, member[1] if member else -1, h.mesh)
+            self.direct[(h.mesh, h.ranks[0], h.payload.actor)] = h.payload.address
 
     def on_not_received(self, h: Header, _body: list) -> None:
         call = self.calls.get(h.call_id)
@@ -212,7 +209,7 @@ class Caller:
         one repaired around), and its own death fails its part of the call."""
         rt = self.rt
         origin = origin or rt.network.answerable(rt.inbox, mesh.addresses[rank])
-        h = Header(kind, call_id, origin, origin, mesh.id, ranks=[rank], payload=payload)
+        h = Header.control(kind, origin, mesh.id, [rank], call_id=call_id, payload=payload)
         what = f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'"
         try:
             self.rt.transport.send(mesh.addresses[rank], h, [])
@@ -235,7 +232,7 @@ class Caller:
         body = list(body or [])
         origin = self.rt.network.answerable(self.rt.inbox, mesh.addresses[ranks[0]])
         for sub in self.subtrees(mesh, ranks, self.fanout):
-            h = Header(kind, 0, origin, origin, mesh.id, ranks=sub, fanout=self.fanout, payload=payload)
+            h = Header.control(kind, origin, mesh.id, sub, fanout=self.fanout, payload=payload)
             if body:
                 h.parts = [[0, Status.OK, len(body) - 1]]
             self.send_or_report(mesh.addresses[sub[0]], h, body,
@@ -248,15 +245,14 @@ class Caller:
             return
         mesh = member[0]
         for sub in split(h.ranks[1:], h.fanout or self.fanout):
-            fwd = Header(h.kind, h.call_id, h.origin, h.reply_to, h.mesh, h.actor, h.method, sub, h.fanout,
-                         h.mode, h.resend, h.hop, h.parts, h.payload)
+            fwd = Header.forward(h, sub)
             self.send_or_report(mesh.addresses[sub[0]], fwd, body,
                                 f"a {Kind(h.kind).name} for ranks {sub[0]}-{sub[-1]} of mesh '{mesh.name}'")
 
     def send_object(self, address: str, kind: int, mesh_id: str, obj) -> None:
         body = dumps(obj)
         me = self.rt.network.answerable(self.rt.inbox, address)
-        h = Header(kind, 0, me, me, mesh_id)
+        h = Header.control(kind, me, mesh_id)
         h.parts = [[0, Status.OK, len(body) - 1]]
         self.send_or_report(address, h, body, f"a {Kind(kind).name} report")
 
@@ -283,8 +279,7 @@ class Caller:
                    mesh_id: str, direct) -> None:
         """The answer (``parts``) to call ``call_id`` made at ``origin``, to ``reply_to``: the
         caller, or (``to_node``) the tree node that gathers it."""
-        h = Header(Kind.REPLY, call_id, origin, reply_to, mesh_id, "", "", [me], 8, Mode.GATHER, False,
-                   1 if to_node else 0, [], direct)
+        h = Header.reply(call_id, origin, reply_to, mesh_id, me, to_node, direct)
         body = join_parts(h, parts)
         try:
             self.rt.transport.send(reply_to, h, body)
@@ -331,8 +326,8 @@ class Caller:
             port_id = rt.ports.open(ack, once=False)
         for r in alive:
             me = rt.network.answerable(rt.inbox, mesh.addresses[r])
-            h = Header(Kind.INTERRUPT, 0, me, me, mesh.id, actor, ranks=[r],
-                       payload=None if port_id is None else InterruptAck(me, port_id))
+            h = Header.control(Kind.INTERRUPT, me, mesh.id, [r], actor=actor,
+                               payload=None if port_id is None else InterruptAck(me, port_id))
             self.send_or_report(mesh.addresses[r], h, [], f"an interrupt for rank {r} of mesh '{mesh.name}'")
         if port_id is None:
             return True
@@ -351,5 +346,5 @@ class Caller:
         # By default sign as a member of this process's mesh: whoever opened the port talks
         # to that mesh, so it holds its key even when the mesh is another job's (detached).
         me = rt.network.answerable(rt.inbox, address)
-        h = Header(Kind.PORT, port_id, me, address, mesh_id or (process_mesh[0] or rt.self_mesh).id)
+        h = Header.port(port_id, me, address, mesh_id or (process_mesh[0] or rt.self_mesh).id)
         rt.transport.send(address, h, join_parts(h, [part]))

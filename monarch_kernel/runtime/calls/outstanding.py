@@ -80,7 +80,7 @@ class PendingCall:
         rt, h = self.runtime, self.header
         if self.inbox is not None and self.inbox is not rt.inbox:
             # The calling thread may be blocked reading its own inbox: nudge it.
-            rt.caller.send_or_report(self.inbox.address, Header(Kind.WAKE), [], "a wake-up")
+            rt.caller.send_or_report(self.inbox.address, Header.control(Kind.WAKE), [], "a wake-up")
         if found is None:
             return
         parent, subtree = found
@@ -102,9 +102,7 @@ class PendingCall:
         rt = self.runtime
         for sub in split(todo, self.header.fanout):
             h = self.header
-            again = Header(h.kind, h.call_id, h.origin, h.origin, h.mesh, h.actor, h.method,
-                           sub, h.fanout, h.mode, True, 0, [], h.payload)
-            again.parts = h.parts
+            again = Header.resent(h, sub)
             try:
                 rt.transport.send(rt.caller.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
             except SendFailed as e:

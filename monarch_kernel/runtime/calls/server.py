@@ -2,8 +2,9 @@
 the tree, running the endpoint on the actor's worker (sync, or async on the worker's own
 loop) and sending the answer, merged with its subtree's, up the tree.
 
-It owns the actors hosted here and the tree state of the calls passing through; answers go
-out through the caller part (``send_reply``), never by another route.
+It owns the actors hosted here; the tree state of the calls passing through is the
+gathering part's (``gathering.py``).  Answers go out through the sending part it is given
+(``Caller.send_reply``), never by another route.
 """
 
 from __future__ import annotations
@@ -23,19 +24,23 @@ from ..wire.envelope import Header, Kind, Mode, Part, Status, load
 from ..wire.payloads import ReplyInfo
 from ..wire.serialize import describe_unpicklable, dumps
 from .actor_slots import CONCURRENT_MARK, STOP_METHOD, ActorSlot
-from .tree import NodeState, NodeTable, split
+from .gathering import Gathering
+from .tree import split
 
 if TYPE_CHECKING:
     from ..process import Runtime
+    from .caller import Caller
 
 STOP_INIT_GRACE_S = config.seconds("stop_init_grace")
 
 
 class Server:
-    def __init__(self, rt: Runtime):
+    def __init__(self, rt: Runtime, sender: Caller):
+        """``sender``: the part answers and forwarded calls go out through."""
         self.rt = rt
+        self.sender = sender
+        self.gathering = Gathering(sender, rt.drops, self._my_rank)  # the calls this rank forwards
         self.actors: dict[str, ActorSlot] = {}
-        self.nodes = NodeTable()
         # actor id -> the actor meshes it spawned: (proc mesh, actor id, ranks); they stop with it
         self.spawned: dict[str, list[tuple[MeshRef, str, list[int]]]] = {}
 
@@ -61,7 +66,7 @@ class Server:
         subs = split(h.ranks[1:], h.fanout)
         gather = h.mode == Mode.GATHER
         waiting = {me} | ({s[0] for s in subs} if gather else set())
-        if not self.nodes.start((h.origin, h.call_id), h.reply_to, h.hop > 0, waiting, h.resend):
+        if not self.gathering.start(h, waiting):
             return
         if subs:
             self._forward(h, body, mesh, me, subs, gather)
@@ -73,43 +78,24 @@ class Server:
     def _forward(self, h: Header, body: list, mesh: MeshRef, me: int, subs: list, gather: bool) -> None:
         # Children's answers come back to whoever serves this call here: the actor's worker
         # for CALLs (it cannot finish before its own part anyway), else the IO thread.
-        caller = self.rt.caller
-        back = caller.target(mesh, me, h.kind, h.actor) if gather else h.origin
-        fwd = Header(h.kind, h.call_id, h.origin, back, h.mesh, h.actor, h.method, [], h.fanout, h.mode,
-                     h.resend, 1 if gather else 0, h.parts, h.payload)
+        sender = self.sender
+        back = sender.target(mesh, me, h.kind, h.actor) if gather else h.origin
+        fwd = Header.forward(h, [], back, 1 if gather else 0)
         for s in subs:
             fwd.ranks = s
             try:
-                self.rt.transport.send(caller.target(mesh, s[0], h.kind, h.actor), fwd, body)
+                self.rt.transport.send(sender.target(mesh, s[0], h.kind, h.actor), fwd, body)
             except SendFailed:
                 # The caller knows the whole tree: it sends that subtree again itself, and
                 # its own send fails loudly if the rank is truly unreachable.
-                nack = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[s[0]])
-                caller.send_or_report(h.origin, nack, [], f"a NOT_RECEIVED for rank {s[0]}")
-
-    def on_redirect(self, h: Header, _body: list) -> None:
-        outcome = self.nodes.redirect((h.origin, h.call_id), h.origin)
-        me = self._my_rank(h.mesh)
-        if isinstance(outcome, tuple):
-            self.rt.caller.send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
-        elif outcome == "lost":
-            back = Header(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[me])
-            self.rt.caller.send_or_report(h.origin, back, [], f"a NOT_RECEIVED from rank {me}")
-
-    def on_prune(self, h: Header, _body: list) -> None:
-        if h.payload is None:
-            self.rt.drops.count("malformed")
-            return
-        st = self.nodes.prune((h.origin, h.call_id), h.payload.rank)
-        if st is not None:
-            self.rt.caller.send_reply(st, h.origin, h.call_id, h.ranks[0] if h.ranks else -1)
+                sender.send_or_report(h.origin, Header.not_received(h, s[0]), [], f"a NOT_RECEIVED for rank {s[0]}")
 
     def on_interrupt(self, h: Header, _body: list) -> None:
         for actor_id, slot in list(self.actors.items()):
             if not h.actor or actor_id == h.actor:
                 slot.interrupt()
         if h.payload is not None:  # the caller waits until it has landed
-            self.rt.caller.send_port(h.payload.address, h.payload.port, Part(self._my_rank(h.mesh), Status.OK,
+            self.sender.send_port(h.payload.address, h.payload.port, Part(self._my_rank(h.mesh), Status.OK,
                                                                              dumps(None)), mesh_id=h.mesh)
 
     def _my_rank(self, mesh_id: str) -> int:
@@ -124,11 +110,9 @@ class Server:
             return _report_told(self.rt, h, me, part, slot) if part.status == Status.RAISED else None
         direct = ReplyInfo(h.actor, slot.direct) if slot is not None and slot.direct else None
         if _lone(h):
-            self.rt.caller.send_parts(h.reply_to, False, [part], h.origin, h.call_id, me, h.mesh, direct)
+            self.sender.send_parts(h.reply_to, False, [part], h.origin, h.call_id, me, h.mesh, direct)
             return
-        st = self.nodes.add((h.origin, h.call_id), me, [part])
-        if st is not None:
-            self.rt.caller.send_reply(st, h.origin, h.call_id, me, h.mesh, direct)
+        self.gathering.answer(h, me, part, direct)
 
     @staticmethod
     def failure_part(me: int, actor: str, method: str, exc: BaseException) -> Part:
@@ -147,8 +131,8 @@ class Server:
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
             frames = dumps(value)
-            if self.rt.caller.oversized(frames):
-                self.rt.caller.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
+            if self.sender.oversized(frames):
+                self.sender.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
             return Part(me, Status.OK, frames)
         except ValueError as e:
             return self.failure_part(me, actor, method, e)

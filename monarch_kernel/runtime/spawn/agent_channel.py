@@ -29,7 +29,7 @@ UNREACHED = (NO_ROUTE, NEVER_HEARD)
 
 
 def encode(host_id: str, origin: str, msg: Message) -> tuple[Header, list]:
-    h = Header(Kind.HOST, 0, origin, origin, host_id)
+    h = Header.control(Kind.HOST, origin, host_id)
     return h, join_parts(h, [Part(0, Status.OK, [msg.encode()])])
 
 

@@ -21,7 +21,7 @@ PID_MAX_LIMIT = 1 << 22
 # a task: it takes a pid and counts against RLIMIT_NPROC and threads-max.
 THREADS_PER_RANK = 5
 # Open files the controller holds per rank: one link per rank and calling thread.  Whole-mesh
-# calls stay flat (fan-out: under 100 for 512 ranks, tests/test_scale.py); a call_one to every
+# calls stay flat (fan-out: under 100 for 512 ranks, tests/system/test_scale.py); a call_one to every
 # rank took 1.2-1.5 per rank over same-host datagrams, and 3.75 through ZeroMQ (a socket, its
 # mailbox, the rank's connection back), which is how ranks on other hosts are reached.  One a
 # same-host rank: a spawn that cannot even hold one link a rank is refused; past that, a call

@@ -127,7 +127,7 @@ def ask(rt, mesh: MeshRef, ranks: list[int], timeout: float) -> dict[int, bytes]
     try:
         for r in want:
             me = rt.network.answerable(rt.inbox, mesh.addresses[r])
-            h = Header(Kind.STACKS, 0, me, me, mesh.id, ranks=[r], payload=StacksAsk(me, port_id))
+            h = Header.control(Kind.STACKS, me, mesh.id, [r], payload=StacksAsk(me, port_id))
             rt.caller.send_or_report(mesh.addresses[r], h, join_parts(h, []), f"a stacks request for rank {r}")
         if want:
             done.wait(timeout)

@@ -51,6 +51,55 @@ class Header:
         "ranks", "fanout", "mode", "resend", "hop", "parts", "payload",
     )
 
+    # Named constructors: each says which message it makes, so no sender lines up 14 fields.
+
+    @classmethod
+    def call(cls, kind: int, call_id: int, origin: str, mesh: str, actor: str, method: str, body: list,
+             fanout: int, mode: int, payload) -> Header:
+        """A CALL or SPAWN from ``origin`` (answers come back there), carrying ``body`` as one part."""
+        return cls(kind, call_id, origin, origin, mesh, actor, method, [], fanout, mode, False, 0,
+                   [[-1, Status.OK, len(body) - 1]], payload)
+
+    @classmethod
+    def reply(cls, call_id: int, origin: str, reply_to: str, mesh: str, rank: int, to_node: bool,
+              direct=None) -> Header:
+        """``rank``'s answer to call ``call_id`` made at ``origin``, sent to ``reply_to``: the
+        caller (hop 0) or, ``to_node``, the tree node that gathers it (hop 1).  ``direct``: a
+        ``ReplyInfo``, the answering actor's own TCP inbox."""
+        return cls(Kind.REPLY, call_id, origin, reply_to, mesh, "", "", [rank], 8, Mode.GATHER, False,
+                   1 if to_node else 0, [], direct)
+
+    @classmethod
+    def control(cls, kind: int, origin: str = "", mesh: str = "", ranks: list[int] | None = None, *,
+                call_id: int = 0, actor: str = "", fanout: int = 8, payload=None) -> Header:
+        """A small message from ``origin`` that no one answers in kind (REDIRECT, PRUNE, STOP,
+        DEATH, INTERRUPT, STACKS, HOST, WAKE...)."""
+        return cls(kind, call_id, origin, origin, mesh, actor, "", [] if ranks is None else ranks, fanout,
+                   Mode.GATHER, False, 0, [], payload)
+
+    @classmethod
+    def not_received(cls, h: Header, rank: int) -> Header:
+        """Tells the origin of call ``h`` that ``rank`` never got it (so it sends it again)."""
+        return cls(Kind.NOT_RECEIVED, h.call_id, h.origin, h.origin, h.mesh, ranks=[rank])
+
+    @classmethod
+    def forward(cls, h: Header, ranks: list[int], reply_to: str | None = None, hop: int | None = None) -> Header:
+        """``h`` passed on to the subtree ``ranks``; where its answers go and its hop change
+        where given (a tree node gathers its children's answers)."""
+        return cls(h.kind, h.call_id, h.origin, h.reply_to if reply_to is None else reply_to, h.mesh, h.actor,
+                   h.method, ranks, h.fanout, h.mode, h.resend, h.hop if hop is None else hop, h.parts, h.payload)
+
+    @classmethod
+    def resent(cls, h: Header, ranks: list[int]) -> Header:
+        """Call ``h`` sent again by its origin straight to the subtree ``ranks`` (its forwarder died)."""
+        return cls(h.kind, h.call_id, h.origin, h.origin, h.mesh, h.actor, h.method, ranks, h.fanout, h.mode,
+                   True, 0, h.parts, h.payload)
+
+    @classmethod
+    def port(cls, port_id: int, origin: str, address: str, mesh: str) -> Header:
+        """One value for port ``port_id`` opened by the process at ``address``, signed as a member of ``mesh``."""
+        return cls(Kind.PORT, port_id, origin, address, mesh)
+
     def encode(self) -> bytes:
         return _pack((self.kind, self.call_id, self.origin, self.reply_to, self.mesh, self.actor,
                       self.method, self.ranks, self.fanout, self.mode, self.resend, self.hop,

@@ -223,7 +223,7 @@ def _say_full(nbytes: int, why: str) -> None:
         SharedMemoryFull, stacklevel=_caller_level())
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PICKLERS = {"pickle.py", "cloudpickle.py", "cloudpickle_fast.py"}
 
 

@@ -21,7 +21,7 @@ from test_jupyterlab import Lab
 from test_panel_lab import rest
 
 pytestmark = pytest.mark.timeout(180)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = re.compile(r"<!-- REST table: .*? -->\n(.*?)<!-- end of REST table -->", re.S)
 METHODS = ("get", "post", "put", "patch", "delete")
 # Every route is behind @web.authenticated: Jupyter Server answers 403 without a token.

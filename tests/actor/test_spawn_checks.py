@@ -21,7 +21,7 @@ from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime import config
 from monarch_kernel.runtime.process import Runtime
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OVERRIDE = "If you know better, spawn_procs(..., check_limits=False) or MONARCH_KERNEL_CHECK_LIMITS=0 skips this check"
 NAME_RULE = ("cannot name a mesh: files are named after it, so it takes 1 to 64 ASCII letters, digits, '_', '.' and "
              "'-', and starts with a letter, a digit or '_', e.g. name='trainers'")
@@ -144,7 +144,8 @@ NOFILE_SCRIPT = textwrap.dedent("""
     import json, os, resource, sys
     from _actors import Echo
     from monarch_kernel import this_host
-    from monarch_kernel.runtime import capacity, limits
+    from monarch_kernel.runtime import limits
+    from monarch_kernel.runtime.spawn import capacity
     n = int(sys.argv[1])
     warm = this_host().spawn_procs(per_host={"gpus": 1})  # the template, started with the usual limit
     warm.spawn("echo", Echo).echo.call_one(0).get(timeout=60)
@@ -158,7 +159,7 @@ NOFILE_SCRIPT = textwrap.dedent("""
     except ValueError as e:
         out["refused"] = str(e)
     # Past the check, the spawn starts (what the ranks can then do at this limit is the runtime's
-    # own business: a call that runs out fails at once saying how to raise it, tests/test_scale.py).
+    # own business: a call that runs out fails at once saying how to raise it, tests/system/test_scale.py).
     procs = this_host().spawn_procs(per_host={"gpus": n}, check_limits=False)
     out["spawned"] = len(procs)
     procs.stop().get(timeout=60)

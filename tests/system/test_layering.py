@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "monarch_kernel"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "monarch_kernel"
 
 # package -> the packages it may import (besides itself and the top-level re-exports' leaves).
 # Actors and meshes are one layer (``actor/``, as Monarch's ``_src/actor/``); looking at ranks

@@ -25,6 +25,8 @@ from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.spmd import setup_torch_distributed
 
 pytestmark = pytest.mark.timeout(120)
+# What a script that imports this module puts on sys.path: its folder, and tests/ (the helpers).
+SCRIPT_PATH = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 
 class Where(Actor):
@@ -68,7 +70,7 @@ class Buffers(Actor):
 def checkout_python(tmp_path_factory) -> str:
     """The interpreter, with this checkout first on its path: agents started over ssh (in the
     remote home, without our PYTHONPATH) then run the code under test, not an installed copy."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = tmp_path_factory.mktemp("python") / "python"
     path.write_text(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
     path.chmod(0o755)
@@ -213,7 +215,7 @@ def test_job_load_reconnects_from_another_process_and_controller_death_leaves_no
     script = tmp_path / "second.py"
     script.write_text(textwrap.dedent(f'''
         import os, sys, time
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        sys.path[:0] = {SCRIPT_PATH!r}
         from monarch_kernel.job import job_load
         from test_hosts import Where
         job = job_load({path!r})

@@ -49,7 +49,7 @@ CELLS = [
 DEBUG_BUTTON = ".jp-NotebookPanel-toolbar [data-jp-item-name='debugger-icon'] jp-button"
 # This checkout's Mesh panel, as `make setup` builds it; JupyterLab takes it before any other
 # copy (another checkout's, linked into the environment), so a test sees the code beside it.
-PREBUILT = Path(__file__).resolve().parent.parent / "labextension" / "prebuilt"
+PREBUILT = Path(__file__).resolve().parents[2] / "labextension" / "prebuilt"
 
 
 def _free_port() -> int:

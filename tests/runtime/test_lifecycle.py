@@ -19,7 +19,7 @@ import monarch_kernel
 from monarch_kernel import MeshStopped, ProcessDied, this_host
 from monarch_kernel.runtime.process import Runtime
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: scripts import _actors
 PRELUDE = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n"
 
 

@@ -249,7 +249,7 @@ def test_unknown_endpoint_names_the_endpoints(procs):
 
 
 # Classes defined in __main__ travelling by value, and Monarch's getting-started and
-# ping-pong examples, are in tests/test_monarch_examples.py.
+# ping-pong examples, are in tests/parity/test_monarch_examples.py.
 
 
 def test_fanout_keeps_controller_messages_constant(tmp_path):

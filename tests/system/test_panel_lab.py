@@ -25,7 +25,7 @@ from test_jupyterlab import CHROMIUM, DEBUG_BUTTON, Lab, Notebook, sync_api  # n
 from test_jupyterlab import pytestmark as _lab_marks
 
 pytestmark = [*_lab_marks[1:], pytest.mark.timeout(300)]
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "panel"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "panel"
 MESH = ".mk-Panel .mk-Mesh[data-mesh='{}']"
 RANK = MESH + " .mk-Rank[data-rank='{}']"
 
@@ -365,6 +365,6 @@ def test_the_panel_at_the_default_width_fits_and_leaves_the_busy_state_alone(lab
 
 def test_readme_picture_is_committed():
     """The README shows the panel (a screenshot this test module's browser test takes)."""
-    picture = Path(__file__).resolve().parent.parent / "docs" / "mesh-panel.png"
+    picture = Path(__file__).resolve().parents[2] / "docs" / "mesh-panel.png"
     assert picture.is_file() and picture.stat().st_size > 10_000
     assert re.search(r"!\[[^\]]*\]\(docs/mesh-panel\.png\)", (picture.parent.parent / "README.md").read_text())

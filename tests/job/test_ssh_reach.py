@@ -22,6 +22,8 @@ from monarch_kernel.job.ssh_config import route_host, ssh_target
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(120)
+# What a script that imports this module puts on sys.path: its folder, and tests/ (the helpers).
+SCRIPT_PATH = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 
 class Here(Actor):
@@ -90,7 +92,7 @@ def test_a_far_host_through_a_jump_host(ssh_hosts, checkout_python, tmp_path):
 
 MOVES = '''
 import os, subprocess, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from monarch_kernel import this_host
 from monarch_kernel.job import SSHJob
 from monarch_kernel.runtime.process import Runtime
@@ -128,7 +130,7 @@ def test_a_controller_moves_off_the_loopback_or_a_network_that_is_gone(ssh_hosts
     tag = os.urandom(2).hex()
     net = int(tag[:2], 16)
     script = tmp_path / "moves.py"
-    script.write_text(MOVES.format(tests=os.path.dirname(__file__), python=checkout_python, net=net,
+    script.write_text(MOVES.format(tests=SCRIPT_PATH, python=checkout_python, net=net,
                                    ssh_args=ssh_hosts.ssh_args, host=ssh_hosts.hosts[0], dummy=f"mkmv{tag}"))
     for first, ip in (("loopback", "127.0.0.1"), ("gone", f"10.254.{net}.1")):
         out = subprocess.run([checkout_python, str(script), first], capture_output=True, text=True, timeout=100)
@@ -139,7 +141,7 @@ def test_a_controller_moves_off_the_loopback_or_a_network_that_is_gone(ssh_hosts
 
 VOID = '''
 import sys, warnings
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from monarch_kernel.job import SSHJob, UnreachableControllerWarning
 from test_ssh_reach import Here
 
@@ -172,7 +174,7 @@ def test_a_host_whose_packets_to_the_controller_vanish_goes_through_ssh(ssh_host
     host = ssh_hosts.hosts[1]
     void = host.rsplit(".", 1)[0] + ".99"  # on the hosts' subnet; no one answers its ARP
     script = tmp_path / "void.py"
-    script.write_text(VOID.format(tests=os.path.dirname(__file__), python=checkout_python,
+    script.write_text(VOID.format(tests=SCRIPT_PATH, python=checkout_python,
                                   ssh_args=ssh_hosts.ssh_args, host=host))
     cluster.run(["ip", "link", "add", dev, "type", "veth", "peer", "name", dev + "p"])
     try:

@@ -33,6 +33,8 @@ from monarch_kernel.runtime.spawn import worker_wire
 from monarch_kernel.runtime.spawn.worker_key import KeyFileError, new_key_file
 
 pytestmark = pytest.mark.timeout(120)
+# What a script that imports this module puts on sys.path: its folder, and tests/ (the helpers).
+SCRIPT_PATH = [os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 
 class Where(Actor):
@@ -174,7 +176,7 @@ def test_an_attach_job_is_dumped_without_its_key(key, tmp_path):
 
 FIRST_CONTROLLER = '''
 import os, sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from monarch_kernel import attach_to_workers
 from test_attach import Where
 hosts = attach_to_workers(workers={workers!r}, key={key!r})
@@ -188,7 +190,7 @@ time.sleep(120)
 def test_workers_outlive_their_controller_and_serve_the_next(workers, key, tmp_path):
     w1, w2 = workers(2)
     script = tmp_path / "first.py"
-    script.write_text(FIRST_CONTROLLER.format(tests=os.path.dirname(__file__), workers=[w1.address, w2.address],
+    script.write_text(FIRST_CONTROLLER.format(tests=SCRIPT_PATH, workers=[w1.address, w2.address],
                                               key=key))
     first = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
@@ -233,7 +235,7 @@ def test_a_controller_that_falls_silent_loses_its_ranks_and_the_next_one_attache
     what tells the worker it is gone."""
     (w,) = workers(1)
     script = tmp_path / "first.py"
-    script.write_text(FIRST_CONTROLLER.format(tests=os.path.dirname(__file__), workers=[w.address], key=key))
+    script.write_text(FIRST_CONTROLLER.format(tests=SCRIPT_PATH, workers=[w.address], key=key))
     first = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert first.stdout is not None
@@ -358,7 +360,7 @@ def other_host():
 
 ANOTHER_HOST = '''
 import os, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from monarch_kernel import attach_to_workers
 from test_attach import Where
 hosts = attach_to_workers(workers=[{worker!r}], key={key!r})
@@ -375,7 +377,7 @@ def test_a_worker_on_another_host_runs_ranks_there(workers, key, other_host, tmp
     (w,) = workers(1, ip=address, prefix=("ip", "netns", "exec", ns))
     assert w.address.startswith(f"tcp://{address}:")
     script = tmp_path / "controller.py"
-    script.write_text(ANOTHER_HOST.format(tests=os.path.dirname(__file__), worker=w.address, key=key))
+    script.write_text(ANOTHER_HOST.format(tests=SCRIPT_PATH, worker=w.address, key=key))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr
     names, inodes = out.stdout.splitlines()

@@ -116,8 +116,8 @@ def test_a_frozen_rank_fills_a_bounded_queue_and_the_sender_hears_why(tmp_path):
     script = tmp_path / "frozen.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, MONARCH_KERNEL_SEND_QUEUE="200", MONARCH_KERNEL_SEND_BLOCK="0.5")
-    r = subprocess.run([sys.executable, str(script), os.path.dirname(__file__)], env=env,
-                       capture_output=True, text=True, timeout=90)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the script imports _actors
+    r = subprocess.run([sys.executable, str(script), tests], env=env, capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["failed"] is not None, "no send ever failed"

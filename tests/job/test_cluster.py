@@ -3,7 +3,7 @@ environment's Python there under the host's own hostname, a wrong key fails fast
 reach each other and the controller, a cut link drops a host until it is restored, and
 what a test leaves on a host is found; Slurm runs a step across both nodes, cancels a
 batch job, answers ``squeue --json``, and its tasks reach the controller.  The saved
-``squeue --json`` samples (tests/data) hold the layouts parsers must read."""
+``squeue --json`` samples (tests/fixtures) hold the layouts parsers must read."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from cluster import Network, SlurmCluster, SSHHosts, describe
 
 pytestmark = pytest.mark.timeout(60)
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 PY = shlex.quote(sys.executable)
 
 
@@ -181,7 +181,7 @@ def test_a_killed_test_process_leaves_no_daemon_and_the_next_sweep_removes_its_n
     """A pytest killed before its teardown: its sshd dies with it, and the namespaces and
     bridge it left are removed when the next network is built (this session's own network,
     ``ssh_hosts``, whose maker is alive, is kept)."""
-    here = str(pathlib.Path(__file__).resolve().parent)
+    here = str(pathlib.Path(__file__).resolve().parents[1])  # tests/, where cluster.py is
     with subprocess.Popen([sys.executable, "-c", KILLED_BUILDER, here], stdout=subprocess.PIPE, text=True) as builder:
         try:
             line = builder.stdout.readline()

@@ -51,6 +51,33 @@ def test_header_round_trip_every_kind():
         assert type(Header.decode(h.encode()).payload) is type(PAYLOAD_EXAMPLES.get(kind))
 
 
+def test_named_constructors_fill_the_fields_their_message_needs_and_round_trip():
+    body = [b"args", b"buf"]
+    call = Header.call(Kind.CALL, 7, "ipc:///o", "m1", "act-1", "step", body, 4, Mode.GATHER,
+                       PAYLOAD_EXAMPLES[Kind.CALL])
+    assert (call.reply_to, call.ranks, call.hop, call.resend, call.parts) == ("ipc:///o", [], 0, False,
+                                                                              [[-1, Status.OK, 1]])
+    fwd = Header.forward(call, [3, 4], "ipc:///node", 1)
+    assert (fwd.ranks, fwd.reply_to, fwd.hop, fwd.origin, fwd.parts) == ([3, 4], "ipc:///node", 1, "ipc:///o",
+                                                                         call.parts)
+    assert Header.forward(fwd, [4]).reply_to == "ipc:///node" and Header.forward(fwd, [4]).hop == 1
+    again = Header.resent(fwd, [4])
+    assert (again.reply_to, again.hop, again.resend, again.ranks) == ("ipc:///o", 0, True, [4])
+    reply = Header.reply(7, "ipc:///o", "ipc:///node", "m1", 3, True, PAYLOAD_EXAMPLES[Kind.REPLY])
+    assert (reply.kind, reply.ranks, reply.hop, reply.origin) == (Kind.REPLY, [3], 1, "ipc:///o")
+    assert Header.reply(7, "ipc:///o", "ipc:///o", "m1", 3, False).hop == 0
+    nack = Header.not_received(fwd, 4)
+    assert (nack.kind, nack.call_id, nack.reply_to, nack.ranks) == (Kind.NOT_RECEIVED, 7, "ipc:///o", [4])
+    ctl = Header.control(Kind.INTERRUPT, "ipc:///o", "m1", [2], actor="act-1",
+                         payload=PAYLOAD_EXAMPLES[Kind.INTERRUPT])
+    assert (ctl.origin, ctl.reply_to, ctl.actor, ctl.ranks, ctl.call_id) == ("ipc:///o", "ipc:///o", "act-1", [2], 0)
+    assert Header.control(Kind.WAKE) == Header(Kind.WAKE)
+    port = Header.port(9, "ipc:///o", "ipc:///there", "m1")
+    assert (port.kind, port.call_id, port.reply_to) == (Kind.PORT, 9, "ipc:///there")
+    for h in (call, fwd, again, reply, nack, ctl, port):
+        assert Header.decode(h.encode()) == h
+
+
 def test_every_payload_type_is_in_the_table_and_every_kind_has_a_handler():
     assert set(PAYLOADS) == set(PAYLOAD_EXAMPLES)
     from monarch_kernel.runtime.process import Runtime

@@ -18,7 +18,7 @@ else:  # pragma: no cover - Python 3.10
 
 pytestmark = pytest.mark.timeout(60)
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.timeout(300)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PANEL = "share/jupyter/labextensions/monarch-kernel-panel"
 BUILT = ("labextension/prebuilt", "labextension/lib", "labextension/tsconfig.tsbuildinfo")
 

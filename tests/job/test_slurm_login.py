@@ -220,7 +220,7 @@ finally:
     job.kill()
 """)
     got = _result(out)
-    assert got["where"].startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), got
+    assert got["where"].startswith(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), got
     assert got["shared"] and got["sent"] == 0 and got["python"] == sys.executable, got
     assert not os.path.exists(cache) and slurm.jobs() == []
 

@@ -10,7 +10,7 @@ import pytest
 from _kernels import Output
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 
 def outputs(nb) -> str:

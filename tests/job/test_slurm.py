@@ -27,7 +27,7 @@ from monarch_kernel.job.squeue import base_state, expand_hostlist, find_job, num
 
 pytestmark = pytest.mark.timeout(60)
 
-DATA = pathlib.Path(__file__).resolve().parent / "data"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "fixtures"
 
 
 class Node(Actor):

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 # The package's own __init__ imports every layer; an empty stand-in for it leaves runtime/
 # alone (which imports nothing above it, so its names still resolve).

@@ -548,7 +548,7 @@ def test_atheris_finds_no_crash_in_a_short_run(tmp_path):
     """The same decoders under libFuzzer for a few seconds (``tests/atheris_wires.py``; run it
     longer by hand).  A crash would leave its input in ``tmp_path``."""
     pytest.importorskip("atheris", reason="atheris is installed with the test extras on Python 3.11 only")
-    script = pathlib.Path(__file__).with_name("atheris_wires.py")
+    script = pathlib.Path(__file__).resolve().parents[1] / "atheris_wires.py"
     out = subprocess.run([sys.executable, str(script), "-runs=5000", "-max_total_time=2",
                           f"-artifact_prefix={tmp_path}/"], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr[-3000:]

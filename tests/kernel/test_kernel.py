@@ -150,6 +150,24 @@ def test_interrupt_stops_rank_code_and_keeps_namespaces(kc):
     assert "ValueMesh 2" in text(out)
 
 
+def test_a_second_stop_while_the_ranks_stop_is_dropped(kc):
+    """The stop button clicked again while the ranks are being interrupted (they take a
+    moment here): the cell still ends as interrupted, with no traceback from the runtime."""
+    run(kc, "procs = %mesh spawn -n 2")
+    msg_id = kc.execute("%%mesh\nimport time\nprint('looping', flush=True)\ntry:\n    time.sleep(60)\n"
+                        "except KeyboardInterrupt:\n    print('stopping', flush=True)\n    time.sleep(2)\n    raise")
+    wait_printed_by_both(kc, msg_id, "looping")
+    kc.parent.interrupt_kernel()
+    wait_printed_by_both(kc, msg_id, "stopping")  # the first stop reached the ranks
+    kc.parent.interrupt_kernel()
+    reply = reply_to(kc, msg_id, 30)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+    assert "interrupted on ranks 0-1" in reply["evalue"], reply
+    assert not any("monarch_kernel/runtime" in line for line in reply["traceback"]), reply["traceback"]
+    out, reply = run(kc, "%%mesh\n1 + 1")
+    assert reply["status"] == "ok" and "[ranks 0-1] 2" in text(out)
+
+
 def test_restart_replaces_a_dead_rank_in_place(kc):
     run(kc, "procs = %mesh spawn -n 3")
     run(kc, "%%mesh\nkept = 'yes'")

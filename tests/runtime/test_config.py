@@ -25,7 +25,7 @@ from monarch_kernel.runtime import config
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "monarch_kernel").rglob("*.py"), *(ROOT / "extension").rglob("*.py")])
 CONFIG = ROOT / "monarch_kernel" / "runtime" / "config.py"
 README_TABLES = re.compile(r"<!-- settings tables: .*? -->\n(.*?)<!-- end of settings tables -->", re.S)
