@@ -30,8 +30,7 @@ with atheris.instrument_imports(include=_MODULES):
     from monarch_kernel.debug import messages
     from monarch_kernel.debug.dap import FrameError, FrameReader
     from monarch_kernel.kernel.panel.messages import MessageError, Request
-    from monarch_kernel.runtime.spawn import host_messages as host_wire
-    from monarch_kernel.runtime.spawn import template_channel as template_wire
+    from monarch_kernel.runtime.spawn import host_messages, template_channel
     from monarch_kernel.runtime.wire import framing
     from monarch_kernel.runtime.wire.auth import Dropped, Signer
     from monarch_kernel.runtime.wire.envelope import Header
@@ -82,13 +81,13 @@ def _unpack(data: bytes) -> None:
 
 def _host(data: bytes) -> None:
     try:
-        host_wire.decode(data)
-    except host_wire.MalformedMessage:
+        host_messages.decode(data)
+    except host_messages.MalformedMessage:
         pass
 
 
 def _control(data: bytes) -> None:
-    reader = template_wire.ControlReader()
+    reader = template_channel.ControlReader()
     for i in range(0, len(data), 7):
         reader.feed(data[i:i + 7])
 

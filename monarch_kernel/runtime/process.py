@@ -41,11 +41,9 @@ from .net.network import Network
 from .net.ports import PortTable
 from .net.receiver import Receiver
 from .net.transport import Transport
-from .spawn import agent_channel as agent_wire
-from .spawn import stack_dump
+from .spawn import agent_channel, stack_dump
 from .spawn.launcher import Launcher
-from .wire import rejects, serialize
-from .wire import segments as shm
+from .wire import rejects, segments, serialize
 from .wire.auth import DropCounts, Signer
 from .wire.curve import CurveKeys
 from .wire.envelope import Header, Kind, split_parts
@@ -146,7 +144,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         # opens them (publish_port); each rank inherits them through its launch config.
         self.job_ports: dict[str, tuple[str, int]] = {}
         self.main_thread: MainThread | None = None  # a MainThread when this is a rank (it lends it to one actor)
-        self.segments = shm.Segments() if shm.available() else None
+        self.segments = segments.Segments() if segments.available() else None
         if serialize.segments is None:
             serialize.segments = self.segments
         self.launcher = Launcher(self)  # templates, hosts, forks, restarts, kills
@@ -196,7 +194,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.supervision.on_failure_report(h.mesh, split_parts(h, body)[0].load())
 
     def _on_host(self, h: Header, body: list) -> None:
-        msg = agent_wire.decode(h, body)
+        msg = agent_channel.decode(h, body)
         if msg is None:
             self.drops.count("malformed")
         elif (agent := self.hooks.host.current()) is not None:  # this process is a host's agent

@@ -28,10 +28,7 @@ from monarch_kernel.data import wire as data_wire
 from monarch_kernel.debug import messages as debug_messages
 from monarch_kernel.debug.dap import DapClient, FrameError, FrameReader, encode
 from monarch_kernel.kernel.panel.messages import MessageError, Request
-from monarch_kernel.runtime.spawn import agent_channel as agent_wire
-from monarch_kernel.runtime.spawn import host_messages as host_wire
-from monarch_kernel.runtime.spawn import template_channel as template_wire
-from monarch_kernel.runtime.spawn import worker_wire
+from monarch_kernel.runtime.spawn import agent_channel, host_messages, template_channel, worker_wire
 from monarch_kernel.runtime.wire import framing, rejects
 from monarch_kernel.runtime.wire.auth import MAC_LEN, Dropped, Signer
 from monarch_kernel.runtime.wire.envelope import Header, Kind, Part, Status, join_parts
@@ -259,19 +256,19 @@ def test_pieces_join_back_to_the_frames_they_came_from(multiples, extra):
 @given(st.binary(max_size=300) | st.lists(msgpack_values, max_size=8).map(lambda v: msgpack.packb(v)))
 def test_host_wire_decode_raises_only_malformed_message(data):
     try:
-        msg = host_wire.decode(data)
-    except host_wire.MalformedMessage:
+        msg = host_messages.decode(data)
+    except host_messages.MalformedMessage:
         return
-    assert isinstance(msg, host_wire.Message)
-    assert host_wire.decode(msg.encode()) == msg
+    assert isinstance(msg, host_messages.Message)
+    assert host_messages.decode(msg.encode()) == msg
 
 
 @fuzz(60)
-@given(st.sampled_from(sorted(host_wire.OPS)), st.lists(msgpack_values, max_size=7))
+@given(st.sampled_from(sorted(host_messages.OPS)), st.lists(msgpack_values, max_size=7))
 def test_every_op_with_any_fields_decodes_or_is_malformed(op, values):
     try:
-        host_wire.decode(msgpack.packb([op, *values], use_bin_type=True))
-    except host_wire.MalformedMessage:
+        host_messages.decode(msgpack.packb([op, *values], use_bin_type=True))
+    except host_messages.MalformedMessage:
         pass
 
 
@@ -279,8 +276,8 @@ def test_every_op_with_any_fields_decodes_or_is_malformed(op, values):
 @given(st.lists(st.binary(max_size=100), max_size=3))
 def test_agent_wire_decode_of_any_body(body):
     h = Header(Kind.HOST, 0, "o", "o", "host", parts=[[0, 0, len(body) - 1]] if body else [])
-    msg = agent_wire.decode(h, body)
-    assert msg is None or isinstance(msg, host_wire.Message)
+    msg = agent_channel.decode(h, body)
+    assert msg is None or isinstance(msg, host_messages.Message)
 
 
 # ---------------------------------------------------------------- the worker wire (agent --listen)
@@ -291,7 +288,7 @@ def test_agent_wire_decode_of_any_body(body):
 def test_worker_wire_decode_raises_only_malformed_message(data):
     try:
         msg = worker_wire.decode(data)
-    except host_wire.MalformedMessage:
+    except host_messages.MalformedMessage:
         return
     assert type(msg) in worker_wire.OPS.values()
     assert worker_wire.decode(msg.encode()) == msg
@@ -306,7 +303,7 @@ def test_worker_session_frames_are_checked_before_they_are_decoded(head, body, t
     session = secrets.token_bytes(32)
     try:
         n = worker_wire.Codec.length(head)
-    except host_wire.MalformedMessage:
+    except host_messages.MalformedMessage:
         assert struct.unpack("<I", head)[0] > worker_wire.MAX_MESSAGE
     else:
         assert n <= worker_wire.MAX_MESSAGE
@@ -333,23 +330,23 @@ def test_template_datagrams_malformed_are_counted_and_fds_closed():
             before = rejects.REJECTS.get("template", "malformed")
             a.send(data)
             try:
-                msg, fds = template_wire.recv_msg(b)
-            except host_wire.MalformedMessage:
+                msg, fds = template_channel.recv_msg(b)
+            except host_messages.MalformedMessage:
                 assert rejects.REJECTS.get("template", "malformed") == before + 1
                 return
-            assert isinstance(msg, host_wire.Message) and fds == []
+            assert isinstance(msg, host_messages.Message) and fds == []
 
         check()
         # A datagram with a descriptor that is no message: the descriptor is closed.
         r, w = os.pipe()
         os.close(w)
-        template_wire.send_msg(a, host_wire.Beat(), [r])
+        template_channel.send_msg(a, host_messages.Beat(), [r])
         os.close(r)
         a.sendmsg([b"\xc1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", os.open(os.devnull, 0)))])
-        assert template_wire.recv_msg(b)[0] == host_wire.Beat()
+        assert template_channel.recv_msg(b)[0] == host_messages.Beat()
         open_before = len(os.listdir("/proc/self/fd"))
-        with pytest.raises(host_wire.MalformedMessage):
-            template_wire.recv_msg(b)
+        with pytest.raises(host_messages.MalformedMessage):
+            template_channel.recv_msg(b)
         assert len(os.listdir("/proc/self/fd")) < open_before + 1
     finally:
         a.close()
@@ -361,7 +358,7 @@ def test_template_datagrams_malformed_are_counted_and_fds_closed():
 def test_control_pipe_frames_survive_any_split(frames, cuts):
     """A rank's hello and beats, however the pipe's reads cut them, come out whole."""
     stream = b"".join(len(f).to_bytes(4, "big") + f for f in frames)
-    reader, out, at, i = template_wire.ControlReader(), [], 0, 0
+    reader, out, at, i = template_channel.ControlReader(), [], 0, 0
     while at < len(stream):
         n = cuts[i % len(cuts)]
         out += reader.feed(stream[at:at + n])
@@ -370,7 +367,7 @@ def test_control_pipe_frames_survive_any_split(frames, cuts):
 
 
 def test_control_pipe_frame_over_the_limit_is_refused_before_it_is_buffered():
-    reader = template_wire.ControlReader()
+    reader = template_channel.ControlReader()
     before = rejects.REJECTS.get("template", "oversized")
     assert reader.feed(b"\0\0\0\0" + (1 << 30).to_bytes(4, "big") + b"x" * 100) == [b""]
     assert reader.broken and rejects.REJECTS.get("template", "oversized") == before + 1

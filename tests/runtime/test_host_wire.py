@@ -11,56 +11,54 @@ import socket
 import msgpack
 import pytest
 
-from monarch_kernel.runtime.spawn import agent_channel as agent_wire
-from monarch_kernel.runtime.spawn import host_messages as host_wire
-from monarch_kernel.runtime.spawn import template_channel as template_wire
+from monarch_kernel.runtime.spawn import agent_channel, host_messages, template_channel
 from monarch_kernel.runtime.spawn.host_messages import MalformedMessage
 
 pytestmark = pytest.mark.timeout(60)
 
 EXAMPLES = [
-    host_wire.Fork(7, {"rank": 3, "env": {"A": "1"}, "sys_path": ["/src"], "key": b"k" * 32}),
-    host_wire.Kill(1234, 9),
-    host_wire.Reserve(2, 16),
-    host_wire.Stacks(3, [4321, 4322], True),
-    host_wire.Drain(5),
-    host_wire.Usage(4, [4321]),
-    host_wire.Bye(),
-    host_wire.Ready(1048576),
-    host_wire.Ready(None),
-    host_wire.Up("node1", 99, "10.0.0.2", "/usr/bin/python3", "0.1.0"),
-    host_wire.Ports(2, [5000, 5001]),
-    host_wire.Forked(7, 4321),
-    host_wire.ForkFailed(7, "out of file descriptors for a new process: raise it with `ulimit -n`"),
-    host_wire.Output([[4321, 1, b"hello\n"], [4321, 2, b"\xff\x00 not utf-8"]]),
-    host_wire.Hello(4321, host_wire.RankHello("m1", 3, 4321).encode()),
-    host_wire.Beats([4321, 4322]),
-    host_wire.StackDump(3, 4321, 0, b'[{"thread_name": "MainThread", "frames": []}]', b""),
-    host_wire.Usages(4, [[4321, 1200, 88 << 20, 35, 2048], [4322, -1, -1, -1, -1]]),
-    host_wire.Drained(5),
-    host_wire.Exit(4321, 7 << 8),
-    host_wire.Beat(),
-    host_wire.RankHello("m1", 3, 4321),
-    host_wire.RankHello("m1", 0, 5, 1, [b"\x80\x05pickled failure", b""]),
+    host_messages.Fork(7, {"rank": 3, "env": {"A": "1"}, "sys_path": ["/src"], "key": b"k" * 32}),
+    host_messages.Kill(1234, 9),
+    host_messages.Reserve(2, 16),
+    host_messages.Stacks(3, [4321, 4322], True),
+    host_messages.Drain(5),
+    host_messages.Usage(4, [4321]),
+    host_messages.Bye(),
+    host_messages.Ready(1048576),
+    host_messages.Ready(None),
+    host_messages.Up("node1", 99, "10.0.0.2", "/usr/bin/python3", "0.1.0"),
+    host_messages.Ports(2, [5000, 5001]),
+    host_messages.Forked(7, 4321),
+    host_messages.ForkFailed(7, "out of file descriptors for a new process: raise it with `ulimit -n`"),
+    host_messages.Output([[4321, 1, b"hello\n"], [4321, 2, b"\xff\x00 not utf-8"]]),
+    host_messages.Hello(4321, host_messages.RankHello("m1", 3, 4321).encode()),
+    host_messages.Beats([4321, 4322]),
+    host_messages.StackDump(3, 4321, 0, b'[{"thread_name": "MainThread", "frames": []}]', b""),
+    host_messages.Usages(4, [[4321, 1200, 88 << 20, 35, 2048], [4322, -1, -1, -1, -1]]),
+    host_messages.Drained(5),
+    host_messages.Exit(4321, 7 << 8),
+    host_messages.Beat(),
+    host_messages.RankHello("m1", 3, 4321),
+    host_messages.RankHello("m1", 0, 5, 1, [b"\x80\x05pickled failure", b""]),
 ]
 
 
 def test_every_message_kind_has_an_example():
-    assert {type(m) for m in EXAMPLES} == set(host_wire.OPS.values())
+    assert {type(m) for m in EXAMPLES} == set(host_messages.OPS.values())
 
 
 @pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
 def test_every_message_round_trips(msg):
     data = msg.encode()
-    assert host_wire.decode(data) == msg
+    assert host_messages.decode(data) == msg
     assert type(msg).decode(data) == msg
-    assert host_wire.Message.decode(data) == msg
+    assert host_messages.Message.decode(data) == msg
 
 
 @pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
 def test_every_message_round_trips_through_the_agent_framing(msg):
-    h, body = agent_wire.encode("h0123456789", "tcp://10.0.0.1:5555", msg)
-    assert agent_wire.decode(h, body) == msg
+    h, body = agent_channel.encode("h0123456789", "tcp://10.0.0.1:5555", msg)
+    assert agent_channel.decode(h, body) == msg
 
 
 def test_messages_pass_the_template_framing_with_fds():
@@ -68,15 +66,15 @@ def test_messages_pass_the_template_framing_with_fds():
     r, w = os.pipe()
     try:
         for msg in EXAMPLES:
-            template_wire.send_msg(here, msg)
-            assert template_wire.recv_msg(there) == (msg, [])
-        template_wire.send_msg(here, host_wire.Kill(1, 15), [w])
-        msg, fds = template_wire.recv_msg(there)
-        assert msg == host_wire.Kill(1, 15) and len(fds) == 1
+            template_channel.send_msg(here, msg)
+            assert template_channel.recv_msg(there) == (msg, [])
+        template_channel.send_msg(here, host_messages.Kill(1, 15), [w])
+        msg, fds = template_channel.recv_msg(there)
+        assert msg == host_messages.Kill(1, 15) and len(fds) == 1
         os.close(fds[0])
         here.send(msgpack.packb(["kill", "one", 15]))
         with pytest.raises(MalformedMessage, match="field 'pid' of 'kill' is"):
-            template_wire.recv_msg(there)
+            template_channel.recv_msg(there)
     finally:
         for f in (r, w):
             os.close(f)
@@ -104,15 +102,15 @@ def test_messages_pass_the_template_framing_with_fds():
 ], ids=range(16))
 def test_malformed_input_is_refused_with_the_reason(data, why):
     with pytest.raises(MalformedMessage, match=why):
-        host_wire.decode(data)
+        host_messages.decode(data)
 
 
 def test_a_message_of_another_kind_is_refused_by_the_class_that_expects_one():
     with pytest.raises(MalformedMessage, match="expected a 'rank_hello' message, got 'exit'"):
-        host_wire.RankHello.decode(host_wire.Exit(1, 0).encode())
+        host_messages.RankHello.decode(host_messages.Exit(1, 0).encode())
 
 
 def test_a_malformed_host_message_decodes_to_none():
-    h, body = agent_wire.encode("h0", "tcp://10.0.0.1:5555", host_wire.Beat())
+    h, body = agent_channel.encode("h0", "tcp://10.0.0.1:5555", host_messages.Beat())
     body[-1] = msgpack.packb(["beat", 1, 2])
-    assert agent_wire.decode(h, body) is None
+    assert agent_channel.decode(h, body) is None

@@ -17,9 +17,7 @@ import pytest
 
 from monarch_kernel.runtime import template_server
 from monarch_kernel.runtime.context import MeshRef
-from monarch_kernel.runtime.spawn import host_messages as host_wire
-from monarch_kernel.runtime.spawn import template_channel as template_wire
-from monarch_kernel.runtime.spawn import template_client, template_fork
+from monarch_kernel.runtime.spawn import host_messages, template_channel, template_client, template_fork
 from monarch_kernel.runtime.spawn.launch_config import LaunchConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,8 +79,8 @@ def test_launch_config_passes_the_template_wire_with_its_fds():
     here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     r, w = os.pipe()
     try:
-        template_wire.send_msg(here, host_wire.Fork(1, _config().to_wire()), [w])
-        msg, fds = template_wire.recv_msg(there)
+        template_channel.send_msg(here, host_messages.Fork(1, _config().to_wire()), [w])
+        msg, fds = template_channel.recv_msg(there)
         assert msg.OP == "fork" and msg.tag == 1
         assert LaunchConfig.from_wire(msg.config) == _config()
         assert len(fds) == 1
@@ -90,7 +88,7 @@ def test_launch_config_passes_the_template_wire_with_its_fds():
         assert os.read(r, 1) == b"x"
         os.close(fds[0])
         here.close()
-        assert template_wire.recv_msg(there) == (None, [])  # EOF once the other end is gone
+        assert template_channel.recv_msg(there) == (None, [])  # EOF once the other end is gone
     finally:
         for f in (r, w):
             os.close(f)
