@@ -24,18 +24,10 @@ import time
 
 from ..runtime import config
 from ..runtime.process import Runtime
-from .tunnels import Tunnels
+from .tunnels import Tunnels, _ip, _port
 
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "login_relay.py")
 OPEN_TIMEOUT_S = config.seconds("slurm_command_timeout")
-
-
-def _port(address: str) -> int:
-    return int(address.rsplit(":", 1)[1])
-
-
-def _ip(address: str) -> str:
-    return address[len("tcp://"):].rsplit(":", 1)[0]
 
 
 def agent_settings() -> dict[str, str]:
@@ -181,7 +173,7 @@ class LoginNode:
         """Make the controller reachable from the nodes through the relay, and the nodes' addresses
         (their ``links``' ips) from the controller; ``target``: a node's address, as the login
         node knows it.  Returns MONARCH_KERNEL_CONTROLLER_VIA's value for the agents."""
-        controller = rt.net_address or rt.listen("127.0.0.1")  # no network port, unless one is open
+        controller = rt.listen("127.0.0.1")  # no network port, unless one is open
         self._target = target
         for address in rt.tcp_addresses():
             self.relay(address)

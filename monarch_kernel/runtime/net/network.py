@@ -72,7 +72,7 @@ class Network:
             self.guard()
         self.main = Inbox(self.ctx, address, self.curve)
         if tcp:
-            self.bind_ip = self.main.address[len("tcp://"):].rsplit(":", 1)[0]
+            self.bind_ip = self.main.net_ip
         self.io.call_soon(self._watch_refusals, self.main)
         return self.main
 

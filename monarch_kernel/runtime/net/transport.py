@@ -125,7 +125,7 @@ class Transport:
     def route(self, addr: str) -> str:
         """Where to connect to reach the peer at ``addr`` (``dial``'s answer, or ``addr``): for
         connections of other planes (the data plane's sockets) that must go where these go."""
-        return self._dial(addr) if self._dialers else addr
+        return self._dial(addr)
 
     def _dial(self, addr: str) -> str:
         for dial in list(self._dialers):
