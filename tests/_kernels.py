@@ -12,6 +12,7 @@ import contextlib
 import queue
 import re
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager
 
 from monarch_kernel.kernel.kernelspec import KERNEL_NAME, install
 
@@ -206,16 +207,69 @@ def ensure_kernelspec() -> str:
     return KERNEL_NAME
 
 
+_PORT_TAKEN = "Address already in use"
+_STDERR: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # manager -> its kernel's stderr file
+
+
+def started(manager: Callable[[], Any], timeout: float = 60, **start) -> tuple[Any, Any]:
+    """A new kernel manager's kernel, started, and its client once the kernel answers.
+
+    jupyter_client picks free tcp ports and the kernel binds them a moment later: a port
+    another process took in between (a rank's own ephemeral port, on a busy machine) kills
+    the kernel at start ("Kernel died before replying to kernel_info", seen in CI).  Such a
+    start, told by the kernel's stderr, is tried again with new ports, up to three times;
+    any other death is raised at once.  Unless ``start`` names a ``stderr``, the kernel's
+    goes to a file whose text ``finished`` writes to this process's stderr."""
+    for attempt in range(3):
+        km = manager()
+        log = None
+        if "stderr" not in start:
+            log = tempfile.TemporaryFile(mode="w+b")
+            _STDERR[km] = log
+        km.start_kernel(**start, **({"stderr": log} if log is not None else {}))
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=timeout)
+            return km, kc
+        except RuntimeError:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            said = _said(km)
+            if _PORT_TAKEN not in said or attempt == 2:
+                raise
+            print(f"the kernel's port was taken before it bound it; starting it again\n{said}",
+                  file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def _said(km) -> str:
+    """What a kernel started by ``started`` wrote to its stderr file (and closes that)."""
+    log = _STDERR.pop(km, None)
+    if log is None or log.closed:
+        return ""
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    log.close()
+    return text
+
+
+def finished(km, kc) -> None:
+    """Shut a kernel from ``started`` down (and wait for it); its stderr to this process's."""
+    kc.stop_channels()
+    km.shutdown_kernel(now=False)
+    sys.stderr.write(_said(km))
+
+
 @contextlib.contextmanager
 def kernel(name: str, **start):
     """A started kernel's client; the kernel is shut down (and waited for) on exit.
     ``start``: for ``KernelManager.start_kernel`` (``extra_arguments=``, ``env=``)."""
-    km, client = start_new_kernel(kernel_name=name, startup_timeout=60, **start)
+    km, client = started(lambda: KernelManager(kernel_name=name), **start)
     try:
         yield client
     finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=False)
+        finished(km, client)
 
 
 def running(pid: int) -> bool:

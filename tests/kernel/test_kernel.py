@@ -9,7 +9,7 @@ import time
 
 import pytest
 from _freeze import freeze
-from _kernels import assert_gone, iopub, kernel, reply_to, run, text
+from _kernels import assert_gone, finished, iopub, kernel, reply_to, run, started, text
 from jupyter_client.kernelspec import KernelSpecManager
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,6 +29,41 @@ def test_kernelspec_is_installed_with_display_name(kernelspec):
     spec = KernelSpecManager().get_kernel_spec(kernelspec)
     assert spec.display_name == "Python 3 (monarch mesh)"
     assert spec.metadata.get("debugger") is True
+
+
+def test_a_kernel_whose_port_was_taken_before_it_bound_it_is_started_again(kernelspec):
+    """The harness's own start (``_kernels.started``): a port taken between jupyter_client's
+    pick and the kernel's bind (CI saw a rank take one) starts the kernel again on new ports;
+    a kernel that dies for any other reason is not retried."""
+    import socket
+
+    from jupyter_client.manager import KernelManager
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    made: list = []
+
+    def manager():
+        km = KernelManager(kernel_name=kernelspec)
+        if not made:  # the first one's shell port is the taken one
+            km.cache_ports = False  # else jupyter_client picks its own
+            km.shell_port = taken.getsockname()[1]
+        made.append(km)
+        return km
+
+    try:
+        km, kc = started(manager)
+        try:
+            assert len(made) == 2 and km is made[1]
+            assert run(kc, "print(6 * 7)").text.strip() == "42"
+        finally:
+            finished(km, kc)
+        with pytest.raises(RuntimeError, match="died"):
+            started(lambda: KernelManager(kernel_name=kernelspec),
+                    env=dict(os.environ, PYTHONPATH="/nonexistent"), extra_arguments=["--no-such-flag=1"])
+    finally:
+        taken.close()
 
 
 def test_cells_on_ranks_keep_namespaces_and_show_values(kc):

@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from _kernels import assert_gone, iopub, run, text
+from _kernels import assert_gone, finished, iopub, run, started, text
 
 from monarch_kernel.kernel.status import REFRESH_S
 
@@ -98,18 +98,14 @@ def jupyter_kernel(kernelspec: str, notebook: str = "", stderr=None):
 
     kernel_id = str(uuid.uuid4())
     os.makedirs(jupyter_runtime_dir(), exist_ok=True)
-    km = KernelManager(kernel_name=kernelspec,
-                       connection_file=os.path.join(jupyter_runtime_dir(), f"kernel-{kernel_id}.json"))
     env = dict(os.environ, JPY_SESSION_NAME=notebook) if notebook else dict(os.environ)
-    km.start_kernel(env=env, **({"stderr": stderr} if stderr is not None else {}))
-    kc = km.client()
-    kc.start_channels()
+    km, kc = started(lambda: KernelManager(
+        kernel_name=kernelspec, connection_file=os.path.join(jupyter_runtime_dir(), f"kernel-{kernel_id}.json")),
+        env=env, **({"stderr": stderr} if stderr is not None else {}))
     try:
-        kc.wait_for_ready(timeout=60)
         yield km, kc, kernel_id
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
+        finished(km, kc)
 
 
 def _end_detached(name: str) -> None:

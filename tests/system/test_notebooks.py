@@ -7,7 +7,8 @@ import re
 
 import nbformat
 import pytest
-from _kernels import Output
+from _kernels import Output, finished, started
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
@@ -35,7 +36,17 @@ def test_there_are_notebooks():
 def test_notebook_runs(path, kernelspec):
     nb = nbformat.read(path, as_version=4)
     resources = {"metadata": {"path": str(path.parent)}}
-    NotebookClient(nb, timeout=240, kernel_name=kernelspec, resources=resources).execute()
+    # The kernel is started by the harness, which starts it again if a port it was given
+    # was taken before it bound it (see ``_kernels.started``).
+    km, kc = started(lambda: KernelManager(kernel_name=kernelspec), cwd=str(path.parent))
+    kc.stop_channels()
+    client = NotebookClient(nb, timeout=240, km=km, resources=resources)
+    try:
+        client.execute()
+    finally:
+        if client.kc is not None:  # nbclient leaves the client of a kernel it did not start
+            client.kc.stop_channels()
+        finished(km, kc)
     text = outputs(nb)
     if path.stem == "quickstart":
         assert "[ranks 0-3] hello from the mesh" in text
