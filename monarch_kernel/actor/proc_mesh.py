@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import NamedTuple
 
 from ..observe.stack_report import StackReport
 from ..observe.stacks import take as take_stacks
@@ -19,20 +18,13 @@ from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
 from ..runtime.failure import MeshFailure
 from ..runtime.process import Runtime
 from ..runtime.wire.envelope import Kind
-from ..runtime.wire.payloads import SpawnInfo
 from . import tensor_shim
 from .actor_mesh import ActorMesh, endpoint_names, propagators
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
+from .rank_repair import RankRepair, Restarted
 from .shape import Shape, Shaped
-
-
-class Restarted(NamedTuple):
-    """What ``ProcMesh.restart`` did: the ranks it replaced, and which of them it killed
-    first because they had stopped responding."""
-
-    ranks: list[int]
-    killed: list[int]
+from .spawn_message import spawn_body, spawn_options
 
 
 class ProcMesh(Shaped):
@@ -42,6 +34,7 @@ class ProcMesh(Shaped):
         self._owned = owned  # OwnedMesh when this process spawned it
         self._stopped = False
         self._stop_future: Future | None = None
+        self._repair = RankRepair(ref, owned)  # kill and restart
 
     @property
     def name(self) -> str:
@@ -119,32 +112,12 @@ class ProcMesh(Shaped):
 
             procs.restart()             # Restarted(ranks=[1], killed=[1]): rank 1 had frozen
         """
-        if self._owned is None:
-            raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can restart it")
-        dead = self.dead_ranks()
-        stuck = [row["rank"] for row in self.rank_states() if row["state"] == "not responding"] \
-            if kill_unresponsive else []
-        chosen = sorted(set(dead) | set(stuck)) if ranks is None else list(ranks)
-        alive = [r for r in chosen if r not in dead and r not in stuck]
-        if alive:
-            raise ValueError(f"ranks {alive} of mesh '{self.name}' are alive; restart replaces dead ranks "
-                             f"({dead or 'none are dead'}) and ones not responding ({stuck or 'none'}) only")
-        killed = [r for r in chosen if r in stuck]
-        if killed:
-            self.kill(killed)
-        if chosen:
-            self._restart(chosen, actors, timeout)
-        return Restarted(chosen, killed)
+        return self._repair.restart(self.rank_states, ranks, actors, timeout, kill_unresponsive=kill_unresponsive)
 
     def kill(self, ranks: list[int], timeout: float = 10) -> None:
         """SIGKILL ``ranks`` (ones that stopped responding); what waits on them fails with
         ``ProcessDied``.  Returns once their deaths are handled."""
-        if self._owned is None:
-            raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can kill its ranks")
-        for c in Runtime.current().kill_ranks(self._owned, list(ranks)):
-            if not c.wait(timeout):
-                raise TimeoutError(f"timed out after {timeout:g} s waiting for ranks {list(ranks)} of "
-                                   f"'{self.name}' to die")
+        self._repair.kill(ranks, timeout)
 
     def stacks(self, ranks=None, *, native: bool = False, all_threads: bool = False, runtime_frames: bool = False,
                method: str = "auto", timeout: float | None = None) -> StackReport:
@@ -190,11 +163,11 @@ class ProcMesh(Shaped):
             raise TypeError(f"spawn takes an Actor class, not {type(cls).__name__}")
         refuse_mixed_endpoints(cls)
         actor_id = new_actor_id(name)
-        body = _spawn_body(cls, args, kwargs)
+        body = spawn_body(cls, args, kwargs)
         rt = Runtime.current()
         owner = current_actor.get()  # failures of this actor mesh go to whoever spawns it
         pending = rt.call(self._ref, actor_id, "__init__", list(self._shape.ranks), body, kind=Kind.SPAWN,
-                          options=_spawn_options(cls), callbacks=True)
+                          options=spawn_options(cls), callbacks=True)
         ranks, mesh_name, dims = list(self._shape.ranks), self.name, self._ref.dims
 
         def check(parts):
@@ -220,26 +193,6 @@ class ProcMesh(Shaped):
                                     self, initialized=Future(pending.completion, check), owner=(owner,))
         mesh._propagators, mesh._class_module = propagators(cls), cls.__module__
         return mesh
-
-    def _restart(self, ranks: list[int], actors=(), timeout: float = 60) -> None:
-        """Replace dead ``ranks`` with fresh processes (same rank numbers), then spawn
-        ``actors`` on them again."""
-        rt = Runtime.current()
-        for c in rt.restart_ranks(self._owned, ranks):
-            if not c.wait(timeout):
-                raise TimeoutError(
-                    f"timed out after {timeout:g} s waiting for restarted ranks of '{self.name}' to connect")
-            c.result()
-        for mesh, cls, args, kwargs in actors:
-            body = _spawn_body(cls, args, kwargs)
-            pending = rt.call(self._ref, mesh.actor_id, "__init__", list(ranks), body, kind=Kind.SPAWN,
-                              options=_spawn_options(cls))
-
-            def check(parts, name=mesh.name):
-                for r in ranks:
-                    part_value(parts[r], name, "__init__")
-
-            Future(pending.completion, check, pending.inbox).get(timeout=timeout)
 
     def stop(self) -> Future:
         """End every rank; the Future resolves once they have exited.  Ranks are ended even
@@ -342,17 +295,3 @@ def whole_mesh(procs: ProcMesh) -> ProcMesh:
 
 _SPMD_FUNCTIONS = ("setup_torch_distributed", "device_mesh", "setup_torch_elastic_env", "collectives",
                    "profile")
-
-
-def _spawn_options(cls) -> SpawnInfo | None:
-    return SpawnInfo(main_thread=True) if getattr(cls, "runs_on_main_thread", False) else None
-
-
-def _spawn_body(cls, args, kwargs) -> list:
-    from ..runtime.wire.serialize import describe_unpicklable, dumps
-
-    try:
-        return dumps((cls, args, kwargs))
-    except Exception as e:
-        why = describe_unpicklable((cls, args, kwargs), e)
-        raise TypeError(f"{cls.__qualname__}(...) cannot be sent to the ranks: {why}") from e

@@ -3,10 +3,9 @@ distributed tensor (ref -> tensor) and running the controller's batches in order
 
 An op that raises poisons its results with this rank's traceback, and whatever reads a
 poisoned value is poisoned in turn; the executor itself never raises, so the rank stays
-alive and later ops run.  Batches may arrive out of order (they travel down the multicast
-tree, fetches straight to one rank): each carries its sequence number, and a request waits
-until the batches sent before it have run.  Used only once a tensor exists, so it imports
-torch.
+alive and later ops run.  Batches may arrive out of order: ``BatchOrder`` runs them in turn
+and holds requests until the batches sent before them have run.  Used only once a tensor
+exists, so it imports torch.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from ..messages import (
     Ref,
 )
 from .backward import LazyBackward
+from .batch_order import BatchOrder
 from .streams import Streams, current_stream
 from .values import _running, _to_controller
 
@@ -79,15 +79,11 @@ class Executor:
         self.key = key
         self.store = store  # the Rendezvous reductions meet over (made by the controller)
         self.env: dict[int, Any] = {}
-        self.done = 0  # the last batch that every stream has run (requests after it are answered)
-        self._main = 0  # the last batch dispatched (and run on the main stream)
-        self._pending: dict[int, int] = {}  # seq -> streams still running some of it
-        self._early: dict[int, tuple] = {}  # batches that overtook an earlier one
-        self._waiting: dict[int, list] = {}  # seq -> requests parked until it has run
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # notified when an endpoint binds what an rref promised
         self._selected = True  # whether this rank runs the ops that follow (RANKS)
         self._collectives: Any = None
         self.streams = Streams(self.env, rank)
+        self.order = BatchOrder(self.streams)
         self.busy_s = 0.0  # time spent running ops
         self.ops = 0  # messages run
         table: dict[int, Callable[[tuple], None]] = {
@@ -119,17 +115,7 @@ class Executor:
     def run_batch(self, seq: int, payload: bytes, made: list[int]) -> None:
         """Run batch ``seq`` (pickled messages; ``made``: the refs its ops bind) once every
         earlier one has run."""
-        if seq != self._main + 1:
-            self._early[seq] = (payload, made)
-            return
-        while True:
-            self._run(payload, made)
-            self._dispatched(seq)
-            seq += 1
-            early = self._early.pop(seq, None)
-            if early is None:
-                return
-            payload, made = early
+        self.order.run(seq, (payload, made), self._run)
 
     def _run(self, payload: bytes, made: list[int]) -> None:
         try:
@@ -157,42 +143,6 @@ class Executor:
                 to.put_op(handlers[k], m)
         self.busy_s += time.perf_counter() - start
         self.ops += len(messages)
-
-    def _dispatched(self, seq: int) -> None:
-        """Batch ``seq`` ran on the main stream and went to the others: once they have run
-        their part, requests that follow it are answered."""
-        n = self.streams.mark(self._marked, seq) if self.streams.workers else 0
-        with self._cond:
-            self._main = seq
-            if n:
-                self._pending[seq] = n
-            ready = self._advance()
-        for req in ready:
-            self._answer(*req)
-
-    def _marked(self, seq: int) -> None:
-        """On a stream's thread: it ran its part of batch ``seq``."""
-        with self._cond:
-            left = self._pending[seq] - 1
-            if left:
-                self._pending[seq] = left
-            else:
-                del self._pending[seq]
-            ready = self._advance()
-        for req in ready:
-            self._answer(*req)
-
-    def _advance(self) -> list:
-        """(Holding ``_cond``.) Move ``done`` over the batches every stream has run; the
-        requests now due."""
-        ready: list = []
-        start = self.done
-        while self.done < self._main and self.done + 1 not in self._pending:
-            self.done += 1
-            ready.extend(self._waiting.pop(self.done, ()))
-        if self.done != start:
-            self._cond.notify_all()
-        return ready
 
     # ------------------------------------------------------------ handlers
 
@@ -375,21 +325,13 @@ class Executor:
         """Answer ``fn(*args, **kwargs)`` (``fn`` None: ``args[0]``), refs resolved, once
         batch ``seq`` has run: ``reply`` gets the value (tensors detached, on the CPU) or a
         ``Poisoned``."""
-        if seq > self.done:
-            with self._cond:  # a stream's thread may move ``done`` meanwhile
-                if seq > self.done:
-                    self._waiting.setdefault(seq, []).append((fn, args, kwargs, reply))
-                    return
-        self._answer(fn, args, kwargs, reply)
+        self.order.when_run(seq, lambda: reply(self._value(fn, args, kwargs)))
 
     def answer(self, seq: int, fn, args, kwargs, not_yet):
         """``request`` answered now: the value, or ``not_yet`` if batch ``seq`` has not run."""
-        if seq > self.done:
+        if seq > self.order.done:
             return not_yet
         return self._value(fn, args, kwargs)
-
-    def _answer(self, fn, args, kwargs, reply) -> None:
-        reply(self._value(fn, args, kwargs))
 
     def _value(self, fn, args, kwargs):
         _running[0] = self
@@ -404,10 +346,9 @@ class Executor:
 
     def shard(self, ref: int, seq: int, timeout: float):
         """From any thread: the tensor at ``ref`` once batch ``seq`` has run."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self.done >= seq, timeout):
-                raise TimeoutError(f"timed out after {timeout:g} s waiting for the tensor engine to make a "
-                                   "distributed tensor passed to this endpoint")
+        if not self.order.wait(seq, timeout):
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for the tensor engine to make a "
+                               "distributed tensor passed to this endpoint")
         v = self.env.get(ref, _MISSING)
         if type(v) is Poisoned:
             from ..errors import RemoteException
@@ -424,7 +365,7 @@ class Executor:
             if isinstance(v, torch.Tensor):
                 n += 1
                 nbytes += v.numel() * v.element_size()
-        return {"refs": len(self.env), "tensors": n, "bytes": nbytes, "done": self.done, "ops": self.ops,
+        return {"refs": len(self.env), "tensors": n, "bytes": nbytes, "done": self.order.done, "ops": self.ops,
                 "busy_s": self.busy_s}
 
 
