@@ -23,7 +23,6 @@ from monarch_kernel import (
     current_size,
     endpoint,
     this_host,
-    this_proc,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -220,12 +219,6 @@ def test_actor_mesh_passed_to_another_actor_calls_rank_to_rank(procs):
         relays.init.call(counters).get(timeout=20)
         assert relays.slice(gpus=0).forward_sync.call_one(1).get(timeout=20) == [1, 1, 1, 1]
         assert relays.slice(gpus=1).forward_async.call_one(1).get(timeout=20) == [2, 2, 2, 2]
-
-
-def test_this_proc_hosts_actor_in_calling_process():
-    c = this_proc().spawn("local", Counter, 5)
-    assert c.incr.call_one(1).get(timeout=10) == 6
-    assert c.extent == {}
 
 
 def test_endpoint_error_is_actor_error_with_cause(procs):
