@@ -1,4 +1,4 @@
-"""Actor classes and helpers shared by test_bad_input.py and test_lifecycle.py.
+"""Actor classes and helpers shared by test_bad_input.py and the runtime's process tests.
 
 They live in an importable module (not in a test's ``__main__``), so ranks import them by
 reference, the way library code reaches ranks.
@@ -220,6 +220,14 @@ def wait_for(predicate, timeout: float, interval: float = 0.05):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    """Wait for ``predicate`` to hold; fail saying what was waited for when it never does."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.05)
 
 
 def alive(pids) -> list[int]:

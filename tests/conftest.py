@@ -182,12 +182,13 @@ SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores)
     "test_debug": 73, "test_stacks": 63, "test_hostile": 62, "test_panel": 58, "test_scale": 54, "test_spmd": 52,
     "test_hosts": 51, "test_packaging": 46, "test_tensors": 41, "test_tensor_collectives": 40,
     "test_debug_tunnel": 37, "test_spmd_kernel": 36, "test_hosts_kernel": 31, "test_shm": 30,
-    "test_lifecycle": 30, "test_slurm": 30, "test_jupyterlab": 27, "test_rdma_compat": 25, "test_cluster": 24,
-    "test_fuzz_wires": 23, "test_config": 21, "test_monarch_examples": 21, "test_leaks": 19, "test_api": 18,
+    "test_caller": 16, "test_slurm": 30, "test_jupyterlab": 27, "test_rdma_compat": 25, "test_cluster": 24,
+    "test_fuzz_wires": 23, "test_config": 21, "test_monarch_examples": 21, "test_leaks": 19, "test_api": 14,
     "test_sync_env": 90, "test_attach": 50, "test_debug_security": 45, "test_ipython_cells": 40,
     "test_kernel_feedback": 40, "test_ssh_reach": 40, "test_out_of_cluster": 45, "test_slurm_login": 40,
     "test_tensor_security": 30, "test_spawn_checks": 25, "test_cell_errors": 20, "test_server_api": 14,
     "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
+    "test_launcher": 14, "test_supervision": 8, "test_lifecycle": 5, "test_server": 4,
 }
 
 

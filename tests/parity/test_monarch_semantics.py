@@ -1,7 +1,8 @@
 """What an actor *is*, as in Monarch: spawning returns at once and ``__init__`` runs in the
 background; a failed ``__init__`` is a supervision event and later calls carry its
 traceback; an exception that escapes a ``broadcast`` stops the actor and reaches the actor
-mesh's owner (one that escapes a ``tell``, the proc mesh's owner); ``MeshFailure.report()`` is a method."""
+mesh's owner (one that escapes a ``tell``, the proc mesh's owner); ``MeshFailure.report()`` is a method.
+(That an actor mesh's failures go to the actor that spawned it: test_supervision.py.)"""
 
 from __future__ import annotations
 
@@ -40,30 +41,6 @@ class Fragile(Actor):
         if fail:
             raise RuntimeError(f"poked to death after {self.calls} calls")
         return self.calls
-
-
-class Owner(Actor):
-    """Spawns a Fragile mesh of its own on the procs it is given, and keeps what its
-    ``__supervise__`` is offered."""
-
-    def __init__(self):
-        self.seen: list[str] = []
-
-    def __supervise__(self, failure) -> bool:
-        self.seen.append(failure.report())
-        return True
-
-    @endpoint
-    def start(self, procs) -> None:
-        self.fragile = procs.spawn("fragile", Fragile)
-
-    @endpoint
-    def break_it(self) -> None:
-        self.fragile.poke.broadcast(True)
-
-    @endpoint
-    async def seen_so_far(self) -> list[str]:
-        return list(self.seen)
 
 
 def test_spawn_returns_before_init_and_calls_queue_behind_it(tmp_path):
@@ -128,20 +105,6 @@ def test_a_told_exception_stops_the_actor_and_reaches_the_unhandled_hook(monkeyp
         with pytest.raises(ActorError, match="poked to death after 1 calls"):
             fragile.slice(r=1).poke.call_one(False).get(timeout=30)  # stopped: says why
         assert fragile.slice(r=0).poke.call_one(False).get(timeout=30) == 1  # rank 0 is fine
-
-
-def test_failures_of_an_actor_mesh_go_to_the_actor_that_spawned_it():
-    with this_host().spawn_procs(per_host={"r": 1}, name="owners") as owners_procs, \
-            this_host().spawn_procs(per_host={"r": 2}, name="workers") as worker_procs:
-        # The controller spawned the worker procs; the Owner actor spawns the actor mesh.
-        owner = owners_procs.spawn("owner", Owner)
-        owner.start.call_one(worker_procs).get(timeout=30)
-        owner.break_it.call_one().get(timeout=30)
-        deadline = time.monotonic() + 20
-        while not (seen := owner.seen_so_far.call_one().get(timeout=10)):
-            assert time.monotonic() < deadline, "timed out after 20 s waiting for Owner.__supervise__"
-            time.sleep(0.1)
-        assert "poked to death" in seen[0]
 
 
 def test_mesh_failure_report_is_a_method():

@@ -1,5 +1,5 @@
-"""Wire types round-trip, authentication rejects what it must, and the tree arithmetic the
-caller uses to repair a call is consistent with how ranks forward."""
+"""Wire types round-trip, authentication rejects what it must, and packed frames keep the
+signed layout.  (The tree arithmetic the caller repairs calls with: test_caller.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 from _config import configured  # noqa: I001  (tests/ is on sys.path)
 
 from monarch_kernel import Actor, endpoint, this_host
-from monarch_kernel.runtime.calls.tree import NodeTable, children, locate, split, split_groups
 from monarch_kernel.runtime.wire.auth import BULK, Dropped, Signer
 from monarch_kernel.runtime.wire.envelope import Header, Kind, Mode, Part, Status, join_parts, split_parts
 from monarch_kernel.runtime.wire.payloads import (
@@ -218,81 +217,6 @@ def test_bulk_buffers_are_bound_by_length():
     longer[3] = bytes(BULK + 1)
     with pytest.raises(Dropped, match="forged"):
         s.verify(longer)
-
-
-def test_split_covers_every_rank_once():
-    for n in range(0, 70):
-        for fanout in (1, 2, 3, 8):
-            seen = []
-
-            def walk(sub, seen=seen, fanout=fanout):
-                seen.append(sub[0])
-                for c in children(sub, fanout):
-                    walk(c)
-
-            roots = split(list(range(n)), fanout)
-            assert len(roots) <= fanout
-            for sub in roots:
-                walk(sub)
-            assert sorted(seen) == list(range(n))
-
-
-def test_locate_matches_forwarding():
-    ranks = list(range(16))
-    parent, sub = locate(ranks, 2, 0)
-    assert parent is None and sub == list(range(8))
-    parent, sub = locate(ranks, 2, 1)
-    assert parent == 0 and sub[0] == 1
-    assert locate(ranks, 2, 99) is None
-    for r in ranks:
-        parent, sub = locate(ranks, 2, r)
-        if parent is not None:
-            assert any(c[0] == r for c in children(locate(ranks, 2, parent)[1], 2))
-
-
-def test_split_groups_keeps_each_hosts_ranks_in_one_subtree_and_locate_follows_it():
-    """An out-of-cluster host's ranks (one group) are one subtree: the caller sends its ssh
-    connection one message, and the tree below that root is the usual one."""
-    groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]
-    assert split_groups(groups, 8) == [[0, 1, 2, 3], [4, 5, 6, 7], [8], [9]]
-    top = split_groups(groups, 2)
-    assert top == [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9]]
-    ranks = list(range(10))
-    assert locate(ranks, 2, 8, top) == (None, [8, 9])
-    assert locate(ranks, 2, 9, top) == (8, [9])
-    assert locate(ranks, 2, 8) != (None, [8, 9])  # without ``top``: split's own first level
-    for r in ranks:
-        parent, sub = locate(ranks, 2, r, top)
-        if parent is not None:
-            assert any(c[0] == r for c in children(locate(ranks, 2, parent, top)[1], 2))
-
-
-def test_node_table_redirect_outcomes():
-    t = NodeTable()
-    key = ("origin", 1)
-    assert t.start(key, "parent", True, {0, 5}, False)
-    assert not t.start(key, "parent", True, {0}, False)  # a call runs once
-    assert t.add(key, 0, [Part(0, 0, [b""])]) is None
-    assert t.redirect(key, "origin") == "active"
-    st = t.add(key, 5, [Part(5, 0, [b""])])
-    assert st.reply_to == "origin" and not st.to_node and len(st.parts) == 2
-
-    key2 = ("origin", 2)
-    t.start(key2, "parent", True, {0}, False)
-    t.add(key2, 0, [Part(0, 0, [b""])])
-    kind, parts = t.redirect(key2, "origin")  # already sent to the dead parent: resend
-    assert kind == "resend" and len(parts) == 1
-
-    key3 = ("origin", 3)
-    assert t.redirect(key3, "origin") == "lost"
-    assert not t.start(key3, "parent", True, {0}, False)  # the late original is refused
-    assert t.start(key3, "origin", False, {0}, True)  # the caller's resend runs
-
-    key4 = ("origin", 4)
-    t.start(key4, "parent", True, {0, 2}, False)
-    st = t.prune(key4, 2)
-    assert st is None
-    assert t.add(key4, 0, [Part(0, 0, [b""])]).reply_to == "parent"
 
 
 @pytest.mark.parametrize("body", [[b"small"], [b"a", b"b" * 5000, memoryview(b"c" * 70000), b"tail"], []])
