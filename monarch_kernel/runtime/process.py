@@ -114,7 +114,12 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.network.on_keys = self._keys_changed
         self.inbox = self.network.main_inbox(address or f"ipc://{rundir}/{name}")
         self.address = self.inbox.address
-        self.caller = Caller(self, config.fanout())
+        self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
+        self.segments = segments.Segments() if segments.available() else None
+        if serialize.segments is None:
+            serialize.segments = self.segments
+        self.caller = Caller(io, self.transport, self.network, self.inbox, self.signer, self.ports,
+                             self.memberships, self.segments, self.report_failure, config.fanout())
         self.server = Server(self, self.caller)
         # The dispatch table: every kind this process accepts, and the part that handles it.
         self.handlers: dict[int, Callable[[Header, list], None]] = {
@@ -137,16 +142,13 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         }
         self.receiver = Receiver(io, self.signer, self.drops, self.hooks, self.handlers,
                                  lambda n: self.network.thread_inbox(self.address, n), self.caller.uses)
-        self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
+        self.caller.receiver = self.receiver  # built after the caller: it takes caller.uses
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.warm_modules: list[str] = []  # what the template imports before forking (warm())
         # Ports every process of the job can reach, by name: (address, port id).  The root
         # opens them (publish_port); each rank inherits them through its launch config.
         self.job_ports: dict[str, tuple[str, int]] = {}
         self.main_thread: MainThread | None = None  # a MainThread when this is a rank (it lends it to one actor)
-        self.segments = segments.Segments() if segments.available() else None
-        if serialize.segments is None:
-            serialize.segments = self.segments
         self.launcher = Launcher(self)  # templates, hosts, forks, restarts, kills
         self.supervision = SupervisionPolicy(self)  # what a death or a failure means, and who hears it
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,

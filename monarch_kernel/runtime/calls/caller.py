@@ -4,8 +4,12 @@ values.  A send that cannot go fails the call at once (``Status.UNSENT``) or, wi
 tell, is logged once per peer.
 
 It owns the calls in flight, what this process knows of dead ranks and the direct TCP
-addresses actors on other hosts named; it reaches the rest of the process only through the
-runtime's parts (transport, network, receiver, ports).
+addresses actors on other hosts named.  It is given what it uses: the IO thread, the
+transport (sending), the network (which of our addresses a peer can answer), the main
+inbox, the signer (the frame limit), the ports, the process's memberships (mesh id -> (mesh,
+my rank)), its shared-memory segments, and ``report_failure`` (an unreachable rank of a
+TELL).  The receiver is built after the caller (it takes ``uses``): the composition hands it
+over at once as ``Caller.receiver``.
 """
 
 from __future__ import annotations
@@ -26,14 +30,33 @@ from .outstanding import PendingCall, synthetic_part
 from .tree import split, split_groups
 
 if TYPE_CHECKING:
-    from ..process import Runtime
+    from collections.abc import Callable
+
+    from ..net.io_thread import IOThread
+    from ..net.network import Network
+    from ..net.ports import PortTable
+    from ..net.receiver import Receiver
+    from ..net.transport import Transport
+    from ..wire.auth import Signer
+    from ..wire.segments import Segments
 
 log = logging.getLogger("monarch_kernel.runtime")
 
 
 class Caller:
-    def __init__(self, rt: Runtime, fanout: int):
-        self.rt = rt
+    def __init__(self, io: IOThread, transport: Transport, network: Network, inbox: Inbox, signer: Signer,
+                 ports: PortTable, memberships: dict[str, tuple[MeshRef, int]], segments: Segments | None,
+                 report_failure: Callable[[str, MeshFailure], None], fanout: int):
+        self.io = io
+        self.transport = transport
+        self.network = network
+        self.inbox = inbox  # the process's main inbox (read by the IO thread)
+        self.signer = signer
+        self.ports = ports
+        self.memberships = memberships
+        self.segments = segments
+        self.report_failure = report_failure
+        self.receiver: Receiver  # handed over by the composition right after it builds the receiver
         self.fanout = fanout
         self.calls: dict[int, PendingCall] = {}
         self.dead: dict[tuple[str, int], DeathInfo] = {}
@@ -53,17 +76,16 @@ class Caller:
         callbacks (``on_part``, or ``callbacks=True``), which run on the IO thread.
         ``slice_info``: a CALL's ``CallInfo``; ``options``: a SPAWN's ``SpawnInfo``.
         """
-        rt = self.rt
         fanout = fanout or self.fanout
         if self.oversized(body):
             self.check_size(body, f"the arguments of {method}")
         dead = self.dead
         alive = [r for r in ranks if (mesh.id, r) not in dead] if dead else list(ranks)
-        inbox = rt.inbox if (on_part is not None or callbacks) else rt.receiver.reply_inbox(rt.inbox)
-        origin = rt.network.answerable(inbox, mesh.addresses[0]) if mesh.addresses else inbox.address
+        inbox = self.inbox if (on_part is not None or callbacks) else self.receiver.reply_inbox(self.inbox)
+        origin = self.network.answerable(inbox, mesh.addresses[0]) if mesh.addresses else inbox.address
         h = Header.call(kind, next(self._ids), origin, mesh.id, actor, method, body, fanout, mode,
                         slice_info if options is None else options)
-        call = PendingCall(rt, h, mesh, alive, body, on_part)
+        call = PendingCall(self, h, mesh, alive, body, on_part)
         call.inbox = inbox
         call.segments = segments
         call.remaining.update(ranks)
@@ -72,7 +94,7 @@ class Caller:
             for r in ranks:
                 if (mesh.id, r) in dead:
                     call.add([synthetic_part(r, Status.DIED, dead[(mesh.id, r)])])
-        send = rt.transport.send
+        send = self.transport.send
         if len(alive) == 1:
             top = [alive]
         else:
@@ -89,7 +111,7 @@ class Caller:
             def fail_late() -> None:
                 for r in late:
                     call.rank_died(r, dead[(mesh.id, r)])
-            rt.io.call_soon(fail_late)
+            self.io.call_soon(fail_late)
         return call
 
     def subtrees(self, mesh: MeshRef, ranks: list[int], fanout: int) -> list[list[int]]:
@@ -98,7 +120,7 @@ class Caller:
         Such a host is sent one message per call and answers one, gathered there: each
         message of its own through that connection costs a round trip of its own, and
         answers that leave the host together wait on each other (ssh's Nagle)."""
-        transport = self.rt.transport
+        transport = self.transport
         if not transport.carried:
             return split(ranks, fanout)
         groups: dict = {}
@@ -116,12 +138,11 @@ class Caller:
         one send per rank.  Sent straight to each rank, never forwarded: nothing is gathered,
         and no forwarder's death can lose it.  A rank whose endpoint raises reports to the
         mesh's owner itself; a rank it cannot be sent to is reported from here."""
-        rt = self.rt
         if self.oversized(body):
             self.check_size(body, f"the arguments of {method}")
-        origin = rt.network.answerable(rt.inbox, mesh.addresses[0]) if mesh.addresses else rt.inbox.address
+        origin = self.network.answerable(self.inbox, mesh.addresses[0]) if mesh.addresses else self.inbox.address
         h = Header.call(Kind.CALL, next(self._ids), origin, mesh.id, actor, method, body, 1, Mode.TELL, slice_info)
-        dead, send = self.dead, rt.transport.send
+        dead, send = self.dead, self.transport.send
         for r in ranks:
             if dead and (mesh.id, r) in dead:
                 continue  # its death was reported already; there is nothing left to tell
@@ -129,7 +150,7 @@ class Caller:
             try:
                 send(self.target(mesh, r, Kind.CALL, actor), h, body)
             except SendFailed as e:
-                rt.report_failure(mesh.id, MeshFailure(mesh.name, r, f"{method} never reached rank {r}: {e}"))
+                self.report_failure(mesh.id, MeshFailure(mesh.name, r, f"{method} never reached rank {r}: {e}"))
                 return  # the first unreachable rank says it for the rest
 
     def target(self, mesh: MeshRef, rank: int, kind: int, actor: str) -> str:
@@ -185,7 +206,7 @@ class Caller:
             return 0
         self.dead[(mesh_id, rank)] = info
         if ref is not None and 0 <= rank < len(ref.addresses):
-            transport = self.rt.transport
+            transport = self.transport
             transport.forget(ref.addresses[rank])  # every thread drops its sockets to it
             for key in [k for k in self.direct if k[0] == mesh_id and k[1] == rank]:
                 transport.forget(self.direct.pop(key))
@@ -207,12 +228,11 @@ class Caller:
         is how ranks file the calls they serve.  A tree repair (REDIRECT, PRUNE) that cannot
         be sent is logged at DEBUG only: its rank is then gone too (its host died with the
         one repaired around), and its own death fails its part of the call."""
-        rt = self.rt
-        origin = origin or rt.network.answerable(rt.inbox, mesh.addresses[rank])
+        origin = origin or self.network.answerable(self.inbox, mesh.addresses[rank])
         h = Header.control(kind, origin, mesh.id, [rank], call_id=call_id, payload=payload)
         what = f"{Kind(kind).name} for rank {rank} of mesh '{mesh.name}'"
         try:
-            self.rt.transport.send(mesh.addresses[rank], h, [])
+            self.transport.send(mesh.addresses[rank], h, [])
         except SendFailed as e:
             if kind in (Kind.REDIRECT, Kind.PRUNE):
                 log.debug("monarch_kernel: %s was not sent: %s", what, e)
@@ -230,7 +250,7 @@ class Caller:
         if not ranks:
             return
         body = list(body or [])
-        origin = self.rt.network.answerable(self.rt.inbox, mesh.addresses[ranks[0]])
+        origin = self.network.answerable(self.inbox, mesh.addresses[ranks[0]])
         for sub in self.subtrees(mesh, ranks, self.fanout):
             h = Header.control(kind, origin, mesh.id, sub, fanout=self.fanout, payload=payload)
             if body:
@@ -240,7 +260,7 @@ class Caller:
 
     def pass_down(self, h: Header, body: list) -> None:
         """On a rank: send a tree control message on to this rank's subtree (``send_tree``)."""
-        member = self.rt.memberships.get(h.mesh)
+        member = self.memberships.get(h.mesh)
         if member is None or len(h.ranks) < 2 or h.ranks[0] != member[1]:
             return
         mesh = member[0]
@@ -251,7 +271,7 @@ class Caller:
 
     def send_object(self, address: str, kind: int, mesh_id: str, obj) -> None:
         body = dumps(obj)
-        me = self.rt.network.answerable(self.rt.inbox, address)
+        me = self.network.answerable(self.inbox, address)
         h = Header.control(kind, me, mesh_id)
         h.parts = [[0, Status.OK, len(body) - 1]]
         self.send_or_report(address, h, body, f"a {Kind(kind).name} report")
@@ -260,7 +280,7 @@ class Caller:
         """Send a message nobody waits on; a failure is logged (once per peer), since there
         is no caller to raise it to."""
         try:
-            self.rt.transport.send(address, h, body)
+            self.transport.send(address, h, body)
             return True
         except SendFailed as e:
             self._not_sent(address, what, e)
@@ -282,20 +302,20 @@ class Caller:
         h = Header.reply(call_id, origin, reply_to, mesh_id, me, to_node, direct)
         body = join_parts(h, parts)
         try:
-            self.rt.transport.send(reply_to, h, body)
+            self.transport.send(reply_to, h, body)
         except SendFailed as e:
             self._not_sent(reply_to, f"the answer to call {call_id} from rank {me}", e)
 
     def oversized(self, frames: list) -> bool:
         """Whether a frame of ``frames`` is over the limit receivers drop (``check_size`` says how)."""
-        limit = self.rt.signer.max_frame
+        limit = self.signer.max_frame
         for f in frames:
             if (f.nbytes if type(f) is memoryview else len(f)) > limit:
                 return True
         return False
 
     def check_size(self, frames: list, what: str) -> None:
-        limit = self.rt.signer.max_frame
+        limit = self.signer.max_frame
         for f in frames:
             n = f.nbytes if isinstance(f, memoryview) else len(f)
             if n > limit:
@@ -312,7 +332,6 @@ class Caller:
         ``wait``: seconds to wait until every rank has delivered it (what must happen next
         may depend on it, e.g. resuming a rank stopped in a debugger); True if they all did.
         """
-        rt = self.rt
         alive = [r for r in ranks if (mesh.id, r) not in self.dead]
         acked: set[int] = set()
         done = threading.Event()
@@ -323,28 +342,28 @@ class Caller:
                 if acked >= set(alive):
                     done.set()
 
-            port_id = rt.ports.open(ack, once=False)
+            port_id = self.ports.open(ack, once=False)
         for r in alive:
-            me = rt.network.answerable(rt.inbox, mesh.addresses[r])
+            me = self.network.answerable(self.inbox, mesh.addresses[r])
             h = Header.control(Kind.INTERRUPT, me, mesh.id, [r], actor=actor,
                                payload=None if port_id is None else InterruptAck(me, port_id))
             self.send_or_report(mesh.addresses[r], h, [], f"an interrupt for rank {r} of mesh '{mesh.name}'")
         if port_id is None:
             return True
         ok = not alive or done.wait(wait)
-        rt.ports.close(port_id)
+        self.ports.close(port_id)
         return ok
 
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
         a mesh that process belongs to, whose key signs the message (default: our own)."""
-        rt = self.rt
-        address = rt.network.reach(rt.address, address)
-        if address == rt.address or rt.inbox.owns(address):
-            rt.io.call_soon(rt.ports.deliver, port_id, part)
+        address = self.network.reach(self.inbox.address, address)
+        if self.inbox.owns(address):
+            self.io.call_soon(self.ports.deliver, port_id, part)
             return
         # By default sign as a member of this process's mesh: whoever opened the port talks
         # to that mesh, so it holds its key even when the mesh is another job's (detached).
-        me = rt.network.answerable(rt.inbox, address)
-        h = Header.port(port_id, me, address, mesh_id or (process_mesh[0] or rt.self_mesh).id)
-        rt.transport.send(address, h, join_parts(h, [part]))
+        # Every Runtime sets ``process_mesh`` (to its own mesh if no rank's mesh is set).
+        me = self.network.answerable(self.inbox, address)
+        h = Header.port(port_id, me, address, mesh_id or process_mesh[0].id)
+        self.transport.send(address, h, join_parts(h, [part]))

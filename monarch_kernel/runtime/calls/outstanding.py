@@ -1,7 +1,9 @@
 """Calls this process has made and is waiting on, and how they are repaired when a rank of
 the tree dies (the caller knows the whole tree, so it alone decides what is lost).
 
-Parts are kept encoded; the actor layer unpickles them in the caller's thread.
+Parts are kept encoded; the actor layer unpickles them in the caller's thread.  A call is
+given the ``Caller`` that made it: it leaves the caller's table when done, and sends its
+repairs (wake-ups, REDIRECT, PRUNE, re-sent subtrees) through it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .tree import children, locate, split
 
 if TYPE_CHECKING:
     from ..net.inbox import Inbox
+    from .caller import Caller
 
 
 def synthetic_part(rank: int, status: int, obj) -> Part:
@@ -27,12 +30,12 @@ def synthetic_part(rank: int, status: int, obj) -> Part:
 
 
 class PendingCall:
-    __slots__ = ("runtime", "header", "mesh", "ranks", "top", "body", "on_part", "remaining", "parts", "resent",
+    __slots__ = ("caller", "header", "mesh", "ranks", "top", "body", "on_part", "remaining", "parts", "resent",
                  "completion", "inbox", "segments", "_lock")
 
-    def __init__(self, runtime, header: Header, mesh: MeshRef, ranks: list[int], body: list,
+    def __init__(self, caller: Caller, header: Header, mesh: MeshRef, ranks: list[int], body: list,
                  on_part: Callable[[Part], None] | None):
-        self.runtime = runtime
+        self.caller = caller
         self.header = header
         self.mesh = mesh
         self.ranks = ranks  # ranks the tree was built over (alive when sent)
@@ -43,7 +46,7 @@ class PendingCall:
         self.parts: dict[int, Part] = {}
         self.resent: set[int] = set()
         self.completion = Completion()
-        self.inbox: Inbox | None = None  # where its replies arrive (set by the runtime)
+        self.inbox: Inbox | None = None  # where its replies arrive (set by the caller)
         self.segments: list | None = None  # shared-memory files holding its arguments, unlinked when done
         self._lock = threading.Lock()
 
@@ -60,13 +63,14 @@ class PendingCall:
             for p in new:
                 self.on_part(p)
         if finished and new:
-            self.runtime.caller.calls.pop(self.header.call_id, None)
+            self.caller.calls.pop(self.header.call_id, None)
             self.body = None
-            if self.segments:
+            store = self.caller.segments  # None only where no call can carry segments
+            if self.segments and store is not None:
                 # Every rank that answered has mapped its arguments; one that died never
                 # will.  Off the caller's critical path: freeing pages takes a while.
                 reuse = all(p.status != Status.DIED for p in self.parts.values())
-                self.runtime.io.call_soon(self.runtime.segments.release, self.segments, reuse)
+                self.caller.io.call_soon(store.release, self.segments, reuse)
             self.completion.set_result(self.parts)
 
     def rank_died(self, rank: int, info: DeathInfo) -> None:
@@ -77,17 +81,17 @@ class PendingCall:
             return
         found = locate(self.ranks, self.header.fanout, rank, self.top)
         self.add([synthetic_part(rank, Status.DIED, info)])
-        rt, h = self.runtime, self.header
-        if self.inbox is not None and self.inbox is not rt.inbox:
+        caller, h = self.caller, self.header
+        if self.inbox is not None and self.inbox is not caller.inbox:
             # The calling thread may be blocked reading its own inbox: nudge it.
-            rt.caller.send_or_report(self.inbox.address, Header.control(Kind.WAKE), [], "a wake-up")
+            caller.send_or_report(self.inbox.address, Header.control(Kind.WAKE), [], "a wake-up")
         if found is None:
             return
         parent, subtree = found
         for child in children(subtree, h.fanout):
-            rt.caller.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
+            caller.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
         if parent is not None and h.mode == 0:
-            rt.caller.prune(self.mesh, parent, h.call_id, rank, h.origin)
+            caller.prune(self.mesh, parent, h.call_id, rank, h.origin)
 
     def not_received(self, rank: int) -> None:
         """``rank`` never got the call (its forwarder died first): send its subtree again."""
@@ -99,11 +103,11 @@ class PendingCall:
         with self._lock:
             todo = [r for r in found[1] if r in self.remaining and r not in self.resent]
             self.resent.update(todo)
-        rt = self.runtime
+        caller = self.caller
         for sub in split(todo, self.header.fanout):
             h = self.header
             again = Header.resent(h, sub)
             try:
-                rt.transport.send(rt.caller.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
+                caller.transport.send(caller.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
             except SendFailed as e:
                 self.add([synthetic_part(r, Status.UNSENT, f"{e}") for r in sub])
