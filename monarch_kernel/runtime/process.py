@@ -120,7 +120,9 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
             serialize.segments = self.segments
         self.caller = Caller(io, self.transport, self.network, self.inbox, self.signer, self.ports,
                              self.memberships, self.segments, self.report_failure, config.fanout())
-        self.server = Server(self, self.caller)
+        self.server = Server(self.caller, self.transport, self.network, self.address, self.drops, self.ports,
+                             self.hooks, io, self.host, self.report_failure, lambda: self.main_thread,
+                             self.owned_meshes, self.stop_mesh)
         # The dispatch table: every kind this process accepts, and the part that handles it.
         self.handlers: dict[int, Callable[[Header, list], None]] = {
             Kind.CALL: self.server.on_call,
@@ -142,7 +144,9 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         }
         self.receiver = Receiver(io, self.signer, self.drops, self.hooks, self.handlers,
                                  lambda n: self.network.thread_inbox(self.address, n), self.caller.uses)
-        self.caller.receiver = self.receiver  # built after the caller: it takes caller.uses
+        # Built after the caller and the server: it takes caller.uses.
+        self.caller.receiver = self.receiver
+        self.server.attach(self.receiver, self.memberships)
         self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.warm_modules: list[str] = []  # what the template imports before forking (warm())
         # Ports every process of the job can reach, by name: (address, port id).  The root

@@ -4,6 +4,9 @@ order, as Monarch does (so thread-locals set in ``__init__`` are there in every 
 and a call reaches the actor without passing through another thread).  Async endpoints run
 on the worker's own event loop; concurrent ones (``@endpoint(concurrent=True)``) are tasks
 on it that make progress whenever the worker waits.
+
+A slot is given what it uses: the network (its inbox), the receiver (reading it), the
+rank's main thread (lent to one actor that asks) and the server's ``stop_spawned``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.backend import zmq_poll
@@ -26,6 +29,13 @@ from .. import config
 from ..completion import Completion
 from ..context import ActorContext, MeshRef, current_actor
 from ..net.inbox import Inbox, actor_address
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..net.network import Network
+    from ..net.receiver import Receiver
+    from .main_thread import MainThread
 
 log = logging.getLogger(__name__)
 POLLIN = int(zmq.POLLIN)
@@ -44,11 +54,17 @@ def in_actor_event_loop() -> bool:
 
 
 class ActorSlot:
-    def __init__(self, actor_id: str, mesh: MeshRef, rank: int, runtime):
+    def __init__(self, actor_id: str, mesh: MeshRef, rank: int, network: Network, receiver: Receiver,
+                 main_thread: MainThread | None, stop_spawned: Callable[[str, float], None]):
+        """``main_thread``: the rank's, if this process is a rank; ``stop_spawned(actor id,
+        timeout)``: stops what the actor spawned, as it stops (``Server.stop_spawned``)."""
         self.actor_id = actor_id
         self.mesh = mesh
         self.rank = rank
-        self.runtime = runtime
+        self.network = network
+        self.receiver = receiver
+        self.main_thread = main_thread
+        self.stop_spawned = stop_spawned
         self.inbox: Inbox | None = None
         self.direct: str | None = None  # its own TCP address, on a rank on another host
         self._wake_r, self._wake_w = os.pipe()
@@ -67,7 +83,7 @@ class ActorSlot:
         self.wants_main_thread = False  # the spawner asked for the rank's main thread
         self.init_failure: Any = None  # the Part __init__ answered with, if it raised
         self.failure: Any = None  # the Part that stopped it: an exception no caller received
-        self._main = None  # the MainThread it runs on, when it got it
+        self._main: MainThread | None = None  # the MainThread it runs on, when it got it
         self.loop: asyncio.AbstractEventLoop | None = None  # the worker's own, made on the worker
         self._tasks: set = set()  # concurrent endpoints still running
         self.deferring = False  # an async endpoint runs: new calls wait in the queue
@@ -76,7 +92,7 @@ class ActorSlot:
     def submit(self, fn) -> None:
         """Run ``fn`` on this actor's worker, after what is already queued."""
         if self._thread is None:
-            main = self.runtime.main_thread if self.wants_main_thread else None
+            main = self.main_thread if self.wants_main_thread else None
             if main is not None and main.claim(self):
                 self._main, self._thread = main, main.thread
                 main.start(self._work)
@@ -138,7 +154,7 @@ class ActorSlot:
 
     def _read_meanwhile(self) -> None:
         if self.inbox is not None and self.inbox.ready():
-            self.runtime.receiver.read(self.inbox, 64, inline=True)
+            self.receiver.read(self.inbox, 64, inline=True)
 
     def spawn(self, coro) -> None:
         """On the worker: start a concurrent endpoint; it runs whenever the worker waits."""
@@ -182,18 +198,17 @@ class ActorSlot:
 
     def _work(self) -> None:
         self._ident = threading.get_ident()
-        rt = self.runtime
         self.loop = asyncio.new_event_loop()
         os.set_blocking(self._wake_r, False)
         address = actor_address(self.mesh.addresses[self.rank], self.actor_id)
         # On a TCP rank the actor's inbox gets a port of its own, which its answers name
         # (``direct``); callers send there from then on, and through the rank's main inbox
         # (the IO thread hands those calls on) until they know it.
-        self.inbox = rt.network.actor_inbox(address)
+        self.inbox = self.network.actor_inbox(address)
         if address.startswith("tcp://"):
             self.direct = self.inbox.address
         inbox, work = self.inbox, self._queue
-        read = rt.receiver.read
+        read = self.receiver.read
         watch = [*inbox.items, (self._wake_r, POLLIN)]
         while True:
             while not work.empty():
@@ -258,7 +273,7 @@ class ActorSlot:
         if tasks and loop is not None and not loop.is_running():
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         # What it spawned stops with it (the calls its __cleanup__ makes to others still go).
-        self.runtime.server.stop_spawned(self.actor_id, CLEANUP_BUDGET_S)
+        self.stop_spawned(self.actor_id, CLEANUP_BUDGET_S)
         obj, self.instance = self.instance, None
         fn = getattr(obj, "__cleanup__", None) if obj is not None else None
         if fn is None:

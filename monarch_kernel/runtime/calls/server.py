@@ -4,7 +4,11 @@ loop) and sending the answer, merged with its subtree's, up the tree.
 
 It owns the actors hosted here; the tree state of the calls passing through is the
 gathering part's (``gathering.py``).  Answers go out through the sending part it is given
-(``Caller.send_reply``), never by another route.
+(``Caller.send_reply``), never by another route.  It is given the transport (forwarding),
+the network (actors' inboxes, the ports' address), the port table, the hooks, the IO thread
+and the runtime behaviours it uses (``report_failure``, the meshes this process spawned and
+their stop, the rank's main thread); the receiver and the memberships, built after it, are
+handed over through ``attach``.
 """
 
 from __future__ import annotations
@@ -17,40 +21,77 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import config
-from ..context import ActorContext, MeshRef, actor_name, actor_path, current_actor
-from ..errors import ActorError, SendFailed
-from ..failure import DeathInfo, MeshFailure, RemoteFailure
+from ..context import ActorContext, MeshRef, actor_name, current_actor
+from ..errors import SendFailed
+from ..failure import DeathInfo, MeshFailure
 from ..wire.envelope import Header, Kind, Mode, Part, Status, load
 from ..wire.payloads import ReplyInfo
 from ..wire.serialize import describe_unpicklable, dumps
 from .actor_slots import CONCURRENT_MARK, STOP_METHOD, ActorSlot
+from .endpoint_failures import failure_part, report_told, stop_if_unobserved
 from .gathering import Gathering
 from .tree import split
 
 if TYPE_CHECKING:
-    from ..process import Runtime
+    from collections.abc import Callable
+
+    from ..completion import Completion
+    from ..hooks import Hooks
+    from ..net.io_thread import IOThread
+    from ..net.network import Network
+    from ..net.ports import PortTable
+    from ..net.receiver import Receiver
+    from ..net.transport import Transport
+    from ..spawn.owned_mesh import OwnedMesh
+    from ..wire.auth import DropCounts
     from .caller import Caller
+    from .main_thread import MainThread
 
 STOP_INIT_GRACE_S = config.seconds("stop_init_grace")
 
 
 class Server:
-    def __init__(self, rt: Runtime, sender: Caller):
-        """``sender``: the part answers and forwarded calls go out through."""
-        self.rt = rt
+    receiver: Receiver  # handed over by ``attach``, as is ``memberships``
+    memberships: dict[str, tuple[MeshRef, int]]
+
+    def __init__(self, sender: Caller, transport: Transport, network: Network, address: str, drops: DropCounts,
+                 ports: PortTable, hooks: Hooks, io: IOThread, host: str,
+                 report_failure: Callable[[str, MeshFailure], None], main_thread: Callable[[], MainThread | None],
+                 owned_meshes: Callable[[], list[OwnedMesh]], stop_mesh: Callable[[OwnedMesh], Completion]):
+        """``sender``: the part answers and forwarded calls go out through; ``address``: this
+        process's main inbox; ``main_thread()``: the rank's MainThread, once it lends it (None
+        in the controller); ``owned_meshes``/``stop_mesh``: the proc meshes this process
+        spawned, and how one is stopped (an actor's stop stops those it spawned)."""
         self.sender = sender
-        self.gathering = Gathering(sender, rt.drops, self._my_rank)  # the calls this rank forwards
+        self.transport = transport
+        self.network = network
+        self.address = address
+        self.drops = drops
+        self.ports = ports
+        self.hooks = hooks
+        self.io = io
+        self.host = host
+        self.report_failure = report_failure
+        self.main_thread = main_thread
+        self.owned_meshes = owned_meshes
+        self.stop_mesh = stop_mesh
+        self.gathering = Gathering(sender, drops, self._my_rank)  # the calls this rank forwards
         self.actors: dict[str, ActorSlot] = {}
         # actor id -> the actor meshes it spawned: (proc mesh, actor id, ranks); they stop with it
         self.spawned: dict[str, list[tuple[MeshRef, str, list[int]]]] = {}
 
+    def attach(self, receiver: Receiver, memberships: dict[str, tuple[MeshRef, int]]) -> None:
+        """Hand over what the runtime builds after the server: the receiver (it reads actors'
+        inboxes) and the runtime's memberships (mesh id -> (mesh, this process's rank))."""
+        self.receiver = receiver
+        self.memberships = memberships
+
     # ------------------------------------------------------------ messages
 
     def on_call(self, h: Header, body: list) -> None:
-        rt = self.rt
-        member = rt.memberships.get(h.mesh)
+        member = self.memberships.get(h.mesh)
         if member is None or not h.ranks or h.ranks[0] != member[1]:
-            rt.drops.count("malformed")
+            self.drops.count("malformed")
             return
         mesh, me = member
         if _lone(h):
@@ -61,7 +102,7 @@ class Server:
                 self._run_endpoint(h, body, mesh, me)
             return
         if h.mode == Mode.TELL:  # never forwarded: see Caller.tell
-            rt.drops.count("malformed")
+            self.drops.count("malformed")
             return
         subs = split(h.ranks[1:], h.fanout)
         gather = h.mode == Mode.GATHER
@@ -84,7 +125,7 @@ class Server:
         for s in subs:
             fwd.ranks = s
             try:
-                self.rt.transport.send(sender.target(mesh, s[0], h.kind, h.actor), fwd, body)
+                self.transport.send(sender.target(mesh, s[0], h.kind, h.actor), fwd, body)
             except SendFailed:
                 # The caller knows the whole tree: it sends that subtree again itself, and
                 # its own send fails loudly if the rank is truly unreachable.
@@ -99,7 +140,7 @@ class Server:
                                                                              dumps(None)), mesh_id=h.mesh)
 
     def _my_rank(self, mesh_id: str) -> int:
-        member = self.rt.memberships.get(mesh_id)
+        member = self.memberships.get(mesh_id)
         return member[1] if member else -1
 
     # ------------------------------------------------------------ answers
@@ -107,26 +148,14 @@ class Server:
     def complete(self, h: Header, me: int, part: Part) -> None:
         slot = self.actors.get(h.actor) if h.kind == Kind.CALL else None
         if h.mode == Mode.TELL:  # nobody waits for it: only a failure is heard, by supervision
-            return _report_told(self.rt, h, me, part, slot) if part.status == Status.RAISED else None
+            if part.status == Status.RAISED:
+                report_told(self.memberships, self.report_failure, h, me, part, slot)
+            return
         direct = ReplyInfo(h.actor, slot.direct) if slot is not None and slot.direct else None
         if _lone(h):
             self.sender.send_parts(h.reply_to, False, [part], h.origin, h.call_id, me, h.mesh, direct)
             return
         self.gathering.answer(h, me, part, direct)
-
-    @staticmethod
-    def failure_part(me: int, actor: str, method: str, exc: BaseException) -> Part:
-        """``exc`` as the answer of ``actor`` (its id); the failure names the actor mesh as
-        the user named it, as Monarch's ``ActorError`` does.  If the report itself fails (a
-        ``str()`` that raises...), a plain-text failure answers anyway: a call never hangs."""
-        name = actor_name(actor)
-        try:
-            return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, name, method, exc)))
-        except Exception as e:
-            kind = type(exc).__qualname__
-            said = f"{kind} (its report failed: {type(e).__name__}: {e})"
-            failure = RemoteFailure(me, name, method, kind, said, said, socket.gethostname(), os.getpid())
-            return Part(me, Status.RAISED, [pickle.dumps(failure, 5)])
 
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
@@ -135,16 +164,16 @@ class Server:
                 self.sender.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
             return Part(me, Status.OK, frames)
         except ValueError as e:
-            return self.failure_part(me, actor, method, e)
+            return failure_part(me, actor, method, e)
         except Exception as e:
             err = TypeError(f"the result of {actor}.{method} on rank {me} could not be pickled: "
                             f"{describe_unpicklable(value, e)}")
-            return self.failure_part(me, actor, method, err)
+            return failure_part(me, actor, method, err)
 
     # ------------------------------------------------------------ actors
 
     def _spawn_actor(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
-        slot = ActorSlot(h.actor, mesh, me, self.rt)
+        slot = ActorSlot(h.actor, mesh, me, self.network, self.receiver, self.main_thread(), self.stop_spawned)
         slot.wants_main_thread = bool(h.payload is not None and h.kind == Kind.SPAWN and h.payload.main_thread)
         self.actors[h.actor] = slot
 
@@ -153,7 +182,7 @@ class Server:
             # While __init__ runs (it may never return) the IO thread reads the actor's inbox:
             # calls queue behind __init__, and a stop need not wait for it (``_stop_after_init``).
             assert slot.inbox is not None
-            self.rt.receiver.watch(slot.inbox)
+            self.receiver.watch(slot.inbox)
             try:
                 cls, args, kwargs = load(body)
                 obj = cls.__new__(cls)
@@ -163,14 +192,14 @@ class Server:
                 obj.__init__(*args, **kwargs)
                 part = Part(me, Status.OK, dumps(None))
             except BaseException as e:
-                part = self.failure_part(me, h.actor, "__init__", e)
+                part = failure_part(me, h.actor, "__init__", e)
                 slot.instance = None
                 slot.init_failure = part  # later calls fail with this, __init__'s own traceback
             finally:
                 if token is not None:
                     current_actor.reset(token)
             with slot.inbox.lease:  # the IO thread is not inside a read: what it read is queued
-                self.rt.receiver.unwatch(slot.inbox)
+                self.receiver.unwatch(slot.inbox)
                 slot.constructed.set_result(part.status == Status.OK)
             self.complete(h, me, part)
 
@@ -181,7 +210,7 @@ class Server:
         if slot is None:
             err = LookupError(
                 f"no actor {h.actor!r} on rank {me} of mesh '{mesh.name}' (it failed to spawn or was stopped)")
-            return self.failure_part(me, h.actor, h.method, err)
+            return failure_part(me, h.actor, h.method, err)
         if slot.failure is not None:  # stopped (or failed): say why, every time
             return Part(me, slot.failure.status, slot.failure.frames)
         if slot.halted:
@@ -192,7 +221,7 @@ class Server:
             if slot.init_failure is not None:
                 return Part(me, slot.init_failure.status, slot.init_failure.frames)
             err = LookupError(f"actor {h.actor!r} on rank {me} failed in __init__; spawn it again")
-            return self.failure_part(me, h.actor, h.method, err)
+            return failure_part(me, h.actor, h.method, err)
         return None
 
     def _run_endpoint(self, h: Header, body: list, mesh: MeshRef, me: int) -> None:
@@ -215,12 +244,12 @@ class Server:
         ready = slot is not None and slot.failure is None and not slot.halted and slot.instance is not None
         refused = None if ready else self._refusal(slot, h, mesh, me)
         if refused is not None or slot is None:  # (no slot is always refused)
-            self.complete(h, me, refused or self.failure_part(me, h.actor, h.method, LookupError(h.actor)))
+            self.complete(h, me, refused or failure_part(me, h.actor, h.method, LookupError(h.actor)))
             return
         try:
             fn, is_async = slot.endpoint(h.method)
         except AttributeError as e:
-            self.complete(h, me, self.failure_part(me, h.actor, h.method, e))
+            self.complete(h, me, failure_part(me, h.actor, h.method, e))
             return
         msg_rank, msg_dims = h.payload.point(me) if h.payload is not None else (me, None)
         ctx = ActorContext(mesh, me, h.actor, slot.instance, msg_rank, msg_dims)
@@ -254,7 +283,7 @@ class Server:
                 cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
                 err = RuntimeError(f"Actor {cls} '{slot.actor_id}' on rank {me} of mesh '{mesh.name}' is "
                                    f"stopped: ActorMesh.stop() stopped it. Spawn it again to call it.")
-                slot.failure = self.failure_part(me, h.actor, "", err)  # no method: it answers every call
+                slot.failure = failure_part(me, h.actor, "", err)  # no method: it answers every call
             slot.halt(None)
             self.complete(h, me, Part(me, Status.OK, dumps(None)))
         if slot.is_current() and not slot.deferring:
@@ -275,12 +304,12 @@ class Server:
             started = slot.init_started
             left = STOP_INIT_GRACE_S - (time.monotonic() - started) if started is not None else STOP_INIT_GRACE_S
             if left > 0:  # (its class and arguments may still be loading: their imports)
-                self.rt.io.loop.call_later(left, late)
+                self.io.loop.call_later(left, late)
             elif first.acquire(blocking=False):
                 self._stop_unconstructed(slot, h, mesh, me)
 
         slot.constructed.add_done_callback(constructed)
-        self.rt.io.call_soon(self.rt.io.loop.call_later, STOP_INIT_GRACE_S, late)
+        self.io.call_soon(self.io.loop.call_later, STOP_INIT_GRACE_S, late)
 
     def _stop_unconstructed(self, slot: ActorSlot, h: Header, mesh: MeshRef, me: int) -> None:
         """ActorMesh.stop() while ``__init__`` runs: the actor is stopped at once (every call
@@ -289,7 +318,7 @@ class Server:
         if slot.failure is None:
             err = RuntimeError(f"Actor '{actor_name(slot.actor_id)}' on rank {me} of mesh '{mesh.name}' is stopped: "
                                f"ActorMesh.stop() stopped it before its __init__ returned. Spawn it again to call it.")
-            slot.failure = self.failure_part(me, h.actor, "", err)
+            slot.failure = failure_part(me, h.actor, "", err)
         slot.halted = True  # no __cleanup__: there is no constructed instance to clean up
         self.complete(h, me, Part(me, Status.OK, dumps(None)))
 
@@ -305,11 +334,11 @@ class Server:
         mesh, me = slot.mesh, slot.rank
         cls = type(slot.instance).__qualname__ if slot.instance is not None else "actor"
         err = RuntimeError(f"Actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' aborted: {reason}")
-        slot.failure = self.failure_part(me, actor_id, "", err)
+        slot.failure = failure_part(me, actor_id, "", err)
         slot.submit(lambda: slot.halt(err))
-        text = (f"actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' (host {self.rt.host}) aborted: "
+        text = (f"actor {cls} '{actor_id}' on rank {me} of mesh '{mesh.name}' (host {self.host}) aborted: "
                 f"{reason}")
-        self.rt.report_failure(mesh.id, MeshFailure(mesh.name, me, text, remote=slot.failure.load()))
+        self.report_failure(mesh.id, MeshFailure(mesh.name, me, text, remote=slot.failure.load()))
 
     def note_spawned(self, owner: str, ref: MeshRef, actor_id: str, ranks: list[int]) -> None:
         """Actor ``owner`` (hosted here) spawned actor mesh ``actor_id`` on ``ranks`` of
@@ -321,23 +350,22 @@ class Server:
         """On ``owner``'s worker, as it stops: the actor meshes it spawned stop too (their
         ``__cleanup__`` runs, and so on down), and so do the proc meshes it spawned, as in
         Monarch.  Waits at most ``timeout`` s for them; the stops go on regardless."""
-        rt = self.rt
         waits = []
         for ref, child, ranks in self.spawned.pop(owner, ()):
-            live = [r for r in ranks if rt.death(ref.id, r) is None]
+            live = [r for r in ranks if self.sender.dead.get((ref.id, r)) is None]
             if not live:
                 continue
             try:
-                pending = rt.call(ref, child, STOP_METHOD, live, dumps(((), {})))
+                pending = self.sender.call(ref, child, STOP_METHOD, live, dumps(((), {})))
             except SendFailed:
                 continue  # its ranks are gone: nothing left to stop
             waits.append((pending.completion, pending.inbox))
-        for om in list(rt.meshes.values()):
+        for om in self.owned_meshes():
             if om.owner_actor is not None and om.owner_actor.actor == owner and not om.stopping:
-                waits.append((rt.launcher.stop(om), None))
+                waits.append((self.stop_mesh(om), None))
         deadline = time.monotonic() + timeout
         for completion, inbox in waits:
-            rt.wait(completion, max(0.0, deadline - time.monotonic()), inbox)
+            self.receiver.wait(completion, max(0.0, deadline - time.monotonic()), inbox)
 
     def actor_instance(self, actor_id: str):
         """The object behind an actor hosted in this process (None if there is none)."""
@@ -354,8 +382,8 @@ class Server:
 
     def _response_port(self, h: Header, me: int) -> tuple[int, tuple]:
         """For ``@endpoint(explicit_response_port=True)``: a port that answers this call."""
-        port_id = self.rt.ports.open(lambda part: self.complete(h, me, Part(me, part.status, part.frames)), once=True)
-        return port_id, (self.rt.port_address, port_id, me)
+        port_id = self.ports.open(lambda part: self.complete(h, me, Part(me, part.status, part.frames)), once=True)
+        return port_id, (self.network.port_address(self.address), port_id, me)
 
     def _run_sync(self, slot: ActorSlot, fn, ctx: ActorContext, h: Header, body: list, me: int) -> None:
         token = current_actor.set(ctx)
@@ -378,13 +406,13 @@ class Server:
             part = self._ok_part(me, h.actor, h.method, value)
             value = None
         except BaseException as e:
-            if port_id is not None and not self.rt.ports.close(port_id):
+            if port_id is not None and not self.ports.close(port_id):
                 return  # it already answered through the port
-            hook = self.rt.hooks.endpoint_error.current()
+            hook = self.hooks.endpoint_error.current()
             if hook is not None and isinstance(e, Exception):
                 hook(e)  # may stop here in post-mortem pdb before the caller hears of it
-            part = self.failure_part(me, h.actor, h.method, e)
-            _stop_if_unobserved(slot, h, part)
+            part = failure_part(me, h.actor, h.method, e)
+            stop_if_unobserved(slot, h, part)
         finally:
             current_actor.reset(token)
         self.complete(h, me, part)
@@ -403,28 +431,11 @@ class Server:
             part = self._ok_part(me, h.actor, h.method, value)
             value = None
         except BaseException as e:
-            if port_id is not None and not self.rt.ports.close(port_id):
+            if port_id is not None and not self.ports.close(port_id):
                 return
-            part = self.failure_part(me, h.actor, h.method, e)
-            _stop_if_unobserved(slot, h, part)
+            part = failure_part(me, h.actor, h.method, e)
+            stop_if_unobserved(slot, h, part)
         self.complete(h, me, part)
-
-
-def _stop_if_unobserved(slot: ActorSlot, h: Header, part: Part) -> None:
-    """An exception escaped an endpoint called with ``broadcast`` (nobody waits for its
-    answer): as in Monarch the actor stops, and every later call to it fails with this.
-    The caller's runtime still reports the failure to the actor mesh's owner."""
-    if h.payload is not None and h.kind == Kind.CALL and h.payload.broadcast and slot.failure is None:
-        slot.failure = part
-
-
-def _report_told(rt: Runtime, h: Header, me: int, part: Part, slot: ActorSlot | None) -> None:
-    """A told endpoint raised: no caller waits for its answer, so the mesh's owner hears, as of an abort."""
-    member = rt.memberships.get(h.mesh)
-    if member is not None:
-        failure, cls = part.load(), type(slot.instance) if slot is not None and slot.instance is not None else None
-        path = actor_path(None, f"{cls.__module__}.{cls.__qualname__}", h.actor, me, member[0].dims) if cls else ""
-        rt.report_failure(h.mesh, MeshFailure(member[0].name, me, str(ActorError(failure)), remote=failure, actor=path))
 
 
 def _lone(h: Header) -> bool:
