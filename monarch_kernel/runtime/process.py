@@ -42,7 +42,7 @@ from .net.ports import PortTable
 from .net.receiver import Receiver
 from .net.transport import Transport
 from .spawn import agent_channel, stack_dump
-from .spawn.launcher import Launcher
+from .spawn.launcher import Inherited, Launcher
 from .wire import rejects, segments, serialize
 from .wire.auth import DropCounts, Signer
 from .wire.curve import CurveKeys
@@ -153,8 +153,15 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         # opens them (publish_port); each rank inherits them through its launch config.
         self.job_ports: dict[str, tuple[str, int]] = {}
         self.main_thread: MainThread | None = None  # a MainThread when this is a rank (it lends it to one actor)
-        self.launcher = Launcher(self)  # templates, hosts, forks, restarts, kills
-        self.supervision = SupervisionPolicy(self)  # what a death or a failure means, and who hears it
+        # what a death or a failure means, and who hears it
+        self.supervision = SupervisionPolicy(io, self.caller, self.server, self.meshes, self.hooks, owner,
+                                             rank_died=self.rank_died, unhandled=self.unhandled,
+                                             shutting_down=lambda: self.closed)
+        # templates, hosts, forks, restarts, kills; owns_rundir is set after (_new_controller)
+        self.launcher = Launcher(io, self.network, self.caller, self.receiver, self.inbox, self.meshes, self.drops,
+                                 self.hooks, self.supervision,
+                                 Inherited(key, rundir, self.address, self.host, self.warm_modules, self.job_ports,
+                                           self.segments, owns_rundir=lambda: self.owns_rundir))
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
                                  (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)

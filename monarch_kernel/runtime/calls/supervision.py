@@ -5,11 +5,18 @@ once (``ProcessDied``), every mesh that might call it is told (``Kind.DEATH``; `
 once it is restarted), the mesh's spawn or restart in progress fails; a death nobody was
 waiting for becomes a supervision event for the spawning actor's ``__supervise__``, or goes up
 the chain of owners to the controller's unhandled-fault hook.  It decides; it never starts or ends a process.
+
+It is given what it uses, not the runtime: the IO thread, the caller (to tell meshes, to
+forget deaths), the server's actors (whose ``__supervise__`` runs), the runtime's table of
+owned meshes, the hooks (death hooks), this process's owner, and three behaviours of the
+runtime: ``rank_died`` (fail the calls waiting on a rank), ``unhandled`` (the root's hook)
+and ``shutting_down`` (whether this process is closing).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 from ..context import actor_path, process_mesh
 from ..errors import ProcessDied
@@ -23,8 +30,12 @@ from ..wire.serialize import dumps
 class SupervisionPolicy:
     """Held by the runtime as ``rt.supervision``; every method runs on the IO thread."""
 
-    def __init__(self, runtime):
-        self.rt = runtime
+    def __init__(self, io, caller, server, meshes: dict, hooks, owner: str | None, *,
+                 rank_died: Callable[[str, int, DeathInfo], int], unhandled: Callable[[MeshFailure], None],
+                 shutting_down: Callable[[], bool]):
+        self.io, self.caller, self.server, self.meshes, self.hooks = io, caller, server, meshes, hooks
+        self.owner = owner  # the process that supervises this one (None: the root)
+        self.rank_died, self.unhandled, self.shutting_down = rank_died, unhandled, shutting_down
         # mesh id -> the actor meshes spawned on it: (spawner, class name, actor id, ranks)
         self._hosted: dict[str, list[tuple]] = {}
 
@@ -53,15 +64,14 @@ class SupervisionPolicy:
     def on_death(self, om: OwnedMesh, rank: int, info: DeathInfo, on_purpose: bool = False) -> None:
         """``rank`` of ``om`` died (the launcher has marked it dead); ``on_purpose``: it was
         killed by ``ProcMesh.kill``, which is no supervision event."""
-        rt = self.rt
-        observed = rt.rank_died(om.ref.id, rank, info) or not om.ready.done()
-        for hook in rt.hooks.death.all():
+        observed = self.rank_died(om.ref.id, rank, info) or not om.ready.done()
+        for hook in self.hooks.death.all():
             hook(om.ref.id, rank, info)
         body = dumps(info)
-        for other in list(rt.meshes.values()):
-            if other.stopping and (other is om or rt.closed):
+        for other in list(self.meshes.values()):
+            if other.stopping and (other is om or self.shutting_down()):
                 continue  # nobody there will call the dead rank again
-            rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body,
+            self.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body,
                                 payload=DeathNotice(om.ref.id))
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
@@ -76,18 +86,17 @@ class SupervisionPolicy:
     def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None:
         """Dead ``ranks`` of ``om`` are being started again: this process and every mesh
         told of their deaths forget them (``Kind.REVIVE``)."""
-        rt = self.rt
         self.forget_deaths(om.ref.id, ranks)
-        for other in list(rt.meshes.values()):
+        for other in list(self.meshes.values()):
             for r in ranks:
-                rt.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE,
+                self.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE,
                                     payload=ReviveNotice(om.ref.id, r))
 
     def forget_deaths(self, mesh_id: str, ranks) -> None:
         """This process forgets that ``ranks`` of mesh ``mesh_id`` died: they were started
         again (here, or by the process that owns the mesh: a detached mesh's host)."""
         for r in ranks:
-            self.rt.caller.revived(mesh_id, r)
+            self.caller.revived(mesh_id, r)
 
     def supervise(self, om: OwnedMesh, failure: MeshFailure) -> None:
         """Offer the failure to the actor that spawned the proc mesh, else pass it up."""
@@ -102,15 +111,14 @@ class SupervisionPolicy:
         if handler is None:
             self._propagate(failure, owner)
             return
-        rt = self.rt
 
         def decided(handled: bool, error: BaseException | None = None):
             if error is not None:
                 failure.chain.append(f"__supervise__ raised {error!r}")
             if not handled:
-                rt.io.call_soon(self._propagate, failure, owner)
+                self.io.call_soon(self._propagate, failure, owner)
 
-        slot = rt.server.actors.get(owner.actor)
+        slot = self.server.actors.get(owner.actor)
         if inspect.iscoroutinefunction(handler):
             async def run():
                 try:
@@ -127,7 +135,7 @@ class SupervisionPolicy:
 
                 slot.submit_soon(go)
             else:
-                rt.io.loop.create_task(run())
+                self.io.loop.create_task(run())
         else:
             def run_sync():
                 try:
@@ -143,21 +151,20 @@ class SupervisionPolicy:
     def _propagate(self, failure: MeshFailure, owner) -> None:
         """Up the chain: to this process's own owner (``Kind.FAILURE``), or, at the root, to
         the unhandled-fault hook."""
-        rt = self.rt
         if owner is not None:  # named by its mesh path, as the failed actor is
             cls = type(owner.instance)
             failure.chain.append(actor_path(None, f"{cls.__module__}.{cls.__qualname__}", owner.actor, owner.rank,
                                             owner.mesh.dims))
-        if rt.owner is None:
-            rt.unhandled(failure)
+        if self.owner is None:
+            self.unhandled(failure)
         else:
             my_mesh = process_mesh[0]
-            rt.caller.send_object(rt.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
+            self.caller.send_object(self.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
 
     def on_failure_report(self, mesh_id: str, failure: MeshFailure) -> None:
         """A rank of a mesh this process spawned reported a failure nobody there handled."""
-        om = self.rt.meshes.get(mesh_id)
+        om = self.meshes.get(mesh_id)
         if om is not None:
             self.supervise(om, failure)
         else:
-            self.rt.unhandled(failure)
+            self.unhandled(failure)

@@ -8,6 +8,10 @@ template's does.  The link beats
 every ``BEAT_S`` and declares the agent gone after ``SILENT_S`` of silence (a cut link, a dead
 machine), or at once when its launcher says so (the ssh or srun process exited): every rank
 it forked then dies with a reason that names the host.
+
+The launcher gives it what it uses: the IO thread, the network (where this process is
+reached, its Curve keys), the caller's ``send_or_report`` to send with, and what this process
+hands its ranks (``Inherited``: the job key, its address, the modules to warm).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..completion import Completion
 from . import agent_channel as wire
@@ -25,13 +30,16 @@ from .capacity import NoRoom, Shortfall
 from .launch_config import LaunchConfig
 from .stack_dump import PendingDumps
 
+if TYPE_CHECKING:
+    from .launcher import Inherited
+
 
 class AgentLink:
     """``host``: the name the job knows the host by (what deaths and ``%mesh status`` say).
     ``events`` (a ``TemplateEvents``) hears what the agent's template says of its ranks."""
 
-    def __init__(self, runtime, host: str, events):
-        self.rt = runtime
+    def __init__(self, host: str, events, io, network, send_or_report: Callable[..., bool], inherited: Inherited):
+        self.io, self.network, self.send_or_report, self.inherited = io, network, send_or_report, inherited
         self.host = host
         self.id = "h" + secrets.token_hex(5)
         self.events = events
@@ -59,17 +67,17 @@ class AgentLink:
 
     def credentials(self, controller: str, bind: str | None = None) -> bytes:
         """The line to write to the agent's stdin (it holds the job's keys)."""
-        assert self.rt.network.curve is not None
-        return wire.credentials(self.id, self.rt.key, self.rt.network.curve, controller, bind,
-                                tuple(self.rt.warm_modules))
+        assert self.network.curve is not None
+        return wire.credentials(self.id, self.inherited.key, self.network.curve, controller, bind,
+                                tuple(self.inherited.warm_modules))
 
     # ------------------------------------------------------------ sending (any thread)
 
     def _send(self, msg: hw.Message) -> bool:
         if self.address is None or not self.alive:
             return False
-        h, body = wire.encode(self.id, self.rt.network.net_address or self.rt.address, msg)
-        return self.rt.caller.send_or_report(self.address, h, body, f"a {msg.OP} for the agent on {self.host}")
+        h, body = wire.encode(self.id, self.network.net_address or self.inherited.address, msg)
+        return self.send_or_report(self.address, h, body, f"a {msg.OP} for the agent on {self.host}")
 
     def _tag(self) -> int:
         self._tags += 1
@@ -87,7 +95,7 @@ class AgentLink:
                 got.set_exception(ConnectionError(f"cannot reach the agent on {self.host}"
                                                   + (f": {self.why_gone}" if self.why_gone else "")))
 
-        self.rt.io.call_soon(ask)
+        self.io.call_soon(ask)
         return got
 
     def fork(self, config: LaunchConfig, on_forked, on_failed=None) -> None:

@@ -2,10 +2,13 @@
 beat, write and exit.
 
 It owns the templates that fork local ranks, the links to the agents of this process's
-hosts, and the ``OwnedMesh`` record of each mesh (in ``rt.meshes``); it restarts, kills and
-stops ranks.  A death is learnt from the process exit (the template reaps its children and
-says so), never by polling; what a death means is the supervision policy's to decide
-(``rt.supervision.on_death``).
+hosts, and the ``OwnedMesh`` record of each mesh (in ``meshes``, the runtime's table); it
+restarts, kills and stops ranks.  A death is learnt from the process exit (the template reaps
+its children and says so), never by polling; what a death means is the supervision policy's
+to decide (``supervision.on_death``).
+
+It is given its collaborators (the IO thread, network, caller, receiver, supervision policy...)
+and what each rank inherits from this process (``Inherited``), never the runtime itself.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import config
 from ..completion import Completion
@@ -33,16 +39,36 @@ from .rank_output import LineReader
 from .rank_remains import kill_rank, remove_inboxes
 from .template_client import TemplateClient
 
+if TYPE_CHECKING:
+    from ..wire.segments import Segments
+
 STOP_GRACE_S = config.seconds("stop_grace")
 EXIT_DRAIN_S = config.seconds("exit_drain")
+
+
+@dataclass(frozen=True)
+class Inherited:
+    """What this process hands each rank it launches (and each host's agent); the runtime
+    fills the two tables in place (``warm``, ``publish_port``)."""
+    key: bytes
+    rundir: str
+    address: str  # this process's main inbox, on ``host``
+    host: str
+    warm_modules: list  # what templates import before forking
+    job_ports: dict  # name -> (address, port id)
+    segments: Segments | None  # the shared-memory segments (their ``dir``)
+    owns_rundir: Callable[[], bool]  # the root controller's: set after the runtime is made
 
 
 class Launcher:
     """Held by the runtime as ``rt.launcher``.  Its public methods may be called from any
     thread (they hand their work to the IO thread); the ``on_*`` events arrive on it."""
 
-    def __init__(self, runtime):
-        self.rt = runtime
+    def __init__(self, io, network, caller, receiver, inbox, meshes: dict, drops, hooks, supervision,
+                 inherited: Inherited):
+        self.io, self.network, self.caller, self.receiver, self.inbox = io, network, caller, receiver, inbox
+        self.drops, self.hooks, self.supervision, self.inherited = drops, hooks, supervision, inherited
+        self.meshes = meshes  # mesh id -> OwnedMesh: the runtime's table, filled here
         self.templates: dict[str, TemplateClient] = {}  # source id (python#n) -> its template
         self.pid_index: dict[tuple[str, int], tuple[OwnedMesh, int]] = {}  # (source, pid) -> rank
         self.links: dict[str, AgentLink] = {}  # agents of this process's hosts, by link id
@@ -68,7 +94,7 @@ class Launcher:
         (``add_host``) the ranks are spread over, in order, the same number on each; without
         them every rank is forked here.  ``check``: each host first sees that it holds its ranks
         (``capacity.host_shortfall``), else ``NoRoom`` is raised before anything is forked."""
-        rt = self.rt
+        me = self.inherited
         mesh_id = "m" + secrets.token_hex(4)
         n = 1
         for _, size in dims:
@@ -79,21 +105,21 @@ class Launcher:
             ports = self._reserve(hosts, per, check)  # first: a host without room refuses before lists of n
             links = [hosts[r // per] for r in range(n)]
             addresses = tuple(f"tcp://{links[r].ip}:{ports[links[r].id][r % per]}" for r in range(n))
-            ref = MeshRef(mesh_id, name, dims, addresses, rt.network.net_address, tuple(link.host for link in links))
+            ref = MeshRef(mesh_id, name, dims, addresses, self.network.net_address, tuple(link.host for link in links))
         else:
-            addresses = tuple(f"ipc://{rt.rundir}/{mesh_id}.{r}" for r in range(n))
-            ref = MeshRef(mesh_id, name, dims, addresses, rt.address, (rt.host,) * n)
+            addresses = tuple(f"ipc://{me.rundir}/{mesh_id}.{r}" for r in range(n))
+            ref = MeshRef(mesh_id, name, dims, addresses, me.address, (me.host,) * n)
         om = OwnedMesh(ref, current_actor.get())
         om.bootstrap, om.python, om.links = bootstrap, python or self.python or sys.executable, links
-        rt.meshes[mesh_id] = om
+        self.meshes[mesh_id] = om
         if n == 0:
             om.ready.set_result(True)
             om.exited.set_result(True)
             return om
         try:
-            rt.io.run(self._launch, om, dict(env or {}))
+            self.io.run(self._launch, om, dict(env or {}))
         except BaseException:
-            rt.meshes.pop(mesh_id, None)  # nothing was launched (the interpreter would not start)
+            self.meshes.pop(mesh_id, None)  # nothing was launched (the interpreter would not start)
             raise
         return om
 
@@ -125,34 +151,33 @@ class Launcher:
         the next template takes over, so a limit of 1,024 still fits thousands of ranks)."""
         if om.links is not None:
             return om.links[rank].id, om.links[rank]
-        rt = self.rt
         python = om.python
         for source, template in self.templates.items():
             if template.python == python and template.alive and template.ranks < self.per_template:
                 return source, template
         self._count += 1
         source = f"{python}#{self._count}"
-        self.templates[source] = TemplateClient(rt.io.loop, _Events(self, source), tuple(rt.warm_modules),
+        self.templates[source] = TemplateClient(self.io.loop, _Events(self, source), tuple(self.inherited.warm_modules),
                                                 python=python)
         return source, self.templates[source]
 
     def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
-        rt = self.rt
+        me = self.inherited
         ref = om.ref
         om.env = env
         for r in (range(ref.size) if ranks is None else ranks):
-            sink = rt.hooks.output.current  # looked up per line: the kernel may install one later
+            sink = self.hooks.output.current  # looked up per line: the kernel may install one later
             om.readers[r] = [LineReader(ref.name, r, "stdout", sink), LineReader(ref.name, r, "stderr", sink)]
             remote = om.links is not None
             cfg = LaunchConfig(
-                key=rt.key, rundir=rt.rundir, owner=ref.owner, rank=r, mesh=ref,
+                key=me.key, rundir=me.rundir, owner=ref.owner, rank=r, mesh=ref,
                 sys_path=tuple(sys.path), cwd=os.getcwd(), env={**config.exported_env(), **env},
-                fanout=rt.caller.fanout,
+                fanout=self.caller.fanout,
                 # The root controller's template removes the run directory if it is killed.
-                cleanup_dirs=tuple([rt.rundir] + ([rt.segments.dir] if rt.segments else [])
-                                   if rt.owns_rundir and not remote else []),
-                bootstrap=om.bootstrap, curve=rt.network.curve,
-                job_ports=rt.network.job_ports_for(rt.job_ports, rt.address, ref.owner),
+                cleanup_dirs=tuple([me.rundir] + ([me.segments.dir] if me.segments else [])
+                                   if me.owns_rundir() and not remote else []),
+                bootstrap=om.bootstrap, curve=self.network.curve,
+                job_ports=self.network.job_ports_for(me.job_ports, me.address, ref.owner),
                 address=ref.addresses[r] if remote else None,
                 python=om.python if om.python != sys.executable and not remote else None,
             )
@@ -195,9 +220,9 @@ class Launcher:
         try:
             hello = RankHello.decode(frame)
         except MalformedMessage:
-            self.rt.drops.count("malformed")
+            self.drops.count("malformed")
             return
-        om = self.rt.meshes.get(hello.mesh)
+        om = self.meshes.get(hello.mesh)
         rank = hello.rank
         if om is None or rank in om.up or rank not in om.alive:
             return
@@ -227,14 +252,14 @@ class Launcher:
         om, r = entry
         assert status is not None  # the template reports a rank's exit with its wait status
         remove_inboxes(om.ref.addresses[r])
-        self.rt.receiver.drain(self.rt.inbox)  # answers it sent just before dying still count
+        self.receiver.drain(self.inbox)  # answers it sent just before dying still count
         info = DeathInfo.from_status(om.ref.name, r, pid, om.ref.hosts[r], status, om.readers[r][1].tail)
         info.stopped = om.stopping
         self._died(om, r, info)
 
     def _source_gone(self, source: str, why: str) -> None:
         link = self.links.get(source)
-        for om in list(self.rt.meshes.values()):
+        for om in list(self.meshes.values()):
             ranks = sorted(r for r in om.alive if self.source(om, r) == source)
             if not ranks:
                 continue
@@ -259,21 +284,21 @@ class Launcher:
     def _died(self, om: OwnedMesh, rank: int, info: DeathInfo) -> None:
         om.alive.discard(rank)
         killed = om.dying.pop(rank, None)
-        self.rt.supervision.on_death(om, rank, info, on_purpose=killed is not None)
+        self.supervision.on_death(om, rank, info, on_purpose=killed is not None)
         if killed is not None:
             killed.set_result(True)
         if not om.alive:
             om.exited.set_result(True)
             if om.stopping:  # nothing will call it again: forget it
-                self.rt.meshes.pop(om.ref.id, None)
-                self.rt.supervision.forget_hosted(om.ref.id)
+                self.meshes.pop(om.ref.id, None)
+                self.supervision.forget_hosted(om.ref.id)
 
     # ------------------------------------------------------------ restarting and killing
 
     def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """Start dead ``ranks`` again in place: same rank numbers and addresses, fresh
         processes.  Returns one completion per rank, done when it has connected."""
-        return self.rt.io.run(self._restart, om, list(ranks))
+        return self.io.run(self._restart, om, list(ranks))
 
     def _restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """On the IO thread, so that it runs wholly after the handling of the death it
@@ -292,7 +317,7 @@ class Launcher:
         for r in ranks:
             om.alive.add(r)
             om.up.discard(r)
-        self.rt.supervision.on_revive(om, ranks)
+        self.supervision.on_revive(om, ranks)
         self._launch(om, om.env, ranks)
         return done
 
@@ -313,19 +338,18 @@ class Launcher:
     def stop(self, om: OwnedMesh) -> Completion:
         """End every rank of ``om`` (``Kind.STOP``, then SIGKILL after ``STOP_GRACE_S``);
         the completion is done once they have all exited."""
-        self.rt.io.call_soon(self._stop, om)
+        self.io.call_soon(self._stop, om)
         return om.exited
 
     def _stop(self, om: OwnedMesh) -> None:
         if om.stopping:
             return
         om.stopping = True
-        rt = self.rt
-        rt.caller.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
+        self.caller.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
         for r in list(om.alive):
             if r not in om.up:
                 kill_rank(om, r)
-        rt.io.loop.call_later(STOP_GRACE_S, self._kill_rest, om)
+        self.io.loop.call_later(STOP_GRACE_S, self._kill_rest, om)
 
     @staticmethod
     def _kill_rest(om: OwnedMesh) -> None:
@@ -337,12 +361,12 @@ class Launcher:
     def add_host(self, host: str) -> AgentLink:
         """A link for the agent a job is about to start on ``host``; its ``credentials()`` go
         to the agent's stdin, and ``up`` completes when it has connected."""
-        link = AgentLink(self.rt, host, None)
+        link = AgentLink(host, None, self.io, self.network, self.caller.send_or_report, self.inherited)
         link.events = _Events(self, link.id)
         self.links[link.id] = link
         if not self._beating:
             self._beating = True
-            self.rt.io.call_soon(self._beat)
+            self.io.call_soon(self._beat)
         return link
 
     def end_host(self, link: AgentLink, bye: bool = True) -> None:
@@ -350,17 +374,17 @@ class Launcher:
         ``bye=False``: only mark them so, for an agent that its job ends another way (an
         attached worker, told over its own connection)."""
         def go():
-            for om in list(self.rt.meshes.values()):
+            for om in list(self.meshes.values()):
                 if om.links is not None and any(lk is link for lk in om.links):
                     om.stopping = True
             if bye:
                 link.close()
 
-        self.rt.io.run(go)
+        self.io.run(go)
 
     def forget_host(self, link: AgentLink, why: str) -> None:
         """Drop an agent ended before it connected (its job starts it again another way)."""
-        self.rt.io.run(lambda: link.gone(why))
+        self.io.run(lambda: link.gone(why))
         self.links.pop(link.id, None)  # after: the IO thread heard it, and never hears it again
 
     def on_host(self, origin: str, host_id: str, msg) -> None:
@@ -373,7 +397,7 @@ class Launcher:
         now = time.monotonic()
         for link in list(self.links.values()):
             link.beat(now)
-        self.rt.io.loop.call_later(agent_channel.BEAT_S, self._beat)
+        self.io.loop.call_later(agent_channel.BEAT_S, self._beat)
 
     def close(self) -> None:
         """At exit: every rank we spawned is killed, then the templates and the hosts' agents.
@@ -381,9 +405,9 @@ class Launcher:
         are no failure.  First the local ranks' last output is shown: what they wrote before
         the exit (a script's final lines from its actors) is read and printed, waiting at most
         ``exit_drain`` seconds for it."""
-        for om in list(self.rt.meshes.values()):
+        for om in list(self.meshes.values()):
             om.stopping = True
-        if self.pid_index and not self.rt.io.is_current():
+        if self.pid_index and not self.io.is_current():
             deadline = time.monotonic() + EXIT_DRAIN_S
             for done in [t.drain() for t in list(self.templates.values()) if t.alive]:
                 done.wait(max(0.0, deadline - time.monotonic()))
