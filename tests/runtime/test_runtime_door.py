@@ -35,6 +35,7 @@ def test_the_front_door_names_resolve_and_importing_it_loads_nothing():
     got = json.loads(out.stdout)
     assert got["loaded"] == []
     assert got["names"]["Runtime"] == "type" and got["names"]["rank_label"] == "function"
+    assert got["names"]["host_messages"] == "module"  # a wire format is exported as its module
 
 
 def test_a_name_not_in_the_front_door_is_an_attribute_error():
