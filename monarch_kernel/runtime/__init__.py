@@ -2,8 +2,8 @@
 imports the layers above it.
 
 Its layers, lowest first.  A module imports only from its own layer or below; the exceptions
-are lazy or for types only, and are named.  tests/test_layering.py checks that no two rooms
-(sub-packages) import each other.
+are lazy or for types only, and are named.  tests/system/test_layering.py checks that no
+two rooms (sub-packages) import each other.
 
   leaves         config, context, completion, limits, diagnostics, failure (plain records),
                  errors (the runtime's exceptions), rank_sets (rank lists as text)
@@ -33,7 +33,7 @@ type-only imports included.  What they get is the names in ``__all__``, then the
 
   the process    ``Runtime`` and the ``IOThread`` an agent builds one on, ``Completion``,
                  who is running (context: ``current_actor``, ``process_mesh``...), the
-                 settings (``config``) and the process's own log (``diagnostics``)
+                 settings (``config``) and the log's handler of last resort (``diagnostics``)
   records, errors   what a failure or a death says, the runtime's exceptions, rank lists
                  as text, and whether a host has room (``NoRoom``, the ``*_shortfall``s)
   actor calls    what a call is made of: the envelope's ``Kind``/``Mode``/``Part``/
@@ -41,9 +41,11 @@ type-only imports included.  What they get is the names in ``__all__``, then the
                  an actor's endpoints
   wire formats   what agents, jobs and the data plane speak, each exported as its module
                  (the module is the format: messages, encoding, constants): ``host_messages``,
-                 ``agent_channel``, ``worker_wire``, ``worker_key``, ``rejects``,
-                 ``segments``, ``hosts``...; and the pieces an agent runs a host with
-                 (``TemplateClient``, ``LaunchConfig``, ``loopback_for``, Curve keys)
+                 ``agent_channel``, ``worker_wire``, ``worker_key``, ``segments``; and the
+                 pieces an agent runs a host with (``TemplateClient``, ``LaunchConfig``,
+                 ``loopback_for``, Curve keys) or a job holds one by (``AgentLink``)
+  looking at processes   modules too: ``hosts`` (which host this is), ``rejects`` (input
+                 refused, counted), ``proc_stats``, ``stack_dump``, ``rank_logging``
 
 A part's state is never a name here: what an upper layer needs of it is a method of
 ``Runtime``.  Importing this package imports nothing: each name loads its module when first
@@ -54,22 +56,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    # the process and its front door
+if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and _MODULES
     from . import config as config
     from . import diagnostics as diagnostics
-
-    # what an actor call is made of
     from .calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK, STOP_METHOD, in_actor_event_loop
     from .completion import Completion
     from .context import MeshRef, actor_path, current_actor, new_actor_id, process_mesh
-
-    # records and errors
     from .errors import ActorError, MeshStopped, ProcessDied, SendFailed
     from .failure import DeathInfo, MeshFailure, RemoteFailure
     from .limits import raise_nofile_limit
-
-    # the wire formats that agents, jobs and the data plane speak
     from .net import hosts as hosts
     from .net.io_thread import IOThread
     from .net.transport import loopback_for
@@ -123,16 +118,20 @@ _WHERE = {
     "loopback_for": "net.transport", "CurveKeys": "wire.curve", "Gatekeeper": "wire.curve",
 }
 
-# name -> a module exported whole: settings, and wire formats whose module is the format (its
-# messages, their encoding, its constants), named as its callers name it
+# name -> a module exported whole (the module is the concept: a format's messages, encoding and
+# constants), under the name its callers use
 _MODULES = {
+    # the process's settings and its log's handler of last resort
     "config": "config", "diagnostics": "diagnostics",
+    # the wire formats that agents, jobs and the data plane speak
     "agent_channel": "spawn.agent_channel", "host_messages": "spawn.host_messages",
-    "worker_wire": "spawn.worker_wire", "worker_key": "spawn.worker_key",
+    "worker_wire": "spawn.worker_wire", "worker_key": "spawn.worker_key", "segments": "wire.segments",
+    # looking at processes and hosts
+    "hosts": "net.hosts", "rejects": "wire.rejects",
     "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "spawn.rank_logging",
-    "hosts": "net.hosts", "rejects": "wire.rejects", "segments": "wire.segments",
 }
 
+# every name above; tests/system/test_layering.py reads it as the front door
 __all__ = [
     "ActorError", "AgentLink", "CONCURRENT_MARK", "CallInfo", "Completion", "CurveKeys", "DeathInfo",
     "ENDPOINT_MARK", "Gatekeeper", "IOThread", "Kind", "LaunchConfig", "MeshFailure", "MeshRef", "MeshStopped",
