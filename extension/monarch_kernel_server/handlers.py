@@ -15,8 +15,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from monarch_kernel.detached import listing, records
-from monarch_kernel.runtime import config
-from monarch_kernel.runtime.wire import rejects
+from monarch_kernel.runtime import config, rejects
 
 HELPER = [sys.executable, "-m", "monarch_kernel.detached.listing"]
 HELPER_TIMEOUT_S = config.seconds("server_helper_timeout")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ..runtime.completion import Completion
+from ..runtime import Completion
 from .endpoint import Endpoint
 from .future import Future
 

@@ -18,8 +18,7 @@ import functools
 import logging
 from dataclasses import dataclass
 
-from ..runtime.context import MeshRef, current_actor, process_mesh
-from ..runtime.process import Runtime
+from ..runtime import MeshRef, Runtime, current_actor, process_mesh
 from . import tensor_shim
 from .endpoint import endpoint
 from .host_mesh import this_proc

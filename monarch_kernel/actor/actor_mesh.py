@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from ..runtime.calls.actor_slots import STOP_METHOD
-from ..runtime.context import MeshRef
-from ..runtime.errors import MeshStopped, ProcessDied
-from ..runtime.process import Runtime
-from ..runtime.wire.payloads import CallInfo
-from ..runtime.wire.serialize import dumps
+from ..runtime import STOP_METHOD, CallInfo, MeshRef, MeshStopped, ProcessDied, Runtime, dumps
 from .endpoint import ENDPOINT_MARK, RREF_METHOD, Endpoint, part_value
 from .shape import Shape, Shaped
 

@@ -16,9 +16,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..runtime.completion import Completion
-from ..runtime.process import Runtime
-from ..runtime.wire.envelope import Part
+from ..runtime import Completion, Part, Runtime
 from .future import Future
 
 if TYPE_CHECKING:

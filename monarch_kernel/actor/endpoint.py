@@ -17,22 +17,31 @@ import inspect
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..runtime.completion import Completion
-from ..runtime.context import actor_path
-from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
-from ..runtime.failure import MeshFailure
-from ..runtime.process import Runtime
-from ..runtime.wire.envelope import Mode, Part, Status
-from ..runtime.wire.payloads import CallInfo
-from ..runtime.wire.serialize import describe_unpicklable, dumps, dumps_plain
+from ..runtime import (
+    CONCURRENT_MARK,
+    ENDPOINT_MARK,
+    ActorError,
+    CallInfo,
+    Completion,
+    MeshFailure,
+    MeshStopped,
+    Mode,
+    Part,
+    ProcessDied,
+    Runtime,
+    SendFailed,
+    Status,
+    actor_path,
+    describe_unpicklable,
+    dumps,
+    dumps_plain,
+)
 from . import tensor_shim
 from .future import Future
 from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
-
-from ..runtime.calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK
 
 RREF_METHOD = "__monarch_rref__"  # the Actor endpoint that runs another for ``rref`` (never listed)
 

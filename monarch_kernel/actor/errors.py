@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..runtime.errors import ActorError, MeshStopped, ProcessDied
-from ..runtime.failure import MeshFailure
+from ..runtime import ActorError, MeshFailure, MeshStopped, ProcessDied
 
 if TYPE_CHECKING:
     from .code_sync.workspace import WorkspaceSync

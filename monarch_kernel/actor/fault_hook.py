@@ -11,8 +11,7 @@ import logging
 import os
 import sys
 
-from ..runtime import config
-from ..runtime.failure import MeshFailure
+from ..runtime import MeshFailure, config
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
-from ..runtime.calls.actor_slots import in_actor_event_loop
-from ..runtime.completion import Completion
-from ..runtime.process import Runtime
+from ..runtime import Completion, Runtime, in_actor_event_loop
 
 R = TypeVar("R")
 _UNSET = object()

@@ -8,11 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime import config
-from ..runtime.completion import Completion
-from ..runtime.errors import ProcessDied
-from ..runtime.process import Runtime
-from ..runtime.spawn.capacity import NoRoom
+from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config
 from .controllers import publish_registry
 from .fault_hook import route_unhandled
 from .future import Future

@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
-from ..runtime.spawn import rank_logging
+from ..runtime import rank_logging
 from .actor import Actor
 from .endpoint import endpoint
 

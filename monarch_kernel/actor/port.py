@@ -18,11 +18,7 @@ import collections
 import threading
 from typing import Generic, TypeVar
 
-from ..runtime.completion import Completion
-from ..runtime.failure import RemoteFailure
-from ..runtime.process import Runtime
-from ..runtime.wire.envelope import Part, Status
-from ..runtime.wire.serialize import describe_unpicklable, dumps
+from ..runtime import Completion, Part, RemoteFailure, Runtime, Status, describe_unpicklable, dumps
 from .endpoint import part_value
 from .future import Future
 

@@ -13,11 +13,18 @@ import os
 
 from ..observe.stack_report import StackReport
 from ..observe.stacks import take as take_stacks
-from ..runtime.context import actor_path, current_actor, new_actor_id
-from ..runtime.errors import ActorError, MeshStopped, ProcessDied, SendFailed
-from ..runtime.failure import MeshFailure
-from ..runtime.process import Runtime
-from ..runtime.wire.envelope import Kind
+from ..runtime import (
+    ActorError,
+    Kind,
+    MeshFailure,
+    MeshStopped,
+    ProcessDied,
+    Runtime,
+    SendFailed,
+    actor_path,
+    current_actor,
+    new_actor_id,
+)
 from . import tensor_shim
 from .actor_mesh import ActorMesh, endpoint_names, propagators
 from .endpoint import part_value, refuse_mixed_endpoints

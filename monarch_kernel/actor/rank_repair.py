@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..runtime.process import Runtime
-from ..runtime.wire.envelope import Kind
+from ..runtime import Kind, Runtime
 from .endpoint import part_value
 from .future import Future
 from .spawn_message import spawn_body, spawn_options

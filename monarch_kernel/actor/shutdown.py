@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from ..runtime.completion import Completion
-from ..runtime.process import Runtime
+from ..runtime import Completion, Runtime
 from .future import Future
 from .proc_mesh import ProcMesh
 from .shape import Shape

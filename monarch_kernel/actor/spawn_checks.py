@@ -11,8 +11,7 @@ import re
 import sys
 from collections.abc import Mapping
 
-from ..runtime import config
-from ..runtime.spawn.capacity import PID_MAX_LIMIT, Shortfall, controller_files_shortfall, host_shortfall
+from ..runtime import PID_MAX_LIMIT, Shortfall, config, controller_files_shortfall, host_shortfall
 from .shape import check_dim
 
 # A mesh's name becomes part of file names (detached meshes' records and logs, merged

@@ -4,7 +4,7 @@ Shared by a first spawn (``ProcMesh.spawn``) and a respawn on replaced ranks (ra
 
 from __future__ import annotations
 
-from ..runtime.wire.payloads import SpawnInfo
+from ..runtime import SpawnInfo
 
 
 def spawn_options(cls) -> SpawnInfo | None:
@@ -12,7 +12,7 @@ def spawn_options(cls) -> SpawnInfo | None:
 
 
 def spawn_body(cls, args, kwargs) -> list:
-    from ..runtime.wire.serialize import describe_unpicklable, dumps
+    from ..runtime import describe_unpicklable, dumps
 
     try:
         return dumps((cls, args, kwargs))

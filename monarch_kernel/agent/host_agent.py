@@ -16,18 +16,21 @@ import sys
 import tempfile
 import time
 
+from ..runtime import (
+    IOThread,
+    LaunchConfig,
+    Runtime,
+    TemplateClient,
+    diagnostics,
+    host_shortfall,
+    loopback_for,
+    proc_stats,
+    raise_nofile_limit,
+    template_files_shortfall,
+)
+from ..runtime import agent_channel as wire
 from ..runtime import config as settings
-from ..runtime import diagnostics
-from ..runtime.limits import raise_nofile_limit
-from ..runtime.net.io_thread import IOThread
-from ..runtime.net.transport import loopback_for
-from ..runtime.process import Runtime
-from ..runtime.spawn import agent_channel as wire
-from ..runtime.spawn import host_messages as hw
-from ..runtime.spawn import proc_stats
-from ..runtime.spawn.capacity import host_shortfall, template_files_shortfall
-from ..runtime.spawn.launch_config import LaunchConfig
-from ..runtime.spawn.template_client import TemplateClient
+from ..runtime import host_messages as hw
 
 
 def route_address(controller: str) -> str:

@@ -31,11 +31,8 @@ import time
 
 import zmq
 
-from ..runtime import config, diagnostics
-from ..runtime.spawn import worker_wire as wire
-from ..runtime.spawn.worker_key import mac, no_key, read_key_file, session_curve, session_key
-from ..runtime.wire import rejects
-from ..runtime.wire.curve import Gatekeeper
+from ..runtime import Gatekeeper, config, diagnostics, rejects, worker_key
+from ..runtime import worker_wire as wire
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +149,10 @@ class Worker:
         await writer.drain()
         got = await reader.readexactly(wire.HELLO)
         nc, proof = got[:wire.NONCE], got[wire.NONCE:]
-        if not hmac.compare_digest(proof, mac(self.key, b"controller", nw, nc)):
+        if not hmac.compare_digest(proof, worker_key.mac(self.key, b"controller", nw, nc)):
             return None
-        writer.write(mac(self.key, b"worker", nc, nw))
-        return session_key(self.key, nw, nc)
+        writer.write(worker_key.mac(self.key, b"worker", nc, nw))
+        return worker_key.session_key(self.key, nw, nc)
 
     # ------------------------------------------------------------ one controller
 
@@ -183,7 +180,7 @@ class Worker:
         """The job's credentials, received over CurveZMQ with the session's keys (secret, so
         never on the plain connection); signed with the session key as well."""
         loop = asyncio.get_running_loop()
-        keys = session_curve(session)
+        keys = worker_key.session_curve(session)
         ctx = zmq.Context()
         gate = Gatekeeper(ctx, loop, keys, lambda addr: rejects.count(
             "worker", "curve", f"a credentials connection from {addr} without the session's key"))
@@ -201,7 +198,7 @@ class Worker:
             sock.close(linger=0)
             gate.close()
             ctx.term()
-        if len(frames) != 2 or not hmac.compare_digest(frames[1], mac(session, b"credentials", frames[0])):
+        if len(frames) != 2 or not hmac.compare_digest(frames[1], worker_key.mac(session, b"credentials", frames[0])):
             raise wire.HandshakeFailed("credentials not signed with the session's key")
         line = frames[0]
         if not line.endswith(b"\n") or b"\n" in line[:-1]:
@@ -322,9 +319,9 @@ def run_worker_loop_forever(*, address: str, key=None, ca=None, private_key=None
     until SIGTERM, SIGINT or a controller's ``job.kill()`` (Monarch's name; a key file stands
     for Monarch's ``ca=`` and ``private_key=``)."""
     if key is None:
-        raise TypeError(no_key("run_worker_loop_forever(address=..., key=PATH)", ca, private_key))
+        raise TypeError(worker_key.no_key("run_worker_loop_forever(address=..., key=PATH)", ca, private_key))
     ip, port = parse_listen(address)
-    secret = read_key_file(key)
+    secret = worker_key.read_key_file(key)
     diagnostics.install()
     logging.getLogger(__name__).setLevel(logging.INFO)
     asyncio.run(Worker(ip, port, secret).serve())

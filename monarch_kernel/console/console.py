@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..debug.rank import pdb_rank, rank_debugpy
-from ..runtime.process import Runtime
+from ..runtime import Runtime
 from . import host_once
 from .cells import LAST, compile_cell, remember_source
 from .display import DisplayCapture

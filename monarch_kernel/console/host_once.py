@@ -22,13 +22,11 @@ import socket
 import stat
 import time
 
-from ..runtime.config import seconds
-from ..runtime.context import process_mesh
-from ..runtime.rank_sets import rank_label
+from ..runtime import config, process_mesh, rank_label
 
 COMMANDS = ("pip", "conda", "mamba", "micromamba", "uv")  # IPython's magics that install packages
-STAGGER_S = seconds("host_once_stagger")  # the k-th rank of a host lets the ranks below it go first k times this
-POLL_S = seconds("host_once_poll")
+STAGGER_S = config.seconds("host_once_stagger")  # the k-th rank of a host lets the ranks below it go first k times this
+POLL_S = config.seconds("host_once_poll")
 
 
 class HostOnceError(RuntimeError):

@@ -22,9 +22,9 @@ from traitlets import Type
 from traitlets.config import Config
 
 from ..debug.rank import pdb_rank
-from ..runtime.config import seconds
+from ..runtime import config
 
-CHILD_GRACE_S = seconds("shell_command_grace")  # a ``!cmd`` the stop button interrupts: to end on SIGINT
+CHILD_GRACE_S = config.seconds("shell_command_grace")  # a ``!cmd`` the stop button interrupts: to end on SIGINT
 
 
 class RankPublisher(DisplayPublisher):

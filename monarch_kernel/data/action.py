@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 
 from ..actor.future import Future
-from ..runtime.completion import Completion
+from ..runtime import Completion
 from . import wire
 from .buffer import RDMABuffer
 from .memory import Memory, as_memory, describe, prefix, span

@@ -17,10 +17,7 @@ from dataclasses import astuple, dataclass
 import msgpack
 
 from ..actor.future import Future
-from ..runtime import config
-from ..runtime.completion import Completion
-from ..runtime.net import hosts
-from ..runtime.process import Runtime
+from ..runtime import Completion, Runtime, config, hosts
 from . import client, cuda_ipc, ibverbs, shm, tcp, wire
 from .errors import ForgedHandle, TransferError
 from .memory import Memory, as_memory, copy, prefix

@@ -104,7 +104,7 @@ def _route(ip: str, port: int) -> tuple[int, str | tuple[str, int]]:
     """The socket family and address that reach ``ip:port``: where this process's control
     connections to it would go (an ssh forward's unix socket, for a host beyond a login
     node: ``out_of_cluster``), else ``ip:port`` itself."""
-    from ..runtime.process import Runtime
+    from ..runtime import Runtime
 
     rt = Runtime.existing()
     got = rt.route(f"tcp://{ip}:{port}") if rt is not None else f"tcp://{ip}:{port}"

@@ -17,10 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..runtime import config
-from ..runtime.context import process_mesh
-from ..runtime.net import hosts
-from ..runtime.wire import rejects
+from ..runtime import config, hosts, process_mesh, rejects
 from . import cuda_ipc, ibverbs, shm, tcp, wire
 from .memory import Memory
 
@@ -67,7 +64,7 @@ class DataServer:
     def get(cls) -> DataServer:
         with cls._lock:
             if cls._current is None or cls._current.pid != os.getpid():
-                from ..runtime.process import Runtime
+                from ..runtime import Runtime
 
                 cls._current = cls(Runtime.current())
             return cls._current

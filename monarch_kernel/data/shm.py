@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 
-from ..runtime.wire import segments
+from ..runtime import segments
 from . import client, tcp, wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone
 from .memory import Memory, copy

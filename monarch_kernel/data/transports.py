@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from ..runtime import config
-from ..runtime.net import hosts
+from ..runtime import config, hosts
 from . import cuda_ipc, ibverbs, shm
 from .errors import TransferError
 

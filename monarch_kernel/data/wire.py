@@ -14,7 +14,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from ..runtime.wire import rejects
+from ..runtime import rejects
 
 # One stream socket (Unix on one host, TCP across hosts) carries many requests, one at a
 # time.  The handshake proves both ends hold the job key with fresh nonces on both sides, so

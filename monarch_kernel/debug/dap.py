@@ -17,7 +17,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from ..runtime.wire import rejects
+from ..runtime import rejects
 from .messages import DapEvent, DapRequest, DapResponse, decode_dap
 
 HEADER = b"Content-Length: "

@@ -19,7 +19,7 @@ from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..actor.host_mesh import this_host, this_proc
 from ..console.console import Console
-from ..runtime.process import Runtime
+from ..runtime import Runtime
 from . import records
 
 

@@ -113,7 +113,7 @@ def find(name: str) -> records.Record | None:
 def _host(record: records.Record):
     from ..actor.actor_mesh import ActorMesh
     from ..actor.proc_mesh import ProcMesh
-    from ..runtime.process import Runtime
+    from ..runtime import Runtime
     from .host import MeshHost
 
     Runtime.current().trust([record.ref.id, record.host_ref.id], bytes.fromhex(record.key))
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    from ..runtime.process import Runtime
+    from ..runtime import Runtime
 
     rt = Runtime.existing()
     if rt is not None:

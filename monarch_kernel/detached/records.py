@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from ..actor.spawn_checks import check_mesh_name, mesh_name_problem
-from ..runtime.context import MeshRef
+from ..runtime import MeshRef
 
 PREFIX = "monarch-mesh-"
 

@@ -17,9 +17,8 @@ import subprocess
 import threading
 import time
 
-from ..runtime import config
-from ..runtime.process import Runtime
-from ..runtime.spawn import agent_channel as wire
+from ..runtime import Runtime, config
+from ..runtime import agent_channel as wire
 from .tunnels import port_taken
 
 AGENT_MODULE = "monarch_kernel.agent"

@@ -16,9 +16,7 @@ import os
 import time
 
 from ..actor.host_mesh import HostMesh
-from ..runtime import config
-from ..runtime.process import Runtime
-from ..runtime.spawn.worker_key import no_key, read_key_file
+from ..runtime import Runtime, config, worker_key
 from .agents import controller_address
 from .job import JobTrait
 from .worker_session import WorkerSession, parse_worker
@@ -48,7 +46,8 @@ class AttachJob(JobTrait):
             raise ValueError("key= is the path of the workers' key file (python -m monarch_kernel key new PATH)")
         self.workers = workers
         self.key_file = os.path.expanduser(os.fspath(key))
-        self._key = read_key_file(self.key_file)  # a key others may read is refused here, before any connection
+        # a key others may read is refused here, before any connection
+        self._key = worker_key.read_key_file(self.key_file)
         self.name = name
         self.start_timeout = start_timeout
         self._sessions: list[WorkerSession] = []
@@ -102,6 +101,6 @@ def attach_to_workers(*, workers, key=None, name: str | None = None, start_timeo
     file stands for Monarch's ``ca=`` and ``private_key=``).  Returns once every worker's
     agent has connected; ``.stop()`` lets go of the workers, ``.shutdown()`` ends them."""
     if key is None:
-        raise TypeError(no_key("attach_to_workers(workers=[...], key=PATH)", ca, private_key))
+        raise TypeError(worker_key.no_key("attach_to_workers(workers=[...], key=PATH)", ca, private_key))
     job = AttachJob(workers, key, name=name or "hosts", start_timeout=start_timeout)
     return getattr(job.state(), job.name)

@@ -18,8 +18,7 @@ import sys
 import time
 
 from ..actor.host_mesh import HostMesh
-from ..runtime import config
-from ..runtime.process import Runtime
+from ..runtime import Runtime, config
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from ..runtime.spawn.agent_channel import NO_ROUTE
+from ..runtime import agent_channel
 from .agents import AgentProcess
 
 AGENT_STEP = "monarch-agent"  # the srun steps' name, which the hold script looks for
@@ -50,7 +50,7 @@ class SrunAgent(AgentProcess):
         where = f"cannot start the agent on {self.host} (srun in Slurm job {self.job_id})"
         if self.login and self.proc.returncode == 255 and "srun:" not in text:
             return f"{where}: the ssh connection to the login node {self.login} failed{said}"
-        if NO_ROUTE in text:
+        if agent_channel.NO_ROUTE in text:
             return (f"{where}: the node has no route to this controller's address {self.rt.net_address}: "
                     + ("pass out_of_cluster=True (the default) to reach it through the login node" if self.login
                        else "set MONARCH_KERNEL_BIND to one it reaches, or pass login='user@cluster' to reach it "

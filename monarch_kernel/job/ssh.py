@@ -20,8 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 from ..actor.host_mesh import HostMesh
-from ..runtime import config
-from ..runtime.process import Runtime
+from ..runtime import Runtime, config
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait

@@ -18,11 +18,8 @@ from typing import TypeVar
 
 import zmq
 
-from ..runtime import config
-from ..runtime.process import Runtime
-from ..runtime.spawn import worker_wire as wire
-from ..runtime.spawn.agent_link import AgentLink
-from ..runtime.spawn.worker_key import mac, session_curve
+from ..runtime import AgentLink, Runtime, config, worker_key
+from ..runtime import worker_wire as wire
 
 M = TypeVar("M", bound=wire.Message)
 RETRY_S = config.seconds("worker_retry")
@@ -123,13 +120,13 @@ class WorkerSession:
         channel = self._expect(sock, codec, wire.Channel, deadline)
         self.link = link = self.rt.add_host(self.host)
         line = link.credentials(controller)
-        keys = session_curve(session)
+        keys = worker_key.session_curve(session)
         ctx = zmq.Context()
         try:
             push = ctx.socket(zmq.PUSH)
             keys.connect_as_client(push)
             push.connect(f"tcp://{_bracket(sock.getpeername()[0])}:{channel.port}")
-            push.send_multipart([line, mac(session, b"credentials", line)])
+            push.send_multipart([line, worker_key.mac(session, b"credentials", line)])
             push.close(linger=int(max(0.0, deadline - time.monotonic()) * 1000))  # until it is sent
         finally:
             ctx.term()

@@ -22,7 +22,7 @@ import re
 import traceback
 from dataclasses import dataclass, field
 
-from ..runtime.rank_sets import rank_label
+from ..runtime import rank_label
 
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 

@@ -24,10 +24,7 @@ from ..detached.host import MeshHost
 from ..detached.listing import kernel_id
 from ..job import tunnels
 from ..job.agents import route_to
-from ..runtime import config
-from ..runtime.failure import DeathInfo
-from ..runtime.process import Runtime
-from ..runtime.wire.curve import CurveKeys
+from ..runtime import CurveKeys, DeathInfo, Runtime, config
 
 START_TIMEOUT_S = config.seconds("detached_start_timeout")
 _joined: dict = {}  # the ssh control sockets this kernel reaches hosts through -> what undoes its forwards

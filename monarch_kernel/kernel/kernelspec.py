@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def new_key(path: str) -> int:
-    from ..runtime.spawn.worker_key import new_key_file
+    from ..runtime import worker_key
 
     try:
-        made = new_key_file(path)
+        made = worker_key.new_key_file(path)
     except OSError as e:
         print(f"python -m monarch_kernel key new: {e}", file=sys.stderr)
         return 1

@@ -20,8 +20,7 @@ from ..actor.host_mesh import this_host
 from ..console.console import Console
 from ..debug.controller import proxy
 from ..observe.metrics import top_table
-from ..runtime import config
-from ..runtime.rank_sets import rank_label
+from ..runtime import config, rank_label
 from . import detached, status
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
 from .mesh_cell import check_cell, ranks_arg, run_on_mesh

@@ -18,8 +18,7 @@ from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..debug.controller import proxy
-from ..runtime import config
-from ..runtime.rank_sets import RankSpecError, parse_ranks, rank_label
+from ..runtime import RankSpecError, config, parse_ranks, rank_label
 from .cell_errors import MeshCellError, MeshCellInterrupted, check_syntax
 from .panel.grid import show_displays
 

@@ -17,8 +17,7 @@ import threading
 import time
 
 from ..console.console import SYNC
-from ..runtime import config
-from ..runtime.rank_sets import rank_label
+from ..runtime import config, rank_label
 
 WINDOW_S = config.seconds("collapse_window")
 # A line other ranks are joining waits this long again after each join, up to HOLD_S in all:

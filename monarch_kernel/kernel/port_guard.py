@@ -20,8 +20,7 @@ import threading
 import time
 import traceback
 
-from ..runtime import config
-from ..runtime.diagnostics import PROCESS_STDERR
+from ..runtime import config, diagnostics
 
 LOGGERS = ("tornado.general", "tornado.application", "asyncio")  # where ZMQ streams' callbacks' errors go
 EVERY_S = config.seconds("port_guard_every")
@@ -102,7 +101,7 @@ class PortGuard(logging.Filter):
                 return
             said = self._count("a message on the IOPub pipe without its key")
             if said is not None:
-                log.warning(LINE, *said, extra=PROCESS_STDERR)
+                log.warning(LINE, *said, extra=diagnostics.PROCESS_STDERR)
 
         self._pipe = (stream, handler)
         stream.io_loop.add_callback(stream.on_recv, guarded)  # on the IOPub thread, which owns it

@@ -12,8 +12,7 @@ from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..console.completer import Completer
-from ..runtime import config
-from ..runtime.rank_sets import RankSpecError, parse_ranks
+from ..runtime import RankSpecError, config, parse_ranks
 from .magic_args import cell_args, parse
 
 ANSWER_S = config.seconds("rank_complete")  # a Tab waits this long for a rank, then the kernel's namespace answers

@@ -11,7 +11,7 @@ from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug.controller.pdb_controller import PdbHub
 from ..observe.metrics import RankMetrics
-from ..runtime.process import Runtime
+from ..runtime import Runtime
 from .cell_names import CellNames
 from .jobs import KernelJobs
 from .output import CollapsingSink

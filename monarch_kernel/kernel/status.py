@@ -8,8 +8,7 @@ import html
 import os
 import threading
 
-from ..runtime import config
-from ..runtime.process import Runtime
+from ..runtime import Runtime, config
 
 REFRESH_S = config.seconds("status_refresh")
 

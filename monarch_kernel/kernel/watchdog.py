@@ -14,7 +14,7 @@ import threading
 
 from IPython.display import display
 
-from ..runtime.process import Runtime
+from ..runtime import Runtime
 from ..spmd.controller.collectives import collectives
 from ..spmd.controller.env import has_record
 

@@ -10,8 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ..runtime.process import Runtime
-from ..runtime.spawn import proc_stats
+from ..runtime import Runtime, proc_stats
 
 HISTORY = 300  # samples kept per rank (5 minutes at one a second)
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

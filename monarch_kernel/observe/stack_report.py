@@ -15,7 +15,7 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..runtime.rank_sets import rank_label
+from ..runtime import rank_label
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = sysconfig.get_path("stdlib") + os.sep

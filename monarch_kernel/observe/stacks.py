@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..runtime import config
-from ..runtime.process import Runtime
-from ..runtime.spawn import stack_dump
+from ..runtime import Runtime, config, stack_dump
 from .stack_report import RankStack, StackReport, from_json
 
 METHODS = ("auto", "py-spy", "in-process")

@@ -2,8 +2,8 @@
 imports the layers above it.
 
 Its layers, lowest first.  A module imports only from its own layer or below; the exceptions
-are lazy or for types only, and are named.  tests/test_layering.py checks that no two rooms
-(sub-packages) import each other.
+are lazy or for types only, and are named.  tests/system/test_layering.py checks that no
+two rooms (sub-packages) import each other.
 
   leaves         config, context, completion, limits, diagnostics, failure (plain records),
                  errors (the runtime's exceptions), rank_sets (rank lists as text)
@@ -26,38 +26,122 @@ are lazy or for types only, and are named.  tests/test_layering.py checks that n
   process        ``Runtime``: the composition of the parts, one per process
   rank, template_server   the entry points of a rank and of the template
 
-The front door for the layers above is the names below (``__all__``), the methods of
-``Runtime`` (front_door.py), ``rt.io`` and ``rt.hooks``.  Agents, jobs and the data plane also
-use the wire formats they speak (spawn/'s host_messages, agent_channel, worker_wire,
-worker_key; wire/'s payloads).  Importing this package imports nothing: each name loads its
-module when first asked for.
+The front door.  The layers above import from this package only (``from ..runtime import
+Runtime``), never a module under it; tests/system/test_layering.py checks it, lazy and
+type-only imports included.  What they get is the names in ``__all__``, then the methods of
+``Runtime`` (front_door.py), ``rt.io`` and ``rt.hooks``.  The names, by what they are for:
+
+  the process    ``Runtime`` and the ``IOThread`` an agent builds one on, ``Completion``,
+                 who is running (context: ``current_actor``, ``process_mesh``...), the
+                 settings (``config``) and the log's handler of last resort (``diagnostics``)
+  records, errors   what a failure or a death says, the runtime's exceptions, rank lists
+                 as text, and whether a host has room (``NoRoom``, the ``*_shortfall``s)
+  actor calls    what a call is made of: the envelope's ``Kind``/``Mode``/``Part``/
+                 ``Status``, the payloads, pickling, and the marks the server looks for on
+                 an actor's endpoints
+  wire formats   what agents, jobs and the data plane speak, each exported as its module
+                 (the module is the format: messages, encoding, constants): ``host_messages``,
+                 ``agent_channel``, ``worker_wire``, ``worker_key``, ``segments``; and the
+                 pieces an agent runs a host with (``TemplateClient``, ``LaunchConfig``,
+                 ``loopback_for``, Curve keys) or a job holds one by (``AgentLink``)
+  looking at processes   modules too: ``hosts`` (which host this is), ``rejects`` (input
+                 refused, counted), ``proc_stats``, ``stack_dump``, ``rank_logging``
+
+A part's state is never a name here: what an upper layer needs of it is a method of
+``Runtime``.  Importing this package imports nothing: each name loads its module when first
+asked for (PEP 562).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and _MODULES
+    from . import config as config
+    from . import diagnostics as diagnostics
+    from .calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK, STOP_METHOD, in_actor_event_loop
     from .completion import Completion
-    from .context import MeshRef, actor_path, current_actor, process_mesh
+    from .context import MeshRef, actor_path, current_actor, new_actor_id, process_mesh
     from .errors import ActorError, MeshStopped, ProcessDied, SendFailed
     from .failure import DeathInfo, MeshFailure, RemoteFailure
+    from .limits import raise_nofile_limit
+    from .net import hosts as hosts
+    from .net.io_thread import IOThread
+    from .net.transport import loopback_for
     from .process import Runtime
     from .rank_sets import RankSpecError, parse_ranks, rank_label
+    from .spawn import agent_channel as agent_channel
+    from .spawn import host_messages as host_messages
+    from .spawn import proc_stats as proc_stats
+    from .spawn import rank_logging as rank_logging
+    from .spawn import stack_dump as stack_dump
+    from .spawn import worker_key as worker_key
+    from .spawn import worker_wire as worker_wire
+    from .spawn.agent_link import AgentLink
+    from .spawn.capacity import (
+        PID_MAX_LIMIT,
+        NoRoom,
+        Shortfall,
+        controller_files_shortfall,
+        host_shortfall,
+        template_files_shortfall,
+    )
+    from .spawn.launch_config import LaunchConfig
+    from .spawn.template_client import TemplateClient
+    from .wire import rejects as rejects
+    from .wire import segments as segments
+    from .wire.curve import CurveKeys, Gatekeeper
+    from .wire.envelope import Kind, Mode, Part, Status
+    from .wire.payloads import CallInfo, SpawnInfo
+    from .wire.serialize import describe_unpicklable, dumps, dumps_plain
 
+# name -> the module (under runtime/) that defines it
 _WHERE = {
-    "Runtime": "process",
+    # the process and its front door
+    "Runtime": "process", "IOThread": "net.io_thread", "Completion": "completion",
+    "MeshRef": "context", "actor_path": "context", "current_actor": "context", "new_actor_id": "context",
+    "process_mesh": "context", "in_actor_event_loop": "calls.actor_slots", "raise_nofile_limit": "limits",
+    # records and errors
     "ActorError": "errors", "ProcessDied": "errors", "SendFailed": "errors", "MeshStopped": "errors",
     "DeathInfo": "failure", "MeshFailure": "failure", "RemoteFailure": "failure",
-    "Completion": "completion",
-    "MeshRef": "context", "actor_path": "context", "current_actor": "context", "process_mesh": "context",
     "RankSpecError": "rank_sets", "parse_ranks": "rank_sets", "rank_label": "rank_sets",
+    "NoRoom": "spawn.capacity", "Shortfall": "spawn.capacity", "PID_MAX_LIMIT": "spawn.capacity",
+    "host_shortfall": "spawn.capacity", "controller_files_shortfall": "spawn.capacity",
+    "template_files_shortfall": "spawn.capacity",
+    # what an actor call is made of
+    "ENDPOINT_MARK": "calls.actor_slots", "CONCURRENT_MARK": "calls.actor_slots", "STOP_METHOD": "calls.actor_slots",
+    "Kind": "wire.envelope", "Mode": "wire.envelope", "Part": "wire.envelope", "Status": "wire.envelope",
+    "CallInfo": "wire.payloads", "SpawnInfo": "wire.payloads",
+    "dumps": "wire.serialize", "dumps_plain": "wire.serialize", "describe_unpicklable": "wire.serialize",
+    # the wire formats that agents, jobs and the data plane speak
+    "AgentLink": "spawn.agent_link", "LaunchConfig": "spawn.launch_config", "TemplateClient": "spawn.template_client",
+    "loopback_for": "net.transport", "CurveKeys": "wire.curve", "Gatekeeper": "wire.curve",
 }
 
+# name -> a module exported whole (the module is the concept: a format's messages, encoding and
+# constants), under the name its callers use
+_MODULES = {
+    # the process's settings and its log's handler of last resort
+    "config": "config", "diagnostics": "diagnostics",
+    # the wire formats that agents, jobs and the data plane speak
+    "agent_channel": "spawn.agent_channel", "host_messages": "spawn.host_messages",
+    "worker_wire": "spawn.worker_wire", "worker_key": "spawn.worker_key", "segments": "wire.segments",
+    # looking at processes and hosts
+    "hosts": "net.hosts", "rejects": "wire.rejects",
+    "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "spawn.rank_logging",
+}
+
+# every name above; tests/system/test_layering.py reads it as the front door
 __all__ = [
-    "ActorError", "Completion", "DeathInfo", "MeshFailure", "MeshRef", "MeshStopped", "ProcessDied",
-    "RankSpecError", "RemoteFailure", "Runtime", "SendFailed", "actor_path", "current_actor", "parse_ranks",
-    "process_mesh", "rank_label",
+    "ActorError", "AgentLink", "CONCURRENT_MARK", "CallInfo", "Completion", "CurveKeys", "DeathInfo",
+    "ENDPOINT_MARK", "Gatekeeper", "IOThread", "Kind", "LaunchConfig", "MeshFailure", "MeshRef", "MeshStopped",
+    "Mode", "NoRoom", "PID_MAX_LIMIT", "Part", "ProcessDied", "RankSpecError", "RemoteFailure", "Runtime",
+    "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
+    "agent_channel", "config", "controller_files_shortfall", "current_actor", "describe_unpicklable",
+    "diagnostics", "dumps", "dumps_plain", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
+    "loopback_for", "new_actor_id", "parse_ranks", "proc_stats", "process_mesh", "raise_nofile_limit",
+    "rank_label", "rank_logging", "rejects", "segments", "stack_dump", "template_files_shortfall", "worker_key",
+    "worker_wire",
 ]
 
 
@@ -65,8 +149,11 @@ def __getattr__(name: str):
     """Load a front-door name's module on first use (PEP 562)."""
     import importlib
 
-    if name not in _WHERE:
+    if name in _MODULES:
+        value = importlib.import_module(f".{_MODULES[name]}", __name__)
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     globals()[name] = value
     return value

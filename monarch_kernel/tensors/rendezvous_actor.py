@@ -20,10 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..actor.port import Channel, Port, PortReceiver
-from ..runtime import config
-from ..runtime.errors import ActorError
-from ..runtime.process import Runtime
-from ..runtime.wire.envelope import Part
+from ..runtime import ActorError, Part, Runtime, config
 from .controller.keys import KeyTable
 from .rendezvous import OPERATIONS, Rendezvous
 

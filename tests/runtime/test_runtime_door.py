@@ -24,7 +24,8 @@ sys.modules["monarch_kernel"] = package
 import monarch_kernel.runtime as runtime
 loaded = sorted(m for m in sys.modules if m.startswith("monarch_kernel.runtime."))
 names = {n: type(getattr(runtime, n)).__name__ for n in runtime.__all__}
-print(json.dumps({"loaded": loaded, "names": names}))
+listed = sorted(runtime.__all__) == sorted([*runtime._WHERE, *runtime._MODULES])
+print(json.dumps({"loaded": loaded, "names": names, "listed": listed}))
 """
 
 
@@ -34,7 +35,9 @@ def test_the_front_door_names_resolve_and_importing_it_loads_nothing():
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["loaded"] == []
+    assert got["listed"], "__all__ is not exactly the names of _WHERE and _MODULES"
     assert got["names"]["Runtime"] == "type" and got["names"]["rank_label"] == "function"
+    assert got["names"]["host_messages"] == "module"  # a wire format is exported as its module
 
 
 def test_a_name_not_in_the_front_door_is_an_attribute_error():

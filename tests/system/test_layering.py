@@ -283,3 +283,72 @@ def test_the_runtime_never_names_torchruns_variables():
                     getattr(node, "attr", None) or getattr(node, "id", None) or getattr(node, "arg", "")):
                 bad.append(f"{rel}:{node.lineno} names master_port")
     assert not bad, "runtime/ or tensors/ names torchrun's variables (set them in spmd/):\n" + "\n".join(bad)
+
+
+# Imports of a module under runtime/ from above it that stay, each with its reason.  None now:
+# every name the layers above need is in runtime/__init__.py's front door.
+DEEP_RUNTIME_IMPORTS: dict[str, str] = {}
+
+
+def _front_door_names() -> set[str]:
+    """runtime/__init__.py's ``__all__``, read from its source."""
+    tree = ast.parse((ROOT / "runtime" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("runtime/__init__.py has no literal __all__")
+
+
+def _past_the_front_door(rel: pathlib.Path, tree: ast.AST, door: set[str]) -> list[str]:
+    """Imports of runtime/ that do not go through its package: of a module under it
+    (``from ..runtime.process import Runtime``, ``import monarch_kernel.runtime.wire``), or of
+    a name its package does not export (``from ..runtime import launcher`` loads that module).
+    Lazy imports in functions and ``TYPE_CHECKING`` ones count too."""
+    here = list(rel.parts[:-1])
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                module = base + (node.module.split(".") if node.module else [])
+            elif node.module and (node.module + ".").startswith("monarch_kernel."):
+                module = node.module.split(".")[1:]
+            else:
+                continue
+            if module[:1] != ["runtime"]:
+                continue
+            names = [a.name for a in node.names]
+            if len(module) > 1 or any(n not in door for n in names):
+                where = ".".join(["monarch_kernel", *module])
+                bad.append(f"{rel}:{node.lineno} from {where} import {', '.join(names)}")
+        elif isinstance(node, ast.Import):
+            bad += [f"{rel}:{node.lineno} import {a.name}" for a in node.names
+                    if a.name.startswith("monarch_kernel.runtime.")]
+    return bad
+
+
+def test_upper_layers_import_the_runtime_only_through_its_package():
+    """Above runtime/, modules import ``from ..runtime import X`` with X in its ``__all__``
+    (runtime/__init__.py says what they are for), never a module under it: the rooms can be
+    rearranged behind the package.  Tests may import deep modules."""
+    door = _front_door_names()
+    bad = []
+    for package, rel, tree in _modules():
+        if package != "runtime":
+            bad += _past_the_front_door(rel, tree, door)
+    for path in sorted((ROOT.parent / "extension").rglob("*.py")):
+        bad += _past_the_front_door(path.relative_to(ROOT.parent), ast.parse(path.read_text(), str(path)), door)
+    bad = [b for b in bad if b.split(" ", 1)[0] not in DEEP_RUNTIME_IMPORTS]
+    assert not bad, ("imports past the runtime's front door (import the name from monarch_kernel.runtime, adding "
+                     "it to runtime/__init__.py's __all__ if the layers above may use it):\n" + "\n".join(bad))
+
+
+def test_the_front_door_import_check_sees_each_way_past_it():
+    tree = ast.parse("from ..runtime.process import Runtime\nfrom ..runtime import Runtime, config\n"
+                     "def f():\n    from ..runtime.spawn import host_messages\n"
+                     "if TYPE_CHECKING:\n    from ...runtime.net.transport import Transport\n"
+                     "import monarch_kernel.runtime.wire.envelope\nfrom monarch_kernel.runtime import launcher\n"
+                     "from monarch_kernel.runtime.config import seconds\nimport monarch_kernel.runtime\n"
+                     "from .. import runtime\nfrom monarch_kernel.runtime import hosts\nfrom ..runtimes import x\n")
+    found = _past_the_front_door(pathlib.Path("job/x.py"), tree, {"Runtime", "config", "hosts"})
+    assert sorted(int(b.split(":")[1].split()[0]) for b in found) == [1, 4, 6, 7, 8, 9]

@@ -20,9 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ...runtime.errors import MeshStopped, ProcessDied
-from ...runtime.process import Runtime
-from ...runtime.rank_sets import rank_label
+from ...runtime import MeshStopped, ProcessDied, Runtime, rank_label
 from ..errors import WorkspaceReloadError
 from . import workspace_copy
 from .workspace_copy import WorkspaceCopy

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 
-from ...runtime.process import Runtime
+from ...runtime import Runtime
 from ..actor import Actor, current_rank
 from ..controllers import PORT_NAME
 from ..endpoint import endpoint

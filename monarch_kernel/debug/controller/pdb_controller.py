@@ -19,10 +19,7 @@ from typing import Any, Protocol
 from IPython.core.error import StdinNotImplementedError
 
 from ...actor.port import Channel, Port, PortReceiver
-from ...runtime import config
-from ...runtime.errors import ActorError, MeshStopped, SendFailed
-from ...runtime.process import Runtime
-from ...runtime.wire import rejects
+from ...runtime import ActorError, MeshStopped, Runtime, SendFailed, config, rejects
 from ..messages import Ended, Prompt, Reply, Resumed, Stopped, decode
 from .pdb_prompt import PdbCommands, describe
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 
-from ...runtime.rank_sets import RankSpecError, parse_ranks, rank_label
+from ...runtime import RankSpecError, parse_ranks, rank_label
 
 if TYPE_CHECKING:
     from .pdb_controller import PdbHub, RankStop

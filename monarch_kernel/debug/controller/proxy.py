@@ -27,7 +27,7 @@ from ipykernel.debugger import Debugger
 from IPython.core.error import UsageError
 
 from ...actor.errors import ActorError
-from ...runtime.net import hosts
+from ...runtime import hosts
 from ..messages import RankHost
 from ..rank import rank_debugpy
 from ..rank.inspector import Inspector

@@ -18,9 +18,7 @@ from collections.abc import Callable
 
 from ...actor.errors import ActorError, MeshStopped
 from ...actor.port import Channel, Port, PortReceiver
-from ...runtime import config
-from ...runtime.process import Runtime
-from ...runtime.wire import rejects
+from ...runtime import Runtime, config, rejects
 from ..dap import DapClient
 from ..messages import DapClosed, DapFrames, decode_tunnel
 

@@ -12,7 +12,7 @@ import threading
 
 from ...actor.actor import Actor
 from ...actor.endpoint import endpoint
-from ...runtime.process import Runtime
+from ...runtime import Runtime
 from . import rank_debugpy
 
 # Names JupyterLab's variable panel should not show: the console's own plumbing, and its

@@ -24,13 +24,12 @@ from typing import Any
 from ...actor.actor import Actor
 from ...actor.endpoint import endpoint
 from ...actor.port import Channel
-from ...runtime.config import seconds
-from ...runtime.context import process_mesh
-from ...runtime.process import Runtime
+from ...runtime import Runtime, process_mesh
+from ...runtime import config as settings
 from ..messages import RELEASE, Ended, Prompt, Reply, Resumed, Stopped
 
 log = logging.getLogger(__name__)
-POLL_S = seconds("pdb_rank_poll")
+POLL_S = settings.seconds("pdb_rank_poll")
 
 
 @dataclass

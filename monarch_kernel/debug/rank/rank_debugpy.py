@@ -140,7 +140,7 @@ def _untrace_io_thread() -> None:
     IO thread is the one that hands calls to the actors, the relay and the inspector included:
     traced, the stopped rank could show neither its stack nor its variables.  It runs no
     user code, so no breakpoint is lost; heartbeats go on while the rank is stopped."""
-    from ...runtime.process import Runtime
+    from ...runtime import Runtime
 
     rt = Runtime.existing()
     if rt is not None and not rt.io.is_current():

@@ -22,9 +22,7 @@ from dataclasses import dataclass, field
 from ...actor.actor import Actor
 from ...actor.endpoint import endpoint
 from ...actor.port import Port
-from ...runtime import config
-from ...runtime.errors import SendFailed
-from ...runtime.net import hosts
+from ...runtime import SendFailed, config, hosts
 from ..dap import FrameReader, encode
 from ..messages import DapClosed, DapFrames, RankHost
 from . import rank_debugpy

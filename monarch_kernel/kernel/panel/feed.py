@@ -28,11 +28,7 @@ from IPython.core.error import UsageError
 from ...actor.errors import ActorError
 from ...debug.controller import proxy
 from ...detached import listing
-from ...runtime import config
-from ...runtime.diagnostics import PROCESS_STDERR
-from ...runtime.process import Runtime
-from ...runtime.rank_sets import rank_label
-from ...runtime.wire import rejects
+from ...runtime import Runtime, config, diagnostics, rank_label, rejects
 from .messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
 from .view import PanelView, RankLog
 
@@ -239,7 +235,7 @@ class PanelFeed:
                 state = self.state()
             except Exception as e:  # noqa: BLE001  (a mesh mid-stop; the next event tries again)
                 self._ticking = True
-                log.error("monarch_kernel: the mesh panel's update failed: %r", e, extra=PROCESS_STDERR)
+                log.error("monarch_kernel: the mesh panel's update failed: %r", e, extra=diagnostics.PROCESS_STDERR)
                 continue
             data = state.encode()
             self._ticking = state.running or any(m.counts.get("busy") for m in state.meshes)

@@ -14,8 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ...detached import listing
-from ...runtime import config
-from ...runtime.process import Runtime
+from ...runtime import Runtime, config
 from ...tensors.controller.registry import tensor_totals
 from .. import status
 from ..status import rss_mib

@@ -14,8 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ...runtime import config
-from ...runtime.rank_sets import rank_label
+from ...runtime import config, rank_label
 from .env import record
 
 ASK_S = config.seconds("collectives_ask")

@@ -11,8 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...runtime import config
-from ...runtime.process import Runtime
+from ...runtime import Runtime, config
 from ..layout import RankEnv, elastic_layout
 from ..rank.actor import ElasticEnvActor
 

@@ -11,7 +11,7 @@ import io
 import statistics
 from dataclasses import dataclass, field
 
-from ...runtime.rank_sets import rank_label
+from ...runtime import rank_label
 
 STRAGGLER = 1.2  # a rank whose time in the block is over this times the median is named
 
