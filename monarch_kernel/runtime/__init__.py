@@ -20,10 +20,11 @@ two rooms (sub-packages) import each other.
   calls/         what a message means: outstanding calls, the caller, the server and its
                  actor slots, the multicast tree and the calls gathering answers through
                  this rank (gathering), supervision, finalize, the main thread.
-                 Stands on net/, spawn/ and wire/.  (caller and server name process.Runtime
-                 for types only, until each part is given its collaborators.)
+                 Stands on net/, spawn/ and wire/.
   front_door     what the layers above may ask of the parts, as methods of ``Runtime``
-  process        ``Runtime``: the composition of the parts, one per process
+  process        ``Runtime``: the composition of the parts, one per process.  Each part
+                 is given the collaborators it uses (the transport, the network, the
+                 caller, a bound method...), never the runtime.
   rank, template_server   the entry points of a rank and of the template
 
 The front door.  The layers above import from this package only (``from ..runtime import
