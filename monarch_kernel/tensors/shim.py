@@ -4,11 +4,12 @@ torch) on ranks and in the kernel."""
 
 from __future__ import annotations
 
-import contextlib
-
 
 class ActorSide:
     """``actor.tensor_shim.Tensors`` over this package."""
+
+    def __init__(self) -> None:
+        self._contexts: tuple | None = None  # controller.client's (destination, pinned), once asked
 
     def tensor_mesh(self, procs):
         from .controller.registry import tensor_mesh
@@ -42,14 +43,31 @@ class ActorSide:
 
         forget(mesh_id)
 
-    @contextlib.contextmanager
-    def pinned_for(self, mesh_id: str):
-        from .controller.client import destination, pinned
+    def pinned_for(self, mesh_id: str) -> _Pinned:
+        if self._contexts is None:
+            from .controller.client import destination, pinned
 
-        handles: list = []
-        dest_token, pin_token = destination.set(mesh_id), pinned.set(handles)
-        try:
-            yield handles
-        finally:
-            destination.reset(dest_token)
-            pinned.reset(pin_token)
+            self._contexts = (destination, pinned)
+        return _Pinned(mesh_id, *self._contexts)
+
+
+class _Pinned:
+    """While a call's arguments are pickled: the proc mesh they go to, and the list of the
+    distributed tensors among them (``controller.client``'s context variables).  A class,
+    not a generator: it runs on every actor call once tensors are imported."""
+
+    __slots__ = ("mesh_id", "destination", "pinned", "handles", "tokens")
+
+    def __init__(self, mesh_id: str, destination, pinned):
+        self.mesh_id, self.destination, self.pinned = mesh_id, destination, pinned
+        self.handles: list = []
+        self.tokens: tuple = ()
+
+    def __enter__(self) -> list:
+        self.tokens = (self.destination.set(self.mesh_id), self.pinned.set(self.handles))
+        return self.handles
+
+    def __exit__(self, *exc) -> None:
+        dest_token, pin_token = self.tokens
+        self.destination.reset(dest_token)
+        self.pinned.reset(pin_token)
