@@ -11,9 +11,11 @@ worker waits for the next controller; ``Shutdown`` (``job.kill()``), SIGTERM or 
 the worker too.
 
 Anyone who can reach the port can connect, so nobody unknown may hold the worker up: a
-connection must prove the key within one deadline, having sent at most 48 bytes that are
-read; connections still proving it are capped in all and per peer (the excess is turned
-away at once); a wrong proof is counted, logged and closed, and the worker keeps serving.
+connection must begin its proof within ``worker_first_proof`` (a controller sends it one round
+trip after the greeting) and finish it within one deadline, having sent at most 48 bytes that
+are read; connections still proving it are capped in all and per peer, and a peer address with
+none of the slots takes one from the address that holds the most (so a few addresses cannot
+fill them all); a wrong proof is counted, logged and closed, and the worker keeps serving.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 MAX_UNAUTHENTICATED = 64
 MAX_UNAUTHENTICATED_PER_PEER = 16
 AGENT_END_S = config.seconds("worker_agent_end")
+FIRST_PROOF_S = config.seconds("worker_first_proof")
 MAX_CREDENTIALS = 1 << 16  # the credentials line (keys, addresses, module names): a few hundred bytes
 # What torchrun told a worker it started of its own job: not the ranks' (spmd gives each mesh
 # its own torch.distributed environment), so the agent and its ranks start without them.
@@ -73,7 +76,8 @@ class Worker:
         self.address = ""  # once listening: tcp://ip:port (the port chosen, if 0 was asked)
         self.holder = ""  # the controller attached now ("" when free)
         self.ending = False  # ending the agent of the controller before
-        self._pending: dict[str, int] = {}  # peer address -> connections still proving the key
+        # peer address -> its connections still proving the key, oldest first
+        self._pending: dict[str, collections.OrderedDict[asyncio.StreamWriter, None]] = {}
         self._stop: asyncio.Event | None = None
         self._why_stop = ""
 
@@ -103,22 +107,35 @@ class Worker:
             self._why_stop = why
             self._stop.set()
 
-    def _admit(self, peer: str) -> bool:
-        if sum(self._pending.values()) >= MAX_UNAUTHENTICATED or self._pending.get(peer, 0) >= \
-                MAX_UNAUTHENTICATED_PER_PEER:
+    def _admit(self, peer: str, writer: asyncio.StreamWriter) -> bool:
+        """Whether a connection from ``peer`` may prove the key now.  When every slot is held, a
+        peer holding fewer than the busiest peer takes the oldest of that peer's (closed at once)."""
+        mine = self._pending.get(peer, {})
+        if len(mine) >= MAX_UNAUTHENTICATED_PER_PEER:
             return False
-        self._pending[peer] = self._pending.get(peer, 0) + 1
+        if sum(len(w) for w in self._pending.values()) >= MAX_UNAUTHENTICATED:
+            busiest = max(self._pending, key=lambda p: len(self._pending[p]))
+            if len(self._pending[busiest]) <= len(mine) + 1:
+                return False
+            oldest = next(iter(self._pending[busiest]))
+            self._admitted(busiest, oldest)
+            oldest.transport.abort()  # its handshake ends as a closed connection
+            rejects.count("worker", "busy", f"a connection from {busiest} still proving the key made room for "
+                                            f"one from {peer}", logging.DEBUG)
+        self._pending.setdefault(peer, collections.OrderedDict())[writer] = None
         return True
 
-    def _admitted(self, peer: str) -> None:
-        n = self._pending.pop(peer) - 1
-        if n:
-            self._pending[peer] = n
+    def _admitted(self, peer: str, writer: asyncio.StreamWriter) -> None:
+        mine = self._pending.get(peer)
+        if mine is not None:
+            mine.pop(writer, None)
+            if not mine:
+                del self._pending[peer]
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str((writer.get_extra_info("peername") or ("?",))[0])
         try:
-            if not self._admit(peer):
+            if not self._admit(peer, writer):
                 rejects.count("worker", "busy", f"too many connections still proving the key ({peer})",
                               logging.DEBUG)
                 writer.write(wire.BUSY)
@@ -130,7 +147,7 @@ class Worker:
                 rejects.count("worker", why, f"a connection from {peer} did not finish the handshake", logging.INFO)
                 return
             finally:
-                self._admitted(peer)
+                self._admitted(peer, writer)
             if session is None:
                 rejects.count("worker", "forged", f"a connection from {peer} does not hold this worker's key")
                 writer.write(wire.REFUSED)
@@ -143,11 +160,13 @@ class Worker:
             writer.close()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
-        """The session key, or None when the peer's proof is wrong (reads exactly 48 bytes)."""
+        """The session key, or None when the peer's proof is wrong (reads exactly 48 bytes;
+        the first within ``FIRST_PROOF_S``)."""
         nw = secrets.token_bytes(wire.NONCE)
         writer.write(wire.MAGIC + nw)
         await writer.drain()
-        got = await reader.readexactly(wire.HELLO)
+        first = await asyncio.wait_for(reader.readexactly(1), FIRST_PROOF_S)
+        got = first + await reader.readexactly(wire.HELLO - 1)
         nc, proof = got[:wire.NONCE], got[wire.NONCE:]
         if not hmac.compare_digest(proof, worker_key.mac(self.key, b"controller", nw, nc)):
             return None

@@ -66,7 +66,8 @@ class LoginNode:
             source = f.read()
         argv = ["ssh", "-M", "-S", self.ctl, "-o", "ControlPersist=no", "-o", "BatchMode=yes",
                 "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3", "-o", "StreamLocalBindUnlink=yes",
-                *self.ssh_args, self.login, "--", "exec python3 -c " + shlex.quote(source)]
+                *self.ssh_args, self.login, "--",
+                f"exec python3 -c {shlex.quote(source)} {int(config.get('relay_connections'))}"]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, text=True)
         threading.Thread(target=self._read, args=(self.proc.stdout,), name="monarch-login-out", daemon=True).start()

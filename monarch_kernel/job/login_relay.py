@@ -5,60 +5,182 @@ login node's cluster-facing address, at the same port as the controller's, and j
 connection to that socket.  It only moves bytes: Curve and the HMAC still authenticate both
 ends, as for a controller the nodes reach directly.
 
-It is the login ssh connection's own command (``python3 -c`` this file's text; standard library
-only, for whatever Python the login node has).  It says ``mk-relay dir PATH`` first, then reads
-lines on its stdin: ``listen TARGET PORT`` (listen on this host's route toward TARGET, a
-compute node) answers ``mk-relay listening IP PORT`` or ``mk-relay error PORT WHY``.  At EOF
-(the controller or its ssh is gone) it removes its folder and exits.
+It is the login ssh connection's own command (``python3 -c`` this file's text, with the most
+connections it joins at once as its argument; standard library only, for whatever Python the
+login node has).  One thread joins every connection (a ``selectors`` loop), so a flood of
+connections costs no processes of the user's limit: past the most it holds, a connection is
+closed as soon as it is accepted, and no error ends the loop.  It says ``mk-relay dir PATH``
+first, then reads lines on its stdin: ``listen TARGET PORT`` (listen on this host's route
+toward TARGET, a compute node) answers ``mk-relay listening IP PORT`` or ``mk-relay error PORT
+WHY``.  At EOF (the controller or its ssh is gone) it removes its folder and exits.
 """
 
 import os
+import selectors
 import shutil
 import socket
 import sys
 import tempfile
 import threading
+import time
+
+CHUNK = 1 << 16
+HELD = 1 << 18  # bytes read from one side and not yet written to the other: reading it pauses past this
 
 
-def _pump(src, dst):
-    try:
-        while True:
-            data = src.recv(1 << 16)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    try:
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
+class _Pipe:
+    """One direction of a joined connection: what ``src`` sent that ``dst`` has not taken yet."""
+
+    def __init__(self, src, dst):
+        self.src, self.dst = src, dst
+        self.buf = bytearray()
+        self.eof = False  # src said all it will
+        self.done = False  # ... and dst was told (SHUT_WR)
 
 
-def _join(conn, path):
-    out = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        out.connect(path)
-    except OSError:
-        out.close()
-        conn.close()
-        return
-    back = threading.Thread(target=_pump, args=(out, conn), daemon=True)
-    back.start()
-    _pump(conn, out)
-    back.join()
-    out.close()
-    conn.close()
+class Relay:
+    """The loop: listeners and joined connections, on one thread."""
 
+    def __init__(self, most):
+        self.most = most
+        self.sel = selectors.DefaultSelector()
+        self.joined = {}  # socket -> the pair of _Pipes it belongs to
+        self.adds = []  # (listener, path) from the stdin thread
+        self.lock = threading.Lock()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
 
-def _serve(listener, path):
-    while True:
+    def add(self, listener, path):
+        """(Any thread.) Serve ``listener``, joining its connections to the unix socket ``path``."""
+        listener.setblocking(False)
+        with self.lock:
+            self.adds.append((listener, path))
         try:
-            conn, _addr = listener.accept()
+            self.wake_w.send(b"x")
         except OSError:
+            pass
+
+    def run(self):
+        while True:
+            try:
+                self._turn()
+            except Exception as e:  # noqa: BLE001  (no error ends the relay: say it, go on)
+                sys.stderr.write(f"monarch_kernel relay: {type(e).__name__}: {e}\n")
+                time.sleep(0.01)
+
+    def _turn(self):
+        for key, events in self.sel.select(1.0):
+            kind, what = key.data
+            if kind == "wake":
+                self._woken()
+            elif kind == "listen":
+                self._accept(key.fileobj, what)
+            else:
+                self._move(key.fileobj, events)
+
+    def _woken(self):
+        try:
+            self.wake_r.recv(4096)
+        except OSError:
+            pass
+        with self.lock:
+            adds, self.adds = self.adds, []
+        for listener, path in adds:
+            self.sel.register(listener, selectors.EVENT_READ, ("listen", path))
+
+    def _accept(self, listener, path):
+        for _ in range(64):  # a few at a time: the joined ones get their turn too
+            try:
+                conn, _addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, memory: the next turn tries again
+                return
+            if len(self.joined) // 2 >= self.most:
+                conn.close()  # past the most held at once
+                continue
+            out = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                out.settimeout(1)
+                out.connect(path)  # the ssh client's forward, on this host: it accepts at once
+            except OSError:
+                out.close()
+                conn.close()
+                continue
+            conn.setblocking(False)
+            out.setblocking(False)
+            pair = (_Pipe(conn, out), _Pipe(out, conn))
+            self.joined[conn] = self.joined[out] = pair
+            self._watch(conn)
+            self._watch(out)
+
+    def _watch(self, sock):
+        """Read ``sock`` while what it sent fits; write it while there is something for it."""
+        pair = self.joined.get(sock)
+        if pair is None:
             return
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_join, args=(conn, path), daemon=True).start()
+        reading = next(p for p in pair if p.src is sock)
+        writing = next(p for p in pair if p.dst is sock)
+        events = 0
+        if not reading.eof and len(reading.buf) < HELD:
+            events |= selectors.EVENT_READ
+        if writing.buf:
+            events |= selectors.EVENT_WRITE
+        try:
+            key = self.sel.get_key(sock)
+        except KeyError:
+            key = None
+        if events and key is None:
+            self.sel.register(sock, events, ("conn", None))
+        elif events and key.events != events:
+            self.sel.modify(sock, events, ("conn", None))
+        elif not events and key is not None:
+            self.sel.unregister(sock)
+
+    def _move(self, sock, events):
+        pair = self.joined.get(sock)
+        if pair is None:
+            return
+        try:
+            if events & selectors.EVENT_READ:
+                pipe = next(p for p in pair if p.src is sock)
+                data = sock.recv(CHUNK)
+                if data:
+                    pipe.buf += data
+                else:
+                    pipe.eof = True
+            if events & selectors.EVENT_WRITE:
+                pipe = next(p for p in pair if p.dst is sock)
+                sent = sock.send(pipe.buf)
+                del pipe.buf[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._close(pair)
+            return
+        for pipe in pair:
+            if pipe.eof and not pipe.buf and not pipe.done:
+                pipe.done = True
+                try:
+                    pipe.dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        if all(p.done for p in pair):
+            self._close(pair)
+            return
+        self._watch(pair[0].src)
+        self._watch(pair[1].src)
+
+    def _close(self, pair):
+        for sock in (pair[0].src, pair[1].src):
+            self.joined.pop(sock, None)
+            try:
+                self.sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
 
 
 def _route(target):
@@ -74,7 +196,10 @@ def _say(*words):
 
 
 def main():
+    most = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 256
     folder = tempfile.mkdtemp(prefix="mk-relay-")  # 0700: only this user reaches the forwards in it
+    relay = Relay(max(1, most))
+    threading.Thread(target=relay.run, name="mk-relay", daemon=True).start()
     _say("dir", folder)
     try:
         for line in sys.stdin:
@@ -91,7 +216,7 @@ def main():
             except OSError as e:
                 _say("error", port, f"{words[1]}: {e.strerror or e}")
                 continue
-            threading.Thread(target=_serve, args=(listener, os.path.join(folder, str(port))), daemon=True).start()
+            relay.add(listener, os.path.join(folder, str(port)))
             _say("listening", ip, port)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -312,7 +312,7 @@ def grew(after: dict, before: dict) -> dict:
 def small(tmp_path):
     """A wire whose inboxes take messages of at most 1 MiB (and its envelope) in pieces,
     age unfinished ones after 0.3 s, and a raw datagram socket onto its inbox."""
-    with configured(max_frame=MIB, unfinished_timeout=0.3):
+    with configured(max_frame=MIB, unfinished_timeout=0.3, unfinished_memory=2 * (MIB + ENVELOPE)):
         w = Wire(tmp_path)
         raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -557,7 +557,8 @@ def test_a_rank_holds_a_bounded_amount_of_unfinished_messages_from_a_raw_sender(
     messages arrive whole and in order, and what was left goes once it is stale."""
     max_frame = 8 * MIB
     budget = 2 * (max_frame + ENVELOPE)
-    env = {"MONARCH_KERNEL_MAX_FRAME": str(max_frame), "MONARCH_KERNEL_UNFINISHED_TIMEOUT": "1"}
+    env = {"MONARCH_KERNEL_MAX_FRAME": str(max_frame), "MONARCH_KERNEL_UNFINISHED_TIMEOUT": "1",
+           "MONARCH_KERNEL_UNFINISHED_MEMORY": str(budget)}
     with this_host().spawn_procs(per_host={"gpus": 1}, env=env) as procs:
         keeper = procs.spawn("keeper", Keeper)
         pid = keeper.pid.call_one().get(timeout=30)
@@ -604,3 +605,44 @@ def test_a_rank_holds_a_bounded_amount_of_unfinished_messages_from_a_raw_sender(
         assert s, "the rank still holds the never-finished messages"
         assert s["rejected"].get("datagram/stale", 0) > before.get("datagram/stale", 0)
         assert keeper.take.call_one(99, blobs[0]).get(timeout=30) == hashlib.sha256(blobs[0]).hexdigest()
+
+
+FLOOD = r"""
+import os, socket, struct, sys
+path, step = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+s.connect(path)
+for k in range(40):  # 40 links, each 21 pieces of a message of 16 GiB, never finished
+    link = os.urandom(8)
+    s.send(bytes([4]) + link + struct.pack("<Q", 16 << 30) + os.urandom(step - 8))
+    for _ in range(20):
+        s.send(bytes([2]) + link + os.urandom(step))
+print("sent", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_unfinished_pieces_are_bounded_by_unfinished_memory_not_by_the_largest_frame():
+    """With the default settings (frames of up to 16 GiB), 40 links that each send 21 pieces of
+    a message and stop (about 168 MB) grow a rank by no more than MONARCH_KERNEL_UNFINISHED_MEMORY
+    (64 MiB) and its slack; before, the bound was twice 16 GiB and the rank grew by ~165 MB.
+    (Only the user's own processes reach a rank's datagram socket: its folder is 0700.)"""
+    budget = 64 * MIB
+    with this_host().spawn_procs(per_host={"gpus": 1}) as procs:
+        keeper = procs.spawn("keeper", Keeper)
+        pid = keeper.pid.call_one().get(timeout=30)
+        blob = os.urandom(3 * MIB)
+        assert keeper.take.call_one(-1, blob).get(timeout=30) == hashlib.sha256(blob).hexdigest()
+        rss_before = psutil.Process(pid).memory_info().rss
+        path = path_of(actor_address(procs._ref.addresses[0], keeper._actor_id))
+        out = subprocess.run([sys.executable, "-c", FLOOD, path, str(STEP)], capture_output=True, timeout=60)
+        assert out.returncode == 0 and b"sent" in out.stdout, out.stderr.decode()
+        stats = keeper.stats.call_one().get(timeout=30)
+        assert stats["unfinished"]["bytes"] <= budget, stats["unfinished"]
+        assert stats["rejected"].get("datagram/too_much", 0) >= 20, stats["rejected"]
+        peak = _peak_rss(pid) - rss_before
+        assert peak < budget + 40 * MIB, f"the rank's memory grew by {peak >> 20} MiB (the bound is {budget >> 20})"
+        # A message larger than the bound alone still arrives whole.
+        big = os.urandom(80 * MIB)
+        assert keeper.take.call_one(0, big).get(timeout=60) == hashlib.sha256(big).hexdigest()

@@ -115,7 +115,8 @@ class Listener:
             raise
         self.sock = sock
         self._peek = bytearray(1)  # a datagram's length is peeked, then it is read whole: no buffer kept
-        self._joiner = Joiner(max_message + _ENVELOPE, config.get("unfinished_timeout"), _FIRST_STEP, _STEP)
+        self._joiner = Joiner(max_message + _ENVELOPE, config.get("unfinished_timeout"), _FIRST_STEP, _STEP,
+                              config.get("unfinished_memory"))
         self.unfinished = self._joiner.open  # its unfinished messages, by link id
 
     def fileno(self) -> int:

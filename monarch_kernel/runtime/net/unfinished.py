@@ -6,8 +6,11 @@ from another before a signature can be checked, so they are bounded, as ZeroMQ's
 
 - one message: the length its first piece declares, at most ``max_message`` (refused at that
   first piece), and no more pieces or bytes than that length needs;
-- all of a process's inboxes together: at most ``MAX_MESSAGES`` messages and ``2 *
-  max_message`` bytes; the message fed least recently goes first;
+- all of a process's inboxes together: at most ``MAX_MESSAGES`` messages and
+  ``MONARCH_KERNEL_UNFINISHED_MEMORY`` bytes (64 MiB unless set), the message fed least recently
+  going first; the one being fed is never dropped for room, so one message alone may be
+  larger (up to its own bound above), and a sender of many unfinished pieces cannot grow a
+  process past the bound;
 - age: a message whose link has sent nothing for ``MONARCH_KERNEL_UNFINISHED_TIMEOUT``
   seconds, counted from a moment when its inbox had been read to the end (a reader that is
   busy or slow never ages its senders; only a sender that stops does).  It is looked at when
@@ -71,9 +74,9 @@ class Joiner:
     bounds them together with every other listener's.  ``first_size`` and ``piece_size``:
     the data a sender puts in a message's first piece and in each piece after it."""
 
-    def __init__(self, max_message: int, stale_s: float, first_size: int, piece_size: int):
+    def __init__(self, max_message: int, stale_s: float, first_size: int, piece_size: int, budget: int):
         self.max_message = max_message
-        self.budget = 2 * max_message
+        self.budget = budget
         self.stale_s = stale_s
         self.first_size = first_size
         self.piece_size = piece_size
@@ -159,12 +162,10 @@ class Joiner:
 
     def _add(self, msg: _Message, part, size: int, drops: list) -> None:
         HELD.order.move_to_end(msg)
-        while HELD.bytes + size > self.budget:
-            victim = next(iter(HELD.order))
+        while HELD.bytes + size > self.budget and len(HELD.order) > 1:
+            victim = next(iter(HELD.order))  # never ``msg``: it is the last
             self._evict(victim, drops, "too_much", f"{HELD.bytes} bytes held in unfinished messages, at most "
-                                                   f"twice MONARCH_KERNEL_MAX_FRAME ({self.budget})")
-            if victim is msg:
-                return
+                                                   f"MONARCH_KERNEL_UNFINISHED_MEMORY ({self.budget})")
         msg.parts.append(part)
         msg.got += len(part)
         msg.count += 1

@@ -8,11 +8,13 @@ those names in /proc/net/unix, so it says nothing of the activation) that it pub
 the activation's rendezvous; of a pair, the higher rank connects to the lower one.  Both
 ends check, by the kernel's word (``SO_PEERCRED``), that the other end is the process the
 rendezvous names for that rank, so a stranger on the host can neither pose as a peer nor
-learn what a rank sends.
+learn what a rank sends; a connection from another user is closed as soon as it is accepted,
+so strangers cannot pile up descriptors in a rank.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import struct
@@ -84,8 +86,12 @@ class Links:
                     return s
                 self._links[(peer, got)] = s
             s, _addr = self._listener.accept()
+            pid, uid, _gid = _PEERCRED.unpack(s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            if uid != os.getuid():  # another user's: never a rank of this job
+                s.close()
+                continue
             s.settimeout(config.collective_timeout())
-            self._early.setdefault(_peer_pid(s), []).append(s)
+            self._early.setdefault(pid, []).append(s)
 
     @classmethod
     def close_for(cls, rendezvous) -> None:
