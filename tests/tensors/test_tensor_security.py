@@ -203,6 +203,62 @@ def test_another_user_reaches_no_store_and_no_socket_name_tells_the_prefix(mesh,
                 assert prefix.encode() not in f.read(), f"rank {pid}'s {what} holds the prefix"
 
 
+# Run by the attacker: connect to the abstract socket named argv[1] as often as it takes
+# (argv[2] times at most, never waiting), say how many, and hold them until stdin closes.
+FLOOD = r"""
+import socket, sys
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setblocking(False)
+    try:
+        s.connect("\0" + sys.argv[1])
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+print(len(held), flush=True)
+sys.stdin.read()
+"""
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_another_users_connections_to_a_link_socket_are_closed_at_once(mesh, reduced):
+    """Another user connects 200 times to rank 0's link socket (its name is in /proc/net/unix
+    for all to read) while the ranks make new links (moves on new streams): the rank closes
+    each stranger's connection as it accepts it, so its descriptors stay as they were (before,
+    it kept them until its links closed: 43 to 109 descriptors)."""
+    attacker = _other_user()
+    procs, _where, pids = mesh
+    (name,) = _link_names([pids[0]])
+    first, second = procs.slice(gpus=0), procs.slice(gpus=1)
+    fds = _fds(pids[0])
+    made = 0
+    for i in range(4):
+        flood = subprocess.Popen([*attacker, "-c", FLOOD, name.removeprefix("@"), str(200 - made)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert flood.stdout is not None and flood.stdin is not None
+            made += int(flood.stdout.readline() or 0)
+            stream = mk.Stream(f"flood{i}")  # a new stream: rank 0 accepts a new link (and what waits before it)
+            with first.activate(), stream.activate():
+                x = torch.arange(3.0) + i
+            with stream.activate():
+                assert inspect(mk.to_mesh(x, second)).tolist() == [i, i + 1.0, i + 2.0]
+        finally:
+            if flood.stdin is not None:
+                flood.stdin.close()
+            flood.wait(30)
+            if flood.stdout is not None:
+                flood.stdout.close()
+    assert made >= 200, f"the attacker made only {made} connections"
+    # One link per new stream, and a little room for what else the rank opened meanwhile.
+    assert _fds(pids[0]) <= fds + 4 + 2, f"rank 0 went from {fds} to {_fds(pids[0])} descriptors"
+
+
 SCRIPT = """
 import os, sys
 import psutil, torch, torch.distributed as dist

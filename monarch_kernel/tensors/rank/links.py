@@ -19,6 +19,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 
 from ...runtime import config
 
@@ -67,7 +68,16 @@ class Links:
         name = self._groups.store.get(self._groups.key("link", peer)).decode()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(config.collective_timeout())
-        s.connect("\0" + name)
+        deadline = time.monotonic() + config.collective_timeout()
+        while True:  # its queue may be full of strangers' connections, which the peer closes as it takes them
+            try:
+                s.connect("\0" + name)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    s.close()
+                    raise
+                time.sleep(0.002)
         _check_peer(s, peer, peer_pid)
         stream_b = stream.encode()
         s.sendall(HELLO.pack(len(stream_b)) + stream_b)
