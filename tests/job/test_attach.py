@@ -321,6 +321,84 @@ def test_connections_that_never_prove_the_key_are_bounded(workers, key):
         assert worker_wire.recv_exact(again, 4, time.monotonic() + 10) == worker_wire.MAGIC
 
 
+# Run by another user (uid 65534), without the key: hold as many of the worker's handshake
+# slots as it lets it from five loopback addresses, taking another as soon as one closes; half
+# send the first byte of a proof, to be held the whole handshake deadline.
+STARVE = r"""
+import selectors, socket, sys, threading, time
+host, port = sys.argv[1], int(sys.argv[2])
+sel = selectors.DefaultSelector()
+def dial(source, i):
+    while True:
+        try:
+            s = socket.create_connection((host, port), timeout=5, source_address=(source, 0))
+            s.setblocking(False)
+            if i % 2:
+                s.send(b"x")
+            sel.register(s, selectors.EVENT_READ, (source, i))
+            return
+        except OSError:
+            time.sleep(0.01)
+for source in ["127.0.0.%d" % k for k in range(2, 7)]:
+    for i in range(16):
+        dial(source, i)
+print("holding", flush=True)
+threading.Thread(target=lambda: (sys.stdin.read(), sel.close()), daemon=True).start()
+while True:
+    try:
+        events = sel.select(0.5)
+    except (OSError, ValueError):
+        break
+    for key, _ in events:
+        try:
+            gone = key.fileobj.recv(4096) == b""
+        except BlockingIOError:
+            continue
+        except OSError:
+            gone = True
+        if gone:
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+            time.sleep(0.005)
+            dial(*key.data)
+"""
+
+
+def test_keyless_peers_from_five_addresses_cannot_starve_an_attach(workers, key):
+    """Another user without the key holds handshake slots from 127.0.0.2-6 (16 each, more than
+    the 64 there are) and takes one again as soon as one closes: the worker gives an address
+    with no slot one of the busiest address's, and drops a peer that has not begun its proof
+    within a second, so a controller's attach takes under 2 s (before: 6-26 s)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as another local user")
+    (w,) = workers(1)
+    host, port = w.address[len("tcp://"):].rsplit(":", 1)
+    attacker = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                 "-c", STARVE, host, port], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert attacker.stdout is not None and attacker.stdout.readline().strip() == "holding"
+        time.sleep(1.5)  # (the flood settles: slots held, the rest turned away and trying again)
+        for _ in range(3):
+            t = time.monotonic()
+            hosts = attach_to_workers(workers=[w.address], key=key)
+            took = time.monotonic() - t
+            seen = len(w.lines)
+            hosts.stop().get(timeout=30)
+            assert took < 2, f"an attach under the flood took {took:.1f} s"
+            w.wait_for(r"waiting for the next controller", after=seen)
+        assert attacker.poll() is None
+    finally:
+        if attacker.stdin is not None:
+            attacker.stdin.close()
+        try:
+            attacker.wait(10)
+        except subprocess.TimeoutExpired:
+            attacker.kill()
+            attacker.wait(10)
+        if attacker.stdout is not None:
+            attacker.stdout.close()
+
+
 # ---------------------------------------------------------------- a worker that dies
 
 
