@@ -33,7 +33,7 @@ import time
 
 import zmq
 
-from ..runtime import Gatekeeper, config, diagnostics, rejects, worker_key
+from ..runtime import Gatekeeper, config, diagnostics, hosts, rejects, worker_key
 from ..runtime import worker_wire as wire
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ def parse_listen(address: str) -> tuple[str, int]:
         raise ValueError(f"--listen {address!r}: give the address and a port, e.g. {example}")
     if host == "*":
         host = "0.0.0.0"
+    hosts.check_name(host, f"--listen tcp://HOST:{port}", example)
     try:
         ip = str(socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror as e:
@@ -340,6 +341,10 @@ def run_worker_loop_forever(*, address: str, key=None, ca=None, private_key=None
     if key is None:
         raise TypeError(worker_key.no_key("run_worker_loop_forever(address=..., key=PATH)", ca, private_key))
     ip, port = parse_listen(address)
+    if os.path.isdir(os.path.expanduser(os.fspath(key))):
+        raise IsADirectoryError(f"--key-file {key} is a folder: give the key file itself, e.g. --key-file "
+                                f"{os.path.join(str(key), 'mk.key')} (make one with  python -m monarch_kernel key "
+                                f"new PATH)")
     secret = worker_key.read_key_file(key)
     diagnostics.install()
     logging.getLogger(__name__).setLevel(logging.INFO)

@@ -32,6 +32,9 @@ class AttachJob(JobTrait):
         super().__init__()
         if isinstance(workers, str):
             workers = [w for w in workers.split(",") if w]
+        if not isinstance(workers, (list, tuple)):
+            raise TypeError("workers= is a list of the workers' --listen addresses, e.g. "
+                            f'workers=["tcp://node1:29500", "tcp://node2:29500"]; not {type(workers).__name__}')
         workers = list(workers)
         if not workers:
             raise ValueError('attach to at least one worker: workers=["tcp://node1:29500", ...]')
@@ -46,6 +49,10 @@ class AttachJob(JobTrait):
             raise ValueError("key= is the path of the workers' key file (python -m monarch_kernel key new PATH)")
         self.workers = workers
         self.key_file = os.path.expanduser(os.fspath(key))
+        if os.path.isdir(self.key_file):
+            raise IsADirectoryError(f"key={key!r} is a folder: give the key file itself, e.g. "
+                                    f"key={os.path.join(str(key), 'mk.key')!r} (make one with  python -m "
+                                    f"monarch_kernel key new PATH)")
         # a key others may read is refused here, before any connection
         self._key = worker_key.read_key_file(self.key_file)
         self.name = name

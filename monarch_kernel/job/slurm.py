@@ -19,6 +19,7 @@ import time
 
 from ..actor.host_mesh import HostMesh
 from ..runtime import Runtime, config
+from ..runtime import hosts as host_names
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
@@ -75,7 +76,9 @@ class SlurmJob(JobTrait):
             raise TypeError("ssh_args is a sequence of ssh's arguments for login=, e.g. ('-i', '~/.ssh/id_ed25519'), "
                             "not one string")
         if login is not None and (not isinstance(login, str) or not login or login.startswith("-")):
-            raise ValueError(f"login is the login node as ssh reaches it, e.g. login='me@cluster', not {login!r}")
+            raise ValueError(f"login is the login node as ssh reaches it, e.g. login='me@cluster', not {login!r:.80}")
+        if login is not None:
+            host_names.check_name(login.rpartition("@")[2], "login=", "login='me@cluster'")
         if out_of_cluster is not None and not isinstance(out_of_cluster, bool):
             raise TypeError(f"out_of_cluster is True, False or None, not {out_of_cluster!r}")
         if out_of_cluster and login is None:

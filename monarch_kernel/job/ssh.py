@@ -21,6 +21,7 @@ from types import FrameType
 
 from ..actor.host_mesh import HostMesh
 from ..runtime import Runtime, config
+from ..runtime import hosts as host_names
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
@@ -80,8 +81,14 @@ class SSHJob(JobTrait):
         """A host mesh called ``name`` over ``hosts`` (names or addresses ssh can reach)."""
         if isinstance(hosts, str):
             hosts = [h for h in hosts.split(",") if h]
+        if not isinstance(hosts, (list, tuple)):
+            raise TypeError(f"add_mesh({name!r}, hosts): hosts is a list of names ssh reaches, e.g. "
+                            f"add_mesh({name!r}, ['node1', 'me@node2']); not {type(hosts).__name__}")
         hosts = list(hosts)
-        if not name.isidentifier():
+        for h in hosts:
+            host_names.check_name(h.rpartition("@")[2] if isinstance(h, str) else h, f"add_mesh({name!r}, ...): a host",
+                       f"add_mesh({name!r}, ['node1', 'me@node2'])")
+        if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"mesh names are attributes of job.state(): {name!r} is not an identifier")
         if not hosts:
             raise ValueError(f"mesh {name!r} needs at least one host")

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import zmq
 
-from ..runtime import AgentLink, Runtime, config, worker_key
+from ..runtime import AgentLink, Runtime, config, hosts, worker_key
 from ..runtime import worker_wire as wire
 
 M = TypeVar("M", bound=wire.Message)
@@ -34,8 +34,9 @@ def parse_worker(worker) -> tuple[str, int]:
                          f"not {worker!r}")
     host, sep, port = worker[len("tcp://"):].rpartition(":")
     if not sep or not host or host in ("*", "0.0.0.0") or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"worker {worker!r}: give the host's name or address and the port it listens on, {example}")
-    return host.strip("[]"), int(port)
+        raise ValueError(f"worker {worker!r:.80}: give the host's name or address and the port it listens on, "
+                         f"{example}")
+    return hosts.check_name(host.strip("[]"), "a worker's host", example), int(port)
 
 
 class WorkerSession:

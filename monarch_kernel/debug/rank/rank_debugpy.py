@@ -113,8 +113,8 @@ def loopback(host: str) -> str | None:
     """``host`` as a loopback address to listen on, or None if it is not one."""
     if host == "localhost":
         return "127.0.0.1"
-    try:
-        return host if ipaddress.ip_address(host).is_loopback else None
+    try:  # (not with a %zone: ::1%lo is loopback to ipaddress, and no address to listen on)
+        return host if "%" not in host and ipaddress.ip_address(host).is_loopback else None
     except ValueError:
         return None
 

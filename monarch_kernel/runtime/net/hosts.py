@@ -11,13 +11,38 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import functools
+import ipaddress
 import os
+import re
 import socket
 import struct
 
 from .. import config
 
 SIOCGIFADDR = 0x8915
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?$")
+
+
+def check_name(host, what: str, example: str) -> str:
+    """``host`` if it is a host name (at most 253 characters, labels of at most 63 letters,
+    digits, ``-`` or ``_``) or an IP address without a zone; else a ValueError (a TypeError
+    for what is not a string) that names ``what`` and shows ``example``, said before any
+    lookup (the resolver's own errors for such names say nothing of where they came from)."""
+    if not isinstance(host, str):
+        raise TypeError(f"{what}: a host is a name or an address, e.g. {example}; not {type(host).__name__} "
+                        f"{host!r:.60}")
+    shown = host if len(host) <= 60 else f"{host[:40]}... ({len(host):,} characters)"
+    try:
+        ipaddress.ip_address(host)
+        if "%" not in host:
+            return host
+    except ValueError:
+        labels = host.split(".")
+        if 0 < len(host) <= 253 and all(len(x) <= 63 and _LABEL.match(x) for x in labels):
+            return host
+    raise ValueError(f"{what}: {shown!r} is not a host name or address (a name is at most 253 characters of "
+                     f"letters, digits, '-' and '.', at most 63 between dots; an address has no %zone); e.g. "
+                     f"{example}")
 
 
 @functools.lru_cache(maxsize=1)
