@@ -31,6 +31,7 @@ from ..runtime import (
 from ..runtime import agent_channel as wire
 from ..runtime import config as settings
 from ..runtime import host_messages as hw
+from . import host_paths
 
 
 def route_address(controller: str) -> str:
@@ -56,6 +57,7 @@ class HostAgent:
         self.pids: set[int] = set()  # ranks forked and not yet exited
         self.ending = False
         self._output: list = []  # output read this turn, forwarded as one message
+        self._skipped: dict[str, str] = {}  # the controller's folders not used here, and why (said once)
         self._flushing = False
         self._handlers = {hw.Fork: lambda m: self._fork(m.tag, m.config),
                           hw.Reserve: lambda m: self._say(self._reserve(m)),
@@ -132,23 +134,40 @@ class HostAgent:
 
     def _fork(self, tag: int, config: dict) -> None:
         # This host's own interpreter paths first, then the controller's that exist here too (a
-        # shared filesystem: the user's project); this host's run directory and bind address.
+        # shared filesystem: the user's project) and are the user's (host_paths); this host's
+        # run directory and bind address.
         mine = list(sys.path)
-        theirs = [p for p in config.get("sys_path") or () if p and p not in mine and os.path.isdir(p)]
+        skipped: dict[str, str] = {}
+        theirs = [p for p in config.get("sys_path") or () if p and p not in mine and self._ours(p, skipped)]
         config = dict(config, rundir=self.rundir, sys_path=mine + theirs, cleanup_dirs=[self.rundir],
                       env={**(config.get("env") or {}), settings.env_name("bind_address"): self.ip})
-        if not os.path.isdir(config.get("cwd") or ""):
+        if not self._ours(config.get("cwd") or "", skipped):
             config["cwd"] = os.getcwd()
+        news = {p: why for p, why in skipped.items() if p not in self._skipped}
+        self._skipped.update(news)
         assert self.template is not None
 
         def forked(pid: int) -> None:
             self.pids.add(pid)
             self._say(hw.Forked(tag, pid))
+            if news:  # said once per folder, as what the first rank given it printed
+                self.output(pid, 2, _skipped_line(socket.gethostname(), news))
 
         def failed(why: str) -> None:
             self._say(hw.ForkFailed(tag, why))
 
         self.template.fork(LaunchConfig.from_wire(config), forked, failed)
+
+    @staticmethod
+    def _ours(path: str, skipped: dict[str, str]) -> bool:
+        """Whether the controller's folder ``path`` is here and the user's; if it is here and
+        not the user's, why goes in ``skipped``."""
+        if not path or not os.path.isdir(path):
+            return False
+        why = host_paths.why_not_ours(path)
+        if why is not None:
+            skipped[path] = why
+        return why is None
 
     # ------------------------------------------------------------ what the template says (TemplateEvents)
 
@@ -195,6 +214,13 @@ class HostAgent:
         finally:
             shutil.rmtree(self.rundir, ignore_errors=True)
             os._exit(0)
+
+
+def _skipped_line(host: str, skipped: dict[str, str]) -> bytes:
+    said = "; ".join(f"{p} ({why})" for p, why in skipped.items())
+    return (f"monarch_kernel: on {host} the ranks do not use the controller's folders that are not yours "
+            f"there (another user could put code in them): {said}.  Make them yours (chown, chmod go-w), or "
+            f"sync_env=True\n").encode()
 
 
 def _version() -> str:

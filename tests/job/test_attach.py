@@ -399,6 +399,55 @@ def test_keyless_peers_from_five_addresses_cannot_starve_an_attach(workers, key)
             attacker.stdout.close()
 
 
+class Probe(Actor):
+    @endpoint
+    def where(self) -> tuple:
+        try:
+            import mymodel  # type: ignore[import-not-found]  (only in the other user's folder)
+
+            got = mymodel.VALUE
+        except ImportError:
+            got = "not imported"
+        return os.getcwd(), got
+
+
+def test_folders_another_user_made_at_the_controllers_paths_are_not_used_on_a_host(workers, key, tmp_path,
+                                                                                   monkeypatch, capfd):
+    """Another user (uid 65534) makes, on a worker's host, the folder at one of the controller's
+    sys.path entries (with a ``mymodel.py``) and the one at its working folder: the ranks
+    there neither import from the first nor run in the second, and the spawn says so once."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to make folders as another local user")
+    base = f"/tmp/mk-theirs-{os.getpid()}"
+    made = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                           f"mkdir -p {base}/path {base}/cwd && echo 'VALUE = \"theirs\"' > {base}/path/mymodel.py"],
+                          capture_output=True, text=True, timeout=30)
+    assert made.returncode == 0, made.stderr
+    try:
+        (w,) = workers(1)  # (started in the test's own folder, as one on another host is in its own)
+        monkeypatch.syspath_prepend(f"{base}/path")
+        monkeypatch.chdir(f"{base}/cwd")
+        hosts = attach_to_workers(workers=[w.address], key=key)
+        try:
+            probe = hosts.spawn_procs(per_host={"gpus": 2}).spawn("probe", Probe)
+            got = set(probe.where.call().get(timeout=60).values())
+            assert len(got) == 1
+            cwd, imported = got.pop()
+            assert imported == "not imported" and cwd != f"{base}/cwd", (cwd, imported)
+            said = ""
+            deadline = time.monotonic() + 20
+            while "do not use the controller's folders" not in said and time.monotonic() < deadline:
+                time.sleep(0.2)
+                said += "".join(capfd.readouterr())
+            assert f"{base}/path ({base}/path belongs to another user (uid 65534))" in said, said
+            assert f"{base}/cwd ({base}/cwd belongs to another user (uid 65534))" in said, said
+            assert said.count("do not use the controller's folders") == 1, said  # once, not per rank
+        finally:
+            hosts.stop().get(timeout=30)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- a worker that dies
 
 
