@@ -6,7 +6,10 @@ and imports nothing of monarch_kernel.  The controller imports it too, for ``sca
 sides must name a unit the same way.  A unit is one distribution (its RECORD's files) or one
 top-level package of a source folder, keyed by its files' names, sizes and mtimes; units sit in
 ``<cache>/units/<key>`` and an environment is a venv in ``<cache>/envs/<key>`` whose roots are
-hard links into them.  It never downloads anything.
+hard links into them.  A host "shares" the controller's environment only when the contents of
+every file under its units' folders, ``__pycache__`` and dot-files included, hash the same on
+both sides (``content_digest``): names, sizes and mtimes are easy to copy.  It never downloads
+anything.
 """
 
 from __future__ import annotations
@@ -108,6 +111,40 @@ def scan_roots(roots: list[list]) -> list[dict]:
     return out
 
 
+def content_digest(scanned: list[dict]) -> str:
+    """A hash of the contents of every regular file under the folders and files the units of
+    ``scanned`` (``scan_roots``) name at the top of their roots, bytecode and dot-names
+    included; what it read is named by its path, so a planted file changes it too."""
+    h = hashlib.sha256()
+    for root in scanned:
+        path = root["path"]
+        tops = sorted({f[0].split(os.sep)[0] for u in root["units"] for f in u["files"]}
+                      | {u["name"] for u in root["units"]})
+        h.update(json.dumps(["root", path]).encode())
+        for top in tops:
+            full = os.path.join(path, top)
+            files = [full] if not os.path.isdir(full) or os.path.islink(full) else sorted(
+                os.path.join(folder, n) for folder, dirs, names in os.walk(full)
+                for n in names + [d for d in dirs if os.path.islink(os.path.join(folder, d))])
+            for f in files:
+                h.update(json.dumps(["file", os.path.relpath(f, path)]).encode())
+                with contextlib.suppress(OSError):
+                    st = os.lstat(f)
+                    if stat.S_ISLNK(st.st_mode):
+                        h.update(b"link:" + os.readlink(f).encode(errors="surrogateescape"))
+                    elif stat.S_ISREG(st.st_mode):
+                        h.update(_file_digest(f))
+    return h.hexdigest()
+
+
+def _file_digest(path: str) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.digest()
+
+
 def env_key(version: str, scanned: list[dict]) -> str:
     body = [version] + [[r["kind"], [u["key"] for u in r["units"]]] for r in scanned]
     return hashlib.sha256(json.dumps(body).encode()).hexdigest()[:24]
@@ -148,14 +185,15 @@ def _version() -> str:
 
 
 def probe(spec: dict) -> dict:
-    """What this host has: its Python, whether it already sees the controller's environment
-    itself (a shared file system), the units its cache holds, and the free space there."""
+    """What this host has: its Python, the digest of the controller's environment as this host
+    sees it (where it may share it: the controller compares), the units its cache holds, and
+    the free space there."""
     out: dict = {"version": _version(), "python": sys.executable}
     if out["version"] != spec["version"]:
         return out
     local = scan_roots([[r["path"], r["kind"], r["only"]] for r in spec["roots"]])
-    out["shared"] = env_key(spec["version"], local) == spec["key"]
-    if out["shared"]:
+    if spec.get("digest", True) and env_key(spec["version"], local) == spec["key"]:
+        out["digest"] = content_digest(local)  # the same names, sizes, mtimes: the same bytes? (the controller says)
         return out
     cache = cache_dir(spec.get("cache"))
     ready = os.path.join(cache, "envs", spec["key"], "ready")

@@ -86,6 +86,16 @@ class LocalEnv:
     version: str
     scanned: list[dict]
     key: str
+    _digest: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def digest(self) -> str:
+        """The contents' digest (``env_host.content_digest``), read once, when a host first
+        may share these files (they are read after its answer: bytecode is written meanwhile)."""
+        with self._lock:
+            if self._digest is None:
+                self._digest = env_host.content_digest(self.scanned)
+            return self._digest
 
     @classmethod
     def scan(cls) -> LocalEnv:
@@ -133,25 +143,32 @@ def _answer(host: str, proc: subprocess.CompletedProcess | tuple[int, str, str],
     raise EnvSyncError(f"could not sync the environment to {host} (exit {code}): " + " / ".join(said))
 
 
+def _probe(host: str, spec: dict, remote: Remote, python: str, environ: dict | None) -> dict:
+    try:
+        return _answer(host, subprocess.run(remote(host, _script("probe", spec, python)), capture_output=True,
+                                            text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL, env=environ),
+                       python)
+    except subprocess.TimeoutExpired:
+        raise EnvSyncError(f"{host} did not answer the environment probe in {TIMEOUT_S:g} s") from None
+
+
 def sync_host(host: str, env: LocalEnv, remote: Remote, python: str, cache: str | None,
               environ: dict | None = None) -> HostEnv:
     """Bring ``host``'s cache up to ``env`` (sending only the units it lacks) and say which
     Python runs the agent there."""
     t = time.monotonic()
     spec = env.spec(cache)
-    try:
-        got = _answer(host, subprocess.run(remote(host, _script("probe", spec, python)), capture_output=True,
-                                           text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL, env=environ), python)
-    except subprocess.TimeoutExpired:
-        raise EnvSyncError(f"{host} did not answer the environment probe in {TIMEOUT_S:g} s") from None
+    got = _probe(host, spec, remote, python, environ)
     if got["version"] != env.version:
         raise EnvSyncError(
             f"the Python on {host} ({got['python']}) is {got['version']}, this controller's is {env.version}: "
             f"sync_env copies packages built for {env.version}; pass python_exe= a Python {env.version} on "
             f"{host} (e.g. python{env.version})")
-    if got["shared"]:
-        return HostEnv(host, python, shared=True, pythonpath=":".join(r["path"] for r in env.scanned),
-                       seconds=time.monotonic() - t)
+    if "digest" in got:
+        if got["digest"] == env.digest():  # the same bytes: a shared file system
+            return HostEnv(host, python, shared=True, pythonpath=":".join(r["path"] for r in env.scanned),
+                           seconds=time.monotonic() - t)
+        got = _probe(host, dict(spec, digest=False), remote, python, environ)  # look-alikes: use the cache
     units = env.units()
     missing = [k for k in units if k not in set(got["have"])]
     need = sum(units[k][1]["size"] for k in missing)

@@ -118,3 +118,49 @@ def test_another_python_is_a_clear_error(ssh_hosts, tmp_path):
     with pytest.raises(EnvSyncError, match=rf"the Python on {host} .* is 3\.10, this controller's is {mine}.*"
                                            rf"pass python_exe= a Python {mine}"):
         job.state()
+
+
+def _project(folder, value: str):
+    pkg = folder / "mk_planted"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"VALUE = {value!r}\n")
+    return pkg
+
+
+@pytest.mark.timeout(120)
+def test_look_alike_files_with_planted_bytecode_are_not_taken_for_a_shared_file_system(tmp_path):
+    """A host whose folder at the controller's path holds files of the same names, sizes and
+    mtimes but other bytes, and a planted ``__pycache__`` (another user's, uid 65534): the
+    host is not "shared" (before, it was, and the planted bytecode ran); the controller's
+    units go to its cache instead.  The host is this machine seen through a mount namespace
+    of its own, where the look-alike folder is mounted over the controller's."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to give a host its own view of a folder")
+    from monarch_kernel.job import env_host
+    from monarch_kernel.job.env_sync import LocalEnv, sync_host
+
+    mine = _project(tmp_path / "mine", "ours")
+    theirs = _project(tmp_path / "theirs", "evil")  # the same length
+    shutil.copystat(mine / "__init__.py", theirs / "__init__.py")
+    (theirs / "__pycache__").mkdir()
+    tag = sys.implementation.cache_tag
+    (theirs / "__pycache__" / f"__init__.{tag}.pyc").write_bytes(b"planted bytecode")
+    os.system(f"chown -R 65534:65534 {tmp_path / 'theirs'}")
+    scanned = env_host.scan_roots([[str(tmp_path / "mine"), "source", None]])
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    env = LocalEnv(version, scanned, env_host.env_key(version, scanned))
+
+    def there(_host: str, argv: list[str]) -> list[str]:  # the host: its own view of our folder
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                f'mount --bind {tmp_path / "theirs"} {tmp_path / "mine"} && exec "$@"', "sh", *argv]
+
+    def here(_host: str, argv: list[str]) -> list[str]:
+        return argv
+
+    cache = str(tmp_path / "cache")
+    shared = sync_host("same", env, here, sys.executable, cache)
+    assert shared.shared and shared.pythonpath == str(tmp_path / "mine")
+    (mine / "__pycache__").mkdir()  # bytecode counts: only the same bytes are shared
+    (mine / "__pycache__" / f"__init__.{tag}.pyc").write_bytes(b"our bytecode....")
+    got = sync_host("look-alike", env, there, sys.executable, cache)
+    assert not got.shared and got.sent == ["mk_planted"] and got.python.startswith(cache), got
