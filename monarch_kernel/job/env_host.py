@@ -14,6 +14,7 @@ anything.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -115,26 +116,37 @@ def content_digest(scanned: list[dict]) -> str:
     """A hash of the contents of every regular file under the folders and files the units of
     ``scanned`` (``scan_roots``) name at the top of their roots, bytecode and dot-names
     included; what it read is named by its path, so a planted file changes it too."""
-    h = hashlib.sha256()
+    named: list[tuple[str, str]] = []  # (what the hash names it by, the file)
     for root in scanned:
         path = root["path"]
         tops = sorted({f[0].split(os.sep)[0] for u in root["units"] for f in u["files"]}
                       | {u["name"] for u in root["units"]})
-        h.update(json.dumps(["root", path]).encode())
+        named.append((json.dumps(["root", path]), ""))
         for top in tops:
             full = os.path.join(path, top)
             files = [full] if not os.path.isdir(full) or os.path.islink(full) else sorted(
                 os.path.join(folder, n) for folder, dirs, names in os.walk(full)
                 for n in names + [d for d in dirs if os.path.islink(os.path.join(folder, d))])
-            for f in files:
-                h.update(json.dumps(["file", os.path.relpath(f, path)]).encode())
-                with contextlib.suppress(OSError):
-                    st = os.lstat(f)
-                    if stat.S_ISLNK(st.st_mode):
-                        h.update(b"link:" + os.readlink(f).encode(errors="surrogateescape"))
-                    elif stat.S_ISREG(st.st_mode):
-                        h.update(_file_digest(f))
+            named += [(json.dumps(["file", os.path.relpath(f, path)]), f) for f in files]
+    h = hashlib.sha256()
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:  # hashlib lets go of the GIL
+        for (name, _f), digest in zip(named, pool.map(_entry_digest, [f for _n, f in named]), strict=True):
+            h.update(name.encode())
+            h.update(digest)
     return h.hexdigest()
+
+
+def _entry_digest(path: str) -> bytes:
+    """A file's contents' digest; a link's target; nothing for anything else (or a root)."""
+    if not path:
+        return b""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return b"link:" + os.readlink(path).encode(errors="surrogateescape")
+        return _file_digest(path) if stat.S_ISREG(st.st_mode) else b""
+    except OSError as e:
+        return f"error:{e.errno}".encode()
 
 
 def _file_digest(path: str) -> bytes:

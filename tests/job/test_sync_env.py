@@ -92,7 +92,7 @@ def test_a_bare_host_gets_the_environment_once_then_only_what_changed(ssh_bare_h
         assert not report, report
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # both sides read every file of the environment (1.7 GB here) to compare
 def test_a_host_sharing_our_files_is_left_alone(ssh_hosts, tmp_path):
     job = SSHJob(python_exe=sys.executable, ssh_args=ssh_hosts.ssh_args, sync_env=str(tmp_path / "cache"))
     job.add_mesh("workers", ssh_hosts.hosts)
