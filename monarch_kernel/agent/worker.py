@@ -111,7 +111,7 @@ class Worker:
     def _admit(self, peer: str, writer: asyncio.StreamWriter) -> bool:
         """Whether a connection from ``peer`` may prove the key now.  When every slot is held, a
         peer holding fewer than the busiest peer takes the oldest of that peer's (closed at once)."""
-        mine = self._pending.get(peer, {})
+        mine = self._pending.get(peer) or collections.OrderedDict()
         if len(mine) >= MAX_UNAUTHENTICATED_PER_PEER:
             return False
         if sum(len(w) for w in self._pending.values()) >= MAX_UNAUTHENTICATED:

@@ -98,17 +98,15 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
                "its inbox was last read to the end, before what came of it is dropped (read when an inbox is "
                "made)"),
     _env("MONARCH_KERNEL_UNFINISHED_MEMORY", "unfinished_memory", int, 64 << 20, unit="bytes", minimum=1 << 20,
-         shown="64 MiB", help_="bytes a process holds, across its inboxes, of same-host messages whose pieces have "
-                               "not all come: past it, the one fed least recently is dropped (and logged).  One "
-                               "message alone may be larger (up to `MONARCH_KERNEL_MAX_FRAME`); raise it when "
-                               "several larger messages reach one process at once (read when an inbox is made)"),
+         shown="64 MiB", help_="bytes a process holds of same-host messages whose pieces have not all come; past "
+                               "it the one fed least recently is dropped (one message alone may be larger); raise it "
+                               "when several larger messages reach one process at once (read when an inbox is made)"),
     _env("MONARCH_KERNEL_SEND_QUEUE", "send_queue", int, 1000, unit="messages", kernel=True, minimum=1,
          help_="messages one thread may queue for a peer that is not reading before sends to it wait, then fail"),
     _env("MONARCH_KERNEL_SEND_BLOCK", "send_block", float, 5.0, unit="s", kernel=True,
          help_="seconds a caller waits for room in a full queue before `SendFailed` (the IO thread never waits)"),
     _env("MONARCH_KERNEL_RELAY_CONNECTIONS", "relay_connections", int, 256, unit="connections", minimum=1,
-         help_="`SlurmJob(login=...)`: connections the relay on the login node joins at once (one thread for all); "
-               "more are closed as they come, so a flood of connections costs none of the user's processes"),
+         help_="`SlurmJob(login=...)`: connections the login node's relay joins at once (one thread); more are closed"),
     _env("MONARCH_KERNEL_BIND", "bind_address", str, None, kernel=True, shown="the route to the controller",
          help_="the address a process of a job that spans hosts listens on (its inboxes, its data server); an "
                "agent sets it for the ranks it forks"),
@@ -175,9 +173,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "the other gone; checked every `agent_beat`, so a dead host is declared within 3 s"),
     _s("worker_handshake", 5.0, "runtime/spawn/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
        "has, in all, to prove it holds the key, and then to hand over the job's credentials"),
-    _s("worker_first_proof", 1.0, "agent/worker.py", "how long a connection to a worker has to send the first byte of "
-       "its proof (a controller sends it one round trip after the worker's greeting): a peer without the key "
-       "holds a handshake slot no longer"),
+    _s("worker_first_proof", 1.0, "agent/worker.py", "how long a connection to a worker has to begin its proof (a "
+       "controller does one round trip after the greeting)"),
     _s("worker_retry", 0.2, "job/worker_session.py", "a controller attaching to a worker that is still ending the "
        "ranks of the controller before (or turned it away as too busy) tries again after this"),
     _s("worker_agent_end", 10.0, "agent/worker.py", "how long a worker waits for the agent of a controller that "
