@@ -95,7 +95,8 @@ class Relay:
                 conn, _addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # out of descriptors, memory: the next turn tries again
+            except OSError:  # out of descriptors, memory: a moment later, the next turn tries again
+                time.sleep(0.05)
                 return
             if len(self.joined) // 2 >= self.most:
                 conn.close()  # past the most held at once
