@@ -90,12 +90,19 @@ export class MeshPanel extends Widget {
 
   /** Read the detached meshes again (GET /monarch/meshes). */
   async refreshDetached(): Promise<void> {
+    const asked = ++this._listings; // a slow answer to an earlier read must not undo a later one
+    let meshes = this._detachedMeshes;
+    let error = '';
     try {
-      this._detachedMeshes = await listDetached();
-      this._detachedError = '';
+      meshes = await listDetached();
     } catch (e) {
-      this._detachedError = `the server extension did not answer: ${(e as Error).message}`;
+      error = `the server extension did not answer: ${(e as Error).message}`;
     }
+    if (asked !== this._listings) {
+      return;
+    }
+    this._detachedMeshes = meshes;
+    this._detachedError = error;
     this._renderDetached();
   }
 
@@ -144,10 +151,13 @@ export class MeshPanel extends Widget {
   }
 
   private _onState(_: MeshConnection, state: IPanelState | null): void {
-    const names = (state?.meshes ?? []).map(m => `${m.name}/${m.kind}`).join(',');
+    // null: no state (the kernel restarts); its meshes are read again when its first state comes
+    const names = state === null ? null : state.meshes.map(m => `${m.name}/${m.kind}`).join(',');
     this._render();
     if (names !== this._meshNames) {
-      this._meshNames = names; // a mesh came or went: an attach or a stop shows in Detached too
+      // A mesh came or went: an attach or a stop shows in Detached too; and what a kernel that
+      // was going away still held is read again once its successor answers.
+      this._meshNames = names;
       void this.refreshDetached();
     }
   }
@@ -467,6 +477,7 @@ export class MeshPanel extends Widget {
   private _detached: HTMLElement;
   private _detachedMeshes: IDetachedMesh[] = [];
   private _detachedError = '';
-  private _meshNames = '';
+  private _meshNames: string | null = '';
+  private _listings = 0; // reads of the detached meshes asked
   private _pages = new Map<string, number>(); // mesh -> the page of its table shown
 }

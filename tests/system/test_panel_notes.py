@@ -12,12 +12,12 @@ import re
 import time
 
 import pytest
-from test_jupyterlab import sync_api
-from test_panel_lab import MESH, RANK, inside, lab, open_notebook, page, rest, shot, write_notebook  # noqa: F401
-from test_panel_lab import pytestmark as _panel_marks
-from test_jupyterlab import Notebook
+import test_panel_lab
+from test_jupyterlab import Notebook, sync_api
+from test_panel_lab import MESH, RANK, inside, open_notebook, rest, shot, write_notebook
 
-pytestmark = [*_panel_marks[:-1], pytest.mark.timeout(300)]
+pytestmark = [*test_panel_lab.pytestmark[:-1], pytest.mark.timeout(300)]
+lab, page = test_panel_lab.lab, test_panel_lab.page  # the fixtures: a JupyterLab, a Chromium page
 MESSAGE = MESH + " .mk-Mesh-message"
 
 NOTES = [
@@ -37,7 +37,7 @@ def fits(page, selector: str) -> bool:
                          selector)
 
 
-def test_a_dead_rank_fits_the_default_width_and_notes_go_when_they_stop_being_true(lab, page, tmp_path):
+def test_a_dead_ranks_state_and_last_line_show_whole_at_the_default_width(lab, page, tmp_path):
     write_notebook(lab.root / "notes.ipynb", NOTES)
     nb = Notebook(page, tmp_path, lab)
     expect = sync_api.expect
@@ -63,7 +63,21 @@ def test_a_dead_rank_fits_the_default_width_and_notes_go_when_they_stop_being_tr
         for part in (".mk-Rank-state", ".mk-Rank-last", "[data-action='restart']"):
             box = page.locator(dead + " " + part).bounding_box()
             assert inside(box, panel), f"rank 2's {part} at {box}, outside the panel at {panel}"
-            assert fits(page, dead + " " + part), f"rank 2's {part} is cut: {page.locator(dead + ' ' + part)}"
+            shown = page.locator(dead + " " + part).inner_text()
+            assert fits(page, dead + " " + part), f"rank 2's {part} is cut: {shown!r}"
+
+
+def test_a_note_about_a_button_goes_when_it_stops_being_true(lab, page, tmp_path):
+    write_notebook(lab.root / "notes.ipynb", NOTES)
+    nb = Notebook(page, tmp_path, lab)
+    expect = sync_api.expect
+    dead = RANK.format("procs", 2)
+
+    with nb.step("4 ranks, and rank 2 dead"):
+        open_notebook(nb, lab, "notes.ipynb")
+        nb.run_cell(0)
+        nb.run_cell(1)
+        expect(page.locator(dead)).to_have_attribute("data-state", "dead", timeout=10_000)
 
     with nb.step("Restart rank 2: its note shows until the next cell begins"):
         page.locator(dead + " [data-action='restart']").click()
@@ -100,7 +114,7 @@ TOLD = [
 ]
 
 
-def test_the_notebook_hears_of_an_interrupt_and_a_new_mesh_from_the_panel(lab, page, tmp_path):
+def test_an_interrupt_from_the_panel_is_said_in_the_running_cell_at_once(lab, page, tmp_path):
     write_notebook(lab.root / "told.ipynb", TOLD)
     nb = Notebook(page, tmp_path, lab)
     expect = sync_api.expect
@@ -121,6 +135,17 @@ def test_the_notebook_hears_of_an_interrupt_and_a_new_mesh_from_the_panel(lab, p
         shot(page, "interrupt-said-in-the-cell")
         out = nb.wait_cell(1, timeout=30)
         assert "[ranks 0,2] slept" in out.splitlines() and out.count("interrupted from the Mesh panel") == 1, out
+
+
+def test_new_mesh_is_told_to_the_notebook_and_leaves_its_current_mesh(lab, page, tmp_path):
+    write_notebook(lab.root / "told.ipynb", TOLD)
+    nb = Notebook(page, tmp_path, lab)
+    expect = sync_api.expect
+
+    with nb.step("open the notebook; 3 ranks"):
+        open_notebook(nb, lab, "told.ipynb")
+        nb.run_cell(0)
+        expect(page.locator(MESH.format("procs") + " .mk-Rank")).to_have_count(3, timeout=10_000)
 
     with nb.step("New mesh from the dialog: procs stays current, the panel and the next cell say so"):
         page.locator(".mk-Panel [data-action='new-mesh']").click()
