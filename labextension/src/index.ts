@@ -155,7 +155,7 @@ const meshes: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.newMesh, {
       label: 'New mesh…',
       isEnabled: () => panel.connection?.state != null,
-      execute: () => (panel.connection ? newMesh(panel.connection) : undefined)
+      execute: () => panel.newMesh()
     });
 
     if (settingRegistry) {

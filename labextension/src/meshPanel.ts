@@ -88,6 +88,20 @@ export class MeshPanel extends Widget {
     void this.refreshDetached();
   }
 
+  /** The New mesh dialog, then the mesh; what the kernel did is said atop the panel until the
+   * next cell (whose output tells the notebook too). */
+  async newMesh(): Promise<void> {
+    const connection = this._connection;
+    if (!connection?.state) {
+      return;
+    }
+    const reply = await this._options.newMesh(connection);
+    if (reply?.ok && connection === this._connection) {
+      const then = connection.state;
+      this._say(reply.message, true, undefined, now => (now.cell ?? 0) === (then?.cell ?? 0));
+    }
+  }
+
   /** Read the detached meshes again (GET /monarch/meshes). */
   async refreshDetached(): Promise<void> {
     const asked = ++this._listings; // a slow answer to an earlier read must not undo a later one
@@ -234,14 +248,7 @@ export class MeshPanel extends Widget {
     this._header.replaceChildren(
       h('span', { class: 'mk-Panel-title' }, 'Meshes'),
       button('New mesh', 'Spawn a new mesh on this kernel', () => {
-        if (connection) {
-          void this._options.newMesh(connection).then(reply => {
-            if (reply?.ok) {
-              const then = connection.state;
-              this._say(reply.message, true, undefined, now => (now.cell ?? 0) === (then?.cell ?? 0));
-            }
-          });
-        }
+        void this.newMesh();
       }, { 'data-action': 'new-mesh', ...(state ? {} : { disabled: 'true' }) }),
       button('↻', 'Refresh', () => {
         void connection?.request({ action: 'refresh' });

@@ -66,6 +66,24 @@ def test_a_dead_ranks_state_and_last_line_show_whole_at_the_default_width(lab, p
             shown = page.locator(dead + " " + part).inner_text()
             assert fits(page, dead + " " + part), f"rank 2's {part} is cut: {shown!r}"
 
+    with nb.step("a sidebar wide enough for one table row a rank: the same, whole"):
+        handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
+        box = handle.bounding_box(timeout=10_000)
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(x, y)
+        page.mouse.down()
+        page.mouse.move(x - 600, y, steps=5)
+        page.mouse.up()
+        page.wait_for_function("() => document.querySelector('.mk-Panel').clientWidth >= 760", timeout=10_000)
+        expect(page.locator(MESH.format("procs") + " .mk-RankGrid thead")).to_be_visible()
+        panel = page.locator(".mk-Panel").bounding_box()
+        shot(page, "wide-dead-rank")
+        for part in (".mk-Rank-state", ".mk-Rank-last"):
+            box = page.locator(dead + " " + part).bounding_box()
+            assert inside(box, panel), f"rank 2's {part} at {box}, outside the panel at {panel}"
+            shown = page.locator(dead + " " + part).inner_text()
+            assert fits(page, dead + " " + part), f"rank 2's {part} is cut: {shown!r}"
+
 
 def test_a_note_about_a_button_goes_when_it_stops_being_true(lab, page, tmp_path):
     write_notebook(lab.root / "notes.ipynb", NOTES)
