@@ -435,7 +435,7 @@ export class MeshPanel extends Widget {
         h('td', { class: 'mk-Detached-name' }, m.name),
         h('td', {}, `${m.ranks} ranks`),
         h('td', {}, m.hosts.join(', ')),
-        // A restart keeps the kernel's id: the notebook's own restarted kernel is not another one.
+        // Never this notebook's kernel (a restart keeps its id): its meshes are left out above.
         h('td', {}, m.state !== 'running' ? 'gone' : !m.kernel ? 'running' : 'attached to another kernel'),
         h('td', { title: `host pid ${m.host_pid}` }, formatStarted(m.started)),
         h(
