@@ -501,7 +501,9 @@ def test_new_mesh_from_the_panel_is_told_to_the_notebook_and_leaves_the_current_
                              "(%mesh use side, or Use in the panel, makes it current)"), reply.message
     panel.wait_state("side listed, procs current", lambda s: len(ranks(s, "side")) == 3
                      and [m.name for m in s.meshes if m.current] == ["procs"])
+    cells = panel.states()[-1].cell  # cells begun: each state says how many (a note goes with the next)
     out = run(kc, "%%mesh\nprint('here')").text.splitlines()
+    panel.wait_state("the cell counted", lambda s: s.cell == cells + 1)
     assert out == ["%mesh: the Mesh panel spawned mesh side: 3 ranks (%mesh spawn -n 3 --name side); the "
                    "variable side holds it; procs stays current (%mesh use side, or Use in the panel, makes it "
                    "current)", "[ranks 0-1] here"], out
