@@ -60,22 +60,42 @@ export function pageOf<T>(rows: T[], page: number, size: number = PAGE_ROWS): { 
   return { rows: rows.slice(at * size, (at + 1) * size), page: at, pages };
 }
 
-/** A rank's state in words: "dead (exit code 3)", "stopped in the debugger". */
+/** A rank's state in a few words, to fit a narrow panel: "dead · SIGKILL", "dead · exit 3",
+ * "not responding · 12 s" (`stateDetail` has the whole sentence). */
 export function stateLabel(row: IRankRow): string {
   const base = baseStateLabel(row);
   return row.stack_differs ? `${base} · stack differs` : base;
 }
 
+/** A rank's state in full, for its tooltip: "dead: killed by signal 9 (SIGKILL)". */
+export function stateDetail(row: IRankRow): string {
+  const full = row.detail ? `${row.state}: ${row.detail}` : row.state;
+  return row.stack_differs ? `${full} (its stacks differ from the majority's: press Stacks)` : full;
+}
+
+/** "SIGKILL", "exit 3", "lost": how a rank died, from the kernel's words for it. */
+export function shortDeath(detail: string): string {
+  const signal = /signal \d+ \((\w+)\)/.exec(detail) ?? /signal (\d+)/.exec(detail);
+  if (signal) {
+    return /^\d+$/.test(signal[1]) ? `signal ${signal[1]}` : signal[1];
+  }
+  const code = /code (-?\d+)/.exec(detail);
+  if (code) {
+    return `exit ${code[1]}`;
+  }
+  return /^lost\b/.test(detail) ? 'lost' : detail;
+}
+
 function baseStateLabel(row: IRankRow): string {
   switch (row.state) {
     case 'dead':
-      return row.detail ? `dead (${row.detail})` : 'dead';
+      return row.detail ? `dead · ${shortDeath(row.detail)}` : 'dead';
     case 'debugger':
       return 'stopped (debugger)';
     case 'pdb':
       return 'stopped (pdb)';
     case 'not responding':
-      return row.detail ? `not responding (${row.detail})` : 'not responding';
+      return row.detail ? `not responding · ${row.detail.replace(/^silent /, '')}` : 'not responding';
     default:
       return row.state;
   }

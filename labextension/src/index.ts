@@ -21,7 +21,7 @@ import { gridRendererFactory } from './gridRenderer';
 import { meshIcon } from './icon';
 import { LogView } from './logView';
 import { StacksView } from './stacksView';
-import { IRequest } from './messages';
+import { IReply, IRequest } from './messages';
 import { MeshPanel } from './meshPanel';
 import { NewMeshBody } from './newMeshDialog';
 import { MeshStatus } from './statusItem';
@@ -105,22 +105,23 @@ const meshes: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(shown.id);
     };
 
-    const newMesh = async (connection: MeshConnection) => {
+    const newMesh = async (connection: MeshConnection): Promise<IReply | null> => {
       const result = await showDialog<IRequest>({
         title: 'New mesh',
         body: new NewMeshBody(connection.state?.jobs ?? []),
         buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Spawn' })]
       });
       if (!result.button.accept || !result.value) {
-        return;
+        return null;
       }
       const reply = await connection.request(result.value);
       if (!reply.ok) {
         void showDialog({ title: 'New mesh failed', body: reply.message, buttons: [Dialog.okButton()] });
       }
+      return reply;
     };
 
-    const panel = new MeshPanel({ showLog, newMesh: c => void newMesh(c), showStacks });
+    const panel = new MeshPanel({ showLog, newMesh, showStacks });
     panel.title.icon = meshIcon;
     app.shell.add(panel, 'right', { rank: 900 });
     restorer?.add(panel, panel.id);
@@ -154,7 +155,7 @@ const meshes: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.newMesh, {
       label: 'New mesh…',
       isEnabled: () => panel.connection?.state != null,
-      execute: () => (panel.connection ? newMesh(panel.connection) : undefined)
+      execute: () => panel.newMesh()
     });
 
     if (settingRegistry) {

@@ -20,6 +20,7 @@ import {
   meshLabel,
   PAGE_ROWS,
   pageOf,
+  stateDetail,
   stateLabel,
   tensorsText
 } from './format';
@@ -29,19 +30,26 @@ import { sparklines } from './spark';
 export interface IMeshPanelOptions {
   /** Open the log tab of `mesh`, filtered to `rank` (null: every rank). */
   showLog: (connection: MeshConnection, mesh: string, rank: number | null) => void;
-  /** Ask for a new mesh's settings and spawn it. */
-  newMesh: (connection: MeshConnection) => void;
+  /** Ask for a new mesh's settings and spawn it: the kernel's reply (null: the dialog was cancelled). */
+  newMesh: (connection: MeshConnection) => Promise<IReply | null>;
   /** Open (or refresh) the tab holding a stacks report of `mesh` (one rank's, or every rank's). */
   showStacks: (mesh: string, rank: number | null, report: string) => void;
 }
 
 const METRICS_POLL_MS = 1000;
 
-/** What a panel's message says, and whether it is good news. */
+/** Whether a note still holds in the state `now` (`mesh`: its mesh's row there, if listed). */
+type Holds = (now: IPanelState, mesh: IMeshRow | undefined) => boolean;
+
+/** What a panel's message says, whether it is good news, and while it holds: it says what a
+ * button did, so it goes when the next cell starts, or sooner when it stops being true. */
 interface IBanner {
   text: string;
   ok: boolean;
+  holds: Holds;
 }
+
+const ALWAYS: Holds = () => true;
 
 export class MeshPanel extends Widget {
   constructor(options: IMeshPanelOptions) {
@@ -72,6 +80,7 @@ export class MeshPanel extends Widget {
     this._connection = connection;
     this._metrics.clear();
     this._banners.clear(); // another kernel's meshes
+    this._top = null;
     connection?.stateChanged.connect(this._onState, this);
     connection?.metricsReceived.connect(this._onMetrics, this);
     this._say('');
@@ -79,14 +88,35 @@ export class MeshPanel extends Widget {
     void this.refreshDetached();
   }
 
+  /** The New mesh dialog, then the mesh; what the kernel did is said atop the panel until the
+   * next cell (whose output tells the notebook too). */
+  async newMesh(): Promise<void> {
+    const connection = this._connection;
+    if (!connection?.state) {
+      return;
+    }
+    const reply = await this._options.newMesh(connection);
+    if (reply?.ok && connection === this._connection) {
+      const then = connection.state;
+      this._say(reply.message, true, undefined, now => (now.cell ?? 0) === (then?.cell ?? 0));
+    }
+  }
+
   /** Read the detached meshes again (GET /monarch/meshes). */
   async refreshDetached(): Promise<void> {
+    const asked = ++this._listings; // a slow answer to an earlier read must not undo a later one
+    let meshes = this._detachedMeshes;
+    let error = '';
     try {
-      this._detachedMeshes = await listDetached();
-      this._detachedError = '';
+      meshes = await listDetached();
     } catch (e) {
-      this._detachedError = `the server extension did not answer: ${(e as Error).message}`;
+      error = `the server extension did not answer: ${(e as Error).message}`;
     }
+    if (asked !== this._listings) {
+      return;
+    }
+    this._detachedMeshes = meshes;
+    this._detachedError = error;
     this._renderDetached();
   }
 
@@ -135,45 +165,71 @@ export class MeshPanel extends Widget {
   }
 
   private _onState(_: MeshConnection, state: IPanelState | null): void {
-    const names = (state?.meshes ?? []).map(m => `${m.name}/${m.kind}`).join(',');
+    // null: no state (the kernel restarts); its meshes are read again when its first state comes
+    const names = state === null ? null : state.meshes.map(m => `${m.name}/${m.kind}`).join(',');
     this._render();
     if (names !== this._meshNames) {
-      this._meshNames = names; // a mesh came or went: an attach or a stop shows in Detached too
+      // A mesh came or went: an attach or a stop shows in Detached too; and what a kernel that
+      // was going away still held is read again once its successor answers.
+      this._meshNames = names;
       void this.refreshDetached();
     }
   }
 
   private async _stacks(mesh: string, rank: number | null): Promise<void> {
     const who = rank === null ? `every rank of ${mesh}` : `rank ${rank} of ${mesh}`;
-    const reply = await this._do({ action: 'stacks', mesh, rank }, `reading the stacks of ${who}…`);
+    const reply = await this._do({ action: 'stacks', mesh, rank }, `reading the stacks of ${who}…`,
+      (now, _m, then) => now.running === then.running); // the stacks of a cell that has since ended (or begun)
     if (reply.ok && reply.report) {
       this._options.showStacks(mesh, rank, reply.report);
     }
   }
 
-  private async _do(req: IRequest, pending: string): Promise<IReply> {
+  /** Ask the kernel; say `pending`, then its answer, which holds until the next cell starts and
+   * while `holds` (given the state now, the mesh's row now and the state when it was said). */
+  private async _do(req: IRequest, pending: string,
+    holds?: (now: IPanelState, mesh: IMeshRow | undefined, then: IPanelState) => boolean): Promise<IReply> {
     const connection = this._connection;
     if (!connection) {
       return { type: 'reply', id: 0, ok: false, message: 'no monarch kernel' };
     }
     this._say(pending, true, req.mesh);
     const reply = await connection.request(req);
+    const then = connection.state;
+    const until: Holds = then === null ? ALWAYS
+      : (now, mesh) => (now.cell ?? 0) === (then.cell ?? 0) && (!holds || !reply.ok || holds(now, mesh, then));
     // "stopped procs" outlives procs: the panel says it, not the mesh's box.
-    this._say(reply.message, reply.ok, req.action === 'stop' ? undefined : req.mesh);
+    this._say(reply.message, reply.ok, req.action === 'stop' ? undefined : req.mesh, until);
     return reply;
   }
 
-  /** Say `text` in the box of `mesh` (while it is listed: the message goes with it), else atop the panel. */
-  private _say(text: string, ok = true, mesh?: string): void {
+  /** Say `text` in the box of `mesh` (while it is listed: the message goes with it), else atop
+   * the panel; it shows while `holds`. */
+  private _say(text: string, ok = true, mesh?: string, holds: Holds = ALWAYS): void {
     if (mesh && this._listed(mesh)) {
-      this._banners.set(mesh, { text, ok });
+      this._banners.set(mesh, { text, ok, holds });
       const box = this._body.querySelector(`.mk-Mesh[data-mesh="${CSS.escape(mesh)}"] .mk-Mesh-message`);
       if (box instanceof HTMLElement) {
         this._showBanner(box, text, ok);
       }
       return;
     }
+    this._top = text ? { text, ok, holds } : null;
     this._showBanner(this._message, text, ok);
+  }
+
+  /** Forget the notes that no longer hold in `state`. */
+  private _prune(state: IPanelState): void {
+    for (const [name, banner] of [...this._banners.entries()]) {
+      const mesh = state.meshes.find(m => m.name === name && !m.stopped);
+      if (!mesh || !banner.holds(state, mesh)) {
+        this._banners.delete(name); // its mesh stopped, or it is no longer true
+      }
+    }
+    if (this._top && !this._top.holds(state, undefined)) {
+      this._top = null;
+      this._showBanner(this._message, '', true);
+    }
   }
 
   private _showBanner(el: HTMLElement, text: string, ok: boolean): void {
@@ -192,9 +248,7 @@ export class MeshPanel extends Widget {
     this._header.replaceChildren(
       h('span', { class: 'mk-Panel-title' }, 'Meshes'),
       button('New mesh', 'Spawn a new mesh on this kernel', () => {
-        if (connection) {
-          this._options.newMesh(connection);
-        }
+        void this.newMesh();
       }, { 'data-action': 'new-mesh', ...(state ? {} : { disabled: 'true' }) }),
       button('↻', 'Refresh', () => {
         void connection?.request({ action: 'refresh' });
@@ -208,17 +262,12 @@ export class MeshPanel extends Widget {
       );
       return;
     }
+    this._prune(state);
     if (state.meshes.length === 0) {
-      this._banners.clear();
       this._body.replaceChildren(
         h('p', { class: 'mk-Panel-empty' }, 'No meshes yet: click New mesh, or run  procs = %mesh spawn -n 4')
       );
       return;
-    }
-    for (const name of [...this._banners.keys()]) {
-      if (!this._listed(name)) {
-        this._banners.delete(name); // its mesh stopped: its messages go with it
-      }
     }
     this._body.replaceChildren(...state.meshes.map(m => this._mesh(m, state)));
   }
@@ -241,7 +290,7 @@ export class MeshPanel extends Widget {
       'div',
       { class: 'mk-Mesh-buttons' },
       mesh.current ? null : button('Use', `Make ${mesh.name} the current mesh`, () => {
-        void this._do({ action: 'use', mesh: mesh.name }, `making ${mesh.name} current…`);
+        void this._do({ action: 'use', mesh: mesh.name }, `making ${mesh.name} current…`, (_now, m) => Boolean(m?.current));
       }, { 'data-action': 'use' }),
       mesh.dead > 0 ? button('Restart dead', `Replace the dead ranks of ${mesh.name}`, () => {
         void this._do({ action: 'restart', mesh: mesh.name }, `restarting the dead ranks of ${mesh.name}…`);
@@ -250,8 +299,10 @@ export class MeshPanel extends Widget {
         mesh.expanded ? `List only the ranks of ${mesh.name} that are not idle`
           : `List every rank of ${mesh.name} (${mesh.ranks} rows, paged)`, () => {
           this._pages.delete(mesh.name);
-          void this._do({ action: 'table', mesh: mesh.name, full: !mesh.expanded },
-            mesh.expanded ? `summarising ${mesh.name}…` : `listing every rank of ${mesh.name}…`);
+          const full = !mesh.expanded;
+          void this._do({ action: 'table', mesh: mesh.name, full },
+            mesh.expanded ? `summarising ${mesh.name}…` : `listing every rank of ${mesh.name}…`,
+            (_now, m) => Boolean(m?.expanded) === full);
         }, { 'data-action': 'toggle-table', 'aria-pressed': mesh.expanded ? 'true' : 'false' }) : null,
       button('Stacks', `Every rank's stacks of ${mesh.name}, grouped (py-spy; works while a cell runs)`, () => {
         void this._stacks(mesh.name, null);
@@ -333,7 +384,8 @@ export class MeshPanel extends Widget {
         void this._do({ action: 'restart', mesh: mesh.name, rank: row.rank }, `restarting rank ${row.rank}…`);
       }, { 'data-action': 'restart' }) : null,
       dead ? null : iconButton(bugIcon, 'Debug', `Debug rank ${row.rank}: JupyterLab's debugger switches to it (%mesh debug ${row.rank})`, () => {
-        void this._do({ action: 'debug', mesh: mesh.name, rank: row.rank }, `pointing the debugger at rank ${row.rank}…`);
+        void this._do({ action: 'debug', mesh: mesh.name, rank: row.rank }, `pointing the debugger at rank ${row.rank}…`,
+          now => now.debug_target === `${mesh.name}:${row.rank}`);
       }, { 'data-action': 'debug', ...(debugging ? { 'aria-pressed': 'true' } : {}) }),
       dead ? null : iconButton(treeViewIcon, 'Stacks', `Rank ${row.rank}'s thread stacks (py-spy)`, () => {
         void this._stacks(mesh.name, row.rank);
@@ -349,18 +401,22 @@ export class MeshPanel extends Widget {
       {
         class: 'mk-Rank', 'data-rank': row.rank, 'data-state': row.state,
         ...(row.stack_differs ? { 'data-stack-differs': 'true' } : {}),
-        title: row.stack_differs ? `${row.detail} (its stacks differ from the majority's: press Stacks)`.trim() : row.detail
+        title: stateDetail(row)
       },
       h('td', { class: 'mk-Rank-rank', title: `rank ${row.rank} · ${row.host}${row.pid === null ? '' : ` · pid ${row.pid}`}` },
         String(row.rank)),
       h('td', { class: 'mk-Rank-host' }, row.host),
       h('td', { class: 'mk-Rank-pid' }, row.pid === null ? '' : String(row.pid)),
-      h('td', { class: 'mk-Rank-state', title: stateLabel(row) }, stateLabel(row)),
+      h('td', { class: 'mk-Rank-state', title: stateDetail(row) }, stateLabel(row)),
       h('td', { class: 'mk-Rank-cpu' }, formatCpu(row.cpu)),
       h('td', { class: 'mk-Rank-rss' }, formatRss(row.rss_mib)),
       h('td', { class: 'mk-Rank-spark', title: 'CPU % (blue), RSS (orange) and GPU % (green, where used) over the last minutes' },
         ...this._spark(mesh.name, row.rank)),
-      h('td', { class: 'mk-Rank-last', title: row.last }, row.last),
+      dead
+        ? h('td', { class: 'mk-Rank-last', title: row.last },
+          row.detail ? h('div', { class: 'mk-Rank-death' }, row.detail) : null,
+          row.last ? h('div', { class: 'mk-Rank-lastText' }, row.last) : null)
+        : h('td', { class: 'mk-Rank-last', title: row.last }, row.last),
       actions
     );
   }
@@ -369,7 +425,9 @@ export class MeshPanel extends Widget {
     const connection = this._connection;
     const mine = new Set((connection?.state?.meshes ?? []).map(m => m.name));
     const kernelId = connection?.kernel.id ?? '';
-    const shown = this._detachedMeshes.filter(m => !mine.has(m.name));
+    // This kernel's own detached meshes are listed above (or are about to be, their state on its
+    // way): they are not "other" meshes, whatever the listing read first.
+    const shown = this._detachedMeshes.filter(m => !mine.has(m.name) && !(kernelId && m.kernel === kernelId));
     const rows = shown.map(m =>
       h(
         'tr',
@@ -377,9 +435,8 @@ export class MeshPanel extends Widget {
         h('td', { class: 'mk-Detached-name' }, m.name),
         h('td', {}, `${m.ranks} ranks`),
         h('td', {}, m.hosts.join(', ')),
-        // A restart keeps the kernel's id: the notebook's own restarted kernel is not another one.
-        h('td', {}, m.state !== 'running' ? 'gone'
-          : !m.kernel ? 'running' : m.kernel === kernelId ? 'attached to this notebook' : 'attached to another kernel'),
+        // Never this notebook's kernel (a restart keeps its id): its meshes are left out above.
+        h('td', {}, m.state !== 'running' ? 'gone' : !m.kernel ? 'running' : 'attached to another kernel'),
         h('td', { title: `host pid ${m.host_pid}` }, formatStarted(m.started)),
         h(
           'td',
@@ -418,6 +475,7 @@ export class MeshPanel extends Widget {
   private _options: IMeshPanelOptions;
   private _metrics = new Map<string, IMetrics>(); // mesh -> its last samples
   private _banners = new Map<string, IBanner>(); // mesh -> the last message about it
+  private _top: IBanner | null = null; // the message atop the panel, about no listed mesh
   private _timer: number | null = null;
   private _connection: MeshConnection | null = null;
   private _header: HTMLElement;
@@ -426,6 +484,7 @@ export class MeshPanel extends Widget {
   private _detached: HTMLElement;
   private _detachedMeshes: IDetachedMesh[] = [];
   private _detachedError = '';
-  private _meshNames = '';
+  private _meshNames: string | null = '';
+  private _listings = 0; // reads of the detached meshes asked
   private _pages = new Map<string, number>(); // mesh -> the page of its table shown
 }

@@ -67,6 +67,8 @@ export interface IPanelState {
   kernel_id: string;
   debug_target: string;
   protocol: number;
+  /** Cells the kernel has begun: a note about what a button did goes when the next one starts. */
+  cell?: number;
 }
 
 /** [seq, rank, stream, line] */

@@ -293,7 +293,7 @@ def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
     reply = panel.request("spawn", n=2, name="side")
     assert reply.ok and reply.message.startswith("side: 2 ranks"), reply
     state = panel.wait_state("the new mesh", lambda s: len(ranks(s, "side")) == 2)
-    assert [m.name for m in state.meshes if m.current] == ["side"]
+    assert [m.name for m in state.meshes if m.current] == ["procs"]  # the notebook's mesh stays current
     assert "side" in text(run(kc, "print(side.name)").outputs)
     reply = panel.request("stop", mesh="side")
     assert reply.ok, reply
@@ -476,3 +476,54 @@ def test_a_large_mesh_is_summarised_and_its_full_table_comes_on_demand(kc, panel
                              after=seen)
     mesh = mesh_of(state)
     assert mesh is not None and [r.rank for r in mesh.rows] == [7] and not mesh.expanded, mesh
+
+
+def test_an_interrupt_from_the_panel_is_said_in_the_running_cell_when_it_happens(kc, panel):
+    run(kc, "procs = %mesh spawn -n 3")
+    msg_id = kc.execute("%%mesh\nimport time\ntime.sleep(8)\nprint('slept')")
+    panel.wait_state("rank 2 busy", lambda s: ranks(s).get(2, state0).state == "busy", timeout=10)
+    reply = panel.request("interrupt", mesh="procs", rank=2, timeout=10)
+    assert reply.ok, reply
+    said = panel.io.wait_output(msg_id, "interrupted from the Mesh panel", timeout=5)
+    assert not panel.io.idle(msg_id), "the interrupt was said only when the cell ended"
+    assert said.text == "[rank 2] interrupted from the Mesh panel\n", said.text
+    got = text(panel.io.wait_idle(msg_id, 30))
+    assert "[ranks 0-1] slept" in got and got.count("interrupted from the Mesh panel") == 1, got
+
+
+def test_new_mesh_from_the_panel_is_told_to_the_notebook_and_leaves_the_current_mesh(kc, panel):
+    """The dialog's mesh does not take the notebook's ``%%mesh`` cells unasked: the current
+    mesh stays, and the next cell's output begins by saying what the panel made."""
+    run(kc, "procs = %mesh spawn -n 2")
+    reply = panel.request("spawn", n=3, name="side")
+    assert reply.ok, reply
+    assert reply.message == ("side: 3 ranks (%mesh spawn -n 3 --name side); procs stays current "
+                             "(%mesh use side, or Use in the panel, makes it current)"), reply.message
+    panel.wait_state("side listed, procs current", lambda s: len(ranks(s, "side")) == 3
+                     and [m.name for m in s.meshes if m.current] == ["procs"])
+    cells = panel.states()[-1].cell  # cells begun: each state says how many (a note goes with the next)
+    out = run(kc, "%%mesh\nprint('here')").text.splitlines()
+    panel.wait_state("the cell counted", lambda s: s.cell == cells + 1)
+    assert out == ["%mesh: the Mesh panel spawned mesh side: 3 ranks (%mesh spawn -n 3 --name side); the "
+                   "variable side holds it; procs stays current (%mesh use side, or Use in the panel, makes it "
+                   "current)", "[ranks 0-1] here"], out
+    assert run(kc, "%%mesh\nprint('again')").text.splitlines() == ["[ranks 0-1] again"]  # said once
+
+    # Use, from the panel: now the notebook's cells run on side, and the next cell says so.
+    assert panel.request("use", mesh="side").ok
+    out = run(kc, "%%mesh\nprint('there')").text.splitlines()
+    assert out == ["%mesh: side made current from the Mesh panel: %%mesh cells run on its 3 ranks",
+                   "[ranks 0-2] there"], out
+
+    # While a cell runs, the panel's mesh is told in that cell, at once.
+    msg_id = kc.execute("import time\ntime.sleep(6)")
+    panel.wait_state("the cell running", lambda s: s.running, timeout=10)
+    assert panel.request("spawn", n=1, name="third").ok
+    said = panel.io.wait_output(msg_id, "spawned mesh third", timeout=5)
+    assert not panel.io.idle(msg_id) and said.text.startswith("%mesh: the Mesh panel spawned mesh third: 1 rank ")
+    panel.io.wait_idle(msg_id, 30)
+    for name in ("third", "side"):
+        assert panel.request("stop", mesh=name).ok
+    out = run(kc, "1").text.splitlines()
+    assert out == ["%mesh: mesh third stopped from the Mesh panel; side is the current mesh",
+                   "%mesh: mesh side stopped from the Mesh panel; procs is the current mesh", "1"], out

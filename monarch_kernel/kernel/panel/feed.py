@@ -52,6 +52,8 @@ class PanelFeed:
         self.view = PanelView(session, self.log)  # builds what is sent
         self.comms: list = []
         self.running = False  # a cell executes
+        self.cells = 0  # cells begun (each state carries it: the panel's notes about "now" go with the next)
+        self._notices: list[str] = []  # what the panel did while no cell ran: said when the next begins
         self.sent = 0  # updates sent (the benchmark reads it)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -122,8 +124,14 @@ class PanelFeed:
     def _death(self, mesh_id: str, rank: int, info) -> None:  # on the IO thread
         self._wake.set()
 
-    def _cell_starts(self, *_a) -> None:
+    def _cell_starts(self, info=None, *_a) -> None:
         self.running = True
+        self.cells += 1
+        if getattr(info, "store_history", False) and not getattr(info, "silent", False):  # a notebook's cell
+            with self._lock:
+                notices, self._notices = self._notices, []
+            for line in notices:  # pre_run_cell: this prints at the top of the cell that begins
+                print(line, flush=True)
         self._wake.set()
 
     def _cell_ends(self, *_a) -> None:
@@ -140,6 +148,15 @@ class PanelFeed:
         for name in self._attached - now:
             listing.unmark_attached(name)
         self._attached = now
+
+    def tell_notebook(self, line: str, *, later: bool = True) -> None:
+        """Say in the notebook what a button did: in the running cell now, or (``later``) at
+        the top of the next cell, so a mesh the panel made or changed is never unheard of."""
+        if self.running:
+            self.session.run_in_cell(lambda: print(line, flush=True))
+        elif later:
+            with self._lock:
+                self._notices.append(line)
 
     # ------------------------------------------------------------ the comm
 
@@ -246,7 +263,7 @@ class PanelFeed:
 
     def state(self) -> PanelState:
         """Every mesh and job of this kernel as the panel shows it now."""
-        return self.view.state(self.running)
+        return self.view.state(self.running, self.cells)
 
     # ------------------------------------------------------------ the buttons
 
@@ -257,6 +274,9 @@ class PanelFeed:
         procs, consoles = self._procs(req)
         ranks = [req.rank] if req.rank is not None else None
         procs.interrupt(consoles, ranks, wait=2.0)
+        where = "" if procs.name == self.session.current else f" of {procs.name}"
+        self.tell_notebook(f"{rank_label(ranks or range(len(procs)))}{where} interrupted from the Mesh panel",
+                           later=False)  # an idle rank's interrupt changes nothing a cell would see
         return f"interrupted {rank_label(ranks, brackets=False) if ranks else 'every rank'} of {procs.name}"
 
     def _do_restart(self, req: Request) -> str:
@@ -312,6 +332,8 @@ class PanelFeed:
     def _do_use(self, req: Request) -> str:
         procs, _c = self._procs(req)
         self.session.current = procs.name
+        self.tell_notebook(f"%mesh: {procs.name} made current from the Mesh panel: %%mesh cells run on its "
+                           f"{len(procs)} rank{'s' if len(procs) != 1 else ''}")
         return f"{procs.name} is the current mesh"
 
     def _do_stop(self, req: Request) -> str:
@@ -320,18 +342,33 @@ class PanelFeed:
         self.log.forget(procs.name)
         self.view.expanded.discard(procs.name)
         self._sync_attached()
+        now = self.session.current
+        self.tell_notebook(f"%mesh: mesh {procs.name} stopped from the Mesh panel"
+                           + (f"; {now} is the current mesh" if now else "; no mesh is left"))
         return f"stopped {procs.name}"
 
     def _do_spawn(self, req: Request) -> str:
+        """Spawn the New mesh dialog's mesh.  It becomes current only if no other mesh is (the
+        notebook's next ``%%mesh`` cell must not move to it unasked), and the notebook is told."""
         line = spawn_line(req)
+        before = self.session.current
         procs = self.shell.run_line_magic("mesh", line)
         if procs is None:
             raise RuntimeError(f"%mesh {line} returned no mesh")
         bound = self.shell.user_ns.get(procs.name)
-        if procs.name.isidentifier() and (bound is None or type(bound).__name__ == "ProcMesh"):
+        named = procs.name.isidentifier() and (bound is None or type(bound).__name__ == "ProcMesh")
+        if named:
             self.shell.user_ns[procs.name] = procs  # the dialog's mesh is a name in the notebook too
         self._sync_attached()
-        return f"{procs.name}: {len(procs)} ranks (%mesh {line})"
+        if before is not None and before != procs.name and before in self.session.meshes:
+            self.session.current = before
+            how = f"{before} stays current (%mesh use {procs.name}, or Use in the panel, makes it current)"
+        else:
+            how = "it is the current mesh: %%mesh cells run on it"
+        n = f"{len(procs)} rank{'s' if len(procs) != 1 else ''}"
+        self.tell_notebook(f"%mesh: the Mesh panel spawned mesh {procs.name}: {n} (%mesh {line})"
+                           + (f"; the variable {procs.name} holds it" if named else "") + f"; {how}")
+        return f"{procs.name}: {n} (%mesh {line}); {how}"
 
 
 def spawn_line(req: Request) -> str:

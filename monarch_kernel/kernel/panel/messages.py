@@ -103,6 +103,7 @@ class PanelState:
     kernel_id: str = ""
     debug_target: str = ""  # "mesh:rank" JupyterLab's debugger points at, "" for the kernel
     protocol: int = PROTOCOL
+    cell: int = 0  # cells this kernel has begun: a panel's note about "now" goes when the next one starts
     type: str = "state"
 
     def encode(self) -> dict:

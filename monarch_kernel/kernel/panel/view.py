@@ -79,8 +79,9 @@ class PanelView:
         self.cpu: dict[int, tuple[int, float]] = {}  # pid -> (ticks, when)
         self.expanded: set[str] = set()  # large meshes whose full table a panel asked for (Request "table")
 
-    def state(self, running: bool) -> PanelState:
-        """Every mesh and job of the session, ``running``: whether a cell executes."""
+    def state(self, running: bool, cell: int = 0) -> PanelState:
+        """Every mesh and job of the session, ``running``: whether a cell executes; ``cell``:
+        how many cells have begun."""
         s = self.session
         dbg = getattr(getattr(self.shell, "kernel", None), "debugger", None)
         target = getattr(dbg, "target", None)
@@ -97,7 +98,7 @@ class PanelView:
             jobs.append(JobRow(job_name, job.kind, job.active, hosts,
                                [m for m, j in s.jobs.meshes.items() if j == job_name]))
         debug_target = f"{target.mesh}:{target.rank}" if target is not None and hasattr(target, "rank") else ""
-        return PanelState(meshes, jobs, running, listing.kernel_id(), debug_target)
+        return PanelState(meshes, jobs, running, listing.kernel_id(), debug_target, cell=cell)
 
     def _mesh(self, name: str, procs, target, stopped_pdb: set) -> MeshRow:
         """One mesh as the panel shows it.  Over ``status.SUMMARY_OVER`` ranks it is summarised
