@@ -9,13 +9,16 @@ from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..console.console import Console
+from ..debug.controller import proxy
 from ..debug.controller.pdb_controller import PdbHub
 from ..observe.metrics import RankMetrics
-from ..runtime import Runtime
+from ..runtime import Runtime, counted
+from . import detached
 from .cell_names import CellNames
 from .jobs import KernelJobs
 from .output import CollapsingSink
 from .panel.feed import PanelFeed
+from .respawn import Respawn
 from .watchdog import Watchdog
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
@@ -39,6 +42,7 @@ class MeshSession:
         self.cells = CellNames(shell)  # cells named as tracebacks name them (stacks of ranks)
         self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
         self.jobs = KernelJobs()  # ssh and slurm jobs started by %mesh spawn --job
+        self.respawn = Respawn(self.stop)  # a spawn of a name taken: reuse the mesh, or stop it first
         rt = Runtime.current()
         # The console actor's modules, imported by the template before it forks: on 1,024
         # ranks, importing them after the fork cost minutes of CPU.
@@ -86,9 +90,31 @@ class MeshSession:
             self.hosts[procs.name] = host
         self.current = procs.name
 
+    def stop(self, name: str) -> list[str]:
+        """End mesh ``name`` (a detached one through its host process) and drop it; what to
+        tell the user, a line each."""
+        procs, _c = self.get(name)
+        proxy.forget_mesh(self.shell, procs.name)
+        host = self.hosts.get(procs.name)
+        ranks = counted(len(procs), "rank")
+        if host is None:
+            procs.stop().get(timeout=30)
+            said = [f"stopped mesh {procs.name}: its {ranks} ended"]
+        elif detached.stop(procs.name, host):
+            said = [f"stopped detached mesh {procs.name!r}: its {ranks} and its host process ended"]
+        else:
+            said = [f"detached mesh {procs.name!r} was already gone: its host process is no longer running"]
+        self.remove(procs.name)
+        job = self.jobs.meshes.pop(procs.name, None)
+        if job is not None and job not in self.jobs.meshes.values():
+            said.append(f"job {job} keeps its hosts for the next  %mesh spawn --job {job};  "
+                        f"%mesh kill-job {job} frees them")
+        return said
+
     def remove(self, name: str) -> None:
         """Mesh ``name`` stopped (or its job went): its status widget says so, once."""
         self.meshes.pop(name, None)
+        self.respawn.forget(name)
         self.hosts.pop(name, None)
         if self.current == name:
             self.current = next(iter(self.meshes), None)
