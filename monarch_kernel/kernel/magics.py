@@ -199,26 +199,28 @@ class MeshMagics(Magics):
         print(f"job {name} killed" + (f" with its meshes {', '.join(meshes)}" if meshes else ""))
 
     def _cmd_status(self, a):
+        """The table once: a live widget where widgets render, its text the fallback of the
+        same display (a frontend shows one of the two), else the text alone."""
         s = self.session
         procs, _consoles = s.get()
         host = s.hosts.get(procs.name)
-        print(status.as_text(procs.name, status.snapshot(procs, s.sink.last_lines, host), detached=host is not None,
-                             full=a.all))
-        if host is not None:
+        table = status.as_text(procs.name, status.snapshot(procs, s.last_lines, host), detached=host is not None,
+                               full=a.all)
+        live = s.live.get(procs.name) if host is None else None
+        if live is None or live.full != a.all or live.final:  # else the same widget once more: every view stays live
+            try:
+                live = None if host is not None else status.LiveStatus(s, full=a.all)
+            except ImportError:  # no ipywidgets: the text table is all there is
+                live = None
+            if live is not None:
+                old = s.live.pop(procs.name, None)
+                if old is not None:
+                    old.close(note="not updated: a newer %mesh status is")
+                s.live[procs.name] = live
+        if live is None:
+            print(table)
             return None
-        live = s.live.get(procs.name)
-        if live is not None and live.full == a.all and not live.final:
-            display(live.widget)  # the same widget once more: every view of it stays live
-            return None
-        try:
-            live = status.LiveStatus(s, full=a.all)
-        except ImportError:  # no ipywidgets: the text table is all there is
-            return None
-        old = s.live.pop(procs.name, None)
-        if old is not None:
-            old.close(note="not updated: a newer %mesh status is")
-        s.live[procs.name] = live
-        display(live.widget)
+        display({**live.widget._repr_mimebundle_(), "text/plain": table}, raw=True)
 
     def _cmd_stacks(self, a):
         procs, _consoles = self.session.get()

@@ -16,6 +16,7 @@ from ..runtime import Runtime, counted
 from . import detached
 from .cell_names import CellNames
 from .jobs import KernelJobs
+from .last_lines import LastLines
 from .output import CollapsingSink
 from .panel.feed import PanelFeed
 from .respawn import Respawn
@@ -48,6 +49,8 @@ class MeshSession:
         # ranks, importing them after the fork cost minutes of CPU.
         rt.warm(CONSOLE_MODULES)
         self.sink = CollapsingSink(rt.io.loop)
+        self.last_lines = LastLines()  # each rank's last line that says something (status, the panel)
+        self.sink.watchers.append(self.last_lines.note)
         self._handles = [rt.hooks.output.install(self.sink)]
         self.metrics = RankMetrics()  # CPU and memory per rank, sampled while %mesh top or a panel watches
         self.watchdog = Watchdog(self)  # %mesh watchdog: stacks of ranks a cell has waited on too long
@@ -115,6 +118,7 @@ class MeshSession:
         """Mesh ``name`` stopped (or its job went): its status widget says so, once."""
         self.meshes.pop(name, None)
         self.respawn.forget(name)
+        self.last_lines.forget(name)
         self.hosts.pop(name, None)
         if self.current == name:
             self.current = next(iter(self.meshes), None)

@@ -17,6 +17,7 @@ the last panel closes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import threading
@@ -28,7 +29,7 @@ from IPython.core.error import UsageError
 from ...actor.errors import ActorError
 from ...debug.controller import proxy
 from ...detached import listing
-from ...runtime import Runtime, config, diagnostics, rank_label, rejects
+from ...runtime import Runtime, config, counted, diagnostics, rank_label, rejects
 from .messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
 from .view import PanelView, RankLog
 
@@ -61,6 +62,7 @@ class PanelFeed:
         self._ticking = False
         self._thread: threading.Thread | None = None
         self._attached: set[str] = set()  # detached meshes marked as attached to this kernel
+        self.notes: list[str] = []  # what the panel did that the notebook has not been told (a spawn)
         self._manager = getattr(getattr(self.shell, "kernel", None), "comm_manager", None)
         self._handles: list = []
         self._events = [("pre_run_cell", self._cell_starts), ("post_run_cell", self._cell_ends)]
@@ -122,9 +124,19 @@ class PanelFeed:
     def _death(self, mesh_id: str, rank: int, info) -> None:  # on the IO thread
         self._wake.set()
 
+    def _tell(self, note: str) -> None:
+        """Say ``note`` in the notebook: in the running cell, else at the top of the next one."""
+        if self.running:
+            self.session.run_in_cell(lambda: print(note, flush=True))
+        else:
+            self.notes.append(note)
+
     def _cell_starts(self, *_a) -> None:
         self.running = True
         self._wake.set()
+        notes, self.notes = self.notes, []
+        for note in notes:  # at the top of the cell the user runs next: what the panel did meanwhile
+            print(note)
 
     def _cell_ends(self, *_a) -> None:
         self.running = False
@@ -275,7 +287,7 @@ class PanelFeed:
         ranks = [req.rank] if req.rank is not None else req.ranks
         report = procs.stacks(ranks).name_frames(self.session.cells.frame)
         odd = report.odd_ranks()
-        return (f"stacks of {procs.name}: {len(report.groups)} group{'s' if len(report.groups) != 1 else ''}"
+        return (f"stacks of {procs.name}: {counted(len(report.groups), 'group')}"
                 + (f", {rank_label(odd, brackets=False)} differ{'s' if len(odd) == 1 else ''} from the rest"
                    if odd else ""), repr(report))
 
@@ -305,7 +317,7 @@ class PanelFeed:
         procs, _c = self._procs(req)
         if req.full:
             self.view.expanded.add(procs.name)
-            return f"every rank of {procs.name} is listed ({len(procs)} rows)"
+            return f"every rank of {procs.name} is listed ({counted(len(procs), 'row')})"
         self.view.expanded.discard(procs.name)
         return f"{procs.name} is summarised: ranks that are not idle are listed"
 
@@ -323,15 +335,40 @@ class PanelFeed:
         return f"stopped {procs.name}"
 
     def _do_spawn(self, req: Request) -> str:
+        """The New mesh dialog: a mesh under a name no other has (a taken one is refused, never
+        replaced), current only if ``use`` or no mesh was; the next cell announces it."""
+        s = self.session
+        if req.name in s.meshes:
+            raise UsageError(f"a mesh named {req.name!r} exists: stop it first, or pick another name")
+        taken = set(s.meshes) | {om.ref.name for om in Runtime.current().owned_meshes() if not om.stopping}
+        req = dataclasses.replace(req, name=req.name or fresh_name(taken))
         line = spawn_line(req)
+        before = s.current
         procs = self.shell.run_line_magic("mesh", line)
         if procs is None:
             raise RuntimeError(f"%mesh {line} returned no mesh")
         bound = self.shell.user_ns.get(procs.name)
+        named = ""
         if procs.name.isidentifier() and (bound is None or type(bound).__name__ == "ProcMesh"):
             self.shell.user_ns[procs.name] = procs  # the dialog's mesh is a name in the notebook too
+            named = f", named {procs.name} in the notebook"
+        if not req.use and before in s.meshes:
+            s.current = before  # the notebook's cells keep running where the user said
+            where = f"%%mesh cells still run on mesh {before} (%mesh use {procs.name} switches)"
+        else:
+            where = "it is the current mesh: %%mesh cells run there"
+        self._tell(f"[Mesh panel] started mesh {procs.name}: {counted(len(procs), 'rank')}{named} "
+                   f"(%mesh {line}); {where}")
         self._sync_attached()
-        return f"{procs.name}: {len(procs)} ranks (%mesh {line})"
+        return f"{procs.name}: {counted(len(procs), 'rank')} (%mesh {line}); {where}"
+
+
+def fresh_name(taken) -> str:
+    """``procs``, else ``procs1``, ``procs2``...: the first name ``taken`` does not hold."""
+    n = 0
+    while (name := f"procs{n or ''}") in taken:
+        n += 1
+    return name
 
 
 def spawn_line(req: Request) -> str:
@@ -366,4 +403,4 @@ def feed(session: MeshSession) -> PanelFeed:
     return f
 
 
-__all__: list[Any] = ["PanelFeed", "feed", "spawn_line"]
+__all__: list[Any] = ["PanelFeed", "feed", "fresh_name", "spawn_line"]
