@@ -128,7 +128,7 @@ class HostMesh:
         if not om.ready.wait(timeout):
             pm.stop()
             raise TimeoutError(
-                f"timed out after {timeout:g} s waiting for {om.ref.size} ranks of mesh '{name}' "
+                f"timed out after {timeout:g} s waiting for {counted(om.ref.size, 'rank')} of mesh '{name}' "
                 f"to connect ({len(om.up)} connected); raise MONARCH_KERNEL_SPAWN_TIMEOUT if the machine is busy"
             )
         err = om.ready.error()

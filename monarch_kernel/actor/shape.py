@@ -10,6 +10,8 @@ import keyword
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
+from ..runtime import counted
+
 
 def check_dim(label, where: str) -> str:
     """``label`` if it can name a dim, else ``ValueError`` (``TypeError`` for no string):
@@ -147,7 +149,7 @@ class Shape:
         """Flat index of a ``Point``, a ``{dim: index}`` mapping, or an int."""
         if isinstance(where, int):
             if not 0 <= where < len(self.ranks):
-                raise IndexError(f"index {where} is out of range for a mesh of {len(self.ranks)} ranks")
+                raise IndexError(f"index {where} is out of range for a mesh of {counted(len(self.ranks), 'rank')}")
             return where
         if isinstance(where, Mapping):
             unknown = set(where) - set(self.extent.labels)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import re
 
+from ..spmd.rank.profiler import CHATTER
+
 # What warnings.showwarning prints first: "path.py:12: UserWarning: message".
 WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
-# What torch's profiler (kineto) prints from C++: "USDT:2026-12-04 19:19:43 10305:10305 File.cpp:52] ...".
-CHATTER = re.compile(r"^(USDT|STAGE|INFO|WARNING|ERROR|LOG):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\] ")
 
 
 def noise(line: str) -> bool:
-    """Whether ``line`` (of stderr) is profiler chatter."""
+    """Whether ``line`` (of stderr) is profiler chatter (torch's kineto, printing from C++)."""
     return CHATTER.match(line) is not None
 
 

@@ -18,7 +18,7 @@ from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..debug.controller import proxy
-from ..runtime import RankSpecError, config, parse_ranks, rank_label
+from ..runtime import RankSpecError, config, counted, parse_ranks, rank_label
 from .cell_errors import MeshCellError, MeshCellInterrupted, check_syntax
 from .panel.grid import show_displays
 
@@ -170,7 +170,7 @@ CLEARED = {"text/plain": ""}  # the progress line, once the cell has ended
 
 
 def _progress(n: int, finished: int, seconds: int) -> dict:
-    label = f"{finished} of {n} ranks finished ({seconds} s)"
+    label = f"{finished} of {counted(n, 'rank')} finished ({seconds} s)"
     return {"text/plain": f"[mesh] {label}",
             "text/html": f"<progress value='{finished}' max='{n}'></progress> {label}"}
 
