@@ -40,6 +40,31 @@ def clean_traceback(text: str) -> str:
     return "\n".join(out)
 
 
+def name_cells(text: str, label=None) -> str:
+    """A traceback's frames in notebook cells named as IPython names them: ``Cell In[7], line
+    4`` (``, in f`` inside a function), not the file ipykernel compiled the cell under;
+    ``label``: file name -> ``Cell In[7]`` or None (default: the running IPython's names)."""
+    label = label or cell_label
+    out = []
+    for line in text.splitlines():
+        m = _FRAME.match(line)
+        named = label(m["file"]) if m else None
+        if m and named:
+            line = f"  {named}, line {m['line']}" + (f", in {m['func']}" if m["func"] != "<module>" else "")
+        out.append(line)
+    return "\n".join(out)
+
+
+def cell_label(filename: str) -> str | None:
+    """``Cell In[7]`` for the file the running IPython compiled cell 7 under; None for others."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    fmt = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    named = fmt(filename) if fmt is not None else None
+    return " ".join(named) if named else None
+
+
 @dataclass
 class Failure:
     """One failure, and every rank that failed that way."""
@@ -56,7 +81,7 @@ class Failure:
         message = getattr(remote, "message", None)
         tb = getattr(err, "remote_traceback", "")
         return cls(type_name, str(err) if message is None else message,
-                   clean_traceback(tb) if tb else str(err))
+                   name_cells(clean_traceback(tb)) if tb else str(err))
 
     def headline(self) -> str:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""

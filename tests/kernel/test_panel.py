@@ -302,6 +302,30 @@ def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
     assert not bad.ok and "no mesh named 'nope'" in bad.message
 
 
+def test_a_mesh_from_the_panel_is_announced_and_current_only_when_asked(kc, panel):
+    """The New mesh dialog never moves the notebook's cells to another mesh behind its back:
+    its mesh is current only when the dialog asks (``use``), and the next cell says what the
+    panel started; a name in use is refused, not replaced."""
+    run(kc, "procs = %mesh spawn -n 1")
+    reply = panel.request("spawn", n=1)
+    assert reply.ok, reply
+    assert reply.message == ("procs1: 1 rank (%mesh spawn -n 1 --name procs1); %%mesh cells still run on mesh procs "
+                             "(%mesh use procs1 switches)"), reply
+    out, _reply = run(kc, "%%mesh\nimport os\nos.getpid() > 0")
+    assert text(out).splitlines() == [
+        "[Mesh panel] started mesh procs1: 1 rank, named procs1 in the notebook (%mesh spawn -n 1 --name procs1); "
+        "%%mesh cells still run on mesh procs (%mesh use procs1 switches)", "[rank 0] True"], text(out)
+    assert text(run(kc, "print(1)").outputs) == "1\n"  # said once
+    assert "* procs: 1 rank" in text(run(kc, "%mesh list").outputs)
+
+    reply = panel.request("spawn", n=1, name="side", use=True)
+    assert reply.ok and reply.message.endswith("it is the current mesh: %%mesh cells run there"), reply
+    assert text(run(kc, "%mesh list").outputs).count("* side: 1 rank") == 1
+    assert text(run(kc, "print(2)").outputs).startswith("[Mesh panel] started mesh side: 1 rank")
+    bad = panel.request("spawn", n=2, name="side")
+    assert not bad.ok and bad.message == "a mesh named 'side' exists: stop it first, or pick another name", bad
+
+
 def test_the_stacks_button_works_while_a_cell_runs(kc, panel):
     run(kc, "procs = %mesh spawn -n 3")
     msg_id = kc.execute("%%mesh\nimport time\ndef wait_for_data():\n    time.sleep(1 if __import__('monarch_kernel')"
