@@ -470,7 +470,7 @@ def test_a_detached_mesh_whose_host_died_is_noticed_and_cleaned_up(kernelspec):
             out, reply = run(client, f"%mesh spawn -n 1 --detach {name}")
             assert reply["status"] == "ok", text(out)
         out, reply = run(client, "%mesh list")
-        assert "d1: 1 ranks, running, detached" in text(out)
+        assert "d1: 1 rank, running, detached" in text(out)
     for name in ("d1", "d2", "d3"):
         kill_host(name)
         assert os.path.exists(info_path(name))
@@ -484,7 +484,7 @@ def test_a_detached_mesh_whose_host_died_is_noticed_and_cleaned_up(kernelspec):
         assert "d2' had a stale record" in text(out)
         out, reply = run(client, "%mesh list")
         t = text(out)
-        assert "* d2: 1 ranks, running, detached" in t
+        assert "* d2: 1 rank, running, detached" in t
         assert "d3: detached, gone" in t and not os.path.exists(info_path("d3"))
         kill_host("d2")  # while this kernel is attached to it
         out, reply = run(client, "%mesh stop d2")
