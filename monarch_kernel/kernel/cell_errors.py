@@ -17,6 +17,7 @@ ours.  Runs in the kernel.
 from __future__ import annotations
 
 import ast
+import linecache
 import os
 import re
 import traceback
@@ -46,12 +47,18 @@ def name_cells(text: str, label=None) -> str:
     ``label``: file name -> ``Cell In[7]`` or None (default: the running IPython's names)."""
     label = label or cell_label
     out = []
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         m = _FRAME.match(line)
         named = label(m["file"]) if m else None
-        if m and named:
-            line = f"  {named}, line {m['line']}" + (f", in {m['func']}" if m["func"] != "<module>" else "")
-        out.append(line)
+        if m is None or not named:
+            out.append(line)
+            continue
+        out.append(f"  {named}, line {m['line']}" + (f", in {m['func']}" if m["func"] != "<module>" else ""))
+        quoted = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+        source = "" if quoted else linecache.getline(m["file"], int(m["line"])).strip()
+        if source:  # a cell of the notebook's own, whose text the rank had not: quoted from here
+            out.append(f"    {source}")
     return "\n".join(out)
 
 

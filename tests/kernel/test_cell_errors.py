@@ -55,6 +55,8 @@ def test_a_traceback_names_notebook_cells_as_ipython_does(mesh_kc):
     out, reply = run(mesh_kc, "def halve(x):\n    return x / 0")
     assert reply["status"] == "ok", text(out)
     defined = reply["execution_count"]
+    out, reply = run(mesh_kc, "%mesh push halve=halve")  # sent by value: its code keeps its cell's file
+    assert reply["status"] == "ok", text(out)
     out, reply = run(mesh_kc, "%%mesh\ndef f():\n    return halve(1)\nf()")
     [shown] = errors(out)
     n = reply["execution_count"]
