@@ -14,6 +14,7 @@ from ..debug.controller.pdb_controller import PdbHub
 from ..observe.metrics import RankMetrics
 from ..runtime import Runtime, counted
 from . import detached
+from .cell_errors import cell_label
 from .cell_names import CellNames
 from .jobs import KernelJobs
 from .last_lines import LastLines
@@ -30,7 +31,7 @@ CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cel
 
 class MeshSession:
     """The meshes this kernel spawned or attached, and which one is current.  It is the
-    ``PdbHost`` its ``PdbHub`` is made with (``meshes``, ``spawning``, ``run_in_cell``)."""
+    ``PdbHost`` its ``PdbHub`` is made with (``meshes``, ``spawning``, ``run_in_cell``, ``cell_label``)."""
 
     def __init__(self, shell):
         self.shell = shell
@@ -131,6 +132,10 @@ class MeshSession:
         prints lands there (``PdbHost.run_in_cell``)."""
         ctx = self.sink.context
         ctx.run(fn) if ctx is not None else fn()
+
+    def cell_label(self, filename: str) -> str | None:
+        """``Cell In[7]`` for the file cell 7 was compiled under, as IPython names it (``PdbHost``)."""
+        return cell_label(filename)
 
     def _remember_cell(self, info=None) -> None:
         self.raw_cell = getattr(info, "raw_cell", "") or ""
