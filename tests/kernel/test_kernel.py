@@ -261,12 +261,13 @@ def test_no_stream_groups_output_by_rank(kc):
     run(kc, "procs = %mesh spawn -n 3")
     out, reply = run(kc, "%%mesh --no-stream --group-outputs rank\nimport time\n"
                          "from monarch_kernel import current_rank\nr = current_rank().rank\n"
+                         "print('same on all', flush=True)\n"
                          "time.sleep(0.3 * (2 - r))\nprint(f'first {r}', flush=True)\n"
-                         "time.sleep(0.3)\nprint(f'second {r}', flush=True)\nprint('same on all', flush=True)")
+                         "time.sleep(0.3)\nprint(f'second {r}', flush=True)")
     assert reply["status"] == "ok"
     lines = [line for line in text(out).splitlines() if line.startswith("[rank")]
-    # Grouped by rank: a line every rank printed shows under each, not merged into "[ranks 0-2]".
-    assert lines == [f"[rank {r}] {what}" for r in range(3) for what in (f"first {r}", f"second {r}", "same on all")]
+    # Grouped by rank: a line every rank printed at once shows under each, not merged into "[ranks 0-2]".
+    assert lines == [f"[rank {r}] {what}" for r in range(3) for what in ("same on all", f"first {r}", f"second {r}")]
     arrived = [o.at for o in out if "first" in o.text or "second" in o.text]
     assert max(arrived) - min(arrived) < 0.25, "held lines arrive together at the end"
     out, reply = run(kc, "%%mesh --group-outputs rank\n1")
