@@ -2,7 +2,8 @@
 display laid out as a grid under the rank labels when JupyterLab's Mesh panel is connected
 (its renderer draws ``GRID_MIME``), and today's text otherwise (a ``[rank N]`` line, then
 that rank's display), so nbclient and ``jupyter console`` see exactly what they always did.
-Runs in the kernel.
+Ranks that displayed the very same (``x?``'s answer, one figure drawn alike) show it once,
+under one label, as the same line from several ranks does.  Runs in the kernel.
 """
 
 from __future__ import annotations
