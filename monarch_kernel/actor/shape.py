@@ -131,7 +131,7 @@ class Shape:
         self.extent = extent
         self.ranks = tuple(ranks)
         if len(self.ranks) != extent.nelem:
-            raise ValueError(f"{len(self.ranks)} ranks do not fill extent {extent!r}")
+            raise ValueError(f"{counted(len(self.ranks), 'rank')} do not fill extent {extent!r}")
 
     @classmethod
     def full(cls, dims) -> Shape:
