@@ -16,7 +16,7 @@ from collections.abc import Callable
 from IPython.core.error import UsageError
 
 from ..actor.spawn_checks import mesh_name_problem
-from ..runtime import counted
+from ..runtime import Runtime, counted
 
 DEFAULT_NAME = "procs"
 # ``NAME = %mesh spawn ...`` as a line of a cell (IPython passes the magic only what follows ``%mesh``).
@@ -66,6 +66,11 @@ class Respawn:
     def reuse(self, meshes: dict, detached: set, name: str, key: tuple):
         got = meshes.get(name)
         if got is None:
+            running = {om.ref.name for om in Runtime.current().owned_meshes() if not om.stopping and om.alive}
+            if name in running:  # spawned with the API in a cell: not the magics' to stop
+                raise UsageError(f"mesh {name!r} runs already, spawned with spawn_procs in a cell: stop it first "
+                                 f"(its ProcMesh's .stop()), or give this one another name: "
+                                 f"%mesh spawn ... --name {name}2")
             return None
         procs = got[0]
         why = self._why_not(procs, self.keys.get(name), key)

@@ -49,8 +49,12 @@ def test_rerunning_a_spawn_cell_reuses_or_replaces_the_mesh_and_says_so(kc):
     assert reply["ename"] == "ValueError", text(out)
     assert reply["evalue"] == ("spawn_procs(name='trainers'): mesh 'trainers' is running (1 rank); stop it first "
                                "(its ProcMesh's .stop()), or pick another name, or leave name= out for a fresh one")
-    out, reply = run(kc, "p = this_host().spawn_procs(per_host={'r': 1})\nprint(p.name)\np.stop().get()")
-    assert reply["status"] == "ok" and text(out).strip() not in ("procs", "trainers"), text(out)
+    out, reply = run(kc, "p = this_host().spawn_procs(per_host={'r': 1})\nprint(p.name)")
+    api = text(out).strip()
+    assert reply["status"] == "ok" and api not in ("procs", "trainers"), text(out)
+    out, reply = run(kc, f"%mesh spawn -n 1 --name {api}")  # the magics do not stop the API's meshes
+    assert reply["ename"] == "UsageError" and f"mesh {api!r} runs already, spawned with spawn_procs" in reply["evalue"]
+    run(kc, "p.stop().get()")
 
 
 def parsed(**given) -> argparse.Namespace:
