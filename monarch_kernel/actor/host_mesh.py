@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config
+from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config, counted
 from .controllers import publish_registry
 from .fault_hook import route_unhandled
 from .future import Future
@@ -101,9 +101,14 @@ class HostMesh:
         n = size_of(dims)
         check_room(dict(dims), n, self._hosts, local=self._agents is None, check=check,
                    per_template=rt.per_template)
+        # A name is one running mesh's: a second of the same name would only confuse (re-running a cell).
+        running = {om.ref.name: om for om in rt.owned_meshes() if not om.stopping and om.alive}
         if name is None:
-            _names["procs"] = _names.get("procs", 0) + 1
-            name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
+            name = _fresh_name(running)
+        elif name in running:
+            raise ValueError(f"spawn_procs(name={name!r}): mesh '{name}' is running "
+                             f"({counted(running[name].ref.size, 'rank')}); stop it first (its ProcMesh's .stop()), "
+                             f"or pick another name, or leave name= out for a fresh one")
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
         publish_registry(rt)
@@ -123,7 +128,7 @@ class HostMesh:
         if not om.ready.wait(timeout):
             pm.stop()
             raise TimeoutError(
-                f"timed out after {timeout:g} s waiting for {om.ref.size} ranks of mesh '{name}' "
+                f"timed out after {timeout:g} s waiting for {counted(om.ref.size, 'rank')} of mesh '{name}' "
                 f"to connect ({len(om.up)} connected); raise MONARCH_KERNEL_SPAWN_TIMEOUT if the machine is busy"
             )
         err = om.ready.error()
@@ -139,6 +144,15 @@ class HostMesh:
     def __repr__(self) -> str:
         python = f" python={self._python!r}" if self._python else ""
         return f"HostMesh<{self.extent!r}{python}>"
+
+
+def _fresh_name(running) -> str:
+    """``procs``, then ``procs1``, ``procs2``...: the first not taken by a running mesh."""
+    while True:
+        _names["procs"] = _names.get("procs", 0) + 1
+        name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
+        if name not in running:
+            return name
 
 
 def _done() -> Future:

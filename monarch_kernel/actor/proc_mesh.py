@@ -22,6 +22,7 @@ from ..runtime import (
     Runtime,
     SendFailed,
     actor_path,
+    counted,
     current_actor,
     new_actor_id,
 )
@@ -141,7 +142,8 @@ class ProcMesh(Shaped):
         else:
             bad = [r for r in ranks if not 0 <= r < len(mine)]
             if bad:
-                raise IndexError(f"ranks {bad} are not in this mesh of {len(mine)} ranks (0-{len(mine) - 1})")
+                raise IndexError(f"ranks {bad} are not in this mesh of {counted(len(mine), 'rank')} "
+                                 f"(0-{len(mine) - 1})")
             chosen = [mine[r] for r in ranks]
         return take_stacks(self._ref, chosen, native=native, all_threads=all_threads,
                            runtime_frames=runtime_frames, method=method, timeout=timeout)

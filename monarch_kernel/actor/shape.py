@@ -10,6 +10,8 @@ import keyword
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
+from ..runtime import counted
+
 
 def check_dim(label, where: str) -> str:
     """``label`` if it can name a dim, else ``ValueError`` (``TypeError`` for no string):
@@ -129,7 +131,7 @@ class Shape:
         self.extent = extent
         self.ranks = tuple(ranks)
         if len(self.ranks) != extent.nelem:
-            raise ValueError(f"{len(self.ranks)} ranks do not fill extent {extent!r}")
+            raise ValueError(f"{counted(len(self.ranks), 'rank')} do not fill extent {extent!r}")
 
     @classmethod
     def full(cls, dims) -> Shape:
@@ -147,7 +149,7 @@ class Shape:
         """Flat index of a ``Point``, a ``{dim: index}`` mapping, or an int."""
         if isinstance(where, int):
             if not 0 <= where < len(self.ranks):
-                raise IndexError(f"index {where} is out of range for a mesh of {len(self.ranks)} ranks")
+                raise IndexError(f"index {where} is out of range for a mesh of {counted(len(self.ranks), 'rank')}")
             return where
         if isinstance(where, Mapping):
             unknown = set(where) - set(self.extent.labels)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
+from ..runtime import counted
 from .shape import Point, Shape, Shaped
 
 R = TypeVar("R")
@@ -27,7 +28,7 @@ class ValueMesh(Shaped, Generic[R]):
 
     def __init__(self, shape: Shape, values: list):
         if len(values) != len(shape):
-            raise ValueError(f"{len(values)} values for a mesh of {len(shape)} points")
+            raise ValueError(f"{counted(len(values), 'value')} for a mesh of {counted(len(shape), 'point')}")
         self._shape = Shape(shape.extent, range(len(shape)))
         self._values = list(values)
 

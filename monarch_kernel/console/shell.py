@@ -174,9 +174,10 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _pager(_shell, data, start: int = 0, screen_lines: int = 0) -> None:
-    """``x?`` and ``x??``: the rank prints its answer, so the same answer from many ranks
-    collapses to one (``[ranks 0-3] Docstring: ...``)."""
-    text = data.get("text/plain", "") if isinstance(data, dict) else str(data)
-    lines = text.splitlines()
-    print("\n".join(lines[start:]))
+def _pager(shell, data, start: int = 0, screen_lines: int = 0) -> None:
+    """``x?`` and ``x??``: the answer is one display of the rank's (as ipykernel shows it in one
+    piece), so the same answer from many ranks shows once, under one label, not a label a line."""
+    bundle = dict(data) if isinstance(data, dict) else {"text/plain": str(data)}
+    if start:
+        bundle["text/plain"] = "\n".join(str(bundle.get("text/plain", "")).splitlines()[start:])
+    shell.display_pub.publish(bundle, {})

@@ -18,7 +18,7 @@ import sys
 import time
 
 from ..actor.host_mesh import HostMesh
-from ..runtime import Runtime, config
+from ..runtime import Runtime, config, counted
 from ..runtime import hosts as host_names
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
@@ -320,7 +320,8 @@ class SlurmJob(JobTrait):
             else:
                 job = self._reattach()
             if len(job.nodes) < self.node_count:
-                raise SlurmError(f"Slurm job {self.job_id} has {len(job.nodes)} nodes ({','.join(job.nodes)}); "
+                raise SlurmError(f"Slurm job {self.job_id} has {counted(len(job.nodes), 'node')} "
+                                 f"({','.join(job.nodes)}); "
                                  f"these meshes need {self.node_count}")
             self.nodes = list(job.nodes[:self.node_count])
             self.allocated_partition = job.partition

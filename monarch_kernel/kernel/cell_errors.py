@@ -17,6 +17,7 @@ ours.  Runs in the kernel.
 from __future__ import annotations
 
 import ast
+import linecache
 import os
 import re
 import traceback
@@ -40,6 +41,37 @@ def clean_traceback(text: str) -> str:
     return "\n".join(out)
 
 
+def name_cells(text: str, label=None) -> str:
+    """A traceback's frames in notebook cells named as IPython names them: ``Cell In[7], line
+    4`` (``, in f`` inside a function), not the file ipykernel compiled the cell under;
+    ``label``: file name -> ``Cell In[7]`` or None (default: the running IPython's names)."""
+    label = label or cell_label
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        named = label(m["file"]) if m else None
+        if m is None or not named:
+            out.append(line)
+            continue
+        out.append(f"  {named}, line {m['line']}" + (f", in {m['func']}" if m["func"] != "<module>" else ""))
+        quoted = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+        source = "" if quoted else linecache.getline(m["file"], int(m["line"])).strip()
+        if source:  # a cell of the notebook's own, whose text the rank had not: quoted from here
+            out.append(f"    {source}")
+    return "\n".join(out)
+
+
+def cell_label(filename: str) -> str | None:
+    """``Cell In[7]`` for the file the running IPython compiled cell 7 under; None for others."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    fmt = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    named = fmt(filename) if fmt is not None else None
+    return " ".join(named) if named else None
+
+
 @dataclass
 class Failure:
     """One failure, and every rank that failed that way."""
@@ -56,7 +88,7 @@ class Failure:
         message = getattr(remote, "message", None)
         tb = getattr(err, "remote_traceback", "")
         return cls(type_name, str(err) if message is None else message,
-                   clean_traceback(tb) if tb else str(err))
+                   name_cells(clean_traceback(tb)) if tb else str(err))
 
     def headline(self) -> str:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""

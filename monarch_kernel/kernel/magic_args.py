@@ -42,7 +42,8 @@ def _env(value: str) -> tuple[str, str]:
 
 @magic_arguments(name="mesh spawn")
 @argument("-n", type=_count, default=1, metavar="N", help="ranks to start")
-@argument("--name", type=_name, help="the mesh's name (default procs, procs1, ...)")
+@argument("--name", type=_name, help="the mesh's name (default: the variable it is assigned to, else procs); "
+          "a name spawned again reuses its mesh if the options match, else stops and replaces it")
 @argument("--env", type=_env, action="append", default=[], metavar="K=V", help="an environment variable for the ranks")
 @argument("--detach", type=_name, metavar="M", help="keep the ranks running after the kernel ends, as mesh M")
 @argument("--job", metavar="ssh|slurm|NAME", help="start the ranks on other hosts: a new ssh or slurm job, or a "

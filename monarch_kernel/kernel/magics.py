@@ -20,10 +20,11 @@ from ..actor.host_mesh import this_host
 from ..console.console import Console
 from ..debug.controller import proxy
 from ..observe.metrics import top_table
-from ..runtime import config, rank_label
+from ..runtime import config, counted, rank_label
 from . import detached, status
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
 from .mesh_cell import check_cell, ranks_arg, run_on_mesh
+from .respawn import spawn_key, spawn_name
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
 
@@ -38,6 +39,7 @@ class MeshMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self.session = MeshSession(shell)
+        self.line = ""  # the %mesh line running (a spawn's name may be the variable the cell assigns it to)
 
     @needs_local_scope
     @line_cell_magic
@@ -53,6 +55,7 @@ class MeshMagics(Magics):
                 return self._profiled(cell, args, line)
             return run_on_mesh(self.session, cell, args.ranks, args.timeout, stream=not args.no_stream,
                                by_rank=args.group_outputs == "rank", line=line)
+        self.line = line
         cmd, _, rest = line.strip().partition(" ")
         if cmd in ("", "--help", "-h"):  # %mesh alone: the list, not an error
             print(USAGE)
@@ -104,9 +107,11 @@ class MeshMagics(Magics):
 
     def _cmd_spawn(self, a):
         s = self.session
-        name = a.detach or a.name
-        if name in s.meshes:
-            raise UsageError(f"a mesh named {name!r} exists; %mesh stop {name} first, or pick another --name")
+        name, key = spawn_name(a, s.raw_cell, self.line), spawn_key(a)
+        again = s.respawn.reuse(s.meshes, set(s.hosts), name, key)  # a name taken: reuse it, or stop it first
+        if again is not None:
+            s.current = name
+            return again
         env = dict(a.env)
         env.setdefault("MPLBACKEND", "Agg")  # figures are collected and shown in the cell
         if a.job is None and (a.hosts or a.nodes or a.partition or a.account or a.ssh_args or a.python or a.sync_env
@@ -129,7 +134,7 @@ class MeshMagics(Magics):
             consoles.initialized().get(timeout=spawn_wait(len(procs)))
             s.add(procs, consoles)
             s.jobs.meshes[procs.name] = job_name
-            print(f"mesh {procs.name}: {len(procs)} ranks on job {job_name} "
+            print(f"mesh {procs.name}: {n_ranks(len(procs))} on job {job_name} "
                   f"({', '.join(hosts.host_names)}; {a.n} per host)")
         else:
             s.spawning = True
@@ -141,6 +146,7 @@ class MeshMagics(Magics):
             consoles.initialized().get(timeout=spawn_wait(len(procs)))  # the notebook needs its consoles up
             s.add(procs, consoles)
             print(f"mesh {procs.name}: {n_ranks(len(procs))} on this host")
+        s.respawn.spawned(procs.name, key)
         s.pdb.tell_ranks(procs.name)
         return procs
 
@@ -161,7 +167,7 @@ class MeshMagics(Magics):
         for name, (procs, _c) in s.meshes.items():
             mark = "*" if name == s.current else " "
             kind = ", detached" if name in s.hosts else ""
-            print(f"{mark} {name}: {len(procs)} ranks, {'stopped' if procs.stopped else 'running'}{kind}")
+            print(f"{mark} {name}: {n_ranks(len(procs))}, {'stopped' if procs.stopped else 'running'}{kind}")
         for line in others:
             print(line)
 
@@ -176,22 +182,8 @@ class MeshMagics(Magics):
         print(f"mesh {a.name} is current: %%mesh cells run on its {n_ranks(len(procs))}")
 
     def _cmd_stop(self, a):
-        s = self.session
-        procs, _c = s.get(a.name)
-        proxy.forget_mesh(self.shell, procs.name)
-        host = s.hosts.get(procs.name)
-        if host is not None:
-            if detached.stop(procs.name, host):
-                print(f"stopped detached mesh {procs.name!r}: its {n_ranks(len(procs))} and its host process ended")
-            else:
-                print(f"detached mesh {procs.name!r} was already gone: its host process is no longer running")
-        else:
-            procs.stop().get(timeout=30)
-            print(f"stopped mesh {procs.name}: its {n_ranks(len(procs))} ended")
-        s.remove(procs.name)
-        job = s.jobs.meshes.pop(procs.name, None)
-        if job is not None and job not in s.jobs.meshes.values():
-            print(f"job {job} keeps its hosts for the next  %mesh spawn --job {job};  %mesh kill-job {job} frees them")
+        procs, _c = self.session.get(a.name)
+        print("\n".join(self.session.stop(procs.name)))
 
     def _cmd_jobs(self, _a):
         for line in self.session.jobs.listing():
@@ -207,26 +199,28 @@ class MeshMagics(Magics):
         print(f"job {name} killed" + (f" with its meshes {', '.join(meshes)}" if meshes else ""))
 
     def _cmd_status(self, a):
+        """The table once: a live widget where widgets render, its text the fallback of the
+        same display (a frontend shows one of the two), else the text alone."""
         s = self.session
         procs, _consoles = s.get()
         host = s.hosts.get(procs.name)
-        print(status.as_text(procs.name, status.snapshot(procs, s.sink.last_lines, host), detached=host is not None,
-                             full=a.all))
-        if host is not None:
+        table = status.as_text(procs.name, status.snapshot(procs, s.last_lines, host), detached=host is not None,
+                               full=a.all)
+        live = s.live.get(procs.name) if host is None else None
+        if live is None or live.full != a.all or live.final:  # else the same widget once more: every view stays live
+            try:
+                live = None if host is not None else status.LiveStatus(s, full=a.all)
+            except ImportError:  # no ipywidgets: the text table is all there is
+                live = None
+            if live is not None:
+                old = s.live.pop(procs.name, None)
+                if old is not None:
+                    old.close(note="not updated: a newer %mesh status is")
+                s.live[procs.name] = live
+        if live is None:
+            print(table)
             return None
-        live = s.live.get(procs.name)
-        if live is not None and live.full == a.all and not live.final:
-            display(live.widget)  # the same widget once more: every view of it stays live
-            return None
-        try:
-            live = status.LiveStatus(s, full=a.all)
-        except ImportError:  # no ipywidgets: the text table is all there is
-            return None
-        old = s.live.pop(procs.name, None)
-        if old is not None:
-            old.close(note="not updated: a newer %mesh status is")
-        s.live[procs.name] = live
-        display(live.widget)
+        display({**live.widget._repr_mimebundle_(), "text/plain": table}, raw=True)
 
     def _cmd_stacks(self, a):
         procs, _consoles = self.session.get()
@@ -375,7 +369,7 @@ class MeshMagics(Magics):
 
 def n_ranks(n: int) -> str:
     """``1 rank``, ``4 ranks``."""
-    return f"{n} rank{'s' if n != 1 else ''}"
+    return counted(n, "rank")
 
 
 def _asks_help(words: list[str]) -> bool:

@@ -18,8 +18,8 @@ from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..debug.controller import proxy
-from ..runtime import RankSpecError, config, parse_ranks, rank_label
-from .cell_errors import MeshCellError, MeshCellInterrupted, check_syntax
+from ..runtime import RankSpecError, config, counted, parse_ranks, rank_label
+from .cell_errors import MeshCellError, MeshCellInterrupted, cell_label, check_syntax
 from .panel.grid import show_displays
 
 if TYPE_CHECKING:
@@ -122,15 +122,8 @@ def check_cell(session: MeshSession, cell: str, line: str = "") -> tuple[str, st
     """``session.cell_file``, after checking the cell's syntax here: a syntax error shows once,
     and never reaches the ranks."""
     whole, filename, offset = session.cell_file(line, cell)
-    check_syntax(cell, filename, offset, _cell_label(session.shell, filename))
+    check_syntax(cell, filename, offset, cell_label(filename) or "")
     return whole, filename, offset
-
-
-def _cell_label(shell, filename: str) -> str:
-    """``Cell In[7]``, as IPython's tracebacks name the cell compiled under ``filename``; ""
-    when IPython does not know it."""
-    named = getattr(getattr(shell, "compile", None), "format_code_name", lambda _f: None)(filename)
-    return " ".join(named) if named else ""
 
 
 def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pdb=None):
@@ -170,7 +163,7 @@ CLEARED = {"text/plain": ""}  # the progress line, once the cell has ended
 
 
 def _progress(n: int, finished: int, seconds: int) -> dict:
-    label = f"{finished} of {n} ranks finished ({seconds} s)"
+    label = f"{finished} of {counted(n, 'rank')} finished ({seconds} s)"
     return {"text/plain": f"[mesh] {label}",
             "text/html": f"<progress value='{finished}' max='{n}'></progress> {label}"}
 

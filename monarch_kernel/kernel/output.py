@@ -154,6 +154,14 @@ def write_entries(entries: list[Entry]) -> None:
             pass
 
 
+def one_per_rank(entries: list[Entry]) -> list[Entry]:
+    """``--group-outputs rank``: every line of rank 0, then of rank 1...; a line several
+    ranks printed shows under each, not merged (each rank's lines keep their order)."""
+    out = [Entry(e.mesh, e.stream, e.line, r, e.deadline, e.seq) for e in entries for r in sorted(e.ranks)]
+    out.sort(key=lambda e: next(iter(e.ranks)))
+    return out
+
+
 class CollapsingSink:
     """A ``Runtime.output_sink`` for notebooks.
 
@@ -237,13 +245,13 @@ class CollapsingSink:
 
     def flush(self, by_rank: bool = False) -> None:
         """Print everything pending or held now (any thread); ``by_rank`` groups the lines
-        by the first rank that printed them instead of by arrival."""
+        by rank (``one_per_rank``) instead of by arrival."""
         with self._emit_lock:
             with self._cv:
                 due = self._held + self._lines.take_all()
                 self._held = []
             if by_rank:
-                due.sort(key=lambda e: min(e.ranks))
+                due = one_per_rank(due)
             self._emit(due)
 
     def _emit(self, due: list[Entry]) -> None:

@@ -9,13 +9,18 @@ from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
 from ..console.console import Console
+from ..debug.controller import proxy
 from ..debug.controller.pdb_controller import PdbHub
 from ..observe.metrics import RankMetrics
-from ..runtime import Runtime
+from ..runtime import Runtime, counted
+from . import detached
+from .cell_errors import cell_label
 from .cell_names import CellNames
 from .jobs import KernelJobs
+from .last_lines import LastLines
 from .output import CollapsingSink
 from .panel.feed import PanelFeed
+from .respawn import Respawn
 from .watchdog import Watchdog
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
@@ -26,7 +31,7 @@ CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cel
 
 class MeshSession:
     """The meshes this kernel spawned or attached, and which one is current.  It is the
-    ``PdbHost`` its ``PdbHub`` is made with (``meshes``, ``spawning``, ``run_in_cell``)."""
+    ``PdbHost`` its ``PdbHub`` is made with (``meshes``, ``spawning``, ``run_in_cell``, ``cell_label``)."""
 
     def __init__(self, shell):
         self.shell = shell
@@ -39,11 +44,14 @@ class MeshSession:
         self.cells = CellNames(shell)  # cells named as tracebacks name them (stacks of ranks)
         self.spawning = False  # %mesh spawn is starting a mesh (it sets pdb up through the console)
         self.jobs = KernelJobs()  # ssh and slurm jobs started by %mesh spawn --job
+        self.respawn = Respawn(self.stop)  # a spawn of a name taken: reuse the mesh, or stop it first
         rt = Runtime.current()
         # The console actor's modules, imported by the template before it forks: on 1,024
         # ranks, importing them after the fork cost minutes of CPU.
         rt.warm(CONSOLE_MODULES)
         self.sink = CollapsingSink(rt.io.loop)
+        self.last_lines = LastLines()  # each rank's last line that says something (status, the panel)
+        self.sink.watchers.append(self.last_lines.note)
         self._handles = [rt.hooks.output.install(self.sink)]
         self.metrics = RankMetrics()  # CPU and memory per rank, sampled while %mesh top or a panel watches
         self.watchdog = Watchdog(self)  # %mesh watchdog: stacks of ranks a cell has waited on too long
@@ -86,9 +94,32 @@ class MeshSession:
             self.hosts[procs.name] = host
         self.current = procs.name
 
+    def stop(self, name: str) -> list[str]:
+        """End mesh ``name`` (a detached one through its host process) and drop it; what to
+        tell the user, a line each."""
+        procs, _c = self.get(name)
+        proxy.forget_mesh(self.shell, procs.name)
+        host = self.hosts.get(procs.name)
+        ranks = counted(len(procs), "rank")
+        if host is None:
+            procs.stop().get(timeout=30)
+            said = [f"stopped mesh {procs.name}: its {ranks} ended"]
+        elif detached.stop(procs.name, host):
+            said = [f"stopped detached mesh {procs.name!r}: its {ranks} and its host process ended"]
+        else:
+            said = [f"detached mesh {procs.name!r} was already gone: its host process is no longer running"]
+        self.remove(procs.name)
+        job = self.jobs.meshes.pop(procs.name, None)
+        if job is not None and job not in self.jobs.meshes.values():
+            said.append(f"job {job} keeps its hosts for the next  %mesh spawn --job {job};  "
+                        f"%mesh kill-job {job} frees them")
+        return said
+
     def remove(self, name: str) -> None:
         """Mesh ``name`` stopped (or its job went): its status widget says so, once."""
         self.meshes.pop(name, None)
+        self.respawn.forget(name)
+        self.last_lines.forget(name)
         self.hosts.pop(name, None)
         if self.current == name:
             self.current = next(iter(self.meshes), None)
@@ -101,6 +132,10 @@ class MeshSession:
         prints lands there (``PdbHost.run_in_cell``)."""
         ctx = self.sink.context
         ctx.run(fn) if ctx is not None else fn()
+
+    def cell_label(self, filename: str) -> str | None:
+        """``Cell In[7]`` for the file cell 7 was compiled under, as IPython names it (``PdbHost``)."""
+        return cell_label(filename)
 
     def _remember_cell(self, info=None) -> None:
         self.raw_cell = getattr(info, "raw_cell", "") or ""

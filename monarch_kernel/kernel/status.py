@@ -8,7 +8,7 @@ import html
 import os
 import threading
 
-from ..runtime import Runtime, config
+from ..runtime import Runtime, config, counted
 
 REFRESH_S = config.seconds("status_refresh")
 
@@ -24,7 +24,7 @@ def rss_mib(pid: int | None) -> float | None:
         return None
 
 
-def snapshot(procs, last_lines: dict, host=None) -> list[dict]:
+def snapshot(procs, last_lines, host=None) -> list[dict]:
     """The status table's rows: ``procs.rank_states()`` (from the detached mesh's ``host``
     when there is one: it owns the ranks), with this kernel's view of which are busy, each
     rank's memory and its last output line."""
@@ -69,7 +69,7 @@ def notable(rows: list[dict], full: bool) -> list[dict]:
 
 def as_text(name: str, rows: list[dict], detached: bool = False, full: bool = False) -> str:
     alive = sum(1 for row in rows if not row["state"].startswith("dead"))
-    out = [f"mesh {name}{' (detached)' if detached else ''}: {len(rows)} ranks, {alive} alive"]
+    out = [f"mesh {name}{' (detached)' if detached else ''}: {counted(len(rows), 'rank')}, {alive} alive"]
     shown = notable(rows, full)
     if shown is not rows:
         out[0] += " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts(rows).items())) + \
@@ -138,7 +138,7 @@ class LiveStatus:
                 return False
             if not self._gone():
                 try:
-                    self.rows = snapshot(self.procs, self.session.sink.last_lines,
+                    self.rows = snapshot(self.procs, self.session.last_lines,
                                          self.session.hosts.get(self.name))
                 except Exception:  # noqa: BLE001  (a mesh mid-stop: the next look says so)
                     return not self._gone()

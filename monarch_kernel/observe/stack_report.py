@@ -15,7 +15,7 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..runtime import rank_label
+from ..runtime import counted, rank_label
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = sysconfig.get_path("stdlib") + os.sep
@@ -44,6 +44,10 @@ class Frame:
     def __str__(self) -> str:
         where = os.path.basename(self.filename) if self.filename else "?"
         return f"{self.name} ({where}:{self.line})" if self.line else f"{self.name} ({where})"
+
+
+# The outermost frame of a process started by ``python -c`` (as ranks are): dropped from stacks.
+ENTRY = Frame("<module>", "<string>", 1)
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ def from_json(rank: int, host: str, method: str, threads: list) -> RankStack:
     for t in threads:
         frames = tuple(Frame(str(f.get("name") or "?"), str(f.get("filename") or ""), int(f.get("line") or 0))
                        for f in t.get("frames") or ())
+        if frames and frames[-1] == ENTRY:  # the rank's ``python -c``: it says nothing of where the rank is
+            frames = frames[:-1]
         out.append(ThreadStack(str(t.get("thread_name") or f"thread {t.get('thread_id', '?')}"), frames,
                                bool(t.get("owns_gil"))))
     out.sort(key=lambda t: (t.name != "MainThread", t.name))
@@ -169,13 +175,13 @@ class StackReport:
                 continue
             name, frames = threads[0]
             chain = " ← ".join(self.frame_text(f) for f in frames[:4]) + (" ← …" if len(frames) > 4 else "")
-            more = f"  (+{len(threads) - 1} more threads)" if len(threads) > 1 else ""
+            more = f"  (+{counted(len(threads) - 1, 'more thread')})" if len(threads) > 1 else ""
             lines.append(f"{g.label()} {chain}{more}")
         return lines
 
     def __repr__(self) -> str:
-        head = f"Stacks of mesh '{self.mesh}': {len(self.stacks)} ranks in {len(self.groups)} group" \
-               f"{'s' if len(self.groups) != 1 else ''}"
+        head = (f"Stacks of mesh '{self.mesh}': {counted(len(self.stacks), 'rank')} in "
+                f"{counted(len(self.groups), 'group')}")
         how = "; ".join(f"{m}: {rank_label(rs, brackets=False)}" for m, rs in self.methods().items())
         out = [head, f"  taken by {how}", *self.summary(), ""]
         for g in self.groups:
@@ -206,5 +212,5 @@ class StackReport:
         how = "; ".join(f"{html.escape(m)}: {html.escape(rank_label(rs, brackets=False))}"
                         for m, rs in self.methods().items())
         return (f"<div class='monarch-stacks'><b>Stacks of mesh '{html.escape(self.mesh)}'</b>: "
-                f"{len(self.stacks)} ranks in {len(self.groups)} groups <small>({how})</small>"
+                f"{counted(len(self.stacks), 'rank')} in {counted(len(self.groups), 'group')} <small>({how})</small>"
                 f"<table>{''.join(rows)}</table></div>")

@@ -70,7 +70,7 @@ if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and
     from .net.io_thread import IOThread
     from .net.transport import loopback_for
     from .process import Runtime
-    from .rank_sets import RankSpecError, parse_ranks, rank_label
+    from .rank_sets import RankSpecError, counted, parse_ranks, rank_label
     from .spawn import agent_channel as agent_channel
     from .spawn import host_messages as host_messages
     from .spawn import proc_stats as proc_stats
@@ -105,7 +105,7 @@ _WHERE = {
     # records and errors
     "ActorError": "errors", "ProcessDied": "errors", "SendFailed": "errors", "MeshStopped": "errors",
     "DeathInfo": "failure", "MeshFailure": "failure", "RemoteFailure": "failure",
-    "RankSpecError": "rank_sets", "parse_ranks": "rank_sets", "rank_label": "rank_sets",
+    "RankSpecError": "rank_sets", "parse_ranks": "rank_sets", "rank_label": "rank_sets", "counted": "rank_sets",
     "NoRoom": "spawn.capacity", "Shortfall": "spawn.capacity", "PID_MAX_LIMIT": "spawn.capacity",
     "host_shortfall": "spawn.capacity", "controller_files_shortfall": "spawn.capacity",
     "template_files_shortfall": "spawn.capacity",
@@ -138,7 +138,7 @@ __all__ = [
     "ENDPOINT_MARK", "Gatekeeper", "IOThread", "Kind", "LaunchConfig", "MeshFailure", "MeshRef", "MeshStopped",
     "Mode", "NoRoom", "PID_MAX_LIMIT", "Part", "ProcessDied", "RankSpecError", "RemoteFailure", "Runtime",
     "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
-    "agent_channel", "config", "controller_files_shortfall", "current_actor", "describe_unpicklable",
+    "agent_channel", "config", "controller_files_shortfall", "counted", "current_actor", "describe_unpicklable",
     "diagnostics", "dumps", "dumps_plain", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
     "loopback_for", "new_actor_id", "parse_ranks", "proc_stats", "process_mesh", "raise_nofile_limit",
     "rank_label", "rank_logging", "rejects", "segments", "stack_dump", "template_files_shortfall", "worker_key",

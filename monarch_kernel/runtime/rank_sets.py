@@ -1,5 +1,6 @@
 """Rank specs: the one grammar for naming ranks in text (``%%mesh --ranks``, the
-``(mesh pdb)`` prompt), and the one way to label a group of ranks in output.
+``(mesh pdb)`` prompt), the one way to label a group of ranks in output, and the one way
+to count things in a sentence (``1 rank``, ``4 ranks``, ``1 group``).
 
 Pure functions; they know nothing of processes.
 
@@ -11,6 +12,8 @@ Pure functions; they know nothing of processes.
 '[ranks 0-2,5]'
 >>> rank_label([3], brackets=False)
 'rank 3'
+>>> counted(1, "group"), counted(4, "rank"), counted(2, "mesh", "meshes")
+('1 group', '4 ranks', '2 meshes')
 """
 
 from __future__ import annotations
@@ -63,3 +66,8 @@ def rank_label(ranks, *, brackets: bool = True) -> str:
             start = prev = r
     label = f"ranks {','.join(spans)}"
     return f"[{label}]" if brackets else label
+
+
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 rank``, ``4 ranks`` (``nouns``: the plural when it is not ``noun + "s"``)."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"

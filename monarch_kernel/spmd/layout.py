@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..runtime import counted
+
 
 @dataclass(frozen=True)
 class RankEnv:
@@ -48,7 +50,7 @@ def elastic_layout(ranks, hosts) -> dict[int, RankEnv]:
     """
     ranks, hosts = list(ranks), list(hosts)
     if len(ranks) != len(hosts):
-        raise ValueError(f"{len(ranks)} ranks but {len(hosts)} host names")
+        raise ValueError(f"{counted(len(ranks), 'rank')} but {counted(len(hosts), 'host name')}")
     order: dict[str, int] = {}
     for h in hosts:
         order.setdefault(h, len(order))

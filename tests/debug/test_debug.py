@@ -237,11 +237,12 @@ def test_pdb_in_an_endpoint_of_a_notebook_class(kc):
     msg_id = s.execute("fut = g.slice(ranks=1).greet.call_one('bob')")
     s.io.wait_output(msg_id, "rank 1 stopped at")
     out = s.output(msg_id)
-    assert "rank 1 stopped at" in out and "%mesh pdb attach 1" in out, out
+    assert "rank 1 stopped at Cell In[1], line 8" in out and "%mesh pdb attach 1" in out, out  # as IPython names it
     out = s.cell("%mesh pdb")
     assert "rank 1 (procs):" in out and "in greet" in out, out
-    out = s.cell("%mesh pdb attach 1", ["l", "p greeting", "c"])
+    out = s.cell("%mesh pdb attach 1", ["l", "p greeting", "where", "c"])
     assert "breakpoint()" in out and "return greeting.upper()" in out  # source from the notebook cell
+    assert "> Cell In[1], line 8, in greet()" in out and "ipykernel_" not in out, out
     assert "'hi bob'" in out
     assert "'HI BOB'" in s.cell("fut.get(timeout=30)")
     assert "no rank is stopped in pdb" in s.cell("%mesh pdb")

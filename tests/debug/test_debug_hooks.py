@@ -72,7 +72,23 @@ def test_pdb_rank_installs_through_the_hooks_and_removes_what_it_installed():
 
 def fake_session(meshes=None):
     """A ``PdbHost``: what the hub reads of the kernel."""
-    return SimpleNamespace(meshes=meshes or {}, spawning=False, run_in_cell=lambda fn: fn())
+    return SimpleNamespace(meshes=meshes or {}, spawning=False, run_in_cell=lambda fn: fn(),
+                           cell_label=lambda filename: None)
+
+
+def test_pdb_names_the_notebooks_cells_as_ipython_does():
+    """pdb's frame lines and a stop's place in a notebook cell read ``Cell In[7], line 4``."""
+    names = {"/tmp/ipykernel_7/12.py": "Cell In[7]"}.get
+    text = ("> /tmp/ipykernel_7/12.py(4)f()\n-> return x\n  /tmp/ipykernel_7/12.py(9)<module>()\n"
+            "  /usr/lib/python3.11/runpy.py(88)_run_code()\n")
+    assert pdb_controller.name_cells(text, names) == (
+        "> Cell In[7], line 4, in f()\n-> return x\n  Cell In[7], line 9\n"
+        "  /usr/lib/python3.11/runpy.py(88)_run_code()\n")
+    from monarch_kernel.debug.messages import Stopped
+
+    stop = pdb_controller.RankStop(Stopped("m", 1, 1, "/tmp/ipykernel_7/12.py", 4, "f", "breakpoint", False, "", ()),
+                                   names=names)
+    assert stop.place() == "Cell In[7], line 4"
 
 
 def test_the_pdb_hub_installs_its_hooks_and_close_removes_them():

@@ -343,7 +343,7 @@ def test_a_notebook_spawns_beyond_a_login_node(walled, checkout_python, tmp_path
     assert "mesh procs: 2 ranks on job ssh0" in out, out
     assert out.count("could not reach this controller") == 1 and "UnreachableControllerWarning" in out, out
     out = s.cell(f"b = %mesh spawn --job ssh --hosts gpu2 -n 1 --name b {ssh} --out-of-cluster")
-    assert "mesh b: 1 ranks on job ssh1" in out and "could not reach" not in out, out
+    assert "mesh b: 1 rank on job ssh1" in out and "could not reach" not in out, out
     out = s.cell("%%mesh\nimport os\nprint(os.uname().nodename)")
     assert f"[rank 0] {walled.names[2]}" in out, out  # b is the current mesh
     # A second job through ssh to gpu1 cannot forward the controller's ports to where ssh0's do.

@@ -49,6 +49,23 @@ def test_the_same_failure_on_every_rank_shows_once(mesh_kc):
     assert "[rank 0]" not in shown and "[rank 3]" not in shown
 
 
+def test_a_traceback_names_notebook_cells_as_ipython_does(mesh_kc):
+    """``Cell In[N], line L`` (``, in f`` inside a function), for the %%mesh cell and for a
+    function an earlier plain cell defined, never the file ipykernel compiled the cell under."""
+    out, reply = run(mesh_kc, "def halve(x):\n    return x / 0")
+    assert reply["status"] == "ok", text(out)
+    defined = reply["execution_count"]
+    out, reply = run(mesh_kc, "%mesh push halve=halve")  # sent by value: its code keeps its cell's file
+    assert reply["status"] == "ok", text(out)
+    out, reply = run(mesh_kc, "%%mesh\ndef f():\n    return halve(1)\nf()")
+    [shown] = errors(out)
+    n = reply["execution_count"]
+    assert f"\n  Cell In[{n}], line 4\n    f()\n" in shown, shown
+    assert f"\n  Cell In[{n}], line 3, in f\n    return halve(1)\n" in shown, shown
+    assert f"\n  Cell In[{defined}], line 2, in halve\n    return x / 0\n" in shown, shown
+    assert "ipykernel_" not in shown and 'File "' not in shown, shown
+
+
 def test_different_failures_show_per_group_and_the_reply_names_the_first(mesh_kc):
     out, reply = run(mesh_kc, "%%mesh\nfrom monarch_kernel import current_rank\nr = current_rank().rank\n"
                               "if r % 2:\n    raise ValueError(f'odd rank {r}')\n1/0")

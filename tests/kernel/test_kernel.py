@@ -261,12 +261,13 @@ def test_no_stream_groups_output_by_rank(kc):
     run(kc, "procs = %mesh spawn -n 3")
     out, reply = run(kc, "%%mesh --no-stream --group-outputs rank\nimport time\n"
                          "from monarch_kernel import current_rank\nr = current_rank().rank\n"
+                         "print('same on all', flush=True)\n"
                          "time.sleep(0.3 * (2 - r))\nprint(f'first {r}', flush=True)\n"
                          "time.sleep(0.3)\nprint(f'second {r}', flush=True)")
     assert reply["status"] == "ok"
     lines = [line for line in text(out).splitlines() if line.startswith("[rank")]
-    assert lines == ["[rank 0] first 0", "[rank 0] second 0", "[rank 1] first 1", "[rank 1] second 1",
-                     "[rank 2] first 2", "[rank 2] second 2"]
+    # Grouped by rank: a line every rank printed at once shows under each, not merged into "[ranks 0-2]".
+    assert lines == [f"[rank {r}] {what}" for r in range(3) for what in ("same on all", f"first {r}", f"second {r}")]
     arrived = [o.at for o in out if "first" in o.text or "second" in o.text]
     assert max(arrived) - min(arrived) < 0.25, "held lines arrive together at the end"
     out, reply = run(kc, "%%mesh --group-outputs rank\n1")
@@ -277,11 +278,12 @@ def test_status_is_a_table_and_a_live_widget(kc):
     run(kc, "procs = %mesh spawn -n 2")
     run(kc, "%%mesh\nprint('working on it', flush=True)")
     out, _reply = run(kc, "%mesh status")
-    widget_ids = [o.data["application/vnd.jupyter.widget-view+json"]["model_id"]
-                  for o in out if o.kind == "display_data"]
-    t = text(o for o in out if o.kind == "stream")
-    assert "rank 0: pid" in t and "idle" in t and "MiB" in t and "working on it" in t
-    assert len(widget_ids) == 1
+    # One output: the widget, with the text table as its fallback in the same display (not text, then widget).
+    assert [o.kind for o in out] == ["display_data"], out
+    assert out[0].data["application/vnd.jupyter.widget-view+json"]["model_id"]
+    t = out[0].text
+    assert t.startswith("mesh procs: 2 ranks, 2 alive\n") and "rank 0: pid" in t, t
+    assert "idle" in t and "MiB" in t and "working on it" in t, t
     # While a cell runs on the ranks, the widget shows them busy, without being asked again.
     collector = iopub(kc)
     seen = len(collector.messages)
@@ -318,6 +320,24 @@ def test_a_profiled_cell_shows_the_report_and_saves_one_trace(kc, tmp_path):
     t = text(out)
     assert "Profile of mesh 'procs': 2 ranks; trace: " in t and "aten::mm" in t, t
     assert len(list(tmp_path.glob("monarch-profile-procs-*.json"))) == 1
+    # torch's profiler prints from C++ as it starts and stops (USDT: ... profiler_start): none of it shows,
+    # neither in the cell nor as a rank's last line.
+    assert "USDT:" not in t and "SyncActivityProfilerHandler" not in t, t
+    out, reply = run(kc, "%%mesh --profile\nprint('the real output', flush=True)")
+    assert reply["status"] == "ok" and "USDT:" not in text(out), text(out)
+    status = text(run(kc, "%mesh status").outputs)
+    assert status.count("| the real output") == 2, status
+
+
+def test_a_ranks_last_line_is_never_a_warning_that_hides_its_output(kc):
+    """torch's "Failed to initialize NumPy" warning at the first import (and any warning)
+    is not the rank's last line in %mesh status while the rank has printed something else."""
+    run(kc, "procs = %mesh spawn -n 2")
+    out, reply = run(kc, "%%mesh\nprint('loss 0.25', flush=True)\nimport warnings\n"
+                         "warnings.warn('Failed to initialize NumPy: No module named numpy')")
+    assert reply["status"] == "ok" and "Failed to initialize NumPy" in text(out), text(out)
+    status = next(o.text for o in run(kc, "%mesh status").outputs)
+    assert [line.partition("| ")[2] for line in status.splitlines()[1:]] == ["loss 0.25"] * 2, status
 
 
 def test_top_refreshes_a_table_of_every_ranks_cpu_and_memory(kc):
@@ -451,7 +471,7 @@ def test_a_detached_mesh_whose_host_died_is_noticed_and_cleaned_up(kernelspec):
             out, reply = run(client, f"%mesh spawn -n 1 --detach {name}")
             assert reply["status"] == "ok", text(out)
         out, reply = run(client, "%mesh list")
-        assert "d1: 1 ranks, running, detached" in text(out)
+        assert "d1: 1 rank, running, detached" in text(out)
     for name in ("d1", "d2", "d3"):
         kill_host(name)
         assert os.path.exists(info_path(name))
@@ -465,7 +485,7 @@ def test_a_detached_mesh_whose_host_died_is_noticed_and_cleaned_up(kernelspec):
         assert "d2' had a stale record" in text(out)
         out, reply = run(client, "%mesh list")
         t = text(out)
-        assert "* d2: 1 ranks, running, detached" in t
+        assert "* d2: 1 rank, running, detached" in t
         assert "d3: detached, gone" in t and not os.path.exists(info_path("d3"))
         kill_host("d2")  # while this kernel is attached to it
         out, reply = run(client, "%mesh stop d2")

@@ -408,3 +408,25 @@ def test_sync_markers_count_stdout_only_and_a_missing_one_times_out(monkeypatch)
         assert [s for _c, s in out.writes] == ["[rank 0] line\n"] and sink.finished("t1") == 0
     finally:
         sink.close()
+
+
+def test_a_ranks_last_line_skips_warnings_and_profiler_chatter():
+    """What %mesh status and the panel show as a rank's last line: the last line that says
+    something; a warning (and the source line under it) or kineto's chatter only while the
+    rank printed nothing else."""
+    from monarch_kernel.kernel.last_lines import LastLines
+
+    last = LastLines()
+    last.note("m", 0, "stderr", "/x/torch/_tensor.py:9: UserWarning: Failed to initialize NumPy: No module named numpy")
+    last.note("m", 0, "stderr", "  cpu = _conversion_method_template(device=torch.device('cpu'))")
+    assert last.get(("m", 0)).endswith("UserWarning: Failed to initialize NumPy: No module named numpy")
+    last.note("m", 0, "stdout", "loss 0.25")
+    last.note("m", 0, "stderr", "/x/a.py:3: DeprecationWarning: old")
+    last.note("m", 0, "stderr", "  old()")
+    last.note("m", 0, "stderr", "USDT:2026-12-04 19:19:43 10305:10305 Handler.cpp:52] profiler_start")
+    last.note("m", 0, "stdout", "   ")
+    assert last.get(("m", 0)) == "loss 0.25"
+    last.note("m", 0, "stderr", "RuntimeError: real trouble")
+    assert last.get(("m", 0)) == "RuntimeError: real trouble"
+    last.forget("m")
+    assert last.get(("m", 0)) == ""

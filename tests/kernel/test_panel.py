@@ -302,6 +302,31 @@ def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
     assert not bad.ok and "no mesh named 'nope'" in bad.message
 
 
+def test_a_mesh_from_the_panel_is_announced_and_current_only_when_asked(kc, panel):
+    """The New mesh dialog never moves the notebook's cells to another mesh behind its back:
+    its mesh is current only when the dialog asks (``use``), and the next cell says what the
+    panel started; a name in use is refused, not replaced."""
+    run(kc, "procs = %mesh spawn -n 1")
+    reply = panel.request("spawn", n=1)
+    assert reply.ok, reply
+    assert reply.message == ("procs1: 1 rank (%mesh spawn -n 1 --name procs1); procs stays current "
+                             "(%mesh use procs1, or Use in the panel, makes it current)"), reply
+    out, _reply = run(kc, "%%mesh\nimport os\nos.getpid() > 0")
+    assert text(out).splitlines() == [
+        "%mesh: the Mesh panel spawned mesh procs1: 1 rank (%mesh spawn -n 1 --name procs1); the variable procs1 "
+        "holds it; procs stays current (%mesh use procs1, or Use in the panel, makes it current)",
+        "[rank 0] True"], text(out)
+    assert text(run(kc, "print(1)").outputs) == "1\n"  # said once
+    assert "* procs: 1 rank" in text(run(kc, "%mesh list").outputs)
+
+    reply = panel.request("spawn", n=1, name="side", use=True)
+    assert reply.ok and reply.message.endswith("it is the current mesh: %%mesh cells run on it"), reply
+    listed = text(run(kc, "%mesh list").outputs)
+    assert listed.startswith("%mesh: the Mesh panel spawned mesh side: 1 rank") and "\n* side: 1 rank" in listed, listed
+    bad = panel.request("spawn", n=2, name="side")
+    assert not bad.ok and bad.message == "a mesh named 'side' exists: stop it first, or pick another name", bad
+
+
 def test_the_stacks_button_works_while_a_cell_runs(kc, panel):
     run(kc, "procs = %mesh spawn -n 3")
     msg_id = kc.execute("%%mesh\nimport time\ndef wait_for_data():\n    time.sleep(1 if __import__('monarch_kernel')"
@@ -317,7 +342,7 @@ def test_the_stacks_button_works_while_a_cell_runs(kc, panel):
     assert reply.message == "stacks of procs: 2 groups, rank 1 differs from the rest", reply
     assert "[rank 1] wait_for_data (" in reply.report and "[ranks 0,2] idle" in reply.report, reply.report
     one = panel.request("stacks", mesh="procs", rank=1)
-    assert one.ok and one.report.startswith("Stacks of mesh 'procs': 1 ranks in 1 group"), one
+    assert one.ok and one.report.startswith("Stacks of mesh 'procs': 1 rank in 1 group"), one
     bad = panel.request("stacks", mesh="procs", rank=7)
     assert not bad.ok and "not in this mesh of 3 ranks" in bad.message, bad
     panel.request("interrupt", mesh="procs", rank=1)

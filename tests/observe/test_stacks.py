@@ -205,3 +205,18 @@ def test_stacks_name_a_notebook_cell_as_tracebacks_do(kc):
     assert reply["status"] == "ok", text(out)
     t = text(out)
     assert f"[rank 0] cell [{reply['execution_count']}], line 3: time.sleep(8)" in t, t
+    # The rank's own `python -c` is no frame of anyone's: the stacks end in the cell.
+    assert "<string>" not in t and t.count(f"cell [{reply['execution_count']}], line 3") == 2, t
+    out, reply = run(kc, "%mesh stacks 0")
+    html = next(o.data["text/html"] for o in out if o.kind == "execute_result")
+    assert "1 rank in 1 group <small>" in html, html  # not "1 ranks in 1 groups"
+
+
+def test_the_entry_frame_of_python_c_is_dropped_from_a_dump():
+    """The outermost frame of a rank, ``<module> (<string>:1)`` (its ``python -c``), says nothing."""
+    from monarch_kernel.observe.stack_report import from_json
+
+    frames = [{"name": "sleep", "filename": "/x/data.py", "line": 3}, {"name": "<module>", "filename": "<string>",
+                                                                       "line": 1}]
+    [thread] = from_json(0, "h", "in-process", [{"thread_name": "MainThread", "frames": frames}]).threads
+    assert [str(f) for f in thread.frames] == ["sleep (data.py:3)"]

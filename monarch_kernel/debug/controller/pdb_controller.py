@@ -10,6 +10,7 @@ hook it installs is removed by ``close()``.
 from __future__ import annotations
 
 import linecache
+import re
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -37,6 +38,8 @@ class RankStop:
     output: list = field(default_factory=list)
     lineno: int = 0
     filename: str = ""
+    # file name -> ``Cell In[7]`` for the notebook's cells (``PdbHost.cell_label``), else None
+    names: Callable[[str], str | None] | None = field(default=None, compare=False, repr=False)
 
     @property
     def rank(self) -> int:
@@ -50,11 +53,31 @@ class RankStop:
         line = self.lineno or self.where.lineno
         if (self.filename or self.where.filename) == self.where.filename and self.where.cell:
             return f"cell line {line}"
-        return f"{self.filename or self.where.filename}:{line}"
+        filename = self.filename or self.where.filename
+        label = self.names(filename) if self.names is not None else None
+        return f"{label}, line {line}" if label else f"{filename}:{line}"
 
     def take_output(self) -> str:
         text, self.output = "".join(self.output), []
-        return text
+        return name_cells(text, self.names) if self.names is not None else text
+
+
+# pdb's frame lines: "> /tmp/ipykernel_7/12.py(4)f()" (the current one), "  /x.py(9)<module>()" (where).
+_PDB_FRAME = re.compile(r"^(?P<pre>> |  )(?P<file>[^\s(][^(]*)\((?P<line>\d+)\)(?P<func>\S*\(\))(?P<rest>.*)$",
+                        re.MULTILINE)
+
+
+def name_cells(text: str, names: Callable[[str], str | None]) -> str:
+    """pdb's frame lines in the notebook's cells named as IPython names them: ``> Cell In[7],
+    line 4, in f()``, not the file ipykernel compiled the cell under."""
+    def named(m: re.Match) -> str:
+        label = names(m["file"])
+        if not label:
+            return m[0]
+        func = "" if m["func"] == "<module>()" else f", in {m['func']}"
+        return f"{m['pre']}{label}, line {m['line']}{func}{m['rest']}"
+
+    return _PDB_FRAME.sub(named, text)
 
 
 class PdbHost(Protocol):
@@ -69,6 +92,9 @@ class PdbHost(Protocol):
 
     def run_in_cell(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` so that what it prints lands in the running cell (or the last one)."""
+
+    def cell_label(self, filename: str) -> str | None:
+        """``Cell In[7]`` for the file a notebook cell was compiled under; None for others."""
 
 
 class ServeWhileWaiting:
@@ -164,7 +190,7 @@ class PdbHub:
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, Stopped):
-            stop = RankStop(msg)
+            stop = RankStop(msg, names=self.host.cell_label)
             with self._cv:
                 self.stops[stop.key] = stop
             self._send(stop, None, self._sources(msg.missing))

@@ -17,6 +17,7 @@ the last panel closes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import threading
@@ -28,7 +29,7 @@ from IPython.core.error import UsageError
 from ...actor.errors import ActorError
 from ...debug.controller import proxy
 from ...detached import listing
-from ...runtime import Runtime, config, diagnostics, rank_label, rejects
+from ...runtime import Runtime, config, counted, diagnostics, rank_label, rejects
 from .messages import COMM_TARGET, LogLines, MessageError, Metrics, PanelState, Reply, Request
 from .view import PanelView, RankLog
 
@@ -295,7 +296,7 @@ class PanelFeed:
         ranks = [req.rank] if req.rank is not None else req.ranks
         report = procs.stacks(ranks).name_frames(self.session.cells.frame)
         odd = report.odd_ranks()
-        return (f"stacks of {procs.name}: {len(report.groups)} group{'s' if len(report.groups) != 1 else ''}"
+        return (f"stacks of {procs.name}: {counted(len(report.groups), 'group')}"
                 + (f", {rank_label(odd, brackets=False)} differ{'s' if len(odd) == 1 else ''} from the rest"
                    if odd else ""), repr(report))
 
@@ -325,7 +326,7 @@ class PanelFeed:
         procs, _c = self._procs(req)
         if req.full:
             self.view.expanded.add(procs.name)
-            return f"every rank of {procs.name} is listed ({len(procs)} rows)"
+            return f"every rank of {procs.name} is listed ({counted(len(procs), 'row')})"
         self.view.expanded.discard(procs.name)
         return f"{procs.name} is summarised: ranks that are not idle are listed"
 
@@ -348,10 +349,16 @@ class PanelFeed:
         return f"stopped {procs.name}"
 
     def _do_spawn(self, req: Request) -> str:
-        """Spawn the New mesh dialog's mesh.  It becomes current only if no other mesh is (the
-        notebook's next ``%%mesh`` cell must not move to it unasked), and the notebook is told."""
+        """Spawn the New mesh dialog's mesh under a name no other has (a taken one is refused,
+        never replaced).  It becomes current only if ``use`` or no other mesh is (the notebook's
+        next ``%%mesh`` cell must not move to it unasked), and the notebook is told."""
+        s = self.session
+        if req.name in s.meshes:
+            raise UsageError(f"a mesh named {req.name!r} exists: stop it first, or pick another name")
+        taken = set(s.meshes) | {om.ref.name for om in Runtime.current().owned_meshes() if not om.stopping}
+        req = dataclasses.replace(req, name=req.name or fresh_name(taken))
         line = spawn_line(req)
-        before = self.session.current
+        before = s.current
         procs = self.shell.run_line_magic("mesh", line)
         if procs is None:
             raise RuntimeError(f"%mesh {line} returned no mesh")
@@ -360,15 +367,23 @@ class PanelFeed:
         if named:
             self.shell.user_ns[procs.name] = procs  # the dialog's mesh is a name in the notebook too
         self._sync_attached()
-        if before is not None and before != procs.name and before in self.session.meshes:
-            self.session.current = before
+        if not req.use and before is not None and before != procs.name and before in s.meshes:
+            s.current = before
             how = f"{before} stays current (%mesh use {procs.name}, or Use in the panel, makes it current)"
         else:
             how = "it is the current mesh: %%mesh cells run on it"
-        n = f"{len(procs)} rank{'s' if len(procs) != 1 else ''}"
+        n = counted(len(procs), "rank")
         self.tell_notebook(f"%mesh: the Mesh panel spawned mesh {procs.name}: {n} (%mesh {line})"
                            + (f"; the variable {procs.name} holds it" if named else "") + f"; {how}")
         return f"{procs.name}: {n} (%mesh {line}); {how}"
+
+
+def fresh_name(taken) -> str:
+    """``procs``, else ``procs1``, ``procs2``...: the first name ``taken`` does not hold."""
+    n = 0
+    while (name := f"procs{n or ''}") in taken:
+        n += 1
+    return name
 
 
 def spawn_line(req: Request) -> str:
@@ -403,4 +418,4 @@ def feed(session: MeshSession) -> PanelFeed:
     return f
 
 
-__all__: list[Any] = ["PanelFeed", "feed", "spawn_line"]
+__all__: list[Any] = ["PanelFeed", "feed", "fresh_name", "spawn_line"]

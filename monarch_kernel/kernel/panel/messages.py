@@ -173,9 +173,9 @@ class Reply:
 @dataclass
 class Request:
     """What the panel asks the kernel to do.  ``action`` is one of ``ACTIONS``; the other
-    fields are that action's arguments (``spawn`` reads ``n``, ``name``, ``detach`` and the
-    launcher's fields; ``table`` reads ``mesh`` and ``full``: every rank's row in each state
-    from now on, or the summary again)."""
+    fields are that action's arguments (``spawn`` reads ``n``, ``name``, ``detach``, ``use``
+    and the launcher's fields; ``table`` reads ``mesh`` and ``full``: every rank's row in each
+    state from now on, or the summary again)."""
 
     action: str
     id: int = 0
@@ -194,6 +194,7 @@ class Request:
     time: str = ""
     account: str = ""
     full: bool = True
+    use: bool = False  # spawn: make the new mesh current (else it is only when no mesh is)
 
     def encode(self) -> dict:
         return {**asdict(self), "type": "request"}

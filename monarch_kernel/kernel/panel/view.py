@@ -136,7 +136,7 @@ class PanelView:
             rss = rss_mib(row["pid"]) if local else None
             out.append(RankRow(st["rank"], str(row["host"] or ""), row["pid"], st["state"], st["detail"],
                                None if cpu is None else round(cpu, 1), None if rss is None else round(rss, 1),
-                               s.sink.last_lines.get((name, st["rank"]), "")[:200],
+                               s.last_lines.get((name, st["rank"]), "")[:200],
                                st["rank"] in s.watchdog.odd.get(name, ())))
         tally = status.counts(states)
         kind = "detached" if host is not None else ("job" if name in s.jobs.meshes else "local")

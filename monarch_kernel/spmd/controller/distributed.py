@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...runtime import counted
 from .env import SETUP_TIMEOUT_S, MeshRecord, check_alive, record, setup_torch_elastic_env
 
 BACKENDS = ("gloo", "nccl")
@@ -84,7 +85,8 @@ def device_mesh(procs, names=None, *, mesh_shape=None, device_type: str | None =
     for s in mesh_shape:
         total *= s
     if total != len(procs):
-        raise ValueError(f"mesh_shape={mesh_shape} holds {total} ranks; mesh '{procs.name}' has {len(procs)}")
+        raise ValueError(f"mesh_shape={mesh_shape} holds {counted(total, 'rank')}; "
+                         f"mesh '{procs.name}' has {len(procs)}")
     check_alive(procs)
     rec = record(procs)
     if rec.backend is None or rec.stale:

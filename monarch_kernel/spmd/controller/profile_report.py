@@ -11,7 +11,7 @@ import io
 import statistics
 from dataclasses import dataclass, field
 
-from ...runtime import rank_label
+from ...runtime import counted, rank_label
 
 STRAGGLER = 1.2  # a rank whose time in the block is over this times the median is named
 
@@ -74,7 +74,7 @@ class ProfileReport:
                 f"({worst.step_s:.3f} s against {med:.3f} s)")
 
     def __repr__(self) -> str:
-        lines = [f"Profile of mesh '{self.mesh}': {len(self.ranks)} ranks; trace: {self.path}",
+        lines = [f"Profile of mesh '{self.mesh}': {counted(len(self.ranks), 'rank')}; trace: {self.path}",
                  f"  {self.straggler_line()}",
                  f"  {'op':40} {'calls':>7} {'mean ms':>9} {'slowest':>8} {'its ms':>9} {'spread':>7}"]
         for row in self.top_ops():
@@ -92,7 +92,7 @@ class ProfileReport:
         plot = self._plot_png()
         img = f"<img src='data:image/png;base64,{plot}' alt='step time per rank'/>" if plot else ""
         return (f"<div class='monarch-profile'><b>Profile of mesh '{html.escape(self.mesh)}'</b>: "
-                f"{len(self.ranks)} ranks; trace <code>{html.escape(self.path)}</code><br>"
+                f"{counted(len(self.ranks), 'rank')}; trace <code>{html.escape(self.path)}</code><br>"
                 f"{html.escape(self.straggler_line())}<table><tr><th>op</th><th>calls</th><th>mean ms</th>"
                 f"<th>slowest</th><th>its ms</th><th>spread</th></tr>{rows}</table>{img}</div>")
 

@@ -2,20 +2,26 @@
 stopped from the rank's ``ElasticEnvActor`` (a thread of its own), it records every thread
 of the rank (``profile_all_threads``), so the cell or the endpoints the block calls are in
 it wherever they run.  ``stop`` hands back the rank's Chrome trace, its ops' totals and its
-steps; the controller merges the ranks.  Runs on ranks; imports torch when started.
+steps; the controller merges the ranks.  torch's profiler (kineto) prints from C++ as it
+starts and stops (``USDT: ... profiler_start``); those lines are kept out of the rank's output.
+Runs on ranks; imports torch when started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
+import sys
 import tempfile
 import threading
 import time
 
 STEP = re.compile(r"^(ProfilerStep#\d+|step.*)$", re.IGNORECASE)
+# What kineto prints from C++: "USDT:2026-12-04 19:19:43 10305:10305 SyncActivityProfilerHandler.cpp:52] ...".
+CHATTER = re.compile(r"^(USDT|STAGE|INFO|WARNING|ERROR|LOG):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\] ")
 
 _lock = threading.Lock()
 _running: list = []  # [profile, started (monotonic)] while one runs
@@ -40,7 +46,8 @@ def start(cuda: bool | None = None) -> bool:
         if _running:
             raise RuntimeError("this rank is already being profiled: leave the other profile() block first")
         prof = profile(**kwargs)
-        prof.__enter__()
+        with _without_chatter():
+            prof.__enter__()
         _running[:] = [prof, time.monotonic()]
     return True
 
@@ -53,7 +60,8 @@ def stop(top: int = 200) -> dict:
             raise RuntimeError("this rank is not being profiled")
         prof, started = _running
         _running.clear()
-    prof.__exit__(None, None, None)
+    with _without_chatter():
+        prof.__exit__(None, None, None)
     block_s = time.monotonic() - started
     fd, path = tempfile.mkstemp(prefix="mk-profile-", suffix=".json")
     os.close(fd)
@@ -76,3 +84,25 @@ def stop(top: int = 200) -> dict:
 def clock() -> int:
     """This rank's wall clock, ns (the controller estimates each rank's offset from it)."""
     return time.time_ns()
+
+
+@contextlib.contextmanager
+def _without_chatter():
+    """Run the block with this process's fd 2 in a temporary file, then write back what it
+    got there but kineto's chatter (``CHATTER``): what other threads wrote meanwhile is late,
+    never lost."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as got:
+        os.dup2(got.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            got.seek(0)
+            kept = [line for line in got.read().splitlines(keepends=True)
+                    if not CHATTER.match(line.decode(errors="replace"))]
+            if kept:
+                os.write(2, b"".join(kept))
