@@ -33,6 +33,7 @@ from ..rank import rank_debugpy
 from ..rank.inspector import Inspector
 from ..rank.relay import DapRelay
 from . import kernel_debugpy
+from .listen_gate import SECRET_FIELD, ListenGate
 from .rank_target import INSPECT_TIMEOUT_S, REPLY_TIMEOUT_S, FrontendState, RankTarget
 
 
@@ -47,6 +48,7 @@ class RankHelpers:
 
 
 _helpers: dict[tuple[str, int], RankHelpers] = {}  # (mesh id, rank) -> its helpers
+_gates: dict[tuple[str, int], ListenGate] = {}  # (mesh id, rank) -> its latest --listen port
 
 
 class MeshDebugger(Debugger):
@@ -218,16 +220,15 @@ def command(session, shell, args: list[str]) -> None:
     mesh_host = procs.ref.hosts[rank] if rank < len(procs.ref.hosts) else ""
     remote = is_remote(helpers.host, mesh_host)
     if listen:
-        got_host, port = helpers.relay.listen.call_one(host or "127.0.0.1").get(timeout=REPLY_TIMEOUT_S)
-        if not remote:
-            print(launch_config(procs.name, rank, got_host, port))
-            return
-        where = ssh_host(helpers.host, mesh_host)
-        local_port = free_local_port()
-        print(f"rank {rank} runs on {where}, where its debugger listens on {got_host}:{port} only.  Forward a "
-              f"port to it first, from the machine VS Code runs on (leave it running):\n"
-              f"  {ssh_forward(local_port, got_host, port, where)}")
-        print(launch_config(procs.name, rank, "127.0.0.1", local_port))
+        old_gate = _gates.pop(key, None)
+        if old_gate is not None:
+            old_gate.close()  # a port given before and not used yet closes
+        gate = _gates[key] = ListenGate(helpers.relay, f"rank {rank}", rank_debugpy.loopback(host or "127.0.0.1") or "")
+        on = f" (on {ssh_host(helpers.host, mesh_host)}; " if remote else " ("
+        print(f"rank {rank}{on}the kernel relays the session over the mesh's own connection) takes one DAP "
+              f"client at {gate.host}:{gate.port} on this machine.  From another machine, forward a port to it "
+              f"first:  {ssh_forward(gate.port, gate.host, gate.port, socket.gethostname())}")
+        print(launch_config(procs.name, rank, gate.host, gate.port, gate.secret))
         return
     dbg = _kernel_debugger(shell)
     current = dbg.target
@@ -268,18 +269,11 @@ def ssh_host(rank_host: RankHost, mesh_host: str = "") -> str:
     return next((a for a in rank_host.addresses if not a.startswith("127.")), rank_host.hostname)
 
 
-def ssh_forward(local_port: int, rank_host: str, rank_port: int, ssh_to: str) -> str:
-    """The ssh command that makes a rank's loopback-only debugpy reachable at
-    127.0.0.1:``local_port``."""
-    far = f"[{rank_host}]" if ":" in rank_host else rank_host  # an IPv6 address, as ssh -L wants it
-    return f"ssh -N -L {local_port}:{far}:{rank_port} {ssh_to}"
-
-
-def free_local_port() -> int:
-    """A TCP port free on this machine's loopback now (for the local end of a forward)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def ssh_forward(local_port: int, host: str, port: int, ssh_to: str) -> str:
+    """The ssh command that makes ``host:port`` on ``ssh_to`` (a loopback address there)
+    reachable at 127.0.0.1:``local_port`` where it runs."""
+    far = f"[{host}]" if ":" in host else host  # an IPv6 address, as ssh -L wants it
+    return f"ssh -N -L {local_port}:{far}:{port} {ssh_to}"
 
 
 def forget_mesh(shell, mesh: str) -> None:
@@ -321,13 +315,15 @@ def release_for_interrupt(shell, mesh: str, ranks, console_id: str = "") -> None
             pass
 
 
-def launch_config(mesh: str, rank: int, host: str, port: int) -> str:
-    """A VS Code ``launch.json`` "attach" entry for a rank's debugpy."""
+def launch_config(mesh: str, rank: int, host: str, port: int, secret: str) -> str:
+    """A VS Code ``launch.json`` "attach" entry for a ``--listen`` port: VS Code passes its
+    ``SECRET_FIELD`` in the attach request, which is how the port knows the client is yours."""
     entry = {"name": f"monarch {mesh} rank {rank}", "type": "debugpy", "request": "attach",
-             "connect": {"host": host, "port": port}, "justMyCode": False}
-    return (f"Add this to .vscode/launch.json \"configurations\".  The port takes one client, run by you (any "
-            f"other user's connection is closed), then closes; %mesh debug {rank} --listen again opens another:\n"
-            + json.dumps(entry, indent=2))
+             "connect": {"host": host, "port": port}, "justMyCode": False, SECRET_FIELD: secret}
+    return (f"Add this to .vscode/launch.json \"configurations\" (it holds this session's secret: keep it to "
+            f"yourself).  The port takes one client, run by you and attaching with this entry's secret (any "
+            f"other is closed before it reaches the rank), then closes; %mesh debug {rank} --listen again opens "
+            f"another:\n" + json.dumps(entry, indent=2))
 
 
 def _kernel_debugger(shell) -> MeshDebugger:

@@ -2,10 +2,9 @@
 VS Code attaches to, and the cell sources and namespace it is shown.
 
 Runs in rank processes (the console and the relay call it).  debugpy's adapter runs as this
-rank's child (``debug/debug_adapter.py``) and takes DAP clients only as sockets handed to it here:
-the relay's, and the one client of a loopback port ``listen_once`` opens for ``--listen``, which
-only this user may connect to.  It must never start debugpy unless asked, never listen beyond
-loopback, and never change the environment at import.
+rank's child (``debug/debug_adapter.py``) and takes DAP clients only as sockets handed to it here,
+the relay's (``--listen``'s clients come through the relay too).  It must never start debugpy
+unless asked, never listen for clients, and never change the environment at import.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 
 from ...runtime import config
 from .. import debug_adapter
-from ..debug_adapter import CLIENT, LISTEN
+from ..debug_adapter import CLIENT
 
 START_TIMEOUT_S = config.seconds("debugpy_start_timeout")
 
@@ -117,21 +116,6 @@ def loopback(host: str) -> str | None:
         return host if ipaddress.ip_address(host).is_loopback else None
     except ValueError:
         return None
-
-
-def listen_once(host: str = "127.0.0.1") -> tuple[str, int]:
-    """A port on this host's loopback that takes one DAP client of this rank's user (any
-    other user's connection is closed unread), then closes; an unused one given before
-    closes now.  The (host, port) to attach to."""
-    address = loopback(host)
-    if address is None:
-        raise ValueError(f"the debugger listens only on a loopback address (127.0.0.1 or ::1), not {host!r}")
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as listener:
-        listener.bind((address, 0))
-        listener.listen(8)
-        port = listener.getsockname()[1]
-        _hand_over(LISTEN, listener)  # the adapter holds it from here; our copy closes
-    return address, port
 
 
 def _untrace_io_thread() -> None:
