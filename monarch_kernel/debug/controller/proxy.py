@@ -15,19 +15,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import os
 import socket
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from ipykernel.compiler import get_tmp_directory
+from ipykernel.compiler import get_file_name, get_tmp_directory
 from ipykernel.debugger import Debugger
 from IPython.core.error import UsageError
 
 from ...actor.errors import ActorError
-from ...runtime import hosts
+from ...runtime import hosts, private_files
 from ..messages import RankHost
 from ..rank import rank_debugpy
 from ..rank.inspector import Inspector
@@ -67,12 +66,15 @@ class MeshDebugger(Debugger):
         # One worker keeps the frontend's requests in order while they block on a rank.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mesh-debug")
         self.control_loop: asyncio.AbstractEventLoop | None = None
+        self.refused_why = ""  # why start() refused, for the frontend
 
     async def process_request(self, message):
         self.control_loop = asyncio.get_running_loop()
         target = self.target
         if target is None:
             reply = await super().process_request(message)
+            if message.get("command") == "initialize" and reply and not reply.get("success") and self.refused_why:
+                reply["message"] = self.refused_why
         else:
             reply = await self.control_loop.run_in_executor(self._executor, target.handle, message, self.frontend)
         self.frontend.record(message)
@@ -82,8 +84,14 @@ class MeshDebugger(Debugger):
         """ipykernel's ``start``, the kernel's debugpy started by ``kernel_debugpy`` (its ports
         this user's only) where ipykernel would call ``debugpy.listen``: on the shell thread,
         through an execute request."""
+        self.refused_why = ""
+        try:
+            private_files.private_dir(get_tmp_directory())  # where dumpCell writes cells
+        except OSError as e:  # NotPrivate included: never write cells where others may read them
+            self.refused_why = f"the debugger cannot start: {e}"
+            self.log.error("%s", self.refused_why)
+            return False
         if not self.debugpy_initialized:
-            os.makedirs(get_tmp_directory(), mode=0o700, exist_ok=True)
             host, port = self.debugpy_client.get_host_port()
             content = {"code": kernel_debugpy.LISTEN_CODE.format(host, int(port)), "silent": True}
             self.session.send(self.shell_socket, "execute_request", content, None,
@@ -94,6 +102,18 @@ class MeshDebugger(Debugger):
                 return False
             self.debugpy_initialized = True
         return super().start()  # debugpy_initialized: it connects ipykernel's client, and never listens
+
+    async def dumpCell(self, message):
+        """ipykernel's ``dumpCell`` (the kernel debugged), writing the cell as ranks do: 0600,
+        never through a link, in the cell folder checked to be this user's."""
+        code = message["arguments"]["code"]
+        path = get_file_name(code)
+        reply = {"type": "response", "request_seq": message["seq"], "command": message["command"]}
+        try:
+            rank_debugpy.write_source(path, code)
+        except OSError as e:  # NotPrivate included
+            return {**reply, "success": False, "message": str(e)}
+        return {**reply, "success": True, "body": {"sourcePath": path}}
 
     def _stopped_where(self) -> str:
         if self.target is not None and self.target.stopped_threads:
@@ -132,7 +152,7 @@ class MeshDebugger(Debugger):
     def _listen_here(self) -> None:
         """Start the kernel's own debugpy on this (the shell's) thread, as ``start()`` would
         through an execute request, which cannot run while this cell does."""
-        os.makedirs(get_tmp_directory(), mode=0o700, exist_ok=True)  # where dumpCell writes cells
+        private_files.private_dir(get_tmp_directory())  # where dumpCell writes cells
         host, port = self.debugpy_client.get_host_port()
         kernel_debugpy.listen(host, int(port))
         self.debugpy_initialized = True

@@ -17,7 +17,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
-from ...runtime import config
+from ...runtime import config, private_files
 from .. import debug_adapter
 from ..debug_adapter import CLIENT
 
@@ -145,17 +145,17 @@ def _reply_at_once() -> None:
 
 
 def write_source(path: str, text: str) -> None:
-    """Put a cell's text where the debugger will look for it (same path on every host)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    """Put a cell's text where the debugger will look for it (same path on every host): a 0600
+    file, never through a link, in the kernel's cell folder, which must be this user's alone
+    (its name is predictable: another user may have made it first, to read cells or plant links)."""
+    private_files.private_dir(os.path.dirname(path))
+    data = text.encode("utf-8")
     try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except OSError:
+        if private_files.read_file(path, limit=len(data)) == data:
+            return
+    except (OSError, ValueError):  # not there yet, or not the same
         pass
-    # 0600: the folder may be ipykernel's, made with the default mode, and a cell is the user's own
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-        f.write(text)
+    private_files.write_file(path, data)
 
 
 def package_dir() -> str:
