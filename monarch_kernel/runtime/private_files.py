@@ -98,7 +98,7 @@ def _check_file(fd: int, path: str, private: bool) -> os.stat_result:
     if st.st_uid != os.geteuid():
         raise NotPrivate(f"{path} belongs to uid {st.st_uid}, not to you; remove it, or use another path")
     if private and st.st_mode & 0o077:
-        raise NotPrivate(f"{path} may be read by others (mode {_mode(st)}); chmod 600 {path}")
+        raise NotPrivate(f"{path} may be read by others (mode {_mode(st)}); run  chmod 600 {path}")
     return st
 
 

@@ -6,15 +6,14 @@ path to overwrite a file of the notebook user's.  Without the other user, cells 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 
 import pytest
 from _kernels import kernel
+from _other_user import NOBODY, SYSTEM_PYTHON, shared_folder
+from _other_user import needs_other_users as _needs_other_users
 from test_debug import INITIALIZE, Session, start_debugger
-from test_debug_security import NOBODY, SYSTEM_PYTHON, _needs_other_users
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -24,11 +23,8 @@ LINKED_CELL = "x = 'written through the link'\nprint(x)"
 
 @pytest.fixture
 def shared_tmp():
-    """A folder like /tmp: everyone may make entries in it, the sticky bit keeps them apart."""
-    path = tempfile.mkdtemp(prefix="mk-shared-", dir="/tmp")
-    os.chmod(path, 0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with shared_folder() as path:
+        yield path
 
 
 def _cell_name(code: str) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -18,13 +17,12 @@ import time
 
 import psutil
 import pytest
+from _other_user import NOBODY, SYSTEM_PYTHON, needs_other_users
 from test_debug import Session
 from test_debug_tunnel import other_host  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(150)
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-SYSTEM_PYTHON = "/usr/bin/python3"  # every user can run it; it has no debugpy, no torch
 
 # A DAP client in the standard library alone: argv[1] is a JSON list of targets (["tcp", host,
 # port] or ["unix", path], "@name" for an abstract socket), argv[2] the file its evaluate
@@ -209,9 +207,7 @@ SPIN = ("%%mesh --ranks 1\nimport threading, time\ndef _spin():\n    while True:
         "threading.Thread(target=_spin, name='spin', daemon=True).start()")
 
 
-def _needs_other_users():
-    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.access(SYSTEM_PYTHON, os.X_OK):
-        pytest.skip("needs root, setpriv and /usr/bin/python3 to run an attacker as another user")
+_needs_other_users = needs_other_users
 
 
 def _listen(s: Session, rank: int) -> tuple[tuple, dict]:
