@@ -143,3 +143,22 @@ def write_file(path: str, data: bytes) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def replace_file(path: str, data: bytes) -> None:
+    """Put ``data`` at ``path`` atomically, as a 0600 file of this user's: written under a
+    fresh name (created, never opened through a link), then renamed into place."""
+    import secrets
+
+    tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+    fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
