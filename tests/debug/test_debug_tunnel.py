@@ -305,6 +305,10 @@ def test_listen_prints_an_entry_with_a_secret_of_its_own_each_time(kc):
     assert all(e["connect"]["host"] == "127.0.0.1" for e in entries)
     secrets = {e["monarchSessionSecret"] for e in entries}
     assert len(secrets) == 2 and all(len(x) >= 40 for x in secrets), secrets
+    # The mesh stopped, its unused --listen port closes.
+    s.cell("%mesh stop")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", entries[1]["connect"]["port"]), timeout=5).close()
 
 
 def test_a_kernel_that_exits_lets_go_of_a_detached_ranks_debugpy(kernelspec, tmp_path):

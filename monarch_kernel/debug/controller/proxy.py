@@ -243,7 +243,8 @@ def command(session, shell, args: list[str]) -> None:
         old_gate = _gates.pop(key, None)
         if old_gate is not None:
             old_gate.close()  # a port given before and not used yet closes
-        gate = _gates[key] = ListenGate(helpers.relay, f"rank {rank}", rank_debugpy.loopback(host or "127.0.0.1") or "")
+        address = rank_debugpy.loopback(host or "127.0.0.1") or "127.0.0.1"
+        gate = _gates[key] = ListenGate(helpers.relay, f"{procs.name} rank {rank}", address)
         on = f" (on {ssh_host(helpers.host, mesh_host)}; " if remote else " ("
         print(f"rank {rank}{on}the kernel relays the session over the mesh's own connection) takes one DAP "
               f"client at {gate.host}:{gate.port} on this machine.  From another machine, forward a port to it "
@@ -297,7 +298,12 @@ def ssh_forward(local_port: int, host: str, port: int, ssh_to: str) -> str:
 
 
 def forget_mesh(shell, mesh: str) -> None:
-    """Before a mesh stops: if the debugger is on one of its ranks, give it back to the kernel."""
+    """Before a mesh stops: its unused ``--listen`` ports close, and if the debugger is on one
+    of its ranks, it goes back to the kernel."""
+    for key, gate in list(_gates.items()):
+        if gate.label.startswith(f"{mesh} "):
+            _gates.pop(key, None)
+            gate.close()
     dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
     target = getattr(dbg, "target", None)
     if isinstance(target, RankTarget) and target.mesh == mesh and dbg is not None:
