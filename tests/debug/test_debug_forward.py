@@ -181,3 +181,31 @@ def test_a_stranger_who_connects_first_does_not_close_the_port_on_the_user(kc):
         conn.request("disconnect", {"terminateDebuggee": False}).result(30)
     finally:
         conn.close()
+
+
+def test_requests_sent_with_the_attach_at_once_are_not_lost(kc):
+    """A client that does not wait for answers (initialize, attach, configurationDone in one
+    write): what came after the attach goes to the rank too, once the secret matched."""
+    import socket
+
+    from monarch_kernel.debug.dap import FrameReader, encode
+
+    s = Session(kc)
+    s.cell("procs = %mesh spawn -n 1")
+    entry = _entry(s.cell("%mesh debug 0 --listen"))
+    requests = [{"seq": 1, "type": "request", "command": "initialize", "arguments": {"adapterID": "python"}},
+                {"seq": 2, "type": "request", "command": "attach",
+                 "arguments": {"justMyCode": False, "monarchSessionSecret": entry["monarchSessionSecret"]}},
+                {"seq": 3, "type": "request", "command": "configurationDone", "arguments": {}}]
+    with socket.create_connection((entry["connect"]["host"], entry["connect"]["port"]), timeout=30) as sock:
+        sock.sendall(b"".join(encode(r) for r in requests))
+        reader, answered = FrameReader(), set()
+        deadline = time.monotonic() + 30
+        while answered != {1, 2, 3}:
+            assert time.monotonic() < deadline, f"timed out after 30 s waiting for answers to 1-3: {answered}"
+            data = sock.recv(65536)
+            assert data, f"the port closed with answers to {answered} only"
+            for msg in reader.feed(data):
+                if msg.get("type") == "response":
+                    assert msg["success"], json.dumps(msg)
+                    answered.add(msg["request_seq"])

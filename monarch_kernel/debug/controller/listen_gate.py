@@ -128,7 +128,7 @@ class ListenGate:
 
     def _screen(self, sock: socket.socket) -> None:
         try:
-            initialize, attach = self._prove(sock)
+            initialize, attach, rest, reader = self._prove(sock)
         except Refused as e:
             rejects.count("dap_listen", "refused", str(e))
             _drop(sock)
@@ -151,16 +151,17 @@ class ListenGate:
         self.bridge = bridge
         args = {k: v for k, v in (attach.get("arguments") or {}).items() if k != SECRET_FIELD}
         try:
-            bridge.forward(initialize)
-            bridge.forward({**attach, "arguments": args})
+            for msg in (initialize, {**attach, "arguments": args}, *rest):
+                bridge.forward(msg)
         except ConnectionError:
             bridge.close()
             return
-        _pipe(sock, bridge)
+        _pipe(sock, bridge, reader)
 
-    def _prove(self, sock: socket.socket) -> tuple[dict, dict]:
+    def _prove(self, sock: socket.socket) -> tuple[dict, dict, list[dict], FrameReader]:
         """Read the client's initialize (answered here) and attach (checked here); the two
-        requests, or Refused.  Nothing reaches the rank meanwhile."""
+        requests, what came after them in the same read, and the reader (with any part of a
+        message after them), or Refused.  Nothing reaches the rank meanwhile."""
         reader, initialize, got = FrameReader(), None, 0
         deadline = time.monotonic() + SCREEN_S
         while True:
@@ -179,7 +180,7 @@ class ListenGate:
                 messages = reader.feed(data)
             except FrameError as e:
                 raise Refused(str(e)) from None
-            for msg in messages:
+            for i, msg in enumerate(messages):
                 command = msg.get("command") if msg.get("type") == "request" else None
                 if command == "initialize" and initialize is None:
                     initialize = msg
@@ -187,7 +188,7 @@ class ListenGate:
                 elif command == "attach" and initialize is not None:
                     given = (msg.get("arguments") or {}).get(SECRET_FIELD)
                     if isinstance(given, str) and hmac.compare_digest(given.encode(), self.secret.encode()):
-                        return initialize, msg
+                        return initialize, msg, messages[i + 1:], reader
                     _fail(sock, msg, f"this port takes a client whose attach carries the session's "
                                      f"{SECRET_FIELD!r}, as the printed launch.json entry does")
                     raise Refused("an attach without the session's secret")
@@ -226,9 +227,8 @@ def _drop(sock: socket.socket) -> None:
     sock.close()
 
 
-def _pipe(sock: socket.socket, bridge: _Bridge) -> None:
+def _pipe(sock: socket.socket, bridge: _Bridge, reader: FrameReader) -> None:
     """Carry the proven client's requests to the rank until either side ends."""
-    reader = FrameReader()
     try:
         while not bridge.closed:
             data = sock.recv(1 << 16)
