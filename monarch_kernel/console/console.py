@@ -11,6 +11,7 @@ rank's main thread, so the stop button's SIGINT cuts blocking calls short.
 from __future__ import annotations
 
 import bdb
+import logging
 import sys
 
 from IPython.core.error import UsageError
@@ -23,6 +24,8 @@ from . import host_once
 from .cells import LAST, compile_cell, remember_source
 from .display import DisplayCapture
 from .shell import rank_shell
+
+log = logging.getLogger("monarch_kernel")
 
 SYNC = "\x1emonarch-sync "  # starts the marker line a rank prints after each cell
 
@@ -52,7 +55,10 @@ class Console(Actor):
         pdb_rank.config.cell_files.add(filename)
         remember_source(filename, cell)
         if rank_debugpy.started() is not None:
-            rank_debugpy.write_source(filename, cell)
+            try:
+                rank_debugpy.write_source(filename, cell)
+            except OSError as e:  # the cell folder is not this user's alone: run the cell, show no source
+                log.warning("monarch_kernel: the debugger will not show this cell's source: %s", e)
         self.capture.clear()
         self.packages.cell_starts(token)
         shell = self.shell

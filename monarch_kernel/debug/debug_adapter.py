@@ -1,8 +1,8 @@
 """debugpy's adapter for one debuggee (a rank, or the kernel), run so that no other user can
 reach it.  It takes DAP clients only as connected sockets its debuggee hands it over a private
-socket pair, or from listening sockets the debuggee hands it the same way, and every TCP
-port it opens or takes (pydevd's way in, a ``--listen`` port, the kernel's client port)
-takes a connection only from the debuggee's own user (``peer_uid``).
+socket pair, or from a listening socket the debuggee hands it the same way (the kernel's), and
+every TCP port it opens or takes (pydevd's way in, the kernel's client port) takes a connection
+only from the debuggee's own user (``peer_uid``).
 
 ``spawn`` and ``trace`` run in the debuggee, in place of ``debugpy.listen`` (which would listen
 for clients on a TCP port anyone on the machine may connect to, take the adapter's report of
@@ -12,8 +12,8 @@ must never listen for clients unless handed a port, never take a secret from its
 or environment, and never outlive its debuggee's debugpy.  Importing it does nothing.
 
 The pair carries, debuggee to adapter: ``{"token": ...}`` (pydevd's access token) first, then
-``client``, ``listen`` or ``serve`` messages, each with one file descriptor (a connected socket
-to take as a client; a listening socket to take one client from, or every client from);
+``client`` or ``serve`` messages, each with one file descriptor (a connected socket to take as a
+client; a listening socket to take every client from);
 adapter to debuggee, once: ``{"server": [host, port]}`` (where pydevd connects) or ``{"error": why}``.
 """
 
@@ -30,7 +30,6 @@ import threading
 from . import peer_uid
 
 CLIENT = b"client"
-LISTEN = b"listen"
 SERVE = b"serve"
 ADAPTER_MAIN = ("import sys; sys.path += sys.argv[2:]; "
                 "from monarch_kernel.debug.debug_adapter import main; sys.exit(main(sys.argv[1]))")
@@ -43,9 +42,8 @@ def _refuse(sock: socket.socket) -> None:
         pass
 
 
-def _accept(listener: socket.socket, handler, name: str, once: bool) -> None:
-    """Hand ``handler`` each connection of this user on ``listener`` (only the first, if
-    ``once``: the listener then closes); close the others unread."""
+def _accept(listener: socket.socket, handler, name: str) -> None:
+    """Hand ``handler`` each connection of this user on ``listener``; close the others unread."""
     from debugpy.common import log
 
     while True:
@@ -62,15 +60,11 @@ def _accept(listener: socket.socket, handler, name: str, once: bool) -> None:
             log.warning("Refused a {0} connection from {1}: not this user's", name, address)
             _refuse(sock)
             continue
-        if once:
-            listener.close()
         try:
             handler(sock)
         except Exception:  # a client that left as it came: the next one must still be taken
             log.swallow_exception("{0} connection from {1} failed:", name, address, level="warning")
             _refuse(sock)
-        if once:
-            return
 
 
 def _serve_this_user(name, handler, host, port=0, backlog=socket.SOMAXCONN, timeout=None):
@@ -78,19 +72,17 @@ def _serve_this_user(name, handler, host, port=0, backlog=socket.SOMAXCONN, time
     from debugpy.common import sockets
 
     listener = sockets.create_server(host, port, backlog, timeout)
-    threading.Thread(target=_accept, args=(listener, handler, name, False), name=f"accept {name}",
+    threading.Thread(target=_accept, args=(listener, handler, name), name=f"accept {name}",
                      daemon=True).start()
     return listener
 
 
 class _Handover:
-    """Takes the debuggee's messages on the pair: clients, the one pending ``--listen`` port,
-    and ports that take every client (the kernel's, where ipykernel's debugger connects)."""
+    """Takes the debuggee's messages on the pair: clients, and ports that take every client
+    (the kernel's, where ipykernel's debugger connects)."""
 
     def __init__(self, control: socket.socket):
         self.control = control
-        self.pending: socket.socket | None = None  # a --listen port no client has used yet
-        self.lock = threading.Lock()
 
     def run(self) -> None:
         from debugpy.adapter import clients
@@ -112,27 +104,12 @@ class _Handover:
                 except Exception:  # the relay went away as it came; keep taking the next ones
                     log.swallow_exception("A client handed over by the debuggee failed:", level="warning")
                     _refuse(socks[0])
-            elif msg == LISTEN and len(socks) == 1:
-                self.listen(socks[0], clients.Client)
             elif msg == SERVE and len(socks) == 1:
-                threading.Thread(target=_accept, args=(socks[0], clients.Client, "Client", False),
+                threading.Thread(target=_accept, args=(socks[0], clients.Client, "Client"),
                                  name="accept clients", daemon=True).start()
             else:
                 for s in socks:
                     _refuse(s)
-
-    def listen(self, listener: socket.socket, handler) -> None:
-        """Take one client from ``listener``; a port given before and not used yet closes."""
-        with self.lock:
-            old, self.pending = self.pending, listener
-        if old is not None:
-            try:
-                old.shutdown(socket.SHUT_RDWR)  # wakes its accept (closing alone would not)
-            except OSError:
-                pass
-            _refuse(old)
-        threading.Thread(target=_accept, args=(listener, handler, "Client", True), name="accept --listen",
-                         daemon=True).start()
 
 
 def main(fd: str) -> int:

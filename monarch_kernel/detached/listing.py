@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+from ..runtime import private_files
 from . import records
 
 ATTACHED_PREFIX = "monarch-panel-attached-"  # not records.PREFIX: these are not mesh records
@@ -38,20 +39,15 @@ def _attached_path(name: str) -> str:
 
 def mark_attached(name: str) -> None:
     """Note (0600, atomically) that this kernel process has detached mesh ``name`` attached."""
-    path = _attached_path(name)
-    tmp = f"{path}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"kernel_id": kernel_id(), "pid": os.getpid(), "start": records.start_time(os.getpid())}, f)
-    os.replace(tmp, path)
+    note = {"kernel_id": kernel_id(), "pid": os.getpid(), "start": records.start_time(os.getpid())}
+    private_files.replace_file(_attached_path(name), json.dumps(note).encode())
 
 
 def unmark_attached(name: str) -> None:
     """Take this process's note off (only if it is this process's)."""
     path = _attached_path(name)
     try:
-        with open(path) as f:
-            mine = json.load(f).get("pid") == os.getpid()
+        mine = json.loads(private_files.read_file(path)).get("pid") == os.getpid()
         if mine:
             os.unlink(path)
     except (OSError, ValueError, AttributeError):
@@ -61,8 +57,7 @@ def unmark_attached(name: str) -> None:
 def attached_kernel(name: str) -> str | None:
     """The id of the kernel that has ``name`` attached, if that kernel still runs."""
     try:
-        with open(_attached_path(name)) as f:
-            note = json.load(f)
+        note = json.loads(private_files.read_file(_attached_path(name)))
         pid, start = int(note["pid"]), note.get("start")
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -12,18 +12,18 @@ import os
 from dataclasses import asdict, dataclass
 
 from ..actor.spawn_checks import check_mesh_name, mesh_name_problem
-from ..runtime import MeshRef
+from ..runtime import MeshRef, private_files
 
 PREFIX = "monarch-mesh-"
 
 
 def runtime_dir() -> str:
-    """Jupyter's runtime directory, created (0700) if this machine never ran Jupyter."""
+    """Jupyter's runtime directory, created (0700) if this machine never ran Jupyter, and
+    checked to be this user's alone: a record there holds a job's key, and a kernel attaches
+    to what a record says."""
     from jupyter_core.paths import jupyter_runtime_dir
 
-    path = jupyter_runtime_dir()
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    return private_files.private_dir(jupyter_runtime_dir())
 
 
 def info_path(name: str) -> str:
@@ -76,12 +76,7 @@ class Record:
 
     def write(self) -> None:
         """Atomically, 0600: the key must never be readable by anyone else."""
-        path = info_path(self.name)
-        tmp = f"{path}.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(self), f)
-        os.replace(tmp, path)
+        private_files.replace_file(info_path(self.name), json.dumps(asdict(self)).encode())
 
 
 def read(name: str) -> Record | None:
@@ -90,8 +85,7 @@ def read(name: str) -> Record | None:
     if mesh_name_problem(name) is not None:
         return None
     try:
-        with open(info_path(name)) as f:
-            return Record(**json.load(f))
+        return Record(**json.loads(private_files.read_file(info_path(name))))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError):

@@ -167,7 +167,10 @@ def env_key(version: str, scanned: list[dict]) -> str:
 
 def cache_dir(given: str | None) -> str:
     """The cache, made private (0700) to this user: ``given`` (``sync_env="/a/folder"``), or
-    ``$XDG_CACHE_HOME/monarch-kernel/env``."""
+    ``$XDG_CACHE_HOME/monarch-kernel/env``.  Its parents must be this user's or root's and not
+    writable by others (but for a sticky /tmp): whoever may write one could swap the cache
+    between the probe and the agent's start.  (``runtime/private_files.py`` checks the same;
+    this file may import nothing of monarch_kernel.)"""
     path = given or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "monarch-kernel", "env")
     path = os.path.abspath(os.path.expanduser(path))
@@ -176,6 +179,16 @@ def cache_dir(given: str | None) -> str:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise PermissionError(f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
                               f"{stat.filemode(st.st_mode)}); remove it, or pass sync_env= another folder")
+    here = os.path.dirname(path)
+    while True:
+        st = os.stat(here)
+        if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise PermissionError(f"{here}, above the sync_env cache {path}, may be changed by another user (owner "
+                                  f"uid {st.st_uid}, mode {stat.filemode(st.st_mode)}), who could swap the cache; "
+                                  f"pass sync_env= a folder under one only you (or root) may write")
+        if os.path.dirname(here) == here:
+            break
+        here = os.path.dirname(here)
     for sub in ("units", "envs"):
         os.makedirs(os.path.join(path, sub), 0o700, exist_ok=True)
     return path
@@ -184,7 +197,7 @@ def cache_dir(given: str | None) -> str:
 @contextlib.contextmanager
 def _locked(cache: str):
     """Held while units are added or an environment is built: controllers may sync at once."""
-    fd = os.open(os.path.join(cache, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(os.path.join(cache, "lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

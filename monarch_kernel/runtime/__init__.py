@@ -6,7 +6,8 @@ are lazy or for types only, and are named.  tests/system/test_layering.py checks
 two rooms (sub-packages) import each other.
 
   leaves         config, context, completion, limits, diagnostics, failure (plain records),
-                 errors (the runtime's exceptions), rank_sets (rank lists as text)
+                 errors (the runtime's exceptions), rank_sets (rank lists as text),
+                 private_files (folders and files of this user's alone)
   wire/          the bytes between processes: envelope and kinds, typed payloads, signing
                  (auth), framing, the optional C codec (native, _wire), Curve keys, pickling
                  (serialize) and shared-memory segments.  Imports only config.
@@ -34,7 +35,8 @@ type-only imports included.  What they get is the names in ``__all__``, then the
 
   the process    ``Runtime`` and the ``IOThread`` an agent builds one on, ``Completion``,
                  who is running (context: ``current_actor``, ``process_mesh``...), the
-                 settings (``config``) and the log's handler of last resort (``diagnostics``)
+                 settings (``config``), the log's handler of last resort (``diagnostics``)
+                 and folders and files of this user's alone (``private_files``)
   records, errors   what a failure or a death says, the runtime's exceptions, rank lists
                  as text, and whether a host has room (``NoRoom``, the ``*_shortfall``s)
   actor calls    what a call is made of: the envelope's ``Kind``/``Mode``/``Part``/
@@ -60,6 +62,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and _MODULES
     from . import config as config
     from . import diagnostics as diagnostics
+    from . import private_files as private_files
     from .calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK, STOP_METHOD, in_actor_event_loop
     from .completion import Completion
     from .context import MeshRef, actor_path, current_actor, new_actor_id, process_mesh
@@ -124,6 +127,8 @@ _WHERE = {
 _MODULES = {
     # the process's settings and its log's handler of last resort
     "config": "config", "diagnostics": "diagnostics",
+    # folders and files of this user's alone, on a machine shared with others
+    "private_files": "private_files",
     # the wire formats that agents, jobs and the data plane speak
     "agent_channel": "spawn.agent_channel", "host_messages": "spawn.host_messages",
     "worker_wire": "spawn.worker_wire", "worker_key": "spawn.worker_key", "segments": "wire.segments",
@@ -140,7 +145,7 @@ __all__ = [
     "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
     "agent_channel", "config", "controller_files_shortfall", "counted", "current_actor", "describe_unpicklable",
     "diagnostics", "dumps", "dumps_plain", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
-    "loopback_for", "new_actor_id", "parse_ranks", "proc_stats", "process_mesh", "raise_nofile_limit",
+    "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh", "raise_nofile_limit",
     "rank_label", "rank_logging", "rejects", "segments", "stack_dump", "template_files_shortfall", "worker_key",
     "worker_wire",
 ]

@@ -255,6 +255,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("tunnel_lease", 15.0, "debug/controller/tunnel.py",
        "a relay not renewed for this long (the kernel died) ends its session"),
     _s("tunnel_renew", 3.0, "debug/controller/tunnel.py", "how often an idle debugger session is renewed"),
+    _s("listen_screen_timeout", 10.0, "debug/controller/listen_gate.py",
+       "how long a client of a `%mesh debug R --listen` port has to send its attach with the session's secret"),
     _s("debugpy_start_timeout", 30.0, "debug/rank/rank_debugpy.py",
        "for a rank's debug adapter to start (`%mesh debug R`, the first time)"),
     _s("relay_connect_timeout", 10.0, "debug/rank/relay.py", "for a rank's relay to connect to its debugpy"),

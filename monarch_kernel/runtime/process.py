@@ -11,6 +11,8 @@ it moves encoded parts, and the actor layer turns them into values and exception
 from __future__ import annotations
 
 import atexit
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -75,6 +77,12 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
     def existing(cls) -> Runtime | None:
         """This process's runtime if one was made (never makes one)."""
         return cls._current
+
+    def job_name(self, label: str, root: str) -> str:
+        """A name that every process of the job holding this key computes alike from ``label``
+        and ``root`` (the job's root address), and nobody else can: a folder named so in a
+        shared /tmp cannot be made first by another user."""
+        return hmac.new(self.key, f"{label}\0{root}".encode(), hashlib.sha256).hexdigest()[:32]
 
     @classmethod
     def _new_controller(cls) -> Runtime:

@@ -322,3 +322,33 @@ def test_mesh_sync_in_a_kernel(kc, tmp_path):
     out, reply = run(kc, f"%mesh sync {ws}/nothing-here")
     assert reply["status"] == "error"
     assert f"'{ws}/nothing-here' is not a folder; type  %mesh sync [path]" in text(out)
+
+
+def shared_temp_dir() -> None:
+    """A bootstrap: the ranks' temp dir is a shared sticky folder, as /tmp is."""
+    os.environ["TMPDIR"] = os.environ["WS_TEST_TEMP"]
+    tempfile.tempdir = None  # gettempdir() looks again
+
+
+def test_another_user_cannot_make_the_copys_folder_first(ws):
+    """The copy's folder was named by a digest of the controller's address, which anyone can
+    compute (its run directory in /tmp, its pid in ps): another user (uid 65534) made it
+    first, and the sync was refused.  Its name now needs the job's key."""
+    import hashlib
+
+    from _other_user import as_other_user, needs_other_users, shared_folder
+
+    from monarch_kernel.runtime import Runtime
+
+    needs_other_users()
+    with shared_folder() as temp:
+        guessed = os.path.join(temp, "monarch-workspace-" + hashlib.sha256(Runtime.current().address.encode())
+                               .hexdigest()[:16])
+        as_other_user(f"import os; os.mkdir({guessed!r}); os.chmod({guessed!r}, 0o777)")
+        with this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=shared_temp_dir,
+                                     env={"WS_TEST_TEMP": temp}) as procs:
+            summary = procs.sync_workspace(ws)
+            job = os.path.dirname(summary.hosts[0].directory)
+            assert os.path.dirname(job) == temp and job != guessed
+            assert os.stat(job).st_uid == os.geteuid() and stat.S_IMODE(os.stat(job).st_mode) == 0o700
+            assert values(procs.spawn("probe", Probe).call.call("mymod", "f")) == [1]

@@ -402,18 +402,19 @@ def test_listen_prints_a_vscode_attach_config_on_loopback(kc):
     assert entry["request"] == "attach" and entry["type"] == "debugpy"
     host, port = entry["connect"]["host"], entry["connect"]["port"]
     assert host == "127.0.0.1"
-    rank_pid = int(s.cell("%%mesh --ranks 1\nimport os\nos.getpid()").split()[-1])
+    kernel_pid = int(s.cell("import os\nos.getpid()").split()[-1])
     conns = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
     listeners = [c.laddr for c in conns]
     assert listeners and all(a.ip == "127.0.0.1" for a in listeners), listeners
-    # The port is rank 1's own debugpy: its adapter is a child of that rank's process.
-    assert {psutil.Process(c.pid).ppid() for c in conns} == {rank_pid}, (conns, rank_pid)
-    # Any DAP client can attach with it, as VS Code would.
+    # The port is the kernel's, which relays a proven client's session to rank 1's debugpy.
+    assert {c.pid for c in conns} == {kernel_pid}, (conns, kernel_pid)
+    # Any DAP client can attach with it, as VS Code would (the entry's fields in attach).
     inited = []
     conn = DapConnection(host, port, lambda m: inited.append(m["event"]))
     try:
         assert conn.request("initialize", {"adapterID": "python"}).result(30)["success"]
-        pending = conn.request("attach", {"connect": entry["connect"], "justMyCode": False})
+        pending = conn.request("attach", {"connect": entry["connect"], "justMyCode": False,
+                                          "monarchSessionSecret": entry["monarchSessionSecret"]})
         deadline = time.monotonic() + 30
         while "initialized" not in inited:
             assert time.monotonic() < deadline, "timed out after 30 s waiting for debugpy's initialized event"

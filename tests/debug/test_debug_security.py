@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -18,17 +17,17 @@ import time
 
 import psutil
 import pytest
+from _other_user import NOBODY, SYSTEM_PYTHON, needs_other_users
 from test_debug import Session
 from test_debug_tunnel import other_host  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(150)
 
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-SYSTEM_PYTHON = "/usr/bin/python3"  # every user can run it; it has no debugpy, no torch
 
 # A DAP client in the standard library alone: argv[1] is a JSON list of targets (["tcp", host,
 # port] or ["unix", path], "@name" for an abstract socket), argv[2] the file its evaluate
-# writes.  It prints, per target, what it got: EACCES, refused, closed (connected, then
+# writes, argv[3] (if given) a JSON object of more attach arguments (a launch.json entry's
+# fields).  It prints, per target, what it got: EACCES, refused, closed (connected, then
 # nothing but the end), silent (nothing within the deadline), answered (DAP replies, but no
 # code ran), or ran (the evaluate succeeded).
 ATTACK = r'''
@@ -98,7 +97,7 @@ def attack(target, marker):
     peer, deadline = Peer(sock), time.monotonic() + 20
     peer.send(1, "initialize", {"adapterID": "python", "clientID": "attacker", "pathFormat": "path",
                                 "linesStartAt1": True, "columnsStartAt1": True})
-    peer.send(2, "attach", {"justMyCode": False})
+    peer.send(2, "attach", {"justMyCode": False, **attach_args})
     if peer.wait(lambda m: m.get("event") == "initialized", deadline) is None:
         return "closed" if peer.ended and not peer.got else ("silent" if not peer.got else "answered")
     peer.send(3, "configurationDone")
@@ -124,6 +123,7 @@ def attack(target, marker):
     return "ran" if ran and ran.get("success") else "answered"
 
 targets, marker = json.loads(sys.argv[1]), sys.argv[2]
+attach_args = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
 print(json.dumps([[t, attack(t, marker)] for t in targets]))
 '''
 
@@ -189,8 +189,9 @@ def _wait(what: str, check, timeout: float = 15.0):
     return got
 
 
-def _attack(targets, marker, as_user: list[str], netns: str | None = None) -> dict:
-    command = [*as_user, SYSTEM_PYTHON, "-c", ATTACK, json.dumps(sorted(targets)), str(marker)]
+def _attack(targets, marker, as_user: list[str], netns: str | None = None, attach_args: dict | None = None) -> dict:
+    command = [*as_user, SYSTEM_PYTHON, "-c", ATTACK, json.dumps(sorted(targets)), str(marker),
+               json.dumps(attach_args or {})]
     if netns is not None:
         command = ["ip", "netns", "exec", netns, *command]
     ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -206,39 +207,46 @@ SPIN = ("%%mesh --ranks 1\nimport threading, time\ndef _spin():\n    while True:
         "threading.Thread(target=_spin, name='spin', daemon=True).start()")
 
 
-def _needs_other_users():
-    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.access(SYSTEM_PYTHON, os.X_OK):
-        pytest.skip("needs root, setpriv and /usr/bin/python3 to run an attacker as another user")
+_needs_other_users = needs_other_users
+
+
+def _listen(s: Session, rank: int) -> tuple[tuple, dict]:
+    """``%mesh debug R --listen``: the port of its entry, and the entry's fields VS Code sends
+    in its attach request."""
+    out = s.cell(f"%mesh debug {rank} --listen")
+    entry = json.loads(out[out.index("{"):])
+    fields = {k: v for k, v in entry.items() if k not in ("name", "type", "request", "connect")}
+    return ("tcp", entry["connect"]["host"], entry["connect"]["port"]), fields
 
 
 def test_another_user_gets_nothing_from_a_ranks_debugger_and_the_user_gets_in(kc, tmp_path):
     _needs_other_users()
     s = Session(kc)
     s.cell("procs = %mesh spawn -n 2")
+    kernel_pid = _kernel_pid(s)
     rank_pid = _rank_pid(s, 1)
     before = _listeners(rank_pid)
-    out = s.cell("%mesh debug 1 --listen")
-    entry = json.loads(out[out.index("{"):])
-    listen = ("tcp", entry["connect"]["host"], entry["connect"]["port"])
+    listen, fields = _listen(s, 1)
     s.cell(SPIN)  # a thread to pause (started after debugpy, so it is traced)
-    targets = _debug_listeners(rank_pid, before)
-    assert listen in targets, (listen, targets)
+    # The --listen port is the kernel's; the rank listens for no client at all.
+    assert listen in _listeners(kernel_pid), listen
+    targets = _debug_listeners(rank_pid, before) | {listen}
     # Ports on the loopback only; unix sockets (the new helper actors' inboxes) in the run directory.
     assert all(t[1] == "127.0.0.1" for t in _ports(targets)), targets
     assert all(t[1].startswith(s.cell("%%mesh --ranks 1\nimport tempfile\nprint(tempfile.gettempdir())").split()[-1])
                for t in targets - _ports(targets)), targets
     marker = tmp_path / "ran-as-the-notebook-user"
 
-    got = _attack(targets, marker, NOBODY)
+    got = _attack(targets, marker, NOBODY, attach_args=fields)  # even holding the secret
     assert set(got) == targets and all(v in ("refused", "closed", "EACCES") for v in got.values()), got
     assert not marker.exists(), marker.read_text()
 
-    # The rank's own user, through the printed entry, gets in (after the other user's tries).
-    got = _attack([listen], marker, [])
+    # The rank's own user, with the printed entry, gets in (after the other user's tries).
+    got = _attack([listen], marker, [], attach_args=fields)
     assert got == {listen: "ran"}, got
     assert marker.read_text().startswith(f"uid={os.geteuid()}"), marker.read_text()
     # That session over, the port it came through is gone; the rank runs on.
-    _wait(f"port {listen[2]} to close", lambda: listen not in _debug_listeners(rank_pid, before))
+    _wait(f"port {listen[2]} to close", lambda: listen not in _listeners(kernel_pid))
     assert "[rank 1] 3" in s.cell("%%mesh --ranks 1\n1 + 2")
 
 
@@ -247,29 +255,27 @@ def test_a_listen_port_takes_one_client_and_goes_away_with_its_session(kc):
 
     s = Session(kc)
     s.cell("procs = %mesh spawn -n 2")
+    kernel_pid = _kernel_pid(s)
     rank_pid = _rank_pid(s, 1)
-    before = _listeners(rank_pid)
-    out = s.cell("%mesh debug 1 --listen")
-    first = json.loads(out[out.index("{"):])["connect"]
-    internal = _ports(_debug_listeners(rank_pid, before)) - {("tcp", first["host"], first["port"])}
+    before, kernel_before = _listeners(rank_pid), _listeners(_kernel_pid(s))
+    first, _fields = _listen(s, 1)
+    internal = _ports(_debug_listeners(rank_pid, before))
     assert len(internal) == 1, internal  # pydevd's way to the adapter (this user only)
     # Asked again before anyone used it: a new port, and the old one closes.
-    out = s.cell("%mesh debug 1 --listen")
-    entry = json.loads(out[out.index("{"):])["connect"]
-    assert entry != first
-    _wait("the unused --listen port to close", lambda: _ports(_debug_listeners(rank_pid, before)) == internal | {
-        ("tcp", entry["host"], entry["port"])})
+    listen, fields = _listen(s, 1)
+    assert listen != first
+    _wait("the unused --listen port to close", lambda: _listeners(kernel_pid) - kernel_before == {listen})
     events: list[str] = []
-    conn = DapConnection(entry["host"], entry["port"], lambda m: events.append(m["event"]))
+    conn = DapConnection(listen[1], listen[2], lambda m: events.append(m["event"]))
     try:
         assert conn.request("initialize", {"adapterID": "python"}).result(30)["success"]
-        # The port took its one client: it is gone while the session goes on.
-        _wait("the used --listen port to close", lambda: _ports(_debug_listeners(rank_pid, before)) == internal)
-        pending = conn.request("attach", {"justMyCode": False})
+        pending = conn.request("attach", {"justMyCode": False, **fields})
         _wait("debugpy's initialized event", lambda: "initialized" in events, 30)
+        # The port took its one client: it is gone while the session goes on.
+        _wait("the used --listen port to close", lambda: listen not in _listeners(kernel_pid))
         assert conn.request("configurationDone").result(30)["success"] and pending.result(30)["success"]
         with pytest.raises(ConnectionRefusedError):
-            socket.create_connection((entry["host"], entry["port"]), timeout=5).close()
+            socket.create_connection(listen[1:], timeout=5).close()
         conn.request("disconnect", {"terminateDebuggee": False}).result(30)
     finally:
         conn.close()
@@ -286,14 +292,14 @@ def test_another_host_finds_nothing_of_the_debugger_listening(kc, tmp_path, othe
     s.cell("procs = %mesh spawn -n 2")
     rank_pid = _rank_pid(s, 1)
     before = _listeners(rank_pid)
-    s.cell("%mesh debug 1 --listen")
+    listen, fields = _listen(s, 1)
     s.cell(SPIN)
-    targets = _ports(_debug_listeners(rank_pid, before))
+    targets = _ports(_debug_listeners(rank_pid, before)) | {listen}
     assert len(targets) == 2 and all(t[1] == "127.0.0.1" for t in targets), targets
     ours = address_there.rsplit(".", 1)[0] + ".1"  # this host, as the other one reaches it
     marker = tmp_path / "ran-from-another-host"
     from_there = {("tcp", ours, t[2]) for t in targets}
-    got = _attack(from_there, marker, [], netns=ns)
+    got = _attack(from_there, marker, [], netns=ns, attach_args=fields)
     assert got == {t: "refused" for t in from_there}, got
     assert not marker.exists()
 
@@ -454,8 +460,7 @@ def test_a_ranks_debug_adapter_ends_with_its_mesh_though_a_client_is_still_on(kc
     s = Session(kc)
     s.cell("procs = %mesh spawn -n 2")
     rank_pid = _rank_pid(s, 1)
-    out = s.cell("%mesh debug 1 --listen")
-    entry = json.loads(out[out.index("{"):])["connect"]
+    listen, fields = _listen(s, 1)
     adapters = [psutil.Process(p) for p in _family(rank_pid)[1:]
                 if "debug_adapter" in " ".join(psutil.Process(p).cmdline())]
     assert len(adapters) == 1, _family(rank_pid)
@@ -463,11 +468,11 @@ def test_a_ranks_debug_adapter_ends_with_its_mesh_though_a_client_is_still_on(kc
         body = json.dumps({"seq": seq, "type": "request", "command": command, "arguments": arguments}).encode()
         return b"Content-Length: %d\r\n\r\n" % len(body) + body
 
-    client = socket.create_connection((entry["host"], entry["port"]), timeout=30)
+    client = socket.create_connection(listen[1:], timeout=30)
     try:
         client.sendall(request(1, "initialize", {"adapterID": "test"}))
-        assert client.recv(65536), "the adapter did not answer initialize"
-        client.sendall(request(2, "attach", {}))
+        assert client.recv(65536), "the port did not answer initialize"
+        client.sendall(request(2, "attach", fields))
         s.cell("%mesh stop")  # the ranks end while a client is in session with rank 1's adapter
         gone, left = psutil.wait_procs(adapters, timeout=20)
         assert not left, f"rank 1's debug adapter outlived its rank by 20 s: {[p.pid for p in left]}"

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -272,19 +270,13 @@ def test_a_rank_in_another_network_namespace_is_debugged_through_the_tunnel(kc, 
     s.cell(f"procs = %mesh spawn -n 1 --env MONARCH_KERNEL_NETNS={ns}")
     kernel_pid = int(s.cell("import os\nos.getpid()").split()[-1])
     rank_pid = int(s.cell("%%mesh\nimport os\nos.getpid()").split()[-1])
-    # --listen: VS Code cannot reach the rank's loopback, so it is told how to forward to it.
+    # --listen: the port is the kernel's, on this host's loopback; the rank listens for no client.
     out = s.cell("%mesh debug 0 --listen")
-    forward = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) (\S+)", out)
-    assert forward, out
-    local_port, port, ssh_to = int(forward[1]), int(forward[2]), forward[3]
-    assert ssh_to == address, out
+    assert "ssh -N -L" not in out.split(" first:")[0], out
     entry = json.loads(out[out.index("{"):])
-    assert entry["connect"] == {"host": "127.0.0.1", "port": local_port}, entry
-    # The rank's debugpy listens on the rank's own loopback only, none of it in ours.
-    assert set(_loopback_listeners(rank_pid, port)) == {"127.0.0.1"}
-    adapters = {p.pid for p in psutil.Process(rank_pid).children()}
-    here = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-    assert not [c for c in here if c.pid in adapters], here
+    assert entry["connect"]["host"] == "127.0.0.1" and entry["monarchSessionSecret"], entry
+    assert "127.0.0.1" in _loopback_listeners(kernel_pid, entry["connect"]["port"])
+    assert not _loopback_listeners(rank_pid, entry["connect"]["port"])
     # JupyterLab's panel on that rank: a breakpoint stop, its stack and variables.
     out = s.cell("%mesh debug 0")
     assert f"now debugs rank 0 on {address} (the kernel reaches its debugpy through the rank's relay" in out, out
@@ -300,19 +292,23 @@ def test_a_rank_in_another_network_namespace_is_debugged_through_the_tunnel(kc, 
     scopes = s.dap("scopes", {"frameId": frames[0]["id"]})["body"]["scopes"]
     variables = s.dap("variables", {"variablesReference": scopes[0]["variablesReference"]})["body"]["variables"]
     assert {v["name"]: v["value"] for v in variables}["n"] == "5"
-    assert not _tcp_to(port, kernel_pid)
     assert s.dap("continue", {"threadId": thread})["success"]
     assert "[rank 0] n is 5" in s.wait_done(msg_id)
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
     s.cell("%mesh stop")
 
 
-def test_listen_on_a_local_rank_prints_no_forward(kc):
+def test_listen_prints_an_entry_with_a_secret_of_its_own_each_time(kc):
     s = Session(kc)
-    out = s.cell("procs = %mesh spawn -n 1\n%mesh debug 0 --listen")
-    assert "ssh" not in out, out
-    assert json.loads(out[out.index("{"):])["connect"]["host"] == "127.0.0.1"
-
+    s.cell("procs = %mesh spawn -n 1")
+    entries = [json.loads(out[out.index("{"):]) for out in (s.cell("%mesh debug 0 --listen") for _ in range(2))]
+    assert all(e["connect"]["host"] == "127.0.0.1" for e in entries)
+    secrets = {e["monarchSessionSecret"] for e in entries}
+    assert len(secrets) == 2 and all(len(x) >= 40 for x in secrets), secrets
+    # The mesh stopped, its unused --listen port closes.
+    s.cell("%mesh stop")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", entries[1]["connect"]["port"]), timeout=5).close()
 
 
 def test_a_kernel_that_exits_lets_go_of_a_detached_ranks_debugpy(kernelspec, tmp_path):
@@ -339,10 +335,9 @@ def test_a_kernel_that_exits_lets_go_of_a_detached_ranks_debugpy(kernelspec, tmp
             run(client, f"%mesh stop {name}")
 
 
-def test_listen_on_a_rank_of_an_ssh_host_prints_a_forward_that_works(kc, ssh_hosts):
-    """The VS Code path for a rank on another host: the printed ``ssh -L`` command, run as
-    printed (with the test hosts' ssh options), makes the rank's loopback-only debugpy
-    answer at the printed launch config's 127.0.0.1 port."""
+def test_listen_on_a_rank_of_an_ssh_host_takes_vs_code_on_this_machine(kc, ssh_hosts):
+    """The VS Code path for a rank on another host: the printed entry's port, on the
+    kernel's machine, reaches the rank's debugpy through its relay; no forward to the rank."""
     from monarch_kernel.debug.dap import DapConnection
 
     s = Session(kc)
@@ -351,31 +346,22 @@ def test_listen_on_a_rank_of_an_ssh_host_prints_a_forward_that_works(kc, ssh_hos
     out = s.cell(f"procs = %mesh spawn --job ssh --hosts {hosts} -n 1 --python {sys.executable} --ssh-args {args}")
     assert "2 ranks on job" in out, out
     out = s.cell("%mesh debug 1 --listen")
-    forward = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) (\S+)", out)
-    assert forward and forward[3] == ssh_hosts.hosts[1], out
+    assert f"on {ssh_hosts.hosts[1]}" in out, out
     entry = json.loads(out[out.index("{"):])
-    local_port = int(forward[1])
-    assert entry["connect"] == {"host": "127.0.0.1", "port": local_port}, entry
-    command = shlex.split(forward[0])
-    tunnel = subprocess.Popen([command[0], *ssh_hosts.ssh_args, *command[1:]], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    events: list[dict] = []
+    conn = DapConnection(entry["connect"]["host"], entry["connect"]["port"], events.append)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                conn = DapConnection("127.0.0.1", local_port, lambda _m: None, timeout=5)
-                reply = conn.request("initialize", {"adapterID": "python"}).result(10)
-                break
-            except OSError:  # not forwarding yet (TimeoutError and ConnectionError are OSErrors)
-                assert tunnel.poll() is None, f"ssh exited: {tunnel.communicate(timeout=10)[1].decode()}"
-                assert time.monotonic() < deadline, "timed out after 20 s waiting for the ssh forward to answer"
-                time.sleep(0.2)
-        try:
-            assert reply["success"] and reply["body"]["supportsConfigurationDoneRequest"], reply
-        finally:
-            conn.close()
+        assert conn.request("initialize", {"adapterID": "python"}).result(10)["success"]
+        attach = conn.request("attach", {"justMyCode": False, "monarchSessionSecret": entry["monarchSessionSecret"]})
+        deadline = time.monotonic() + 30
+        while not any(e.get("event") == "initialized" for e in events):
+            assert time.monotonic() < deadline, "timed out after 30 s waiting for debugpy's initialized event"
+            time.sleep(0.05)
+        assert conn.request("configurationDone").result(30)["success"] and attach.result(30)["success"]
+        threads = conn.request("threads").result(30)["body"]["threads"]
+        assert threads, threads
+        conn.request("disconnect", {"terminateDebuggee": False}).result(30)
     finally:
-        tunnel.terminate()
-        tunnel.communicate(timeout=10)
+        conn.close()
     s.cell("%mesh stop")
     s.cell("%mesh kill-job")

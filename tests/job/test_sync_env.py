@@ -164,3 +164,24 @@ def test_look_alike_files_with_planted_bytecode_are_not_taken_for_a_shared_file_
     (mine / "__pycache__" / f"__init__.{tag}.pyc").write_bytes(b"our bytecode....")
     got = sync_host("look-alike", env, there, sys.executable, cache)
     assert not got.shared and got.sent == ["mk_planted"] and got.python.startswith(cache), got
+
+
+def test_a_cache_under_a_folder_another_user_may_change_is_refused():
+    """``sync_env="/a/folder"`` under a parent another user (uid 65534) owns: they could swap
+    the cache (0700 and the user's, as checked) for one of theirs between the probe and the
+    agent's start, and their ``python`` would run.  Refused before anything is put there."""
+    from _other_user import as_other_user, needs_other_users, shared_folder
+
+    from monarch_kernel.job import env_host
+
+    needs_other_users()
+    with shared_folder() as shared:
+        parent = os.path.join(shared, "theirs")
+        as_other_user(f"import os; os.mkdir({parent!r}); os.chmod({parent!r}, 0o777)")
+        cache = os.path.join(parent, "cache")
+        with pytest.raises(PermissionError, match=r"theirs, above the sync_env cache .*\(owner uid 65534"):
+            env_host.cache_dir(cache)
+        # A cache of the user's own, under folders only they (or root) may change, is taken.
+        mine = os.path.join(shared, "mine", "cache")
+        os.makedirs(os.path.dirname(mine), 0o755)
+        assert env_host.cache_dir(mine) == mine and sorted(os.listdir(mine)) == ["envs", "units"]

@@ -106,3 +106,32 @@ def test_all_records_lists_every_recorded_mesh_by_name(runtime_dir):
     with open(records.log_path("a"), "w") as f:
         f.write("a log is not a record\n")
     assert [r.name for r in records.all_records()] == ["a", "b", "c-1"]
+
+
+def test_a_runtime_dir_or_record_another_user_made_is_not_trusted(monkeypatch):
+    """Another user (uid 65534) made the runtime directory first (JUPYTER_RUNTIME_DIR in a
+    shared folder), with a forged record in it: a kernel would attach to their process with
+    their key.  Neither the folder nor a record of theirs (nor a link) is used."""
+    from _other_user import as_other_user, needs_other_users, shared_folder
+
+    from monarch_kernel.detached import listing
+
+    needs_other_users()
+    forged = json.dumps({**record("evil").__dict__, "key": "cd" * 32})
+    with shared_folder() as shared:
+        theirs = os.path.join(shared, "runtime")
+        as_other_user(f"import os; os.mkdir({theirs!r}, 0o777); os.chmod({theirs!r}, 0o777)\n"
+                      f"fd = os.open({theirs!r} + '/monarch-mesh-evil.json', os.O_WRONLY | os.O_CREAT, 0o600)\n"
+                      f"os.write(fd, {forged!r}.encode())")
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", theirs)
+        with pytest.raises(PermissionError, match="folder of uid 65534"):
+            records.all_records()
+        # In a runtime dir of the user's own, a note that is a link is not followed.
+        mine = os.path.join(shared, "mine")
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", mine)
+        records.runtime_dir()
+        os.symlink(os.path.join(theirs, "monarch-mesh-evil.json"), os.path.join(mine, "monarch-mesh-evil.json"))
+        assert [r.key for r in records.all_records()] == [""]  # read as a dead host, its key never taken
+        listing.mark_attached("keepme")
+        note = os.path.join(mine, f"{listing.ATTACHED_PREFIX}keepme.json")
+        assert oct(os.stat(note).st_mode & 0o777) == "0o600"

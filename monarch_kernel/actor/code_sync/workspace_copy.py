@@ -23,7 +23,7 @@ import sys
 import tempfile
 import threading
 
-from ...runtime import Runtime
+from ...runtime import Runtime, private_files
 from ..actor import Actor, current_rank
 from ..controllers import PORT_NAME
 from ..endpoint import endpoint
@@ -39,11 +39,13 @@ _seen_lock = threading.Lock()
 
 
 def job_id() -> str:
-    """Names this job the same in every one of its processes: a digest of the root
-    controller's address, which each rank inherits in its launch config."""
+    """Names this job the same in every one of its processes, and nobody else can: the root
+    controller's address (which each rank inherits in its launch config) under the job's key.
+    (A digest of the address alone could be computed by anyone from /tmp and ``ps``, and the
+    folder made first, denying the sync.)"""
     rt = Runtime.current()
     root = rt.job_ports.get(PORT_NAME, (None, 0))[0] or (rt.address if rt.owner is None else rt.owner)
-    return hashlib.sha256(root.encode()).hexdigest()[:16]
+    return rt.job_name("workspace", root)
 
 
 def job_dir() -> str:
@@ -62,17 +64,8 @@ def remove_job_dir(path: str) -> None:
 
 
 def _private_dir() -> str:
-    path = job_dir()
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(
-            f"{path} exists but is not a private directory of this user (owner uid {st.st_uid}, mode "
-            f"{stat.filemode(st.st_mode)}); remove it, or point TMPDIR elsewhere for the ranks")
-    return path
+    """The job's folder, this user's alone (0700, its parents checked too)."""
+    return private_files.private_dir(job_dir())
 
 
 def _check_name(name: str) -> str:

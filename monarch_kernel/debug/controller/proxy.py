@@ -15,24 +15,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import os
 import socket
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from ipykernel.compiler import get_tmp_directory
+from ipykernel.compiler import get_file_name, get_tmp_directory
 from ipykernel.debugger import Debugger
 from IPython.core.error import UsageError
 
 from ...actor.errors import ActorError
-from ...runtime import hosts
+from ...runtime import hosts, private_files
 from ..messages import RankHost
 from ..rank import rank_debugpy
 from ..rank.inspector import Inspector
 from ..rank.relay import DapRelay
 from . import kernel_debugpy
+from .listen_gate import SECRET_FIELD, ListenGate
 from .rank_target import INSPECT_TIMEOUT_S, REPLY_TIMEOUT_S, FrontendState, RankTarget
 
 
@@ -47,6 +47,7 @@ class RankHelpers:
 
 
 _helpers: dict[tuple[str, int], RankHelpers] = {}  # (mesh id, rank) -> its helpers
+_gates: dict[tuple[str, int], ListenGate] = {}  # (mesh id, rank) -> its latest --listen port
 
 
 class MeshDebugger(Debugger):
@@ -65,12 +66,15 @@ class MeshDebugger(Debugger):
         # One worker keeps the frontend's requests in order while they block on a rank.
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mesh-debug")
         self.control_loop: asyncio.AbstractEventLoop | None = None
+        self.refused_why = ""  # why start() refused, for the frontend
 
     async def process_request(self, message):
         self.control_loop = asyncio.get_running_loop()
         target = self.target
         if target is None:
             reply = await super().process_request(message)
+            if message.get("command") == "initialize" and reply and not reply.get("success") and self.refused_why:
+                reply["message"] = self.refused_why
         else:
             reply = await self.control_loop.run_in_executor(self._executor, target.handle, message, self.frontend)
         self.frontend.record(message)
@@ -80,8 +84,14 @@ class MeshDebugger(Debugger):
         """ipykernel's ``start``, the kernel's debugpy started by ``kernel_debugpy`` (its ports
         this user's only) where ipykernel would call ``debugpy.listen``: on the shell thread,
         through an execute request."""
+        self.refused_why = ""
+        try:
+            private_files.private_dir(get_tmp_directory())  # where dumpCell writes cells
+        except OSError as e:  # NotPrivate included: never write cells where others may read them
+            self.refused_why = f"the debugger cannot start: {e}"
+            self.log.error("%s", self.refused_why)
+            return False
         if not self.debugpy_initialized:
-            os.makedirs(get_tmp_directory(), mode=0o700, exist_ok=True)
             host, port = self.debugpy_client.get_host_port()
             content = {"code": kernel_debugpy.LISTEN_CODE.format(host, int(port)), "silent": True}
             self.session.send(self.shell_socket, "execute_request", content, None,
@@ -92,6 +102,18 @@ class MeshDebugger(Debugger):
                 return False
             self.debugpy_initialized = True
         return super().start()  # debugpy_initialized: it connects ipykernel's client, and never listens
+
+    async def dumpCell(self, message):
+        """ipykernel's ``dumpCell`` (the kernel debugged), writing the cell as ranks do: 0600,
+        never through a link, in the cell folder checked to be this user's."""
+        code = message["arguments"]["code"]
+        path = get_file_name(code)
+        reply = {"type": "response", "request_seq": message["seq"], "command": message["command"]}
+        try:
+            rank_debugpy.write_source(path, code)
+        except OSError as e:  # NotPrivate included
+            return {**reply, "success": False, "message": str(e)}
+        return {**reply, "success": True, "body": {"sourcePath": path}}
 
     def _stopped_where(self) -> str:
         if self.target is not None and self.target.stopped_threads:
@@ -130,7 +152,7 @@ class MeshDebugger(Debugger):
     def _listen_here(self) -> None:
         """Start the kernel's own debugpy on this (the shell's) thread, as ``start()`` would
         through an execute request, which cannot run while this cell does."""
-        os.makedirs(get_tmp_directory(), mode=0o700, exist_ok=True)  # where dumpCell writes cells
+        private_files.private_dir(get_tmp_directory())  # where dumpCell writes cells
         host, port = self.debugpy_client.get_host_port()
         kernel_debugpy.listen(host, int(port))
         self.debugpy_initialized = True
@@ -218,16 +240,16 @@ def command(session, shell, args: list[str]) -> None:
     mesh_host = procs.ref.hosts[rank] if rank < len(procs.ref.hosts) else ""
     remote = is_remote(helpers.host, mesh_host)
     if listen:
-        got_host, port = helpers.relay.listen.call_one(host or "127.0.0.1").get(timeout=REPLY_TIMEOUT_S)
-        if not remote:
-            print(launch_config(procs.name, rank, got_host, port))
-            return
-        where = ssh_host(helpers.host, mesh_host)
-        local_port = free_local_port()
-        print(f"rank {rank} runs on {where}, where its debugger listens on {got_host}:{port} only.  Forward a "
-              f"port to it first, from the machine VS Code runs on (leave it running):\n"
-              f"  {ssh_forward(local_port, got_host, port, where)}")
-        print(launch_config(procs.name, rank, "127.0.0.1", local_port))
+        old_gate = _gates.pop(key, None)
+        if old_gate is not None:
+            old_gate.close()  # a port given before and not used yet closes
+        address = rank_debugpy.loopback(host or "127.0.0.1") or "127.0.0.1"
+        gate = _gates[key] = ListenGate(helpers.relay, f"{procs.name} rank {rank}", address)
+        on = f" (on {ssh_host(helpers.host, mesh_host)}; " if remote else " ("
+        print(f"rank {rank}{on}the kernel relays the session over the mesh's own connection) takes one DAP "
+              f"client at {gate.host}:{gate.port} on this machine.  From another machine, forward a port to it "
+              f"first:  {ssh_forward(gate.port, gate.host, gate.port, socket.gethostname())}")
+        print(launch_config(procs.name, rank, gate.host, gate.port, gate.secret))
         return
     dbg = _kernel_debugger(shell)
     current = dbg.target
@@ -268,22 +290,20 @@ def ssh_host(rank_host: RankHost, mesh_host: str = "") -> str:
     return next((a for a in rank_host.addresses if not a.startswith("127.")), rank_host.hostname)
 
 
-def ssh_forward(local_port: int, rank_host: str, rank_port: int, ssh_to: str) -> str:
-    """The ssh command that makes a rank's loopback-only debugpy reachable at
-    127.0.0.1:``local_port``."""
-    far = f"[{rank_host}]" if ":" in rank_host else rank_host  # an IPv6 address, as ssh -L wants it
-    return f"ssh -N -L {local_port}:{far}:{rank_port} {ssh_to}"
-
-
-def free_local_port() -> int:
-    """A TCP port free on this machine's loopback now (for the local end of a forward)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def ssh_forward(local_port: int, host: str, port: int, ssh_to: str) -> str:
+    """The ssh command that makes ``host:port`` on ``ssh_to`` (a loopback address there)
+    reachable at 127.0.0.1:``local_port`` where it runs."""
+    far = f"[{host}]" if ":" in host else host  # an IPv6 address, as ssh -L wants it
+    return f"ssh -N -L {local_port}:{far}:{port} {ssh_to}"
 
 
 def forget_mesh(shell, mesh: str) -> None:
-    """Before a mesh stops: if the debugger is on one of its ranks, give it back to the kernel."""
+    """Before a mesh stops: its unused ``--listen`` ports close, and if the debugger is on one
+    of its ranks, it goes back to the kernel."""
+    for key, gate in list(_gates.items()):
+        if gate.label.startswith(f"{mesh} "):
+            _gates.pop(key, None)
+            gate.close()
     dbg = getattr(getattr(shell, "kernel", None), "debugger", None)
     target = getattr(dbg, "target", None)
     if isinstance(target, RankTarget) and target.mesh == mesh and dbg is not None:
@@ -321,13 +341,15 @@ def release_for_interrupt(shell, mesh: str, ranks, console_id: str = "") -> None
             pass
 
 
-def launch_config(mesh: str, rank: int, host: str, port: int) -> str:
-    """A VS Code ``launch.json`` "attach" entry for a rank's debugpy."""
+def launch_config(mesh: str, rank: int, host: str, port: int, secret: str) -> str:
+    """A VS Code ``launch.json`` "attach" entry for a ``--listen`` port: VS Code passes its
+    ``SECRET_FIELD`` in the attach request, which is how the port knows the client is yours."""
     entry = {"name": f"monarch {mesh} rank {rank}", "type": "debugpy", "request": "attach",
-             "connect": {"host": host, "port": port}, "justMyCode": False}
-    return (f"Add this to .vscode/launch.json \"configurations\".  The port takes one client, run by you (any "
-            f"other user's connection is closed), then closes; %mesh debug {rank} --listen again opens another:\n"
-            + json.dumps(entry, indent=2))
+             "connect": {"host": host, "port": port}, "justMyCode": False, SECRET_FIELD: secret}
+    return (f"Add this to .vscode/launch.json \"configurations\" (it holds this session's secret: keep it to "
+            f"yourself).  The port takes one client, run by you and attaching with this entry's secret (any "
+            f"other is closed before it reaches the rank), then closes; %mesh debug {rank} --listen again opens "
+            f"another:\n" + json.dumps(entry, indent=2))
 
 
 def _kernel_debugger(shell) -> MeshDebugger:

@@ -2,10 +2,9 @@
 VS Code attaches to, and the cell sources and namespace it is shown.
 
 Runs in rank processes (the console and the relay call it).  debugpy's adapter runs as this
-rank's child (``debug/debug_adapter.py``) and takes DAP clients only as sockets handed to it here:
-the relay's, and the one client of a loopback port ``listen_once`` opens for ``--listen``, which
-only this user may connect to.  It must never start debugpy unless asked, never listen beyond
-loopback, and never change the environment at import.
+rank's child (``debug/debug_adapter.py``) and takes DAP clients only as sockets handed to it here,
+the relay's (``--listen``'s clients come through the relay too).  It must never start debugpy
+unless asked, never listen for clients, and never change the environment at import.
 """
 
 from __future__ import annotations
@@ -18,9 +17,9 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
-from ...runtime import config
+from ...runtime import config, private_files
 from .. import debug_adapter
-from ..debug_adapter import CLIENT, LISTEN
+from ..debug_adapter import CLIENT
 
 START_TIMEOUT_S = config.seconds("debugpy_start_timeout")
 
@@ -119,21 +118,6 @@ def loopback(host: str) -> str | None:
         return None
 
 
-def listen_once(host: str = "127.0.0.1") -> tuple[str, int]:
-    """A port on this host's loopback that takes one DAP client of this rank's user (any
-    other user's connection is closed unread), then closes; an unused one given before
-    closes now.  The (host, port) to attach to."""
-    address = loopback(host)
-    if address is None:
-        raise ValueError(f"the debugger listens only on a loopback address (127.0.0.1 or ::1), not {host!r}")
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as listener:
-        listener.bind((address, 0))
-        listener.listen(8)
-        port = listener.getsockname()[1]
-        _hand_over(LISTEN, listener)  # the adapter holds it from here; our copy closes
-    return address, port
-
-
 def _untrace_io_thread() -> None:
     """Keep debugpy off the runtime's IO thread (before it starts, so it is never traced).
     Stopping at a breakpoint suspends every traced thread, and on a rank of another host the
@@ -161,17 +145,17 @@ def _reply_at_once() -> None:
 
 
 def write_source(path: str, text: str) -> None:
-    """Put a cell's text where the debugger will look for it (same path on every host)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    """Put a cell's text where the debugger will look for it (same path on every host): a 0600
+    file, never through a link, in the kernel's cell folder, which must be this user's alone
+    (its name is predictable: another user may have made it first, to read cells or plant links)."""
+    private_files.private_dir(os.path.dirname(path))
+    data = text.encode("utf-8")
     try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except OSError:
+        if private_files.read_file(path, limit=len(data)) == data:
+            return
+    except (OSError, ValueError):  # not there yet, or not the same
         pass
-    # 0600: the folder may be ipykernel's, made with the default mode, and a cell is the user's own
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-        f.write(text)
+    private_files.write_file(path, data)
 
 
 def package_dir() -> str:

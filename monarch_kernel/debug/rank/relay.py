@@ -2,7 +2,7 @@
 socket pair whose other end the rank's debug adapter takes, ``rank_debugpy.open_client``) and
 carries the kernel's DAP session over actor messages (the kernel's calls in, a port of the
 kernel's out), so no debug port is reached over the network, or by anyone but the kernel.
-It also opens ``--listen``'s loopback port, which takes one client of the rank's own user.
+``--listen``'s port is the kernel's (``controller/listen_gate.py``): its clients come through here too.
 
 Runs in rank processes (the kernel spawns one per debugged rank, before debugpy starts).
 All of it runs on the actor's own worker thread and event loop, which debugpy never traces
@@ -129,12 +129,6 @@ class DapRelay(Actor):
     async def where(self) -> dict:
         """This rank's ``RankHost``, encoded."""
         return RankHost(socket.gethostname(), hosts.host_key(), hosts.ipv4_addresses()).encode()
-
-    @endpoint
-    async def listen(self, host: str = "127.0.0.1") -> tuple[str, int]:
-        """A port on this host's loopback for one DAP client of this rank's user (``%mesh
-        debug R --listen``): it closes once that client connects (or a new one is asked for)."""
-        return rank_debugpy.listen_once(host)
 
     @endpoint
     async def open(self, port: Port, lease_s: float = 30.0) -> int:

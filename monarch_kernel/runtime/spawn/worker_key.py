@@ -15,11 +15,11 @@ import hashlib
 import hmac
 import os
 import secrets
-import stat
 
 import zmq
 import zmq.utils.z85
 
+from .. import private_files
 from ..wire.curve import CurveKeys
 
 PREFIX = "monarch-kernel-key-1 "
@@ -45,22 +45,22 @@ def new_key_file(path: str) -> str:
 
 
 def read_key_file(path) -> bytes:
-    """The key in ``path``; ``KeyFileError`` if others may read the file or it is not a key."""
+    """The key in ``path``; ``KeyFileError`` unless it is a regular file of this user's, mode
+    0600, holding a key.  It is opened without following a link and without waiting on a FIFO,
+    and checked (``fstat``) before a byte is read."""
     path = os.path.expanduser(os.fspath(path))
     try:
-        fd = os.open(path, os.O_RDONLY)  # a link is followed: the file it names is checked
+        raw = private_files.read_file(path, limit=4096)
     except FileNotFoundError:
         raise FileNotFoundError(f"no key file at {path}: make one with  python -m monarch_kernel key new {path}  "
                                 "and copy it to every worker host") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise KeyFileError(f"{path} is not a regular file; a key file is made by  "
-                               f"python -m monarch_kernel key new PATH")
-        if st.st_mode & 0o077:
-            raise KeyFileError(f"{path} may be read by others (mode {stat.S_IMODE(st.st_mode):04o}): whoever reads it "
-                               f"can run code as you on every worker; run  chmod 600 {path}")
-        raw = f.read(4096)
+    except private_files.NotPrivate as e:
+        if "may be read by others" in str(e):
+            raise KeyFileError(f"{e}: whoever reads it can run code as you on every worker") from None
+        raise KeyFileError(f"{e}; a key file is a regular file of yours, made by  "
+                           f"python -m monarch_kernel key new PATH") from None
+    except ValueError:  # over the limit: no key is that long
+        raw = b""
     text = raw.decode("ascii", errors="replace").strip()
     if not text.startswith(PREFIX):
         raise KeyFileError(f"{path} is not a monarch-kernel key file; make one with  "
