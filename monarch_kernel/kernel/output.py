@@ -1,6 +1,8 @@
 """Rank output in the notebook: lines stream into the running cell as they arrive, and the
 same line printed by several ranks at the same point of their output, within a short
-window, collapses to one (``[ranks 0-3] epoch 1 done``).
+window, collapses to one (``[ranks 0-3] epoch 1 done``).  A line still being written (a
+prompt, a progress bar) or the cell's progress line shows as the cell's last line, redrawn
+in place after a ``\r`` (as JupyterLab and nbclient apply it), and blanked when the cell ends.
 
 It must never drop, merge away or reorder a rank's own lines: each rank's n-th copy of a
 line can only join another rank's copy that comes after everything this rank has shown so
@@ -11,13 +13,14 @@ large iopub messages and a slow notebook never stalls the runtime's IO thread.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextvars
 import sys
 import threading
 import time
 
-from ..console.console import SYNC
 from ..runtime import config, rank_label
+from .rank_text import RankText
 
 WINDOW_S = config.seconds("collapse_window")
 # A line other ranks are joining waits this long again after each join, up to HOLD_S in all:
@@ -27,6 +30,7 @@ JOIN_WINDOW_S = config.seconds("collapse_join_window")
 HOLD_S = config.seconds("collapse_hold")
 BATCH_GAP_S = config.seconds("output_batch_gap")
 WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about this big
+TAIL_GAP_S = 0.1  # the last line (a progress bar) is redrawn at most this often
 
 
 class Entry:
@@ -135,15 +139,21 @@ class Collapser:
                 del self._by_line[key]
 
 
-def write_entries(entries: list[Entry]) -> None:
-    """Write entries to this thread's sys.stdout/sys.stderr: one write and flush per run of
-    one stream, cut after ``WRITE_CHARS`` so that no single iopub message grows huge."""
+def _units(text: str) -> int:
+    """How many blanks cover ``text`` in a notebook: one per UTF-16 unit, as JavaScript counts."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def write_pieces(pieces: list[tuple[str, str]]) -> None:
+    """Write ``(stream, text)`` pieces to this thread's sys.stdout/sys.stderr: one write and
+    flush per run of one stream, cut after ``WRITE_CHARS`` so that no single iopub message
+    grows huge."""
     i = 0
-    while i < len(entries):
-        stream = entries[i].stream
+    while i < len(pieces):
+        stream = pieces[i][0]
         texts, size = [], 0
-        while i < len(entries) and entries[i].stream == stream and size < WRITE_CHARS:
-            texts.append(entries[i].text())
+        while i < len(pieces) and pieces[i][0] == stream and size < WRITE_CHARS:
+            texts.append(pieces[i][1])
             size += len(texts[-1])
             i += 1
         out = sys.stderr if stream == "stderr" else sys.stdout
@@ -154,12 +164,17 @@ def write_entries(entries: list[Entry]) -> None:
             pass
 
 
+def write_entries(entries: list[Entry]) -> None:
+    write_pieces([(e.stream, e.text()) for e in entries])
+
+
 class CollapsingSink:
     """A ``Runtime.output_sink`` for notebooks.
 
     Each line waits ``WINDOW_S`` after it first arrives for the same line from other
     ranks, then prints once with every rank that sent it; lines print in the order they
-    first arrived.  Called on the IO thread; only records the line there.
+    first arrived.  Called on the IO thread; only records the text there.  The cell's last
+    line (the "tail") is a line a rank is still writing, else the cell's progress line.
     """
 
     def __init__(self, loop=None, window: float = WINDOW_S):
@@ -168,6 +183,20 @@ class CollapsingSink:
         self._lines = Collapser(window)
         self._emit_lock = threading.Lock()  # one batch written at a time, in order
         self._synced: dict[str, set] = {}
+        self._tokens: set[str] = set()  # the running cells' markers
+        self._recent: collections.deque[str] = collections.deque(maxlen=64)  # late markers of ended cells
+        self._texts: dict[tuple[str, int, str], RankText] = {}
+        self._max = config.max_line()
+        self._open: dict[tuple[str, int, str], tuple[int, str]] = {}  # lines being written: (order, text)
+        self._order = 0
+        self._progress: str | None = None
+        self._summary: str | None = None  # the progress line as the cell ended
+        self._tail: tuple[str, str, bool] | None = None  # shown last: (stream, text, is progress)
+        self._tail_on = False  # a cell is running: the tail may show
+        self._tail_due: float | None = None
+        self._tail_at = 0.0
+        self._last_stream = "stdout"
+        self._wrote = False  # whether this cell shows lines
         self._writer: threading.Thread | None = None
         self._closed = False
         # The running cell's context: ipykernel keeps the cell's parent header in a
@@ -189,26 +218,110 @@ class CollapsingSink:
 
     def follow_cell(self, *_args) -> None:
         """Called at the start of each cell, on the kernel's main thread."""
-        self._context = contextvars.copy_context()
+        with self._cv:
+            self._context = contextvars.copy_context()
+            self._tail, self._tail_on, self._wrote = None, True, False
+            self._progress = self._summary = None
+
+    # ------------------------------------------------------------ the IO thread
 
     def __call__(self, mesh: str, rank: int, stream: str, line: str) -> None:
-        if line.startswith(SYNC):
-            with self._cv:
-                self._synced.setdefault(line[len(SYNC):], set()).add((mesh, rank, stream))
-                self._cv.notify_all()
-            return
-        if line.strip():  # the last line the rank printed that says something (status, the panel)
-            self.last_lines[(mesh, rank)] = line
-        for watch in self.watchers:
-            watch(mesh, rank, stream, line)
+        """A whole line (a detached host forwards lines)."""
+        self.write(mesh, rank, stream, line + "\n")
+
+    def write(self, mesh: str, rank: int, stream: str, text: str) -> None:
+        """What a rank wrote, as it arrives (any piece of its stream)."""
+        key = (mesh, rank, stream)
         with self._cv:
-            wake = not self._lines
-            self._lines.add(mesh, rank, stream, line, time.monotonic())
+            rt = self._texts.get(key)
+            if rt is None:
+                rt = self._texts[key] = RankText(self._honoured, self._max)
+            lines = self._record(key, rt.feed(text))
+            self._set_open(key, rt.open())
+        self._watch(mesh, rank, stream, lines)
+
+    def _honoured(self, token: str) -> bool:
+        return token in self._tokens or token in self._recent
+
+    def _record(self, key: tuple[str, int, str], events: list[tuple[str, str]]) -> list[str]:
+        """Under the lock: lines to the collapser, markers counted; the lines, for the watchers."""
+        mesh, rank, stream = key
+        lines = []
+        wake = not self._lines
+        now = time.monotonic()
+        for kind, value in events:
+            if kind == "sync":
+                self._synced.setdefault(value, set()).add(key)
+                wake = True
+            else:
+                lines.append(value)
+                self._lines.add(mesh, rank, stream, value, now)
+        if lines and self._writer is None and not self._closed:
+            self._writer = threading.Thread(target=self._run, name="monarch-output", daemon=True)
+            self._writer.start()
+        elif wake:
+            self._cv.notify_all()
+        return lines
+
+    def _watch(self, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
+        for line in lines:
+            if line.strip():  # the last line the rank printed that says something (status, the panel)
+                self.last_lines[(mesh, rank)] = line
+            for watch in self.watchers:
+                watch(mesh, rank, stream, line)
+
+    def _set_open(self, key: tuple[str, int, str], text: str) -> None:
+        was = self._open.get(key)
+        if text:
+            if was is None or was[1] != text:
+                self._order += 1
+                self._open[key] = (self._order, text)
+                self._redraw()
+        elif was is not None:
+            del self._open[key]
+            self._redraw()
+
+    def _redraw(self) -> None:
+        """Under the lock: the tail may have changed; the writer redraws it soon."""
+        if self._tail_due is None and self._tail_on:
+            self._tail_due = max(time.monotonic(), self._tail_at + TAIL_GAP_S)
             if self._writer is None and not self._closed:
                 self._writer = threading.Thread(target=self._run, name="monarch-output", daemon=True)
                 self._writer.start()
-            elif wake:
-                self._cv.notify_all()
+            self._cv.notify_all()
+
+    # ------------------------------------------------------------ the running cell (main thread)
+
+    def expect(self, token: str) -> None:
+        """A cell marked ``token`` starts: its ranks' markers are honoured from now on."""
+        with self._cv:
+            self._tokens.add(token)
+
+    def progress(self, text: str | None, final: bool = False) -> None:
+        """The cell's progress line (shown as the tail when no rank's line is); ``final``: the
+        cell has ended, and this is what a cell that showed nothing else keeps."""
+        with self._cv:
+            if final:
+                self._summary = text
+                return
+            self._tail_on = True
+            if text != self._progress:
+                self._progress = text
+                self._redraw()
+
+    def _wanted(self) -> tuple[str, str, bool] | None:
+        """Under the lock: what the tail should show."""
+        if not self._tail_on:
+            return None
+        if self._open and not self.hold:
+            (mesh, _r, stream), (_o, text) = max(self._open.items(), key=lambda kv: kv[1][0])
+            ranks = [r for (m, r, s), (_o, t) in self._open.items() if m == mesh and s == stream and t == text]
+            return stream, f"{rank_label(ranks)} {text}", False
+        if self._progress:
+            return self._last_stream, self._progress, True
+        return None
+
+    # ------------------------------------------------------------ the writer
 
     def _run(self) -> None:
         """The writer thread: write each line once its window closes, many at a time."""
@@ -216,6 +329,8 @@ class CollapsingSink:
             with self._cv:
                 while not self._closed:
                     deadline = self._lines.next_deadline()
+                    if self._tail_due is not None and (deadline is None or self._tail_due < deadline):
+                        deadline = self._tail_due
                     if deadline is None:
                         self._cv.wait()
                         continue
@@ -227,33 +342,73 @@ class CollapsingSink:
                     return
             with self._emit_lock:
                 with self._cv:
-                    due = self._lines.take_due(time.monotonic())
+                    now = time.monotonic()
+                    due = self._lines.take_due(now)
                     if self.hold:
                         self._held.extend(due)
                         due = []
-                self._emit(due)
+                    if self._tail_due is not None and self._tail_due <= now:
+                        self._tail_due = None
+                    wanted = self._wanted()
+                    if not due and wanted is None and self._lines:
+                        continue  # the line shown last has ended: it stays until it shows as a line
+                self._emit(due, wanted)
             if due:
                 time.sleep(BATCH_GAP_S)  # let a flood gather into the next write
 
-    def flush(self, by_rank: bool = False) -> None:
-        """Print everything pending or held now (any thread); ``by_rank`` groups the lines
-        by the first rank that printed them instead of by arrival."""
+    def flush(self, by_rank: bool = False, end: bool = False) -> None:
+        """Print everything pending or held now (any thread) and take the tail away (until the
+        next ``progress``); ``by_rank`` groups the lines by the first rank that printed them
+        instead of by arrival; ``end``: the cell has ended, so lines not yet ended end here."""
+        ended: list[tuple[tuple[str, int, str], str]] = []
         with self._emit_lock:
             with self._cv:
+                if end:
+                    for key, rt in self._texts.items():
+                        line = rt.close()
+                        if line is not None:
+                            ended.append((key, line))
+                            self._lines.add(*key[:2], key[2], line, time.monotonic())
+                    self._open.clear()
+                self._tail_on = False
                 due = self._held + self._lines.take_all()
                 self._held = []
             if by_rank:
                 due.sort(key=lambda e: min(e.ranks))
-            self._emit(due)
+            self._emit(due, None, keep=end and not due and not self._wrote)
+        for (mesh, rank, stream), line in ended:
+            self._watch(mesh, rank, stream, [line])
 
-    def _emit(self, due: list[Entry]) -> None:
-        if not due:
+    def _emit(self, due: list[Entry], wanted: tuple[str, str, bool] | None, keep: bool = False) -> None:
+        """Write ``due`` above the tail and the tail as ``wanted``; ``keep``: the tail is a
+        progress line in a cell that showed nothing else, left as its summary."""
+        tail = self._tail
+        if not due and wanted == tail:
             return
+        pieces: list[tuple[str, str]] = []
+        if tail is not None and not due and wanted is not None and wanted[0] == tail[0]:
+            if wanted[1].startswith(tail[1]):
+                pieces.append((wanted[0], wanted[1][len(tail[1]):]))  # the line goes on
+            else:  # over the old one, blanking what it leaves (a notebook's \r keeps the rest)
+                pieces.append((wanted[0], "\r" + wanted[1] + " " * (_units(tail[1]) - _units(wanted[1]))))
+        else:
+            if tail is not None:
+                summary = self._summary if keep and tail[2] else None
+                blank = " " * (_units(tail[1]) - _units(summary or ""))
+                pieces.append((tail[0], f"\r{summary}{blank}\n" if summary else f"\r{blank}\r"))
+            pieces.extend((e.stream, e.text()) for e in due)
+            if wanted is not None:
+                pieces.append((wanted[0], wanted[1]))
+        if due:
+            self._wrote = True
+            self._last_stream = due[-1].stream
+        self._tail = wanted
+        self._tail_at = time.monotonic()
         ctx = self.context
         if ctx is not None:
-            ctx.run(write_entries, due)
+            ctx.run(write_pieces, pieces)
         else:
-            write_entries(due)
+            write_pieces(pieces)
 
     def close(self) -> None:
         """Print what is pending and end the writer thread."""
@@ -262,7 +417,7 @@ class CollapsingSink:
             self._cv.notify_all()
         if self._writer is not None:
             self._writer.join(timeout=5)
-        self.flush()
+        self.flush(end=True)
 
     def finished(self, token: str) -> int:
         """How many ranks have finished the cell marked ``token`` (their stdout marker)."""
@@ -270,9 +425,12 @@ class CollapsingSink:
             return sum(1 for _m, _r, stream in self._synced.get(token, ()) if stream == "stdout")
 
     def wait_synced(self, token: str, expected: set, timeout: float, by_rank: bool = False) -> bool:
-        """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker."""
+        """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker,
+        then show what the cell printed and end its tail."""
         with self._cv:
             ok = self._cv.wait_for(lambda: expected <= self._synced.get(token, set()), timeout)
             self._synced.pop(token, None)
-        self.flush(by_rank)
+            self._tokens.discard(token)
+            self._recent.append(token)
+        self.flush(by_rank, end=True)
         return ok
