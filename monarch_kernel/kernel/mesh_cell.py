@@ -166,7 +166,8 @@ def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pd
             shown = now
     finally:
         if shown is not None:
-            sink.progress(_progress(n, sink.finished(token), int(time.monotonic() - start)), final=True)
+            done = n if fut.done() else sink.finished(token)  # the markers may still be on their way
+            sink.progress(_progress(n, done, int(time.monotonic() - start)), final=True)
 
 
 def _progress(n: int, finished: int, seconds: int) -> str:
