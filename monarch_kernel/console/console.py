@@ -117,7 +117,10 @@ class Console(Actor):
                     pass
             marker = (SYNC + token + "\n").encode()
             for fd in (1, 2):  # one write each: a pipe never interleaves it with another writer's
-                os.write(fd, marker)
+                try:
+                    os.write(fd, marker)
+                except OSError:  # the cell closed it: the kernel stops waiting after 5 s
+                    pass
 
     @endpoint
     def debug_start(self) -> str:
