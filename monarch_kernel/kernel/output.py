@@ -2,7 +2,8 @@
 same line printed by several ranks at the same point of their output, within a short
 window, collapses to one (``[ranks 0-3] epoch 1 done``).  A line still being written (a
 prompt, a progress bar) or the cell's progress line shows as the cell's last line, redrawn
-in place after a ``\r`` (as JupyterLab and nbclient apply it), and blanked when the cell ends.
+in place after a ``\r`` (as JupyterLab and nbclient apply it); the progress line ends the
+cell, once, saying how long it took.
 
 It must never drop, merge away or reorder a rank's own lines: each rank's n-th copy of a
 line can only join another rank's copy that comes after everything this rank has shown so
@@ -191,12 +192,12 @@ class CollapsingSink:
         self._order = 0
         self._progress: str | None = None
         self._summary: str | None = None  # the progress line as the cell ended
+        self._progress_shown = False  # in this cell (then its summary ends the cell)
         self._tail: tuple[str, str, bool] | None = None  # shown last: (stream, text, is progress)
         self._tail_on = False  # a cell is running: the tail may show
         self._tail_due: float | None = None
         self._tail_at = 0.0
         self._last_stream = "stdout"
-        self._wrote = False  # whether this cell shows lines
         self._writer: threading.Thread | None = None
         self._closed = False
         # The running cell's context: ipykernel keeps the cell's parent header in a
@@ -220,8 +221,9 @@ class CollapsingSink:
         """Called at the start of each cell, on the kernel's main thread."""
         with self._cv:
             self._context = contextvars.copy_context()
-            self._tail, self._tail_on, self._wrote = None, True, False
+            self._tail, self._tail_on = None, True
             self._progress = self._summary = None
+            self._progress_shown = False
 
     # ------------------------------------------------------------ the IO thread
 
@@ -299,7 +301,7 @@ class CollapsingSink:
 
     def progress(self, text: str | None, final: bool = False) -> None:
         """The cell's progress line (shown as the tail when no rank's line is); ``final``: the
-        cell has ended, and this is what a cell that showed nothing else keeps."""
+        cell has ended, and this is the line it ends with (below the ranks' last lines)."""
         with self._cv:
             if final:
                 self._summary = text
@@ -375,34 +377,43 @@ class CollapsingSink:
                 self._held = []
             if by_rank:
                 due.sort(key=lambda e: min(e.ranks))
-            self._emit(due, None, keep=end and not due and not self._wrote)
+            summary = self._summary if end and self._progress_shown else None
+            if end:
+                self._summary, self._progress_shown = None, False
+            self._emit(due, None, summary)
         for (mesh, rank, stream), line in ended:
             self._watch(mesh, rank, stream, [line])
 
-    def _emit(self, due: list[Entry], wanted: tuple[str, str, bool] | None, keep: bool = False) -> None:
-        """Write ``due`` above the tail and the tail as ``wanted``; ``keep``: the tail is a
-        progress line in a cell that showed nothing else, left as its summary."""
+    def _emit(self, due: list[Entry], wanted: tuple[str, str, bool] | None, summary: str | None = None) -> None:
+        """Write ``due`` above the tail and the tail as ``wanted``; ``summary``: the cell's last
+        progress line, written once below everything as the cell ends (so no output is left
+        blank, and a long cell says how long it took)."""
         tail = self._tail
-        if not due and wanted == tail:
+        if not due and wanted == tail and summary is None:
             return
         pieces: list[tuple[str, str]] = []
-        if tail is not None and not due and wanted is not None and wanted[0] == tail[0]:
+        if tail is not None and not due and summary is None and wanted is not None and wanted[0] == tail[0]:
             if wanted[1].startswith(tail[1]):
                 pieces.append((wanted[0], wanted[1][len(tail[1]):]))  # the line goes on
             else:  # over the old one, blanking what it leaves (a notebook's \r keeps the rest)
                 pieces.append((wanted[0], "\r" + wanted[1] + " " * (_units(tail[1]) - _units(wanted[1]))))
         else:
-            if tail is not None:
-                summary = self._summary if keep and tail[2] else None
-                blank = " " * (_units(tail[1]) - _units(summary or ""))
-                pieces.append((tail[0], f"\r{summary}{blank}\n" if summary else f"\r{blank}\r"))
+            if tail is not None and summary is not None and tail[2] and all(e.stream != tail[0] for e in due):
+                # In its place: a stream's output is never left holding blanks alone.
+                blank = " " * (_units(tail[1]) - _units(summary))
+                pieces.append((tail[0], f"\r{summary}{blank}\n"))
+                summary = None
+            elif tail is not None:
+                pieces.append((tail[0], "\r" + " " * _units(tail[1]) + "\r"))
             pieces.extend((e.stream, e.text()) for e in due)
+            if due:
+                self._last_stream = due[-1].stream
+            if summary is not None:
+                pieces.append((tail[0] if tail is not None and tail[2] else self._last_stream, summary + "\n"))
             if wanted is not None:
                 pieces.append((wanted[0], wanted[1]))
-        if due:
-            self._wrote = True
-            self._last_stream = due[-1].stream
         self._tail = wanted
+        self._progress_shown = self._progress_shown or (wanted is not None and wanted[2])
         self._tail_at = time.monotonic()
         ctx = self.context
         if ctx is not None:
