@@ -2,8 +2,8 @@
 same line printed by several ranks at the same point of their output, within a short
 window, collapses to one (``[ranks 0-3] epoch 1 done``).  A line still being written (a
 prompt, a progress bar) or the cell's progress line shows as the cell's last line, redrawn
-in place after a ``\r`` (as JupyterLab and nbclient apply it); the progress line ends the
-cell, once, saying how long it took.
+in place after a ``\r`` (as JupyterLab and nbclient apply it), and blanked when the cell
+ends (a cell that showed nothing else keeps its progress line, saying how long it took).
 
 It must never drop, merge away or reorder a rank's own lines: each rank's n-th copy of a
 line can only join another rank's copy that comes after everything this rank has shown so
@@ -192,7 +192,8 @@ class CollapsingSink:
         self._order = 0
         self._progress: str | None = None
         self._summary: str | None = None  # the progress line as the cell ended
-        self._progress_shown = False  # in this cell (then its summary ends the cell)
+        self._progress_shown = False  # in this cell
+        self._wrote = False  # whether this cell shows lines
         self._tail: tuple[str, str, bool] | None = None  # shown last: (stream, text, is progress)
         self._tail_on = False  # a cell is running: the tail may show
         self._tail_due: float | None = None
@@ -223,7 +224,7 @@ class CollapsingSink:
             self._context = contextvars.copy_context()
             self._tail, self._tail_on = None, True
             self._progress = self._summary = None
-            self._progress_shown = False
+            self._progress_shown = self._wrote = False
 
     # ------------------------------------------------------------ the IO thread
 
@@ -301,7 +302,7 @@ class CollapsingSink:
 
     def progress(self, text: str | None, final: bool = False) -> None:
         """The cell's progress line (shown as the tail when no rank's line is); ``final``: the
-        cell has ended, and this is the line it ends with (below the ranks' last lines)."""
+        cell has ended, and this is the line a cell that showed nothing else keeps."""
         with self._cv:
             if final:
                 self._summary = text
@@ -377,7 +378,9 @@ class CollapsingSink:
                 self._held = []
             if by_rank:
                 due.sort(key=lambda e: min(e.ranks))
-            summary = self._summary if end and self._progress_shown else None
+            # The progress line is blanked at the end, unless the cell showed nothing else: a
+            # stream output that holds only blanks would be left in the notebook.
+            summary = self._summary if end and self._progress_shown and not (due or self._wrote) else None
             if end:
                 self._summary, self._progress_shown = None, False
             self._emit(due, None, summary)
@@ -386,8 +389,7 @@ class CollapsingSink:
 
     def _emit(self, due: list[Entry], wanted: tuple[str, str, bool] | None, summary: str | None = None) -> None:
         """Write ``due`` above the tail and the tail as ``wanted``; ``summary``: the cell's last
-        progress line, written once below everything as the cell ends (so no output is left
-        blank, and a long cell says how long it took)."""
+        progress line, written once below everything as the cell ends."""
         tail = self._tail
         if not due and wanted == tail and summary is None:
             return
@@ -407,7 +409,7 @@ class CollapsingSink:
                 pieces.append((tail[0], "\r" + " " * _units(tail[1]) + "\r"))
             pieces.extend((e.stream, e.text()) for e in due)
             if due:
-                self._last_stream = due[-1].stream
+                self._last_stream, self._wrote = due[-1].stream, True
             if summary is not None:
                 pieces.append((tail[0] if tail is not None and tail[2] else self._last_stream, summary + "\n"))
             if wanted is not None:

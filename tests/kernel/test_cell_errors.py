@@ -108,7 +108,7 @@ def test_the_progress_line_ticks_each_second_as_the_cells_last_line(mesh_kc):
     seconds = [int(m.group(1)) for m in lines]
     assert seconds[0] == 2 and len(seconds) >= 3, ticks  # shown at 2 s, then redrawn at least twice
     assert seconds == sorted(set(seconds)), f"each update a later second: {ticks}"
-    # The line ends the cell, once, as it ended.
+    # A cell that showed nothing else keeps the line as it ended.
     kept = text(collector.outputs(msg_id)).replace(" \n", "\n")
     assert re.fullmatch(r"\[mesh\] 4 of 4 ranks finished \(\d+ s\)\n", kept), kept
 

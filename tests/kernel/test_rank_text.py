@@ -93,7 +93,7 @@ def wait_for(what: str, predicate, timeout: float = 10) -> None:
         time.sleep(0.01)
 
 
-def test_identical_open_lines_collapse_in_the_last_line_and_the_progress_line_ends_the_cell(monkeypatch):
+def test_identical_open_lines_collapse_in_the_last_line_and_it_goes_at_the_end(monkeypatch):
     cell = Cell()
     monkeypatch.setattr("sys.stdout", cell)
     contextvars.ContextVar("cell").set(1)
@@ -115,6 +115,6 @@ def test_identical_open_lines_collapse_in_the_last_line_and_the_progress_line_en
         sink.progress("[mesh] 2 of 2 ranks finished (2 s)", final=True)
         assert sink.wait_synced(TOKEN, {("m", 0, "stdout"), ("m", 1, "stdout")}, 5)
         assert cell.shown().split("\n") == [
-            "[rank 0] 100%|##########|", "[rank 1] 100%|##########|", "[mesh] 2 of 2 ranks finished (2 s)", ""]
+            "[rank 0] 100%|##########|", "[rank 1] 100%|##########|", ""]
     finally:
         sink.close()
