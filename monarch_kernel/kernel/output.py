@@ -21,6 +21,7 @@ import threading
 import time
 
 from ..runtime import config, rank_label
+from .last_line import LastLine, Shown
 from .rank_text import RankText
 
 WINDOW_S = config.seconds("collapse_window")
@@ -140,11 +141,6 @@ class Collapser:
                 del self._by_line[key]
 
 
-def _units(text: str) -> int:
-    """How many blanks cover ``text`` in a notebook: one per UTF-16 unit, as JavaScript counts."""
-    return len(text.encode("utf-16-le")) // 2
-
-
 def write_pieces(pieces: list[tuple[str, str]]) -> None:
     """Write ``(stream, text)`` pieces to this thread's sys.stdout/sys.stderr: one write and
     flush per run of one stream, cut after ``WRITE_CHARS`` so that no single iopub message
@@ -188,17 +184,9 @@ class CollapsingSink:
         self._recent: collections.deque[str] = collections.deque(maxlen=64)  # late markers of ended cells
         self._texts: dict[tuple[str, int, str], RankText] = {}
         self._max = config.max_line()
-        self._open: dict[tuple[str, int, str], tuple[int, str]] = {}  # lines being written: (order, text)
-        self._order = 0
-        self._progress: str | None = None
-        self._summary: str | None = None  # the progress line as the cell ended
-        self._progress_shown = False  # in this cell
-        self._wrote = False  # whether this cell shows lines
-        self._tail: tuple[str, str, bool] | None = None  # shown last: (stream, text, is progress)
-        self._tail_on = False  # a cell is running: the tail may show
+        self._last = LastLine()  # the cell's last line: written by the writer, under _emit_lock
         self._tail_due: float | None = None
         self._tail_at = 0.0
-        self._last_stream = "stdout"
         self._writer: threading.Thread | None = None
         self._closed = False
         # The running cell's context: ipykernel keeps the cell's parent header in a
@@ -222,9 +210,7 @@ class CollapsingSink:
         """Called at the start of each cell, on the kernel's main thread."""
         with self._cv:
             self._context = contextvars.copy_context()
-            self._tail, self._tail_on = None, True
-            self._progress = self._summary = None
-            self._progress_shown = self._wrote = False
+            self._last.new_cell()
 
     # ------------------------------------------------------------ the IO thread
 
@@ -240,7 +226,8 @@ class CollapsingSink:
             if rt is None:
                 rt = self._texts[key] = RankText(self._honoured, self._max)
             lines = self._record(key, rt.feed(text))
-            self._set_open(key, rt.open())
+            if self._last.set_open(key, rt.open()):
+                self._redraw()
         self._watch(mesh, rank, stream, lines)
 
     def _honoured(self, token: str) -> bool:
@@ -273,20 +260,9 @@ class CollapsingSink:
             for watch in self.watchers:
                 watch(mesh, rank, stream, line)
 
-    def _set_open(self, key: tuple[str, int, str], text: str) -> None:
-        was = self._open.get(key)
-        if text:
-            if was is None or was[1] != text:
-                self._order += 1
-                self._open[key] = (self._order, text)
-                self._redraw()
-        elif was is not None:
-            del self._open[key]
-            self._redraw()
-
     def _redraw(self) -> None:
         """Under the lock: the tail may have changed; the writer redraws it soon."""
-        if self._tail_due is None and self._tail_on:
+        if self._tail_due is None and self._last.on:
             self._tail_due = max(time.monotonic(), self._tail_at + TAIL_GAP_S)
             if self._writer is None and not self._closed:
                 self._writer = threading.Thread(target=self._run, name="monarch-output", daemon=True)
@@ -305,24 +281,12 @@ class CollapsingSink:
         cell has ended, and this is the line a cell that showed nothing else keeps."""
         with self._cv:
             if final:
-                self._summary = text
+                self._last.summary = text
                 return
-            self._tail_on = True
-            if text != self._progress:
-                self._progress = text
+            self._last.on = True
+            if text != self._last.progress:
+                self._last.progress = text
                 self._redraw()
-
-    def _wanted(self) -> tuple[str, str, bool] | None:
-        """Under the lock: what the tail should show."""
-        if not self._tail_on:
-            return None
-        if self._open and not self.hold:
-            (mesh, _r, stream), (_o, text) = max(self._open.items(), key=lambda kv: kv[1][0])
-            ranks = [r for (m, r, s), (_o, t) in self._open.items() if m == mesh and s == stream and t == text]
-            return stream, f"{rank_label(ranks)} {text}", False
-        if self._progress:
-            return self._last_stream, self._progress, True
-        return None
 
     # ------------------------------------------------------------ the writer
 
@@ -352,7 +316,7 @@ class CollapsingSink:
                         due = []
                     if self._tail_due is not None and self._tail_due <= now:
                         self._tail_due = None
-                    wanted = self._wanted()
+                    wanted = self._last.wanted(self.hold)
                     if not due and wanted is None and self._lines:
                         continue  # the line shown last has ended: it stays until it shows as a line
                 self._emit(due, wanted)
@@ -372,50 +336,21 @@ class CollapsingSink:
                         if line is not None:
                             ended.append((key, line))
                             self._lines.add(*key[:2], key[2], line, time.monotonic())
-                    self._open.clear()
-                self._tail_on = False
+                    self._last.open.clear()
+                self._last.on = False
                 due = self._held + self._lines.take_all()
                 self._held = []
             if by_rank:
                 due.sort(key=lambda e: min(e.ranks))
-            # The progress line is blanked at the end, unless the cell showed nothing else: a
-            # stream output that holds only blanks would be left in the notebook.
-            summary = self._summary if end and self._progress_shown and not (due or self._wrote) else None
-            if end:
-                self._summary, self._progress_shown = None, False
-            self._emit(due, None, summary)
+            self._emit(due, None, self._last.end_summary(bool(due)) if end else None)
         for (mesh, rank, stream), line in ended:
             self._watch(mesh, rank, stream, [line])
 
-    def _emit(self, due: list[Entry], wanted: tuple[str, str, bool] | None, summary: str | None = None) -> None:
-        """Write ``due`` above the tail and the tail as ``wanted``; ``summary``: the cell's last
-        progress line, written once below everything as the cell ends."""
-        tail = self._tail
-        if not due and wanted == tail and summary is None:
+    def _emit(self, due: list[Entry], wanted: Shown | None, summary: str | None = None) -> None:
+        """Write ``due`` above the last line and that line as ``wanted`` (``LastLine.pieces``)."""
+        pieces = self._last.pieces([(e.stream, e.text()) for e in due], wanted, summary)
+        if not pieces:
             return
-        pieces: list[tuple[str, str]] = []
-        if tail is not None and not due and summary is None and wanted is not None and wanted[0] == tail[0]:
-            if wanted[1].startswith(tail[1]):
-                pieces.append((wanted[0], wanted[1][len(tail[1]):]))  # the line goes on
-            else:  # over the old one, blanking what it leaves (a notebook's \r keeps the rest)
-                pieces.append((wanted[0], "\r" + wanted[1] + " " * (_units(tail[1]) - _units(wanted[1]))))
-        else:
-            if tail is not None and summary is not None and tail[2] and all(e.stream != tail[0] for e in due):
-                # In its place: a stream's output is never left holding blanks alone.
-                blank = " " * (_units(tail[1]) - _units(summary))
-                pieces.append((tail[0], f"\r{summary}{blank}\n"))
-                summary = None
-            elif tail is not None:
-                pieces.append((tail[0], "\r" + " " * _units(tail[1]) + "\r"))
-            pieces.extend((e.stream, e.text()) for e in due)
-            if due:
-                self._last_stream, self._wrote = due[-1].stream, True
-            if summary is not None:
-                pieces.append((tail[0] if tail is not None and tail[2] else self._last_stream, summary + "\n"))
-            if wanted is not None:
-                pieces.append((wanted[0], wanted[1]))
-        self._tail = wanted
-        self._progress_shown = self._progress_shown or (wanted is not None and wanted[2])
         self._tail_at = time.monotonic()
         ctx = self.context
         if ctx is not None:
