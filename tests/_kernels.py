@@ -72,7 +72,49 @@ class Output:
 
 
 def text(outputs: Iterable[Output]) -> str:
-    return "".join(o.text for o in outputs)
+    """The outputs' text as a notebook shows it: consecutive stream outputs of one name merged,
+    and their ``\\r`` and ``\\b`` applied (``as_shown``)."""
+    parts: list[str] = []
+    run: list[str] = []
+    name = None
+    for o in outputs:
+        if o.kind == "stream" and o.name == name:
+            run.append(o.text)
+            continue
+        if run:
+            parts.append(as_shown("".join(run)))
+        run, name = ([o.text], o.name) if o.kind == "stream" else ([], None)
+        if o.kind != "stream":
+            parts.append(o.text)
+    if run:
+        parts.append(as_shown("".join(run)))
+    return "".join(parts)
+
+
+def as_shown(stream: str) -> str:
+    """A stream's text after JupyterLab's rules (``processText`` in @jupyterlab/outputarea):
+    text overwrites at a cursor, ``\\r`` moves it to the line's start, ``\\b`` deletes the
+    character before it (not past a newline), ``\\n`` starts a line at the end."""
+    out: list[str] = []
+    cur = 0
+    for ch in stream:
+        if ch == "\n":
+            out.append("\n")
+            cur = len(out)
+        elif ch == "\r":
+            while cur > 0 and out[cur - 1] != "\n":
+                cur -= 1
+        elif ch == "\b":
+            if cur > 0 and out[cur - 1] != "\n":
+                del out[cur - 1]
+                cur -= 1
+        elif cur < len(out):
+            out[cur] = ch
+            cur += 1
+        else:
+            out.append(ch)
+            cur += 1
+    return "".join(out)
 
 
 class IOPub:

@@ -3,15 +3,19 @@ the rank's IPython shell around it (``shell.py``: ``!cmd``, magics, ``x?``, ``%d
 
 A cell's last expression is evaluated and its repr returned, as IPython does; rich output
 is collected (``display.py``) and returned for the notebook to show under the rank's label.
-After each cell the rank writes a sync marker to stdout and stderr, so the controller knows
-every line the cell printed has reached it before the cell ends.  Runs on ranks, on the
-rank's main thread, so the stop button's SIGINT cuts blocking calls short.
+After each cell the rank writes a sync marker with the cell's random token to its stdout and
+stderr file descriptors, each in one write, so the controller knows everything the cell wrote
+has reached it before the cell ends (``kernel/rank_text.py`` takes the markers out).  A rank
+has no keyboard: ``input()`` fails at once, saying so.  Runs on ranks, on the rank's main
+thread, so the stop button's SIGINT cuts blocking calls short.
 """
 
 from __future__ import annotations
 
 import bdb
+import io
 import logging
+import os
 import sys
 
 from IPython.core.error import UsageError
@@ -27,7 +31,30 @@ from .shell import rank_shell
 
 log = logging.getLogger("monarch_kernel")
 
-SYNC = "\x1emonarch-sync "  # starts the marker line a rank prints after each cell
+SYNC = "\x1emonarch-sync "  # + the cell's token + "\n": the marker a rank writes after each cell
+
+
+class NoKeyboard(EOFError):
+    """``input()`` (or a read of ``sys.stdin``) on a rank: the notebook cannot answer it."""
+
+
+class RankStdin(io.TextIOBase):
+    """A rank's ``sys.stdin``: reading it fails at once with a message that says what to do
+    instead, not after a wait, and not with a bare EOFError.  (An EOFError still, so code that
+    reads until the end of its input stops as it would at an empty one.)"""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        raise NoKeyboard("input() on a rank: a %%mesh cell runs on every rank at once and nobody can type into "
+                         "them; read the value in a plain cell and send it along (`%mesh push name=value` or "
+                         "an argument), or run this cell on the controller")
+
+    readline = read  # type: ignore[assignment]
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("a rank's stdin has no file descriptor")
 
 
 class Console(Actor):
@@ -39,6 +66,7 @@ class Console(Actor):
         self.ns: dict = self.shell.user_ns
         self.packages = host_once.HostOnce(Runtime.current().rundir)
         self.packages.install(self.shell)  # %pip and %conda: once per host
+        sys.stdin = RankStdin()
         rank_debugpy.share_namespace(self.ns)
         pdb_rank.install()
 
@@ -87,10 +115,18 @@ class Console(Actor):
                 pdb_rank.post_mortem(tb, e)
             raise
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            print(SYNC + token, flush=True)
-            print(SYNC + token, file=sys.stderr, flush=True)
+            for stream in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+                try:
+                    if stream is not None:
+                        stream.flush()
+                except (OSError, ValueError):  # a stream the cell closed or replaced
+                    pass
+            marker = (SYNC + token + "\n").encode()
+            for fd in (1, 2):  # one write each: a pipe never interleaves it with another writer's
+                try:
+                    os.write(fd, marker)
+                except OSError:  # the cell closed it: the kernel stops waiting after 5 s
+                    pass
 
     @endpoint
     def debug_start(self) -> str:

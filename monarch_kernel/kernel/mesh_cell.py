@@ -13,7 +13,6 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from IPython.core.display_functions import display
 from IPython.core.error import UsageError
 
 from ..actor.errors import ActorError
@@ -47,6 +46,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     whole, filename, offset = check_cell(session, cell, line)
     session.sink.hold = not stream
     opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
+    session.sink.expect(token)
     fut = target.run.call(cell, filename, token, opts)
     interrupted = False
     session.pdb.cell_running = True
@@ -67,10 +67,14 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
                     proxy.release_for_interrupt(session.shell, procs.name, ranks, consoles.actor_id)
                     results = fut.get(timeout=INTERRUPT_GRACE_S)
             except TimeoutError:
+                session.sink.flush(end=True)
                 late = (f"; some did not stop within {INTERRUPT_GRACE_S:g} s and may still run "
                         "(%mesh stacks shows where)")
                 raise MeshCellInterrupted.of(ranks, {}, filename, late) from None
         failed = None
+    except TimeoutError:  # --timeout: the cell ends here, the ranks go on
+        session.sink.flush(end=True)
+        raise
     except ActorError as e:
         results, failed = getattr(e, "results", None), e
     finally:
@@ -128,10 +132,11 @@ def check_cell(session: MeshSession, cell: str, line: str = "") -> tuple[str, st
 
 def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pdb=None):
     """``fut.get(timeout)``, showing "k of n ranks finished (3 s)" once the cell runs past 2 s,
-    as one display updated each second and emptied when the cell ends, and serving ranks that
-    stop in pdb meanwhile."""
+    as the cell's last line (the sink's tail: it stays below the ranks' lines and goes when the
+    cell ends, unless the cell showed nothing else), and serving ranks that stop in pdb
+    meanwhile."""
     start = time.monotonic()
-    handle, shown = None, None
+    shown = None
     try:
         while True:
             if pdb is not None and pdb.waiting():
@@ -149,23 +154,17 @@ def _wait_with_progress(fut, sink, token: str, n: int, timeout: float | None, pd
             if elapsed < PROGRESS_AFTER_S:
                 continue
             now = (sink.finished(token), int(elapsed))
-            if handle is None:
-                handle = display(_progress(n, *now), display_id=True, raw=True)
-            elif now != shown:
-                handle.update(_progress(n, *now), raw=True)
+            if now != shown:
+                sink.progress(_progress(n, *now))
             shown = now
     finally:
-        if handle is not None:
-            handle.update(CLEARED, raw=True)
+        if shown is not None:
+            done = n if fut.done() else sink.finished(token)  # the markers may still be on their way
+            sink.progress(_progress(n, done, int(time.monotonic() - start)), final=True)
 
 
-CLEARED = {"text/plain": ""}  # the progress line, once the cell has ended
-
-
-def _progress(n: int, finished: int, seconds: int) -> dict:
-    label = f"{finished} of {counted(n, 'rank')} finished ({seconds} s)"
-    return {"text/plain": f"[mesh] {label}",
-            "text/html": f"<progress value='{finished}' max='{n}'></progress> {label}"}
+def _progress(n: int, finished: int, seconds: int) -> str:
+    return f"[mesh] {finished} of {counted(n, 'rank')} finished ({seconds} s)"
 
 
 def _select(consoles, ranks):

@@ -1,6 +1,9 @@
 """Rank output in the notebook: lines stream into the running cell as they arrive, and the
 same line printed by several ranks at the same point of their output, within a short
-window, collapses to one (``[ranks 0-3] epoch 1 done``).
+window, collapses to one (``[ranks 0-3] epoch 1 done``).  A line still being written (a
+prompt, a progress bar) or the cell's progress line shows as the cell's last line, redrawn
+in place after a ``\r`` (as JupyterLab and nbclient apply it), and blanked when the cell
+ends (a cell that showed nothing else keeps its progress line, saying how long it took).
 
 It must never drop, merge away or reorder a rank's own lines: each rank's n-th copy of a
 line can only join another rank's copy that comes after everything this rank has shown so
@@ -11,13 +14,15 @@ large iopub messages and a slow notebook never stalls the runtime's IO thread.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextvars
 import sys
 import threading
 import time
 
-from ..console.console import SYNC
 from ..runtime import config, rank_label
+from .cell_tail import CellTail, Shown
+from .rank_text import RankText
 
 WINDOW_S = config.seconds("collapse_window")
 # A line other ranks are joining waits this long again after each join, up to HOLD_S in all:
@@ -27,6 +32,7 @@ JOIN_WINDOW_S = config.seconds("collapse_join_window")
 HOLD_S = config.seconds("collapse_hold")
 BATCH_GAP_S = config.seconds("output_batch_gap")
 WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about this big
+TAIL_GAP_S = 0.1  # the last line (a progress bar) is redrawn at most this often
 
 
 class Entry:
@@ -135,15 +141,16 @@ class Collapser:
                 del self._by_line[key]
 
 
-def write_entries(entries: list[Entry]) -> None:
-    """Write entries to this thread's sys.stdout/sys.stderr: one write and flush per run of
-    one stream, cut after ``WRITE_CHARS`` so that no single iopub message grows huge."""
+def write_pieces(pieces: list[tuple[str, str]]) -> None:
+    """Write ``(stream, text)`` pieces to this thread's sys.stdout/sys.stderr: one write and
+    flush per run of one stream, cut after ``WRITE_CHARS`` so that no single iopub message
+    grows huge."""
     i = 0
-    while i < len(entries):
-        stream = entries[i].stream
+    while i < len(pieces):
+        stream = pieces[i][0]
         texts, size = [], 0
-        while i < len(entries) and entries[i].stream == stream and size < WRITE_CHARS:
-            texts.append(entries[i].text())
+        while i < len(pieces) and pieces[i][0] == stream and size < WRITE_CHARS:
+            texts.append(pieces[i][1])
             size += len(texts[-1])
             i += 1
         out = sys.stderr if stream == "stderr" else sys.stdout
@@ -152,6 +159,10 @@ def write_entries(entries: list[Entry]) -> None:
             out.flush()
         except (ValueError, OSError):  # the kernel's stream is closed (shutting down)
             pass
+
+
+def write_entries(entries: list[Entry]) -> None:
+    write_pieces([(e.stream, e.text()) for e in entries])
 
 
 def one_per_rank(entries: list[Entry]) -> list[Entry]:
@@ -167,7 +178,8 @@ class CollapsingSink:
 
     Each line waits ``WINDOW_S`` after it first arrives for the same line from other
     ranks, then prints once with every rank that sent it; lines print in the order they
-    first arrived.  Called on the IO thread; only records the line there.
+    first arrived.  Called on the IO thread; only records the text there.  The cell's last
+    line (the "tail") is a line a rank is still writing, else the cell's progress line.
     """
 
     def __init__(self, loop=None, window: float = WINDOW_S):
@@ -176,6 +188,13 @@ class CollapsingSink:
         self._lines = Collapser(window)
         self._emit_lock = threading.Lock()  # one batch written at a time, in order
         self._synced: dict[str, set] = {}
+        self._tokens: set[str] = set()  # the running cells' markers
+        self._recent: collections.deque[str] = collections.deque(maxlen=64)  # late markers of ended cells
+        self._texts: dict[tuple[str, int, str], RankText] = {}
+        self._max = config.max_line()
+        self._last = CellTail()  # the cell's last line: written by the writer, under _emit_lock
+        self._tail_due: float | None = None
+        self._tail_at = 0.0
         self._writer: threading.Thread | None = None
         self._closed = False
         # The running cell's context: ipykernel keeps the cell's parent header in a
@@ -197,26 +216,87 @@ class CollapsingSink:
 
     def follow_cell(self, *_args) -> None:
         """Called at the start of each cell, on the kernel's main thread."""
-        self._context = contextvars.copy_context()
+        with self._cv:
+            self._context = contextvars.copy_context()
+            self._last.new_cell()
+
+    # ------------------------------------------------------------ the IO thread
 
     def __call__(self, mesh: str, rank: int, stream: str, line: str) -> None:
-        if line.startswith(SYNC):
-            with self._cv:
-                self._synced.setdefault(line[len(SYNC):], set()).add((mesh, rank, stream))
-                self._cv.notify_all()
-            return
-        if line.strip():  # the last line the rank printed that says something (status, the panel)
-            self.last_lines[(mesh, rank)] = line
-        for watch in self.watchers:
-            watch(mesh, rank, stream, line)
+        """A whole line (a detached host forwards lines)."""
+        self.write(mesh, rank, stream, line + "\n")
+
+    def write(self, mesh: str, rank: int, stream: str, text: str) -> None:
+        """What a rank wrote, as it arrives (any piece of its stream)."""
+        key = (mesh, rank, stream)
         with self._cv:
-            wake = not self._lines
-            self._lines.add(mesh, rank, stream, line, time.monotonic())
+            rt = self._texts.get(key)
+            if rt is None:
+                rt = self._texts[key] = RankText(self._honoured, self._max)
+            lines = self._record(key, rt.feed(text))
+            if self._last.set_open(key, rt.open()):
+                self._redraw()
+        self._watch(mesh, rank, stream, lines)
+
+    def _honoured(self, token: str) -> bool:
+        return token in self._tokens or token in self._recent
+
+    def _record(self, key: tuple[str, int, str], events: list[tuple[str, str]]) -> list[str]:
+        """Under the lock: lines to the collapser, markers counted; the lines, for the watchers."""
+        mesh, rank, stream = key
+        lines = []
+        wake = not self._lines
+        now = time.monotonic()
+        for kind, value in events:
+            if kind == "sync":
+                self._synced.setdefault(value, set()).add(key)
+                wake = True
+            else:
+                lines.append(value)
+                self._lines.add(mesh, rank, stream, value, now)
+        if lines and self._writer is None and not self._closed:
+            self._writer = threading.Thread(target=self._run, name="monarch-output", daemon=True)
+            self._writer.start()
+        elif wake:
+            self._cv.notify_all()
+        return lines
+
+    def _watch(self, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
+        for line in lines:
+            if line.strip():  # the last line the rank printed that says something (status, the panel)
+                self.last_lines[(mesh, rank)] = line
+            for watch in self.watchers:
+                watch(mesh, rank, stream, line)
+
+    def _redraw(self) -> None:
+        """Under the lock: the tail may have changed; the writer redraws it soon."""
+        if self._tail_due is None and self._last.on:
+            self._tail_due = max(time.monotonic(), self._tail_at + TAIL_GAP_S)
             if self._writer is None and not self._closed:
                 self._writer = threading.Thread(target=self._run, name="monarch-output", daemon=True)
                 self._writer.start()
-            elif wake:
-                self._cv.notify_all()
+            self._cv.notify_all()
+
+    # ------------------------------------------------------------ the running cell (main thread)
+
+    def expect(self, token: str) -> None:
+        """A cell marked ``token`` starts: its ranks' markers are honoured from now on."""
+        with self._cv:
+            self._tokens.add(token)
+
+    def progress(self, text: str | None, final: bool = False) -> None:
+        """The cell's progress line (shown as the tail when no rank's line is); ``final``: the
+        cell has ended, and this is the line a cell that showed nothing else keeps."""
+        with self._cv:
+            if final:
+                self._last.summary = text
+                return
+            self._last.on = True
+            if text != self._last.progress:
+                self._last.progress = text
+                self._redraw()
+
+    # ------------------------------------------------------------ the writer
 
     def _run(self) -> None:
         """The writer thread: write each line once its window closes, many at a time."""
@@ -224,6 +304,8 @@ class CollapsingSink:
             with self._cv:
                 while not self._closed:
                     deadline = self._lines.next_deadline()
+                    if self._tail_due is not None and (deadline is None or self._tail_due < deadline):
+                        deadline = self._tail_due
                     if deadline is None:
                         self._cv.wait()
                         continue
@@ -235,33 +317,54 @@ class CollapsingSink:
                     return
             with self._emit_lock:
                 with self._cv:
-                    due = self._lines.take_due(time.monotonic())
+                    now = time.monotonic()
+                    due = self._lines.take_due(now)
                     if self.hold:
                         self._held.extend(due)
                         due = []
-                self._emit(due)
+                    if self._tail_due is not None and self._tail_due <= now:
+                        self._tail_due = None
+                    wanted = self._last.wanted(self.hold)
+                    if not due and wanted is None and self._lines:
+                        continue  # the line shown last has ended: it stays until it shows as a line
+                self._emit(due, wanted)
             if due:
                 time.sleep(BATCH_GAP_S)  # let a flood gather into the next write
 
-    def flush(self, by_rank: bool = False) -> None:
-        """Print everything pending or held now (any thread); ``by_rank`` groups the lines
-        by rank (``one_per_rank``) instead of by arrival."""
+    def flush(self, by_rank: bool = False, end: bool = False) -> None:
+        """Print everything pending or held now (any thread) and take the tail away (until the
+        next ``progress``); ``by_rank`` groups the lines by rank (``one_per_rank``) instead of by
+        arrival; ``end``: the cell has ended, so lines not yet ended end here."""
+        ended: list[tuple[tuple[str, int, str], str]] = []
         with self._emit_lock:
             with self._cv:
+                if end:
+                    for key, rt in self._texts.items():
+                        line = rt.close()
+                        if line is not None:
+                            ended.append((key, line))
+                            self._lines.add(*key[:2], key[2], line, time.monotonic())
+                    self._last.open.clear()
+                self._last.on = False
                 due = self._held + self._lines.take_all()
                 self._held = []
             if by_rank:
                 due = one_per_rank(due)
-            self._emit(due)
+            self._emit(due, None, self._last.end_summary(bool(due)) if end else None)
+        for (mesh, rank, stream), line in ended:
+            self._watch(mesh, rank, stream, [line])
 
-    def _emit(self, due: list[Entry]) -> None:
-        if not due:
+    def _emit(self, due: list[Entry], wanted: Shown | None, summary: str | None = None) -> None:
+        """Write ``due`` above the last line and that line as ``wanted`` (``CellTail.pieces``)."""
+        pieces = self._last.pieces([(e.stream, e.text()) for e in due], wanted, summary)
+        if not pieces:
             return
+        self._tail_at = time.monotonic()
         ctx = self.context
         if ctx is not None:
-            ctx.run(write_entries, due)
+            ctx.run(write_pieces, pieces)
         else:
-            write_entries(due)
+            write_pieces(pieces)
 
     def close(self) -> None:
         """Print what is pending and end the writer thread."""
@@ -270,7 +373,7 @@ class CollapsingSink:
             self._cv.notify_all()
         if self._writer is not None:
             self._writer.join(timeout=5)
-        self.flush()
+        self.flush(end=True)
 
     def finished(self, token: str) -> int:
         """How many ranks have finished the cell marked ``token`` (their stdout marker)."""
@@ -278,9 +381,12 @@ class CollapsingSink:
             return sum(1 for _m, _r, stream in self._synced.get(token, ()) if stream == "stdout")
 
     def wait_synced(self, token: str, expected: set, timeout: float, by_rank: bool = False) -> bool:
-        """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker."""
+        """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker,
+        then show what the cell printed and end its tail."""
         with self._cv:
             ok = self._cv.wait_for(lambda: expected <= self._synced.get(token, set()), timeout)
             self._synced.pop(token, None)
-        self.flush(by_rank)
+            self._tokens.discard(token)
+            self._recent.append(token)
+        self.flush(by_rank, end=True)
         return ok

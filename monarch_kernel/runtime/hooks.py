@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 class OutputSink(Protocol):
     """Called on the IO thread for every line a rank of a mesh this process spawned writes
-    (``stream`` is "stdout" or "stderr"); must not block."""
+    (``stream`` is "stdout" or "stderr"); must not block.  A sink that also has a
+    ``write(mesh, rank, stream, text, /)`` method is given the text as it arrives instead, in
+    chunks that may end inside a line, and cuts lines itself (the kernel's, so a line not yet
+    ended shows at once)."""
 
     def __call__(self, mesh: str, rank: int, stream: str, line: str, /) -> None: ...
 

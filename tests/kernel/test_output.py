@@ -183,10 +183,12 @@ def test_held_lines_flush_by_rank_and_sync_markers_count(monkeypatch):
         sink("m", r, "stdout", f"second {r}")
     time.sleep(0.1)
     assert out.writes == [], "--no-stream printed before the cell ended"
+    tok = "0" * 32
+    sink.expect(tok)
     for r in (0, 1):
-        sink("m", r, "stdout", SYNC + "tok")
-    assert sink.finished("tok") == 2
-    assert sink.wait_synced("tok", {("m", 0, "stdout"), ("m", 1, "stdout")}, 5, by_rank=True)
+        sink("m", r, "stdout", SYNC + tok)
+    assert sink.finished(tok) == 2
+    assert sink.wait_synced(tok, {("m", 0, "stdout"), ("m", 1, "stdout")}, 5, by_rank=True)
     assert "".join(s for _c, s in out.writes).splitlines() == [
         "[rank 0] first 0", "[rank 0] second 0", "[rank 1] first 1", "[rank 1] second 1"]
     assert sink.last_lines == {("m", 0): "second 0", ("m", 1): "second 1"}
@@ -393,19 +395,21 @@ def test_sync_markers_count_stdout_only_and_a_missing_one_times_out(monkeypatch)
     out = CellStream(contextvars.ContextVar("cell"), delay=0)
     monkeypatch.setattr("sys.stdout", out)
     sink = CollapsingSink(None, window=60)
+    t1 = "1" * 32
     try:
+        sink.expect(t1)
         sink("m", 0, "stdout", "line")
-        sink("m", 0, "stdout", SYNC + "t1")
-        sink("m", 0, "stderr", SYNC + "t1")
-        sink("m", 1, "stderr", SYNC + "t1")
-        assert sink.finished("t1") == 1 and sink.finished("other") == 0
+        sink("m", 0, "stdout", SYNC + t1)
+        sink("m", 0, "stderr", SYNC + t1)
+        sink("m", 1, "stderr", SYNC + t1)
+        assert sink.finished(t1) == 1 and sink.finished("other") == 0
         assert sink.last_lines == {("m", 0): "line"}, "markers are not lines"
         expected = {("m", 0, "stdout"), ("m", 1, "stdout")}
         start = time.monotonic()
-        assert not sink.wait_synced("t1", expected, 0.2)
+        assert not sink.wait_synced(t1, expected, 0.2)
         assert time.monotonic() - start >= 0.2
         # It flushed anyway, and forgot the token.
-        assert [s for _c, s in out.writes] == ["[rank 0] line\n"] and sink.finished("t1") == 0
+        assert [s for _c, s in out.writes] == ["[rank 0] line\n"] and sink.finished(t1) == 0
     finally:
         sink.close()
 

@@ -2,14 +2,16 @@
 read from the pipes their file descriptors 1 and 2 point at.
 
 Captured at the fd level, so C extensions and child processes are caught too.  Lines go to
-a sink (the kernel plugs in its own); the last stderr lines of each rank are kept for death
-reports.  Runs on the IO thread and never blocks; the work per byte is constant however
+a sink (the kernel plugs in its own), or, to a sink with a ``write`` method, the text as it
+comes (a line not yet ended shows at once); the last stderr lines of each rank are kept for
+death reports.  Runs on the IO thread and never blocks; the work per byte is constant however
 long a line is, and no line is held whole past ``config.max_line()`` bytes (a longer one
 reaches the sink as pieces of that size).
 """
 
 from __future__ import annotations
 
+import codecs
 import collections
 import logging
 import sys
@@ -50,8 +52,10 @@ def _char_boundary(data: bytes, cut: int) -> int:
 class LineReader:
     """One rank's stream, as the chunks its template (or host agent) forwards arrive:
     ``feed(data)`` calls ``sink`` per complete line (or per piece of a line longer than
-    ``max_line`` bytes); ``close()`` sends what is left.  It holds no file descriptor, so the
-    controller's open files do not grow with its ranks."""
+    ``max_line`` bytes); ``close()`` sends what is left.  A sink with a ``write(mesh, rank,
+    stream, text)`` method gets the text of each chunk instead, whole characters only, and
+    cuts it into lines itself.  It holds no file descriptor, so the controller's open files do
+    not grow with its ranks."""
 
     def __init__(self, mesh: str, rank: int, stream: str, sink: Callable[[], Sink]):
         self.mesh, self.rank, self.stream = mesh, rank, stream
@@ -61,15 +65,35 @@ class LineReader:
         self._max = config.max_line()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.closed = False
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._to_sink = True  # whether lines go to the sink (not when it takes text as it comes)
 
     def feed(self, data: bytes) -> None:
-        if not self.closed and data:
-            self._feed(data)
+        if self.closed or not data:
+            return
+        write = getattr(self._sink(), "write", None)
+        self._to_sink = write is None
+        if write is not None:
+            self._write(write, self._decoder.decode(data))
+            if self.stream != "stderr":
+                return  # only stderr's lines are kept (for death reports)
+        self._feed(data)
+
+    def _write(self, write, text: str) -> None:
+        if not text:
+            return
+        try:
+            write(self.mesh, self.rank, self.stream, text)
+        except Exception as e:  # a broken sink must not stop the IO thread
+            log.error("monarch_kernel: output sink failed: %r", e, extra=PROCESS_STDERR)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        write = getattr(self._sink(), "write", None)
+        if write is not None:
+            self._write(write, self._decoder.decode(b"", final=True))
         if self._parts:
             raw = b"".join(self._parts)
             self._parts, self._held = [], 0
@@ -81,6 +105,8 @@ class LineReader:
             line = line.rstrip("\r")
         if self.stream == "stderr":
             self.tail.append(line if len(line) <= TAIL_CHARS else line[:TAIL_CHARS] + "…")
+        if not self._to_sink:
+            return
         try:
             self._sink()(self.mesh, self.rank, self.stream, line)
         except Exception as e:  # a broken sink must not stop the IO thread
