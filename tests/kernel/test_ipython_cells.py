@@ -23,7 +23,7 @@ def mesh_kc(module_kc):
     return module_kc
 
 
-PROGRESS = re.compile(r"\[mesh\] \d+ of \d+ ranks finished \(\d+ s\)")
+PROGRESS = re.compile(r"\[mesh\] \d+ of \d+ ranks? finished \(\d+ s\)")
 
 
 def cell(kc, code: str, timeout: float = 60) -> str:

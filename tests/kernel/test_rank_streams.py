@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 pytestmark = pytest.mark.timeout(180)
 
 MARKER = "monarch-sync"
-PROGRESS = re.compile(r"\[mesh\] \d+ of \d+ ranks finished")
+PROGRESS = re.compile(r"\[mesh\] \d+ of \d+ ranks? finished")
 ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
