@@ -60,9 +60,9 @@ class LabCopy:
     def make(self, *args: str, timeout: float = 600) -> str:
         return make(self.root, *args, env=self.env(), timeout=timeout)
 
-    def git_status(self, *options: str) -> list[str]:
-        """What git sees changed or new in the copy (ignored files too with ``--ignored``)."""
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", *options], cwd=self.root,
+    def git_status(self) -> list[str]:
+        """What git sees changed or new in the copy (ignored files are not listed)."""
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=self.root,
                              capture_output=True, text=True, check=True).stdout
         return out.splitlines()
 

@@ -218,7 +218,6 @@ def test_make_lab_serves_copies_and_a_session_changes_no_tracked_file(lab):
     assert (lab.workspace / "training.ipynb").read_bytes() == (lab.root / "notebooks" / "training.ipynb").read_bytes()
     # Whatever this session and the notebooks' runs before it left is ignored by git, and no
     # tracked file changed (notebooks/ included).
-    print("left, and ignored by git:", [f for f in lab.git_status("--ignored") if "/.venv/" not in f])
     assert lab.git_status() == [], lab.git_status()
     recorded = (lab.tools / "apt-get.log").read_text() if (lab.tools / "apt-get.log").exists() else ""
     assert all("--no-upgrade" in call for call in recorded.splitlines() if " install " in f" {call} "), recorded
