@@ -88,9 +88,10 @@ $(PANEL): $(LABEXT) $(STAMP)
 setup: $(STAMP) $(PANEL)
 
 # What only the tests need: their system packages (above), then the test extras; the project
-# is installed again so that its ibverbs extension is built against the headers just installed.
+# is installed again so that its ibverbs extension is built against the headers just installed
+# (torch pinned again, as above).
 $(TEST_STAMP): $(STAMP) $(TEST_SYSSTAMP)
-	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[test]' torch==2.13.0 --config-settings editable_mode=compat
 	rm -f $(VENV)/.test-installed-*
 	touch $@
 
