@@ -1,8 +1,9 @@
 # Two commands matter: `make lab` (set up, then JupyterLab with the monarch kernel) and
 # `make test` (set up, then the whole suite).  `make demo` is the headless variant of the
-# first: it runs the quickstart notebook and prints its outputs.  All create .venv first.
+# first: it runs the quickstart notebook and prints its outputs.  All create .venv first
+# (VENV=DIR makes it elsewhere: tests/system/test_notebooks.py sets up a fresh copy so).
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
 # System packages, in two sets, each printed as it is installed (as root, with apt-get):
@@ -24,27 +25,37 @@ TEST_SYSDEPS := iproute2 libibverbs-dev rdma-core python3-pyverbs chromium \
 SYSSTAMP := $(VENV)/.sysdeps-$(shell echo $(SYSDEPS) | cksum | cut -d' ' -f1)
 TEST_SYSSTAMP := $(VENV)/.test-sysdeps-$(shell echo $(TEST_SYSDEPS) | cksum | cut -d' ' -f1)
 TEST_STAMP := $(VENV)/.test-installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
-APT = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install $(1)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1); \
-	else echo "note: not root: skipping apt-get install $(1) ($(2))"; fi
+# Installs only the packages of $(1) that dpkg does not list as installed, with --no-upgrade:
+# an installed package is never upgraded (apt-get install of an installed libssl-dev once
+# upgraded libssl3 and openssl).  One line per step; apt's own output shows only on failure.
+APT = missing=$$(for p in $(1); do dpkg-query -W -f='$${db:Status-Status}\n' $$p 2>/dev/null | grep -qx installed || echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "system packages: already installed: $(1)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install --no-upgrade" $$missing; log=$$(mktemp); \
+	  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade $$missing; } >$$log 2>&1; \
+	  then cat $$log >&2; rm -f $$log; echo "error: apt-get install $$missing failed (its output is above)" >&2; exit 1; fi; \
+	  rm -f $$log; \
+	else echo "note: not installing" $$missing "(that needs root and apt-get): $(2)"; fi
 
-.PHONY: setup lab demo lint test bench bench-scale clean
+# workspace: a recipe, not the folder (which exists after the first `make lab`)
+.PHONY: setup lab workspace demo lint test bench bench-scale clean
 
 $(SYSSTAMP):
 	@$(call APT,$(SYSDEPS),messages will take the pure-Python path unless OpenSSL's headers are there)
-	mkdir -p $(VENV) && rm -f $(VENV)/.sysdeps* && touch $@
+	@mkdir -p $(VENV) && rm -f $(VENV)/.sysdeps* && touch $@
 
 $(TEST_SYSSTAMP): $(SYSSTAMP)
 	@$(call APT,$(TEST_SYSDEPS),the tests of ibverbs and network namespaces and ssh and Slurm and the browser will skip)
-	rm -f $(VENV)/.test-sysdeps* && touch $@
+	@rm -f $(VENV)/.test-sysdeps* && touch $@
 
+# torch first, pinned: the local CPU wheel, never a multi-GB CUDA download (named again below
+# so that pip keeps it).  Then the project with its notebooks extra (what notebooks/ imports
+# besides the kernel: numpy, which torch itself wants, and matplotlib), and JupyterLab: what
+# the panel is built with (jlpm) and shown in.
 $(STAMP): pyproject.toml setup.py $(SYSSTAMP)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch first, pinned: the local CPU wheel, never a multi-GB CUDA download.
 	$(BIN)/pip install -q torch==2.13.0
-	# JupyterLab: what the panel is built with (jlpm) and shown in.
-	$(BIN)/pip install -q -e . 'jupyterlab>=4.2' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[notebooks]' 'jupyterlab>=4.2' torch==2.13.0 --config-settings editable_mode=compat
 	$(BIN)/python -m monarch_kernel install --sys-prefix
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
@@ -58,7 +69,7 @@ LABSRC := $(wildcard labextension/src/*.ts labextension/style/* labextension/sch
 	labextension/package.json labextension/yarn.lock labextension/tsconfig.json
 PANEL := $(VENV)/.panel-installed
 
-$(LABEXT): $(LABSRC) $(STAMP)
+$(LABEXT): $(LABSRC) | $(STAMP)
 	@command -v node >/dev/null || { echo "error: the Mesh panel (labextension/) is built with Node.js 20.19 or newer," \
 	  "and there is no node on PATH: install it (NodeSource's packages or nvm; Debian 12's nodejs 18 is too old)," \
 	  "then make again" >&2; exit 1; }
@@ -77,15 +88,26 @@ $(PANEL): $(LABEXT) $(STAMP)
 setup: $(STAMP) $(PANEL)
 
 # What only the tests need: their system packages (above), then the test extras; the project
-# is installed again so that its ibverbs extension is built against the headers just installed.
+# is installed again so that its ibverbs extension is built against the headers just installed
+# (torch pinned again, as above).
 $(TEST_STAMP): $(STAMP) $(TEST_SYSSTAMP)
-	$(BIN)/pip install -q -e '.[test]' --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[test]' torch==2.13.0 --config-settings editable_mode=compat
 	rm -f $(VENV)/.test-installed-*
 	touch $@
 
-lab: setup
+# JupyterLab serves workspace/ (git-ignored), where each notebook of notebooks/ is copied unless
+# a copy is there already: Run All and saving write there, never into the tracked notebooks/, and
+# a user's edited copy is kept (delete it to get the shipped one again).
+WORKSPACE ?= workspace
+
+workspace:
+	@mkdir -p $(WORKSPACE) && for f in notebooks/*.ipynb; do \
+	  [ -e "$(WORKSPACE)/$${f##*/}" ] || cp "$$f" "$(WORKSPACE)/"; done
+	@echo "notebooks: $(WORKSPACE)/ (copies of notebooks/; an edited copy is kept)"
+
+lab: setup workspace
 	@echo "JupyterLab with the 'Python 3 (monarch mesh)' kernel; open the URL it prints below."
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --notebook-dir=$(WORKSPACE) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 demo: setup
 	$(BIN)/python examples/run_notebook.py notebooks/quickstart.ipynb

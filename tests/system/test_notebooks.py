@@ -1,17 +1,49 @@
-"""Every notebook in notebooks/ runs top to bottom on the installed monarch kernel."""
+"""Every notebook in notebooks/ runs top to bottom, clean, where ``make lab`` serves it: in a
+fresh copy of this tree set up by its own ``make setup`` (its .venv, its kernelspec, the
+notebooks extra; ``_lab.py``), from the copy's workspace/, on that environment's monarch kernel,
+never the test environment's.  Then ``make lab`` itself serves workspace/, and whatever the
+session left (saved outputs, checkpoints, profiles) changes no file that git tracks."""
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
 import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
 
 import nbformat
 import pytest
 from _kernels import Output, finished, started
+from _lab import lab_copy
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+# A warning in a cell's stderr or the kernel's: a package the notebooks need is missing (torch's
+# "Failed to initialize NumPy"), or something is deprecated; either way the user sees noise.
+WARNING = re.compile(r"warning|failed to initiali[sz]e", re.I)
+# ipykernel's notice on the kernel's stderr (JupyterLab's terminal, never a cell) whenever a kernel
+# manager gives it TCP ports without CurveZMQ keys, as every Jupyter frontend does today.
+TRANSPORT_NOTICE = "WARNING | Kernel is running over TCP without encryption."
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """A fresh copy of this tree after ``make setup workspace`` (removed after the module)."""
+    where = pathlib.Path(tempfile.mkdtemp(prefix="mk-lab-"))
+    try:
+        copy = lab_copy(where / "tree")
+        print(f"make setup workspace in a fresh copy: {copy.setup_seconds:.0f} s")
+        yield copy
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def outputs(nb) -> str:
@@ -31,14 +63,27 @@ def test_there_are_notebooks():
                                            "tensor_parallel.ipynb", "distributed_tensors.ipynb"}
 
 
-@pytest.mark.timeout(300)
+def warnings_in(nb) -> list[str]:
+    """The lines of the notebook's stderr outputs that look like a warning."""
+    return [line for cell in nb.cells for node in cell.get("outputs", [])
+            if node.get("output_type") == "stream" and node.get("name") == "stderr"
+            for line in node.get("text", "").splitlines() if WARNING.search(line)]
+
+
+# 600 s: the first test also waits for the module's `make setup` (under a minute with pip's cache).
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, kernelspec):
+def test_notebook_runs(path, lab):
+    path = lab.workspace / path.name  # the copy `make lab` serves
     nb = nbformat.read(path, as_version=4)
     resources = {"metadata": {"path": str(path.parent)}}
+    specs = KernelSpecManager(kernel_dirs=lab.kernel_dirs)
+    assert specs.get_kernel_spec("monarch").argv[0] == str(lab.venv / "bin" / "python")
     # The kernel is started by the harness, which starts it again if a port it was given
-    # was taken before it bound it (see ``_kernels.started``).
-    km, kc = started(lambda: KernelManager(kernel_name=kernelspec), cwd=str(path.parent))
+    # was taken before it bound it (see ``_kernels.started``); its stderr is read below.
+    log = tempfile.TemporaryFile(mode="w+b")
+    km, kc = started(lambda: KernelManager(kernel_name="monarch", kernel_spec_manager=specs),
+                     cwd=str(path.parent), env=lab.env(), stderr=log)
     kc.stop_channels()
     client = NotebookClient(nb, timeout=240, km=km, resources=resources)
     try:
@@ -47,6 +92,13 @@ def test_notebook_runs(path, kernelspec):
         if client.kc is not None:  # nbclient leaves the client of a kernel it did not start
             client.kc.stop_channels()
         finished(km, kc)
+        log.seek(0)
+        said = log.read().decode(errors="replace")
+        log.close()
+    nbformat.write(nb, path)  # as Run All then Save in JupyterLab
+    assert not warnings_in(nb), warnings_in(nb)
+    noise = [line for line in said.splitlines() if WARNING.search(line) and TRANSPORT_NOTICE not in line]
+    assert not noise, f"the kernel's stderr:\n{said}"
     text = outputs(nb)
     if path.stem == "quickstart":
         assert "[ranks 0-3] hello from the mesh" in text
@@ -111,3 +163,61 @@ def check_ddp(text: str) -> None:
     accuracy = [float(a) for a in re.findall(r"\[ranks 0-3\] held-out accuracy ([0-9.]+)%", text)]
     assert accuracy and min(accuracy) > 95, accuracy
     assert "held-out accuracy after recovery:" in text
+
+
+def served(runtime: pathlib.Path, server: subprocess.Popen, timeout: float = 90) -> dict:
+    """The Jupyter server's own record (url, token, root_dir) once it is up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record in runtime.glob("jpserver-*.json"):
+            info = json.loads(record.read_text() or "{}")
+            if info.get("url"):
+                return info
+        assert server.poll() is None, f"make lab exited {server.returncode}"
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for make lab's server to write its record")
+
+
+def api(info: dict, path: str, method: str = "GET", body: dict | None = None) -> dict:
+    request = urllib.request.Request(f"{info['url'].rstrip('/')}/api/contents/{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"token {info['token']}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read() or b"{}")
+
+
+@pytest.mark.timeout(600)
+def test_make_lab_serves_copies_and_a_session_changes_no_tracked_file(lab):
+    runtime = pathlib.Path(tempfile.mkdtemp(prefix="mk-lab-runtime-"))
+    server = subprocess.Popen(["make", "lab"], cwd=lab.root, env=dict(lab.env(), JUPYTER_RUNTIME_DIR=str(runtime)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        info = served(runtime, server)
+        assert os.path.realpath(info["root_dir"]) == os.path.realpath(lab.workspace)
+        names = {item["name"] for item in api(info, "?content=1")["content"]}
+        assert {p.name for p in NOTEBOOKS} <= names, names
+        # Saving an edited notebook, as JupyterLab does: the file, then a checkpoint of it.
+        saved = api(info, "quickstart.ipynb")
+        saved["content"]["cells"][0]["source"] = "# my notes"
+        api(info, "quickstart.ipynb", "PUT", {"type": "notebook", "format": "json", "content": saved["content"]})
+        api(info, "quickstart.ipynb/checkpoints", "POST")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # make and JupyterLab, which shuts its kernels down
+        try:
+            said = server.communicate(timeout=60)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            said = server.communicate()[0].decode(errors="replace")
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert "Serving notebooks from local directory: " + str(lab.workspace) in said, said[-3000:]
+    assert (lab.workspace / ".ipynb_checkpoints" / "quickstart-checkpoint.ipynb").exists()
+    # `make lab` again keeps the edited copy, and puts back a deleted one.
+    (lab.workspace / "training.ipynb").unlink()
+    lab.make("workspace")
+    assert nbformat.read(lab.workspace / "quickstart.ipynb", as_version=4).cells[0].source == "# my notes"
+    assert (lab.workspace / "training.ipynb").read_bytes() == (lab.root / "notebooks" / "training.ipynb").read_bytes()
+    # Whatever this session and the notebooks' runs before it left is ignored by git, and no
+    # tracked file changed (notebooks/ included).
+    assert lab.git_status() == [], lab.git_status()
+    recorded = (lab.tools / "apt-get.log").read_text() if (lab.tools / "apt-get.log").exists() else ""
+    assert all("--no-upgrade" in call for call in recorded.splitlines() if " install " in f" {call} "), recorded
