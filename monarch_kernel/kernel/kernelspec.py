@@ -80,5 +80,6 @@ def settings(markdown: bool) -> int:
         return 0
     for s in config.SETTINGS.values():
         if s.env:
-            print(f"{s.env}={'' if s.get() is None else s.get()}  ({s.help})")
+            now = config.value(s)
+            print(f"{s.env}={'' if now is None else now}  ({s.help})")
     return 0

@@ -32,7 +32,7 @@ JOIN_WINDOW_S = config.seconds("collapse_join_window")
 HOLD_S = config.seconds("collapse_hold")
 BATCH_GAP_S = config.seconds("output_batch_gap")
 WRITE_CHARS = 1 << 20  # a batch is written (one iopub message) at most about this big
-TAIL_GAP_S = 0.1  # the last line (a progress bar) is redrawn at most this often
+TAIL_GAP_S = config.seconds("output_tail_gap")
 
 
 class Entry:

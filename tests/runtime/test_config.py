@@ -47,7 +47,7 @@ def test_the_readme_tables_are_generated_from_the_config_module():
     found = README_TABLES.search((ROOT / "README.md").read_text())
     assert found, "README.md has lost its settings tables' markers (see README_TABLES)"
     assert found.group(1) == config.markdown(), (
-        "README.md's settings tables differ from runtime/config.py's: paste the output of "
+        "README.md's settings tables differ from runtime/settings.py's: paste the output of "
         "`python -m monarch_kernel settings --markdown` between the markers")
 
 
@@ -67,7 +67,7 @@ def test_no_module_but_config_reads_a_variable_of_ours():
 def test_every_variable_the_code_names_is_declared():
     declared = {s.env for s in config.SETTINGS.values() if s.env}
     named = {m for _, src in _others() for m in re.findall(r"MONARCH_KERNEL_[A-Z][A-Z_]*[A-Z]", src)}
-    assert named - declared == set(), "declare these in runtime/config.py (name, type, default, meaning)"
+    assert named - declared == set(), "declare these in runtime/settings.py (name, type, default, meaning)"
     assert len(declared) == 32
 
 
@@ -76,7 +76,7 @@ def test_every_timing_constant_comes_from_config():
     offenders = [f"{rel}:{n}: {line.strip()}" for rel, src in _others()
                  for n, line in enumerate(src.splitlines(), 1)
                  if (m := defined.match(line)) and "seconds(" not in m.group(1)]
-    assert offenders == [], "declare these in runtime/config.py and read them with config.seconds(name)"
+    assert offenders == [], "declare these in runtime/settings.py and read them with config.seconds(name)"
 
 
 def test_every_constant_is_used_where_the_table_says():
