@@ -87,10 +87,11 @@ PAGE = 4096
 def parts(n: int, threads: int) -> list[tuple[int, int]]:
     """The ``(start, end)`` byte ranges a copy of ``n`` bytes is split into: at most
     ``threads`` of them, each at least ``PART_MIN`` but the last, starts page aligned."""
-    k = max(1, min(threads, n // PART_MIN)) if n >= PARALLEL_MIN else 1
-    step = -(-n // k)
-    step = -(-step // PAGE) * PAGE
-    return [(lo, min(lo + step, n)) for lo in range(0, n, step)] or [(0, 0)]
+    if n < PARALLEL_MIN:
+        return [(0, n)]
+    k = max(1, min(threads, n // PART_MIN))
+    step = -(-(-(-n // k)) // PAGE) * PAGE  # n / k, rounded up to a whole page
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
 
 _pool: ThreadPoolExecutor | None = None
