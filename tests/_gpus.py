@@ -17,3 +17,10 @@ def devices_here() -> int:
 def default_backend(ranks_on_this_host: int) -> str:
     """``"nccl"`` only where this host has a GPU for each of the ranks, else ``"gloo"``."""
     return gpus.backend_for_counts([ranks_on_this_host], [devices_here()])
+
+
+def needs_cuda(reason: str = "a CUDA GPU"):
+    """Skip unless this machine has a CUDA GPU, saying what the test needs."""
+    import pytest
+
+    return pytest.mark.skipif(devices_here() == 0, reason=f"needs {reason}; there is none here")

@@ -79,17 +79,25 @@ def nccl_refused(devices: Sequence[str | None]) -> str | None:
 
 
 def release_after_oom(exc: BaseException) -> bool:
-    """After a CUDA out-of-memory error (``exc`` or what caused it), give this process's
-    cached GPU memory back to the device, so ranks sharing it are not starved by a
-    reservation nobody uses (torch keeps what it reserved until ``empty_cache()``).  True
-    when it did."""
+    """After a CUDA out-of-memory error (``exc`` or one in its chain), let go of what the
+    failed code held (the locals of its finished frames: its report is already taken) and
+    give this process's cached GPU memory back to the device, so ranks sharing it are not
+    starved by a reservation nobody uses (torch keeps what it reserved until
+    ``empty_cache()``).  True when it did."""
     torch = sys.modules.get("torch")
-    oom = getattr(torch, "OutOfMemoryError", None) or getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-    seen = 0
+    if torch is None:
+        return False
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    chain: list[BaseException] = []
     e: BaseException | None = exc
-    while e is not None and seen < 8:
-        if oom is not None and isinstance(e, oom):
-            torch.cuda.empty_cache()  # type: ignore[union-attr]
-            return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False
+    while e is not None and len(chain) < 8 and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if oom is None or not any(isinstance(x, oom) for x in chain):
+        return False
+    import traceback
+
+    for x in chain:
+        traceback.clear_frames(x.__traceback__)
+    torch.cuda.empty_cache()
+    return True
