@@ -29,7 +29,7 @@ APT = if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1); \
 	else echo "note: not root: skipping apt-get install $(1) ($(2))"; fi
 
-.PHONY: setup lab demo lint test bench bench-scale clean
+.PHONY: setup lab demo lint test bench bench-scale gpu-check clean
 
 $(SYSSTAMP):
 	@$(call APT,$(SYSDEPS),messages will take the pure-Python path unless OpenSSL's headers are there)
@@ -102,6 +102,10 @@ test: setup $(TEST_STAMP) lint
 
 bench: setup $(TEST_STAMP)
 	$(BIN)/python -m benchmarks
+
+# The CUDA tests and GPU benchmarks, one JSON object, under 5 minutes (says so where there is no GPU).
+gpu-check: setup $(TEST_STAMP)
+	$(BIN)/python -m benchmarks gpu
 
 # W11: 256, 512 and 1,024 ranks on this host (minutes; about 6 GiB of memory at 1,024).
 bench-scale: setup $(TEST_STAMP)

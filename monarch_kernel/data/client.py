@@ -132,14 +132,16 @@ class Connection:
         if sock is None:
             sock = _connect(h, via, key)
         sock.settimeout(timeout)
-        self.sock = sock
+        self.sock: socket.socket | None = sock
 
     def __enter__(self) -> socket.socket:
+        assert self.sock is not None, "a detached connection"
         return self.sock
 
     def detach(self) -> socket.socket:
         """The socket, taken out of the pool for good (the caller closes it)."""
         sock, self.sock = self.sock, None
+        assert sock is not None, "detached twice"
         return sock
 
     def __exit__(self, exc_type, exc, tb):

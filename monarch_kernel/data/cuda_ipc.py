@@ -14,7 +14,6 @@ from . import client, liveness, wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone, TransferError
 from .memory import Memory
 
-
 _probed: dict[int, tuple[bool, str]] = {}  # pid -> the answer: asked once per process
 
 

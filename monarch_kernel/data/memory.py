@@ -90,8 +90,12 @@ def parts(n: int, threads: int) -> list[tuple[int, int]]:
     if n < PARALLEL_MIN:
         return [(0, n)]
     k = max(1, min(threads, n // PART_MIN))
-    step = -(-(-(-n // k)) // PAGE) * PAGE  # n / k, rounded up to a whole page
+    step = _round_up(_round_up(n, k) // k, PAGE)  # n / k, rounded up to a whole page
     return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
 
 
 _pool: ThreadPoolExecutor | None = None

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from _gpus import default_backend, devices_here
 
 from monarch_kernel import Actor, ActorError, ProcessDied, endpoint, this_host
 from monarch_kernel.spmd import (
@@ -27,8 +28,6 @@ from monarch_kernel.spmd import (
     setup_torch_elastic_env,
 )
 from monarch_kernel.spmd.layout import elastic_layout, layout_from_point
-
-from _gpus import default_backend, devices_here
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -232,7 +231,8 @@ def test_nccl_where_every_rank_has_a_gpu():
 def test_device_mesh_takes_the_proc_meshs_dims(procs, probe):
     handle = device_mesh(procs, ("dp", "tp"))
     device = "cuda" if default_backend(4) == "nccl" else "cpu"
-    assert repr(handle) == f"DeviceMesh<{{'dp': 2, 'tp': 2}} {device} on '{procs.name}'>"  # the name depends on test order
+    # (the name depends on test order)
+    assert repr(handle) == f"DeviceMesh<{{'dp': 2, 'tp': 2}} {device} on '{procs.name}'>"
     got = probe.coordinate.call().get(timeout=60)
     for point, (coord, names, shape) in got.items():
         assert coord == (point["dp"], point["tp"]) and names == ("dp", "tp") and shape == (2, 2)

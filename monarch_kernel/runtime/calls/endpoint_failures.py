@@ -10,8 +10,8 @@ import pickle
 import socket
 from typing import TYPE_CHECKING
 
-from ..context import MeshRef, actor_name, actor_path
 from .. import gpus
+from ..context import MeshRef, actor_name, actor_path
 from ..errors import ActorError
 from ..failure import MeshFailure, RemoteFailure
 from ..wire.envelope import Header, Kind, Part, Status
