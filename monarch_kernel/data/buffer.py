@@ -6,6 +6,7 @@ the bytes, nor trust a handle whose signature does not verify.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import os
@@ -302,10 +303,8 @@ class RDMABuffer:
             return Future(c, start=copy_here)
         key = self._key()
         self._verify(key)
-        via = self._transport(mem.device)
-        threads = config.data_copy_threads()
 
-        def run():
+        def run(via: str, threads: int):
             try:
                 _transfer(h, key, op, mem, offset, timeout, via, threads)
                 c.set_result(mem.nbytes)
@@ -315,9 +314,12 @@ class RDMABuffer:
         def start():
             # In the order they are started, wherever two touch the same bytes (order.py); a
             # bare copy (no round trip) small enough, or for a caller blocked on .get() anyway,
-            # runs on the caller's thread.
+            # runs on the caller's thread.  A transport that cannot serve raises here: the
+            # Future raises it.
+            via = self._transport(mem.device)
             inline = _bare_copy(h, via, op, mem) and (mem.nbytes <= INLINE_MAX or not _in_event_loop())
-            _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes, run, inline)
+            _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes,
+                           functools.partial(run, via, config.data_copy_threads()), inline)
 
         return Future(c, start=start)
 

@@ -102,15 +102,24 @@ _none: set[bytes] = set()  # owners that gave no words (older, or over TCP): alw
 
 
 def obtain(h, key: bytes, timeout: float | None) -> Watch | None:
-    """The watch on ``h``'s owner, asked for once (a connection of its own, kept idle)."""
+    """The watch on ``h``'s owner, asked for once (a connection of its own, kept idle).
+    None where it cannot be had now: the transfer that asks has already succeeded, and the
+    next one asks its owner instead (and tries again)."""
     from . import client, wire
+    from .errors import TransferError
 
     w = watch(h.instance)
     if w is not None or h.instance in _none:
         return w
-    sock = client.Connection(h, "unix", key, timeout).detach()
+    try:
+        sock = client.Connection(h, "unix", key, timeout).detach()
+    except (OSError, TransferError):
+        return None
     try:
         status, _msg, fds = client.request_fds(sock, h, wire.Op.LIVE)
+    except OSError:
+        sock.close()
+        return None
     except BaseException:
         sock.close()
         raise
