@@ -43,14 +43,25 @@ class CopyBench(Actor):
     @endpoint
     def read_vs_copy(self, buf: RDMABuffer, device: str, runs: int) -> dict:
         """Median seconds of ``read_into`` and of ``copy_`` of as many bytes on this device
-        (device to device on a GPU, into a preallocated tensor on the CPU), same process."""
+        (device to device on a GPU, into a preallocated tensor on the CPU), same process,
+        alternated so that load from elsewhere hits both alike."""
         import torch
 
         dst = torch.zeros(buf.size, dtype=torch.uint8, device=device)
         src = torch.ones(buf.size, dtype=torch.uint8, device=device)
-        sync = torch.cuda.synchronize if device.startswith("cuda") else None
-        read = _median_s(lambda: buf.read_into(dst).get(timeout=120), 3, runs)
-        copy = _median_s(lambda: dst.copy_(src), 3, runs, sync)
+        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        reads, copies = [], []
+        for i in range(runs + 3):
+            t0 = time.perf_counter()
+            buf.read_into(dst).get(timeout=120)
+            t1 = time.perf_counter()
+            dst.copy_(src)
+            sync()
+            t2 = time.perf_counter()
+            if i >= 3:
+                reads.append(t1 - t0)
+                copies.append(t2 - t1)
+        read, copy = statistics.median(reads), statistics.median(copies)
         assert int(dst[:4096].sum()) == 4096
         return {"transport": buf.transport(device), "read_ms": round(read * 1e3, 4), "copy_ms": round(copy * 1e3, 4),
                 "read_over_copy_speed": round(copy / read, 2), "read_GBps": round(buf.size / read / 1e9, 2)}

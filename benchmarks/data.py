@@ -85,6 +85,10 @@ def w4() -> dict:
     out["W4b_rdma_read"] = {name: w4b(name) for name in usable}
     out["W4b_unavailable"] = {t["name"]: t["reason"] for t in transports() if not t["available"]}
     # The ceilings, measured in this same job (the floors job measures them too, earlier).
+    from .gpu import reads
+
+    # The same read beside torch's copy_ of as many bytes in the reading rank, alternated.
+    out["W4b_shm_beside_copy"] = reads("cpu", [NBYTES])["64 MiB"]
     out["W4_memcpy_64MiB_MBps"] = memcpy()
     shm = out["W4b_rdma_read"].get("shm")
     if shm and out["W4_memcpy_64MiB_MBps"]:
