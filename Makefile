@@ -38,7 +38,7 @@ APT = missing=$$(for p in $(1); do dpkg-query -W -f='$${db:Status-Status}\n' $$p
 	else echo "note: not installing" $$missing "(that needs root and apt-get): $(2)"; fi
 
 # workspace: a recipe, not the folder (which exists after the first `make lab`)
-.PHONY: setup lab workspace demo lint test bench bench-scale clean
+.PHONY: setup lab workspace demo lint test bench bench-scale gpu-check clean
 
 $(SYSSTAMP):
 	@$(call APT,$(SYSDEPS),messages will take the pure-Python path unless OpenSSL's headers are there)
@@ -124,6 +124,10 @@ test: setup $(TEST_STAMP) lint
 
 bench: setup $(TEST_STAMP)
 	$(BIN)/python -m benchmarks
+
+# The CUDA tests and GPU benchmarks, one JSON object, under 5 minutes (says so where there is no GPU).
+gpu-check: setup $(TEST_STAMP)
+	$(BIN)/python -m benchmarks gpu
 
 # W11: 256, 512 and 1,024 ranks on this host (minutes; about 6 GiB of memory at 1,024).
 bench-scale: setup $(TEST_STAMP)

@@ -7,6 +7,8 @@ the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory
 W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
 ranks; the collectives recorder's and the profiler's cost on W10's step) chaos (faults at random
 across hosts during a mixed workload: ``chaos --seed N --minutes M``; needs root; not in the
+default run) gpu (the CUDA tests and GPU benchmarks, ``make gpu-check``: under 5 minutes; without
+a GPU it says so, runs its shm part and exits 0; exit 1 when a CUDA test failed; not in the
 default run).  Progress and ranks' output go to stderr.
 """
 
@@ -29,7 +31,7 @@ WORKLOADS = {
     "W1": [("W1", {}, 150)],
     "W2": [("W2", {}, 120)],
     "W3": [("W3", {}, 120)],
-    "W4": [("W4", {}, 120)],
+    "W4": [("W4", {}, 240)],
     "W5": [("W5", {}, 150)],
     "W6": [("W6", {}, 60)],
     "W7": [("W7", {}, 180)],
@@ -47,10 +49,13 @@ WORKLOADS = {
     # Not in the default run either: --minutes (10 by default) of faults; its env and timeout
     # are filled in from --seed and --minutes.
     "chaos": [("chaos", {}, 0)],
+    # Not in the default run (make gpu-check): the CUDA tests and GPU benchmarks, under 5 minutes;
+    # without a GPU it says so and runs its shm part alone.
+    "gpu": [("gpu", {}, 290)],
 }
-DEFAULT = [w for w in WORKLOADS if w not in ("W11", "chaos", "W9jump")]  # W9 runs W9jump
+DEFAULT = [w for w in WORKLOADS if w not in ("W11", "chaos", "W9jump", "gpu")]  # W9 runs W9jump
 ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors", "W1SLURM": "W1slurm", "W9JUMP": "W9jump",
-           "CHAOS": "chaos"}
+           "CHAOS": "chaos", "GPU": "gpu"}
 
 
 def _merge(into: dict, new: dict) -> None:
@@ -148,7 +153,8 @@ def main(argv=None) -> int:
                        "torch": _version("torch"), "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
                        "platform": platform.platform()}
     print(json.dumps(results, indent=1))
-    return 0
+    failed = results.get("cuda_tests", {})
+    return 1 if "gpu" in ids and (failed.get("failed") or failed.get("error") or "gpu_error" in results) else 0
 
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ class DataBench(Actor):
     """Owner and reader of W4b's RDMABuffer."""
 
     @endpoint
+    def noop(self) -> None:
+        return None
+
+    @endpoint
     def register(self, nbytes: int):
         import torch
 

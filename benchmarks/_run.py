@@ -32,6 +32,7 @@ JOBS = {
     "W13c": ("tensor_collectives", "w13_collectives"),
     "W13c16": ("tensor_collectives", "w13_collectives_16"),
     "chaos": ("chaos", "chaos"),
+    "gpu": ("gpu", "gpu"),
 }
 
 

@@ -6,6 +6,7 @@ the bytes, nor trust a handle whose signature does not verify.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import os
@@ -123,10 +124,12 @@ class RDMABuffer:
         await buf.read_into(dst)
     """
 
-    __slots__ = ("_h", "_local", "_server")
-    _h: Handle
+    __slots__ = ("_h", "_local", "_server", "_verified", "_via")
+    _h: Handle  # frozen, and never replaced: what was verified stays what is used
     _local: Registered | None  # the registration, in the process that registered it
     _server: DataServer | None  # that process's data server
+    _verified: bytes | None  # the job key this handle's signature was checked against
+    _via: tuple  # (local device, forced transport, transport): chosen once per destination kind
 
     def __init__(self, data, *, name: str | None = None):
         mem = as_memory(data, writable=False, what="RDMABuffer(data)")
@@ -138,11 +141,13 @@ class RDMABuffer:
         self._h = h.sign(server.key)
         self._local = reg
         self._server = server
+        self._verified, self._via = server.key, ()
 
     @classmethod
     def _from_handle(cls, h: Handle) -> RDMABuffer:
         self = cls.__new__(cls)
         self._h, self._local, self._server = h, None, None
+        self._verified, self._via = None, ()
         server = DataServer.running()
         if server is not None and server.instance == h.instance:
             # Back home: serve from the registration itself.
@@ -176,7 +181,25 @@ class RDMABuffer:
         """The transport a transfer from this process would take (local: same process)."""
         if self._server is not None and self._server.pid == os.getpid():
             return "local"
-        return choose(self._h, device)
+        return self._transport(device)
+
+    def _transport(self, device: str) -> str:
+        """``choose`` for this handle, asked again only when the destination's kind or a
+        forced transport changes (the owner's host and device are fixed by its handle)."""
+        forced = config.data_transport()
+        via = self._via
+        if via and via[0] == device and via[1] == forced:
+            return via[2]
+        got = choose(self._h, device)
+        self._via = (device, forced, got)
+        return got
+
+    def _verify(self, key: bytes) -> None:
+        """Check the handle's signature the first time it is used with ``key``: the handle
+        is immutable, so a forged one (another object) is checked at its own first use."""
+        if self._verified is not key:
+            self._h.verify(key)
+            self._verified = key
 
     def __repr__(self) -> str:
         return f"RDMABuffer<{self._h.name!r} {_human(self._h.size)} on {self._h.owner}>"
@@ -237,12 +260,14 @@ class RDMABuffer:
 
     def _drop_remote(self) -> None:
         key = self._key()
-        self._h.verify(key)
+        self._verify(key)
         via = "unix" if self._h.host == hosts.host_key() else "tcp"
         with client.Connection(self._h, via, key, 10.0) as sock:
             client.request(sock, self._h, wire.Op.DROP, 0, 0)
         shm.forget(self._h)
         cuda_ipc.forget(self._h)
+        # This process's later reads see the owner's cleared word (it was cleared before the
+        # owner answered), so they ask the owner and get BufferDropped.
 
     def _check(self, op: wire.Op, nbytes: int, offset: int) -> None:
         """Raise ``ValueError`` unless ``nbytes`` at ``offset`` lie inside this buffer."""
@@ -277,18 +302,24 @@ class RDMABuffer:
 
             return Future(c, start=copy_here)
         key = self._key()
-        h.verify(key)
+        self._verify(key)
 
-        def run():
+        def run(via: str, threads: int):
             try:
-                _transfer(h, key, op, mem, offset, timeout)
+                _transfer(h, key, op, mem, offset, timeout, via, threads)
                 c.set_result(mem.nbytes)
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits
                 c.set_exception(e)
 
         def start():
-            # In the order they are started, wherever two touch the same bytes (order.py).
-            _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes, run)
+            # In the order they are started, wherever two touch the same bytes (order.py); a
+            # bare copy (no round trip) small enough, or for a caller blocked on .get() anyway,
+            # runs on the caller's thread.  A transport that cannot serve raises here: the
+            # Future raises it.
+            via = self._transport(mem.device)
+            inline = _bare_copy(h, via, op, mem) and (mem.nbytes <= INLINE_MAX or not _in_event_loop())
+            _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes,
+                           functools.partial(run, via, config.data_copy_threads()), inline)
 
         return Future(c, start=start)
 
@@ -300,17 +331,36 @@ class RDMABuffer:
         if reg.mem.device != "cpu" or mem.device != "cpu":
             _device_copy(op, reg.mem, mem, offset)
         elif op == wire.Op.READ:
-            copy(mem.view, reg.mem.view[offset:offset + mem.nbytes])
+            copy(mem.view, reg.mem.view[offset:offset + mem.nbytes], config.data_copy_threads())
         else:
-            copy(reg.mem.view[offset:offset + mem.nbytes], mem.view)
+            copy(reg.mem.view[offset:offset + mem.nbytes], mem.view, config.data_copy_threads())
 
     @staticmethod
     def _key() -> bytes:
         return Runtime.current().key
 
 
-def _transfer(h: Handle, key: bytes, op: wire.Op, mem: Memory, offset: int, timeout: float | None) -> None:
-    via = choose(h, mem.device)
+# An inline copy in an event loop holds the loop for its duration: at most this many bytes.
+INLINE_MAX = 1 << 20
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _bare_copy(h: Handle, via: str, op: wire.Op, mem: Memory) -> bool:
+    """Whether the transfer is a copy with no round trip to the owner (transport says so)."""
+    if via == "shm":
+        return mem.device == "cpu" and shm.ready(h, op)
+    return via == "cuda_ipc" and cuda_ipc.ready(h)
+
+
+def _transfer(h: Handle, key: bytes, op: wire.Op, mem: Memory, offset: int, timeout: float | None,
+              via: str, threads: int = 1) -> None:
     if via == "cuda_ipc":
         if mem.nbytes:
             cuda_ipc.transfer(h, key, op, _as_uint8(mem), offset, mem.nbytes, timeout)
@@ -320,14 +370,14 @@ def _transfer(h: Handle, key: bytes, op: wire.Op, mem: Memory, offset: int, time
         staging = _torch().empty(mem.nbytes, dtype=_torch().uint8, pin_memory=False)
         if op == wire.Op.WRITE:
             staging.copy_(_as_uint8(mem))
-        _transfer(h, key, op, as_memory(staging, writable=True, what="staging"), offset, timeout)
+        _transfer(h, key, op, as_memory(staging, writable=True, what="staging"), offset, timeout, via, threads)
         if op == wire.Op.READ:
             _as_uint8(mem).copy_(staging)
         return
     if via == "ibverbs":
         ibverbs.transfer(h, key, op, mem, offset, timeout)
     elif via == "shm":
-        shm.transfer(h, key, op, mem.view, offset, timeout)
+        shm.transfer(h, key, op, mem.view, offset, timeout, threads)
     else:
         tcp.transfer(h, key, op, mem.view, offset, timeout, config.tcp_streams())
 

@@ -132,12 +132,21 @@ class Connection:
         if sock is None:
             sock = _connect(h, via, key)
         sock.settimeout(timeout)
-        self.sock = sock
+        self.sock: socket.socket | None = sock
 
     def __enter__(self) -> socket.socket:
+        assert self.sock is not None, "a detached connection"
         return self.sock
 
+    def detach(self) -> socket.socket:
+        """The socket, taken out of the pool for good (the caller closes it)."""
+        sock, self.sock = self.sock, None
+        assert sock is not None, "detached twice"
+        return sock
+
     def __exit__(self, exc_type, exc, tb):
+        if self.sock is None:
+            return False  # detached
         if exc_type is None:
             with _lock:
                 _pool.setdefault(self.key_, []).append(self.sock)
@@ -155,6 +164,19 @@ def request(sock: socket.socket, h, op: wire.Op, offset: int, nbytes: int, blob:
     reply = wire.recv_reply(sock)
     raise_for(h, reply.status, reply.message)
     return reply.message
+
+
+def request_fds(sock: socket.socket, h, op: wire.Op) -> tuple[int, bytes, list[int]]:
+    """Send one request whose answer may carry descriptors (Unix socket only): the status,
+    the message and the descriptors, which the caller owns (closes or keeps)."""
+    wire.send_request(sock, op, h, 0, 0)
+    head, fds, _flags, _addr = socket.recv_fds(sock, wire.REPLY.size, 2)
+    if len(head) < wire.REPLY.size:
+        for fd in fds:
+            socket.close(fd)
+        raise ConnectionResetError("closed while waiting for descriptors")
+    status, n = wire.decode_reply_head(head)
+    return status, wire.recv_exact(sock, n) if n else b"", fds
 
 
 def raise_for(h, status: int, message: bytes) -> None:

@@ -6,15 +6,26 @@ IPC handle over TCP (it means nothing on another host) nor stage the bytes throu
 from __future__ import annotations
 
 import json
+import os
 import socket
 from typing import Any
 
-from . import client, wire
+from . import client, liveness, wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone, TransferError
 from .memory import Memory
 
+_probed: dict[int, tuple[bool, str]] = {}  # pid -> the answer: asked once per process
+
 
 def is_available() -> tuple[bool, str]:
+    """Whether this process sees a CUDA device (asked of torch once per process)."""
+    got = _probed.get(os.getpid())
+    if got is None:
+        got = _probed[os.getpid()] = _probe()
+    return got
+
+
+def _probe() -> tuple[bool, str]:
     try:
         import torch
     except ImportError:
@@ -54,19 +65,28 @@ def _jsonable(x):
 # ---------------------------------------------------------------- reader side
 
 
-_cuda: dict[tuple, Any] = {}  # (owner, buffer) -> the owner's storage, opened once
+_cuda: dict[tuple, Any] = {}  # (owner, buffer, token) -> the owner's storage, opened once
 
 
 def forget(h) -> None:
     """Let go of ``h``'s storage in this process (dropped, or its owner gone)."""
-    _cuda.pop((h.instance, h.id), None)
+    _cuda.pop((h.instance, h.id, h.token), None)
+
+
+def ready(h) -> bool:
+    """Whether a transfer on ``h`` needs no round trip: opened before, still live."""
+    if (h.instance, h.id, h.token) not in _cuda:
+        return False
+    w = liveness.watch(h.instance)
+    return w is not None and w.live(h.id)
 
 
 def transfer(h, key: bytes, op: wire.Op, target, offset: int, nbytes: int, timeout: float | None) -> None:
-    """Open the owner's CUDA storage through its IPC handle (once), then copy on the device."""
+    """Open the owner's CUDA storage through its IPC handle (once), then copy on the device,
+    on the caller's current stream, and wait for that stream alone (not the whole device)."""
     import torch
 
-    k = (h.instance, h.id)
+    k = (h.instance, h.id, h.token)
 
     def run():
         with client.Connection(h, "unix", key, timeout) as sock:
@@ -80,15 +100,20 @@ def transfer(h, key: bytes, op: wire.Op, target, offset: int, nbytes: int, timeo
                 remote = torch.empty(0, dtype=torch.uint8, device=storage.device)
                 _cuda[k] = remote.set_(storage, base, (h.size,))
             client.request(sock, h, wire.Op.CHECK, offset, nbytes)  # alive, not dropped, in range
+        liveness.obtain(h, key, timeout)  # later transfers skip the CHECK
 
     try:
-        client.guarded(h, run)
+        if not ready(h):
+            client.guarded(h, run)
     except (BufferDropped, OwnerGone, ForgedHandle):
         forget(h)
+        liveness.forget(h.instance)
         raise
     window = _cuda[k][offset:offset + nbytes]
-    if op == wire.Op.READ:
-        target.copy_(window)
-    else:
-        window.copy_(target)
-    torch.cuda.synchronize(window.device)
+    stream = torch.cuda.current_stream(window.device)
+    with torch.cuda.stream(stream):
+        if op == wire.Op.READ:
+            target.copy_(window, non_blocking=True)
+        else:
+            window.copy_(target, non_blocking=True)
+    stream.synchronize()

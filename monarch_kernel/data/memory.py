@@ -6,7 +6,10 @@ between two such views.  It must never import torch or numpy (they are only look
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,15 +76,61 @@ def _tensor_memory(torch, t, what: str) -> Memory:
     return Memory(memoryview(raw).cast("B"), nbytes, t, tensor=t)
 
 
-def copy(dst: memoryview, src: memoryview) -> None:
-    """memcpy without the GIL where both buffers allow it, so concurrent copies overlap."""
+# A copy of at least PARALLEL_MIN bytes is split over up to ``threads`` threads (the
+# ``data_copy_threads`` setting), each part at least PART_MIN and page aligned: one thread
+# reaches a fraction of a many-core host's memory bandwidth, and torch's own ``copy_`` splits.
+PARALLEL_MIN = 16 << 20
+PART_MIN = 4 << 20
+PAGE = 4096
+
+
+def parts(n: int, threads: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` byte ranges a copy of ``n`` bytes is split into: at most
+    ``threads`` of them, each at least ``PART_MIN`` but the last, starts page aligned."""
+    if n < PARALLEL_MIN:
+        return [(0, n)]
+    k = max(1, min(threads, n // PART_MIN))
+    step = _round_up(_round_up(n, k) // k, PAGE)  # n / k, rounded up to a whole page
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_key = (0, 0)  # (pid, workers): a forked child, or another bound, makes its own
+_pool_lock = threading.Lock()
+
+
+def _workers(threads: int) -> ThreadPoolExecutor:
+    global _pool, _pool_key
+    with _pool_lock:
+        if _pool is None or _pool_key != (os.getpid(), threads - 1):
+            _pool, _pool_key = (ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="mk-copy"),
+                                (os.getpid(), threads - 1))
+        return _pool
+
+
+def copy(dst: memoryview, src: memoryview, threads: int = 1) -> None:
+    """memcpy without the GIL where both buffers allow it, so concurrent copies overlap; a
+    large one split over up to ``threads`` threads (this one included)."""
     n = dst.nbytes
     if n == 0:
         return
     if not dst.readonly and not src.readonly:
         d = ctypes.addressof(ctypes.c_char.from_buffer(dst))
         s = ctypes.addressof(ctypes.c_char.from_buffer(src))
-        ctypes.memmove(d, s, n)
+        split = parts(n, threads)
+        if len(split) == 1:
+            ctypes.memmove(d, s, n)
+            return
+        pool = _workers(threads)
+        futures = [pool.submit(ctypes.memmove, d + lo, s + lo, hi - lo) for lo, hi in split[1:]]
+        lo, hi = split[0]
+        ctypes.memmove(d + lo, s + lo, hi - lo)
+        for f in futures:
+            f.result()
     else:
         dst[:] = src
 

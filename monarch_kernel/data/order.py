@@ -49,9 +49,11 @@ class IssueOrder:
         self._pending: dict[Hashable, list[_Pending]] = {}
         self.pid = os.getpid()  # a forked child starts its own (these transfers are not its)
 
-    def issue(self, buffer: Hashable, write: bool, lo: int, hi: int, run: Callable[[], None]) -> None:
+    def issue(self, buffer: Hashable, write: bool, lo: int, hi: int, run: Callable[[], None],
+              inline: bool = False) -> None:
         """Run ``run`` (which must not raise) on bytes ``lo..hi`` of ``buffer`` after every
-        transfer issued earlier that conflicts with it."""
+        transfer issued earlier that conflicts with it.  ``inline``: when nothing is in its
+        way, run it here, on the caller's thread (a copy too short to be worth a hop)."""
         p = _Pending(write, lo, hi, run)
         with self._lock:
             pending = self._pending.setdefault(buffer, [])
@@ -61,7 +63,9 @@ class IssueOrder:
                     p.waits += 1
             pending.append(p)
             ready = p.waits == 0  # read under the lock: a finishing transfer may start p itself
-        if ready:
+        if ready and inline:
+            self._run(buffer, p)
+        elif ready:
             self._start(functools.partial(self._run, buffer, p))
 
     def running(self, buffer: Hashable) -> int:

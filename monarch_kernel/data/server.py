@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..runtime import config, hosts, process_mesh, rejects
-from . import cuda_ipc, ibverbs, shm, tcp, wire
+from . import cuda_ipc, ibverbs, liveness, shm, tcp, wire
 from .memory import Memory
 
 # Started the first time a process registers a buffer.  It listens on a Unix socket (peers
@@ -95,6 +95,7 @@ class DataServer:
         self._pending: dict[object, int] = {}  # peer -> connections still in their handshake
         self._pending_lock = threading.Lock()
         self._tcp, self.tcp_port, self.addresses = _listen_tcp()
+        self.live = liveness.Words()  # peers on this host see a drop without asking (liveness.py)
         shm.allow_peers_to_read()
         # Whether peers may ask for a queue pair (CPU memory only; GPU memory needs dmabuf).
         self.rdma = ibverbs.is_available()[0]
@@ -110,11 +111,13 @@ class DataServer:
         shared = shm.move_to_shared(mem) if mem.device == "cpu" else None
         reg = Registered(bid, name or f"buffer-{bid}", mem, secrets.token_bytes(16), shared)
         self.buffers[bid] = reg
+        self.live.set(bid)
         return reg
 
     def drop(self, bid: int) -> None:
         reg = self.buffers.pop(bid, None)
         if reg is not None:
+            self.live.clear(bid)  # before the DROP is answered: no later read on this host copies
             self.dropped[bid] = reg.name
             if reg.shared is not None:
                 # torch keeps its own descriptor for the storage; the segment is freed
@@ -238,6 +241,8 @@ class DataServer:
             shm.serve_map(sock, reg.mem, reg.shared, via)
         elif op == wire.Op.CHECK:
             wire.send_reply(sock, wire.Status.OK)
+        elif op == wire.Op.LIVE and via == "unix":
+            socket.send_fds(sock, [wire.Reply(wire.Status.OK, b"").encode()], [self.live.fd])
         elif op == wire.Op.DROP:
             self.drop(req.bid)
             wire.send_reply(sock, wire.Status.OK)

@@ -17,7 +17,7 @@ import sys
 import threading
 
 from ..runtime import segments
-from . import client, tcp, wire
+from . import client, liveness, tcp, wire
 from .errors import BufferDropped, ForgedHandle, OwnerGone
 from .memory import Memory, copy
 
@@ -109,18 +109,22 @@ def serve_map(sock: socket.socket, mem: Memory, shared: tuple[int, int, int] | N
 
 
 class _Mapped:
+    wrote = False  # a write through this mapping was checked by the owner once (not read-only)
+
     def __init__(self, mm: mmap.mmap, base: int):
         self.mm, self.base = mm, base
+        self.window = memoryview(mm)
 
-    def transfer(self, op: wire.Op, view: memoryview, offset: int) -> None:
+    def transfer(self, op: wire.Op, view: memoryview, offset: int, threads: int = 1) -> None:
         start = self.base + offset
-        window = memoryview(self.mm)[start:start + view.nbytes]
+        window = self.window[start:start + view.nbytes]
         if op == wire.Op.READ:
-            copy(view, window)
+            copy(view, window, threads)
         else:
-            copy(window, view)
+            copy(window, view, threads)
 
     def close(self) -> None:
+        self.window.release()
         try:
             self.mm.close()
         except BufferError:
@@ -128,10 +132,12 @@ class _Mapped:
 
 
 class _CrossMemory:
+    wrote = False
+
     def __init__(self, pid: int, addr: int):
         self.pid, self.addr = pid, addr
 
-    def transfer(self, op: wire.Op, view: memoryview, offset: int) -> None:
+    def transfer(self, op: wire.Op, view: memoryview, offset: int, threads: int = 1) -> None:
         n = view.nbytes
         if n == 0:
             return
@@ -177,17 +183,12 @@ _no_cma: set = set()  # owners whose memory this process may not access directly
 
 
 def _mapping(h, sock: socket.socket) -> _Mapped | _CrossMemory | None:
-    k = (h.instance, h.id)
+    k = (h.instance, h.id, h.token)  # a handle with another token never rides this mapping
     with _lock:
         got = _maps.get(k)
     if got is not None:
         return got
-    wire.send_request(sock, wire.Op.MAP, h, 0, 0)
-    head, fds, _flags, _addr = socket.recv_fds(sock, wire.REPLY.size, 1)
-    if len(head) < wire.REPLY.size:
-        raise ConnectionResetError("closed while mapping")
-    status, n = wire.decode_reply_head(head)
-    msg = wire.recv_exact(sock, n) if n else b""
+    status, msg, fds = client.request_fds(sock, h, wire.Op.MAP)
     if status != wire.Status.OK:
         for fd in fds:
             socket.close(fd)
@@ -209,17 +210,46 @@ def _mapping(h, sock: socket.socket) -> _Mapped | _CrossMemory | None:
     return got
 
 
+def reached_by(h) -> str:
+    """How this process reached ``h``'s memory last time: ``"_Mapped"``, ``"_CrossMemory"``
+    or ``"socket"`` (never mapped)."""
+    got = _maps.get((h.instance, h.id, h.token))
+    return type(got).__name__ if got is not None else "socket"
+
+
 def forget(h) -> None:
     """Unmap ``h``'s memory from this process (dropped, or its owner gone)."""
     with _lock:
-        got = _maps.pop((h.instance, h.id), None)
+        got = _maps.pop((h.instance, h.id, h.token), None)
     if got is not None:
         got.close()
 
 
-def transfer(h, key: bytes, op: wire.Op, view: memoryview, offset: int, timeout: float | None) -> None:
+def ready(h, op: wire.Op) -> bool:
+    """Whether a transfer on ``h`` would be a bare copy now, with no round trip: mapped
+    before (under this very token), the owner's word says registered, its connection quiet."""
+    path = _maps.get((h.instance, h.id, h.token))
+    if path is None or (op == wire.Op.WRITE and not path.wrote):
+        return False
+    w = liveness.watch(h.instance)
+    return w is not None and w.live(h.id)
+
+
+def transfer(h, key: bytes, op: wire.Op, view: memoryview, offset: int, timeout: float | None,
+             threads: int = 1) -> None:
     """Copy straight between this process and the owner's memory, or stream over the Unix
-    socket where that memory cannot be reached."""
+    socket where that memory cannot be reached.  A buffer mapped before and still live
+    (``ready``) is copied without asking its owner; otherwise the owner checks it first."""
+    def fast() -> bool:
+        path = _maps.get((h.instance, h.id, h.token))
+        if path is None or not ready(h, op) or (view.readonly and isinstance(path, _CrossMemory)):
+            return False
+        try:
+            path.transfer(op, view, offset, threads)
+        except _NoCrossMemory:
+            return False
+        return True
+
     def run() -> bool:
         with client.Connection(h, "unix", key, timeout) as sock:
             path = None if h.instance in _no_cma and not h.shared else _mapping(h, sock)
@@ -227,16 +257,21 @@ def transfer(h, key: bytes, op: wire.Op, view: memoryview, offset: int, timeout:
                 return False
             client.request(sock, h, wire.Op.CHECK, offset, view.nbytes)  # alive, not dropped, in range
             try:
-                path.transfer(op, view, offset)
+                path.transfer(op, view, offset, threads)
             except _NoCrossMemory:
                 _no_cma.add(h.instance)
                 forget(h)
                 return False
-            return True
+            path.wrote = path.wrote or op == wire.Op.WRITE  # the owner let this token write
+        liveness.obtain(h, key, timeout)  # later transfers skip the CHECK
+        return True
 
     try:
+        if client.guarded(h, fast):
+            return
         if not client.guarded(h, run):
             tcp.stream(h, key, "unix", op, view, offset, timeout)
     except (BufferDropped, OwnerGone, ForgedHandle):
         forget(h)
+        liveness.forget(h.instance)
         raise

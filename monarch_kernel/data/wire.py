@@ -39,6 +39,7 @@ class Op(enum.IntEnum):
     CHECK = 4  # alive, not dropped, in range: before a transfer that bypasses the socket
     DROP = 5  # release the registration
     IB_CONNECT = 6  # connect a queue pair; a length-prefixed blob of the reader's details follows
+    LIVE = 7  # the owner's page of liveness words (liveness.py), as a descriptor: Unix socket only
 
 
 class Status(enum.IntEnum):

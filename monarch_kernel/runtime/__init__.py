@@ -7,7 +7,8 @@ two rooms (sub-packages) import each other.
 
   leaves         config, context, completion, limits, diagnostics, failure (plain records),
                  errors (the runtime's exceptions), rank_sets (rank lists as text),
-                 private_files (folders and files of this user's alone)
+                 private_files (folders and files of this user's alone), gpus (which GPU
+                 a rank uses; it imports net.hosts lazily, for the host's name)
   wire/          the bytes between processes: envelope and kinds, typed payloads, signing
                  (auth), framing, the optional C codec (native, _wire), Curve keys, pickling
                  (serialize) and shared-memory segments.  Imports only config.
@@ -47,7 +48,8 @@ type-only imports included.  What they get is the names in ``__all__``, then the
                  ``agent_channel``, ``worker_wire``, ``worker_key``, ``segments``; and the
                  pieces an agent runs a host with (``TemplateClient``, ``LaunchConfig``,
                  ``loopback_for``, Curve keys) or a job holds one by (``AgentLink``)
-  looking at processes   modules too: ``hosts`` (which host this is), ``rejects`` (input
+  looking at processes   modules too: ``hosts`` (which host this is), ``gpus`` (which GPU a
+                 rank uses, and the collective backend a group can use), ``rejects`` (input
                  refused, counted), ``proc_stats``, ``stack_dump``, ``rank_logging``
 
 A part's state is never a name here: what an upper layer needs of it is a method of
@@ -62,6 +64,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and _MODULES
     from . import config as config
     from . import diagnostics as diagnostics
+    from . import gpus as gpus
     from . import private_files as private_files
     from .calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK, STOP_METHOD, in_actor_event_loop
     from .completion import Completion
@@ -133,7 +136,7 @@ _MODULES = {
     "agent_channel": "spawn.agent_channel", "host_messages": "spawn.host_messages",
     "worker_wire": "spawn.worker_wire", "worker_key": "spawn.worker_key", "segments": "wire.segments",
     # looking at processes and hosts
-    "hosts": "net.hosts", "rejects": "wire.rejects",
+    "hosts": "net.hosts", "rejects": "wire.rejects", "gpus": "gpus",
     "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "spawn.rank_logging",
 }
 
@@ -144,7 +147,7 @@ __all__ = [
     "Mode", "NoRoom", "PID_MAX_LIMIT", "Part", "ProcessDied", "RankSpecError", "RemoteFailure", "Runtime",
     "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
     "agent_channel", "config", "controller_files_shortfall", "counted", "current_actor", "describe_unpicklable",
-    "diagnostics", "dumps", "dumps_plain", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
+    "diagnostics", "dumps", "dumps_plain", "gpus", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
     "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh", "raise_nofile_limit",
     "rank_label", "rank_logging", "rejects", "segments", "stack_dump", "template_files_shortfall", "worker_key",
     "worker_wire",

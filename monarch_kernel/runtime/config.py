@@ -159,6 +159,10 @@ def tcp_streams() -> int:
     return get("tcp_streams")
 
 
+def data_copy_threads() -> int:
+    return get("data_copy_threads")
+
+
 def collective_timeout() -> float:
     return get("collective_timeout")
 

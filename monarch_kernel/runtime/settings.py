@@ -8,6 +8,7 @@ the project.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +128,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_TCP_STREAMS", "tcp_streams", int, 2, minimum=1,
          help_="connections one `tcp` transfer of 8 MiB or more is split over (two measured 40-80% faster "
                "than one on a 2-core loopback; three slower than two)"),
+    _env("MONARCH_KERNEL_DATA_COPY_THREADS", "data_copy_threads", int, min(8, os.cpu_count() or 1), minimum=1,
+         shown="the cores, at most 8",
+         help_="threads one `shm` copy of 16 MiB or more is split over (each part 4 MiB or more); the copy "
+               "of one thread reaches a fraction of a many-core host's memory bandwidth"),
     _env("MONARCH_KERNEL_NETNS", "netns", str, None, shown="none",
          help_="network namespace (a name under /run/netns, or a path) ranks enter before they start, to "
                "place them on separate simulated hosts"),

@@ -96,8 +96,7 @@ class Reader(Actor):
         """How this rank reached the owner's memory last time (shm: mapped or cross-memory)."""
         from monarch_kernel.data import shm
 
-        got = shm._maps.get((buf._h.instance, buf._h.id))
-        return type(got).__name__ if got is not None else "socket"
+        return shm.reached_by(buf._h)
 
     @endpoint
     def write(self, buf: RDMABuffer, src, offset: int = 0) -> int:
@@ -401,10 +400,16 @@ def test_owner_death_is_an_error_within_a_second_and_leaves_no_segment(transport
         pid = owner.pid.call_one().get(timeout=10)
         assert not _shm_entries([pid]), "registered memory must not have a name in /dev/shm"
 
+        # A buffer this reader has not reached yet needs its owner's answer.
+        fresh, _ = owner.make.call_one("doomed", MiB).get(timeout=30)
+
         # Pending: the owner is frozen, so the read waits; then it is killed.
         freeze(pid)
+        if transport == "shm":
+            # A buffer mapped before, still registered: read without its owner (liveness.py).
+            assert reader.read_crc.call_one(buf).get(timeout=30) == (transport, expect)
         assert not probe.waiting_on_an_owner.call_one().get(timeout=10)
-        pending = reader.try_read.call_one(buf)
+        pending = reader.try_read.call_one(fresh)
         _wait("the read to wait on the frozen owner's answer",
               lambda: probe.waiting_on_an_owner.call_one().get(timeout=10), 10)
         os.kill(pid, signal.SIGKILL)
@@ -535,7 +540,7 @@ def test_ibverbs_read_and_write_between_ranks():
 def test_every_op_and_status_keeps_its_code():
     """The numbers are the protocol: a rank of another build must read them the same."""
     assert {o.name: int(o) for o in wire.Op} == {
-        "READ": 1, "WRITE": 2, "MAP": 3, "CHECK": 4, "DROP": 5, "IB_CONNECT": 6}
+        "READ": 1, "WRITE": 2, "MAP": 3, "CHECK": 4, "DROP": 5, "IB_CONNECT": 6, "LIVE": 7}
     assert {s.name: int(s) for s in wire.Status} == {
         "OK": 0, "GONE": 1, "FORGED": 2, "RANGE": 3, "STALE": 4, "READONLY": 5, "NOT_SHARED": 6,
         "RDMA_SETUP": 7}
@@ -624,8 +629,8 @@ def test_importing_the_data_plane_installs_nothing():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["action", "buffer", "client", "cuda_ipc", "errors", "ibverbs", "memory",
-                                  "order", "server", "shm", "tcp", "transports", "wire"]
+    assert out.stdout.split() == ["action", "buffer", "client", "cuda_ipc", "errors", "ibverbs", "liveness",
+                                  "memory", "order", "server", "shm", "tcp", "transports", "wire"]
 
 
 # ---------------------------------------------------------------- a failed RDMA set-up on the owner

@@ -18,6 +18,7 @@ import textwrap
 
 import psutil
 import pytest
+from _gpus import default_backend
 from cluster import veth_namespace
 
 import monarch_kernel as mk
@@ -292,7 +293,7 @@ def test_torchs_store_listens_on_master_addr_alone_and_a_torchrun_script_meets_t
     # The script destroyed its group: the store went with it (a later run meets fresh keys).
     assert not [p for pid in pids for _ip_, p in _listening(pid) if p == port]
     # setup_torch_distributed: the same, under its own group
-    assert setup_torch_distributed(procs) == "gloo"
+    assert setup_torch_distributed(procs) == default_backend(2)
     envs = [e for e in where.torchrun_script.call(str(_env_script(tmp_path))).get(timeout=120).values()]
     assert envs == [True, True]
     (addr2, port2), = {tuple(json.loads((tmp_path / f"env.{r}").read_text())) for r in (0, 1)}

@@ -10,6 +10,7 @@ import pickle
 import socket
 from typing import TYPE_CHECKING
 
+from .. import gpus
 from ..context import MeshRef, actor_name, actor_path
 from ..errors import ActorError
 from ..failure import MeshFailure, RemoteFailure
@@ -28,7 +29,9 @@ def failure_part(me: int, actor: str, method: str, exc: BaseException) -> Part:
     ``str()`` that raises...), a plain-text failure answers anyway: a call never hangs."""
     name = actor_name(actor)
     try:
-        return Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, name, method, exc)))
+        part = Part(me, Status.RAISED, dumps(RemoteFailure.capture(me, name, method, exc)))
+        gpus.release_after_oom(exc)  # before the caller hears: it may retry on a GPU shared with us
+        return part
     except Exception as e:
         kind = type(exc).__qualname__
         said = f"{kind} (its report failed: {type(e).__name__}: {e})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...runtime import counted
+from ...runtime import counted, gpus
 from .env import SETUP_TIMEOUT_S, MeshRecord, check_alive, record, setup_torch_elastic_env
 
 BACKENDS = ("gloo", "nccl")
@@ -38,22 +38,24 @@ class DeviceMeshHandle:
 def setup_torch_distributed(procs, backend: str | None = None, *, timeout: float | None = None) -> str:
     """torchrun's variables on every rank (``setup_torch_elastic_env``), then the default
     process group, initialised on every rank; returns the backend.  ``backend=None``: nccl
-    when every rank has a GPU, gloo otherwise.  Calling it again (after ``%mesh restart``)
+    when every rank has a GPU of its own, gloo otherwise (ranks sharing a GPU, as on a
+    one-GPU workstation, get gloo: NCCL refuses them); ``backend="nccl"`` where it cannot
+    work raises at once, saying what to pass.  Calling it again (after ``%mesh restart``)
     rebuilds the group with the same ranks, and the device mesh if one was built."""
     if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}: choose 'gloo', 'nccl', or None (nccl when every rank has a GPU)")
+        raise ValueError(f"backend={backend!r}: choose 'gloo', 'nccl', or None (nccl when every rank has a "
+                         "GPU of its own)")
     check_alive(procs)
     rec = record(procs)
     flat = rec.env.flatten("rank")
     if backend != "gloo":
-        gpus = list(flat.has_gpu.call().get(timeout=SETUP_TIMEOUT_S).values())
+        devices = list(flat.device.call().get(timeout=SETUP_TIMEOUT_S).values())
         if backend is None:
-            backend = "nccl" if all(gpus) else "gloo"
-        elif not all(gpus):
-            missing = [i for i, g in enumerate(gpus) if not g]
-            raise RuntimeError(f"backend='nccl' needs a GPU on every rank, and ranks {missing} have none "
-                               "(torch.cuda.is_available() is False there); use backend='gloo', or None to "
-                               "pick nccl only where every rank has one")
+            backend = gpus.backend_for(devices)
+        else:
+            why = gpus.nccl_refused(devices)
+            if why is not None:
+                raise RuntimeError(why)
     setup_torch_elastic_env(procs)
     got = flat.init_process_group.call(backend, timeout).get(timeout=SETUP_TIMEOUT_S + (timeout or 0))
     rec.backend, rec.stale = backend, False

@@ -14,7 +14,7 @@ import sys
 
 from ...actor.actor import Actor, context, current_rank
 from ...actor.endpoint import endpoint
-from ...runtime import config
+from ...runtime import config, gpus
 from ..layout import RankEnv, elastic_layout, layout_from_point
 from . import flight, group, master_store, profiler
 from .script import run_script
@@ -104,8 +104,9 @@ class SPMDActor(Actor):
         return run_script(script_args)
 
     @endpoint
-    def has_gpu(self) -> bool:
-        return group.has_gpu(self._env().local_rank)
+    def device(self) -> str | None:
+        """The GPU this rank's group would use (``runtime.gpus.device_of``), or None."""
+        return gpus.device_of(self._env().local_rank)
 
     @endpoint
     def init_process_group(self, backend: str, timeout_s: float | None = None) -> str:

@@ -45,12 +45,6 @@ def is_initialized() -> bool:
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
-def has_gpu(local_rank: int) -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
-
-
 def init_group(backend: str, env: RankEnv, timeout_s: float | None) -> str:
     """(Re)build the default process group: a group this process had (healthy, or broken
     by a peer's death) is destroyed first, so the same call rebuilds after a restart."""

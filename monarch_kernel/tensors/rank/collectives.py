@@ -24,7 +24,7 @@ from typing import Any
 
 from ..rendezvous import Rendezvous
 from . import buffers, reductions
-from .groups import Groups, backend_for
+from .groups import Groups
 from .links import Links
 from .peer_failed import flag as flag_word
 from .peer_failed import raise_if_flagged
@@ -128,7 +128,14 @@ class Collectives:
         members = self.members(dims)
         n = len(members)
         reductions.check(reduction, scatter, inplace, len(self._dims_arg(dims)), local, n)
-        backend = backend_for(local.device.type)
+        backend = self._groups.backend(members, self._rank, local.device)
+        if backend == "gloo" and local.device.type == "cuda":
+            # Ranks sharing a GPU (NCCL refuses them): reduce a host copy over gloo.
+            got = self._reduce(local.detach().cpu(), dims, reduction, scatter, False, stream, failed)
+            if inplace:
+                local.detach().copy_(got)
+                return local
+            return got.to(local.device)
         pg = self._groups.group(members, self._rank, backend, stream) if n > 1 else None
         plain = local.detach()  # values only: a reduction is no autograd op
         src = plain.contiguous()  # plain itself when it is contiguous

@@ -16,7 +16,7 @@ import datetime
 import threading
 from typing import Any
 
-from ...runtime import config
+from ...runtime import config, gpus
 from ..rendezvous import Rendezvous
 
 
@@ -35,6 +35,8 @@ class Groups:
         self.store = MeshStore(rendezvous.keeper, self.timeout)
         self._groups: dict[tuple, Any] = {}
         self._making: dict[tuple, threading.Lock] = {}
+        self._backends: dict[tuple, str] = {}  # members -> the backend of their CUDA tensors
+        self._published: str | None = None  # this rank's device, once told to the others
         self._lock = threading.Lock()
         self._closed = False
 
@@ -68,6 +70,29 @@ class Groups:
                 with self._lock:
                     self._groups[k] = pg
             return pg
+
+    def backend(self, members: tuple[int, ...], me: int, device: Any) -> str:
+        """The backend ``members`` move tensors on ``device`` with: gloo for CPU ones; for
+        CUDA ones nccl only when no two members' tensors sit on one GPU (``gpus.backend_for``:
+        NCCL refuses that), learned once per set of members through the store, where each
+        member tells its device.  Every member computes the same answer."""
+        if device.type != "cuda" or len(members) < 2:
+            return backend_for(device.type)
+        with self._lock:
+            got = self._backends.get(members)
+        if got is not None:
+            return got
+        import torch
+
+        mine = gpus.identity(device.index if device.index is not None else torch.cuda.current_device())
+        if self._published != mine:
+            self.store.set(self.key("device", me), mine)
+            self._published = mine
+        devices = [mine if m == me else self.store.get(self.key("device", m)).decode() for m in members]
+        got = gpus.backend_for(devices)
+        with self._lock:
+            self._backends[members] = got
+        return got
 
     def _check_open(self) -> None:
         if self._closed:

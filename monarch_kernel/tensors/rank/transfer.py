@@ -23,7 +23,7 @@ from typing import Any
 
 from ...runtime import config
 from . import buffers
-from .groups import Groups, backend_for
+from .groups import Groups
 from .links import Links, recv_exact
 from .peer_failed import PeerFailed, flag, raise_if_flagged
 
@@ -93,9 +93,16 @@ class Transfers:
         if source is not None:
             device = like.device if like.device.type != "meta" else torch.device("cpu")
             out = buffers.empty(like.shape, like.dtype, device)
-        device_type = (data if data is not None else out).device.type
-        if backend_for(device_type) == "nccl":
+        device = (data if data is not None else out).device
+        members = tuple(sorted({r for pair in pairs for r in pair if pair[0] != pair[1]}))
+        backend = self._groups.backend(members, me, device)
+        if backend == "nccl":
             self._nccl(pairs, data, out, stream, failed)
+        elif device.type == "cuda":  # ranks sharing a GPU (NCCL refuses them): host copies over gloo
+            staged = out.cpu() if out is not None else None
+            self._gloo(sends, source, data.cpu() if data is not None else None, staged, stream, failed)
+            if out is not None:
+                out.copy_(staged)
         else:
             self._gloo(sends, source, data, out, stream, failed)
         return mine if mine is not None else out
