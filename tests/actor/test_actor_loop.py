@@ -91,10 +91,11 @@ class Producer(Actor):
     async def _produce(self, port) -> None:
         while True:
             await self.credit.acquire()
+            await asyncio.sleep(0.002)  # a rollout takes a while
             port.send((self.rank, self.version))
 
     @endpoint
-    async def update(self, version: int) -> None:
+    def update(self, version: int) -> None:  # sync, as weight updates often are
         self.version = version
         self.credit.release()
 
@@ -129,26 +130,30 @@ class Holder(Actor):
     """Constructed with a torch module: unpickling it imports torch on a fresh rank."""
 
     def __init__(self, module):
-        self.features = module.in_features
+        self.kind = type(module).__name__
 
     @endpoint
-    def features_and_pid(self) -> tuple[int, int]:
-        return self.features, os.getpid()
+    def kind_and_pid(self) -> tuple[str, int]:
+        return self.kind, os.getpid()
 
 
-def _torch_linear(n: int):
+def _torch_modules() -> list:
+    """Four whose unpickling starts torch's import from four different submodules, the way
+    that breaks it when threads race (each takes its submodule's import lock first)."""
     import torch
 
-    return torch.nn.Linear(n, 1)
+    return [torch.nn.Linear(2, 1), torch.nn.ReLU(), torch.nn.Embedding(3, 2), torch.nn.LayerNorm(2)]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(400)
 def test_actors_spawned_together_on_a_fresh_proc_unpickle_torch_one_at_a_time():
     # 5 proc meshes of 4 fresh ranks: 20 fresh processes, each given 4 actors back to back
-    # (spawn does not wait), each actor's argument a torch module whose unpickling imports torch.
+    # (spawn does not wait), each actor's argument a torch module whose unpickling imports
+    # torch.  Before, torch's import broke in most of them ("partially initialized module").
+    modules = _torch_modules()
     for _mesh in range(5):
         with this_host().spawn_procs(per_host={"r": 4}) as procs:
-            meshes = [procs.spawn(f"holder{i}", Holder, _torch_linear(i + 1)) for i in range(4)]
-            for i, holders in enumerate(meshes):
-                got = list(holders.features_and_pid.call().get(timeout=240).values())
-                assert [features for features, _pid in got] == [i + 1] * 4
+            meshes = [procs.spawn(f"holder{i}", Holder, m) for i, m in enumerate(modules)]
+            for holders, module in zip(meshes, modules, strict=True):
+                got = list(holders.kind_and_pid.call().get(timeout=240).values())
+                assert [kind for kind, _pid in got] == [type(module).__name__] * 4
