@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 from _actors import wait_until
@@ -38,6 +39,7 @@ class Ticker(Actor):
         return self.count
 
     async def _tick(self) -> None:
+        self.task_thread = threading.current_thread().name
         try:
             while True:
                 self.count += 1
@@ -55,14 +57,24 @@ class Ticker(Actor):
     def read_sync(self) -> int:
         return self.count
 
+    @endpoint
+    def threads(self) -> tuple[str, str]:
+        """Where its sync endpoints run, and where its task runs."""
+        return threading.current_thread().name, self.task_thread
+
     def __cleanup__(self, exc) -> None:
         self._say(f"cleanup-{type(exc).__name__}")
 
 
-def test_a_task_an_endpoint_started_runs_between_calls_and_stops_with_the_actor(tmp_path):
+class MainThreadTicker(Ticker):
+    runs_on_main_thread = True  # as the notebook's console: its worker, loop included, is the main thread
+
+
+@pytest.mark.parametrize("cls", [Ticker, MainThreadTicker])
+def test_a_task_an_endpoint_started_runs_between_calls_and_stops_with_the_actor(tmp_path, cls):
     log = str(tmp_path / "log")
     with this_host().spawn_procs(per_host={"r": 1}) as procs:
-        ticker = procs.spawn("ticker", Ticker, log)
+        ticker = procs.spawn("ticker", cls, log)
         assert ticker.start.call_one().get(timeout=30) <= 1
         # Nobody calls it meanwhile: the count moves on its own (about 100 a second).
         seen: list[int] = []
@@ -71,6 +83,9 @@ def test_a_task_an_endpoint_started_runs_between_calls_and_stops_with_the_actor(
         first = ticker.read.call_one().get(timeout=30)
         wait_until(lambda: ticker.read.call_one().get(timeout=30) > first + 20, 30,
                    "the count to move on after an async endpoint read it")
+        endpoint_thread, task_thread = ticker.threads.call_one().get(timeout=30)
+        assert endpoint_thread == task_thread  # one worker runs the actor's code and its loop
+        assert (endpoint_thread == "MainThread") == (cls is MainThreadTicker)
         ticker.stop().get(timeout=30)
         assert _lines(log) == ["cancelled", "cleanup-NoneType"]
 

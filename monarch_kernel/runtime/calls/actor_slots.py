@@ -255,20 +255,29 @@ class ActorSlot:
         """The actor stopped: its tasks are cancelled, then its loop closed."""
         loop = self.loop
         if loop is not None:
-            tasks = list(self._tasks)
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._cancel_tasks(loop)
             loop.close()
         if self.inbox is not None:
             self.inbox.close()
         if self._main is not None:
             self._main.release(self)
 
+    def _cancel_tasks(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cancel every task on the actor's loop and let them end, for ``cleanup_budget`` at most."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if not tasks:
+            return
+        done, _ = loop.run_until_complete(asyncio.wait(tasks, timeout=CLEANUP_BUDGET_S))
+        for t in done:
+            if not t.cancelled():
+                t.exception()  # retrieved: what a cancelled task raised is not worth a warning
+
     def halt(self, exc: BaseException | None) -> None:
         """On the worker: the actor stops, as Monarch's does.  The tasks on its loop are
-        cancelled (the callers of its concurrent endpoints hear of it), the meshes it spawned are stopped
+        cancelled (the callers of its concurrent endpoints hear of it; one that ignores it is
+        left after ``cleanup_budget``), the meshes it spawned are stopped
         (``Server.stop_spawned``), then ``__cleanup__(exc)`` runs, sync or async;
         what it raises is reported on stderr, never raised.  Then the instance is let go of,
         so the actor's own finalizers can run.  Once only."""
@@ -276,11 +285,11 @@ class ActorSlot:
             return
         self.halted = True
         loop = self.loop
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks and loop is not None and not loop.is_running():
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        if loop is not None and not loop.is_running():
+            self._cancel_tasks(loop)
+        else:
+            for t in list(self._tasks):
+                t.cancel()
         # What it spawned stops with it (the calls its __cleanup__ makes to others still go).
         self.stop_spawned(self.actor_id, CLEANUP_BUDGET_S)
         obj, self.instance = self.instance, None
