@@ -11,6 +11,7 @@ exists, so it imports torch.
 from __future__ import annotations
 
 import functools
+import pickle
 import threading
 import time
 import traceback
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ...runtime import config, loads
+from ...runtime import config
 from ..messages import (
     BACKWARD,
     BORROW,
@@ -118,7 +119,7 @@ class Executor:
 
     def _run(self, payload: bytes, made: list[int]) -> None:
         try:
-            messages = loads(payload)  # its functions' modules imported one thread at a time
+            messages = pickle.loads(payload)
         except Exception as e:  # an op's function that this rank cannot import, say
             poison = Poisoned(self.rank, "loading a batch of ops", "".join(traceback.format_exception(e)))
             for ref in made:
