@@ -34,6 +34,7 @@ from .actor.port import Channel as Channel
 from .actor.port import Port as Port
 from .actor.port import PortReceiver as PortReceiver
 from .actor.proc_mesh import ProcMesh as ProcMesh
+from .actor.send import send as send
 from .actor.shape import Extent as Extent
 from .actor.shape import Point as Point
 from .actor.shape import Shape as Shape
@@ -62,7 +63,7 @@ _TENSOR_NAMES = {
     "inspect": "controller.fetch", "show": "controller.fetch",
     "get_active_mesh": "controller.meshes", "no_mesh": "controller.meshes", "slice_mesh": "controller.meshes",
     "reduce": "controller.collective_calls", "reduce_": "controller.collective_calls",
-    "to_mesh": "controller.collective_calls", "remote": "controller.remote", "send": "controller.remote",
+    "to_mesh": "controller.collective_calls", "remote": "controller.remote",
     "Stream": "controller.streams", "get_active_stream": "controller.streams", "grad_generator": "controller.streams",
     "grad_function": "controller.streams",
 }

@@ -16,7 +16,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..runtime import Completion, Part, Runtime
+from ..runtime import Completion, Part, Runtime, loads
 from .future import Future
 
 if TYPE_CHECKING:
@@ -52,7 +52,6 @@ class _Registry:
     def on_request(self, part: Part) -> None:
         """On the root's IO thread: a request from another process of the job.  The reply
         port travels outside the request, so an unloadable request is still answered."""
-        import pickle
 
         try:
             reply, request = part.load()
@@ -60,7 +59,7 @@ class _Registry:
             log.error("monarch_kernel: a get_or_spawn_controller request was dropped: %r", e)
             return
         try:
-            name, cls, args, kwargs = pickle.loads(request)
+            name, cls, args, kwargs = loads(request)
         except Exception as e:
             reply.exception(e)
             return

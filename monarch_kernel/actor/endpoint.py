@@ -252,19 +252,48 @@ class Endpoint:
 
     def choose(self, *args, **kwargs) -> Future:
         """Run on one rank: the one with the fewest of this process's calls in flight."""
+        return self._one(self._chosen_rank(), args, kwargs)
+
+    def _chosen_rank(self) -> int:
         m = self._mesh
         rt = Runtime.current()
         busy = rt.calls_waiting_on(m._proc_ref.id)
         alive = [r for r in m._shape.ranks if rt.death(m._proc_ref.id, r) is None] or list(m._shape.ranks)
-        rank = min(alive, key=lambda r: busy.get(r, 0))
-        return self._one(rank, args, kwargs)
+        return min(alive, key=lambda r: busy.get(r, 0))
 
     def broadcast(self, *args, **kwargs) -> None:
         """Run on every rank without waiting.  Failures go to supervision (the actor mesh's
         owner), not to you, and an exception that escapes the endpoint stops that actor."""
+        self._fire(self._mesh._shape.ranks, args, kwargs)
+
+    def _send_selected(self, args, kwargs, port, selection: str) -> None:
+        """Monarch's ``send(endpoint, args, kwargs, port, selection)``: ``broadcast`` to every
+        rank (``"all"``) or to the one ``choose`` would take (``"choose"``); with ``port``,
+        each rank's value is sent there once it answers (a failure, as ``port.exception``)."""
+        if selection not in ("all", "choose"):
+            raise ValueError(f"send(..., selection={selection!r}): the selection is 'all' or 'choose'")
+        ranks = self._mesh._shape.ranks if selection == "all" else [self._chosen_rank()]
+        if port is None:
+            self._fire(ranks, args, kwargs)
+            return
+        pending = self._send(args, kwargs, list(ranks), slice_info=self._slice_info())
+        actor, name = self._mesh._class_name, self._name
+
+        def forward(c) -> None:
+            for part in c.result().values():
+                try:
+                    value = part_value(part, actor, name)
+                except (ActorError, MeshStopped, SendFailed) as e:
+                    port.exception(e)
+                else:
+                    port.send(value)
+
+        pending.completion.add_done_callback(forward)
+
+    def _fire(self, ranks, args, kwargs) -> None:
         m = self._mesh
         info = self._slice_info(broadcast=True)  # fire and forget: an escaping exception stops the actor
-        pending = self._send(args, kwargs, m._shape.ranks, slice_info=info, callbacks=True)
+        pending = self._send(args, kwargs, ranks, slice_info=info, callbacks=True)
         actor, name, mesh_id = m._class_name, self._name, m._proc_ref.id
         owner = m._owner
 

@@ -48,6 +48,9 @@ class Tensors(Protocol):
     def forget(self, mesh_id: str) -> None:
         """Proc mesh ``mesh_id`` stopped: its tensor client stops."""
 
+    def send(self, fn, args, kwargs, port, selection: str) -> None:
+        """``send(remote_fn, ...)``: ``fn`` runs on every rank of the active mesh."""
+
     def pinned_for(self, mesh_id: str) -> AbstractContextManager[list]:
         """While arguments for proc mesh ``mesh_id`` are pickled: a list of the distributed
         tensors among them, to keep alive until the call is answered."""

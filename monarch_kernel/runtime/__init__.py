@@ -101,6 +101,7 @@ if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and
     from .wire.envelope import Kind, Mode, Part, Status
     from .wire.payloads import CallInfo, SpawnInfo
     from .wire.serialize import describe_unpicklable, dumps, dumps_plain
+    from .wire.unpickling import loads
 
 # name -> the module (under runtime/) that defines it
 _WHERE = {
@@ -120,6 +121,7 @@ _WHERE = {
     "Kind": "wire.envelope", "Mode": "wire.envelope", "Part": "wire.envelope", "Status": "wire.envelope",
     "CallInfo": "wire.payloads", "SpawnInfo": "wire.payloads",
     "dumps": "wire.serialize", "dumps_plain": "wire.serialize", "describe_unpicklable": "wire.serialize",
+    "loads": "wire.unpickling",
     # the wire formats that agents, jobs and the data plane speak
     "AgentLink": "spawn.agent_link", "LaunchConfig": "spawn.launch_config", "TemplateClient": "spawn.template_client",
     "loopback_for": "net.transport", "CurveKeys": "wire.curve", "Gatekeeper": "wire.curve",
@@ -148,8 +150,8 @@ __all__ = [
     "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
     "agent_channel", "config", "controller_files_shortfall", "counted", "current_actor", "describe_unpicklable",
     "diagnostics", "dumps", "dumps_plain", "gpus", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
-    "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh", "raise_nofile_limit",
-    "rank_label", "rank_logging", "rejects", "segments", "stack_dump", "template_files_shortfall", "worker_key",
+    "loads", "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh",
+    "raise_nofile_limit", "rank_label", "rank_logging", "rejects", "segments", "stack_dump", "template_files_shortfall", "worker_key",
     "worker_wire",
 ]
 

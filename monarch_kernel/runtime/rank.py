@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import pickle
 import sys
 
 from . import config, diagnostics
@@ -31,6 +30,7 @@ from .spawn.launch_config import LaunchConfig
 from .spawn.template_channel import MAX_CONTROL
 from .wire.envelope import Part, Status
 from .wire.serialize import dumps
+from .wire.unpickling import loads
 
 WATCHDOG_S = config.seconds("rank_beat")
 
@@ -95,7 +95,7 @@ def run_bootstrap(pickled: bytes | None, rank: int) -> Part | None:
         return None
     name = "bootstrap"
     try:
-        fn = pickle.loads(pickled)
+        fn = loads(pickled)
         name = getattr(fn, "__qualname__", name)
         result = fn()
         if inspect.isawaitable(result):

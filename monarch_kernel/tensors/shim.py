@@ -43,6 +43,11 @@ class ActorSide:
 
         forget(mesh_id)
 
+    def send(self, fn, args, kwargs, port, selection: str) -> None:
+        from .controller.remote import send
+
+        send(fn, args, kwargs, port, selection)
+
     def pinned_for(self, mesh_id: str) -> _Pinned:
         if self._contexts is None:
             from .controller.client import destination, pinned

@@ -2,8 +2,10 @@
 inbox and runs all of its endpoints, sync and async, one message at a time in arrival
 order, as Monarch does (so thread-locals set in ``__init__`` are there in every endpoint,
 and a call reaches the actor without passing through another thread).  Async endpoints run
-on the worker's own event loop; concurrent ones (``@endpoint(concurrent=True)``) are tasks
-on it that make progress whenever the worker waits.
+on the worker's own event loop, which lives as long as the actor: the tasks they start
+(``asyncio.create_task``, concurrent endpoints) run whenever the worker waits for its next
+message, and are cancelled when the actor stops.  With no task alive the worker waits on
+its inbox directly, so a sync endpoint's call never goes through the loop.
 
 A slot is given what it uses: the network (its inbox), the receiver (reading it), the
 rank's main thread (lent to one actor that asks) and the server's ``stop_spawned``.
@@ -85,7 +87,7 @@ class ActorSlot:
         self.failure: Any = None  # the Part that stopped it: an exception no caller received
         self._main: MainThread | None = None  # the MainThread it runs on, when it got it
         self.loop: asyncio.AbstractEventLoop | None = None  # the worker's own, made on the worker
-        self._tasks: set = set()  # concurrent endpoints still running
+        self._tasks: set = set()  # every task alive on its loop: endpoints' and those they started
         self.deferring = False  # an async endpoint runs: new calls wait in the queue
         self.halted = False  # its tasks were cancelled and __cleanup__ ran (or was tried)
 
@@ -159,13 +161,19 @@ class ActorSlot:
     def spawn(self, coro) -> None:
         """On the worker: start a concurrent endpoint; it runs whenever the worker waits."""
         assert self.loop is not None
-        task = self.loop.create_task(coro)
+        self.loop.create_task(coro)
+
+    def _track(self, loop: asyncio.AbstractEventLoop, coro, **kwargs) -> asyncio.Task:
+        """The loop's task factory: every task made on it is known, so that the worker runs
+        the loop while one is alive and the actor's stop cancels them all."""
+        task = asyncio.Task(coro, loop=loop, **kwargs)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _wait_for_work(self, watch) -> None:
-        """Block until a message or a submitted function is there; while concurrent tasks
-        are alive, wait inside the event loop so that they progress."""
+        """Block until a message or a submitted function is there; while tasks are alive
+        on the actor's loop, wait inside the loop so that they progress."""
         if not self._tasks:
             for what, _ev in zmq_poll(watch, -1):
                 if what is self._wake_r:
@@ -199,6 +207,7 @@ class ActorSlot:
     def _work(self) -> None:
         self._ident = threading.get_ident()
         self.loop = asyncio.new_event_loop()
+        self.loop.set_task_factory(self._track)
         os.set_blocking(self._wake_r, False)
         address = actor_address(self.mesh.addresses[self.rank], self.actor_id)
         # On a TCP rank the actor's inbox gets a port of its own, which its answers name
@@ -243,23 +252,32 @@ class ActorSlot:
                         read(inbox, 1, inline=True)
 
     def _close(self) -> None:
-        """The actor stopped: its concurrent tasks are cancelled, then its loop closed."""
+        """The actor stopped: its tasks are cancelled, then its loop closed."""
         loop = self.loop
         if loop is not None:
-            tasks = list(self._tasks)
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._cancel_tasks(loop)
             loop.close()
         if self.inbox is not None:
             self.inbox.close()
         if self._main is not None:
             self._main.release(self)
 
+    def _cancel_tasks(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cancel every task on the actor's loop and let them end, for ``cleanup_budget`` at most."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if not tasks:
+            return
+        done, _ = loop.run_until_complete(asyncio.wait(tasks, timeout=CLEANUP_BUDGET_S))
+        for t in done:
+            if not t.cancelled():
+                t.exception()  # retrieved: what a cancelled task raised is not worth a warning
+
     def halt(self, exc: BaseException | None) -> None:
-        """On the worker: the actor stops, as Monarch's does.  Its concurrent endpoints are
-        cancelled (their callers hear of it), the meshes it spawned are stopped
+        """On the worker: the actor stops, as Monarch's does.  The tasks on its loop are
+        cancelled (the callers of its concurrent endpoints hear of it; one that ignores it is
+        left after ``cleanup_budget``), the meshes it spawned are stopped
         (``Server.stop_spawned``), then ``__cleanup__(exc)`` runs, sync or async;
         what it raises is reported on stderr, never raised.  Then the instance is let go of,
         so the actor's own finalizers can run.  Once only."""
@@ -267,11 +285,11 @@ class ActorSlot:
             return
         self.halted = True
         loop = self.loop
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks and loop is not None and not loop.is_running():
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        if loop is not None and not loop.is_running():
+            self._cancel_tasks(loop)
+        else:
+            for t in list(self._tasks):
+                t.cancel()
         # What it spawned stops with it (the calls its __cleanup__ makes to others still go).
         self.stop_spawned(self.actor_id, CLEANUP_BUDGET_S)
         obj, self.instance = self.instance, None

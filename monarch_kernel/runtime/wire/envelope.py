@@ -8,7 +8,6 @@ authentic.
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from .kinds import Kind as Kind
 from .kinds import Mode as Mode
 from .kinds import Status as Status
 from .payloads import decode_payload
+from .unpickling import loads
 
 # A header bigger than this is not a header we wrote.
 MAX_HEADER = 64 * 1024
@@ -153,9 +153,9 @@ def load(frames: list) -> Any:
     """Unpickle one part's frames (``Part.load`` without the Part); authentic ones only."""
     if len(frames) == 1:
         f = frames[0]
-        return pickle.loads(f if type(f) is bytes else _buffer(f))
+        return loads(f if type(f) is bytes else _buffer(f))
     data, *bufs = (_buffer(f) for f in frames)
-    return pickle.loads(data, buffers=bufs)
+    return loads(data, buffers=bufs)
 
 
 def _buffer(f):
