@@ -151,8 +151,8 @@ __all__ = [
     "agent_channel", "config", "controller_files_shortfall", "counted", "current_actor", "describe_unpicklable",
     "diagnostics", "dumps", "dumps_plain", "gpus", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
     "loads", "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh",
-    "raise_nofile_limit", "rank_label", "rank_logging", "rejects", "segments", "stack_dump", "template_files_shortfall", "worker_key",
-    "worker_wire",
+    "raise_nofile_limit", "rank_label", "rank_logging", "rejects", "segments", "stack_dump",
+    "template_files_shortfall", "worker_key", "worker_wire",
 ]
 
 
