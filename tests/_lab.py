@@ -23,7 +23,8 @@ RECORDING_APT = '#!/bin/sh\necho "$*" >> "$(dirname "$0")/apt-get.log"\n'
 def user_env(tools: Path | None = None) -> dict:
     """This process's environment as a user's shell has it: no PYTHONPATH, no virtualenv of the
     tests on PATH (so nothing of the test environment leaks in), ``tools`` first on PATH."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env = {k: v for k, v in os.environ.items()  # nor make's own variables, when `make test` runs the tests
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     mine = {os.path.dirname(sys.executable), os.path.join(sys.prefix, "bin")}
     path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p not in mine]
     env["PATH"] = os.pathsep.join(([str(tools)] if tools else []) + path)

@@ -214,7 +214,10 @@ class Notebook:
         self.page.mouse.click(column["x"] + column["width"] / 2, row["y"] + row["height"] / 2)
 
     def output(self, i: int) -> str:
-        return self.cells.nth(i).locator(".jp-OutputArea").inner_text()
+        """Cell ``i``'s output as a person reads it: a line's trailing blanks (left where the
+        cell's progress line was blanked out with ``\\r`` and spaces) are not text."""
+        text = self.cells.nth(i).locator(".jp-OutputArea").inner_text()
+        return "\n".join(line.rstrip(" ") for line in text.split("\n"))
 
     def start_cell(self, i: int) -> None:
         self.cells.nth(i).locator(".jp-InputArea-editor").click()
