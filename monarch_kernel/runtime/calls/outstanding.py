@@ -63,14 +63,8 @@ class PendingCall:
             for p in new:
                 self.on_part(p)
         if finished and new:
-            self.caller.calls.pop(self.header.call_id, None)
             self.body = None
-            store = self.caller.segments  # None only where no call can carry segments
-            if self.segments and store is not None:
-                # Every rank that answered has mapped its arguments; one that died never
-                # will.  Off the caller's critical path: freeing pages takes a while.
-                reuse = all(p.status != Status.DIED for p in self.parts.values())
-                self.caller.io.call_soon(store.release, self.segments, reuse)
+            self.caller.done(self)
             self.completion.set_result(self.parts)
 
     def rank_died(self, rank: int, info: DeathInfo) -> None:
@@ -81,17 +75,17 @@ class PendingCall:
             return
         found = locate(self.ranks, self.header.fanout, rank, self.top)
         self.add([synthetic_part(rank, Status.DIED, info)])
-        caller, h = self.caller, self.header
-        if self.inbox is not None and self.inbox is not caller.inbox:
+        outbox, h = self.caller.outbox, self.header
+        if self.inbox is not None and self.inbox is not outbox.inbox:
             # The calling thread may be blocked reading its own inbox: nudge it.
-            caller.send_or_report(self.inbox.address, Header.control(Kind.WAKE), [], "a wake-up")
+            outbox.send_or_report(self.inbox.address, Header.control(Kind.WAKE), [], "a wake-up")
         if found is None:
             return
         parent, subtree = found
         for child in children(subtree, h.fanout):
-            caller.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
+            outbox.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
         if parent is not None and h.mode == 0:
-            caller.prune(self.mesh, parent, h.call_id, rank, h.origin)
+            outbox.prune(self.mesh, parent, h.call_id, rank, h.origin)
 
     def not_received(self, rank: int) -> None:
         """``rank`` never got the call (its forwarder died first): send its subtree again."""
@@ -103,11 +97,11 @@ class PendingCall:
         with self._lock:
             todo = [r for r in found[1] if r in self.remaining and r not in self.resent]
             self.resent.update(todo)
-        caller = self.caller
+        outbox = self.caller.outbox
         for sub in split(todo, self.header.fanout):
             h = self.header
             again = Header.resent(h, sub)
             try:
-                caller.transport.send(caller.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
+                outbox.send(outbox.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
             except SendFailed as e:
                 self.add([synthetic_part(r, Status.UNSENT, f"{e}") for r in sub])
