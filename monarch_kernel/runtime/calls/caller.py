@@ -70,9 +70,8 @@ class Caller:
         inbox = self.inbox if (on_part is not None or callbacks) else self.receiver.reply_inbox(self.inbox)
         h = Header.call(kind, next(self._ids), outbox.origin(inbox, mesh), mesh.id, actor, method, body, fanout,
                         mode, slice_info if options is None else options)
-        call = PendingCall(self, h, mesh, alive, body, on_part)
-        call.inbox = inbox
-        call.segments = segments
+        call = PendingCall(outbox=outbox, finished=self.done, header=h, mesh=mesh, ranks=alive, body=body,
+                           on_part=on_part, inbox=inbox, segments=segments)
         call.remaining.update(ranks)
         self.calls[h.call_id] = call
         if len(alive) != len(ranks):
