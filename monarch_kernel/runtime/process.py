@@ -131,9 +131,9 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
                              ports=self.ports, memberships=self.memberships, fanout=config.fanout())
         self.caller = Caller(outbox=self.outbox, io=io, signer=self.signer, ports=self.ports, segments=self.segments,
                              report_failure=self.report_failure)
-        self.server = Server(outbox=self.outbox, caller=self.caller, network=self.network, address=self.address,
-                             drops=self.drops, ports=self.ports, hooks=self.hooks, io=io, host=self.host,
-                             report_failure=self.report_failure, main_thread=lambda: self.main_thread,
+        self.server = Server(outbox=self.outbox, caller=self.caller, signer=self.signer, network=self.network,
+                             address=self.address, drops=self.drops, ports=self.ports, hooks=self.hooks, io=io,
+                             host=self.host, report_failure=self.report_failure, main_thread=lambda: self.main_thread,
                              owned_meshes=self.owned_meshes, stop_mesh=self.stop_mesh)
         # The dispatch table: every kind this process accepts, and the part that handles it.
         self.handlers: dict[int, Callable[[Header, list], None]] = {

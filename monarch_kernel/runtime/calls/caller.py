@@ -63,8 +63,8 @@ class Caller:
         """
         outbox = self.outbox
         fanout = fanout or outbox.fanout
-        if self.oversized(body):
-            self.check_size(body, f"the arguments of {method}")
+        if self.signer.oversized(body):
+            self.signer.check_size(body, f"the arguments of {method}")
         dead = self.dead
         alive = [r for r in ranks if (mesh.id, r) not in dead] if dead else list(ranks)
         inbox = self.inbox if (on_part is not None or callbacks) else self.receiver.reply_inbox(self.inbox)
@@ -104,8 +104,8 @@ class Caller:
         one send per rank.  Sent straight to each rank, never forwarded: nothing is gathered,
         and no forwarder's death can lose it.  A rank whose endpoint raises reports to the
         mesh's owner itself; a rank it cannot be sent to is reported from here."""
-        if self.oversized(body):
-            self.check_size(body, f"the arguments of {method}")
+        if self.signer.oversized(body):
+            self.signer.check_size(body, f"the arguments of {method}")
         outbox = self.outbox
         h = Header.call(Kind.CALL, next(self._ids), outbox.origin(self.inbox, mesh), mesh.id, actor, method, body, 1,
                         Mode.TELL, slice_info)
@@ -177,24 +177,6 @@ class Caller:
             # Every rank that answered has mapped its arguments; one that died never will.
             reuse = all(p.status != Status.DIED for p in call.parts.values())
             self.io.call_soon(store.release, call.segments, reuse)
-
-    def oversized(self, frames: list) -> bool:
-        """Whether a frame of ``frames`` is over the limit receivers drop (``check_size`` says how)."""
-        limit = self.signer.max_frame
-        for f in frames:
-            if (f.nbytes if type(f) is memoryview else len(f)) > limit:
-                return True
-        return False
-
-    def check_size(self, frames: list, what: str) -> None:
-        limit = self.signer.max_frame
-        for f in frames:
-            n = f.nbytes if isinstance(f, memoryview) else len(f)
-            if n > limit:
-                raise ValueError(
-                    f"{what} need a {n}-byte frame, over the {limit}-byte limit the receiver "
-                    f"would drop; raise MONARCH_KERNEL_MAX_FRAME (bytes) before spawning"
-                )
 
     # ------------------------------------------------------------ interrupts
 

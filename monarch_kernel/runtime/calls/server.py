@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ..net.ports import PortTable
     from ..net.receiver import Receiver
     from ..spawn.owned_mesh import OwnedMesh
-    from ..wire.auth import DropCounts
+    from ..wire.auth import DropCounts, Signer
     from .caller import Caller
     from .main_thread import MainThread
     from .outbox import Outbox
@@ -55,8 +55,8 @@ class Server:
     receiver: Receiver  # handed over by ``attach``, as is ``memberships``
     memberships: dict[str, tuple[MeshRef, int]]
 
-    def __init__(self, *, outbox: Outbox, caller: Caller, network: Network, address: str, drops: DropCounts,
-                 ports: PortTable, hooks: Hooks, io: IOThread, host: str,
+    def __init__(self, *, outbox: Outbox, caller: Caller, signer: Signer, network: Network, address: str,
+                 drops: DropCounts, ports: PortTable, hooks: Hooks, io: IOThread, host: str,
                  report_failure: Callable[[str, MeshFailure], None], main_thread: Callable[[], MainThread | None],
                  owned_meshes: Callable[[], list[OwnedMesh]], stop_mesh: Callable[[OwnedMesh], Completion]):
         """``outbox``: what answers and forwarded calls go out through; ``caller``: what the
@@ -66,6 +66,7 @@ class Server:
         how one is stopped (an actor's stop stops those it spawned)."""
         self.outbox = outbox
         self.caller = caller
+        self.signer = signer
         self.network = network
         self.address = address
         self.drops = drops
@@ -162,8 +163,8 @@ class Server:
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
             frames = dumps(value)
-            if self.caller.oversized(frames):
-                self.caller.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
+            if self.signer.oversized(frames):
+                self.signer.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
             return Part(me, Status.OK, frames)
         except ValueError as e:
             return failure_part(me, actor, method, e)
