@@ -46,7 +46,7 @@ def _call_all(n: int, warmup: int = 100, timed: int = 500, count_msgs: bool = Fa
                 mesh.echo.call(i).get()
             res["msgs_sent_per_call"] = (rt.transport.sent - s) / calls
             res["msgs_received_per_call"] = (rt.receiver.received - r) / calls
-            res["fanout"] = rt.caller.fanout
+            res["fanout"] = rt.outbox.fanout
     finally:
         procs.stop().get(timeout=60)
     log(f"call on {n} ranks: {res}")

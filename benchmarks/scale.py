@@ -68,7 +68,7 @@ def one_size(n: int) -> dict:
         out["controller_cpu_ms_per_call"] = round((_cpu_s() - cpu) / calls * 1e3, 2)
         out["controller_fds"] = len(os.listdir("/proc/self/fd"))
         out["controller_rss_MiB_after"] = _rss_mib()
-        out["fanout"] = rt.caller.fanout
+        out["fanout"] = rt.outbox.fanout
     finally:
         t = time.perf_counter()
         procs.stop().get(timeout=300)

@@ -19,14 +19,15 @@ two rooms (sub-packages) import each other.
   hooks          the runtime's extension points (uses spawn's host messages and rank output)
   net/           messages moving: the IO thread, inboxes, the receiver, the transport,
                  datagrams, unfinished sends, the network, hosts, ports.  Stands on wire/.
-  calls/         what a message means: outstanding calls, the caller, the server and its
-                 actor slots, the multicast tree and the calls gathering answers through
-                 this rank (gathering), supervision, finalize, the main thread.
+  calls/         what a message means: outstanding calls, the caller, the outbox (every
+                 message sent), the server and its actor slots, the multicast tree and the
+                 calls gathering answers through this rank (gathering), supervision,
+                 finalize, the main thread.
                  Stands on net/, spawn/ and wire/.
   front_door     what the layers above may ask of the parts, as methods of ``Runtime``
   process        ``Runtime``: the composition of the parts, one per process.  Each part
                  is given the collaborators it uses (the transport, the network, the
-                 caller, a bound method...), never the runtime.
+                 outbox, a bound method...), never the runtime.
   rank, template_server   the entry points of a rank and of the template
 
 The front door.  The layers above import from this package only (``from ..runtime import

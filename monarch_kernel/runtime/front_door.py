@@ -1,7 +1,7 @@
 """The front door: what the layers above runtime/ may ask of the runtime's parts, as methods
 of ``Runtime`` (trio's ``_core/_generated_run.py`` plays this role for its runner).
 
-Upper layers never name a part (``rt.launcher``, ``rt.caller``...; tests/system/test_layering.py
+Upper layers never name a part (``rt.launcher``, ``rt.caller``, ``rt.outbox``...; tests/system/test_layering.py
 checks it), so a part can change behind these methods without them noticing.  Each class here
 is the door to one group of parts, mixed into ``Runtime``; each method only delegates.
 ``rt.io`` and ``rt.hooks`` are surfaces of their own and have no door.
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .calls.caller import Caller
+    from .calls.outbox import Outbox
     from .calls.server import Server
     from .calls.supervision import SupervisionPolicy
     from .completion import Completion
@@ -79,9 +80,10 @@ class MeshDoor:
 
 
 class CallDoor:
-    """Calls, ports and hosted actors: the caller, the server and supervision."""
+    """Calls, ports and hosted actors: the caller, the outbox, the server and supervision."""
 
     caller: Caller
+    outbox: Outbox
     server: Server
     supervision: SupervisionPolicy
     io: IOThread
@@ -103,12 +105,12 @@ class CallDoor:
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``: a mesh
         that process belongs to, whose key signs the message (default: our own)."""
-        self.caller.send_port(address, port_id, part, mesh_id)
+        self.outbox.send_port(address, port_id, part, mesh_id)
 
     def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool:
         """Send a message nobody waits on; a failure is logged once per peer (no caller to
         raise it to).  False if it was not sent."""
-        return self.caller.send_or_report(address, h, body, what)
+        return self.outbox.send_or_report(address, h, body, what)
 
     def abort_actor(self, actor_id: str, reason: str) -> None:
         """The hosted actor ``actor_id`` fails with ``reason`` (``Server.abort_actor``)."""

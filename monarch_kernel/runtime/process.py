@@ -1,7 +1,7 @@
 """The runtime of one process, composed of parts that each own their state: the network
 (where it listens, Curve), the transport (sending), the receiver (inboxes and waits), the
-caller (calls in flight), the server (hosted actors), the launcher (meshes it spawned), and
-the ports.  One table maps each message kind to the part that handles it.
+outbox (every message it sends), the caller (calls in flight), the server (hosted actors),
+the launcher (meshes it spawned), and the ports.  One table maps each message kind to the part that handles it.
 
 The controller and every rank run the same class; a rank is simply a process whose runtime
 was created from its launch config.  It knows nothing of Jupyter or of the public classes:
@@ -28,6 +28,7 @@ import zmq
 from . import config, diagnostics
 from .calls import finalize
 from .calls.caller import Caller
+from .calls.outbox import Outbox
 from .calls.server import Server
 from .calls.supervision import SupervisionPolicy
 from .completion import Completion
@@ -126,11 +127,14 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.segments = segments.Segments() if segments.available() else None
         if serialize.segments is None:
             serialize.segments = self.segments
-        self.caller = Caller(io, self.transport, self.network, self.inbox, self.signer, self.ports,
-                             self.memberships, self.segments, self.report_failure, config.fanout())
-        self.server = Server(self.caller, self.transport, self.network, self.address, self.drops, self.ports,
-                             self.hooks, io, self.host, self.report_failure, lambda: self.main_thread,
-                             self.owned_meshes, self.stop_mesh)
+        self.outbox = Outbox(io=io, transport=self.transport, network=self.network, inbox=self.inbox,
+                             ports=self.ports, memberships=self.memberships, fanout=config.fanout())
+        self.caller = Caller(outbox=self.outbox, io=io, signer=self.signer, ports=self.ports, segments=self.segments,
+                             report_failure=self.report_failure)
+        self.server = Server(outbox=self.outbox, caller=self.caller, signer=self.signer, network=self.network,
+                             address=self.address, drops=self.drops, ports=self.ports, hooks=self.hooks, io=io,
+                             host=self.host, report_failure=self.report_failure, main_thread=lambda: self.main_thread,
+                             owned_meshes=self.owned_meshes, stop_mesh=self.stop_mesh)
         # The dispatch table: every kind this process accepts, and the part that handles it.
         self.handlers: dict[int, Callable[[Header, list], None]] = {
             Kind.CALL: self.server.on_call,
@@ -162,14 +166,17 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.job_ports: dict[str, tuple[str, int]] = {}
         self.main_thread: MainThread | None = None  # a MainThread when this is a rank (it lends it to one actor)
         # what a death or a failure means, and who hears it
-        self.supervision = SupervisionPolicy(io, self.caller, self.server, self.meshes, self.hooks, owner,
+        self.supervision = SupervisionPolicy(io=io, outbox=self.outbox, caller=self.caller, server=self.server,
+                                             meshes=self.meshes, hooks=self.hooks, owner=owner,
                                              rank_died=self.rank_died, unhandled=self.unhandled,
                                              shutting_down=lambda: self.closed)
         # templates, hosts, forks, restarts, kills; owns_rundir is set after (_new_controller)
-        self.launcher = Launcher(io, self.network, self.caller, self.receiver, self.inbox, self.meshes, self.drops,
-                                 self.hooks, self.supervision,
-                                 Inherited(key, rundir, self.address, self.host, self.warm_modules, self.job_ports,
-                                           self.segments, owns_rundir=lambda: self.owns_rundir))
+        self.launcher = Launcher(io=io, network=self.network, outbox=self.outbox, receiver=self.receiver,
+                                 inbox=self.inbox, meshes=self.meshes, drops=self.drops, hooks=self.hooks,
+                                 supervision=self.supervision,
+                                 inherited=Inherited(key, rundir, self.address, self.host, self.warm_modules,
+                                                     self.job_ports, self.segments,
+                                                     owns_rundir=lambda: self.owns_rundir))
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
                                  (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
@@ -195,18 +202,18 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
             self.drops.count("malformed")
 
     def _on_death(self, h: Header, body: list) -> None:
-        self.caller.pass_down(h, body)
+        self.outbox.pass_down(h, body)
         info = split_parts(h, body)[0].load()
         # h.mesh: the mesh it was sent down; the payload: the dead rank's own mesh
         self.rank_died(h.payload.mesh if h.payload is not None else h.mesh, info.rank, info)
 
     def _on_revive(self, h: Header, body: list) -> None:
-        self.caller.pass_down(h, body)
+        self.outbox.pass_down(h, body)
         if h.payload is not None:
             self.caller.revived(h.payload.mesh, h.payload.rank)
 
     def _on_stop(self, h: Header, body: list) -> None:
-        self.caller.pass_down(h, body)
+        self.outbox.pass_down(h, body)
         if not self._exiting:
             self._exiting = True
             finalize.exit_process(list(self.server.actors.values()))
@@ -238,7 +245,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         if mesh_id in self.meshes:
             self.io.call_soon(self.supervision.supervise, self.meshes[mesh_id], failure)
         elif mesh_id in self.memberships and self.memberships[mesh_id][0].owner != self.address:
-            self.caller.send_object(self.memberships[mesh_id][0].owner, Kind.FAILURE, mesh_id, failure)
+            self.outbox.send_object(self.memberships[mesh_id][0].owner, Kind.FAILURE, mesh_id, failure)
         else:
             self.unhandled(failure)
 

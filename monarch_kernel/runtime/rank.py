@@ -64,7 +64,7 @@ def run_rank(cfg: LaunchConfig, template_pid: int, control: int) -> None:
                  curve=cfg.curve)
     rt.main_thread = main
     rt.launcher.python = cfg.python  # procs this rank spawns start through the same interpreter
-    rt.caller.fanout = cfg.fanout
+    rt.outbox.fanout = cfg.fanout
     Runtime._current = rt
     rt.memberships[ref.id] = (ref, rank)
     rt.job_ports.update(cfg.job_ports)

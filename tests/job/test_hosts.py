@@ -99,7 +99,7 @@ def test_two_hosts_answer_and_the_tree_crosses_them(job, ssh_hosts):
     assert first < 30
     # Fan-out 1: the controller sends one message per call; the rest is forwarded rank to rank.
     rt = Runtime.current()
-    old, rt.caller.fanout = rt.caller.fanout, 1
+    old, rt.outbox.fanout = rt.outbox.fanout, 1
     try:
         counts = []
         for _ in range(3):  # the fewest of three: the agents' heartbeats are sent meanwhile too
@@ -108,7 +108,7 @@ def test_two_hosts_answer_and_the_tree_crosses_them(job, ssh_hosts):
             counts.append(rt.transport.sent - sent)
         assert min(counts) == 1
     finally:
-        rt.caller.fanout = old
+        rt.outbox.fanout = old
     # A rank on host 1 calls the actors on host 0 directly.
     host0 = m.slice(hosts=0)
     assert m.slice(hosts=1, gpus=0).ask.call_one(host0, "x").get(timeout=30) == ["x", "x"]

@@ -96,7 +96,7 @@ def outcome(fut):
         return {"timeout": True}
 
 marker = sys.argv[1]
-assert Runtime.current().caller.fanout == 2
+assert Runtime.current().outbox.fanout == 2
 procs = this_host().spawn_procs(per_host={"gpus": 16}, name="tree")
 try:
     m = procs.spawn("echo", Echo)

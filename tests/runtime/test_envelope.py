@@ -208,6 +208,21 @@ def _every_rejection(key, frames, check, signer):
     return reason
 
 
+def test_the_signer_refuses_before_sending_a_frame_the_receiver_would_drop():
+    """The frame limit is the signer's: what it would drop as oversized on receipt, it refuses
+    to send, naming what needed the frame and the setting to raise."""
+    s = Signer(secrets.token_bytes(32), max_frame=4)
+    fits, over = [b"1234", memoryview(b"abcd")], [b"12", memoryview(b"abcde")]
+    assert not s.oversized(fits) and s.oversized(over)
+    s.check_size(fits, "the arguments of train")
+    with pytest.raises(ValueError) as e:
+        s.check_size(over, "the arguments of train")
+    assert str(e.value) == ("the arguments of train need a 5-byte frame, over the 4-byte limit the receiver would "
+                            "drop; raise MONARCH_KERNEL_MAX_FRAME (bytes) before spawning")
+    with pytest.raises(Dropped, match="oversized"):
+        s.verify(_signed(s, over))
+
+
 def test_bulk_buffers_are_bound_by_length():
     s = Signer(secrets.token_bytes(32))
     big = np.zeros(BULK, dtype=np.uint8)

@@ -2,7 +2,7 @@
 waits for, and the messages that change it.  A child's answer (a REPLY at hop 1), a REDIRECT
 (the node's parent died: answer the origin instead) and a PRUNE (a child's subtree died: stop
 waiting for it) are handled here, where that state lives; a node's gathered answer goes up
-through the sending part it is given (``Caller.send_reply``), never by another route.
+through the outbox it is given (``Outbox.send_reply``), never by another route.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from .tree import NodeState, NodeTable
 
 if TYPE_CHECKING:
     from ..wire.auth import DropCounts
-    from .caller import Caller
+    from .outbox import Outbox
 
 
 class Gathering:
-    def __init__(self, sender: Caller, drops: DropCounts, my_rank: Callable[[str], int]):
+    def __init__(self, *, outbox: Outbox, drops: DropCounts, my_rank: Callable[[str], int]):
         """``my_rank(mesh_id)``: this process's rank in that mesh (-1 if it is not in it)."""
-        self.sender = sender
+        self.outbox = outbox
         self.drops = drops
         self.my_rank = my_rank
         self.nodes = NodeTable()
@@ -32,25 +32,25 @@ class Gathering:
         return self.nodes.start((h.origin, h.call_id), h.reply_to, h.hop > 0, waiting, h.resend)
 
     def answer(self, h: Header, me: int, part: Part, direct=None) -> None:
-        """This rank's own answer to call ``h``; ``direct``: see ``Caller.send_reply``."""
+        """This rank's own answer to call ``h``; ``direct``: see ``Outbox.send_reply``."""
         st = self.nodes.add((h.origin, h.call_id), me, [part])
         if st is not None:
-            self.sender.send_reply(st, h.origin, h.call_id, me, h.mesh, direct)
+            self.outbox.send_reply(st, h.origin, h.call_id, me, h.mesh, direct)
 
     def on_reply(self, h: Header, body: list) -> None:
         """A REPLY at hop 1: a child subtree's gathered answer to a call this rank forwarded."""
-        self.sender.learn_direct(h)
+        self.outbox.learn_direct(h)
         st = self.nodes.add((h.origin, h.call_id), h.ranks[0], split_parts(h, body))
         if st is not None:
-            self.sender.send_reply(st, h.origin, h.call_id, self.my_rank(h.mesh), h.mesh)
+            self.outbox.send_reply(st, h.origin, h.call_id, self.my_rank(h.mesh), h.mesh)
 
     def on_redirect(self, h: Header, _body: list) -> None:
         outcome = self.nodes.redirect((h.origin, h.call_id), h.origin)
         me = self.my_rank(h.mesh)
         if isinstance(outcome, tuple):
-            self.sender.send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
+            self.outbox.send_reply(NodeState(h.origin, False, set(), outcome[1]), h.origin, h.call_id, me, h.mesh)
         elif outcome == "lost":
-            self.sender.send_or_report(h.origin, Header.not_received(h, me), [], f"a NOT_RECEIVED from rank {me}")
+            self.outbox.send_or_report(h.origin, Header.not_received(h, me), [], f"a NOT_RECEIVED from rank {me}")
 
     def on_prune(self, h: Header, _body: list) -> None:
         if h.payload is None:
@@ -58,4 +58,4 @@ class Gathering:
             return
         st = self.nodes.prune((h.origin, h.call_id), h.payload.rank)
         if st is not None:
-            self.sender.send_reply(st, h.origin, h.call_id, h.ranks[0] if h.ranks else -1)
+            self.outbox.send_reply(st, h.origin, h.call_id, h.ranks[0] if h.ranks else -1)

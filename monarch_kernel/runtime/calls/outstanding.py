@@ -2,8 +2,9 @@
 the tree dies (the caller knows the whole tree, so it alone decides what is lost).
 
 Parts are kept encoded; the actor layer unpickles them in the caller's thread.  A call is
-given the ``Caller`` that made it: it leaves the caller's table when done, and sends its
-repairs (wake-ups, REDIRECT, PRUNE, re-sent subtrees) through it.
+given what it uses, not the ``Caller`` that made it: the outbox its repairs (wake-ups,
+REDIRECT, PRUNE, re-sent subtrees) go out through, and ``finished``, which the caller gives
+so that a done call leaves its table.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .tree import children, locate, split
 
 if TYPE_CHECKING:
     from ..net.inbox import Inbox
-    from .caller import Caller
+    from .outbox import Outbox
 
 
 def synthetic_part(rank: int, status: int, obj) -> Part:
@@ -30,12 +31,18 @@ def synthetic_part(rank: int, status: int, obj) -> Part:
 
 
 class PendingCall:
-    __slots__ = ("caller", "header", "mesh", "ranks", "top", "body", "on_part", "remaining", "parts", "resent",
-                 "completion", "inbox", "segments", "_lock")
+    __slots__ = ("outbox", "finished", "header", "mesh", "ranks", "top", "body", "on_part", "remaining", "parts",
+                 "resent", "completion", "inbox", "segments", "_lock")
 
-    def __init__(self, caller: Caller, header: Header, mesh: MeshRef, ranks: list[int], body: list,
-                 on_part: Callable[[Part], None] | None):
-        self.caller = caller
+    def __init__(self, *, outbox: Outbox, finished: Callable[[PendingCall], None], header: Header, mesh: MeshRef,
+                 ranks: list[int], body: list, on_part: Callable[[Part], None] | None, inbox: Inbox,
+                 segments: list | None = None):
+        """``finished(call)``: called once, when every rank has answered (before the call's
+        completion is set); ``inbox``: where its replies arrive (the main inbox when
+        callbacks consume them); ``segments``: shared-memory files holding its arguments,
+        released when it is done."""
+        self.outbox = outbox
+        self.finished = finished
         self.header = header
         self.mesh = mesh
         self.ranks = ranks  # ranks the tree was built over (alive when sent)
@@ -46,8 +53,8 @@ class PendingCall:
         self.parts: dict[int, Part] = {}
         self.resent: set[int] = set()
         self.completion = Completion()
-        self.inbox: Inbox | None = None  # where its replies arrive (set by the caller)
-        self.segments: list | None = None  # shared-memory files holding its arguments, unlinked when done
+        self.inbox: Inbox | None = inbox
+        self.segments = segments
         self._lock = threading.Lock()
 
     def add(self, parts: list[Part]) -> None:
@@ -63,14 +70,8 @@ class PendingCall:
             for p in new:
                 self.on_part(p)
         if finished and new:
-            self.caller.calls.pop(self.header.call_id, None)
             self.body = None
-            store = self.caller.segments  # None only where no call can carry segments
-            if self.segments and store is not None:
-                # Every rank that answered has mapped its arguments; one that died never
-                # will.  Off the caller's critical path: freeing pages takes a while.
-                reuse = all(p.status != Status.DIED for p in self.parts.values())
-                self.caller.io.call_soon(store.release, self.segments, reuse)
+            self.finished(self)
             self.completion.set_result(self.parts)
 
     def rank_died(self, rank: int, info: DeathInfo) -> None:
@@ -81,17 +82,17 @@ class PendingCall:
             return
         found = locate(self.ranks, self.header.fanout, rank, self.top)
         self.add([synthetic_part(rank, Status.DIED, info)])
-        caller, h = self.caller, self.header
-        if self.inbox is not None and self.inbox is not caller.inbox:
+        outbox, h = self.outbox, self.header
+        if self.inbox is not None and self.inbox is not outbox.inbox:
             # The calling thread may be blocked reading its own inbox: nudge it.
-            caller.send_or_report(self.inbox.address, Header.control(Kind.WAKE), [], "a wake-up")
+            outbox.send_or_report(self.inbox.address, Header.control(Kind.WAKE), [], "a wake-up")
         if found is None:
             return
         parent, subtree = found
         for child in children(subtree, h.fanout):
-            caller.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
+            outbox.send_control(self.mesh, child[0], Kind.REDIRECT, h.call_id, origin=h.origin)
         if parent is not None and h.mode == 0:
-            caller.prune(self.mesh, parent, h.call_id, rank, h.origin)
+            outbox.prune(self.mesh, parent, h.call_id, rank, h.origin)
 
     def not_received(self, rank: int) -> None:
         """``rank`` never got the call (its forwarder died first): send its subtree again."""
@@ -103,11 +104,11 @@ class PendingCall:
         with self._lock:
             todo = [r for r in found[1] if r in self.remaining and r not in self.resent]
             self.resent.update(todo)
-        caller = self.caller
+        outbox = self.outbox
         for sub in split(todo, self.header.fanout):
             h = self.header
             again = Header.resent(h, sub)
             try:
-                caller.transport.send(caller.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
+                outbox.send(outbox.target(self.mesh, sub[0], h.kind, h.actor), again, self.body)
             except SendFailed as e:
                 self.add([synthetic_part(r, Status.UNSENT, f"{e}") for r in sub])

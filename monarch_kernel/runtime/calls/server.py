@@ -3,9 +3,10 @@ the tree, running the endpoint on the actor's worker (sync, or async on the work
 loop) and sending the answer, merged with its subtree's, up the tree.
 
 It owns the actors hosted here; the tree state of the calls passing through is the
-gathering part's (``gathering.py``).  Answers go out through the sending part it is given
-(``Caller.send_reply``), never by another route.  It is given the transport (forwarding),
-the network (actors' inboxes, the ports' address), the port table, the hooks, the IO thread
+gathering part's (``gathering.py``).  Answers and forwarded calls go out through the outbox
+it is given (``Outbox.send_reply``), never by another route.  It is given the caller (the
+stops of actor meshes its actors spawned), the signer (the frame limit), the network (actors'
+inboxes, the ports' address), the port table, the hooks, the IO thread
 and the runtime behaviours it uses (``report_failure``, the meshes this process spawned and
 their stop, the rank's main thread); the receiver and the memberships, built after it, are
 handed over through ``attach``.
@@ -41,11 +42,11 @@ if TYPE_CHECKING:
     from ..net.network import Network
     from ..net.ports import PortTable
     from ..net.receiver import Receiver
-    from ..net.transport import Transport
     from ..spawn.owned_mesh import OwnedMesh
-    from ..wire.auth import DropCounts
+    from ..wire.auth import DropCounts, Signer
     from .caller import Caller
     from .main_thread import MainThread
+    from .outbox import Outbox
 
 STOP_INIT_GRACE_S = config.seconds("stop_init_grace")
 
@@ -54,16 +55,18 @@ class Server:
     receiver: Receiver  # handed over by ``attach``, as is ``memberships``
     memberships: dict[str, tuple[MeshRef, int]]
 
-    def __init__(self, sender: Caller, transport: Transport, network: Network, address: str, drops: DropCounts,
-                 ports: PortTable, hooks: Hooks, io: IOThread, host: str,
+    def __init__(self, *, outbox: Outbox, caller: Caller, signer: Signer, network: Network, address: str,
+                 drops: DropCounts, ports: PortTable, hooks: Hooks, io: IOThread, host: str,
                  report_failure: Callable[[str, MeshFailure], None], main_thread: Callable[[], MainThread | None],
                  owned_meshes: Callable[[], list[OwnedMesh]], stop_mesh: Callable[[OwnedMesh], Completion]):
-        """``sender``: the part answers and forwarded calls go out through; ``address``: this
-        process's main inbox; ``main_thread()``: the rank's MainThread, once it lends it (None
-        in the controller); ``owned_meshes``/``stop_mesh``: the proc meshes this process
-        spawned, and how one is stopped (an actor's stop stops those it spawned)."""
-        self.sender = sender
-        self.transport = transport
+        """``outbox``: what answers and forwarded calls go out through; ``caller``: what the
+        stops of actor meshes spawned here are sent with; ``address``: this process's main
+        inbox; ``main_thread()``: the rank's MainThread, once it lends it (None in the
+        controller); ``owned_meshes``/``stop_mesh``: the proc meshes this process spawned, and
+        how one is stopped (an actor's stop stops those it spawned)."""
+        self.outbox = outbox
+        self.caller = caller
+        self.signer = signer
         self.network = network
         self.address = address
         self.drops = drops
@@ -75,7 +78,7 @@ class Server:
         self.main_thread = main_thread
         self.owned_meshes = owned_meshes
         self.stop_mesh = stop_mesh
-        self.gathering = Gathering(sender, drops, self._my_rank)  # the calls this rank forwards
+        self.gathering = Gathering(outbox=outbox, drops=drops, my_rank=self._my_rank)  # the calls this rank forwards
         self.actors: dict[str, ActorSlot] = {}
         # actor id -> the actor meshes it spawned: (proc mesh, actor id, ranks); they stop with it
         self.spawned: dict[str, list[tuple[MeshRef, str, list[int]]]] = {}
@@ -119,24 +122,24 @@ class Server:
     def _forward(self, h: Header, body: list, mesh: MeshRef, me: int, subs: list, gather: bool) -> None:
         # Children's answers come back to whoever serves this call here: the actor's worker
         # for CALLs (it cannot finish before its own part anyway), else the IO thread.
-        sender = self.sender
-        back = sender.target(mesh, me, h.kind, h.actor) if gather else h.origin
+        outbox = self.outbox
+        back = outbox.target(mesh, me, h.kind, h.actor) if gather else h.origin
         fwd = Header.forward(h, [], back, 1 if gather else 0)
         for s in subs:
             fwd.ranks = s
             try:
-                self.transport.send(sender.target(mesh, s[0], h.kind, h.actor), fwd, body)
+                outbox.send(outbox.target(mesh, s[0], h.kind, h.actor), fwd, body)
             except SendFailed:
                 # The caller knows the whole tree: it sends that subtree again itself, and
                 # its own send fails loudly if the rank is truly unreachable.
-                sender.send_or_report(h.origin, Header.not_received(h, s[0]), [], f"a NOT_RECEIVED for rank {s[0]}")
+                outbox.send_or_report(h.origin, Header.not_received(h, s[0]), [], f"a NOT_RECEIVED for rank {s[0]}")
 
     def on_interrupt(self, h: Header, _body: list) -> None:
         for actor_id, slot in list(self.actors.items()):
             if not h.actor or actor_id == h.actor:
                 slot.interrupt()
         if h.payload is not None:  # the caller waits until it has landed
-            self.sender.send_port(h.payload.address, h.payload.port, Part(self._my_rank(h.mesh), Status.OK,
+            self.outbox.send_port(h.payload.address, h.payload.port, Part(self._my_rank(h.mesh), Status.OK,
                                                                              dumps(None)), mesh_id=h.mesh)
 
     def _my_rank(self, mesh_id: str) -> int:
@@ -153,15 +156,15 @@ class Server:
             return
         direct = ReplyInfo(h.actor, slot.direct) if slot is not None and slot.direct else None
         if _lone(h):
-            self.sender.send_parts(h.reply_to, False, [part], h.origin, h.call_id, me, h.mesh, direct)
+            self.outbox.send_parts(h.reply_to, False, [part], h.origin, h.call_id, me, h.mesh, direct)
             return
         self.gathering.answer(h, me, part, direct)
 
     def _ok_part(self, me: int, actor: str, method: str, value) -> Part:
         try:
             frames = dumps(value)
-            if self.sender.oversized(frames):
-                self.sender.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
+            if self.signer.oversized(frames):
+                self.signer.check_size(frames, f"the result of {actor}.{method} on rank {me} would")
             return Part(me, Status.OK, frames)
         except ValueError as e:
             return failure_part(me, actor, method, e)
@@ -352,11 +355,11 @@ class Server:
         Monarch.  Waits at most ``timeout`` s for them; the stops go on regardless."""
         waits = []
         for ref, child, ranks in self.spawned.pop(owner, ()):
-            live = [r for r in ranks if self.sender.dead.get((ref.id, r)) is None]
+            live = [r for r in ranks if self.caller.dead.get((ref.id, r)) is None]
             if not live:
                 continue
             try:
-                pending = self.sender.call(ref, child, STOP_METHOD, live, dumps(((), {})))
+                pending = self.caller.call(ref, child, STOP_METHOD, live, dumps(((), {})))
             except SendFailed:
                 continue  # its ranks are gone: nothing left to stop
             waits.append((pending.completion, pending.inbox))

@@ -6,10 +6,10 @@ once it is restarted), the mesh's spawn or restart in progress fails; a death no
 waiting for becomes a supervision event for the spawning actor's ``__supervise__``, or goes up
 the chain of owners to the controller's unhandled-fault hook.  It decides; it never starts or ends a process.
 
-It is given what it uses, not the runtime: the IO thread, the caller (to tell meshes, to
-forget deaths), the server's actors (whose ``__supervise__`` runs), the runtime's table of
-owned meshes, the hooks (death hooks), this process's owner, and three behaviours of the
-runtime: ``rank_died`` (fail the calls waiting on a rank), ``unhandled`` (the root's hook)
+It is given what it uses, not the runtime: the IO thread, the outbox (to tell meshes and
+owners), the caller (to forget deaths), the server's actors (whose ``__supervise__`` runs),
+the runtime's table of owned meshes, the hooks (death hooks), this process's owner, and
+three behaviours of the runtime: ``rank_died`` (fail the calls waiting on a rank), ``unhandled`` (the root's hook)
 and ``shutting_down`` (whether this process is closing).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..context import actor_path, process_mesh
 from ..errors import ProcessDied
@@ -26,14 +27,22 @@ from ..wire.envelope import Kind
 from ..wire.payloads import DeathNotice, ReviveNotice
 from ..wire.serialize import dumps
 
+if TYPE_CHECKING:
+    from ..hooks import Hooks
+    from ..net.io_thread import IOThread
+    from .caller import Caller
+    from .outbox import Outbox
+    from .server import Server
+
 
 class SupervisionPolicy:
     """Held by the runtime as ``rt.supervision``; every method runs on the IO thread."""
 
-    def __init__(self, io, caller, server, meshes: dict, hooks, owner: str | None, *,
-                 rank_died: Callable[[str, int, DeathInfo], int], unhandled: Callable[[MeshFailure], None],
-                 shutting_down: Callable[[], bool]):
-        self.io, self.caller, self.server, self.meshes, self.hooks = io, caller, server, meshes, hooks
+    def __init__(self, *, io: IOThread, outbox: Outbox, caller: Caller, server: Server, meshes: dict, hooks: Hooks,
+                 owner: str | None, rank_died: Callable[[str, int, DeathInfo], int],
+                 unhandled: Callable[[MeshFailure], None], shutting_down: Callable[[], bool]):
+        self.io, self.outbox, self.caller, self.server = io, outbox, caller, server
+        self.meshes, self.hooks = meshes, hooks
         self.owner = owner  # the process that supervises this one (None: the root)
         self.rank_died, self.unhandled, self.shutting_down = rank_died, unhandled, shutting_down
         # mesh id -> the actor meshes spawned on it: (spawner, class name, actor id, ranks)
@@ -71,7 +80,7 @@ class SupervisionPolicy:
         for other in list(self.meshes.values()):
             if other.stopping and (other is om or self.shutting_down()):
                 continue  # nobody there will call the dead rank again
-            self.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body,
+            self.outbox.send_tree(other.ref, sorted(other.up & other.alive), Kind.DEATH, body,
                                 payload=DeathNotice(om.ref.id))
         if not om.ready.done():
             om.ready.set_exception(ProcessDied(info))
@@ -89,7 +98,7 @@ class SupervisionPolicy:
         self.forget_deaths(om.ref.id, ranks)
         for other in list(self.meshes.values()):
             for r in ranks:
-                self.caller.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE,
+                self.outbox.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE,
                                     payload=ReviveNotice(om.ref.id, r))
 
     def forget_deaths(self, mesh_id: str, ranks) -> None:
@@ -159,7 +168,7 @@ class SupervisionPolicy:
             self.unhandled(failure)
         else:
             my_mesh = process_mesh[0]
-            self.caller.send_object(self.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
+            self.outbox.send_object(self.owner, Kind.FAILURE, my_mesh.id if my_mesh else "", failure)
 
     def on_failure_report(self, mesh_id: str, failure: MeshFailure) -> None:
         """A rank of a mesh this process spawned reported a failure nobody there handled."""

@@ -10,7 +10,7 @@ machine), or at once when its launcher says so (the ssh or srun process exited):
 it forked then dies with a reason that names the host.
 
 The launcher gives it what it uses: the IO thread, the network (where this process is
-reached, its Curve keys), the caller's ``send_or_report`` to send with, and what this process
+reached, its Curve keys), the outbox to send with (``send_or_report``), and what this process
 hands its ranks (``Inherited``: the job key, its address, the modules to warm).
 """
 
@@ -21,7 +21,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..completion import Completion
 from . import agent_channel as wire
@@ -31,15 +31,23 @@ from .launch_config import LaunchConfig
 from .stack_dump import PendingDumps
 
 if TYPE_CHECKING:
+    from ..wire.envelope import Header
     from .launcher import Inherited
+
+
+class Sender(Protocol):
+    """What the link sends with: the runtime's outbox (``calls/outbox.py``, a room above this
+    one, which spawn/ never imports)."""
+
+    def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool: ...
 
 
 class AgentLink:
     """``host``: the name the job knows the host by (what deaths and ``%mesh status`` say).
     ``events`` (a ``TemplateEvents``) hears what the agent's template says of its ranks."""
 
-    def __init__(self, host: str, events, io, network, send_or_report: Callable[..., bool], inherited: Inherited):
-        self.io, self.network, self.send_or_report, self.inherited = io, network, send_or_report, inherited
+    def __init__(self, *, host: str, events, io, network, outbox: Sender, inherited: Inherited):
+        self.io, self.network, self.outbox, self.inherited = io, network, outbox, inherited
         self.host = host
         self.id = "h" + secrets.token_hex(5)
         self.events = events
@@ -77,7 +85,7 @@ class AgentLink:
         if self.address is None or not self.alive:
             return False
         h, body = wire.encode(self.id, self.network.net_address or self.inherited.address, msg)
-        return self.send_or_report(self.address, h, body, f"a {msg.OP} for the agent on {self.host}")
+        return self.outbox.send_or_report(self.address, h, body, f"a {msg.OP} for the agent on {self.host}")
 
     def _tag(self) -> int:
         self._tags += 1

@@ -7,7 +7,7 @@ restarts, kills and stops ranks.  A death is learnt from the process exit (the t
 its children and says so), never by polling; what a death means is the supervision policy's
 to decide (``supervision.on_death``).
 
-It is given its collaborators (the IO thread, network, caller, receiver, supervision policy...)
+It is given its collaborators (the IO thread, network, outbox, receiver, supervision policy...)
 and what each rank inherits from this process (``Inherited``), never the runtime itself.
 """
 
@@ -64,9 +64,9 @@ class Launcher:
     """Held by the runtime as ``rt.launcher``.  Its public methods may be called from any
     thread (they hand their work to the IO thread); the ``on_*`` events arrive on it."""
 
-    def __init__(self, io, network, caller, receiver, inbox, meshes: dict, drops, hooks, supervision,
+    def __init__(self, *, io, network, outbox, receiver, inbox, meshes: dict, drops, hooks, supervision,
                  inherited: Inherited):
-        self.io, self.network, self.caller, self.receiver, self.inbox = io, network, caller, receiver, inbox
+        self.io, self.network, self.outbox, self.receiver, self.inbox = io, network, outbox, receiver, inbox
         self.drops, self.hooks, self.supervision, self.inherited = drops, hooks, supervision, inherited
         self.meshes = meshes  # mesh id -> OwnedMesh: the runtime's table, filled here
         self.templates: dict[str, TemplateClient] = {}  # source id (python#n) -> its template
@@ -172,7 +172,7 @@ class Launcher:
             cfg = LaunchConfig(
                 key=me.key, rundir=me.rundir, owner=ref.owner, rank=r, mesh=ref,
                 sys_path=tuple(sys.path), cwd=os.getcwd(), env={**config.exported_env(), **env},
-                fanout=self.caller.fanout,
+                fanout=self.outbox.fanout,
                 # The root controller's template removes the run directory if it is killed.
                 cleanup_dirs=tuple([me.rundir] + ([me.segments.dir] if me.segments else [])
                                    if me.owns_rundir() and not remote else []),
@@ -345,7 +345,7 @@ class Launcher:
         if om.stopping:
             return
         om.stopping = True
-        self.caller.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
+        self.outbox.send_tree(om.ref, sorted(r for r in om.alive if r in om.up), Kind.STOP)
         for r in list(om.alive):
             if r not in om.up:
                 kill_rank(om, r)
@@ -361,7 +361,8 @@ class Launcher:
     def add_host(self, host: str) -> AgentLink:
         """A link for the agent a job is about to start on ``host``; its ``credentials()`` go
         to the agent's stdin, and ``up`` completes when it has connected."""
-        link = AgentLink(host, None, self.io, self.network, self.caller.send_or_report, self.inherited)
+        link = AgentLink(host=host, events=None, io=self.io, network=self.network, outbox=self.outbox,
+                         inherited=self.inherited)
         link.events = _Events(self, link.id)
         self.links[link.id] = link
         if not self._beating:

@@ -106,7 +106,7 @@ def on_stacks(rt, h: Header, _body: list) -> None:
     member = rt.memberships.get(h.mesh)
     me = member[1] if member is not None else -1
     data = json.dumps(threads_now()).encode()
-    rt.caller.send_port(h.payload.address, h.payload.port, Part(me, Status.OK, dumps(data)), mesh_id=h.mesh)
+    rt.outbox.send_port(h.payload.address, h.payload.port, Part(me, Status.OK, dumps(data)), mesh_id=h.mesh)
 
 
 def ask(rt, mesh: MeshRef, ranks: list[int], timeout: float) -> dict[int, bytes]:
@@ -128,7 +128,7 @@ def ask(rt, mesh: MeshRef, ranks: list[int], timeout: float) -> dict[int, bytes]
         for r in want:
             me = rt.network.answerable(rt.inbox, mesh.addresses[r])
             h = Header.control(Kind.STACKS, me, mesh.id, [r], payload=StacksAsk(me, port_id))
-            rt.caller.send_or_report(mesh.addresses[r], h, join_parts(h, []), f"a stacks request for rank {r}")
+            rt.outbox.send_or_report(mesh.addresses[r], h, join_parts(h, []), f"a stacks request for rank {r}")
         if want:
             done.wait(timeout)
     finally:

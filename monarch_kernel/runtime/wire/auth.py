@@ -94,6 +94,27 @@ class Signer:
         self.max_frame = max_frame
         self.max_frames = max_frames
 
+    def oversized(self, frames: list) -> bool:
+        """Whether a frame of ``frames`` is over the limit receivers drop (``check_size`` says
+        how); cheap, so that a sender asks it before building the words of a refusal."""
+        limit = self.max_frame
+        for f in frames:
+            if (f.nbytes if type(f) is memoryview else len(f)) > limit:
+                return True
+        return False
+
+    def check_size(self, frames: list, what: str) -> None:
+        """Refuse, before sending, ``frames`` a receiver would drop as oversized: ``what``
+        (e.g. "the arguments of train") names what needs the frame."""
+        limit = self.max_frame
+        for f in frames:
+            n = f.nbytes if isinstance(f, memoryview) else len(f)
+            if n > limit:
+                raise ValueError(
+                    f"{what} need a {n}-byte frame, over the {limit}-byte limit the receiver "
+                    f"would drop; raise MONARCH_KERNEL_MAX_FRAME (bytes) before spawning"
+                )
+
     def _mac(self, header_bytes, header: Header, body: list) -> bytes:
         lens = [f.nbytes if type(f) is memoryview else len(f) for f in body]
         covered = [header_bytes, _lengths(len(lens)).pack(*lens)]
