@@ -191,8 +191,8 @@ class Run:
 
     def main(self) -> dict:
         sys.path.insert(0, os.path.join(ROOT, "tests"))
-        import cluster  # the tests' simulated hosts
         from jupyter_client.manager import start_new_kernel
+        from support import cluster  # the tests' simulated hosts
 
         from monarch_kernel.kernel.kernelspec import KERNEL_NAME
 

@@ -1,5 +1,5 @@
 """W9: across two hosts (network namespaces with their own sshd, built as the tests build
-them: tests/cluster.py).  W1 through ``SSHJob`` for 2 hosts x 2 ranks (time to the first
+them: tests/support/cluster.py).  W1 through ``SSHJob`` for 2 hosts x 2 ranks (time to the first
 answer); W2 and W3 with the ranks on the other host beside the same ranks here; a raw pyzmq
 round trip between the same namespaces (plain and with Curve); W4b (``tcp``) between the
 hosts beside raw TCP ``sendall``/``recv_into`` between the same namespaces; W5x, the time
@@ -180,7 +180,7 @@ def w9() -> dict:
     if os.geteuid() != 0:
         return {"W9_skipped": "needs root: network namespaces and sshd simulate the hosts"}
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import cluster  # the tests' simulated hosts
+    from support import cluster  # the tests' simulated hosts
 
     from monarch_kernel import this_host
     from monarch_kernel.job import SSHJob
@@ -358,7 +358,7 @@ def w9_jump() -> dict:
     if os.geteuid() != 0:
         return {"W9jump_skipped": "needs root: network namespaces and sshd simulate the hosts"}
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import cluster
+    from support import cluster
 
     from monarch_kernel import this_host
     from monarch_kernel.job import SSHJob

@@ -1,7 +1,7 @@
 """W1 over Slurm: a ``SlurmJob`` of 2 nodes x 2 ranks, from ``job.state()`` to the first
 answer of all four, with the scheduling delay (sbatch to RUNNING, the queue's share) reported
 apart and subtracted; median of 3 allocations in this process (the first also starts the
-controller's network listener).  Runs on the tests' simulated cluster (tests/cluster.py:
+controller's network listener).  Runs on the tests' simulated cluster (tests/support/cluster.py:
 slurmctld and one slurmd per network namespace, Slurm 22.05); without root or Slurm's
 daemons it reports why it did not run.
 """
@@ -43,8 +43,8 @@ def w1_slurm() -> dict:
     if os.geteuid() != 0:
         return {"W1slurm_skipped": "needs root: network namespaces and Slurm's daemons simulate the nodes"}
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import cluster  # the tests' simulated hosts
     import pytest
+    from support import cluster  # the tests' simulated hosts
 
     runs = []
     try:

@@ -2,31 +2,35 @@
 check waits a few seconds for new rank processes to exit, and a session-wide check fails
 the run if any process of this test session (marked through the environment) is left.
 Kernel fixtures (``kernelspec``, ``kc``, ``module_kc``, ``ipython_kc``) start real kernels
-through jupyter_client; their helpers, and the one IOPub collector, are in ``_kernels.py``.
-Simulated hosts (``ssh_hosts``, ``slurm_cluster``: network namespaces) are in ``cluster.py``."""
+through jupyter_client; their helpers, and the one IOPub collector, are in ``support/kernels.py``.
+Simulated hosts (``ssh_hosts``, ``slurm_cluster``, ``other_host``: network namespaces) are in
+``support/cluster.py``."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
 
 import psutil
 import pytest
-from cluster import slurm_cluster, slurm_cluster_session, ssh_bare_hosts, ssh_hosts, ssh_hosts_session  # noqa: F401  (fixtures)
+from support.cluster import (  # noqa: F401  (fixtures)
+    other_host,
+    slurm_cluster,
+    slurm_cluster_session,
+    ssh_bare_hosts,
+    ssh_hosts,
+    ssh_hosts_session,
+)
 
 # Test modules sit in sub-folders that mirror the packages (tests/runtime/, tests/job/...), with
-# no __init__.py: each is imported by its basename (unique across folders), as the helpers here
-# are.  Every sub-folder is on sys.path from the start, so one test module imports another's
-# (test_debug's Session) whichever runs first, and ranks, which inherit this sys.path, unpickle
-# a test's actor classes by module name.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [d.path for d in sorted(os.scandir(_HERE), key=lambda d: d.name)
-                if d.is_dir() and d.name.isidentifier() and not d.name.startswith("_")
-                and d.name != "fixtures" and d.path not in sys.path]
+# no __init__.py: pytest imports each by its basename (unique across folders), its folder put
+# first on sys.path ("prepend", pytest's default import mode), as tests/ is for this file.  So
+# tests import what they share as ``support.NAME`` (the package tests/support/), and ranks, which
+# inherit this sys.path, unpickle support's actors and a test module's own by module name.  No
+# test module imports another (tests/system/test_layering.py checks it).
 
 SESSION_MARK = "MONARCH_KERNEL_TEST_SESSION"
 os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
@@ -126,14 +130,14 @@ def no_leftover_processes():
 
 
 # ---------------------------------------------------------------- real kernels
-# _kernels is imported inside the fixtures: importing it imports the kernel package, which
+# support.kernels is imported inside the fixtures: importing it imports the kernel package, which
 # tests of the lower layers never need.
 
 
 @pytest.fixture(scope="session")
 def kernelspec() -> str:
     """The monarch kernelspec's name, installed into this environment if it is missing."""
-    from _kernels import ensure_kernelspec
+    from support.kernels import ensure_kernelspec
 
     return ensure_kernelspec()
 
@@ -141,7 +145,7 @@ def kernelspec() -> str:
 @pytest.fixture
 def kc(kernelspec):
     """A client of a fresh monarch kernel, shut down (and waited for) after the test."""
-    from _kernels import kernel
+    from support.kernels import kernel
 
     with kernel(kernelspec) as client:
         yield client
@@ -150,7 +154,7 @@ def kc(kernelspec):
 @pytest.fixture(scope="module")
 def module_kc(kernelspec):
     """One monarch kernel shared by the tests of a module, shut down after the last."""
-    from _kernels import kernel
+    from support.kernels import kernel
 
     with kernel(kernelspec) as client:
         yield client
@@ -159,7 +163,7 @@ def module_kc(kernelspec):
 @pytest.fixture
 def ipython_kc():
     """A client of a fresh plain IPython kernel (``python3``), shut down after the test."""
-    from _kernels import kernel
+    from support.kernels import kernel
 
     with kernel("python3") as client:
         yield client

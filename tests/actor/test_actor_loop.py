@@ -10,7 +10,7 @@ import os
 import threading
 
 import pytest
-from _actors import wait_until
+from support.actors import wait_until
 
 from monarch_kernel import Actor, Channel, context, endpoint, send, this_host
 

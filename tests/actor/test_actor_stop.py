@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from _actors import wait_for
+from support.actors import wait_for
 
 import monarch_kernel
 from monarch_kernel import Actor, ActorError, context, endpoint, this_host

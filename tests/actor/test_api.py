@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from support.actors import Counter
 
 import monarch_kernel
 from monarch_kernel import (
@@ -18,9 +19,7 @@ from monarch_kernel import (
     Point,
     Port,
     ValueMesh,
-    context,
     current_rank,
-    current_size,
     endpoint,
     this_host,
 )
@@ -39,31 +38,6 @@ PUBLIC = {
     "get_active_stream", "grad_function", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote",
     "send", "show", "slice_mesh", "to_mesh",
 }
-
-
-class Counter(Actor):
-    def __init__(self, start: int):
-        self.value = start
-
-    @endpoint
-    def incr(self, by: int = 1) -> int:
-        self.value += by
-        return self.value
-
-    @endpoint
-    async def get(self) -> int:
-        await asyncio.sleep(0)
-        return self.value
-
-    @endpoint
-    def where(self) -> tuple:
-        p = current_rank()
-        return p.rank, dict(p), current_size(), context().message_rank.rank
-
-    @endpoint
-    def slow(self, s: float) -> int:
-        time.sleep(s)
-        return current_rank().rank
 
 
 class Relay(Actor):

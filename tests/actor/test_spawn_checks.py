@@ -14,8 +14,8 @@ import textwrap
 
 import psutil
 import pytest
-from _actors import Echo  # noqa: I001  (tests/ is on sys.path)
-from _config import configured
+from support.actors import Echo
+from support.config import configured
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime import config
@@ -142,7 +142,7 @@ def test_the_override_lets_a_refused_count_through():
 # measured cost has room to spare.
 NOFILE_SCRIPT = textwrap.dedent("""
     import json, os, resource, sys
-    from _actors import Echo
+    from support.actors import Echo
     from monarch_kernel import this_host
     from monarch_kernel.runtime import limits
     from monarch_kernel.runtime.spawn import capacity
@@ -212,7 +212,7 @@ def test_valid_names_dims_and_env_still_spawn():
 def test_the_magics_refuse_before_a_detached_host_or_a_rank_starts(kc):
     """``%mesh spawn`` (and ``--detach``, whose host process would spawn the ranks) checks in
     the kernel: no host process, no record, no rank; the setting lets a spawn through."""
-    from _kernels import run, text
+    from support.kernels import run, text
 
     from monarch_kernel.detached.records import info_path
 

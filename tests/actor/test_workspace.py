@@ -14,7 +14,7 @@ import tempfile
 import textwrap
 
 import pytest
-from _kernels import run, text
+from support.kernels import run, text
 
 from monarch_kernel import Actor, current_rank, endpoint, this_host
 from monarch_kernel.actor.code_sync.workspace import scan
@@ -336,7 +336,7 @@ def test_another_user_cannot_make_the_copys_folder_first(ws):
     first, and the sync was refused.  Its name now needs the job's key."""
     import hashlib
 
-    from _other_user import as_other_user, needs_other_users, shared_folder
+    from support.other_user import as_other_user, needs_other_users, shared_folder
 
     from monarch_kernel.runtime import Runtime
 

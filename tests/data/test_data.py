@@ -16,8 +16,8 @@ from dataclasses import astuple, replace
 import numpy as np
 import pytest
 import torch
-from _config import configured
-from _freeze import freeze
+from support.config import configured
+from support.freeze import freeze
 
 from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
 from monarch_kernel.data import BufferDropped, ForgedHandle, OwnerGone, TransferError, transports, wire

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 import torch
-from _freeze import freeze
-from _gpus import needs_cuda
+from support.freeze import freeze
+from support.gpus import needs_cuda
 
 from monarch_kernel import Actor, ActorError, RDMABuffer, current_rank, endpoint, this_host
 from monarch_kernel.spmd import setup_torch_distributed

@@ -10,10 +10,10 @@ import stat
 import subprocess
 
 import pytest
-from _kernels import kernel
-from _other_user import NOBODY, SYSTEM_PYTHON, shared_folder
-from _other_user import needs_other_users as _needs_other_users
-from test_debug import INITIALIZE, Session, start_debugger
+from support.dap import INITIALIZE, Session, start_debugger
+from support.kernels import kernel
+from support.other_user import NOBODY, SYSTEM_PYTHON, shared_folder
+from support.other_user import needs_other_users as _needs_other_users
 
 pytestmark = pytest.mark.timeout(150)
 

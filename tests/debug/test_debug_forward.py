@@ -15,9 +15,10 @@ import sys
 import time
 
 import pytest
-from test_debug import Session
-from test_debug_security import NOBODY, SPIN, SYSTEM_PYTHON, _attack, _needs_other_users
-from test_debug_tunnel import other_host  # noqa: F401  (a fixture)
+from support.dap import Session
+from support.dap_attacker import SPIN, attack
+from support.other_user import NOBODY, SYSTEM_PYTHON
+from support.other_user import needs_other_users as _needs_other_users
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -116,11 +117,11 @@ def _attacked_then_attached(s: Session, forwarders, tmp_path, netns=None, there=
     marker = tmp_path / "ran-as-the-notebook-user"
     # Another user, through the forward: whatever it sends, nothing of it runs on the rank.
     for guess in ({}, {"monarchSessionSecret": "0" * 43}, {"monarchSessionSecret": None}):
-        got = _attack([target], marker, NOBODY, attach_args=guess)
+        got = attack([target], marker, NOBODY, attach_args=guess)
         assert got[target] in ("closed", "answered"), got
         assert not marker.exists(), marker.read_text()
     # The user's own client, as VS Code sends the entry's fields: in, and it runs code.
-    got = _attack([target], marker, [], attach_args=fields)
+    got = attack([target], marker, [], attach_args=fields)
     assert got == {target: "ran"}, got
     assert marker.read_text().startswith("uid="), marker.read_text()
     assert "[rank 0] 3" in s.cell("%%mesh --ranks 0\n1 + 2")
@@ -134,7 +135,7 @@ def test_another_user_gets_nothing_through_a_forward_to_a_local_ranks_debugger(k
 
 
 def test_another_user_gets_nothing_through_a_forward_to_a_ranks_debugger_on_another_host(
-        kc, tmp_path, forwarders, other_host):  # noqa: F811
+        kc, tmp_path, forwarders, other_host):
     _needs_other_users()
     ns, there = other_host
     s = Session(kc)

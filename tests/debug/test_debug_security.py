@@ -17,115 +17,11 @@ import time
 
 import psutil
 import pytest
-from _other_user import NOBODY, SYSTEM_PYTHON, needs_other_users
-from test_debug import Session
-from test_debug_tunnel import other_host  # noqa: F401  (a fixture)
+from support.dap import Session
+from support.dap_attacker import SPIN, attack
+from support.other_user import NOBODY, SYSTEM_PYTHON, needs_other_users
 
 pytestmark = pytest.mark.timeout(150)
-
-
-# A DAP client in the standard library alone: argv[1] is a JSON list of targets (["tcp", host,
-# port] or ["unix", path], "@name" for an abstract socket), argv[2] the file its evaluate
-# writes, argv[3] (if given) a JSON object of more attach arguments (a launch.json entry's
-# fields).  It prints, per target, what it got: EACCES, refused, closed (connected, then
-# nothing but the end), silent (nothing within the deadline), answered (DAP replies, but no
-# code ran), or ran (the evaluate succeeded).
-ATTACK = r'''
-import json, socket, sys, time
-
-def frame(seq, command, arguments=None):
-    body = json.dumps({"seq": seq, "type": "request", "command": command,
-                       "arguments": arguments or {}}).encode()
-    return b"Content-Length: %d\r\n\r\n" % len(body) + body
-
-class Peer:
-    def __init__(self, sock):
-        self.sock, self.buf, self.got, self.ended = sock, b"", 0, False
-    def next(self, deadline):
-        while True:
-            if b"\r\n\r\n" in self.buf:
-                head, rest = self.buf.split(b"\r\n\r\n", 1)
-                n = int(head.split(b":")[1])
-                if len(rest) >= n:
-                    self.buf = rest[n:]
-                    return json.loads(rest[:n])
-            left = deadline - time.monotonic()
-            if left <= 0 or self.ended:
-                return None
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                return None
-            except OSError:
-                data = b""
-            if not data:
-                self.ended = True
-                return None
-            self.got += len(data)
-            self.buf += data
-    def wait(self, want, deadline):
-        while True:
-            msg = self.next(deadline)
-            if msg is None or want(msg):
-                return msg
-    def send(self, seq, command, arguments=None):
-        try:
-            self.sock.sendall(frame(seq, command, arguments))
-        except OSError:
-            self.ended = True
-
-def response(seq):
-    return lambda m: m.get("type") == "response" and m.get("request_seq") == seq
-
-def attack(target, marker):
-    if target[0] == "tcp":
-        sock = socket.socket(socket.AF_INET6 if ":" in target[1] else socket.AF_INET)
-        address = (target[1], target[2])
-    else:
-        sock = socket.socket(socket.AF_UNIX)
-        address = "\0" + target[1][1:] if target[1].startswith("@") else target[1]
-    sock.settimeout(5)
-    try:
-        sock.connect(address)
-    except PermissionError:
-        return "EACCES"
-    except ConnectionRefusedError:
-        return "refused"
-    except OSError as e:
-        return "error: %s" % e
-    peer, deadline = Peer(sock), time.monotonic() + 20
-    peer.send(1, "initialize", {"adapterID": "python", "clientID": "attacker", "pathFormat": "path",
-                                "linesStartAt1": True, "columnsStartAt1": True})
-    peer.send(2, "attach", {"justMyCode": False, **attach_args})
-    if peer.wait(lambda m: m.get("event") == "initialized", deadline) is None:
-        return "closed" if peer.ended and not peer.got else ("silent" if not peer.got else "answered")
-    peer.send(3, "configurationDone")
-    peer.wait(response(2), deadline)
-    peer.send(4, "threads")
-    threads = (peer.wait(response(4), deadline) or {}).get("body", {}).get("threads", [])
-    spin = [t["id"] for t in threads if t["name"] == "spin"]
-    if not spin:
-        return "answered"
-    peer.send(5, "pause", {"threadId": spin[0]})
-    stopped = peer.wait(lambda m: m.get("event") == "stopped", deadline)
-    if stopped is None:
-        return "answered"
-    peer.send(6, "stackTrace", {"threadId": stopped["body"]["threadId"]})
-    frames = (peer.wait(response(6), deadline) or {}).get("body", {}).get("stackFrames", [])
-    if not frames:
-        return "answered"
-    code = "open(%r, 'w').write(__import__('os').popen('id').read())" % marker
-    peer.send(7, "evaluate", {"expression": code, "frameId": frames[0]["id"], "context": "repl"})
-    ran = peer.wait(response(7), deadline)
-    peer.send(8, "disconnect", {"terminateDebuggee": False})  # lets the rank run on
-    peer.wait(response(8), time.monotonic() + 5)
-    return "ran" if ran and ran.get("success") else "answered"
-
-targets, marker = json.loads(sys.argv[1]), sys.argv[2]
-attach_args = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
-print(json.dumps([[t, attack(t, marker)] for t in targets]))
-'''
 
 
 def _address(hex_address: str) -> str:
@@ -189,22 +85,8 @@ def _wait(what: str, check, timeout: float = 15.0):
     return got
 
 
-def _attack(targets, marker, as_user: list[str], netns: str | None = None, attach_args: dict | None = None) -> dict:
-    command = [*as_user, SYSTEM_PYTHON, "-c", ATTACK, json.dumps(sorted(targets)), str(marker),
-               json.dumps(attach_args or {})]
-    if netns is not None:
-        command = ["ip", "netns", "exec", netns, *command]
-    ran = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert ran.returncode == 0, ran.stderr
-    return {tuple(t): got for t, got in json.loads(ran.stdout)}
-
-
 def _rank_pid(s: Session, rank: int) -> int:
     return int(s.cell(f"%%mesh --ranks {rank}\nimport os\nos.getpid()").split()[-1])
-
-
-SPIN = ("%%mesh --ranks 1\nimport threading, time\ndef _spin():\n    while True:\n        time.sleep(0.02)\n"
-        "threading.Thread(target=_spin, name='spin', daemon=True).start()")
 
 
 _needs_other_users = needs_other_users
@@ -237,12 +119,12 @@ def test_another_user_gets_nothing_from_a_ranks_debugger_and_the_user_gets_in(kc
                for t in targets - _ports(targets)), targets
     marker = tmp_path / "ran-as-the-notebook-user"
 
-    got = _attack(targets, marker, NOBODY, attach_args=fields)  # even holding the secret
+    got = attack(targets, marker, NOBODY, attach_args=fields)  # even holding the secret
     assert set(got) == targets and all(v in ("refused", "closed", "EACCES") for v in got.values()), got
     assert not marker.exists(), marker.read_text()
 
     # The rank's own user, with the printed entry, gets in (after the other user's tries).
-    got = _attack([listen], marker, [], attach_args=fields)
+    got = attack([listen], marker, [], attach_args=fields)
     assert got == {listen: "ran"}, got
     assert marker.read_text().startswith(f"uid={os.geteuid()}"), marker.read_text()
     # That session over, the port it came through is gone; the rank runs on.
@@ -285,7 +167,7 @@ def test_a_listen_port_takes_one_client_and_goes_away_with_its_session(kc):
     assert _ports(_debug_listeners(rank_pid, before)) == internal
 
 
-def test_another_host_finds_nothing_of_the_debugger_listening(kc, tmp_path, other_host):  # noqa: F811
+def test_another_host_finds_nothing_of_the_debugger_listening(kc, tmp_path, other_host):
     _needs_other_users()
     ns, address_there = other_host
     s = Session(kc)
@@ -299,7 +181,7 @@ def test_another_host_finds_nothing_of_the_debugger_listening(kc, tmp_path, othe
     ours = address_there.rsplit(".", 1)[0] + ".1"  # this host, as the other one reaches it
     marker = tmp_path / "ran-from-another-host"
     from_there = {("tcp", ours, t[2]) for t in targets}
-    got = _attack(from_there, marker, [], netns=ns, attach_args=fields)
+    got = attack(from_there, marker, [], netns=ns, attach_args=fields)
     assert got == {t: "refused" for t in from_there}, got
     assert not marker.exists()
 
@@ -309,7 +191,7 @@ def test_another_host_finds_nothing_of_the_debugger_listening(kc, tmp_path, othe
     ("%mesh debug 1 --listen --host ::", "ssh -N -L PORT:127.0.0.1:PORT"),
 ])
 def test_listen_refuses_an_address_beyond_loopback_before_starting_anything(kc, line, hint):
-    from _kernels import run, text
+    from support.kernels import run, text
 
     run(kc, "procs = %mesh spawn -n 2")
     rank_pid = int(text(run(kc, "%%mesh --ranks 1\nimport os\nos.getpid()")[0]).split()[-1])
@@ -379,13 +261,13 @@ def _attack_the_kernel(targets: set[tuple], tmp_path) -> None:
     # ipykernel's client port and pydevd's, on the loopback only.
     assert len(targets) == 2 and all(t[1] == "127.0.0.1" for t in targets), targets
     marker = tmp_path / "ran-in-the-kernel"
-    got = _attack(targets, marker, NOBODY)
+    got = attack(targets, marker, NOBODY)
     assert set(got) == targets and all(v in ("refused", "closed") for v in got.values()), got
     assert not marker.exists(), marker.read_text()
 
 
 def _the_panel_still_stops_and_evaluates(s: Session) -> None:
-    from test_debug import start_debugger
+    from support.dap import start_debugger
 
     start_debugger(s)
     code = "kv = 7\nkv2 = kv * 2\nprint(kv2)"
@@ -412,7 +294,7 @@ def test_another_user_gets_nothing_from_the_kernels_own_debugger(kc, tmp_path):
     initialize): its ports take only the kernel's user; the panel's session works before
     and after the attack, through the same port."""
     _needs_other_users()
-    from test_debug import start_debugger
+    from support.dap import start_debugger
 
     s = Session(kc)
     kernel_pid = _kernel_pid(s)
@@ -428,7 +310,7 @@ def test_another_user_gets_nothing_from_the_kernels_own_debugger(kc, tmp_path):
 def test_another_user_gets_nothing_from_the_kernels_debugger_after_debug_off(kc, tmp_path):
     """The panel on a rank first; ``%mesh debug off`` starts the kernel's debugpy from a cell."""
     _needs_other_users()
-    from test_debug import start_debugger
+    from support.dap import start_debugger
 
     s = Session(kc)
     kernel_pid = _kernel_pid(s)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import socket
 import statistics
@@ -20,9 +19,8 @@ import time
 
 import psutil
 import pytest
-from _kernels import kernel, run, text
-from cluster import veth_namespace
-from test_debug import INITIALIZE, Session, start_debugger
+from support.dap import INITIALIZE, Session, start_debugger
+from support.kernels import kernel, run, text
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.debug.controller import proxy
@@ -252,16 +250,6 @@ def test_the_kernel_holds_no_connection_to_a_ranks_debugpy(kc):
     assert "[rank 1] b is 42" in s.wait_done(msg_id)
     assert s.dap("disconnect", {"restart": False, "terminateDebuggee": False})["success"]
 
-
-
-@pytest.fixture
-def other_host():
-    """A network namespace joined to this one by a veth pair: a host of its own, whose
-    loopback this process cannot reach.  Yields (namespace, its address)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to create a network namespace (`make test` installs iproute2)")
-    with veth_namespace("dbg", 200) as (ns, here, there):
-        yield ns, there
 
 
 def test_a_rank_in_another_network_namespace_is_debugged_through_the_tunnel(kc, other_host):

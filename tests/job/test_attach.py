@@ -23,8 +23,8 @@ import threading
 import time
 
 import pytest
-from _kernels import assert_gone, running
-from cluster import veth_namespace
+from support.cluster import veth_namespace
+from support.kernels import assert_gone, running
 
 from monarch_kernel import Actor, ProcessDied, attach_to_workers, endpoint, run_worker_loop_forever
 from monarch_kernel.agent.worker import MAX_UNAUTHENTICATED_PER_PEER
@@ -535,7 +535,7 @@ def test_a_worker_that_torchrun_starts(workers, key):
 
 
 def test_a_notebook_attaches_with_mesh_spawn_attach(workers, key, kc):
-    from _kernels import run
+    from support.kernels import run
 
     (w,) = workers(1)
     out = run(kc, "procs = %mesh spawn --attach tcp://127.0.0.1:1", timeout=60).text

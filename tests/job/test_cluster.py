@@ -18,7 +18,7 @@ import time
 
 import psutil
 import pytest
-from cluster import Network, SlurmCluster, SSHHosts, describe
+from support.cluster import Network, SlurmCluster, SSHHosts, describe
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -169,7 +169,7 @@ def test_pids_leave_out_sshd_unless_asked(ssh_hosts: SSHHosts):
 KILLED_BUILDER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-import cluster
+from support import cluster
 with cluster.ssh_network(1) as hosts:
     print(json.dumps({"sshd": [p.pid for p in hosts.sshd], "namespaces": hosts.net.namespaces,
                       "bridge": hosts.net.bridge}), flush=True)
@@ -181,7 +181,7 @@ def test_a_killed_test_process_leaves_no_daemon_and_the_next_sweep_removes_its_n
     """A pytest killed before its teardown: its sshd dies with it, and the namespaces and
     bridge it left are removed when the next network is built (this session's own network,
     ``ssh_hosts``, whose maker is alive, is kept)."""
-    here = str(pathlib.Path(__file__).resolve().parents[1])  # tests/, where cluster.py is
+    here = str(pathlib.Path(__file__).resolve().parents[1])  # tests/, above support/cluster.py
     with subprocess.Popen([sys.executable, "-c", KILLED_BUILDER, here], stdout=subprocess.PIPE, text=True) as builder:
         try:
             line = builder.stdout.readline()

@@ -17,7 +17,7 @@ import zlib
 import psutil
 import pytest
 import zmq
-from _config import configured  # noqa: I001  (tests/ is on sys.path)
+from support.config import configured
 
 from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
 from monarch_kernel.job import SSHJob, job_load

@@ -15,11 +15,11 @@ import time
 import warnings
 import zlib
 
-import cluster
 import psutil
 import pytest
-from _kernels import kernel, run, text
-from test_debug import CELL, Session, start_debugger
+from support import cluster
+from support.dap import CELL, Session, start_debugger
+from support.kernels import kernel, run, text
 
 from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
 from monarch_kernel.job import SSHJob

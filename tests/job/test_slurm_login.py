@@ -22,7 +22,7 @@ import time
 
 import psutil
 import pytest
-from cluster import checkout_python, slurm_login
+from support.cluster import checkout_python, slurm_login
 
 from monarch_kernel.job import SlurmJob, job_load
 
@@ -75,7 +75,7 @@ def python(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def laptop(module_kc):
     """The module's kernel, as a notebook on the laptop: ``Node`` and ``said`` defined there."""
-    from test_debug import Session
+    from support.dap import Session
 
     s = Session(module_kc)
     out = s.cell(NODE + "said(pid=os.getpid())")

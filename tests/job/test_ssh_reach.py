@@ -12,9 +12,9 @@ import subprocess
 import time
 import warnings
 
-import cluster
 import psutil
 import pytest
+from support import cluster
 
 from monarch_kernel import Actor, ProcessDied, endpoint
 from monarch_kernel.job import SSHJob, UnreachableControllerWarning
@@ -332,7 +332,7 @@ def test_a_notebook_spawns_beyond_a_login_node(walled, checkout_python, tmp_path
     """``%mesh spawn --job ssh`` through a real kernel: by default the compute hosts are reached
     through ssh after the first try, and the cell says so once; ``--out-of-cluster`` takes that
     path at once, without a word."""
-    from test_debug import Session
+    from support.dap import Session
 
     login, c1, c2 = walled.hosts
     cfg = ssh_config(walled, tmp_path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"

@@ -170,7 +170,7 @@ def test_a_cache_under_a_folder_another_user_may_change_is_refused():
     """``sync_env="/a/folder"`` under a parent another user (uid 65534) owns: they could swap
     the cache (0700 and the user's, as checked) for one of theirs between the probe and the
     agent's start, and their ``python`` would run.  Refused before anything is put there."""
-    from _other_user import as_other_user, needs_other_users, shared_folder
+    from support.other_user import as_other_user, needs_other_users, shared_folder
 
     from monarch_kernel.job import env_host
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _kernels import iopub, reply_to, run, text
+from support.kernels import iopub, reply_to, run, text
 
 from monarch_kernel.kernel.cell_errors import CellSyntaxError, check_syntax
 from monarch_kernel.runtime.rank_sets import parse_ranks

@@ -4,7 +4,7 @@ rank output reaching the cell and a rank's failure leaving the kernel alive."""
 from __future__ import annotations
 
 import pytest
-from _kernels import run, text
+from support.kernels import run, text
 
 pytestmark = pytest.mark.timeout(120)
 

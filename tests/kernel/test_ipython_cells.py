@@ -10,7 +10,7 @@ import queue
 import re
 
 import pytest
-from _kernels import ANSI, iopub, run, text
+from support.kernels import ANSI, iopub, run, text
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -169,7 +169,7 @@ def test_debug_after_an_error_stops_in_the_mesh_pdb(mesh_kc):
 
 
 def shell_reply(kc, msg_id: str, timeout: float = 30) -> dict:
-    from _kernels import reply_to
+    from support.kernels import reply_to
 
     return reply_to(kc, msg_id, timeout)
 
@@ -209,7 +209,7 @@ def test_tab_and_shift_tab_in_a_mesh_cell_answer_from_the_ranks(mesh_kc):
 def test_tab_falls_back_to_the_kernel_when_the_rank_cannot_answer(mesh_kc):
     import time
 
-    from _freeze import freeze, thaw
+    from support.freeze import freeze, thaw
 
     out = cell(mesh_kc, "%%mesh --ranks 3\nimport os\nos.getpid()")
     pid = int(re.search(r"\[rank 3\] (\d+)", out).group(1))
@@ -234,7 +234,7 @@ def test_the_stop_button_ends_a_shell_command_and_what_it_started(mesh_kc):
     import time
 
     import psutil
-    from _kernels import reply_to
+    from support.kernels import reply_to
 
     out = cell(mesh_kc, "%%mesh --ranks 0-1\nimport os\nos.getpid()")
     pids = [int(p) for p in re.findall(r"\[rank \d\] (\d+)", out)]

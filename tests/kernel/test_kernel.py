@@ -8,9 +8,9 @@ import sys
 import time
 
 import pytest
-from _freeze import freeze
-from _kernels import assert_gone, finished, iopub, kernel, reply_to, run, started, text
 from jupyter_client.kernelspec import KernelSpecManager
+from support.freeze import freeze
+from support.kernels import assert_gone, finished, iopub, kernel, reply_to, run, started, text
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from _kernels import assert_gone, finished, iopub, run, started, text
+from support.kernels import assert_gone, finished, iopub, run, started, text
 
 from monarch_kernel.kernel.status import REFRESH_S
 

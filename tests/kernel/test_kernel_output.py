@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _kernels import run, text
+from support.kernels import run, text
 
 pytestmark = pytest.mark.timeout(180)
 

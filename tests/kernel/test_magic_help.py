@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from _kernels import ANSI, run, text
+from support.kernels import ANSI, run, text
 
 from monarch_kernel.kernel.magic_args import COMMANDS, USAGE, full_help, summary
 

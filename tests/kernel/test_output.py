@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from _config import configured  # noqa: I001  (tests/ is on sys.path)
+from support.config import configured
 
 from monarch_kernel.kernel.output import HOLD_S, Collapser, CollapsingSink
 from monarch_kernel.runtime.spawn.rank_output import LineReader

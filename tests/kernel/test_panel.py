@@ -12,8 +12,8 @@ import time
 import uuid
 
 import pytest
-from _freeze import freeze
-from _kernels import iopub, run, text
+from support.freeze import freeze
+from support.kernels import iopub, run, text
 
 from monarch_kernel.kernel.panel.feed import spawn_line
 from monarch_kernel.kernel.panel.grid import GRID_MIME, grid_bundle

@@ -13,8 +13,8 @@ import sys
 import threading
 
 import pytest
-from _kernels import run
 from jupyter_client.session import Session
+from support.kernels import run
 
 from monarch_kernel.kernel.port_guard import PortGuard
 

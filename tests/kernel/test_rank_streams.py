@@ -10,8 +10,8 @@ import time
 
 import nbformat
 import pytest
-from _kernels import ANSI, iopub, reply_to, run, text
 from nbclient import NotebookClient
+from support.kernels import ANSI, iopub, reply_to, run, text
 
 pytestmark = pytest.mark.timeout(180)
 

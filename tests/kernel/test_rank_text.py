@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from _kernels import as_shown
+from support.kernels import as_shown
 
 from monarch_kernel.console.console import SYNC
 from monarch_kernel.kernel.output import CollapsingSink

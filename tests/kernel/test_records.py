@@ -112,7 +112,7 @@ def test_a_runtime_dir_or_record_another_user_made_is_not_trusted(monkeypatch):
     """Another user (uid 65534) made the runtime directory first (JUPYTER_RUNTIME_DIR in a
     shared folder), with a forged record in it: a kernel would attach to their process with
     their key.  Neither the folder nor a record of theirs (nor a link) is used."""
-    from _other_user import as_other_user, needs_other_users, shared_folder
+    from support.other_user import as_other_user, needs_other_users, shared_folder
 
     from monarch_kernel.detached import listing
 

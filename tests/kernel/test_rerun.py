@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from _kernels import run, text
+from support.kernels import run, text
 
 from monarch_kernel.kernel.respawn import assigned_name, spawn_key, spawn_name
 

@@ -4,7 +4,7 @@ those: a cell sent after the failure's reply arrived runs, however soon it is se
 from __future__ import annotations
 
 import pytest
-from _kernels import iopub, reply_to, run
+from support.kernels import iopub, reply_to, run
 
 pytestmark = pytest.mark.timeout(120)
 

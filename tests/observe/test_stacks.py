@@ -10,8 +10,8 @@ import signal
 import time
 
 import pytest
-from _config import configured
-from _freeze import freeze
+from support.config import configured
+from support.freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.observe.stack_report import StackReport
@@ -189,7 +189,7 @@ def test_stacks_name_a_notebook_cell_as_tracebacks_do(kc):
     """``cell [5], line 4: time.sleep(20)``, IPython's ``Cell In[5], line 4`` with the line
     quoted, where the stacks used to say ``<module> (4060393333.py:4)``: in a function the
     cell defined, and in the cell itself while it runs (the watchdog's stacks)."""
-    from _kernels import run, text
+    from support.kernels import run, text
 
     run(kc, "procs = %mesh spawn -n 2")
     out, reply = run(kc, "%%mesh --ranks 1\nimport threading, time\ndef stuck_in_load():\n    time.sleep(600)\n"

@@ -16,7 +16,7 @@ import sys
 import threading
 
 import pytest
-from _actors import wait_for
+from support.actors import wait_for
 
 import monarch_kernel
 from monarch_kernel import Actor, ActorError, Channel, MeshFailure, Port, endpoint, this_host

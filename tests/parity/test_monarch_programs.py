@@ -8,7 +8,7 @@ tasks and runs ``__cleanup__``.  Written here in our own words."""
 from __future__ import annotations
 
 import pytest
-from _scripts import run_script, write_script
+from support.scripts import run_script, write_script
 
 RL_LOOP = '''
     import asyncio

@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from _actors import wait_for
+from support.actors import Fragile, wait_for
 
 import monarch_kernel
 from monarch_kernel import Actor, ActorError, endpoint, this_host
@@ -29,18 +29,6 @@ class Gated(Actor):
     @endpoint
     def ping(self) -> bool:
         return self.ready
-
-
-class Fragile(Actor):
-    def __init__(self):
-        self.calls = 0
-
-    @endpoint
-    def poke(self, fail: bool) -> int:
-        self.calls += 1
-        if fail:
-            raise RuntimeError(f"poked to death after {self.calls} calls")
-        return self.calls
 
 
 def test_spawn_returns_before_init_and_calls_queue_behind_it(tmp_path):

@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from _freeze import freeze
+from support.freeze import freeze
 
 import monarch_kernel.rdma
 from monarch_kernel import Actor, endpoint, this_host

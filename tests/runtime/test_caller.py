@@ -14,8 +14,8 @@ import textwrap
 import threading
 
 import pytest
-from _actors import Echo, alive, wait_for  # noqa: I001  (tests/ is on sys.path)
-from _scripts import run_script, write_script
+from support.actors import Echo, alive, wait_for
+from support.scripts import run_script, write_script
 
 from monarch_kernel import ProcessDied, this_host
 from monarch_kernel.runtime.calls.tree import NodeTable, children, locate, split, split_groups
@@ -84,7 +84,7 @@ FANOUT_SCRIPT = """
 import json, os, sys, time
 from monarch_kernel import ProcessDied, this_host
 from monarch_kernel.runtime.process import Runtime
-from _actors import Echo, wait_for
+from support.actors import Echo, wait_for
 
 def outcome(fut):
     try:

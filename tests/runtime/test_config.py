@@ -18,8 +18,8 @@ import sys
 import textwrap
 
 import pytest
-from _config import configured
-from _kernels import kernel, run
+from support.config import configured
+from support.kernels import kernel, run
 
 from monarch_kernel.runtime import config
 

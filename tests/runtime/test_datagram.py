@@ -19,8 +19,8 @@ import time
 import psutil
 import pytest
 import zmq
-from _actors import wait_for  # noqa: I001  (tests/ is on sys.path)
-from _config import configured
+from support.actors import wait_for
+from support.config import configured
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime.errors import SendFailed

@@ -8,7 +8,7 @@ import secrets
 
 import numpy as np
 import pytest
-from _config import configured  # noqa: I001  (tests/ is on sys.path)
+from support.config import configured
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.runtime.wire.auth import BULK, Dropped, Signer

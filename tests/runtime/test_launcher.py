@@ -13,8 +13,8 @@ import sys
 import threading
 
 import pytest
-from _actors import Echo, alive, kill_all, wait_for, wait_gone  # noqa: I001  (tests/ is on sys.path)
-from _scripts import run_script, write_script
+from support.actors import Echo, alive, kill_all, wait_for, wait_gone
+from support.scripts import run_script, write_script
 
 from monarch_kernel import MeshStopped, ProcessDied, this_host
 from monarch_kernel.runtime.process import Runtime
@@ -87,7 +87,7 @@ CONTROLLER_SCRIPT = """
 import json, sys, time
 from monarch_kernel import this_host
 from monarch_kernel.runtime.process import Runtime
-from _actors import Echo
+from support.actors import Echo
 
 procs = this_host().spawn_procs(per_host={"gpus": 4})
 m = procs.spawn("echo", Echo)

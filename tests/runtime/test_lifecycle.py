@@ -6,8 +6,8 @@ test_supervision.py.)"""
 from __future__ import annotations
 
 import pytest
-from _actors import Echo, wait_for  # noqa: I001  (tests/ is on sys.path)
-from _scripts import run_script, write_script
+from support.actors import Echo, wait_for
+from support.scripts import run_script, write_script
 
 from monarch_kernel import ProcessDied, this_host
 from monarch_kernel.runtime.process import Runtime

@@ -8,9 +8,9 @@ import signal
 
 import psutil
 import pytest
-from _actors import wait_until as _wait
-from _config import configured
-from _freeze import freeze
+from support.actors import wait_until as _wait
+from support.config import configured
+from support.freeze import freeze
 
 from monarch_kernel import Actor, endpoint, this_host
 from monarch_kernel.console.console import Console

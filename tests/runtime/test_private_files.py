@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from _other_user import as_other_user, needs_other_users, shared_folder
+from support.other_user import as_other_user, needs_other_users, shared_folder
 
 from monarch_kernel.runtime.spawn.worker_key import KeyFileError, new_key_file, read_key_file
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _actors import wait_until  # noqa: I001  (tests/ is on sys.path)
-from test_api import Counter
+from support.actors import Counter, wait_until
 
 from monarch_kernel import this_host, this_proc
 from monarch_kernel.console.console import Console

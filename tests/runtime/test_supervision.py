@@ -9,8 +9,7 @@ import signal
 import time
 
 import pytest
-from _actors import Echo, Parent, UnsupervisedParent, wait_for, wait_gone  # noqa: I001  (tests/ is on sys.path)
-from test_monarch_semantics import Fragile
+from support.actors import Echo, Fragile, Parent, UnsupervisedParent, wait_for, wait_gone
 
 import monarch_kernel
 from monarch_kernel import Actor, endpoint, this_host
@@ -38,7 +37,8 @@ def test_supervise_handles_child_mesh_failure(faults):
         seen = wait_for(lambda: parent.seen_now.call_one().get(timeout=30), 30)
         assert len(seen) == 1, seen
         # Named as Monarch names it: the failed actor by its mesh path, then why and where.
-        assert seen[0].startswith("The actor <root>.<_actors.Parent parent{'p': 0/1}>.<_actors.Echo kids{'g': 1/2}> "
+        assert seen[0].startswith("The actor <root>.<support.actors.Parent parent{'p': 0/1}>."
+                                  "<support.actors.Echo kids{'g': 1/2}> "
                                   "and all its descendants have failed:\n  the process this actor was running on "
                                   f"failed: Killed(sig=9) (SIGKILL; rank 1 of mesh 'child', pid {killed} on "), seen[0]
         parent.stop_children.call_one().get(timeout=30)
@@ -61,11 +61,12 @@ def test_unhandled_child_failure_reaches_controller_hook(faults, handle):
         f = got[0]
         text = f.report()
         assert f.rank == 1 and f.death is not None and f.death.signal == 9
-        assert text.startswith(f"The actor <root>.<_actors.{cls.__qualname__} parent{{'p': 0/1}}>.<_actors.Echo "
+        assert text.startswith(f"The actor <root>.<support.actors.{cls.__qualname__} parent{{'p': 0/1}}>."
+                               "<support.actors.Echo "
                                "kids{'g': 1/2}> and all its descendants have failed:\n  the process this actor was "
                                f"running on failed: Killed(sig=9) (SIGKILL; rank 1 of mesh 'child', "
                                f"pid {killed} on "), text
-        assert f"(not handled by <root>.<_actors.{cls.__qualname__} parent{{'p': 0/1}}>)" in text
+        assert f"(not handled by <root>.<support.actors.{cls.__qualname__} parent{{'p': 0/1}}>)" in text
         if handle == "raise":
             assert "__supervise__ raised RuntimeError('supervisor broke')" in text
         expected_seen = 0 if handle == "no handler" else 1
@@ -82,7 +83,8 @@ def test_rank_death_with_no_call_in_flight_reaches_hook(faults):
         os.kill(pids[1], signal.SIGKILL)
         got = wait_for(lambda: [f for f in list(faults) if f.mesh == "lonely"], 30)
         assert len(got) == 1
-        assert got[0].report().startswith("The actor <root>.<_actors.Echo echo{'gpus': 1/2}> and all its descendants "
+        assert got[0].report().startswith("The actor <root>.<support.actors.Echo echo{'gpus': 1/2}> and all its "
+                                          "descendants "
                                           "have failed:\n  the process this actor was running on failed: Killed(sig=9) "
                                           f"(SIGKILL; rank 1 of mesh 'lonely', pid {pids[1]} on "), got[0].report()
         assert m.slice(gpus=0).echo.call_one(1).get(timeout=20) == 1

@@ -15,7 +15,7 @@ import socket
 import psutil
 import pytest
 import zmq
-from _actors import Echo, wait_for  # noqa: I001  (tests/ is on sys.path)
+from support.actors import Echo, wait_for
 
 from monarch_kernel import Actor, ActorError, RDMABuffer, endpoint, this_host
 from monarch_kernel.data import wire

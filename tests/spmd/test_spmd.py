@@ -15,7 +15,7 @@ import textwrap
 import time
 
 import pytest
-from _gpus import default_backend, devices_here
+from support.gpus import default_backend, devices_here
 
 from monarch_kernel import Actor, ActorError, ProcessDied, endpoint, this_host
 from monarch_kernel.spmd import (

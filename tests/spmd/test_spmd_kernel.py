@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from _kernels import iopub, run, text
+from support.kernels import iopub, run, text
 
 pytestmark = pytest.mark.timeout(240)
 

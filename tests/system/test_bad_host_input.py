@@ -63,7 +63,7 @@ def test_a_worker_given_a_long_host_or_a_folder_for_its_key_says_what_to_type(tm
 
 
 def test_debug_listen_on_a_zoned_loopback_is_refused_before_anything_starts(kc):
-    from _kernels import run
+    from support.kernels import run
 
     out, reply = run(kc, "%mesh debug 1 --listen --host ::1%lo")
     assert reply["status"] == "error" and reply["ename"] == "UsageError", out

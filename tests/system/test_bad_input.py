@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from _actors import BadInit, Echo, inject, wait_for  # noqa: I001  (tests/ is on sys.path)
+from support.actors import BadInit, Echo, inject, wait_for
 
 from monarch_kernel import ActorError, MeshStopped, ProcessDied, this_host
 from monarch_kernel.runtime.net.inbox import actor_address
@@ -418,7 +418,7 @@ def test_init_raising_fails_spawn_with_remote_traceback(monkeypatch):
         assert re.match(r"Actor call bad\.__init__ failed\.\n It raised on rank 0 \(pid \d+ on ", text)
         assert "Traceback of where the remote call failed (most recent call last):" in text
         assert 'raise KeyError(f"cannot start actor: {reason}")  # the line the test looks for' in text
-        assert re.search(r'File ".*_actors\.py", line \d+, in __init__', err.remote_traceback)
+        assert re.search(r'File ".*support/actors\.py", line \d+, in __init__', err.remote_traceback)
         assert err.method == "__init__" and err.rank == 0
         # The procs are fine: another actor spawns and answers.
         m = procs.spawn("echo", Echo)

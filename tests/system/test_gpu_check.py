@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _gpus import devices_here
+from support.gpus import devices_here
 
 ROOT = Path(__file__).resolve().parents[2]
 

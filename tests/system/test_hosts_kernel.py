@@ -10,8 +10,8 @@ import shlex
 import sys
 
 import pytest
-from _kernels import kernel, run, text
-from test_debug import CELL, Session, start_debugger
+from support.dap import CELL, Session, start_debugger
+from support.kernels import kernel, run, text
 
 pytestmark = pytest.mark.timeout(150)
 

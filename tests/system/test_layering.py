@@ -1,6 +1,7 @@
 """The package's layers, checked from its source: lower layers never import upper ones, and
 no package reaches into another's ``._private`` names (they meet through public methods and
-the runtime's hooks).  Pure AST reading; nothing is imported or run."""
+the runtime's hooks); and the tests' own: no test module is imported (what tests share is in
+tests/support/).  Pure AST reading; nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -352,3 +353,56 @@ def test_the_front_door_import_check_sees_each_way_past_it():
                      "from .. import runtime\nfrom monarch_kernel.runtime import hosts\nfrom ..runtimes import x\n")
     found = _past_the_front_door(pathlib.Path("job/x.py"), tree, {"Runtime", "config", "hosts"})
     assert sorted(int(b.split(":")[1].split()[0]) for b in found) == [1, 4, 6, 7, 8, 9]
+
+
+# ---------------------------------------------------------------- the tests' own layering
+# What tests share is the package tests/support/ (imported as ``support.NAME``); a test module
+# (``test_*.py``) is imported by pytest alone.  Importing one from elsewhere runs its module
+# code twice over and collects its tests again wherever its names land, and it ties a folder's
+# tests to another folder's being on sys.path.  (A script a test writes and runs, which imports
+# that test's own module for an actor class, is text, not an import of this process.)
+TESTS = ROOT.parent / "tests"
+TEST_NAME = re.compile(r"test_\w*")
+
+
+def _test_module_imports(root: pathlib.Path) -> list[str]:
+    """"FILE:LINE imports NAME" for each import, module-level or inner, anywhere under ``root``
+    (test modules, conftest.py and support/ alike), of a name matching ``test_*``: a test
+    module (``import test_api``, ``from test_debug import Session``, ``from . import test_x``,
+    ``import tests.debug.test_debug``) or a name taken from one."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        nodes = sorted((n for n in ast.walk(ast.parse(path.read_text(), str(path)))
+                        if isinstance(n, (ast.Import, ast.ImportFrom))), key=lambda n: n.lineno)
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                dotted = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                dotted = [f"{node.module}.{a.name}" if node.module else a.name for a in node.names]
+            bad += [f"{rel}:{node.lineno} imports {name}" for name in dotted
+                    if any(TEST_NAME.fullmatch(part) for part in name.split("."))]
+    return bad
+
+
+def test_no_test_module_is_imported_by_a_test_or_by_support():
+    assert (TESTS / "support" / "__init__.py").is_file(), "tests/support/ must be a package (its __init__.py)"
+    bad = _test_module_imports(TESTS)
+    assert not bad, ("imports of a test module (move what is shared into tests/support/ and import it as "
+                     "support.NAME):\n" + "\n".join(bad))
+
+
+def test_the_test_import_check_sees_each_way_to_import_a_test_module(tmp_path):
+    (tmp_path / "support").mkdir()
+    (tmp_path / "support" / "__init__.py").write_text("")
+    (tmp_path / "support" / "dap.py").write_text("from test_debug import Session\n")
+    (tmp_path / "debug").mkdir()
+    (tmp_path / "debug" / "test_a.py").write_text(
+        "import os\nimport test_api, json\nfrom support.dap import Session\n"
+        "def f():\n    from test_panel_lab import rest\n"
+        "from . import test_b\nimport tests.debug.test_debug as d\nfrom support import attesting\n"
+        "from support.actors import Counter\n")
+    assert _test_module_imports(tmp_path) == [
+        "debug/test_a.py:2 imports test_api", "debug/test_a.py:5 imports test_panel_lab.rest",
+        "debug/test_a.py:6 imports test_b", "debug/test_a.py:7 imports tests.debug.test_debug",
+        "support/dap.py:1 imports test_debug.Session"]

@@ -12,7 +12,7 @@ import textwrap
 import threading
 
 import pytest
-from _actors import Echo
+from support.actors import Echo
 
 from monarch_kernel import this_host
 from monarch_kernel.runtime.errors import SendFailed
@@ -78,7 +78,7 @@ SCRIPT = textwrap.dedent("""
     import json, os, signal, sys, time
     sys.path.insert(0, sys.argv[1])
     import psutil
-    from _actors import Echo
+    from support.actors import Echo
     from monarch_kernel import this_host
     from monarch_kernel.runtime.errors import SendFailed
     procs = this_host().spawn_procs(per_host={"r": 2})
@@ -116,7 +116,7 @@ def test_a_frozen_rank_fills_a_bounded_queue_and_the_sender_hears_why(tmp_path):
     script = tmp_path / "frozen.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, MONARCH_KERNEL_SEND_QUEUE="200", MONARCH_KERNEL_SEND_BLOCK="0.5")
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the script imports _actors
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the script imports support.actors
     r = subprocess.run([sys.executable, str(script), tests], env=env, capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

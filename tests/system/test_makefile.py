@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _lab import ROOT, user_env
+from support.checkout_copy import ROOT, user_env
 
 pytestmark = pytest.mark.timeout(60)
 

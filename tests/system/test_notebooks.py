@@ -1,6 +1,6 @@
 """Every notebook in notebooks/ runs top to bottom, clean, where ``make lab`` serves it: in a
 fresh copy of this tree set up by its own ``make setup`` (its .venv, its kernelspec, the
-notebooks extra; ``_lab.py``), from the copy's workspace/, on that environment's monarch kernel,
+notebooks extra; ``support/checkout_copy.py``), from the copy's workspace/, on that environment's monarch kernel,
 never the test environment's.  Then ``make lab`` itself serves workspace/, and whatever the
 session left (saved outputs, checkpoints, profiles) changes no file that git tracks."""
 
@@ -19,11 +19,11 @@ import urllib.request
 
 import nbformat
 import pytest
-from _kernels import Output, finished, started
-from _lab import lab_copy
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
+from support.checkout_copy import lab_copy
+from support.kernels import Output, finished, started
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 # A warning in a cell's stderr or the kernel's: a package the notebooks need is missing (torch's
@@ -47,7 +47,7 @@ def lab():
 
 
 def outputs(nb) -> str:
-    """Every output of the executed notebook, one after another (as ``_kernels.Output`` reads them)."""
+    """Every output of the executed notebook, one after another (as ``support.kernels.Output`` reads them)."""
     found = (Output.from_notebook(node) for cell in nb.cells for node in cell.get("outputs", []))
     return "\n".join(o.text for o in found if o is not None)
 
@@ -80,7 +80,7 @@ def test_notebook_runs(path, lab):
     specs = KernelSpecManager(kernel_dirs=lab.kernel_dirs)
     assert specs.get_kernel_spec("monarch").argv[0] == str(lab.venv / "bin" / "python")
     # The kernel is started by the harness, which starts it again if a port it was given
-    # was taken before it bound it (see ``_kernels.started``); its stderr is read below.
+    # was taken before it bound it (see ``support.kernels.started``); its stderr is read below.
     log = tempfile.TemporaryFile(mode="w+b")
     km, kc = started(lambda: KernelManager(kernel_name="monarch", kernel_spec_manager=specs),
                      cwd=str(path.parent), env=lab.env(), stderr=log)

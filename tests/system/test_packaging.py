@@ -25,11 +25,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.checkout_copy import clean_copy
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
 PANEL = "share/jupyter/labextensions/monarch-kernel-panel"
-BUILT = ("labextension/prebuilt", "labextension/lib", "labextension/tsconfig.tsbuildinfo")
 
 
 def sh(*cmd, env=None, timeout=240, cwd=ROOT) -> str:
@@ -37,24 +37,6 @@ def sh(*cmd, env=None, timeout=240, cwd=ROOT) -> str:
     assert p.returncode == 0, (f"{' '.join(map(str, cmd))} exited {p.returncode}:\n"
                                f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return p.stdout + p.stderr
-
-
-def clean_copy(dest: Path, node_modules: bool = True) -> Path:
-    """The files of this tree that git does not ignore (tracked or new, as they are now), so
-    none of the labextension's build output; ``node_modules``: hard links to this tree's."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        if (ROOT / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, dest / rel)
-    assert not any((dest / b).exists() for b in BUILT), "the copy carries labextension build output"
-    if node_modules and (ROOT / "labextension" / "node_modules").is_dir():
-        linked = subprocess.run(["cp", "-al", str(ROOT / "labextension" / "node_modules"), str(dest / "labextension")],
-                                capture_output=True)
-        if linked.returncode != 0:  # another filesystem: the build installs the packages itself
-            shutil.rmtree(dest / "labextension" / "node_modules", ignore_errors=True)
-    return dest
 
 
 def pip_wheel(src: Path, out: Path, env=None) -> subprocess.CompletedProcess:

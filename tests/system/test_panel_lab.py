@@ -11,23 +11,29 @@ open, and a mesh's message goes with the mesh.  Screenshots go to test-artifacts
 
 from __future__ import annotations
 
-import json
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-import nbformat
 import psutil
 import pytest
-from test_jupyterlab import CHROMIUM, DEBUG_BUTTON, Lab, Notebook, sync_api  # noqa: F401  (CHROMIUM: skip mark)
-from test_jupyterlab import pytestmark as _lab_marks
+from support import browser
+from support.browser import (
+    DEBUG_BUTTON,
+    MESH,
+    RANK,
+    Notebook,
+    inside,
+    needs_chromium,
+    open_notebook,
+    rest,
+    shot,
+    sync_api,
+    write_notebook,
+)
 
-pytestmark = [*_lab_marks[1:], pytest.mark.timeout(300)]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "panel"
-MESH = ".mk-Panel .mk-Mesh[data-mesh='{}']"
-RANK = MESH + " .mk-Rank[data-rank='{}']"
+pytestmark = [needs_chromium, pytest.mark.timeout(300)]
+lab, page = browser.lab, browser.page  # the fixtures: a JupyterLab, a Chromium page
 
 CELLS = [
     "procs = %mesh spawn -n 4",                                                     # 0
@@ -43,83 +49,6 @@ CELLS = [
     "%%mesh --ranks 7\nimport os\nos._exit(3)",                                     # 8 (on big)
 ]
 BREAKPOINT_LINE = 4  # ``y = x * 2`` in CELLS[4], the magic line counted as 1
-
-
-def write_notebook(path: Path, cells: list[str]) -> None:
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "monarch", "display_name": "Python 3 (monarch mesh)", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nbformat.write(nb, str(path))
-
-
-def rest(lab: Lab, path: str, method: str = "GET", body: bytes | None = None, token: bool = True):
-    """(status, JSON body) of a request to the server."""
-    headers = {"Authorization": f"token {lab.token}"} if token else {}
-    req = urllib.request.Request(lab.base + path, method=method, data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=90) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw or b"{}")
-        except ValueError:
-            return e.code, {"raw": raw.decode(errors="replace")[:200]}
-
-
-@pytest.fixture
-def lab(tmp_path, kernelspec):
-    root, home = tmp_path / "notebooks", tmp_path / "jupyter"
-    root.mkdir()
-    home.mkdir()
-    server = Lab(root, home)
-    try:
-        server.start()
-        yield server
-    finally:
-        try:  # a detached mesh the test left (it failed midway) must not outlive it
-            for m in rest(server, "/monarch/meshes")[1].get("meshes", []):
-                rest(server, f"/monarch/meshes/{m['name']}", "DELETE")
-        except OSError:
-            pass
-        server.stop()
-
-
-@pytest.fixture
-def page():
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield browser.new_page(viewport={"width": 1600, "height": 1000})
-        finally:
-            browser.close()
-
-
-def shot(page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-
-
-def open_notebook(nb: Notebook, lab: Lab, name: str, widen: bool = True) -> None:
-    page = nb.page
-    page.goto(lab.url(name) + "&reset")  # this notebook only (the workspace forgets earlier ones)
-    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-    page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=60_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-    tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='monarch-kernel-meshes']")
-    if tab.get_attribute("aria-selected") != "true":
-        tab.click()
-    page.wait_for_selector(".mk-Panel .mk-Panel-empty, .mk-Panel .mk-Mesh", timeout=30_000)
-    if not widen:
-        return
-    # Widen the right sidebar, as a user does to see the whole rank grid.
-    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
-    box = handle.bounding_box(timeout=10_000)
-    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-    page.mouse.move(x, y)
-    page.mouse.down()
-    page.mouse.move(x - 420, y, steps=5)
-    page.mouse.up()
 
 
 def test_the_mesh_panel_shows_and_steers_ranks_in_a_browser(lab, page, tmp_path):
@@ -307,12 +236,6 @@ NARROW = [
     "%mesh stop",                                                                   # 3
 ]
 KERNEL_STATUS = ".jp-StatusBar-TextItem[title^='Change kernel']"  # "Python 3 (monarch mesh) | Busy"
-
-
-def inside(box: dict | None, outer: dict) -> bool:
-    return box is not None and box["width"] > 0 and box["height"] > 0 and (
-        outer["x"] <= box["x"] and box["x"] + box["width"] <= outer["x"] + outer["width"]
-        and outer["y"] <= box["y"] and box["y"] + box["height"] <= outer["y"] + outer["height"])
 
 
 def test_the_panel_at_the_default_width_fits_and_leaves_the_busy_state_alone(lab, page, tmp_path):

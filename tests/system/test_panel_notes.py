@@ -12,12 +12,22 @@ import re
 import time
 
 import pytest
-import test_panel_lab
-from test_jupyterlab import Notebook, sync_api
-from test_panel_lab import MESH, RANK, inside, open_notebook, rest, shot, write_notebook
+from support import browser
+from support.browser import (
+    MESH,
+    RANK,
+    Notebook,
+    inside,
+    needs_chromium,
+    open_notebook,
+    rest,
+    shot,
+    sync_api,
+    write_notebook,
+)
 
-pytestmark = [*test_panel_lab.pytestmark[:-1], pytest.mark.timeout(300)]
-lab, page = test_panel_lab.lab, test_panel_lab.page  # the fixtures: a JupyterLab, a Chromium page
+pytestmark = [needs_chromium, pytest.mark.timeout(300)]
+lab, page = browser.lab, browser.page  # the fixtures: a JupyterLab, a Chromium page
 MESSAGE = MESH + " .mk-Mesh-message"
 
 NOTES = [

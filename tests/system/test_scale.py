@@ -96,7 +96,7 @@ def test_a_spawn_the_open_files_limit_cannot_hold_is_refused_before_it_starts(tm
 
 @pytest.mark.timeout(240)
 def test_a_notebook_on_192_ranks_collapses_output_and_summarises_status(kc):
-    from _kernels import run, text
+    from support.kernels import run, text
 
     out, reply = run(kc, "procs = %mesh spawn -n 192", timeout=180)
     assert reply["status"] == "ok", text(out)

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 from monarch_kernel_server import handlers
-from test_jupyterlab import Lab
-from test_panel_lab import rest
+from support.browser import Lab, rest
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]

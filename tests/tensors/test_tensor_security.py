@@ -18,8 +18,8 @@ import textwrap
 
 import psutil
 import pytest
-from _gpus import default_backend
-from cluster import veth_namespace
+from support.cluster import veth_namespace
+from support.gpus import default_backend
 
 import monarch_kernel as mk
 from monarch_kernel import Actor, ActorError, endpoint, inspect, this_host

@@ -16,8 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _actors import wait_for  # noqa: E402
-from _config import configured  # noqa: E402
+from support.actors import wait_for  # noqa: E402
+from support.config import configured  # noqa: E402
 
 import monarch_kernel as mk  # noqa: E402
 from monarch_kernel import (  # noqa: E402

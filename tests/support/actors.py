@@ -1,4 +1,5 @@
-"""Actor classes and helpers shared by test_bad_input.py and the runtime's process tests.
+"""Actor classes that tests in several folders spawn (``Echo``, ``Counter``, ``Fragile``,
+``Parent``...), and the helpers that wait on what they do.
 
 They live in an importable module (not in a test's ``__main__``), so ranks import them by
 reference, the way library code reaches ranks.
@@ -16,7 +17,7 @@ import time
 import psutil
 import zmq
 
-from monarch_kernel import Actor, current_rank, endpoint, this_host
+from monarch_kernel import Actor, context, current_rank, current_size, endpoint, this_host
 from monarch_kernel.runtime.process import Runtime
 
 
@@ -112,6 +113,43 @@ class Echo(Actor):
     def modules(self) -> dict:
         main = sys.modules.get("__main__")
         return {"torch": "torch" in sys.modules, "main_file": getattr(main, "__file__", None)}
+
+
+class Counter(Actor):
+    def __init__(self, start: int):
+        self.value = start
+
+    @endpoint
+    def incr(self, by: int = 1) -> int:
+        self.value += by
+        return self.value
+
+    @endpoint
+    async def get(self) -> int:
+        await asyncio.sleep(0)
+        return self.value
+
+    @endpoint
+    def where(self) -> tuple:
+        p = current_rank()
+        return p.rank, dict(p), current_size(), context().message_rank.rank
+
+    @endpoint
+    def slow(self, s: float) -> int:
+        time.sleep(s)
+        return current_rank().rank
+
+
+class Fragile(Actor):
+    def __init__(self):
+        self.calls = 0
+
+    @endpoint
+    def poke(self, fail: bool) -> int:
+        self.calls += 1
+        if fail:
+            raise RuntimeError(f"poked to death after {self.calls} calls")
+        return self.calls
 
 
 def _only_own_part_missing(rank: int) -> bool:

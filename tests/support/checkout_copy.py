@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from test_packaging import clean_copy
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+BUILT = ("labextension/prebuilt", "labextension/lib", "labextension/tsconfig.tsbuildinfo")
 RECORDING_APT = '#!/bin/sh\necho "$*" >> "$(dirname "$0")/apt-get.log"\n'
 
 
@@ -66,6 +65,24 @@ class LabCopy:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=self.root,
                              capture_output=True, text=True, check=True).stdout
         return out.splitlines()
+
+
+def clean_copy(dest: Path, node_modules: bool = True) -> Path:
+    """The files of this tree that git does not ignore (tracked or new, as they are now), so
+    none of the labextension's build output; ``node_modules``: hard links to this tree's."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+    assert not any((dest / b).exists() for b in BUILT), "the copy carries labextension build output"
+    if node_modules and (ROOT / "labextension" / "node_modules").is_dir():
+        linked = subprocess.run(["cp", "-al", str(ROOT / "labextension" / "node_modules"), str(dest / "labextension")],
+                                capture_output=True)
+        if linked.returncode != 0:  # another filesystem: the build installs the packages itself
+            shutil.rmtree(dest / "labextension" / "node_modules", ignore_errors=True)
+    return dest
 
 
 def panel_up_to_date() -> bool:

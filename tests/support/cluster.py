@@ -26,8 +26,8 @@ pytest killed before its teardown leaves none running; its namespaces and bridge
 removed by the next session that builds a network (``Network.sweep``).  Without root,
 ``ip``, ``sshd`` or Slurm's daemons the fixtures skip, saying which.
 
-Imported as ``cluster`` (tests/ is on sys.path, as for ``_kernels``); conftest.py imports
-the fixtures so every test module can ask for them.
+Imported as ``support.cluster`` (tests/ is on sys.path); conftest.py imports the fixtures so
+every test module can ask for them.
 """
 
 from __future__ import annotations
@@ -590,7 +590,7 @@ def walled_ssh_config(hosts: SSHHosts, path: str) -> str:
 def checkout_python(folder: str) -> str:
     """An interpreter, written into ``folder``, with this checkout first on its path (so
     agents on the ssh hosts run the code under test)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.path.join(folder, "python")
     with open(path, "w") as f:
         f.write(f'#!/bin/sh\nexport PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexec {sys.executable} "$@"\n')
@@ -864,6 +864,16 @@ def veth_namespace(kind: str, subnet_base: int = 200) -> Iterator[tuple[str, str
         yield ns, f"{net}.1", f"{net}.2"
     finally:
         run(["ip", "netns", "delete", ns], timeout=20, check=False)
+
+
+@pytest.fixture
+def other_host():
+    """A network namespace joined to this one by a veth pair: a host of its own, whose
+    loopback this process cannot reach.  Yields (namespace, its address)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to create a network namespace (`make test` installs iproute2)")
+    with veth_namespace("dbg", 200) as (ns, here, there):
+        yield ns, there
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Controller scripts run as subprocesses, shared by the lifecycle, caller and launcher tests:
-each script starts with a line that puts tests/ on its path, so it imports ``_actors``."""
+each script starts with a line that puts tests/ on its path, so it imports ``support.actors``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRELUDE = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n"
 
 
