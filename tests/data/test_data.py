@@ -16,6 +16,7 @@ from dataclasses import astuple, replace
 import numpy as np
 import pytest
 import torch
+from support.buffers import MiB, crc, pattern
 from support.config import configured
 from support.freeze import freeze
 
@@ -26,18 +27,6 @@ from monarch_kernel.data.order import IssueOrder
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(120)
-
-MiB = 1 << 20
-
-
-def pattern(n: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
-
-
-def crc(t) -> int:
-    return zlib.crc32(memoryview(t.numpy() if isinstance(t, torch.Tensor) else t).cast("B"))
-
 
 class Owner(Actor):
     def __init__(self):
