@@ -253,8 +253,8 @@ def main() -> int:
     raise_nofile_limit()
     diagnostics.install()
     io = IOThread(name="monarch-agent-io")
-    rt = Runtime(creds["key"], rundir, "agent", io, owner=controller, address=f"tcp://{ip}:*",
-                 curve=creds["curve"])
+    rt = Runtime.for_agent(key=creds["key"], rundir=rundir, controller=controller, address=f"tcp://{ip}:*",
+                           curve=creds["curve"], io=io)
     agent = HostAgent(rt, creds["host"], controller, ip, rundir, tuple(creds.get("warm") or ()))
     rt.hooks.host.install(agent.on_message)
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))

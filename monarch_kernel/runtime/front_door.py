@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .calls.actor_lives import ActorLives
     from .calls.caller import Caller
     from .calls.outbox import Outbox
-    from .calls.server import Server
     from .calls.supervision import SupervisionPolicy
     from .completion import Completion
     from .context import MeshRef
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .net.network import Network
     from .net.transport import Transport
     from .spawn.agent_link import AgentLink
+    from .spawn.host_links import HostLinks
     from .spawn.launcher import Launcher
     from .spawn.owned_mesh import OwnedMesh
     from .wire.curve import CurveKeys
@@ -30,9 +31,10 @@ if TYPE_CHECKING:
 
 
 class MeshDoor:
-    """Meshes and hosts: the launcher, and the meshes this process spawned."""
+    """Meshes and hosts: the launcher, the host links, and the meshes this process spawned."""
 
     launcher: Launcher
+    host_links: HostLinks
     meshes: dict
 
     def spawn_mesh(self, name: str, dims: tuple, env: dict | None = None, *, bootstrap: bytes | None = None,
@@ -59,16 +61,16 @@ class MeshDoor:
         return self.launcher.stop(om)
 
     def add_host(self, host: str) -> AgentLink:
-        """A link for the agent a job is about to start on ``host`` (``Launcher.add_host``)."""
-        return self.launcher.add_host(host)
+        """A link for the agent a job is about to start on ``host`` (``HostLinks.add_host``)."""
+        return self.host_links.add_host(host)
 
     def end_host(self, link: AgentLink, bye: bool = True) -> None:
-        """End a host on purpose: its ranks stop, which is no failure (``Launcher.end_host``)."""
-        self.launcher.end_host(link, bye)
+        """End a host on purpose: its ranks stop, which is no failure (``HostLinks.end_host``)."""
+        self.host_links.end_host(link, bye)
 
     def forget_host(self, link: AgentLink, why: str) -> None:
         """Drop an agent that ended before it connected (its job starts it again another way)."""
-        self.launcher.forget_host(link, why)
+        self.host_links.forget_host(link, why)
 
     def owned_mesh(self, mesh_id: str) -> OwnedMesh | None:
         """The mesh ``mesh_id`` if this process spawned it (its processes, deaths, stops)."""
@@ -80,11 +82,11 @@ class MeshDoor:
 
 
 class CallDoor:
-    """Calls, ports and hosted actors: the caller, the outbox, the server and supervision."""
+    """Calls, ports and hosted actors: the caller, the outbox, the actors' lives and supervision."""
 
     caller: Caller
     outbox: Outbox
-    server: Server
+    actor_lives: ActorLives
     supervision: SupervisionPolicy
     io: IOThread
 
@@ -113,22 +115,22 @@ class CallDoor:
         return self.outbox.send_or_report(address, h, body, what)
 
     def abort_actor(self, actor_id: str, reason: str) -> None:
-        """The hosted actor ``actor_id`` fails with ``reason`` (``Server.abort_actor``)."""
-        self.server.abort_actor(actor_id, reason)
+        """The hosted actor ``actor_id`` fails with ``reason`` (``ActorLives.abort``)."""
+        self.actor_lives.abort(actor_id, reason)
 
     def interrupt_actor(self, actor_id: str) -> bool:
         """KeyboardInterrupt in hosted actor ``actor_id``'s running sync endpoint, from any
         thread (the IO thread may be held by a debugger); False if it runs none."""
-        return self.server.interrupt_actor(actor_id)
+        return self.actor_lives.interrupt(actor_id)
 
     def actor_instance(self, actor_id: str):
         """The object behind an actor hosted in this process (None if there is none)."""
-        return self.server.actor_instance(actor_id)
+        return self.actor_lives.instance(actor_id)
 
     def note_spawned(self, owner: str, ref: MeshRef, actor_id: str, ranks: list[int]) -> None:
         """Hosted actor ``owner`` spawned actor mesh ``actor_id`` on ``ranks`` of ``ref``: it
         stops when ``owner`` does."""
-        self.server.note_spawned(owner, ref, actor_id, ranks)
+        self.actor_lives.note_spawned(owner, ref, actor_id, ranks)
 
     def note_hosted(self, mesh_id: str, spawner, class_name: str, actor_id: str, ranks) -> None:
         """An actor mesh was spawned on ``ranks`` of mesh ``mesh_id``, which this process owns:

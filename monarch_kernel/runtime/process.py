@@ -1,11 +1,15 @@
 """The runtime of one process, composed of parts that each own their state: the network
 (where it listens, Curve), the transport (sending), the receiver (inboxes and waits), the
-outbox (every message it sends), the caller (calls in flight), the server (hosted actors),
-the launcher (meshes it spawned), and the ports.  One table maps each message kind to the part that handles it.
+outbox (every message it sends), the caller (calls in flight), the gathering (calls passing
+through), the server (serving calls), the actors' lives, the supervision policy, the
+launcher (meshes it spawned), and the ports.  One table maps each message kind to the part
+that handles it.
 
-The controller and every rank run the same class; a rank is simply a process whose runtime
-was created from its launch config.  It knows nothing of Jupyter or of the public classes:
-it moves encoded parts, and the actor layer turns them into values and exceptions.
+The parts are built from the leaves up, each given what it uses at construction; one named
+constructor per process (``for_controller``, ``for_rank``, ``for_agent``) says how that
+process's runtime differs.  A host's agent builds only the parts it uses.  It knows nothing
+of Jupyter or of the public classes: it moves encoded parts, and the actor layer turns them
+into values and exceptions.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import zmq
 
 from . import config, diagnostics
 from .calls import finalize
+from .calls.actor_lives import ActorLives
+from .calls.answers import Answers
 from .calls.caller import Caller
+from .calls.gathering import Gathering
 from .calls.outbox import Outbox
 from .calls.server import Server
 from .calls.supervision import SupervisionPolicy
@@ -45,8 +52,10 @@ from .net.ports import PortTable
 from .net.receiver import Receiver
 from .net.transport import Transport
 from .spawn import agent_channel, stack_dump
+from .spawn.host_links import HostLinks
 from .spawn.launcher import Inherited, Launcher
-from .wire import rejects, segments, serialize
+from .spawn.rank_events import RankEvents
+from .wire import rejects, segments
 from .wire.auth import DropCounts, Signer
 from .wire.curve import CurveKeys
 from .wire.envelope import Header, Kind, split_parts
@@ -54,6 +63,8 @@ from .wire.envelope import Header, Kind, split_parts
 if TYPE_CHECKING:
     from .calls.main_thread import MainThread
     from .calls.outstanding import PendingCall
+    from .spawn.launch_config import LaunchConfig
+    from .spawn.owned_mesh import OwnedMesh
 
 log = logging.getLogger("monarch_kernel.runtime")
 
@@ -70,7 +81,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         if rt is None:
             with cls._create_lock:
                 if cls._current is None:
-                    cls._current = cls._new_controller()
+                    cls._current = cls.for_controller()
                 rt = cls._current
         return rt
 
@@ -85,111 +96,165 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         shared /tmp cannot be made first by another user."""
         return hmac.new(self.key, f"{label}\0{root}".encode(), hashlib.sha256).hexdigest()[:32]
 
+    # ------------------------------------------------------------ one constructor per process
+
     @classmethod
-    def _new_controller(cls) -> Runtime:
+    def for_controller(cls) -> Runtime:
+        """The root controller's runtime (``Runtime.current()`` makes it on first use): a
+        fresh job key and run directory, which it removes at exit."""
         diagnostics.install()
         raise_nofile_limit()
         rundir = tempfile.mkdtemp(prefix="mk-")
         os.chmod(rundir, 0o700)
         # Curve keys from the start: ranks inherit them, so any of them can reach a TCP peer
         # later (a job's hosts); nothing listens on TCP until the network part listens.
-        rt = cls(secrets.token_bytes(32), rundir, f"c{os.getpid()}", IOThread(), owner=None,
-                 curve=CurveKeys.generate())
-        rt.owns_rundir = True
+        rt = cls(key=secrets.token_bytes(32), rundir=rundir, name=f"c{os.getpid()}", io=IOThread(), owner=None,
+                 curve=CurveKeys.generate(), owns_rundir=True)
         atexit.register(rt.shutdown)
         return rt
 
-    def __init__(self, key: bytes, rundir: str, name: str, io: IOThread, owner: str | None,
-                 address: str | None = None, curve: CurveKeys | None = None):
-        """``address``: where the main inbox listens (default ``ipc://rundir/name``); a TCP
-        address makes every inbox of this process TCP, served with ``curve``."""
+    @classmethod
+    def for_rank(cls, cfg: LaunchConfig, main_thread: MainThread) -> Runtime:
+        """A rank's runtime, from its launch config: a member of its mesh, lending
+        ``main_thread`` to one actor, and this process's runtime from now on."""
+        ref, rank = cfg.mesh, cfg.rank
+        rt = cls(key=cfg.key, rundir=cfg.rundir, name=f"{ref.id}.{rank}", io=IOThread(name="monarch-io"),
+                 owner=cfg.owner, address=cfg.address, curve=cfg.curve, member_of=(ref, rank),
+                 main_thread=main_thread, python=cfg.python, fanout=cfg.fanout, job_ports=cfg.job_ports)
+        cls._current = rt
+        process_mesh[0], process_mesh[1] = ref, rank
+        return rt
+
+    @classmethod
+    def for_agent(cls, *, key: bytes, rundir: str, controller: str, address: str, curve: CurveKeys | None,
+                  io: IOThread) -> Runtime:
+        """A host's agent's runtime: it talks to its controller (``controller``) and hosts
+        no actors and spawns nothing, so it has no server, actors, supervision or launcher."""
+        return cls(key=key, rundir=rundir, name="agent", io=io, owner=controller, address=address, curve=curve,
+                   hosting=False)
+
+    def __init__(self, *, key: bytes, rundir: str, name: str, io: IOThread, owner: str | None,
+                 address: str | None = None, curve: CurveKeys | None = None, hosting: bool = True,
+                 member_of: tuple[MeshRef, int] | None = None, main_thread: MainThread | None = None,
+                 python: str | None = None, fanout: int | None = None, job_ports: dict | None = None,
+                 owns_rundir: bool = False):
+        """Built from the leaves up; use ``for_controller``, ``for_rank`` or ``for_agent``.
+        ``address``: where the main inbox listens (default ``ipc://rundir/name``; a TCP
+        address makes every inbox of this process TCP, served with ``curve``);
+        ``hosting``: whether it serves actors and spawns meshes (not a host's agent);
+        ``member_of``: (mesh, rank) for a rank."""
         self.key = key
         self.rundir = rundir
-        self.owns_rundir = False
+        self.owns_rundir = owns_rundir
         self.host = socket.gethostname()
         self.io = io
         self.owner = owner  # the process that supervises this one (None: the root)
+        self.hosting = hosting
         self.ctx = zmq.Context()
         # ZeroMQ's own cap (1,023 sockets a context) would bind before the open-files limit does.
         self.ctx.set(zmq.MAX_SOCKETS, max(1024, min(open_files_limit(), 65535)))
+        # The leaves: they need nothing of the runtime.
         self.drops = DropCounts()
         self.hooks = Hooks()  # how upper layers plug in (hooks.py); nothing is installed here
         self.ports = PortTable()
         self.signer = Signer(key, max_frame=config.max_frame())
-        self.transport = Transport(self.ctx, self.signer)
-        self.transport.use_io(io)
-        self.transport.curve = curve
-        self.network = Network(self.ctx, io, self.drops, curve)
-        self.network.on_keys = self._keys_changed
-        self.inbox = self.network.main_inbox(address or f"ipc://{rundir}/{name}")
-        self.address = self.inbox.address
-        self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
         self.segments = segments.Segments() if segments.available() else None
-        if serialize.segments is None:
-            serialize.segments = self.segments
-        self.outbox = Outbox(io=io, transport=self.transport, network=self.network, inbox=self.inbox,
-                             ports=self.ports, memberships=self.memberships, fanout=config.fanout())
-        self.caller = Caller(outbox=self.outbox, io=io, signer=self.signer, ports=self.ports, segments=self.segments,
-                             report_failure=self.report_failure)
-        self.server = Server(outbox=self.outbox, caller=self.caller, signer=self.signer, network=self.network,
-                             address=self.address, drops=self.drops, ports=self.ports, hooks=self.hooks, io=io,
-                             host=self.host, report_failure=self.report_failure, main_thread=lambda: self.main_thread,
-                             owned_meshes=self.owned_meshes, stop_mesh=self.stop_mesh)
-        # The dispatch table: every kind this process accepts, and the part that handles it.
-        self.handlers: dict[int, Callable[[Header, list], None]] = {
-            Kind.CALL: self.server.on_call,
-            Kind.SPAWN: self.server.on_call,
-            # A REPLY at hop 0 answers a call made here; at hop 1, one this rank forwarded.
-            Kind.REPLY: _by_hop(self.caller.on_reply, self.server.gathering.on_reply),
-            Kind.REDIRECT: self.server.gathering.on_redirect,
-            Kind.PRUNE: self.server.gathering.on_prune,
-            Kind.NOT_RECEIVED: self.caller.on_not_received,
-            Kind.INTERRUPT: self.server.on_interrupt,
-            Kind.STACKS: lambda h, body: stack_dump.on_stacks(self, h, body),
-            Kind.PORT: self._on_port,
-            Kind.WAKE: _nothing,
-            Kind.DEATH: self._on_death,
-            Kind.REVIVE: self._on_revive,
-            Kind.STOP: self._on_stop,
-            Kind.FAILURE: self._on_failure,
-            Kind.HOST: self._on_host,
-        }
-        self.receiver = Receiver(io, self.signer, self.drops, self.hooks, self.handlers,
-                                 lambda n: self.network.thread_inbox(self.address, n), self.caller.uses)
-        # Built after the caller and the server: it takes caller.uses.
-        self.caller.receiver = self.receiver
-        self.server.attach(self.receiver, self.memberships)
-        self.meshes: dict = {}  # mesh id -> OwnedMesh, for meshes this process spawned
+        # The tables, each made here once and handed to whoever reads or fills it.
+        self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
+        self.meshes: dict[str, OwnedMesh] = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.warm_modules: list[str] = []  # what the template imports before forking (warm())
         # Ports every process of the job can reach, by name: (address, port id).  The root
         # opens them (publish_port); each rank inherits them through its launch config.
-        self.job_ports: dict[str, tuple[str, int]] = {}
-        self.main_thread: MainThread | None = None  # a MainThread when this is a rank (it lends it to one actor)
-        # what a death or a failure means, and who hears it
-        self.supervision = SupervisionPolicy(io=io, outbox=self.outbox, caller=self.caller, server=self.server,
-                                             meshes=self.meshes, hooks=self.hooks, owner=owner,
-                                             rank_died=self.rank_died, unhandled=self.unhandled,
-                                             shutting_down=lambda: self.closed)
-        # templates, hosts, forks, restarts, kills; owns_rundir is set after (_new_controller)
-        self.launcher = Launcher(io=io, network=self.network, outbox=self.outbox, receiver=self.receiver,
-                                 inbox=self.inbox, meshes=self.meshes, drops=self.drops, hooks=self.hooks,
-                                 supervision=self.supervision,
-                                 inherited=Inherited(key, rundir, self.address, self.host, self.warm_modules,
-                                                     self.job_ports, self.segments,
-                                                     owns_rundir=lambda: self.owns_rundir))
+        self.job_ports: dict[str, tuple[str, int]] = dict(job_ports or {})
+        # The dispatch table: every kind this process accepts, and the part that handles it;
+        # read by the receiver at each message, filled below once the parts exist.
+        self.handlers: dict[int, Callable[[Header, list], None]] = {}
+        self.main_thread = main_thread  # a rank's (it lends it to one actor); None in the controller
+        # Moving messages.
+        self.transport = Transport(self.ctx, self.signer, io=io, curve=curve)
+        self.network = Network(self.ctx, io, self.drops, curve, on_keys=self.transport.use_keys)
+        self.inbox = self.network.main_inbox(address or f"ipc://{rundir}/{name}")
+        self.address = self.inbox.address
+        self.receiver = Receiver(io=io, signer=self.signer, drops=self.drops, hooks=self.hooks,
+                                 handlers=self.handlers)
+        self.outbox = Outbox(io=io, transport=self.transport, network=self.network, inbox=self.inbox,
+                             ports=self.ports, memberships=self.memberships, fanout=fanout or config.fanout())
+        # Calls made here, and the calls this process serves as a node of their tree.
+        self.caller = Caller(outbox=self.outbox, io=io, network=self.network, receiver=self.receiver,
+                             signer=self.signer, ports=self.ports, segments=self.segments,
+                             report_failure=self.report_failure)
+        self.gathering = Gathering(outbox=self.outbox, drops=self.drops, memberships=self.memberships)
+        self.handlers.update(self._calling_kinds())
+        if hosting:
+            self._build_hosting(member_of, python)
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
                                  (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
+        if member_of is not None:
+            self.memberships[member_of[0].id] = member_of
         if process_mesh[0] is None:
             process_mesh[0], process_mesh[1] = self.self_mesh, 0
         self.closed = False
         self._exiting = False
         io.call_soon(self.receiver.watch, self.inbox)
 
-    def _keys_changed(self, curve: CurveKeys) -> None:
-        self.transport.curve = curve
+    def _build_hosting(self, member_of: tuple[MeshRef, int] | None, python: str | None) -> None:
+        """The parts of a process that hosts actors and spawns meshes (all but a host's agent)."""
+        io = self.io
+        answers = Answers(outbox=self.outbox, gathering=self.gathering, signer=self.signer,
+                          memberships=self.memberships, report_failure=self.report_failure)
+        self.actor_lives = ActorLives(answers=answers, caller=self.caller, receiver=self.receiver,
+                                      network=self.network, io=io, host=self.host, main_thread=self.main_thread,
+                                      meshes=self.meshes, stop_mesh=self.stop_mesh,
+                                      report_failure=self.report_failure)
+        self.server = Server(outbox=self.outbox, gathering=self.gathering, answers=answers, lives=self.actor_lives,
+                             memberships=self.memberships, network=self.network, address=self.address,
+                             drops=self.drops, ports=self.ports, hooks=self.hooks)
+        # what a death or a failure means, and who hears it
+        self.supervision = SupervisionPolicy(io=io, outbox=self.outbox, caller=self.caller, lives=self.actor_lives,
+                                             meshes=self.meshes, hooks=self.hooks, owner=self.owner,
+                                             rank_died=self.rank_died, unhandled=self.unhandled,
+                                             shutting_down=lambda: self.closed)
+        # templates, hosts, forks, restarts, kills
+        inherited = Inherited(self.key, self.rundir, self.address, self.host, self.warm_modules, self.job_ports,
+                              self.segments, owns_rundir=self.owns_rundir)
+        self.rank_events = RankEvents(meshes=self.meshes, supervision=self.supervision, receiver=self.receiver,
+                                      inbox=self.inbox, drops=self.drops)
+        self.host_links = HostLinks(io=io, network=self.network, outbox=self.outbox, meshes=self.meshes,
+                                    events=self.rank_events, inherited=inherited)
+        self.launcher = Launcher(io=io, network=self.network, outbox=self.outbox, meshes=self.meshes,
+                                 hooks=self.hooks, supervision=self.supervision, events=self.rank_events,
+                                 hosts=self.host_links, inherited=inherited, python=python)
+        self.handlers.update(self._hosting_kinds())
 
     # ------------------------------------------------------------ the dispatch table
+
+    def _calling_kinds(self) -> dict[int, Callable[[Header, list], None]]:
+        """The kinds every process handles: answers to its calls, ports, wake-ups, hosts."""
+        return {
+            Kind.REPLY: self.caller.on_reply,
+            Kind.NOT_RECEIVED: self.caller.on_not_received,
+            Kind.PORT: self._on_port,
+            Kind.WAKE: _nothing,
+            Kind.HOST: self._on_host,
+        }
+
+    def _hosting_kinds(self) -> dict[int, Callable[[Header, list], None]]:
+        """The kinds a process that hosts actors handles too."""
+        return {
+            Kind.CALL: self.server.on_call,
+            Kind.SPAWN: self.server.on_call,
+            # A REPLY at hop 0 answers a call made here; at hop 1, one this rank forwarded.
+            Kind.REPLY: _by_hop(self.caller.on_reply, self.gathering.on_reply),
+            Kind.REDIRECT: self.gathering.on_redirect,
+            Kind.PRUNE: self.gathering.on_prune,
+            Kind.INTERRUPT: self.server.on_interrupt,
+            Kind.STACKS: lambda h, body: stack_dump.on_stacks(self, h, body),
+            Kind.DEATH: self._on_death,
+            Kind.REVIVE: self._on_revive,
+            Kind.STOP: self._on_stop,
+            Kind.FAILURE: self._on_failure,
+        }
 
     def dispatch(self, h: Header, body: list) -> None:
         """Hand one authentic message to its kind's handler (an unknown kind is counted); the
@@ -216,7 +281,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.outbox.pass_down(h, body)
         if not self._exiting:
             self._exiting = True
-            finalize.exit_process(list(self.server.actors.values()))
+            finalize.exit_process(list(self.actor_lives.actors.values()))
 
     def _on_failure(self, h: Header, body: list) -> None:
         self.supervision.on_failure_report(h.mesh, split_parts(h, body)[0].load())
@@ -227,8 +292,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
             self.drops.count("malformed")
         elif (agent := self.hooks.host.current()) is not None:  # this process is a host's agent
             agent(h.origin, msg)
-        else:
-            self.launcher.on_host(h.origin, h.mesh, msg)
+        elif self.hosting:
+            self.host_links.on_host(h.origin, h.mesh, msg)
 
     # ------------------------------------------------------------ deaths and supervision
 
@@ -327,7 +392,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         if self.closed:
             return
         self.closed = True
-        self.launcher.close()
+        if self.hosting:
+            self.launcher.close()
         if self.segments is not None:
             self.segments.close()
         if self.owns_rundir:

@@ -18,11 +18,9 @@ import sys
 from . import config, diagnostics
 from .calls import finalize
 from .calls.main_thread import MainThread
-from .context import process_mesh
 from .failure import RemoteFailure
 from .limits import raise_nofile_limit
 from .net.hosts import enter_netns
-from .net.io_thread import IOThread
 from .process import Runtime
 from .spawn import rank_logging
 from .spawn.host_messages import RankHello
@@ -59,16 +57,8 @@ def run_rank(cfg: LaunchConfig, template_pid: int, control: int) -> None:
         enter_netns(netns)  # before any thread or socket exists
     main = MainThread()
     main.install()
-    io = IOThread(name="monarch-io")
-    rt = Runtime(cfg.key, cfg.rundir, f"{ref.id}.{rank}", io, owner=cfg.owner, address=cfg.address,
-                 curve=cfg.curve)
-    rt.main_thread = main
-    rt.launcher.python = cfg.python  # procs this rank spawns start through the same interpreter
-    rt.outbox.fanout = cfg.fanout
-    Runtime._current = rt
-    rt.memberships[ref.id] = (ref, rank)
-    rt.job_ports.update(cfg.job_ports)
-    process_mesh[0], process_mesh[1] = ref, rank
+    # procs this rank spawns start through the same interpreter (cfg.python)
+    io = Runtime.for_rank(cfg, main).io
     rank_logging.install()
     diagnostics.install()
     failed = run_bootstrap(cfg.bootstrap, rank)

@@ -4,10 +4,10 @@ that cannot be sent fails at once (``Status.UNSENT``); a TELL that cannot be sen
 reported to the mesh's owner (``report_failure``).
 
 It owns the calls in flight and the dead ranks; addressing and sending are the outbox's
-(``outbox.py``).  It is given the outbox, the IO thread, the signer (the frame limit), the
-ports (interrupts' acknowledgements), the process's shared-memory segments, and
-``report_failure``.  The receiver is built after the caller (it takes ``uses``): the
-composition hands it over at once as ``Caller.receiver``.
+(``outbox.py``).  It owns the threads' reply inboxes, where its calls' answers come back
+(``ReplyInboxes``).  It is given the outbox, the IO thread, the network (threads' inboxes),
+the receiver (which reads an ended thread's inbox), the signer (the frame limit), the ports
+(interrupts' acknowledgements), the process's shared-memory segments, and ``report_failure``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..context import MeshRef
 from ..errors import SendFailed
 from ..failure import DeathInfo, MeshFailure
 from ..net.inbox import Inbox
+from ..net.reply_inboxes import ReplyInboxes
 from ..wire.envelope import Header, Kind, Mode, Part, Status, split_parts
 from .outstanding import PendingCall, synthetic_part
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..net.io_thread import IOThread
+    from ..net.network import Network
     from ..net.ports import PortTable
     from ..net.receiver import Receiver
     from ..wire.auth import Signer
@@ -35,8 +37,8 @@ if TYPE_CHECKING:
 
 
 class Caller:
-    def __init__(self, *, outbox: Outbox, io: IOThread, signer: Signer, ports: PortTable,
-                 segments: Segments | None, report_failure: Callable[[str, MeshFailure], None]):
+    def __init__(self, *, outbox: Outbox, io: IOThread, network: Network, receiver: Receiver, signer: Signer,
+                 ports: PortTable, segments: Segments | None, report_failure: Callable[[str, MeshFailure], None]):
         self.outbox = outbox
         self.io = io
         self.signer = signer
@@ -44,7 +46,8 @@ class Caller:
         self.ports = ports
         self.segments = segments
         self.report_failure = report_failure
-        self.receiver: Receiver  # handed over by the composition right after it builds the receiver
+        self.reply_inboxes = ReplyInboxes(io=io, network=network, main=self.inbox, watch=receiver.watch,
+                                          in_use=self.uses)
         self.calls: dict[int, PendingCall] = {}
         self.dead: dict[tuple[str, int], DeathInfo] = {}
         self._ids = itertools.count(1)
@@ -67,7 +70,7 @@ class Caller:
             self.signer.check_size(body, f"the arguments of {method}")
         dead = self.dead
         alive = [r for r in ranks if (mesh.id, r) not in dead] if dead else list(ranks)
-        inbox = self.inbox if (on_part is not None or callbacks) else self.receiver.reply_inbox(self.inbox)
+        inbox = self.inbox if (on_part is not None or callbacks) else self.reply_inboxes.mine()
         h = Header.call(kind, next(self._ids), outbox.origin(inbox, mesh), mesh.id, actor, method, body, fanout,
                         mode, slice_info if options is None else options)
         call = PendingCall(outbox=outbox, finished=self.done, header=h, mesh=mesh, ranks=alive, body=body,

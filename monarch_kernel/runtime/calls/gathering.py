@@ -7,24 +7,29 @@ through the outbox it is given (``Outbox.send_reply``), never by another route.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..wire.envelope import Header, Part, split_parts
 from .tree import NodeState, NodeTable
 
 if TYPE_CHECKING:
+    from ..context import MeshRef
     from ..wire.auth import DropCounts
     from .outbox import Outbox
 
 
 class Gathering:
-    def __init__(self, *, outbox: Outbox, drops: DropCounts, my_rank: Callable[[str], int]):
-        """``my_rank(mesh_id)``: this process's rank in that mesh (-1 if it is not in it)."""
+    def __init__(self, *, outbox: Outbox, drops: DropCounts, memberships: dict[str, tuple[MeshRef, int]]):
+        """``memberships``: mesh id -> (mesh, this process's rank in it)."""
         self.outbox = outbox
         self.drops = drops
-        self.my_rank = my_rank
+        self.memberships = memberships
         self.nodes = NodeTable()
+
+    def my_rank(self, mesh_id: str) -> int:
+        """This process's rank in mesh ``mesh_id`` (-1 if it is not in it)."""
+        member = self.memberships.get(mesh_id)
+        return member[1] if member else -1
 
     def start(self, h: Header, waiting: set[int]) -> bool:
         """Begin gathering the answers to call ``h`` from ``waiting`` (this rank and its

@@ -7,7 +7,7 @@ waiting for becomes a supervision event for the spawning actor's ``__supervise__
 the chain of owners to the controller's unhandled-fault hook.  It decides; it never starts or ends a process.
 
 It is given what it uses, not the runtime: the IO thread, the outbox (to tell meshes and
-owners), the caller (to forget deaths), the server's actors (whose ``__supervise__`` runs),
+owners), the caller (to forget deaths), the actors' lives (whose ``__supervise__`` runs),
 the runtime's table of owned meshes, the hooks (death hooks), this process's owner, and
 three behaviours of the runtime: ``rank_died`` (fail the calls waiting on a rank), ``unhandled`` (the root's hook)
 and ``shutting_down`` (whether this process is closing).
@@ -30,18 +30,18 @@ from ..wire.serialize import dumps
 if TYPE_CHECKING:
     from ..hooks import Hooks
     from ..net.io_thread import IOThread
+    from .actor_lives import ActorLives
     from .caller import Caller
     from .outbox import Outbox
-    from .server import Server
 
 
 class SupervisionPolicy:
     """Held by the runtime as ``rt.supervision``; every method runs on the IO thread."""
 
-    def __init__(self, *, io: IOThread, outbox: Outbox, caller: Caller, server: Server, meshes: dict, hooks: Hooks,
+    def __init__(self, *, io: IOThread, outbox: Outbox, caller: Caller, lives: ActorLives, meshes: dict, hooks: Hooks,
                  owner: str | None, rank_died: Callable[[str, int, DeathInfo], int],
                  unhandled: Callable[[MeshFailure], None], shutting_down: Callable[[], bool]):
-        self.io, self.outbox, self.caller, self.server = io, outbox, caller, server
+        self.io, self.outbox, self.caller, self.lives = io, outbox, caller, lives
         self.meshes, self.hooks = meshes, hooks
         self.owner = owner  # the process that supervises this one (None: the root)
         self.rank_died, self.unhandled, self.shutting_down = rank_died, unhandled, shutting_down
@@ -127,7 +127,7 @@ class SupervisionPolicy:
             if not handled:
                 self.io.call_soon(self._propagate, failure, owner)
 
-        slot = self.server.actors.get(owner.actor)
+        slot = self.lives.actors.get(owner.actor)
         if inspect.iscoroutinefunction(handler):
             async def run():
                 try:

@@ -23,7 +23,9 @@ from .io_thread import IOThread
 
 
 class Network:
-    def __init__(self, ctx: zmq.Context, io: IOThread, drops: DropCounts, curve: CurveKeys | None):
+    def __init__(self, ctx: zmq.Context, io: IOThread, drops: DropCounts, curve: CurveKeys | None, *,
+                 on_keys: Callable[[CurveKeys], None] | None = None):
+        """``on_keys(curve)``: told when the keys change (the transport's client keys)."""
         self.ctx = ctx
         self.io = io
         self.drops = drops
@@ -31,7 +33,7 @@ class Network:
         self.gatekeeper: Gatekeeper | None = None
         self.bind_ip: str | None = None  # set once this process has TCP inboxes
         self.main: Inbox | None = None  # the process's main inbox (set by the runtime)
-        self.on_keys = lambda curve: None  # told when the keys change (the transport's client keys)
+        self.on_keys = on_keys or (lambda curve: None)
         self._monitor: zmq.Socket | None = None  # the main inbox's ZeroMQ events (watch_refusals)
         self._tcp: list[str] = []  # every TCP address this process listens on, oldest first
         self._on_listen: list[Callable[[str], None]] = []

@@ -1,5 +1,6 @@
 """Receiving on this process: who reads which inbox, and a thread that blocks on a call's
-answer while reading its own inbox (so a ``.get()`` wakes exactly one thread).
+answer while reading its own inbox (so a ``.get()`` wakes exactly one thread).  The threads'
+reply inboxes themselves are the caller's, whose calls wait on them (``reply_inboxes.py``).
 
 Whoever holds an inbox's lease reads it: the thread blocked on it, or else the IO thread.
 ``missed`` records an IO-thread wake-up that found the lease taken, so the reader hands the
@@ -11,7 +12,6 @@ kinds a thread other than the IO thread may handle itself.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -32,28 +32,21 @@ _INLINE = frozenset((Kind.REPLY, Kind.CALL, Kind.SPAWN, Kind.WAKE))  # kinds a r
 
 class Receiver:
     """Reads this process's inboxes and hands each authentic message to its kind's handler
-    in ``handlers`` (the runtime's dispatch table; an unknown kind is counted as malformed).
+    in ``handlers`` (an unknown kind is counted as malformed).
 
-    ``new_inbox(n)`` makes the ``n``-th thread reply inbox (its address depends on how the
-    process listens, which the network part knows); ``in_use(inbox)`` says whether a call
-    still waits for answers there (a thread that ended leaves it to the IO thread).
+    ``handlers`` is the runtime's dispatch table, read at each message: the receiver is built
+    before the parts that handle messages (they read and wait through it), and the runtime
+    fills the table once they exist, before any inbox is read.
     """
 
-    def __init__(self, io: IOThread, signer: Signer, drops: DropCounts, hooks: Hooks,
-                 handlers: dict[int, Callable[[Header, list], None]], new_inbox: Callable[[int], Inbox],
-                 in_use: Callable[[Inbox], bool]):
+    def __init__(self, *, io: IOThread, signer: Signer, drops: DropCounts, hooks: Hooks,
+                 handlers: dict[int, Callable[[Header, list], None]]):
         self.io = io
         self.signer = signer
         self.drops = drops
         self.hooks = hooks
         self.handlers = handlers
-        self._new_inbox = new_inbox
-        self._in_use = in_use
         self.received = 0  # messages read (forged ones included)
-        self._local = threading.local()
-        self._count = 0
-        self._free: list[Inbox] = []  # reply inboxes of threads that ended, for reuse
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------ the IO thread's reading
 
@@ -131,33 +124,6 @@ class Receiver:
         except Exception:  # a bug in handling one message must not stop the loop
             log.exception("monarch_kernel: error handling %s", Kind(header.kind).name)
 
-    # ------------------------------------------------------------ threads' own inboxes
-
-    def reply_inbox(self, main: Inbox) -> Inbox:
-        """The inbox replies to the calling thread's calls come back to (``main`` on the IO
-        thread itself)."""
-        if self.io.is_current():
-            return main
-        holder = getattr(self._local, "holder", None)
-        if holder is None:
-            with self._lock:
-                inbox = self._free.pop() if self._free else None
-                if inbox is None:
-                    self._count += 1
-                    n = self._count
-            if inbox is None:
-                inbox = self._new_inbox(n)
-            holder = self._local.holder = _ThreadInbox(self, inbox)
-        return holder.inbox
-
-    def release(self, inbox: Inbox) -> None:
-        """A thread ended: the IO thread reads its inbox (answers to calls it left behind
-        still land) until another thread takes it over."""
-        if self._in_use(inbox):
-            self.watch(inbox)
-        with self._lock:
-            self._free.append(inbox)
-
     # ------------------------------------------------------------ blocking waits
 
     def wait(self, completion: Completion, timeout: float | None, inbox: Inbox | None = None) -> bool:
@@ -222,19 +188,3 @@ class Receiver:
             if hook.pending():
                 hook.run(completion)
         return True
-
-
-class _ThreadInbox:
-    """Thread-local owner of a thread's reply inbox: when the thread ends, the inbox goes
-    back to the receiver's pool (so short-lived threads cost no descriptors), read by the IO
-    thread meanwhile so replies to calls it left behind still land."""
-
-    def __init__(self, receiver: Receiver, inbox: Inbox):
-        self.receiver = receiver
-        self.inbox = inbox
-
-    def __del__(self):
-        try:
-            self.receiver.release(self.inbox)
-        except Exception:  # interpreter shutdown
-            pass

@@ -55,7 +55,9 @@ class _ThreadSockets(dict):
 
 
 class Transport:
-    def __init__(self, ctx: zmq.Context, signer: Signer):
+    def __init__(self, ctx: zmq.Context, signer: Signer, *, io=None, curve: CurveKeys | None = None):
+        """``io``: the process's IO thread (``use_io``); ``curve``: the job's Curve keys, if
+        it has them from the start (``use_keys`` when they change)."""
         self.ctx = ctx
         self.signer = signer
         self._local = threading.local()
@@ -63,7 +65,7 @@ class Transport:
         self._gone: list[str] = []  # address prefixes of peers that are gone, oldest first
         self.io_thread: threading.Thread | None = None  # never blocks waiting for room
         self.inbox: zmq.Socket | None = None  # the runtime's main inbox (set by Runtime), for tools that poke at it
-        self.curve: CurveKeys | None = None  # the job's Curve keys, once it has hosts of its own
+        self.curve: CurveKeys | None = curve  # the job's Curve keys, once it has hosts of its own
         self.queue_limit = config.send_queue()
         self.block_s = config.send_block()
         self.sent = 0
@@ -73,6 +75,8 @@ class Transport:
         fast = sockets()
         self._send_first = fast.send if fast is not None else None  # libzmq's send, straight from C
         self.links: Links | None = None  # same-host datagram links (datagram.py), once the IO thread is known
+        if io is not None:
+            self.use_io(io)
         self._dialers: list[Callable[[str], str | None]] = []
         self._carriers: list[Callable[[str], str | None]] = []
         self._carried_by: dict[str, str | None] = {}  # addr -> its carrier, as the carriers said
@@ -133,6 +137,10 @@ class Transport:
             if got:
                 return got
         return addr
+
+    def use_keys(self, curve: CurveKeys) -> None:
+        """The job's Curve keys changed (``Network.use_job_keys``): new links use them."""
+        self.curve = curve
 
     def use_io(self, io) -> None:
         """The process's IO thread: it never waits for room, and it sends what waits in

@@ -40,6 +40,7 @@ POOL_BYTES = 1 << 30  # warm segments kept for reuse, at most
 # What a full (or inode-less) tmpfs answers to a create or a write.
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EFBIG}
 _said_full = False
+_tracking = threading.local()  # .store: the Segments collecting this thread's pickled arguments, if any
 
 
 class SharedMemoryFull(RuntimeWarning):
@@ -71,6 +72,7 @@ class Segments:
         """Collect the paths of segments written while pickling one call's arguments."""
         created: list[str] = []
         self._local.created = created
+        _tracking.store = self
         try:
             yield created
         except BaseException:
@@ -78,9 +80,11 @@ class Segments:
             raise
         finally:
             self._local.created = None
+            _tracking.store = None
 
     def tracking(self) -> bool:
         return getattr(self._local, "created", None) is not None
+
 
     def _take(self, nbytes: int) -> tuple[int, str] | None:
         """A pooled segment of at least ``nbytes`` and at most twice that, or None."""
@@ -252,3 +256,9 @@ def map_private(path: str, nbytes: int) -> memoryview:
         raise
     weakref.finalize(mm, os.close, fd)
     return memoryview(mm)
+
+
+def tracking() -> Segments | None:
+    """The segments collecting what the calling thread pickles now (inside ``Segments.track``),
+    or None: large arrays then go through the socket."""
+    return getattr(_tracking, "store", None)

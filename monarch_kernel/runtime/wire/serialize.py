@@ -20,9 +20,6 @@ from . import segments as _shm
 _OOB_MIN = 4096
 
 
-# Set by the runtime while pickling arguments for ranks on this host (see segments.py).
-segments: _shm.Segments | None = None
-
 
 def _tensor_reducer(obj):
     """A zero-copy reduction if ``obj`` is a plain CPU tensor (or, with shared memory on
@@ -33,7 +30,8 @@ def _tensor_reducer(obj):
     tensor = getattr(torch, "Tensor", None)
     if tensor is not None and type(obj) is tensor:
         return _reduce_tensor(torch, obj)
-    if segments is not None and segments.tracking():
+    segments = _shm.tracking()  # pickling arguments for ranks on this host (see segments.py)
+    if segments is not None:
         np = sys.modules.get("numpy")
         array = getattr(np, "ndarray", None)
         if array is not None and type(obj) is array and obj.nbytes >= _shm.SHM_MIN and obj.dtype.hasobject is False:
@@ -70,7 +68,8 @@ def _reduce_tensor(torch, t):
     dtype = str(t.dtype).removeprefix("torch.")
     if raw.nbytes < _OOB_MIN:
         return _rebuild_tensor, (raw.tobytes(), dtype, tuple(t.shape), t.requires_grad)
-    if segments is not None and segments.tracking() and raw.nbytes >= _shm.SHM_MIN:
+    segments = _shm.tracking()
+    if segments is not None and raw.nbytes >= _shm.SHM_MIN:
         path = segments.write(memoryview(raw))
         if path is not None:  # else /dev/shm is full: an out-of-band frame, as across hosts
             return _rebuild_tensor_shm, (path, raw.nbytes, dtype, tuple(t.shape), t.requires_grad)
@@ -163,7 +162,7 @@ def dumps(obj) -> list:
     bufs: list = []
     f = io.BytesIO()
     try:
-        override = "torch" in sys.modules or (segments is not None and segments.tracking())
+        override = "torch" in sys.modules or _shm.tracking() is not None
         (_TensorPickler if override else pickle.Pickler)(
             f, protocol=5, buffer_callback=bufs.append
         ).dump(obj)
