@@ -184,7 +184,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
                              signer=self.signer, ports=self.ports, segments=self.segments,
                              report_failure=self.report_failure)
         self.gathering = Gathering(outbox=self.outbox, drops=self.drops, memberships=self.memberships)
-        self.handlers.update(self._calling_kinds())
+        self.handlers.update(_calling_kinds(self))
         if hosting:
             self._build_hosting(member_of, python)
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
@@ -225,36 +225,9 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.launcher = Launcher(io=io, network=self.network, outbox=self.outbox, meshes=self.meshes,
                                  hooks=self.hooks, supervision=self.supervision, events=self.rank_events,
                                  hosts=self.host_links, inherited=inherited, python=python)
-        self.handlers.update(self._hosting_kinds())
+        self.handlers.update(_hosting_kinds(self))
 
     # ------------------------------------------------------------ the dispatch table
-
-    def _calling_kinds(self) -> dict[int, Callable[[Header, list], None]]:
-        """The kinds every process handles: answers to its calls, ports, wake-ups, hosts."""
-        return {
-            Kind.REPLY: self.caller.on_reply,
-            Kind.NOT_RECEIVED: self.caller.on_not_received,
-            Kind.PORT: self._on_port,
-            Kind.WAKE: _nothing,
-            Kind.HOST: self._on_host,
-        }
-
-    def _hosting_kinds(self) -> dict[int, Callable[[Header, list], None]]:
-        """The kinds a process that hosts actors handles too."""
-        return {
-            Kind.CALL: self.server.on_call,
-            Kind.SPAWN: self.server.on_call,
-            # A REPLY at hop 0 answers a call made here; at hop 1, one this rank forwarded.
-            Kind.REPLY: _by_hop(self.caller.on_reply, self.gathering.on_reply),
-            Kind.REDIRECT: self.gathering.on_redirect,
-            Kind.PRUNE: self.gathering.on_prune,
-            Kind.INTERRUPT: self.server.on_interrupt,
-            Kind.STACKS: lambda h, body: stack_dump.on_stacks(self, h, body),
-            Kind.DEATH: self._on_death,
-            Kind.REVIVE: self._on_revive,
-            Kind.STOP: self._on_stop,
-            Kind.FAILURE: self._on_failure,
-        }
 
     def dispatch(self, h: Header, body: list) -> None:
         """Hand one authentic message to its kind's handler (an unknown kind is counted); the
@@ -413,3 +386,32 @@ def _by_hop(at_origin: Callable[[Header, list], None], in_tree: Callable[[Header
         else:
             in_tree(h, body)
     return on_reply
+
+
+def _calling_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
+    """The kinds every process handles: answers to its calls, ports, wake-ups, hosts."""
+    return {
+        Kind.REPLY: rt.caller.on_reply,
+        Kind.NOT_RECEIVED: rt.caller.on_not_received,
+        Kind.PORT: rt._on_port,
+        Kind.WAKE: _nothing,
+        Kind.HOST: rt._on_host,
+    }
+
+
+def _hosting_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
+    """The kinds a process that hosts actors handles too."""
+    return {
+        Kind.CALL: rt.server.on_call,
+        Kind.SPAWN: rt.server.on_call,
+        # A REPLY at hop 0 answers a call made here; at hop 1, one this rank forwarded.
+        Kind.REPLY: _by_hop(rt.caller.on_reply, rt.gathering.on_reply),
+        Kind.REDIRECT: rt.gathering.on_redirect,
+        Kind.PRUNE: rt.gathering.on_prune,
+        Kind.INTERRUPT: rt.server.on_interrupt,
+        Kind.STACKS: lambda h, body: stack_dump.on_stacks(rt, h, body),
+        Kind.DEATH: rt._on_death,
+        Kind.REVIVE: rt._on_revive,
+        Kind.STOP: rt._on_stop,
+        Kind.FAILURE: rt._on_failure,
+    }
