@@ -193,8 +193,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("stop_grace", 2.0, "runtime/spawn/launcher.py", "how long stopped ranks have to exit before they are killed"),
     _s("cleanup_budget", 1.0, "runtime/calls/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),
-    _s("stop_init_grace", 2.0, "runtime/calls/actor_lives.py", "how long `ActorMesh.stop()` waits for a running `__init__` "
-       "to return (then `__cleanup__` runs) before it stops the actor without it"),
+    _s("stop_init_grace", 2.0, "runtime/calls/actor_lives.py", "how long `ActorMesh.stop()` waits for a running "
+       "`__init__` to return (then `__cleanup__` runs) before it stops the actor without it"),
     _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "
        "(an actor its rank has not made yet) tries again after this, then twice as long each time"),
     _s("datagram_retry_max", 0.005, "runtime/net/datagram.py", "the longest wait between those tries"),

@@ -81,3 +81,15 @@ def test_parts_are_the_runtimes_own_wired_alike():
         assert p.io.run(p.caller.reply_inboxes.mine) is p.inbox  # the IO thread's: the main inbox
     finally:
         p.close()
+
+
+def test_a_fake_agent_answers_its_link_as_an_agent_does():
+    from support.fake_net import FakeAgent, Hosting
+
+    with Hosting() as h:
+        agent = FakeAgent(h, "hostA", "10.0.0.1")
+        assert agent.link.up.done() and agent.link.ip == "10.0.0.1" and agent.link.address == agent.address
+        got = agent.link.reserve_async(3)
+        assert got.wait(10) and got.result() == [7000, 7001, 7002]
+        h.host_links.end_host(agent.link)
+        h.parts.io.until(lambda: agent.byes == 1, what="the agent's Bye")

@@ -37,7 +37,8 @@ def ctl():
 
 
 def test_a_death_nobody_waited_on_is_supervised_and_one_a_call_saw_is_not(ctl):
-    om, other = up(ctl, "m", 3), up(ctl, "o", 2)
+    om = up(ctl, "m", 3)
+    up(ctl, "o", 2)  # another mesh, which hears of deaths too
     ctl.events.died(om, 1, death(om.ref, 1))
     assert [f.rank for f in ctl.unhandled] == [1] and ctl.caller.dead.keys() == {(om.ref.id, 1)}
     told = {(s.address, s.header.payload.mesh) for s in ctl.transport.take(Kind.DEATH)}
@@ -55,7 +56,8 @@ def test_a_death_nobody_waited_on_is_supervised_and_one_a_call_saw_is_not(ctl):
 
 
 def test_a_restart_forgets_the_death_tells_every_mesh_and_fails_if_the_rank_dies_again(ctl):
-    om, other = up(ctl, "m", 3), up(ctl, "o", 2)
+    om = up(ctl, "m", 3)
+    up(ctl, "o", 2)  # another mesh, which hears of deaths too
     ctl.events.died(om, 1, death(om.ref, 1))
     ctl.transport.take()
     assert ctl.caller.dead.keys() == {(om.ref.id, 1)}
