@@ -37,7 +37,7 @@ from .calls.caller import Caller
 from .calls.gathering import Gathering
 from .calls.outbox import Outbox
 from .calls.server import Server
-from .calls.supervision import SupervisionPolicy
+from .calls.supervision import SupervisionPolicy, unhandled
 from .completion import Completion
 from .context import MeshRef, process_mesh
 from .failure import DeathInfo, MeshFailure
@@ -139,10 +139,9 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
                  python: str | None = None, fanout: int | None = None, job_ports: dict | None = None,
                  owns_rundir: bool = False):
         """Built from the leaves up; use ``for_controller``, ``for_rank`` or ``for_agent``.
-        ``address``: where the main inbox listens (default ``ipc://rundir/name``; a TCP
-        address makes every inbox of this process TCP, served with ``curve``);
-        ``hosting``: whether it serves actors and spawns meshes (not a host's agent);
-        ``member_of``: (mesh, rank) for a rank."""
+        ``address``: where the main inbox listens (default ``ipc://rundir/name``; a TCP address makes
+        every inbox of this process TCP, served with ``curve``); ``hosting``: whether it serves actors
+        and spawns meshes (not a host's agent); ``member_of``: (mesh, rank) for a rank."""
         self.key = key
         self.rundir = rundir
         self.owns_rundir = owns_rundir
@@ -163,8 +162,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.memberships: dict[str, tuple[MeshRef, int]] = {}  # mesh id -> (mesh, my rank)
         self.meshes: dict[str, OwnedMesh] = {}  # mesh id -> OwnedMesh, for meshes this process spawned
         self.warm_modules: list[str] = []  # what the template imports before forking (warm())
-        # Ports every process of the job can reach, by name: (address, port id).  The root
-        # opens them (publish_port); each rank inherits them through its launch config.
+        # Ports every process of the job reaches by name: (address, port id) (publish_port; inherited)
         self.job_ports: dict[str, tuple[str, int]] = dict(job_ports or {})
         # The dispatch table: every kind this process accepts, and the part that handles it;
         # read by the receiver at each message, filled below once the parts exist.
@@ -212,9 +210,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
                              drops=self.drops, ports=self.ports, hooks=self.hooks)
         # what a death or a failure means, and who hears it
         self.supervision = SupervisionPolicy(io=io, outbox=self.outbox, caller=self.caller, lives=self.actor_lives,
-                                             meshes=self.meshes, hooks=self.hooks, owner=self.owner,
-                                             rank_died=self.rank_died, unhandled=self.unhandled,
-                                             shutting_down=lambda: self.closed)
+                                             meshes=self.meshes, memberships=self.memberships, hooks=self.hooks,
+                                             owner=self.owner, shutting_down=lambda: self.closed)
         # templates, hosts, forks, restarts, kills
         inherited = Inherited(self.key, self.rundir, self.address, self.host, self.warm_modules, self.job_ports,
                               self.segments, owns_rundir=self.owns_rundir)
@@ -243,7 +240,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         self.outbox.pass_down(h, body)
         info = split_parts(h, body)[0].load()
         # h.mesh: the mesh it was sent down; the payload: the dead rank's own mesh
-        self.rank_died(h.payload.mesh if h.payload is not None else h.mesh, info.rank, info)
+        self.supervision.rank_died(h.payload.mesh if h.payload is not None else h.mesh, info.rank, info)
 
     def _on_revive(self, h: Header, body: list) -> None:
         self.outbox.pass_down(h, body)
@@ -271,12 +268,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
     # ------------------------------------------------------------ deaths and supervision
 
     def rank_died(self, mesh_id: str, rank: int, info: DeathInfo) -> int:
-        """On the IO thread: fail this process's calls to the rank and repair their trees.
-
-        Returns how many calls were waiting on it (and so now hold a ``ProcessDied``).
-        """
-        ref = self.meshes[mesh_id].ref if mesh_id in self.meshes else self.memberships.get(mesh_id, (None,))[0]
-        return self.caller.rank_died(mesh_id, rank, info, ref)
+        """On the IO thread: fail this process's calls to the rank (``SupervisionPolicy.rank_died``)."""
+        return self.supervision.rank_died(mesh_id, rank, info)
 
     def report_failure(self, mesh_id: str, failure: MeshFailure) -> None:
         """An unobserved failure on a mesh: give it to the mesh's supervisor."""
@@ -285,22 +278,12 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         elif mesh_id in self.memberships and self.memberships[mesh_id][0].owner != self.address:
             self.outbox.send_object(self.memberships[mesh_id][0].owner, Kind.FAILURE, mesh_id, failure)
         else:
-            self.unhandled(failure)
+            unhandled(self.hooks, failure)
 
     def report_failure_to(self, owner, failure: MeshFailure) -> None:
         """A failure of an actor mesh this process spawned: to the actor that spawned it
         (``owner``, an ActorContext; None for this process itself), on the IO thread."""
         self.io.call_soon(self.supervision.supervise_by, owner, failure)
-
-    def unhandled(self, failure: MeshFailure) -> None:
-        """Give a failure nobody handled to the unhandled hook; a broken hook is reported,
-        never allowed to stop the IO thread."""
-        try:
-            hook = self.hooks.unhandled.current()
-            if hook is not None:  # never None: the point has a default
-                hook(failure)
-        except Exception as e:  # noqa: BLE001  (the hook is user code; the loop must go on)
-            log.error("monarch_kernel: the unhandled-failure hook raised %r", e)
 
     # ------------------------------------------------------------ what upper layers may ask
 

@@ -331,17 +331,12 @@ class Parts:
                              memberships=self.memberships, network=self.network, address=address,
                              drops=self.drops, ports=self.ports, hooks=self.hooks)
         self.supervision = SupervisionPolicy(io=self.io, outbox=self.outbox, caller=self.caller, lives=self.lives,
-                                             meshes=self.meshes, hooks=self.hooks, owner=owner,
-                                             rank_died=self.rank_died, unhandled=self.unhandled.append,
-                                             shutting_down=lambda: False)
+                                             meshes=self.meshes, memberships=self.memberships, hooks=self.hooks,
+                                             owner=owner, shutting_down=lambda: False)
+        self.hooks.unhandled.install(self.unhandled.append)
 
     def report_failure(self, mesh_id: str, failure: MeshFailure) -> None:
         self.failures.append((mesh_id, failure))
-
-    def rank_died(self, mesh_id: str, rank: int, info: DeathInfo) -> int:
-        """``Runtime.rank_died``: the caller fails its calls to the rank and repairs their trees."""
-        ref = self.meshes[mesh_id].ref if mesh_id in self.meshes else self.memberships.get(mesh_id, (None,))[0]
-        return self.caller.rank_died(mesh_id, rank, info, ref)
 
     def deliver(self, sent: Sent, handler) -> None:
         """Hand one sent message to ``handler`` (a part's ``on_*``) as the peer would read it."""

@@ -7,19 +7,20 @@ waiting for becomes a supervision event for the spawning actor's ``__supervise__
 the chain of owners to the controller's unhandled-fault hook.  It decides; it never starts or ends a process.
 
 It is given what it uses, not the runtime: the IO thread, the outbox (to tell meshes and
-owners), the caller (to forget deaths), the actors' lives (whose ``__supervise__`` runs),
-the runtime's table of owned meshes, the hooks (death hooks), this process's owner, and
-three behaviours of the runtime: ``rank_died`` (fail the calls waiting on a rank), ``unhandled`` (the root's hook)
-and ``shutting_down`` (whether this process is closing).
+owners), the caller (to fail the calls waiting on a dead rank, and to forget deaths), the
+actors' lives (whose ``__supervise__`` runs), the runtime's tables of owned meshes and of
+memberships, the hooks (death hooks, the root's unhandled-failure hook), this process's
+owner, and ``shutting_down`` (whether this process is closing).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..context import actor_path, process_mesh
+from ..context import MeshRef, actor_path, process_mesh
 from ..errors import ProcessDied
 from ..failure import DeathInfo, MeshFailure
 from ..spawn.owned_mesh import OwnedMesh
@@ -34,19 +35,30 @@ if TYPE_CHECKING:
     from .caller import Caller
     from .outbox import Outbox
 
+log = logging.getLogger("monarch_kernel.runtime")
+
 
 class SupervisionPolicy:
     """Held by the runtime as ``rt.supervision``; every method runs on the IO thread."""
 
-    def __init__(self, *, io: IOThread, outbox: Outbox, caller: Caller, lives: ActorLives, meshes: dict, hooks: Hooks,
-                 owner: str | None, rank_died: Callable[[str, int, DeathInfo], int],
-                 unhandled: Callable[[MeshFailure], None], shutting_down: Callable[[], bool]):
+    def __init__(self, *, io: IOThread, outbox: Outbox, caller: Caller, lives: ActorLives,
+                 meshes: dict[str, OwnedMesh], memberships: dict[str, tuple[MeshRef, int]], hooks: Hooks,
+                 owner: str | None, shutting_down: Callable[[], bool]):
         self.io, self.outbox, self.caller, self.lives = io, outbox, caller, lives
-        self.meshes, self.hooks = meshes, hooks
+        self.meshes, self.memberships, self.hooks = meshes, memberships, hooks
         self.owner = owner  # the process that supervises this one (None: the root)
-        self.rank_died, self.unhandled, self.shutting_down = rank_died, unhandled, shutting_down
+        self.shutting_down = shutting_down
         # mesh id -> the actor meshes spawned on it: (spawner, class name, actor id, ranks)
         self._hosted: dict[str, list[tuple]] = {}
+
+    def rank_died(self, mesh_id: str, rank: int, info: DeathInfo) -> int:
+        """On the IO thread: fail this process's calls to the rank and repair their trees.
+        Returns how many calls were waiting on it (and so now hold a ``ProcessDied``)."""
+        ref = self.meshes[mesh_id].ref if mesh_id in self.meshes else self.memberships.get(mesh_id, (None,))[0]
+        return self.caller.rank_died(mesh_id, rank, info, ref)
+
+    def unhandled(self, failure: MeshFailure) -> None:
+        unhandled(self.hooks, failure)
 
     def note_hosted(self, mesh_id: str, spawner, class_name: str, actor_id: str, ranks) -> None:
         """An actor mesh was spawned on ``ranks`` of mesh ``mesh_id``, which this process
@@ -177,3 +189,14 @@ class SupervisionPolicy:
             self.supervise(om, failure)
         else:
             self.unhandled(failure)
+
+
+def unhandled(hooks: Hooks, failure: MeshFailure) -> None:
+    """Give a failure nobody handled to the unhandled hook; a broken hook is reported,
+    never allowed to stop the IO thread."""
+    try:
+        hook = hooks.unhandled.current()
+        if hook is not None:  # never None: the point has a default
+            hook(failure)
+    except Exception as e:  # noqa: BLE001  (the hook is user code; the loop must go on)
+        log.error("monarch_kernel: the unhandled-failure hook raised %r", e)
