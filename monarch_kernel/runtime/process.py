@@ -128,8 +128,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
     @classmethod
     def for_agent(cls, *, key: bytes, rundir: str, controller: str, address: str, curve: CurveKeys | None,
                   io: IOThread) -> Runtime:
-        """A host's agent's runtime: it talks to its controller (``controller``) and hosts
-        no actors and spawns nothing, so it has no server, actors, supervision or launcher."""
+        """A host's agent's runtime: it only talks to its controller (``controller``): it has
+        no caller, server, actors, supervision or launcher."""
         return cls(key=key, rundir=rundir, name="agent", io=io, owner=controller, address=address, curve=curve,
                    hosting=False)
 
@@ -140,8 +140,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
                  owns_rundir: bool = False):
         """Built from the leaves up; use ``for_controller``, ``for_rank`` or ``for_agent``.
         ``address``: where the main inbox listens (default ``ipc://rundir/name``; a TCP address makes
-        every inbox of this process TCP, served with ``curve``); ``hosting``: whether it serves actors
-        and spawns meshes (not a host's agent); ``member_of``: (mesh, rank) for a rank."""
+        every inbox of this process TCP, served with ``curve``); ``hosting``: whether it makes and serves
+        calls and spawns meshes (not a host's agent); ``member_of``: (mesh, rank) for a rank."""
         self.key = key
         self.rundir = rundir
         self.owns_rundir = owns_rundir
@@ -177,12 +177,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
                                  handlers=self.handlers)
         self.outbox = Outbox(io=io, transport=self.transport, network=self.network, inbox=self.inbox,
                              ports=self.ports, memberships=self.memberships, fanout=fanout or config.fanout())
-        # Calls made here, and the calls this process serves as a node of their tree.
-        self.caller = Caller(outbox=self.outbox, io=io, network=self.network, receiver=self.receiver,
-                             signer=self.signer, ports=self.ports, segments=self.segments,
-                             report_failure=self.report_failure)
-        self.gathering = Gathering(outbox=self.outbox, drops=self.drops, memberships=self.memberships)
-        self.handlers.update(_calling_kinds(self))
+        self.handlers.update(_every_process_kinds(self))
         if hosting:
             self._build_hosting(member_of, python)
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
@@ -197,8 +192,14 @@ class Runtime(MeshDoor, CallDoor, NetDoor):
         io.call_soon(self.receiver.watch, self.inbox)
 
     def _build_hosting(self, member_of: tuple[MeshRef, int] | None, python: str | None) -> None:
-        """The parts of a process that hosts actors and spawns meshes (all but a host's agent)."""
+        """The parts of a process that makes and serves calls and spawns meshes (all but a
+        host's agent, which only talks to its controller)."""
         io = self.io
+        # Calls made here, and the calls this process serves as a node of their tree.
+        self.caller = Caller(outbox=self.outbox, io=io, network=self.network, receiver=self.receiver,
+                             signer=self.signer, ports=self.ports, segments=self.segments,
+                             report_failure=self.report_failure)
+        self.gathering = Gathering(outbox=self.outbox, drops=self.drops, memberships=self.memberships)
         answers = Answers(outbox=self.outbox, gathering=self.gathering, signer=self.signer,
                           memberships=self.memberships, report_failure=self.report_failure)
         self.actor_lives = ActorLives(answers=answers, caller=self.caller, receiver=self.receiver,
@@ -371,11 +372,9 @@ def _by_hop(at_origin: Callable[[Header, list], None], in_tree: Callable[[Header
     return on_reply
 
 
-def _calling_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
-    """The kinds every process handles: answers to its calls, ports, wake-ups, hosts."""
+def _every_process_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
+    """The kinds every process handles, a host's agent too: ports, wake-ups, hosts."""
     return {
-        Kind.REPLY: rt.caller.on_reply,
-        Kind.NOT_RECEIVED: rt.caller.on_not_received,
         Kind.PORT: rt._on_port,
         Kind.WAKE: _nothing,
         Kind.HOST: rt._on_host,
@@ -383,8 +382,9 @@ def _calling_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
 
 
 def _hosting_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
-    """The kinds a process that hosts actors handles too."""
+    """The kinds a process that makes and serves calls handles too."""
     return {
+        Kind.NOT_RECEIVED: rt.caller.on_not_received,
         Kind.CALL: rt.server.on_call,
         Kind.SPAWN: rt.server.on_call,
         # A REPLY at hop 0 answers a call made here; at hop 1, one this rank forwarded.
