@@ -227,7 +227,8 @@ def test_the_layering_check_sees_a_violation(tmp_path):
 
 # The runtime's parts that layers above it reach only through ``Runtime``'s front door
 # (runtime/front_door.py): they may change behind it.  ``rt.io`` and ``rt.hooks`` are surfaces.
-RUNTIME_PARTS = {"launcher", "caller", "outbox", "server", "supervision", "meshes", "network", "transport"}
+RUNTIME_PARTS = {"launcher", "caller", "outbox", "server", "supervision", "meshes", "network", "transport",
+                 "gathering", "actor_lives", "rank_events", "host_links"}
 RUNTIME_NAMES = {"rt", "_rt", "runtime"}
 
 
