@@ -116,7 +116,7 @@ def test_bad_frames_on_every_inbox_are_counted_and_dropped():
 
         # The controller listens on its main inbox and on this thread's reply inbox.
         ctl_msgs = bad_messages(rt.self_mesh.id, "nobody", 0, big_frame=False)
-        for addr in (rt.address, rt.receiver.reply_inbox(rt.inbox).address):
+        for addr in (rt.address, rt.caller.reply_inboxes.mine().address):
             inject(addr, *[frames for _, frames, _ in ctl_msgs])
         ctl_expected = {k: 2 * v for k, v in expected_counts(ctl_msgs).items()}
 
@@ -142,7 +142,7 @@ def test_bad_frames_on_every_inbox_are_counted_and_dropped():
         # Bytes that are not even ZMTP, straight onto each ipc socket.  libzmq may read
         # them as legacy ZMTP/1.0 frames and deliver any number of junk messages; none
         # can pass as signed.
-        addresses = [rt.address, rt.receiver.reply_inbox(rt.inbox).address]
+        addresses = [rt.address, rt.caller.reply_inboxes.mine().address]
         for r in range(4):
             addresses += [ref.addresses[r], actor_address(ref.addresses[r], m._actor_id)]
         forged_before = [s["dropped"]["forged"] for s in rank_stats(m)] + [rt.drops.forged]
@@ -200,7 +200,7 @@ def test_forged_pickle_is_never_loaded(tmp_path):
             targets.append((ref.addresses[r], ref.id, m._actor_id, r))
             targets.append((actor_address(ref.addresses[r], m._actor_id), ref.id, m._actor_id, r))
         targets.append((rt.address, rt.self_mesh.id, "nobody", 0))
-        targets.append((rt.receiver.reply_inbox(rt.inbox).address, rt.self_mesh.id, "nobody", 0))
+        targets.append((rt.caller.reply_inboxes.mine().address, rt.self_mesh.id, "nobody", 0))
 
         paths = []
         for i, (addr, mesh_id, actor, rank) in enumerate(targets):

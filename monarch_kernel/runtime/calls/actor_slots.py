@@ -8,7 +8,7 @@ message, and are cancelled when the actor stops.  With no task alive the worker 
 its inbox directly, so a sync endpoint's call never goes through the loop.
 
 A slot is given what it uses: the network (its inbox), the receiver (reading it), the
-rank's main thread (lent to one actor that asks) and the server's ``stop_spawned``.
+rank's main thread (lent to one actor that asks) and the actors' lives' ``stop_spawned``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ActorSlot:
     def __init__(self, actor_id: str, mesh: MeshRef, rank: int, network: Network, receiver: Receiver,
                  main_thread: MainThread | None, stop_spawned: Callable[[str, float], None]):
         """``main_thread``: the rank's, if this process is a rank; ``stop_spawned(actor id,
-        timeout)``: stops what the actor spawned, as it stops (``Server.stop_spawned``)."""
+        timeout)``: stops what the actor spawned, as it stops (``ActorLives.stop_spawned``)."""
         self.actor_id = actor_id
         self.mesh = mesh
         self.rank = rank
@@ -278,7 +278,7 @@ class ActorSlot:
         """On the worker: the actor stops, as Monarch's does.  The tasks on its loop are
         cancelled (the callers of its concurrent endpoints hear of it; one that ignores it is
         left after ``cleanup_budget``), the meshes it spawned are stopped
-        (``Server.stop_spawned``), then ``__cleanup__(exc)`` runs, sync or async;
+        (``ActorLives.stop_spawned``), then ``__cleanup__(exc)`` runs, sync or async;
         what it raises is reported on stderr, never raised.  Then the instance is let go of,
         so the actor's own finalizers can run.  Once only."""
         if self.halted:
