@@ -84,7 +84,7 @@ def test_parts_are_the_runtimes_own_wired_alike():
 
 
 def test_a_fake_agent_answers_its_link_as_an_agent_does():
-    from support.fake_net import FakeAgent, Hosting
+    from support.fake_hosts import FakeAgent, Hosting
 
     with Hosting() as h:
         agent = FakeAgent(h, "hostA", "10.0.0.1")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from support.fake_net import FakeAgent, Hosting
+from support.fake_hosts import FakeAgent, Hosting
 
 from monarch_kernel.runtime.spawn import host_messages as hw
 from monarch_kernel.runtime.wire.envelope import Kind
