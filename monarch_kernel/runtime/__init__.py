@@ -83,8 +83,6 @@ if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and
     from .spawn import proc_stats as proc_stats
     from .spawn import rank_logging as rank_logging
     from .spawn import stack_dump as stack_dump
-    from .spawn import worker_key as worker_key
-    from .spawn import worker_wire as worker_wire
     from .spawn.agent_link import AgentLink
     from .spawn.capacity import (
         PID_MAX_LIMIT,
@@ -137,7 +135,7 @@ _MODULES = {
     "private_files": "private_files",
     # the wire formats that agents, jobs and the data plane speak
     "agent_channel": "spawn.agent_channel", "host_messages": "spawn.host_messages",
-    "worker_wire": "spawn.worker_wire", "worker_key": "spawn.worker_key", "segments": "wire.segments",
+    "segments": "wire.segments",
     # looking at processes and hosts
     "hosts": "net.hosts", "rejects": "wire.rejects", "gpus": "gpus",
     "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "spawn.rank_logging",
@@ -153,7 +151,7 @@ __all__ = [
     "diagnostics", "dumps", "dumps_plain", "gpus", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
     "loads", "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh",
     "raise_nofile_limit", "rank_label", "rank_logging", "rejects", "segments", "stack_dump",
-    "template_files_shortfall", "worker_key", "worker_wire",
+    "template_files_shortfall",
 ]
 
 

@@ -167,7 +167,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "each other"),
     _s("agent_silent", 2.5, "runtime/spawn/agent_channel.py", "silence after which an agent or its controller declares "
        "the other gone; checked every `agent_beat`, so a dead host is declared within 3 s"),
-    _s("worker_handshake", 5.0, "runtime/spawn/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
+    _s("worker_handshake", 5.0, "agent/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
        "has, in all, to prove it holds the key, and then to hand over the job's credentials"),
     _s("worker_first_proof", 1.0, "agent/worker.py", "how long a connection to a worker has to begin its proof (a "
        "controller does one round trip after the greeting)"),

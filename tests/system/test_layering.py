@@ -27,12 +27,13 @@ ALLOWED = {
     "actor": {"runtime", "observe"},
     "tensors": {"runtime", "actor"},
     "data": {"runtime", "actor"},
-    "job": {"runtime", "actor"},
+    "job": {"runtime", "actor", "agent"},  # agent/: the worker's wire and key, which the job speaks too
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
     "detached": {"runtime", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
+    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors",
+               "agent"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).
