@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and
     from . import diagnostics as diagnostics
     from . import gpus as gpus
     from . import private_files as private_files
+    from . import rank_logging as rank_logging
     from .calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK, STOP_METHOD, in_actor_event_loop
     from .completion import Completion
     from .context import MeshRef, actor_path, current_actor, new_actor_id, process_mesh
@@ -81,7 +82,6 @@ if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and
     from .spawn import agent_channel as agent_channel
     from .spawn import host_messages as host_messages
     from .spawn import proc_stats as proc_stats
-    from .spawn import rank_logging as rank_logging
     from .spawn import stack_dump as stack_dump
     from .spawn.agent_link import AgentLink
     from .spawn.capacity import (
@@ -138,7 +138,7 @@ _MODULES = {
     "segments": "wire.segments",
     # looking at processes and hosts
     "hosts": "net.hosts", "rejects": "wire.rejects", "gpus": "gpus",
-    "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "spawn.rank_logging",
+    "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "rank_logging",
 }
 
 # every name above; tests/system/test_layering.py reads it as the front door

@@ -15,7 +15,7 @@ import inspect
 import os
 import sys
 
-from . import config, diagnostics
+from . import config, diagnostics, rank_logging
 from .calls import finalize
 from .calls.main_thread import MainThread
 from .context import process_mesh
@@ -24,7 +24,6 @@ from .limits import raise_nofile_limit
 from .net.hosts import enter_netns
 from .net.io_thread import IOThread
 from .process import Runtime
-from .spawn import rank_logging
 from .spawn.host_messages import RankHello
 from .spawn.launch_config import LaunchConfig
 from .spawn.template_channel import MAX_CONTROL
