@@ -33,7 +33,7 @@ import time
 
 import zmq
 
-from ..runtime import Gatekeeper, config, diagnostics, hosts, rejects
+from ..runtime.hosting import Gatekeeper, config, diagnostics, hosts, rejects
 from . import worker_key
 from . import worker_wire as wire
 

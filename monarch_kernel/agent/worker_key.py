@@ -19,7 +19,7 @@ import secrets
 import zmq
 import zmq.utils.z85
 
-from ..runtime import CurveKeys, private_files
+from ..runtime.hosting import CurveKeys, private_files
 
 PREFIX = "monarch-kernel-key-1 "
 KEY_BYTES = 32

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from ..runtime import config
-from ..runtime import host_messages as hw
+from ..runtime.hosting import config
+from ..runtime.hosting import host_messages as hw
 from .worker_key import mac, session_key
 
 # The worker wire's messages are host messages (one msgpack encoding each, checked on decoding).

@@ -17,7 +17,7 @@ import time
 
 from ..actor.host_mesh import HostMesh
 from ..agent import worker_key
-from ..runtime import Runtime, config
+from ..runtime.hosting import Runtime, config
 from .agents import controller_address
 from .job import JobTrait
 from .worker_session import WorkerSession, parse_worker

@@ -20,7 +20,7 @@ import zmq
 
 from ..agent import worker_key
 from ..agent import worker_wire as wire
-from ..runtime import AgentLink, Runtime, config, hosts
+from ..runtime.hosting import AgentLink, Runtime, config, hosts
 
 M = TypeVar("M", bound=wire.Message)
 RETRY_S = config.seconds("worker_retry")
