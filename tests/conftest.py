@@ -70,7 +70,7 @@ def _marked_processes() -> list[psutil.Process]:
 
 def _is_template(p: psutil.Process) -> bool:
     try:
-        return "template_server import serve" in " ".join(p.cmdline())
+        return "template.server import serve" in " ".join(p.cmdline())
     except psutil.Error:
         return False
 

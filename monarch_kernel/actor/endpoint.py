@@ -183,9 +183,9 @@ class Endpoint:
         what = f"{m._class_name}.{self._name}"
         hosts = m._proc_ref.hosts
         with tensor_shim.pinned_for(m._proc_ref.id) as handles:  # the distributed tensors pickled, if any
-            if rt.segments is not None and all(hosts[r] == rt.host for r in ranks):
+            if rt.shares_memory() and all(hosts[r] == rt.host for r in ranks):
                 # Same host: large arrays and tensors go through shared memory.
-                with rt.segments.track() as created:
+                with rt.tracking_segments() as created:
                     body = encode_args(what, args, kwargs)
             else:
                 body, created = encode_args(what, args, kwargs), None
@@ -194,7 +194,7 @@ class Endpoint:
                               on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
         except BaseException:
             if created:
-                rt.segments.unlink(created)
+                rt.unlink_segments(created)
             raise
         if handles:
             # The distributed tensors in the arguments live until the call is answered: a

@@ -109,7 +109,7 @@ class Future(Generic[R]):
                     "use `await fut` instead"
                 )
             self._begin()
-            if not (rt.receiver.wait(c, timeout, self._inbox) if rt is not None else c.wait(timeout)):
+            if not (rt.wait_for(c, timeout, self._inbox) if rt is not None else c.wait(timeout)):
                 raise TimeoutError(
                     f"no answer within {timeout} s (the call is still running; .get() again to keep waiting)")
         return self._finish()
@@ -128,7 +128,7 @@ class Future(Generic[R]):
     def _watched(self) -> None:
         """Nobody will block on the inbox: let the IO thread read it."""
         if self._inbox is not None and not self._completion.done():
-            Runtime.current().receiver.watch(self._inbox)
+            Runtime.current().watch_inbox(self._inbox)
 
     def __await__(self):
         if not self._completion.done():

@@ -3,7 +3,7 @@
 Ranks' stdout and stderr always stream to the controller, and a rank's log records reach it
 as on a plain Python (WARNING and up, the message alone); what this sets is the level of the
 rank's log handler and Monarch's ``[actor=...]`` prefix on records made in actors
-(``runtime/spawn/rank_logging.py``), through one small actor per mesh handle, spawned the first
+(``runtime/rank_logging.py``), through one small actor per mesh handle, spawned the first
 time it is asked.
 """
 

@@ -89,5 +89,5 @@ class Channel(Generic[R]):
         """A port and its receiver; values sent to the port from any process queue up."""
         rt = Runtime.current()
         receiver: PortReceiver[R] = PortReceiver()
-        port_id = rt.ports.open(receiver._deliver, once=once)
+        port_id = rt.open_port(receiver._deliver, once=once)
         return Port(rt.port_address, port_id), receiver

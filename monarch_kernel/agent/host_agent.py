@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from ..runtime import (
+from ..runtime.hosting import (
     IOThread,
     LaunchConfig,
     Runtime,
@@ -28,9 +28,9 @@ from ..runtime import (
     raise_nofile_limit,
     template_files_shortfall,
 )
-from ..runtime import agent_channel as wire
-from ..runtime import config as settings
-from ..runtime import host_messages as hw
+from ..runtime.hosting import agent_channel as wire
+from ..runtime.hosting import config as settings
+from ..runtime.hosting import host_messages as hw
 from . import host_paths
 
 

@@ -33,8 +33,9 @@ import time
 
 import zmq
 
-from ..runtime import Gatekeeper, config, diagnostics, hosts, rejects, worker_key
-from ..runtime import worker_wire as wire
+from ..runtime.hosting import Gatekeeper, config, diagnostics, hosts, rejects
+from . import worker_key
+from . import worker_wire as wire
 
 log = logging.getLogger(__name__)
 

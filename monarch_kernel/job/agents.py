@@ -17,8 +17,8 @@ import subprocess
 import threading
 import time
 
-from ..runtime import Runtime, config
-from ..runtime import agent_channel as wire
+from ..runtime.hosting import Runtime, config
+from ..runtime.hosting import agent_channel as wire
 from .tunnels import port_taken
 
 AGENT_MODULE = "monarch_kernel.agent"

@@ -16,7 +16,8 @@ import os
 import time
 
 from ..actor.host_mesh import HostMesh
-from ..runtime import Runtime, config, worker_key
+from ..agent import worker_key
+from ..runtime.hosting import Runtime, config
 from .agents import controller_address
 from .job import JobTrait
 from .worker_session import WorkerSession, parse_worker

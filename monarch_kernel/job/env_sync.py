@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..runtime import config
+from ..runtime.hosting import config
 from . import env_host
 
 MARGIN = 256 << 20  # free space a host keeps beyond what the units need

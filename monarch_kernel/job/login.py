@@ -22,7 +22,7 @@ import subprocess
 import threading
 import time
 
-from ..runtime import Runtime, config
+from ..runtime.hosting import Runtime, config
 from .tunnels import Tunnels, _ip, _port
 
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "login_relay.py")

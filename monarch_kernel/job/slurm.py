@@ -18,8 +18,8 @@ import sys
 import time
 
 from ..actor.host_mesh import HostMesh
-from ..runtime import Runtime, config, counted
-from ..runtime import hosts as host_names
+from ..runtime.hosting import Runtime, config, counted
+from ..runtime.hosting import hosts as host_names
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait

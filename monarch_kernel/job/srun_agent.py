@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from ..runtime import agent_channel
+from ..runtime.hosting import agent_channel
 from .agents import AgentProcess
 
 AGENT_STEP = "monarch-agent"  # the srun steps' name, which the hold script looks for

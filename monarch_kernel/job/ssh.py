@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
 from ..actor.host_mesh import HostMesh
-from ..runtime import Runtime, config
-from ..runtime import hosts as host_names
+from ..runtime.hosting import Runtime, config
+from ..runtime.hosting import hosts as host_names
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait

@@ -18,8 +18,9 @@ from typing import TypeVar
 
 import zmq
 
-from ..runtime import AgentLink, Runtime, config, hosts, worker_key
-from ..runtime import worker_wire as wire
+from ..agent import worker_key
+from ..agent import worker_wire as wire
+from ..runtime.hosting import AgentLink, Runtime, config, hosts
 
 M = TypeVar("M", bound=wire.Message)
 RETRY_S = config.seconds("worker_retry")

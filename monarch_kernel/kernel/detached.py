@@ -141,7 +141,7 @@ def attach(session, name: str) -> Attached:
         elif message[0] == "death":
             rt.rank_died(*message[1:])
 
-    port_id = rt.ports.open(forwarded, once=False)
+    port_id = rt.open_port(forwarded, once=False)
     before = host.attach.call_one(Port(rt.port_address, port_id), os.getpid(), this_kernel()).get(timeout=30)
     for row in host.status.call_one().get(timeout=30):
         if row["death"]:  # it died while no kernel was attached

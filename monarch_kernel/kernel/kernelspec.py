@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def new_key(path: str) -> int:
-    from ..runtime import worker_key
+    from ..agent import worker_key
 
     try:
         made = worker_key.new_key_file(path)

@@ -1,171 +1,119 @@
 """The engine under the public API (internal): processes, sockets, messages, calls.  It never
-imports the layers above it.
+imports the layers above it.  Its rooms, by the process that runs each, and its two doors are
+drawn in docs/how-it-works.md.
 
-Its layers, lowest first.  A module imports only from its own layer or below; the exceptions
-are lazy or for types only, and are named.  tests/system/test_layering.py checks that no
-two rooms (sub-packages) import each other.
+This module is the main door: what the actor, kernel and data layers (and every layer above
+runtime/ but agent/ and job/) may import, ``from ..runtime import X``.  Agents and jobs come
+in by the second door, ``runtime/hosting.py``.  Past the names, they use the methods of
+``Runtime`` (front_door.py, local_door.py), ``rt.io`` and ``rt.hooks``; a part's state is never
+a name here.  tests/system/test_layering.py checks both doors.
 
-  leaves         config, context, completion, limits, diagnostics, failure (plain records),
-                 errors (the runtime's exceptions), rank_sets (rank lists as text),
-                 private_files (folders and files of this user's alone), gpus (which GPU
-                 a rank uses; it imports net.hosts lazily, for the host's name)
-  wire/          the bytes between processes: envelope and kinds, typed payloads, signing
-                 (auth), framing, the optional C codec (native, _wire), Curve keys, pickling
-                 (serialize) and shared-memory segments.  Imports only config.
-  spawn/         processes coming and going: the launcher and launch_config, the template's
-                 client, channel and fork, host agents' messages and channel, workers, the
-                 process tree, rank output and logging, stack sampling, proc stats.  Stands
-                 on wire/.  (template_fork imports rank inside the forked child, lazily.)
-  hooks          the runtime's extension points (uses spawn's host messages and rank output)
-  net/           messages moving: the IO thread, inboxes, the receiver, the transport,
-                 datagrams, unfinished sends, the network, hosts, ports.  Stands on wire/.
-  calls/         what a message means: outstanding calls, the caller, the outbox (every
-                 message sent), the server and its actor slots, the multicast tree and the
-                 calls gathering answers through this rank (gathering), supervision,
-                 finalize, the main thread.
-                 Stands on net/, spawn/ and wire/.
-  front_door     what the layers above may ask of the parts, as methods of ``Runtime``
-  process        ``Runtime``: the composition of the parts, one per process.  Each part
-                 is given the collaborators it uses (the transport, the network, the
-                 outbox, a bound method...), never the runtime.
-  rank, template_server   the entry points of a rank and of the template
-
-The front door.  The layers above import from this package only (``from ..runtime import
-Runtime``), never a module under it; tests/system/test_layering.py checks it, lazy and
-type-only imports included.  What they get is the names in ``__all__``, then the methods of
-``Runtime`` (front_door.py), ``rt.io`` and ``rt.hooks``.  The names, by what they are for:
-
-  the process    ``Runtime`` and the ``IOThread`` an agent builds one on, ``Completion``,
-                 who is running (context: ``current_actor``, ``process_mesh``...), the
-                 settings (``config``), the log's handler of last resort (``diagnostics``)
-                 and folders and files of this user's alone (``private_files``)
-  records, errors   what a failure or a death says, the runtime's exceptions, rank lists
-                 as text, and whether a host has room (``NoRoom``, the ``*_shortfall``s)
-  actor calls    what a call is made of: the envelope's ``Kind``/``Mode``/``Part``/
-                 ``Status``, the payloads, pickling, and the marks the server looks for on
-                 an actor's endpoints
-  wire formats   what agents, jobs and the data plane speak, each exported as its module
-                 (the module is the format: messages, encoding, constants): ``host_messages``,
-                 ``agent_channel``, ``worker_wire``, ``worker_key``, ``segments``; and the
-                 pieces an agent runs a host with (``TemplateClient``, ``LaunchConfig``,
-                 ``loopback_for``, Curve keys) or a job holds one by (``AgentLink``)
-  looking at processes   modules too: ``hosts`` (which host this is), ``gpus`` (which GPU a
-                 rank uses, and the collective backend a group can use), ``rejects`` (input
-                 refused, counted), ``proc_stats``, ``stack_dump``, ``rank_logging``
-
-A part's state is never a name here: what an upper layer needs of it is a method of
-``Runtime``.  Importing this package imports nothing: each name loads its module when first
-asked for (PEP 562).
+The names are written once, as the imports under ``TYPE_CHECKING`` below: type checkers read
+them there, and ``lazy_names`` reads the same lines to load each name's module when it is
+first asked for (PEP 562), so importing this package imports nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and _MODULES
+if TYPE_CHECKING:
+    # isort: off
+    # the process: its runtime, who is running, its settings, its log's handler of last resort,
+    # folders and files of this user's alone
     from . import config as config
     from . import diagnostics as diagnostics
-    from . import gpus as gpus
     from . import private_files as private_files
-    from .calls.actor_slots import CONCURRENT_MARK, ENDPOINT_MARK, STOP_METHOD, in_actor_event_loop
-    from .completion import Completion
-    from .context import MeshRef, actor_path, current_actor, new_actor_id, process_mesh
-    from .errors import ActorError, MeshStopped, ProcessDied, SendFailed
-    from .failure import DeathInfo, MeshFailure, RemoteFailure
-    from .limits import raise_nofile_limit
-    from .net import hosts as hosts
-    from .net.io_thread import IOThread
-    from .net.transport import loopback_for
-    from .process import Runtime
-    from .rank_sets import RankSpecError, counted, parse_ranks, rank_label
-    from .spawn import agent_channel as agent_channel
-    from .spawn import host_messages as host_messages
-    from .spawn import proc_stats as proc_stats
-    from .spawn import rank_logging as rank_logging
-    from .spawn import stack_dump as stack_dump
-    from .spawn import worker_key as worker_key
-    from .spawn import worker_wire as worker_wire
-    from .spawn.agent_link import AgentLink
-    from .spawn.capacity import (
-        PID_MAX_LIMIT,
-        NoRoom,
-        Shortfall,
-        controller_files_shortfall,
-        host_shortfall,
-        template_files_shortfall,
+    from .completion import Completion as Completion
+    from .context import (
+        MeshRef as MeshRef, actor_path as actor_path, current_actor as current_actor, new_actor_id as new_actor_id,
+        process_mesh as process_mesh,
     )
-    from .spawn.launch_config import LaunchConfig
-    from .spawn.template_client import TemplateClient
-    from .wire import rejects as rejects
+    from .process import Runtime as Runtime
+
+    # records and errors: what a failure or a death says, the runtime's exceptions, rank lists
+    # as text, and whether a host has room for more ranks
+    from .errors import (
+        ActorError as ActorError, MeshStopped as MeshStopped, ProcessDied as ProcessDied, SendFailed as SendFailed,
+    )
+    from .failure import DeathInfo as DeathInfo, MeshFailure as MeshFailure, RemoteFailure as RemoteFailure
+    from .rank_sets import (
+        RankSpecError as RankSpecError, counted as counted, parse_ranks as parse_ranks, rank_label as rank_label,
+    )
+    from .spawn.capacity import (
+        PID_MAX_LIMIT as PID_MAX_LIMIT, NoRoom as NoRoom, Shortfall as Shortfall,
+        controller_files_shortfall as controller_files_shortfall, host_shortfall as host_shortfall,
+    )
+
+    # what an actor call is made of: the envelope's enums, the payloads, pickling, the marks the
+    # server looks for on an actor's endpoints, the shared-memory segments of large arguments
+    from .calls.actor_slots import (
+        CONCURRENT_MARK as CONCURRENT_MARK, ENDPOINT_MARK as ENDPOINT_MARK, STOP_METHOD as STOP_METHOD,
+        in_actor_event_loop as in_actor_event_loop,
+    )
     from .wire import segments as segments
-    from .wire.curve import CurveKeys, Gatekeeper
-    from .wire.envelope import Kind, Mode, Part, Status
-    from .wire.payloads import CallInfo, SpawnInfo
-    from .wire.serialize import describe_unpicklable, dumps, dumps_plain
-    from .wire.unpickling import loads
+    from .wire.curve import CurveKeys as CurveKeys
+    from .wire.envelope import Kind as Kind, Mode as Mode, Part as Part, Status as Status
+    from .wire.payloads import CallInfo as CallInfo, SpawnInfo as SpawnInfo
+    from .wire.serialize import describe_unpicklable as describe_unpicklable, dumps as dumps, dumps_plain as dumps_plain
+    from .wire.unpickling import loads as loads
 
-# name -> the module (under runtime/) that defines it
-_WHERE = {
-    # the process and its front door
-    "Runtime": "process", "IOThread": "net.io_thread", "Completion": "completion",
-    "MeshRef": "context", "actor_path": "context", "current_actor": "context", "new_actor_id": "context",
-    "process_mesh": "context", "in_actor_event_loop": "calls.actor_slots", "raise_nofile_limit": "limits",
-    # records and errors
-    "ActorError": "errors", "ProcessDied": "errors", "SendFailed": "errors", "MeshStopped": "errors",
-    "DeathInfo": "failure", "MeshFailure": "failure", "RemoteFailure": "failure",
-    "RankSpecError": "rank_sets", "parse_ranks": "rank_sets", "rank_label": "rank_sets", "counted": "rank_sets",
-    "NoRoom": "spawn.capacity", "Shortfall": "spawn.capacity", "PID_MAX_LIMIT": "spawn.capacity",
-    "host_shortfall": "spawn.capacity", "controller_files_shortfall": "spawn.capacity",
-    "template_files_shortfall": "spawn.capacity",
-    # what an actor call is made of
-    "ENDPOINT_MARK": "calls.actor_slots", "CONCURRENT_MARK": "calls.actor_slots", "STOP_METHOD": "calls.actor_slots",
-    "Kind": "wire.envelope", "Mode": "wire.envelope", "Part": "wire.envelope", "Status": "wire.envelope",
-    "CallInfo": "wire.payloads", "SpawnInfo": "wire.payloads",
-    "dumps": "wire.serialize", "dumps_plain": "wire.serialize", "describe_unpicklable": "wire.serialize",
-    "loads": "wire.unpickling",
-    # the wire formats that agents, jobs and the data plane speak
-    "AgentLink": "spawn.agent_link", "LaunchConfig": "spawn.launch_config", "TemplateClient": "spawn.template_client",
-    "loopback_for": "net.transport", "CurveKeys": "wire.curve", "Gatekeeper": "wire.curve",
-}
-
-# name -> a module exported whole (the module is the concept: a format's messages, encoding and
-# constants), under the name its callers use
-_MODULES = {
-    # the process's settings and its log's handler of last resort
-    "config": "config", "diagnostics": "diagnostics",
-    # folders and files of this user's alone, on a machine shared with others
-    "private_files": "private_files",
-    # the wire formats that agents, jobs and the data plane speak
-    "agent_channel": "spawn.agent_channel", "host_messages": "spawn.host_messages",
-    "worker_wire": "spawn.worker_wire", "worker_key": "spawn.worker_key", "segments": "wire.segments",
-    # looking at processes and hosts
-    "hosts": "net.hosts", "rejects": "wire.rejects", "gpus": "gpus",
-    "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "spawn.rank_logging",
-}
-
-# every name above; tests/system/test_layering.py reads it as the front door
-__all__ = [
-    "ActorError", "AgentLink", "CONCURRENT_MARK", "CallInfo", "Completion", "CurveKeys", "DeathInfo",
-    "ENDPOINT_MARK", "Gatekeeper", "IOThread", "Kind", "LaunchConfig", "MeshFailure", "MeshRef", "MeshStopped",
-    "Mode", "NoRoom", "PID_MAX_LIMIT", "Part", "ProcessDied", "RankSpecError", "RemoteFailure", "Runtime",
-    "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
-    "agent_channel", "config", "controller_files_shortfall", "counted", "current_actor", "describe_unpicklable",
-    "diagnostics", "dumps", "dumps_plain", "gpus", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
-    "loads", "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh",
-    "raise_nofile_limit", "rank_label", "rank_logging", "rejects", "segments", "stack_dump",
-    "template_files_shortfall", "worker_key", "worker_wire",
-]
+    # looking at processes and hosts, each a module: which host this is, which GPU a rank uses,
+    # input refused (counted), a rank's CPU and memory, its threads' stacks, its log records
+    from . import gpus as gpus
+    from . import rank_logging as rank_logging
+    from .net import hosts as hosts
+    from .spawn import proc_stats as proc_stats
+    from .spawn import stack_dump as stack_dump
+    from .wire import rejects as rejects
+    # isort: on
 
 
-def __getattr__(name: str):
-    """Load a front-door name's module on first use (PEP 562)."""
-    import importlib
+def lazy_names(door: str, path: str) -> tuple[Any, Any]:
+    """``(__getattr__, __dir__)`` for the door module ``door`` (its ``__name__``) whose source
+    is ``path``: the names its ``if TYPE_CHECKING:`` block imports, each loaded on first use.
+    ``__all__`` is asked of ``__getattr__`` too.  (scientific Python's ``lazy_loader`` reads a
+    stub file the same way.)"""
+    table: dict[str, tuple[str, str]] = {}  # name -> (module to import from, its name there)
 
-    if name in _MODULES:
-        value = importlib.import_module(f".{_MODULES[name]}", __name__)
-    elif name in _WHERE:
-        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+    def read() -> dict[str, tuple[str, str]]:
+        if not table:
+            import ast
+            import importlib.util
+
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+            for block in ast.parse(source).body:
+                if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING":
+                    for node in block.body:
+                        assert isinstance(node, ast.ImportFrom), f"{path}: only 'from . import' lines in the door"
+                        here = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                        table.update({a.asname or a.name: (here, a.name) for a in node.names})
+        return table
+
+    package = door if path.endswith("__init__.py") else door.rpartition(".")[0]
+
+    def __getattr__(name: str) -> Any:
+        import importlib
+        import sys
+
+        if name == "__all__":
+            return sorted(read())
+        if name not in read():
+            raise AttributeError(f"module {door!r} has no attribute {name!r}")
+        where, there = table[name]
+        if where == door:  # a module of this package: ``from . import config``
+            value: Any = importlib.import_module(f"{where}.{there}")
+        else:  # as ``from where import there`` would: a name of that module, else its submodule
+            module = importlib.import_module(where)
+            value = getattr(module, there) if hasattr(module, there) else importlib.import_module(f"{where}.{there}")
+        setattr(sys.modules[door], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(read())
+
+    return __getattr__, __dir__
+
+
+__getattr__, __dir__ = lazy_names(__name__, __file__)

@@ -44,6 +44,7 @@ from .failure import DeathInfo, MeshFailure
 from .front_door import CallDoor, MeshDoor, NetDoor
 from .hooks import Hooks
 from .limits import open_files_limit, raise_nofile_limit
+from .local_door import LocalDoor
 from .net import unfinished
 from .net.inbox import Inbox
 from .net.io_thread import IOThread
@@ -69,7 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("monarch_kernel.runtime")
 
 
-class Runtime(MeshDoor, CallDoor, NetDoor):
+class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
     _current: Runtime | None = None
     _create_lock = threading.Lock()
 

@@ -15,14 +15,13 @@ import inspect
 import os
 import sys
 
-from . import config, diagnostics
+from . import config, diagnostics, rank_logging
 from .calls import finalize
 from .calls.main_thread import MainThread
 from .failure import RemoteFailure
 from .limits import raise_nofile_limit
 from .net.hosts import enter_netns
 from .process import Runtime
-from .spawn import rank_logging
 from .spawn.host_messages import RankHello
 from .spawn.launch_config import LaunchConfig
 from .spawn.template_channel import MAX_CONTROL

@@ -161,13 +161,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("tensor_stream_join", 5.0, "tensors/rank/streams.py", "how long a closing tensor engine waits for each "
        "of its streams' threads to finish what it runs"),
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
-    _s("template_beats", 0.25, "runtime/template_server.py", "how often a template passes its ranks' beats "
+    _s("template_beats", 0.25, "runtime/template/server.py", "how often a template passes its ranks' beats "
        "on, together (a beat reaches the owner at most 1.25 s old)"),
     _s("agent_beat", 0.5, "runtime/spawn/agent_channel.py", "how often a host agent and its controller beat to "
        "each other"),
     _s("agent_silent", 2.5, "runtime/spawn/agent_channel.py", "silence after which an agent or its controller declares "
        "the other gone; checked every `agent_beat`, so a dead host is declared within 3 s"),
-    _s("worker_handshake", 5.0, "runtime/spawn/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
+    _s("worker_handshake", 5.0, "agent/worker_wire.py", "how long a connection to a worker (`agent --listen`) "
        "has, in all, to prove it holds the key, and then to hand over the job's credentials"),
     _s("worker_first_proof", 1.0, "agent/worker.py", "how long a connection to a worker has to begin its proof (a "
        "controller does one round trip after the greeting)"),
@@ -175,12 +175,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "ranks of the controller before (or turned it away as too busy) tries again after this"),
     _s("worker_agent_end", 10.0, "agent/worker.py", "how long a worker waits for the agent of a controller that "
        "let go of it (or vanished) to end its ranks before it kills the agent"),
-    _s("orphan_sweep_first", 0.2, "runtime/template_server.py", "after a rank exits, when its template first "
+    _s("orphan_sweep_first", 0.2, "runtime/template/server.py", "after a rank exits, when its template first "
        "looks for the rank's orphaned children"),
-    _s("orphan_sweep_last", 1.0, "runtime/template_server.py", "... and when it looks the last time"),
+    _s("orphan_sweep_last", 1.0, "runtime/template/server.py", "... and when it looks the last time"),
     _s("port_guard_every", 10.0, "kernel/port_guard.py", "how often the kernel says, in one line of its log, "
        "how many malformed frames reached its Jupyter ports (between, they are only counted)"),
-    _s("stack_dump", 10.0, "runtime/spawn/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
+    _s("stack_dump", 10.0, "runtime/template/stack_sampler.py", "how long one `py-spy dump` of a rank may take "
        "before its template kills it (`%mesh stacks`)"),
     _s("collectives_ask", 5.0, "spmd/controller/collectives.py", "how long `%mesh collectives` waits for each rank "
        "to say where it is in its collectives (one in C code holding the GIL cannot)"),

@@ -42,7 +42,7 @@ class RendezvousServer:
         self._ops: dict[str, Callable[..., Any]] = {
             "set": t.set, "multi_set": t.multi_set, "add": t.add, "compare_set": t.compare_set, "append": t.append,
             "delete_key": t.delete_key, "num_keys": t.num_keys, "check": t.check}
-        self._port_id = self._rt.ports.open(self._on_request, once=False)
+        self._port_id = self._rt.open_port(self._on_request, once=False)
         self.port: Port = Port(self._rt.port_address, self._port_id)
 
     def _on_request(self, part: Part) -> None:
@@ -77,7 +77,7 @@ class RendezvousServer:
 
     def close(self) -> None:
         """Stop serving: the keys go, pending waits fail, later requests are dropped."""
-        self._rt.ports.close(self._port_id)
+        self._rt.close_port(self._port_id)
         self.table.close()
 
 
@@ -102,7 +102,7 @@ class KeeperClient:
                 raise TimeoutError(str(e.__cause__)) from None
             raise
         except TimeoutError:
-            Runtime.current().ports.close(reply.port_id)  # a late answer finds no port
+            Runtime.current().close_port(reply.port_id)  # a late answer finds no port
             raise TimeoutError(f"the rendezvous (in the controller) did not answer {op} within {limit:g} s") from None
 
 

@@ -27,10 +27,10 @@ from support.cluster import veth_namespace
 from support.kernels import assert_gone, running
 
 from monarch_kernel import Actor, ProcessDied, attach_to_workers, endpoint, run_worker_loop_forever
+from monarch_kernel.agent import worker_wire
 from monarch_kernel.agent.worker import MAX_UNAUTHENTICATED_PER_PEER
+from monarch_kernel.agent.worker_key import KeyFileError, new_key_file
 from monarch_kernel.job import AttachJob, job_load
-from monarch_kernel.runtime.spawn import worker_wire
-from monarch_kernel.runtime.spawn.worker_key import KeyFileError, new_key_file
 
 pytestmark = pytest.mark.timeout(120)
 # What a script that imports this module puts on sys.path: its folder, and tests/ (the helpers).

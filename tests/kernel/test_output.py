@@ -14,7 +14,7 @@ from support.config import configured
 
 from monarch_kernel.kernel.output import HOLD_S, Collapser, CollapsingSink
 from monarch_kernel.runtime.spawn.rank_output import LineReader
-from monarch_kernel.runtime.template_server import READ_SIZE
+from monarch_kernel.runtime.template.server import READ_SIZE
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,11 +24,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from monarch_kernel.agent import worker_wire
 from monarch_kernel.data import wire as data_wire
 from monarch_kernel.debug import messages as debug_messages
 from monarch_kernel.debug.dap import DapClient, FrameError, FrameReader, encode
 from monarch_kernel.kernel.panel.messages import MessageError, Request
-from monarch_kernel.runtime.spawn import agent_channel, host_messages, template_channel, worker_wire
+from monarch_kernel.runtime.spawn import agent_channel, host_messages, template_channel
 from monarch_kernel.runtime.wire import framing, rejects
 from monarch_kernel.runtime.wire.auth import MAC_LEN, Dropped, Signer
 from monarch_kernel.runtime.wire.envelope import Header, Kind, Part, Status, join_parts

@@ -15,14 +15,15 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from monarch_kernel.runtime import template_server
 from monarch_kernel.runtime.context import MeshRef
-from monarch_kernel.runtime.spawn import host_messages, template_channel, template_client, template_fork
+from monarch_kernel.runtime.spawn import host_messages, template_channel, template_client
 from monarch_kernel.runtime.spawn.launch_config import LaunchConfig
+from monarch_kernel.runtime.template import fork as template_fork
+from monarch_kernel.runtime.template import server as template_server
 
 pytestmark = pytest.mark.timeout(60)
 
-RUNTIME = Path(template_server.__file__).parent
+RUNTIME = Path(template_server.__file__).parent.parent
 
 REF = MeshRef("m1a2b3c4", "gpus", (("hosts", 2), ("gpus", 2)),
               tuple(f"ipc:///tmp/run/m1a2b3c4.{r}" for r in range(4)), "ipc:///tmp/run/c42", ("h0",) * 4)
@@ -111,7 +112,7 @@ def state():
             "wakeup_fd": wakeup, "environ": dict(os.environ), "atexit": atexit._ncallbacks(),
             "breakpointhook": repr(sys.breakpointhook), "excepthook": repr(sys.excepthook)}
 before = state()
-import monarch_kernel.runtime.template_server, monarch_kernel.runtime.spawn.template_client
+import monarch_kernel.runtime.template.server, monarch_kernel.runtime.spawn.template_client
 import monarch_kernel.runtime.spawn.template_channel, monarch_kernel.runtime.spawn.launch_config
 import monarch_kernel.runtime.spawn.host_messages
 print(json.dumps({"before": before, "after": state()}))
@@ -139,19 +140,19 @@ def _module_level_imports(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("module", ["spawn/template_client", "template_server", "spawn/template_fork",
-                                    "spawn/template_channel", "spawn/host_messages", "spawn/process_tree",
+@pytest.mark.parametrize("module", ["spawn/template_client", "template/server", "template/fork",
+                                    "spawn/template_channel", "spawn/host_messages", "template/process_tree",
                                     "spawn/launch_config"])
 def test_template_modules_do_not_import_the_rank_or_runtime_at_import_time(module):
     imported = _module_level_imports(RUNTIME / f"{module}.py")
     assert not imported & {"rank", "process", "supervision", "launcher", "serving"}, imported
     if module == "spawn/template_client":
-        assert "template_server" not in imported, "the controller's side imports the template's"
+        assert not any("template" in m.split(".") for m in imported), "the controller's side imports the template's"
 
 
 def test_the_controller_starts_the_template_by_a_recognisable_command_line():
     # tests/conftest.py tells a template from a leaked rank by this string.
-    assert "template_server import serve" in template_client.SERVE
+    assert "template.server import serve" in template_client.SERVE
 
 
 def test_the_template_warm_up_imports_resolve():

@@ -12,7 +12,7 @@ import sys
 import pytest
 from support.other_user import as_other_user, needs_other_users, shared_folder
 
-from monarch_kernel.runtime.spawn.worker_key import KeyFileError, new_key_file, read_key_file
+from monarch_kernel.agent.worker_key import KeyFileError, new_key_file, read_key_file
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +45,7 @@ def test_a_link_at_the_key_path_is_refused(shared, tmp_path):
 def test_a_fifo_at_the_key_path_hangs_neither_the_worker_nor_the_controller(shared):
     path = os.path.join(shared, "worker.key")
     as_other_user(f"import os; os.mkfifo({path!r}, 0o666)")
-    read = subprocess.run([sys.executable, "-c", "from monarch_kernel.runtime.spawn.worker_key import read_key_file\n"
+    read = subprocess.run([sys.executable, "-c", "from monarch_kernel.agent.worker_key import read_key_file\n"
                            f"read_key_file({path!r})"], capture_output=True, text=True, timeout=30)
     assert read.returncode == 1 and "not a regular file" in read.stderr, read.stderr
     worker = subprocess.run([sys.executable, "-m", "monarch_kernel.agent", "--listen", "tcp://127.0.0.1:0",

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from monarch_kernel import attach_to_workers
+from monarch_kernel.agent.worker_key import new_key_file
 from monarch_kernel.job import SlurmJob, SSHJob
-from monarch_kernel.runtime.spawn.worker_key import new_key_file
 
 pytestmark = pytest.mark.timeout(60)
 LONG = "a" * 10_000

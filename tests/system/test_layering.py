@@ -1,7 +1,9 @@
 """The package's layers, checked from its source: lower layers never import upper ones, and
 no package reaches into another's ``._private`` names (they meet through public methods and
-the runtime's hooks); and the tests' own: no test module is imported (what tests share is in
-tests/support/).  Pure AST reading; nothing is imported or run."""
+the runtime's hooks), and layers above runtime/ come in by its two doors and reach none of
+its parts; and the tests' own: no test module is imported (what tests share is in
+tests/support/).  AST reading, but for the runtime's two doors' name lists, which importing
+the doors gives (and which loads none of runtime/'s modules)."""
 
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ ALLOWED = {
     "actor": {"runtime", "observe"},
     "tensors": {"runtime", "actor"},
     "data": {"runtime", "actor"},
-    "job": {"runtime", "actor"},
+    "job": {"runtime", "actor", "agent"},  # agent/: the worker's wire and key, which the job speaks too
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
     "detached": {"runtime", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
+    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors",
+               "agent"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).
@@ -225,11 +228,26 @@ def test_the_layering_check_sees_a_violation(tmp_path):
     assert found == [["debug", "controller", "tunnel", "TunnelConnection"], ["debug", "controller", "proxy"]]
 
 
-# The runtime's parts that layers above it reach only through ``Runtime``'s front door
-# (runtime/front_door.py): they may change behind it.  ``rt.io`` and ``rt.hooks`` are surfaces.
-RUNTIME_PARTS = {"launcher", "caller", "outbox", "server", "supervision", "meshes", "network", "transport",
-                 "gathering", "actor_lives", "rank_events", "host_links"}
+# The runtime's parts, which layers above it reach only through ``Runtime``'s methods
+# (runtime/front_door.py, runtime/local_door.py): they may change behind them.  Every attribute
+# that ``Runtime`` sets on itself (runtime/process.py) is a part, but these: ``rt.io`` and
+# ``rt.hooks`` (surfaces of their own) and what this process is (its key, run directory, host,
+# address, owner, own mesh, ports published to its job, whether it is closed or serves actors).
+NOT_PARTS = {"io", "hooks", "key", "rundir", "host", "address", "owner", "self_mesh", "job_ports", "owns_rundir",
+             "closed", "hosting"}
 RUNTIME_NAMES = {"rt", "_rt", "runtime"}
+
+
+def _runtime_parts(tree: ast.AST) -> set[str]:
+    """The public attributes ``Runtime`` sets on ``self`` in process.py, less ``NOT_PARTS``."""
+    runtime = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Runtime")
+    targets = [t for n in ast.walk(runtime) if isinstance(n, (ast.Assign, ast.AnnAssign))
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
+    return {x.attr for t in targets for x in ast.walk(t) if isinstance(x, ast.Attribute)
+            and isinstance(x.value, ast.Name) and x.value.id == "self" and not _private(x.attr)} - NOT_PARTS
+
+
+RUNTIME_PARTS = _runtime_parts(ast.parse((ROOT / "runtime" / "process.py").read_text()))
 
 
 def _is_runtime(node: ast.AST) -> bool:
@@ -263,8 +281,22 @@ def test_upper_layers_use_the_runtime_through_its_front_door():
 def test_the_front_door_check_sees_a_reach_in():
     tree = ast.parse("rt.launcher.kill(om, [0])\nRuntime.current().caller.send_port(a, 1, p)\n"
                      "self.rt.network.net_address\nself._rt.meshes.get(m)\nRuntime.existing().transport\n"
-                     "rt.io.call_soon(f)\nrt.hooks.output\nrt.listen(ip)\njob.meshes\n")
-    assert sorted(int(line.split(":")[1].split()[0]) for line in _part_reach_ins("x.py", tree)) == [1, 2, 3, 4, 5]
+                     "rt.io.call_soon(f)\nrt.hooks.output\nrt.listen(ip)\njob.meshes\n"
+                     "rt.receiver.wait(c, 1)\nself._rt.ports.close(p)\nrt.segments.track()\n"
+                     "rt.open_port(f, once=True)\n")
+    found = sorted(int(line.split(":")[1].split()[0]) for line in _part_reach_ins("x.py", tree))
+    assert found == [1, 2, 3, 4, 5, 10, 11, 12]
+
+
+def test_every_part_of_the_runtime_is_a_part():
+    """The parts are read from process.py, so a new part is one at once; the three that were
+    once reached from above are among them."""
+    assert {"launcher", "caller", "outbox", "server", "supervision", "meshes", "network", "transport",
+            "receiver", "ports", "segments", "signer", "inbox", "memberships"} <= RUNTIME_PARTS
+    planted = ast.parse("class Runtime:\n    def __init__(self):\n        self.io = IOThread()\n"
+                        "        self.tables: dict = {}\n        self.a, self.b = A(), B()\n        self._c = 1\n"
+                        "        self.key = k\n")
+    assert _runtime_parts(planted) == {"tables", "a", "b"}
 
 
 TORCHRUN_VARIABLES = re.compile(r"\b(" + "|".join(sorted(TORCH_VARIABLES)) + r")\b")
@@ -287,26 +319,29 @@ def test_the_runtime_never_names_torchruns_variables():
     assert not bad, "runtime/ or tensors/ names torchrun's variables (set them in spmd/):\n" + "\n".join(bad)
 
 
-# Imports of a module under runtime/ from above it that stay, each with its reason.  None now:
-# every name the layers above need is in runtime/__init__.py's front door.
-DEEP_RUNTIME_IMPORTS: dict[str, str] = {}
+# runtime/'s two doors, each a module whose ``__all__`` is what it hands on: the main door (the
+# package) for every layer above runtime/ but these, and the hosting door for agents and jobs.
+# (runtime/__init__.py says how each door's names are written once.)
+HOSTING = {"agent", "job"}
+DOORS = {"main": ["runtime"], "hosting": ["runtime", "hosting"]}
 
 
-def _front_door_names() -> set[str]:
-    """runtime/__init__.py's ``__all__``, read from its source."""
-    tree = ast.parse((ROOT / "runtime" / "__init__.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            return set(ast.literal_eval(node.value))
-    raise AssertionError("runtime/__init__.py has no literal __all__")
+def _door_names() -> dict[str, set[str]]:
+    """Each door's ``__all__`` (importing a door loads none of runtime/'s modules)."""
+    import monarch_kernel.runtime
+    import monarch_kernel.runtime.hosting
+
+    return {"main": set(monarch_kernel.runtime.__all__), "hosting": set(monarch_kernel.runtime.hosting.__all__)}
 
 
-def _past_the_front_door(rel: pathlib.Path, tree: ast.AST, door: set[str]) -> list[str]:
-    """Imports of runtime/ that do not go through its package: of a module under it
-    (``from ..runtime.process import Runtime``, ``import monarch_kernel.runtime.wire``), or of
-    a name its package does not export (``from ..runtime import launcher`` loads that module).
-    Lazy imports in functions and ``TYPE_CHECKING`` ones count too."""
+def _past_the_doors(rel: pathlib.Path, tree: ast.AST, names: dict[str, set[str]]) -> list[str]:
+    """Imports of runtime/ that do not go through the door this module's package comes in by
+    (``hosting`` for agent/ and job/, else ``main``): of a module under runtime/ other than the
+    door (``from ..runtime.process import Runtime``, ``import monarch_kernel.runtime.wire``),
+    of the other door, or of a name its door does not hand on (``from ..runtime import
+    launcher`` loads that module).  Lazy imports in functions and ``TYPE_CHECKING`` ones count."""
     here = list(rel.parts[:-1])
+    door = "hosting" if rel.parts[0] in HOSTING else "main"
     bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -319,41 +354,65 @@ def _past_the_front_door(rel: pathlib.Path, tree: ast.AST, door: set[str]) -> li
                 continue
             if module[:1] != ["runtime"]:
                 continue
-            names = [a.name for a in node.names]
-            if len(module) > 1 or any(n not in door for n in names):
+            imported = [a.name for a in node.names]
+            if module != DOORS[door] or any(n not in names[door] for n in imported):
                 where = ".".join(["monarch_kernel", *module])
-                bad.append(f"{rel}:{node.lineno} from {where} import {', '.join(names)}")
+                bad.append(f"{rel}:{node.lineno} from {where} import {', '.join(imported)} "
+                           f"(by the {door} door: from {'.'.join(['monarch_kernel', *DOORS[door]])} import ...)")
         elif isinstance(node, ast.Import):
             bad += [f"{rel}:{node.lineno} import {a.name}" for a in node.names
                     if a.name.startswith("monarch_kernel.runtime.")]
     return bad
 
 
-def test_upper_layers_import_the_runtime_only_through_its_package():
-    """Above runtime/, modules import ``from ..runtime import X`` with X in its ``__all__``
-    (runtime/__init__.py says what they are for), never a module under it: the rooms can be
-    rearranged behind the package.  Tests may import deep modules."""
-    door = _front_door_names()
+def test_upper_layers_import_the_runtime_only_through_its_doors():
+    """Above runtime/, agent/ and job/ import ``from ..runtime.hosting import X``, every other
+    layer ``from ..runtime import X``, X in that door's ``__all__``; never a module under
+    runtime/, nor the other door: the rooms can be rearranged behind the doors, and a layer that
+    only uses meshes never sees templates and host links.  Tests may import deep modules."""
+    names = _door_names()
     bad = []
     for package, rel, tree in _modules():
         if package != "runtime":
-            bad += _past_the_front_door(rel, tree, door)
+            bad += _past_the_doors(rel, tree, names)
     for path in sorted((ROOT.parent / "extension").rglob("*.py")):
-        bad += _past_the_front_door(path.relative_to(ROOT.parent), ast.parse(path.read_text(), str(path)), door)
-    bad = [b for b in bad if b.split(" ", 1)[0] not in DEEP_RUNTIME_IMPORTS]
-    assert not bad, ("imports past the runtime's front door (import the name from monarch_kernel.runtime, adding "
-                     "it to runtime/__init__.py's __all__ if the layers above may use it):\n" + "\n".join(bad))
+        bad += _past_the_doors(path.relative_to(ROOT.parent), ast.parse(path.read_text(), str(path)), names)
+    assert not bad, ("imports past the runtime's doors (import the name from its door, adding it to the "
+                     "door's TYPE_CHECKING imports if the layers above may use it):\n" + "\n".join(bad))
 
 
-def test_the_front_door_import_check_sees_each_way_past_it():
+def test_the_door_import_check_sees_each_way_past_it():
     tree = ast.parse("from ..runtime.process import Runtime\nfrom ..runtime import Runtime, config\n"
                      "def f():\n    from ..runtime.spawn import host_messages\n"
                      "if TYPE_CHECKING:\n    from ...runtime.net.transport import Transport\n"
                      "import monarch_kernel.runtime.wire.envelope\nfrom monarch_kernel.runtime import launcher\n"
                      "from monarch_kernel.runtime.config import seconds\nimport monarch_kernel.runtime\n"
-                     "from .. import runtime\nfrom monarch_kernel.runtime import hosts\nfrom ..runtimes import x\n")
-    found = _past_the_front_door(pathlib.Path("job/x.py"), tree, {"Runtime", "config", "hosts"})
-    assert sorted(int(b.split(":")[1].split()[0]) for b in found) == [1, 4, 6, 7, 8, 9]
+                     "from .. import runtime\nfrom monarch_kernel.runtime import hosts\nfrom ..runtimes import x\n"
+                     "from ..runtime.hosting import Runtime\n")
+    names = {"main": {"Runtime", "config", "hosts"}, "hosting": {"Runtime", "AgentLink"}}
+    found = _past_the_doors(pathlib.Path("kernel/x.py"), tree, names)
+    assert sorted(int(b.split(":")[1].split()[0]) for b in found) == [1, 4, 6, 7, 8, 9, 14]
+    # agents and jobs: the hosting door alone, and only what it hands on
+    tree = ast.parse("from ..runtime import Runtime\nfrom ..runtime.hosting import Runtime, AgentLink\n"
+                     "from ..runtime.hosting import Kind\nfrom ...runtime.spawn.agent_link import AgentLink\n")
+    for where in ("job/x.py", "agent/x.py"):
+        found = _past_the_doors(pathlib.Path(where), tree, names)
+        assert sorted(int(b.split(":")[1].split()[0]) for b in found) == [1, 3, 4], found
+
+
+def test_the_doors_hand_on_names_that_resolve():
+    """Every name of each door loads (a renamed module or name breaks here, not in a rank),
+    and the hosting door hands on the main door's own objects."""
+    import monarch_kernel.runtime as main
+    import monarch_kernel.runtime.hosting as hosting
+
+    for door in (main, hosting):
+        for name in door.__all__:
+            assert getattr(door, name) is not None, f"{door.__name__}.{name}"
+    assert hosting.Runtime is main.Runtime and hosting.config is main.config
+    assert not {"Kind", "Part", "ENDPOINT_MARK"} & set(hosting.__all__), "agents and jobs make no actor calls"
+    assert not {"AgentLink", "TemplateClient", "LaunchConfig", "host_messages"} & set(main.__all__)
+
 
 
 # ---------------------------------------------------------------- the tests' own layering

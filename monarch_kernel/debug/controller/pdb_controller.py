@@ -164,7 +164,7 @@ class PdbHub:
         self._thread.join(timeout=2 * RECEIVE_POLL_S + 1)
         rt = Runtime.existing()
         if rt is not None:
-            rt.ports.close(self.port.port_id)
+            rt.close_port(self.port.port_id)
 
     # ------------------------------------------------------------ messages from ranks
 

@@ -58,7 +58,7 @@ class TunnelConnection(DapClient):
         try:
             self.link = relay.open.call_one(self._port, LEASE_S).get(timeout=OPEN_TIMEOUT_S)
         except (ActorError, MeshStopped, OSError, TimeoutError) as e:
-            Runtime.current().ports.close(self._port.port_id)
+            Runtime.current().close_port(self._port.port_id)
             raise ConnectionError(f"cannot open {self.describe}: {_reason(e)}") from None
         self._dispatcher = threading.Thread(target=self._dispatch, name=f"dap-tunnel-{label}", daemon=True)
         self._dispatcher.start()
@@ -103,7 +103,7 @@ class TunnelConnection(DapClient):
             elif isinstance(msg, DapClosed):
                 self._ended.set()
                 _open.discard(self)
-                Runtime.current().ports.close(self._port.port_id)
+                Runtime.current().close_port(self._port.port_id)
                 self._shut(f"has disconnected: {msg.reason}")
                 return
 

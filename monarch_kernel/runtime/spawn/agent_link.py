@@ -31,6 +31,8 @@ from .launch_config import LaunchConfig
 from .stack_dump import PendingDumps
 
 if TYPE_CHECKING:
+    from ..net.io_thread import IOThread
+    from ..net.network import Network
     from ..wire.envelope import Header
     from .launcher import Inherited
 
@@ -46,7 +48,7 @@ class AgentLink:
     """``host``: the name the job knows the host by (what deaths and ``%mesh status`` say).
     ``events`` (a ``TemplateEvents``) hears what the agent's template says of its ranks."""
 
-    def __init__(self, *, host: str, events, io, network, outbox: Sender, inherited: Inherited):
+    def __init__(self, *, host: str, events, io: IOThread, network: Network, outbox: Sender, inherited: Inherited):
         self.io, self.network, self.outbox, self.inherited = io, network, outbox, inherited
         self.host = host
         self.id = "h" + secrets.token_hex(5)

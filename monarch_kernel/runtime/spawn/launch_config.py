@@ -1,6 +1,6 @@
 """What a controller tells its template about each rank to fork: a ``LaunchConfig``.
 
-Built by the controller (``launcher``), carried by the template (``template_server``) and
+Built by the controller (``launcher``), carried by the template (``template/server.py``) and
 read by the rank it forks (``rank.run_rank``).  Plain data with one wire encoding; it never
 touches the process that holds it.
 """

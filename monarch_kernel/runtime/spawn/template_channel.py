@@ -1,6 +1,6 @@
 """The framing between a controller and its template: one ``host_messages`` message per datagram
 of a ``SOCK_SEQPACKET`` socketpair, with file descriptors passed alongside (``SCM_RIGHTS``).
-Both processes import it (``template_client`` in the controller, ``template_server`` in the
+Both processes import it (``template_client`` in the controller, ``template/server.py`` in the
 template); it holds framing (and the template's outbox, a send queue), never either side's
 state: which ranks exist, what they print.
 """

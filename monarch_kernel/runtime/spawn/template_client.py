@@ -1,7 +1,7 @@
 """Runs in the controller (and in a host agent): its handle on a template process that forks
 ranks.
 
-It starts the template (``template_server``) and talks to it in ``host_messages`` messages over
+It starts the template (``template/server.py``) and talks to it in ``host_messages`` messages over
 ``template_channel``; it never
 imports the template's side, so the runtime's imports stay acyclic.  The template forwards
 its ranks' output, hellos and heartbeats; they reach the ``TemplateEvents`` given here.
@@ -40,8 +40,8 @@ from .launch_config import LaunchConfig
 from .stack_dump import PendingDumps
 from .template_channel import recv_msg, send_msg
 
-# conftest.py recognises a template process by "template_server import serve" in its command line.
-SERVE = "from monarch_kernel.runtime.template_server import serve; serve()"
+# conftest.py recognises a template process by "template.server import serve" in its command line.
+SERVE = "from monarch_kernel.runtime.template.server import serve; serve()"
 
 
 class TemplateEvents(Protocol):

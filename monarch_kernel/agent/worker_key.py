@@ -19,8 +19,7 @@ import secrets
 import zmq
 import zmq.utils.z85
 
-from .. import private_files
-from ..wire.curve import CurveKeys
+from ..runtime.hosting import CurveKeys, private_files
 
 PREFIX = "monarch-kernel-key-1 "
 KEY_BYTES = 32

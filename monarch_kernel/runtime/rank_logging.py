@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..context import actor_path, current_actor
+from .context import actor_path, current_actor
 
 DEFAULT_LEVEL = logging.WARNING  # Python's own last resort's
 DISABLED = logging.CRITICAL + 1  # a handler level no record reaches

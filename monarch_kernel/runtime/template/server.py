@@ -3,7 +3,7 @@
 It imports what ranks need once and holds no threads and no ZeroMQ context, so a fork is safe
 and a new rank costs a fork, not an interpreter start.  It reads its ranks' output and
 control pipes and forwards them to the controller in batches.  What a fork carries and the
-child's first moments are in ``template_fork``.  It must never import the rank's modules at
+child's first moments are in ``fork``.  It must never import the rank's modules at
 import time (only in ``serve()``), nor be imported by the controller.
 """
 
@@ -17,9 +17,9 @@ import sys
 import time
 from typing import NoReturn
 
-from . import config
-from .limits import limit_error, raise_nofile_limit
-from .spawn.host_messages import (
+from .. import config
+from ..limits import limit_error, raise_nofile_limit
+from ..spawn.host_messages import (
     Beats,
     Drain,
     Drained,
@@ -35,10 +35,10 @@ from .spawn.host_messages import (
     StackDump,
     Stacks,
 )
-from .spawn.process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
-from .spawn.stack_sampler import StackSampler
-from .spawn.template_channel import ControlReader, Outbox, recv_msg
-from .spawn.template_fork import become_rank, leave_template, rank_pipes, warm_up
+from ..spawn.template_channel import ControlReader, Outbox, recv_msg
+from .fork import become_rank, leave_template, rank_pipes, warm_up
+from .process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
+from .stack_sampler import StackSampler
 
 SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sweep_last"))
 READ_SIZE = 1 << 16
@@ -64,7 +64,7 @@ class _Rank:
 
 def serve() -> None:
     """The template's main loop.  ``template_client`` starts it as
-    ``python -c "from monarch_kernel.runtime.template_server import serve; serve()" FD PARENT_PID``.
+    ``python -c "from monarch_kernel.runtime.template.server import serve; serve()" FD PARENT_PID``.
 
     It dies with its controller (parent-death signal, plus EOF on the stdin pipe only the
     controller holds) and takes its ranks with it.  The job key arrives over the private

@@ -1,7 +1,7 @@
 """A rank's start as a fork of the template: what the template prepares so a fork is cheap,
 and the forked child's first moments, until it runs as a rank.
 
-Apart from the template's loop (``template_server``) because this is the part that changes
+Apart from the template's loop (``server``) because this is the part that changes
 when what a rank inherits changes: the modules imported before the first fork, the pipes
 that become its stdio, and what the child drops of the template (its selector, socket,
 pipes and signal handlers) before it runs the rank.  Like the template, it imports the
@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 
-from .launch_config import LaunchConfig
+from ..spawn.launch_config import LaunchConfig
 from .process_tree import become_subreaper, die_with_parent
 from .stack_sampler import rank_tracer
 

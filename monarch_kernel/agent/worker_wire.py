@@ -17,7 +17,7 @@ connection whose keys are derived from the session key (``worker_key.session_cur
 nothing on either side is ever unpickled.
 """
 
-# No ``from __future__ import annotations``: ``host_wire.Message`` reads the field types at run time.
+# No ``from __future__ import annotations``: ``Message`` reads the field types at run time.
 
 import hmac
 import secrets
@@ -28,9 +28,13 @@ from dataclasses import dataclass
 
 import msgpack
 
-from .. import config
-from .host_messages import MalformedMessage, Message
+from ..runtime.hosting import config
+from ..runtime.hosting import host_messages as hw
 from .worker_key import mac, session_key
+
+# The worker wire's messages are host messages (one msgpack encoding each, checked on decoding).
+Message = hw.Message
+MalformedMessage = hw.MalformedMessage
 
 MAGIC = b"MKW1"
 BUSY = b"MKWB"  # instead of MAGIC: too many connections are proving the key; try again shortly
