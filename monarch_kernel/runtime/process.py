@@ -132,16 +132,16 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         """A host's agent's runtime: it only talks to its controller (``controller``): it has
         no caller, server, actors, supervision or launcher."""
         return cls(key=key, rundir=rundir, name="agent", io=io, owner=controller, address=address, curve=curve,
-                   hosting=False)
+                   serves_actors=False)
 
     def __init__(self, *, key: bytes, rundir: str, name: str, io: IOThread, owner: str | None,
-                 address: str | None = None, curve: CurveKeys | None = None, hosting: bool = True,
+                 address: str | None = None, curve: CurveKeys | None = None, serves_actors: bool = True,
                  member_of: tuple[MeshRef, int] | None = None, main_thread: MainThread | None = None,
                  python: str | None = None, fanout: int | None = None, job_ports: dict | None = None,
                  owns_rundir: bool = False):
         """Built from the leaves up; use ``for_controller``, ``for_rank`` or ``for_agent``.
         ``address``: where the main inbox listens (default ``ipc://rundir/name``; a TCP address makes
-        every inbox of this process TCP, served with ``curve``); ``hosting``: whether it makes and serves
+        every inbox of this process TCP, served with ``curve``); ``serves_actors``: whether it makes and serves
         calls and spawns meshes (not a host's agent); ``member_of``: (mesh, rank) for a rank."""
         self.key = key
         self.rundir = rundir
@@ -149,7 +149,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         self.host = socket.gethostname()
         self.io = io
         self.owner = owner  # the process that supervises this one (None: the root)
-        self.hosting = hosting
+        self.serves_actors = serves_actors
         self.ctx = zmq.Context()
         # ZeroMQ's own cap (1,023 sockets a context) would bind before the open-files limit does.
         self.ctx.set(zmq.MAX_SOCKETS, max(1024, min(open_files_limit(), 65535)))
@@ -179,8 +179,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         self.outbox = Outbox(io=io, transport=self.transport, network=self.network, inbox=self.inbox,
                              ports=self.ports, memberships=self.memberships, fanout=fanout or config.fanout())
         self.handlers.update(_every_process_kinds(self))
-        if hosting:
-            self._build_hosting(member_of, python)
+        if serves_actors:
+            self._build_serving(member_of, python)
         self.self_mesh = MeshRef(f"p{secrets.token_hex(4)}", "this_proc", (), (self.address,), self.address,
                                  (self.host,))
         self.memberships[self.self_mesh.id] = (self.self_mesh, 0)
@@ -192,7 +192,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         self._exiting = False
         io.call_soon(self.receiver.watch, self.inbox)
 
-    def _build_hosting(self, member_of: tuple[MeshRef, int] | None, python: str | None) -> None:
+    def _build_serving(self, member_of: tuple[MeshRef, int] | None, python: str | None) -> None:
         """The parts of a process that makes and serves calls and spawns meshes (all but a
         host's agent, which only talks to its controller)."""
         io = self.io
@@ -224,7 +224,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         self.launcher = Launcher(io=io, network=self.network, outbox=self.outbox, meshes=self.meshes,
                                  hooks=self.hooks, supervision=self.supervision, events=self.rank_events,
                                  hosts=self.host_links, inherited=inherited, python=python)
-        self.handlers.update(_hosting_kinds(self))
+        self.handlers.update(_serving_kinds(self))
 
     # ------------------------------------------------------------ the dispatch table
 
@@ -264,7 +264,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
             self.drops.count("malformed")
         elif (agent := self.hooks.host.current()) is not None:  # this process is a host's agent
             agent(h.origin, msg)
-        elif self.hosting:
+        elif self.serves_actors:
             self.host_links.on_host(h.origin, h.mesh, msg)
 
     # ------------------------------------------------------------ deaths and supervision
@@ -350,7 +350,7 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         if self.closed:
             return
         self.closed = True
-        if self.hosting:
+        if self.serves_actors:
             self.launcher.close()
         if self.segments is not None:
             self.segments.close()
@@ -382,7 +382,7 @@ def _every_process_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None
     }
 
 
-def _hosting_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
+def _serving_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
     """The kinds a process that makes and serves calls handles too."""
     return {
         Kind.NOT_RECEIVED: rt.caller.on_not_received,

@@ -234,7 +234,7 @@ def test_the_layering_check_sees_a_violation(tmp_path):
 # ``rt.hooks`` (surfaces of their own) and what this process is (its key, run directory, host,
 # address, owner, own mesh, ports published to its job, whether it is closed or serves actors).
 NOT_PARTS = {"io", "hooks", "key", "rundir", "host", "address", "owner", "self_mesh", "job_ports", "owns_rundir",
-             "closed", "hosting"}
+             "closed", "serves_actors"}
 RUNTIME_NAMES = {"rt", "_rt", "runtime"}
 
 
