@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..history import record_history
 from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config, counted
 from .controllers import publish_registry
 from .fault_hook import route_unhandled
@@ -111,6 +112,7 @@ class HostMesh:
                              f"or pick another name, or leave name= out for a fresh one")
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
+        record_history(rt)
         publish_registry(rt)
         rt.warm(RANK_MODULES)
         if self._agents is not None:
