@@ -130,7 +130,7 @@ _recorders: dict[int, Recorder] = {}
 def record_history(rt: Runtime) -> Recorder | None:
     """Record ``rt``'s meshes into this host's history (once per runtime; called when this
     process first spawns), unless the ``history`` setting is off."""
-    if not config.get("history"):
+    if not config.get("record_history"):
         return None
     with _lock:
         got = _recorders.get(id(rt))

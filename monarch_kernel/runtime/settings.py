@@ -138,7 +138,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_STACKS_PY_SPY", "stacks_py_spy", bool, True, kernel=True,
          help_="`%mesh stacks` may run py-spy (from each rank's template or agent) on ranks that do not dump "
          "their own stacks in time; off: only the ranks' own dumps"),
-    _env("MONARCH_KERNEL_HISTORY", "history", bool, True, kernel=True, shown="on",
+    _env("MONARCH_KERNEL_HISTORY", "record_history", bool, True, kernel=True, shown="on",
          help_="every host writes its meshes' history (ranks' lines, lifecycle events, metrics, samples) as "
                "Parquet files under `history_dir`, to query in SQL (`%mesh history`); `0`: none is written"),
     _env("MONARCH_KERNEL_HISTORY_DIR", "history_dir", str, None, kernel=True,
