@@ -33,6 +33,8 @@ class HistoryWriter:
         self.root, self.host = root, host
         self.flush_s, self.max_bytes = flush_s, max_bytes
         self.cell: str | None = None  # the cell or call lines are recorded under
+        self.live = False  # whether root and limits follow the settings (``new_writer``)
+        self._dirty: set[str] = set()  # meshes whose info changed since the last batch
         self._rows: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -64,6 +66,7 @@ class HistoryWriter:
         """What the listing says of ``mesh`` (kind, hosts, state), written with the next batch."""
         with self._lock:
             self._meta.setdefault(mesh, {}).update(info)
+            self._dirty.add(mesh)
         self._wake.set()
 
     # ------------------------------------------------------------ writing
@@ -71,15 +74,28 @@ class HistoryWriter:
     def flush(self) -> None:
         """Write what is gathered now (a query in this process sees every row recorded before it)."""
         with self._write_lock:
+            self._follow_settings()
             with self._lock:
                 batches, self._rows = self._rows, {}
-                metas = {m: dict(v) for m, v in self._meta.items()}
-            for mesh in {m for _v, m in batches} | set(metas):
+                dirty, self._dirty = self._dirty, set()
+                metas = {m: dict(self._meta.get(m, {})) for m in dirty | {m for _v, m in batches}}
+            for mesh in metas:
                 self._write_meta(mesh, metas.get(mesh, {}))
             for (view, mesh), rows in batches.items():
                 if rows:
                     self._write(view, mesh, rows)
             self._cap()
+
+    def _follow_settings(self) -> None:
+        """A writer made by ``new_writer`` follows the settings as they change (a test, a user
+        pointing ``history_dir`` elsewhere): the next batch goes to the new place."""
+        if not self.live:
+            return
+        root = places.history_root()
+        if root != self.root:
+            self.root, self._bytes = root, None
+            self._small.clear()
+        self.flush_s, self.max_bytes = config.get("history_flush"), config.get("history_max_bytes")
 
     def close(self) -> None:
         if not self._closed:
@@ -211,8 +227,10 @@ class HistoryWriter:
 
 def new_writer(root: pathlib.Path | None = None) -> HistoryWriter:
     """A writer with the settings in force."""
-    return HistoryWriter(root or places.history_root(), places.host_name(),
-                         flush_s=config.get("history_flush"), max_bytes=config.get("history_max_bytes"))
+    writer = HistoryWriter(root or places.history_root(), places.host_name(),
+                           flush_s=config.get("history_flush"), max_bytes=config.get("history_max_bytes"))
+    writer.live = root is None
+    return writer
 
 
 __all__ = ["HistoryWriter", "new_writer", "VIEWS"]
