@@ -28,7 +28,7 @@ def process_writer(create: bool = True) -> HistoryWriter | None:
     with _lock:
         if not _writer and create:
             _writer.append(new_writer())
-            atexit.register(_writer[0].close)
+            atexit.register(_at_exit)
         return _writer[0] if _writer else None
 
 
@@ -88,6 +88,16 @@ class Recorder:
             if left - 1 <= 0:
                 self.writer.mesh_info(info.mesh, state="failed" if info.mesh in self.failed else "ended")
 
+    def at_exit(self) -> None:
+        """This process exits (its atexit runs before the runtime's, which ends the ranks):
+        its meshes still running end with it, and the history says so."""
+        for mesh, left in self.alive.items():
+            if left > 0:
+                self.writer.add("events", mesh, (now_us(), self.writer.host, None, "stop", None, None,
+                                                 f"the controller (pid {os.getpid()}) exited: its {left} running "
+                                                 f"rank(s) end with it"))
+                self.writer.mesh_info(mesh, state="failed" if mesh in self.failed else "ended")
+
     def _sample_loop(self, every: float) -> None:
         while True:
             time.sleep(every)
@@ -125,6 +135,15 @@ class Recorder:
 
 
 _recorders: dict[int, Recorder] = {}
+
+
+def _at_exit() -> None:
+    with _lock:
+        recorders = list(_recorders.values())
+    for recorder in recorders:
+        recorder.at_exit()
+    if _writer:
+        _writer[0].close()
 
 
 def record_history(rt: Runtime) -> Recorder | None:

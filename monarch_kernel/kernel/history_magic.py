@@ -43,16 +43,25 @@ def history_command(session, a):
             raise UsageError(f"%mesh history --plot {a.plot}: {e}") from None
         plt.show()
         return None
-    if not a.query:
+    query = sql_text(a.query)
+    if not query:
         raise UsageError('%mesh history needs a query, --plot NAME, --list or --views; type  '
                          '%mesh history "SELECT rank, count(*) FROM lines GROUP BY rank"')
     import duckdb
 
     try:
-        return h.sql(a.query)
+        return h.sql(query)
     except duckdb.Error as e:
         raise UsageError(f"%mesh history: {e}".rstrip() + f"\n(the views: {', '.join(h.views)}; "
                          "%mesh history --views shows their columns)") from None
+
+
+def sql_text(words: list[str]) -> str:
+    """The query as typed: its words joined, one pair of outer quotes taken off."""
+    query = " ".join(words).strip()
+    if len(query) >= 2 and query[0] == query[-1] and query[0] in "'\"":
+        query = query[1:-1]
+    return query.strip()
 
 
 def record_stacks(report: StackReport, reason: str) -> None:

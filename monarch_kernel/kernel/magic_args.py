@@ -155,8 +155,8 @@ def _top():
 
 
 @magic_arguments(name="mesh history")
-@argument("query", nargs="?", metavar='"SQL"', help="a query over the views lines, events, metrics, samples, "
-          "stacks (DuckDB's SQL), quoted as one; the answer is a pandas DataFrame")
+@argument("query", nargs="*", metavar='"SQL"', help="a query over the views lines, events, metrics, samples, "
+          "stacks (DuckDB's SQL), best quoted as one; the answer is a pandas DataFrame")
 @argument("--mesh", metavar="M", help="whose history (default: the current mesh's, else the latest written)")
 @argument("--plot", metavar="METRIC", help="draw each rank's METRIC (monarch_kernel.metric) over steps")
 @argument("--list", action="store_true", help="the histories on disk: meshes and jobs, hosts, times, state")
