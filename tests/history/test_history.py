@@ -82,7 +82,7 @@ def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):
             first = h.sql("SELECT line FROM lines WHERE rank = 1 ORDER BY time LIMIT 1")["line"][0]
             assert first == "rank 1 line 0"
             # a death: code 3 on rank 1, a signal on rank 2 (the history keeps both)
-            with pytest.raises(Exception):
+            with pytest.raises(monarch_kernel.ProcessDied):
                 p.slice(gpus=1).leave.call_one(3).get(timeout=30)
             pid2 = procs.rank_states()[2]["pid"]
             os.kill(pid2, signal.SIGKILL)
