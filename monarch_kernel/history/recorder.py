@@ -51,19 +51,20 @@ class Recorder:
             threading.Thread(target=self._sample_loop, args=(every,), name="monarch-history-samples",
                              daemon=True).start()
 
-    def record(self, mesh: str, rank: int, stream: str, line: str) -> None:
+    def record(self, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
         if stream != "control":
-            self.writer.line(mesh, rank, stream, line)
+            self.writer.lines(mesh, rank, stream, lines)
             return
-        word, _, body = line.partition(" ")
-        if word == "metric":
-            try:
-                m = json.loads(body)
-                step = m.get("s")
-                self.writer.add("metrics", mesh, (int(m["t"]), rank, str(m["n"]),
-                                                  None if step is None else int(step), float(m["v"])))
-            except (ValueError, KeyError, TypeError):
-                log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
+        for line in lines:
+            word, _, body = line.partition(" ")
+            if word == "metric":
+                try:
+                    m = json.loads(body)
+                    step = m.get("s")
+                    self.writer.add("metrics", mesh, (int(m["t"]), rank, str(m["n"]),
+                                                      None if step is None else int(step), float(m["v"])))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
 
     def spawned(self, proc_mesh) -> None:
         ref = proc_mesh.ref

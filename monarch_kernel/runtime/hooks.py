@@ -37,13 +37,13 @@ class OutputSink(Protocol):
 
 
 class RecordHook(Protocol):
-    """Called on the IO thread for every whole line a rank of a mesh this process spawned (or
-    this agent forked) writes, whatever the output sink does with it: ``stream`` is "stdout",
-    "stderr", or "control" for a line a rank wrote for the controller alone (``CONTROL_MARK``,
-    never shown; ``monarch_kernel.metric`` writes them).  The history records here; it must
-    only append to a buffer."""
+    """Called on the IO thread with the whole lines of each chunk a rank of a mesh this
+    process spawned (or this agent forked) writes, whatever the output sink does with them:
+    ``stream`` is "stdout", "stderr", or "control" for lines a rank wrote for the controller
+    alone (``CONTROL_MARK``, never shown; ``monarch_kernel.metric`` writes them).  The history
+    records here; it must only append them to a buffer (one call per chunk, not per line)."""
 
-    def __call__(self, mesh: str, rank: int, stream: str, line: str, /) -> None: ...
+    def __call__(self, mesh: str, rank: int, stream: str, lines: list[str], /) -> None: ...
 
 
 class DeathHook(Protocol):

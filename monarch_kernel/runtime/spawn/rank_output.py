@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".
 Sink = Callable[[str, int, str, str], None]
 
-# sink(mesh_name, rank, stream, line) where stream is "stdout", "stderr" or "control"
+# each recorder(mesh_name, rank, stream, lines) where stream is "stdout", "stderr" or "control"
 Recorders = Callable[[], list]
 # What starts a line a rank writes for the controller alone (``write_control``): two ASCII
 # separators no text prints, then a word.
@@ -70,6 +70,7 @@ class LineReader:
         self._sink = sink
         self._recorders = recorders
         self._record: list = []  # this chunk's recorders
+        self._got: list[str] = []  # this chunk's whole lines, for them
         self._control = b""  # a control line not yet ended
         self._parts: list[bytes] = []  # the line being read, not yet ended by a newline
         self._held = 0  # bytes in _parts
@@ -92,12 +93,20 @@ class LineReader:
             if self.stream != "stderr" and not self._record:
                 return  # only stderr's lines are kept (for death reports), and recorded ones
         self._feed(data)
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """This chunk's lines to the recorders, in one call each (they must only append)."""
+        if self._got:
+            got, self._got = self._got, []
+            for record in self._record:
+                self._call(record, self.stream, got)
 
     def _controls(self, data: bytes) -> bytes:
         """``data`` without its control lines, which go to the recorders; one not yet ended
         is held for the next chunk."""
         self._control = b""
-        kept = []
+        kept, bodies = [], []
         start = 0
         while (at := data.find(CONTROL_MARK, start)) >= 0:
             end = data.find(b"\n", at)
@@ -106,16 +115,16 @@ class LineReader:
                 self._control = data[at:]
                 start = len(data)
                 break
-            body = data[at + len(CONTROL_MARK):end].decode("utf-8", "replace")
-            for record in self._record:
-                self._call(record, "control", body)
+            bodies.append(data[at + len(CONTROL_MARK):end].decode("utf-8", "replace"))
             start = end + 1
         kept.append(data[start:])
+        for record in self._record if bodies else ():
+            self._call(record, "control", bodies)
         return b"".join(kept)
 
-    def _call(self, record, stream: str, line: str) -> None:
+    def _call(self, record, stream: str, lines: list[str]) -> None:
         try:
-            record(self.mesh, self.rank, stream, line)
+            record(self.mesh, self.rank, stream, lines)
         except Exception as e:  # a broken recorder must not stop the IO thread
             log.error("monarch_kernel: output recorder failed: %r", e, extra=PROCESS_STDERR)
 
@@ -138,6 +147,7 @@ class LineReader:
             raw = b"".join(self._parts)
             self._parts, self._held = [], 0
             self._emit(raw)
+        self._deliver()
 
     def _emit(self, raw: bytes, whole: bool = True) -> None:
         line = raw.decode("utf-8", "replace")
@@ -145,8 +155,8 @@ class LineReader:
             line = line.rstrip("\r")
         if self.stream == "stderr":
             self.tail.append(line if len(line) <= TAIL_CHARS else line[:TAIL_CHARS] + "…")
-        for record in self._record:
-            self._call(record, self.stream, line)
+        if self._record:
+            self._got.append(line)
         if not self._to_sink:
             return
         try:
