@@ -28,9 +28,10 @@ Sink = Callable[[str, int, str, str], None]
 
 # each recorder(mesh_name, rank, stream, lines) where stream is "stdout", "stderr" or "control"
 Recorders = Callable[[], list]
-# What starts a line a rank writes for the controller alone (``write_control``): two ASCII
+# What starts a line a rank writes for the controller alone (``monarch_kernel.metric``): two ASCII
 # separators no text prints, then a word.
 CONTROL_MARK = b"\x1e\x1fmonarch:"
+_MARK_STARTS = tuple(CONTROL_MARK[:n] for n in range(len(CONTROL_MARK) - 1, 0, -1))  # a chunk may end in one
 TAIL_LINES = 20
 TAIL_CHARS = 4096  # a death report quotes at most this much of each stderr line
 
@@ -84,7 +85,7 @@ class LineReader:
         if self.closed or not data:
             return
         self._record = self._recorders()
-        if self._control or CONTROL_MARK in data:
+        if self._control or CONTROL_MARK in data or data.endswith(_MARK_STARTS):
             data = self._controls(self._control + data)
         write = getattr(self._sink(), "write", None)
         self._to_sink = write is None
@@ -117,7 +118,11 @@ class LineReader:
                 break
             bodies.append(data[at + len(CONTROL_MARK):end].decode("utf-8", "replace"))
             start = end + 1
-        kept.append(data[start:])
+        rest = data[start:]
+        if not self._control and rest.endswith(_MARK_STARTS):  # the mark's first bytes: wait for the rest
+            held = next(m for m in _MARK_STARTS if rest.endswith(m))
+            self._control, rest = held, rest[:-len(held)]
+        kept.append(rest)
         for record in self._record if bodies else ():
             self._call(record, "control", bodies)
         return b"".join(kept)
