@@ -9,6 +9,7 @@ from typing import Any
 
 from . import places
 from .columns import VIEWS, empty_select
+from .gather import gather
 from .listing import HistoryRecord, list_histories
 from .recorder import flush
 
@@ -95,6 +96,8 @@ def open_history(name_or_mesh=None, *, root=None) -> History:
     root = pathlib.Path(root) if root is not None else places.history_root()
     name = name_or_mesh if name_or_mesh is None or isinstance(name_or_mesh, str) else name_or_mesh.name
     flush()
+    if name is not None:
+        gather(name, root)  # a mesh of this process's on other hosts: their files first
     records = list_histories(root)
     if name is None:
         if not records:

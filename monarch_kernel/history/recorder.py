@@ -14,6 +14,7 @@ import threading
 import time
 
 from ..runtime import Runtime, config, proc_stats
+from .gather import gather_soon
 from .writer import HistoryWriter, new_writer
 
 log = logging.getLogger(__name__)
@@ -23,13 +24,32 @@ _writer: list[HistoryWriter] = []  # this process's writer, made by the first in
 _lock = threading.Lock()
 
 
-def process_writer(create: bool = True) -> HistoryWriter | None:
-    """This process's history writer (made on first use if ``create``), or None."""
+def process_writer(create: bool = True, host: str | None = None) -> HistoryWriter | None:
+    """This process's history writer (made on first use if ``create``, for ``host``: by
+    default this host's name), or None."""
     with _lock:
         if not _writer and create:
-            _writer.append(new_writer())
+            _writer.append(new_writer(host=host))
             atexit.register(_at_exit)
         return _writer[0] if _writer else None
+
+
+def record_lines(writer: HistoryWriter, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
+    """A chunk of a rank's lines (the runtime's ``record`` hook): printed ones as lines,
+    control ones (``metric``) as what they say."""
+    if stream != "control":
+        writer.lines(mesh, rank, stream, lines)
+        return
+    for line in lines:
+        word, _, body = line.partition(" ")
+        if word == "metric":
+            try:
+                m = json.loads(body)
+                step = m.get("s")
+                writer.add("metrics", mesh, (int(m["t"]), rank, str(m["n"]), None if step is None else int(step),
+                                             float(m["v"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
 
 
 def now_us() -> int:
@@ -42,6 +62,7 @@ class Recorder:
     def __init__(self, rt: Runtime, writer: HistoryWriter):
         self.rt, self.writer = rt, writer
         self.alive: dict[str, int] = {}  # mesh -> ranks not yet dead
+        self.remote: set[str] = set()  # meshes with ranks on other hosts (their agents write their lines)
         self.failed: set[str] = set()
         self.last_ticks: dict[tuple[str, int], tuple[int, float, int]] = {}
         self.handles = [rt.hooks.record.install(self.record), rt.hooks.spawned.install(self.spawned),
@@ -52,24 +73,15 @@ class Recorder:
                              daemon=True).start()
 
     def record(self, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
-        if stream != "control":
-            self.writer.lines(mesh, rank, stream, lines)
-            return
-        for line in lines:
-            word, _, body = line.partition(" ")
-            if word == "metric":
-                try:
-                    m = json.loads(body)
-                    step = m.get("s")
-                    self.writer.add("metrics", mesh, (int(m["t"]), rank, str(m["n"]),
-                                                      None if step is None else int(step), float(m["v"])))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
+        record_lines(self.writer, mesh, rank, stream, lines)
 
     def spawned(self, proc_mesh) -> None:
         ref = proc_mesh.ref
         hosts = sorted(set(ref.hosts)) or [self.writer.host]
         self.alive[ref.name] = ref.size
+        om = self.rt.owned_mesh(ref.id)
+        if om is not None and om.links is not None:
+            self.remote.add(ref.name)
         self.writer.mesh_info(ref.name, kind="job" if hosts != [self.writer.host] else "mesh", hosts=hosts,
                               state="running", ranks=ref.size)
         self.writer.add("events", ref.name, (now_us(), hosts[0] if len(hosts) == 1 else None, None, "spawn",
@@ -88,6 +100,8 @@ class Recorder:
             self.alive[info.mesh] = left - 1
             if left - 1 <= 0:
                 self.writer.mesh_info(info.mesh, state="failed" if info.mesh in self.failed else "ended")
+                if info.mesh in self.remote:
+                    gather_soon(info.mesh)  # the job's hosts may go next: their history comes home now
 
     def at_exit(self) -> None:
         """This process exits (its atexit runs before the runtime's, which ends the ranks):

@@ -261,9 +261,9 @@ def _columns(chunks: list) -> list:
     return out
 
 
-def new_writer(root: pathlib.Path | None = None) -> HistoryWriter:
-    """A writer with the settings in force."""
-    writer = HistoryWriter(root or places.history_root(), places.host_name(),
+def new_writer(root: pathlib.Path | None = None, host: str | None = None) -> HistoryWriter:
+    """A writer with the settings in force, for ``host`` (default: this host's name)."""
+    writer = HistoryWriter(root or places.history_root(), host or places.host_name(),
                            flush_s=config.get("history_flush"), max_bytes=config.get("history_max_bytes"))
     writer.live = root is None
     return writer

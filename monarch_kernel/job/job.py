@@ -13,6 +13,7 @@ import os
 from abc import ABC, abstractmethod
 
 from ..actor.host_mesh import HostMesh, this_host
+from ..history import copy_home
 
 _KINDS: dict[str, type[JobTrait]] = {}  # dumped "kind" -> job class, filled as job classes are defined
 
@@ -66,7 +67,10 @@ class JobTrait(ABC):
         return JobState(self._host_meshes())
 
     def kill(self) -> None:
-        """End every agent and rank of the job and free its hosts (scancel, for Slurm)."""
+        """End every agent and rank of the job and free its hosts (scancel, for Slurm); the
+        history its hosts wrote is copied home first (``monarch_kernel.history``)."""
+        if self._running:
+            copy_home()
         self._kill()
         self._running = False
 
