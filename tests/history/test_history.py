@@ -149,3 +149,14 @@ def test_importing_the_package_loads_no_arrow_duckdb_or_pandas():
             "print(sorted(m for m in ('pyarrow', 'duckdb', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_docs_page_shows_every_view_and_column_as_the_code_declares_them():
+    import pathlib
+
+    from monarch_kernel.history.columns import markdown
+
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "history.md"
+    assert markdown().strip() in page.read_text(), (
+        "docs/guides/history.md's tables differ from history/columns.py: paste "
+        "`python -c 'from monarch_kernel.history.columns import markdown; print(markdown())'` in")
