@@ -42,7 +42,7 @@ class HostHistory:
         writer = self.writer
         assert writer is not None
 
-        def record(mesh: str, rank: int, stream: str, lines: list[str]) -> None:
+        def record(mesh: str, rank: int, stream: str, lines: bytes) -> None:
             record_lines(writer, mesh, rank, stream, lines)
 
         self.readers[pid] = [LineReader(mesh, rank, stream, lambda: _shown_nowhere, lambda: [record])

@@ -34,13 +34,13 @@ def process_writer(create: bool = True, host: str | None = None) -> HistoryWrite
         return _writer[0] if _writer else None
 
 
-def record_lines(writer: HistoryWriter, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
-    """A chunk of a rank's lines (the runtime's ``record`` hook): printed ones as lines,
+def record_lines(writer: HistoryWriter, mesh: str, rank: int, stream: str, lines: bytes) -> None:
+    """A chunk of a rank's whole lines (the runtime's ``record`` hook): printed ones as lines,
     control ones (``metric``) as what they say."""
     if stream != "control":
         writer.lines(mesh, rank, stream, lines)
         return
-    for line in lines:
+    for line in lines.decode("utf-8", "replace").splitlines():
         word, _, body = line.partition(" ")
         if word == "metric":
             try:
@@ -67,12 +67,9 @@ class Recorder:
         self.last_ticks: dict[tuple[str, int], tuple[int, float, int]] = {}
         self.handles = [rt.hooks.record.install(self.record), rt.hooks.spawned.install(self.spawned),
                         rt.hooks.death.install(self.death)]
-        every = config.get("history_sample")
-        if every > 0:
-            threading.Thread(target=self._sample_loop, args=(every,), name="monarch-history-samples",
-                             daemon=True).start()
+        threading.Thread(target=self._sample_loop, name="monarch-history-samples", daemon=True).start()
 
-    def record(self, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
+    def record(self, mesh: str, rank: int, stream: str, lines: bytes) -> None:
         record_lines(self.writer, mesh, rank, stream, lines)
 
     def spawned(self, proc_mesh) -> None:
@@ -113,9 +110,13 @@ class Recorder:
                                                  f"rank(s) end with it"))
                 self.writer.mesh_info(mesh, state="failed" if mesh in self.failed else "ended")
 
-    def _sample_loop(self, every: float) -> None:
+    def _sample_loop(self) -> None:
+        """Every ``history_sample`` seconds (read each time: it may change), a sample."""
         while True:
-            time.sleep(every)
+            every = config.get("history_sample")
+            time.sleep(every if every > 0 else 5.0)
+            if every <= 0 or config.get("history_sample") <= 0:
+                continue
             try:
                 self.sample()
             except Exception as e:  # noqa: BLE001  (a sample missed is no failure: say it, go on)

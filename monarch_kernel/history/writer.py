@@ -23,6 +23,7 @@ from .columns import VIEWS, row_columns, schema
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 100_000  # a batch this long is written at once, without waiting for the interval
+BATCH_BYTES = 16 << 20  # ... and lines of this many bytes
 MERGE_AT = 32  # this many small files of one view and mesh are merged into one
 
 
@@ -37,7 +38,7 @@ class HistoryWriter:
         self._dirty: set[str] = set()  # meshes whose info changed since the last batch
         self._rows: dict[tuple[str, str], list] = {}
         self._chunks: dict[str, list] = {}  # mesh -> chunks of lines (``lines``)
-        self._pending = 0  # lines in _chunks
+        self._pending = 0  # bytes of lines in _chunks
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._write_lock = threading.Lock()  # one batch at a time (the thread, flush())
@@ -61,9 +62,9 @@ class HistoryWriter:
         if len(rows) >= BATCH_ROWS:
             self._wake.set()
 
-    def lines(self, mesh: str, rank: int, stream: str, lines: list[str]) -> None:
-        """A chunk of a rank's whole lines, all stamped with this moment: one append, however
-        many lines (the columns are made on the writer's thread)."""
+    def lines(self, mesh: str, rank: int, stream: str, lines: bytes) -> None:
+        """A chunk of a rank's whole lines (each ended by a newline), stamped with this moment:
+        one append, however many lines; they are cut on the writer's thread, in arrow's C++."""
         chunk = (time.time_ns() // 1000, rank, stream, self.cell, lines)
         with self._lock:
             chunks = self._chunks.get(mesh)
@@ -71,7 +72,7 @@ class HistoryWriter:
                 chunks = self._chunks[mesh] = []
             chunks.append(chunk)
             self._pending += len(lines)
-        if self._pending >= BATCH_ROWS:
+        if self._pending >= BATCH_BYTES:
             self._wake.set()
 
     def mesh_info(self, mesh: str, **info) -> None:
@@ -245,19 +246,26 @@ class HistoryWriter:
 
 
 def _columns(chunks: list) -> list:
-    """The ``lines`` view's columns (time, rank, stream, cell, line) of chunks of lines, as
-    arrow arrays: what is one per chunk is run-end decoded, so only the lines cost per line."""
+    """The ``lines`` view's columns (time, rank, stream, cell, line) of chunks of whole lines,
+    as arrow arrays, cut and spread by arrow's kernels: nothing here costs per line."""
     import itertools
 
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    ends = pa.array(list(itertools.accumulate(len(c[4]) for c in chunks)), pa.int32())
+    blobs = pa.array([c[4] for c in chunks], pa.binary())
+    try:
+        text = blobs.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8 somewhere: those chunks decoded as the notebook shows them
+        text = pa.array([c[4].decode("utf-8", "replace") for c in chunks], pa.string())
+    parts = pc.split_pattern(pc.utf8_slice_codeunits(text, 0, -1), "\n")  # each chunk ends in a newline
+    lines = pc.utf8_rtrim(pc.list_flatten(parts), characters="\r")
+    ends = pa.array(list(itertools.accumulate(pc.list_value_length(parts).to_pylist())), pa.int32())
     out = []
     for i, typ in enumerate((pa.int64(), pa.int32(), pa.string(), pa.string())):
         values = pa.array([c[i] for c in chunks], typ)
         out.append(pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(ends, values)))
-    out.append(pa.array(list(itertools.chain.from_iterable(c[4] for c in chunks)), pa.string()))
+    out.append(lines)
     return out
 
 

@@ -1,5 +1,5 @@
 """A rank's control lines (``monarch_kernel.metric``'s) reach the recorders and never the
-output sink, however the pipe cuts them; whole lines reach the recorders a chunk at a time."""
+output sink, however the pipe cuts them; whole lines reach the recorders a chunk at a time, as bytes."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ class TextSink:
 def test_control_lines_go_to_recorders_only_whatever_the_cuts(text_sink):
     shown: list[str] = []
     sink = TextSink() if text_sink else (lambda mesh, rank, stream, line: shown.append(line))
-    recorded: list[tuple[str, list[str]]] = []
+    recorded: list[tuple[str, bytes]] = []
     reader = LineReader("m", 3, "stdout", lambda: sink,
-                        lambda: [lambda mesh, rank, stream, lines: recorded.append((stream, list(lines)))])
+                        lambda: [lambda mesh, rank, stream, lines: recorded.append((stream, lines))])
     data = b"one\n" + CONTROL_MARK + b'metric {"n":"loss","v":0.5,"s":1,"t":7}\ntwo\nthr' + b"ee\n"
     cut = data.index(CONTROL_MARK) + 5  # inside the control line
     for part in (data[:cut], data[cut:cut + 20], data[cut + 20:]):
@@ -37,5 +37,5 @@ def test_control_lines_go_to_recorders_only_whatever_the_cuts(text_sink):
     reader.close()
     out = sink.text.splitlines() if text_sink else shown
     assert out == ["one", "two", "three"]
-    assert ("control", ['metric {"n":"loss","v":0.5,"s":1,"t":7}']) in recorded
-    assert [line for stream, lines in recorded if stream == "stdout" for line in lines] == ["one", "two", "three"]
+    assert ("control", b'metric {"n":"loss","v":0.5,"s":1,"t":7}\n') in recorded
+    assert b"".join(lines for stream, lines in recorded if stream == "stdout") == b"one\ntwo\nthree\n"

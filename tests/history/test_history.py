@@ -60,7 +60,7 @@ def until(what: str, check, timeout: float = 30.0):
 
 def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):
     root = tmp_path / "hist"
-    with configured(history_dir=str(root), history_flush=0.2):
+    with configured(history_dir=str(root), history_flush=0.2, history_sample=0.3):
         procs = this_host().spawn_procs(per_host={"gpus": 3}, name="h-basic")
         try:
             p = procs.spawn("p", Printer)
@@ -81,6 +81,11 @@ def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):
             assert err["line"].tolist() == ["rank 0 complains", "rank 1 complains", "rank 2 complains"]
             first = h.sql("SELECT line FROM lines WHERE rank = 1 ORDER BY time LIMIT 1")["line"][0]
             assert first == "rank 1 line 0"
+            # %mesh top's figures, sampled at the history's rate
+            s = until("two samples of each rank", lambda: (df := h.sql(
+                "SELECT rank, count(*) AS n, max(rss_mib) AS rss, count(cpu) AS cpus FROM samples GROUP BY rank "
+                "ORDER BY rank")) is not None and len(df) == 3 and all(df["cpus"] >= 1) and df)
+            assert all(s["rss"] > 1)
             # a death: code 3 on rank 1, a signal on rank 2 (the history keeps both)
             with pytest.raises(monarch_kernel.ProcessDied):
                 p.slice(gpus=1).leave.call_one(3).get(timeout=30)

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".
 Sink = Callable[[str, int, str, str], None]
 
-# each recorder(mesh_name, rank, stream, lines) where stream is "stdout", "stderr" or "control"
+# each recorder(mesh_name, rank, stream, whole lines as bytes) where stream is "stdout", "stderr" or "control"
 Recorders = Callable[[], list]
 # What starts a line a rank writes for the controller alone (``monarch_kernel.metric``): two ASCII
 # separators no text prints, then a word.
@@ -71,7 +71,8 @@ class LineReader:
         self._sink = sink
         self._recorders = recorders
         self._record: list = []  # this chunk's recorders
-        self._got: list[str] = []  # this chunk's whole lines, for them
+        self._unended: list[bytes] = []  # for them: the end of the last chunk, a line not yet ended
+        self._unended_size = 0
         self._control = b""  # a control line not yet ended
         self._parts: list[bytes] = []  # the line being read, not yet ended by a newline
         self._held = 0  # bytes in _parts
@@ -87,21 +88,32 @@ class LineReader:
         self._record = self._recorders()
         if self._control or CONTROL_MARK in data or data.endswith(_MARK_STARTS):
             data = self._controls(self._control + data)
+        if self._record and data:
+            self._deliver(data)
         write = getattr(self._sink(), "write", None)
         self._to_sink = write is None
         if write is not None:
             self._write(write, self._decoder.decode(data))
-            if self.stream != "stderr" and not self._record:
-                return  # only stderr's lines are kept (for death reports), and recorded ones
+            if self.stream != "stderr":
+                return  # only stderr's lines are kept (for death reports)
         self._feed(data)
-        self._deliver()
 
-    def _deliver(self) -> None:
-        """This chunk's lines to the recorders, in one call each (they must only append)."""
-        if self._got:
-            got, self._got = self._got, []
-            for record in self._record:
-                self._call(record, self.stream, got)
+    def _deliver(self, data: bytes) -> None:
+        """The whole lines this chunk ends, as their bytes, to the recorders, in one call each
+        (they must only append; they cut lines on their own thread): no work per line here."""
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self._unended.append(data)
+            self._unended_size += len(data)
+            if self._unended_size <= self._max:
+                return
+            whole, self._unended, self._unended_size = b"".join(self._unended) + b"\n", [], 0  # a piece
+        else:
+            whole = b"".join([*self._unended, data[:nl + 1]]) if self._unended else data[:nl + 1]
+            rest = data[nl + 1:]
+            self._unended, self._unended_size = ([rest], len(rest)) if rest else ([], 0)
+        for record in self._record:
+            self._call(record, self.stream, whole)
 
     def _controls(self, data: bytes) -> bytes:
         """``data`` without its control lines, which go to the recorders; one not yet ended
@@ -116,7 +128,7 @@ class LineReader:
                 self._control = data[at:]
                 start = len(data)
                 break
-            bodies.append(data[at + len(CONTROL_MARK):end].decode("utf-8", "replace"))
+            bodies.append(data[at + len(CONTROL_MARK):end])
             start = end + 1
         rest = data[start:]
         if not self._control and rest.endswith(_MARK_STARTS):  # the mark's first bytes: wait for the rest
@@ -124,10 +136,10 @@ class LineReader:
             self._control, rest = held, rest[:-len(held)]
         kept.append(rest)
         for record in self._record if bodies else ():
-            self._call(record, "control", bodies)
+            self._call(record, "control", b"".join(b + b"\n" for b in bodies))
         return b"".join(kept)
 
-    def _call(self, record, stream: str, lines: list[str]) -> None:
+    def _call(self, record, stream: str, lines: bytes) -> None:
         try:
             record(self.mesh, self.rank, stream, lines)
         except Exception as e:  # a broken recorder must not stop the IO thread
@@ -152,7 +164,8 @@ class LineReader:
             raw = b"".join(self._parts)
             self._parts, self._held = [], 0
             self._emit(raw)
-        self._deliver()
+        if self._unended:
+            self._deliver(b"\n")
 
     def _emit(self, raw: bytes, whole: bool = True) -> None:
         line = raw.decode("utf-8", "replace")
@@ -160,8 +173,6 @@ class LineReader:
             line = line.rstrip("\r")
         if self.stream == "stderr":
             self.tail.append(line if len(line) <= TAIL_CHARS else line[:TAIL_CHARS] + "…")
-        if self._record:
-            self._got.append(line)
         if not self._to_sink:
             return
         try:
