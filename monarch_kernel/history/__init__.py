@@ -22,12 +22,12 @@ from .listing import HistoryRecord, list_histories
 from .metric import metric
 from .places import history_root
 from .query import History, HistoryNotFound, open_history
-from .recorder import flush, record_event, record_history, record_sample, record_stacks, set_cell
+from .recorder import flush, record_event, record_history, record_stacks, set_cell
 
 __all__ = [
     "VIEWS", "History", "HistoryNotFound", "HistoryRecord", "copy_home", "flush", "gather", "history_root",
     "list_histories", "metric",
-    "open_history", "record_event", "record_history", "record_sample", "record_stacks", "set_cell",
+    "open_history", "record_event", "record_history", "record_stacks", "set_cell",
 ]
 
 

@@ -61,12 +61,19 @@ class History:
     def sql(self, query: str):
         """The result of ``query`` (DuckDB's SQL over the views ``lines``, ``events``, ``metrics``,
         ``samples``, ``stacks``) as a pandas DataFrame."""
-        con = self.connect()
-        try:
-            rel = con.sql(query)
-            return rel.df() if rel is not None else None
-        finally:
-            con.close()
+        import duckdb
+
+        for attempt in (1, 2):
+            con = self.connect()
+            try:
+                rel = con.sql(query)
+                return rel.df() if rel is not None else None
+            except duckdb.IOException:
+                if attempt == 2:
+                    raise  # a file merged or rotated away between listing and reading: list again, once
+            finally:
+                con.close()
+        return None
 
     def plot(self, name: str, ax=None):
         """Each rank's metric ``name`` over steps (or time, without steps), with matplotlib;

@@ -194,14 +194,6 @@ def record_stacks(mesh: str, rank: int, reason: str, stack: str, host: str | Non
         writer.add("stacks", mesh, (now_us(), host or writer.host, rank, reason, stack))
 
 
-def record_sample(mesh: str, rank: int, host: str, pid: int, usage) -> None:
-    """Record one ``%mesh top`` sample of a rank (``usage``: ``proc_stats``'s tuple)."""
-    with _lock:
-        recorders = list(_recorders.values())
-    if recorders:
-        recorders[0].add_sample(mesh, rank, host, pid, usage, time.monotonic())
-
-
 def set_cell(label: str | None) -> None:
     """The cell or call that the lines recorded from now on belong to."""
     writer = process_writer(create=False)
