@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..history import record_history
 from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config, counted
 from .controllers import publish_registry
 from .fault_hook import route_unhandled
@@ -112,6 +111,8 @@ class HostMesh:
                              f"or pick another name, or leave name= out for a fresh one")
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
+        from ..history import record_history  # loaded by the first spawn: import monarch_kernel stays quick
+
         record_history(rt)
         publish_registry(rt)
         rt.warm(RANK_MODULES)

@@ -13,7 +13,6 @@ import os
 from abc import ABC, abstractmethod
 
 from ..actor.host_mesh import HostMesh, this_host
-from ..history import copy_home
 
 _KINDS: dict[str, type[JobTrait]] = {}  # dumped "kind" -> job class, filled as job classes are defined
 
@@ -70,6 +69,8 @@ class JobTrait(ABC):
         """End every agent and rank of the job and free its hosts (scancel, for Slurm); the
         history its hosts wrote is copied home first (``monarch_kernel.history``)."""
         if self._running:
+            from ..history import copy_home
+
             copy_home()
         self._kill()
         self._running = False
