@@ -5,7 +5,9 @@ out_of_cluster=True: needs root; W9jump the latter alone) panel (W12: the Mesh p
 W1slurm (W1 over Slurm: needs root and Slurm's daemons) W10 (distributed training, torchrun beside
 the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries)
 W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
-ranks; the collectives recorder's and the profiler's cost on W10's step) chaos (faults at random
+ranks; the collectives recorder's and the profiler's cost on W10's step) history (the run's history:
+its cost on W7's cell and on ranks printing flat out, and a grouped query over 4M lines,
+``HISTORY_BENCH_SCALE=0.1`` for a tenth) chaos (faults at random
 across hosts during a mixed workload: ``chaos --seed N --minutes M``; needs root; not in the
 default run) gpu (the CUDA tests and GPU benchmarks, ``make gpu-check``: under 5 minutes; without
 a GPU it says so, runs its shm part and exits 0; exit 1 when a CUDA test failed; not in the
