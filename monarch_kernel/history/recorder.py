@@ -94,8 +94,10 @@ class Recorder:
             self.failed.add(info.mesh)
         left = self.alive.get(info.mesh)
         if left is not None:
-            self.alive[info.mesh] = left - 1
-            if left - 1 <= 0:
+            om = self.rt.owned_mesh(mesh_id)  # its live ranks (a restarted one counts again)
+            left = len(om.alive - {rank}) if om is not None else left - 1
+            self.alive[info.mesh] = left
+            if left <= 0:
                 self.writer.mesh_info(info.mesh, state="failed" if info.mesh in self.failed else "ended")
                 if info.mesh in self.remote:
                     gather_soon(info.mesh)  # the job's hosts may go next: their history comes home now
