@@ -111,10 +111,14 @@ class HostMesh:
                              f"or pick another name, or leave name= out for a fresh one")
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
+        from ..history import hosts_env, record_history  # loaded by the first spawn: import stays quick
+
+        record_history(rt)
         publish_registry(rt)
         rt.warm(RANK_MODULES)
         if self._agents is not None:
             dims = (("hosts", len(self._agents)),) + dims
+            env = {**hosts_env(), **env}  # the hosts' agents write their history where this process does
         try:
             om = rt.spawn_mesh(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents,
                                  check=check)

@@ -19,9 +19,11 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_loca
 from ..actor.host_mesh import this_host
 from ..console.console import Console
 from ..debug.controller import proxy
+from ..history import record_event
 from ..observe.metrics import top_table
 from ..runtime import config, counted, rank_label
 from . import detached, status
+from .history_magic import history_command, record_stacks
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
 from .mesh_cell import check_cell, ranks_arg, run_on_mesh
 from .respawn import spawn_key, spawn_name
@@ -227,7 +229,12 @@ class MeshMagics(Magics):
         ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
         report = procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
                               method="py-spy" if a.py_spy else "auto")
-        return report.name_frames(self.session.cells.frame)
+        report = report.name_frames(self.session.cells.frame)
+        record_stacks(report, "stacks")
+        return report
+
+    def _cmd_history(self, a):
+        return history_command(self.session, a)
 
     def _cmd_top(self, a):
         if a.interval <= 0 or a.count < 0:
@@ -280,6 +287,7 @@ class MeshMagics(Magics):
         procs, _consoles = self.session.get()
         ranks = ranks_arg(a.ranks, len(procs), "--ranks") if a.ranks is not None else None
         done = self.session.restart(procs.name, ranks)  # ProcMesh.restart: the one restart path
+        record_event(procs.name, "restart", detail=f"{rank_label(done.ranks)} restarted" if done.ranks else "")
         if done.killed:
             print(f"{rank_label(done.killed)} not responding: killing, to replace")
         print(f"restarted {rank_label(done.ranks)} with fresh namespaces" if done.ranks else "no dead ranks to restart")

@@ -14,9 +14,11 @@ import threading
 
 from IPython.display import display
 
+from .. import history
 from ..runtime import Runtime
 from ..spmd.controller.collectives import collectives
 from ..spmd.controller.env import has_record
+from .history_magic import record_stacks
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,10 @@ class Watchdog:
             self.odd[name] = set(report.odd_ranks())
             secs = f"{self.seconds:g}"
             flight = _collectives(procs)
+            history.record_event(name, "watchdog", detail="\n".join(
+                [f"the cell waited on {name} for {secs} s; ranks whose stacks differ: {report.odd_ranks() or 'none'}",
+                 *flight]))  # and the flight recorder's findings: who holds a collective up
+            record_stacks(report, "watchdog")
 
             def show(report=report, name=name, secs=secs, flight=flight) -> None:
                 print(f"%mesh watchdog: the cell has waited on {name} for {secs} s; its ranks are here:")

@@ -36,6 +36,17 @@ class OutputSink(Protocol):
     def __call__(self, mesh: str, rank: int, stream: str, line: str, /) -> None: ...
 
 
+class RecordHook(Protocol):
+    """Called on the IO thread with the whole lines each chunk a rank of a mesh this process
+    spawned (or this agent forked) writes ends, as bytes, each line ended by a newline,
+    whatever the output sink does with them: ``stream`` is "stdout", "stderr", or "control"
+    for lines a rank wrote for the controller alone (``CONTROL_MARK``, never shown;
+    ``monarch_kernel.metric`` writes them).  The history records here; it must only append
+    (one call per chunk, however many lines: it cuts them on its own thread)."""
+
+    def __call__(self, mesh: str, rank: int, stream: str, lines: bytes, /) -> None: ...
+
+
 class DeathHook(Protocol):
     """Called on the IO thread when a rank of a mesh this process spawned has exited, after
     its pending calls have failed."""
@@ -147,6 +158,7 @@ class Hooks:
 
     def __init__(self):
         self.output: HookPoint[OutputSink] = HookPoint("output", multi=False, default=print_sink)
+        self.record: HookPoint[RecordHook] = HookPoint("record", multi=True)
         self.death: HookPoint[DeathHook] = HookPoint("death", multi=True)
         self.unhandled: HookPoint[UnhandledHook] = HookPoint("unhandled", multi=False, default=_print_unhandled)
         self.wait: HookPoint[WaitHook] = HookPoint("wait", multi=False)

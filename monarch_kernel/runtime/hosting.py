@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from . import (
         CurveKeys as CurveKeys, Runtime as Runtime, config as config, counted as counted, diagnostics as diagnostics,
         host_shortfall as host_shortfall, hosts as hosts, private_files as private_files, proc_stats as proc_stats,
-        rejects as rejects,
+        rejects as rejects, process_mesh as process_mesh,
     )
 
     # forking ranks on a host: the template and its client, what each rank is told, how many
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from .spawn import host_messages as host_messages
     from .spawn.agent_link import AgentLink as AgentLink
     from .wire.curve import Gatekeeper as Gatekeeper
+
+    # the run's history on each host: its ranks' lines as they are read, and its files fetched
+    # through the hosts' agents
+    from .spawn import host_files as host_files
+    from .spawn.rank_output import LineReader as LineReader
     # isort: on
 
 __getattr__, __dir__ = lazy_names(__name__, __file__)

@@ -24,18 +24,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "monarch_kernel"
 # packages may import each other (``test_no_two_packages_may_import_each_other``).
 ALLOWED = {
     "runtime": set(),
-    "agent": {"runtime"},
+    "agent": {"runtime", "history"},
     "observe": {"runtime"},
-    "actor": {"runtime", "observe"},
+    "history": {"runtime"},
+    "actor": {"runtime", "observe", "history"},
     "tensors": {"runtime", "actor"},
     "data": {"runtime", "actor"},
-    "job": {"runtime", "actor", "agent"},  # agent/: the worker's wire and key, which the job speaks too
+    "job": {"runtime", "actor", "agent", "history"},  # agent/: the worker's wire and key, which the job speaks too
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
-    "detached": {"runtime", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors",
-               "agent"},
+    "detached": {"runtime", "actor", "data", "console", "job", "history"},
+    "kernel": {"runtime", "observe", "history", "actor", "data", "debug", "console", "detached", "job", "spmd",
+               "tensors", "agent"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).
@@ -322,7 +323,7 @@ def test_the_runtime_never_names_torchruns_variables():
 # runtime/'s two doors, each a module whose ``__all__`` is what it hands on: the main door (the
 # package) for every layer above runtime/ but these, and the hosting door for agents and jobs.
 # (runtime/__init__.py says how each door's names are written once.)
-HOSTING = {"agent", "job"}
+HOSTING = {"agent", "job", "history"}
 DOORS = {"main": ["runtime"], "hosting": ["runtime", "hosting"]}
 
 

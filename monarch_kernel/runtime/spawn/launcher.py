@@ -170,8 +170,9 @@ class Launcher:
         for r in (range(ref.size) if ranks is None else ranks):
             # looked up per line: the kernel may install one later (an OutputSink is a Sink, or has write())
             sink = cast("Callable[[], Sink]", self.hooks.output.current)
-            om.readers[r] = [LineReader(ref.name, r, "stdout", sink), LineReader(ref.name, r, "stderr", sink)]
             remote = om.links is not None
+            record = list if remote else self.hooks.record.all  # an agent records its ranks' lines itself
+            om.readers[r] = [LineReader(ref.name, r, stream, sink, record) for stream in ("stdout", "stderr")]
             cfg = LaunchConfig(
                 key=me.key, rundir=me.rundir, owner=ref.owner, rank=r, mesh=ref,
                 sys_path=tuple(sys.path), cwd=os.getcwd(), env={**config.exported_env(), **env},

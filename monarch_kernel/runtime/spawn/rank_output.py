@@ -4,9 +4,11 @@ read from the pipes their file descriptors 1 and 2 point at.
 Captured at the fd level, so C extensions and child processes are caught too.  Lines go to
 a sink (the kernel plugs in its own), or, to a sink with a ``write`` method, the text as it
 comes (a line not yet ended shows at once); the last stderr lines of each rank are kept for
-death reports.  Runs on the IO thread and never blocks; the work per byte is constant however
-long a line is, and no line is held whole past ``config.max_line()`` bytes (a longer one
-reaches the sink as pieces of that size).
+death reports.  Every whole line also goes to the recorders (the runtime's ``record`` hooks:
+the history), and a line that starts with ``CONTROL_MARK`` (a rank's message for the controller
+alone, e.g. a metric) goes to them only, never to the sink.  Runs on the IO thread and never
+blocks; the work per byte is constant however long a line is, and no line is held whole
+past ``config.max_line()`` bytes (a longer one reaches the sink as pieces of that size).
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ log = logging.getLogger(__name__)
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".
 Sink = Callable[[str, int, str, str], None]
 
+# each recorder(mesh_name, rank, stream, whole lines as bytes) where stream is "stdout", "stderr" or "control"
+Recorders = Callable[[], list]
+# What starts a line a rank writes for the controller alone (``monarch_kernel.metric``): two ASCII
+# separators no text prints, then a word.
+CONTROL_MARK = b"\x1e\x1fmonarch:"
+_MARK_STARTS = tuple(CONTROL_MARK[:n] for n in range(len(CONTROL_MARK) - 1, 0, -1))  # a chunk may end in one
 TAIL_LINES = 20
 TAIL_CHARS = 4096  # a death report quotes at most this much of each stderr line
 
@@ -57,9 +65,15 @@ class LineReader:
     cuts it into lines itself.  It holds no file descriptor, so the controller's open files do
     not grow with its ranks."""
 
-    def __init__(self, mesh: str, rank: int, stream: str, sink: Callable[[], Sink]):
+    def __init__(self, mesh: str, rank: int, stream: str, sink: Callable[[], Sink],
+                 recorders: Recorders = list):
         self.mesh, self.rank, self.stream = mesh, rank, stream
         self._sink = sink
+        self._recorders = recorders
+        self._record: list = []  # this chunk's recorders
+        self._unended: list[bytes] = []  # for them: the end of the last chunk, a line not yet ended
+        self._unended_size = 0
+        self._control = b""  # a control line not yet ended
         self._parts: list[bytes] = []  # the line being read, not yet ended by a newline
         self._held = 0  # bytes in _parts
         self._max = config.max_line()
@@ -71,6 +85,11 @@ class LineReader:
     def feed(self, data: bytes) -> None:
         if self.closed or not data:
             return
+        self._record = self._recorders()
+        if self._control or CONTROL_MARK in data or data.endswith(_MARK_STARTS):
+            data = self._controls(self._control + data)
+        if self._record and data:
+            self._deliver(data)
         write = getattr(self._sink(), "write", None)
         self._to_sink = write is None
         if write is not None:
@@ -78,6 +97,53 @@ class LineReader:
             if self.stream != "stderr":
                 return  # only stderr's lines are kept (for death reports)
         self._feed(data)
+
+    def _deliver(self, data: bytes) -> None:
+        """The whole lines this chunk ends, as their bytes, to the recorders, in one call each
+        (they must only append; they cut lines on their own thread): no work per line here."""
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self._unended.append(data)
+            self._unended_size += len(data)
+            if self._unended_size <= self._max:
+                return
+            whole, self._unended, self._unended_size = b"".join(self._unended) + b"\n", [], 0  # a piece
+        else:
+            whole = b"".join([*self._unended, data[:nl + 1]]) if self._unended else data[:nl + 1]
+            rest = data[nl + 1:]
+            self._unended, self._unended_size = ([rest], len(rest)) if rest else ([], 0)
+        for record in self._record:
+            self._call(record, self.stream, whole)
+
+    def _controls(self, data: bytes) -> bytes:
+        """``data`` without its control lines, which go to the recorders; one not yet ended
+        is held for the next chunk."""
+        self._control = b""
+        kept, bodies = [], []
+        start = 0
+        while (at := data.find(CONTROL_MARK, start)) >= 0:
+            end = data.find(b"\n", at)
+            kept.append(data[start:at])
+            if end < 0:
+                self._control = data[at:]
+                start = len(data)
+                break
+            bodies.append(data[at + len(CONTROL_MARK):end])
+            start = end + 1
+        rest = data[start:]
+        if not self._control and rest.endswith(_MARK_STARTS):  # the mark's first bytes: wait for the rest
+            held = next(m for m in _MARK_STARTS if rest.endswith(m))
+            self._control, rest = held, rest[:-len(held)]
+        kept.append(rest)
+        for record in self._record if bodies else ():
+            self._call(record, "control", b"".join(b + b"\n" for b in bodies))
+        return b"".join(kept)
+
+    def _call(self, record, stream: str, lines: bytes) -> None:
+        try:
+            record(self.mesh, self.rank, stream, lines)
+        except Exception as e:  # a broken recorder must not stop the IO thread
+            log.error("monarch_kernel: output recorder failed: %r", e, extra=PROCESS_STDERR)
 
     def _write(self, write, text: str) -> None:
         if not text:
@@ -98,6 +164,8 @@ class LineReader:
             raw = b"".join(self._parts)
             self._parts, self._held = [], 0
             self._emit(raw)
+        if self._unended:
+            self._deliver(b"\n")
 
     def _emit(self, raw: bytes, whole: bool = True) -> None:
         line = raw.decode("utf-8", "replace")
