@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Any
 
 _DEVICE = re.compile(r"memory summary, device ID (\d+)")
 _COUNTS = re.compile(r"CUDA OOMs: (\d+)\s*\|\s*cudaMalloc retries: (\d+)")
@@ -36,8 +37,8 @@ def headline(summary: str) -> str:
 
 def note(exc: BaseException) -> str | None:
     """The headline for ``exc`` if it is torch's CUDA out-of-memory error, else None."""
-    torch = sys.modules.get("torch")
-    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    torch: Any = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None)
     if oom is None or not isinstance(exc, oom):
         return None
     try:

@@ -38,8 +38,9 @@ class RemoteFailure:
             if tb is not None and tb.tb_next is not None:
                 tb = tb.tb_next
         memory = cuda_oom.note(exc)  # a CUDA OOM says how full the GPU was
-        if memory and memory not in getattr(exc, "__notes__", ()):
-            exc.add_note(memory)
+        add_note = getattr(exc, "add_note", None)  # Python 3.11+: tracebacks print the note
+        if memory and add_note is not None and memory not in getattr(exc, "__notes__", ()):
+            add_note(memory)
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         try:
             exc_bytes = pickle.dumps(exc.with_traceback(None))

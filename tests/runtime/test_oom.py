@@ -69,7 +69,8 @@ def test_a_rank_killed_by_a_cgroups_oom_killer_is_named_with_what_it_held_and_th
             raised = time.monotonic()
             err = info.value
             assert (err.rank, err.signal, err.pid) == (1, 9, pids[1])
-            m = re.match(r"rank 1 was killed by the out-of-memory killer \(it held ([\d.]+) MiB; the limit was 200 MiB\): "
+            m = re.match(r"rank 1 was killed by the out-of-memory killer "
+                         r"\(it held ([\d.]+) MiB; the limit was 200 MiB\): "
                          rf"mesh 'hungry', pid {pids[1]} on ", str(err))
             assert m, str(err)
             assert 150 < float(m[1]) < 400, str(err)
@@ -128,7 +129,8 @@ def test_sizes_read_as_people_write_them():
     assert gib(int(11.2 * (1 << 30))) == "11.2 GiB"
     assert gib(200 << 20) == "200 MiB"
     assert OomKill(int(11.2 * (1 << 30)), 12 << 30, "kernel log").words() == "it held 11.2 GiB; the limit was 12 GiB"
-    assert OomKill(3 << 30, None, "kernel log", machine=64 << 30).words() == "it held 3 GiB; no memory limit: the host has 64 GiB"
+    assert (OomKill(3 << 30, None, "kernel log", machine=64 << 30).words()
+            == "it held 3 GiB; no memory limit: the host has 64 GiB")
 
 
 def test_the_kernel_logs_oom_records_are_read(tmp_path):
