@@ -38,7 +38,12 @@ class Watchdog:
             s = self.session
             self.watch = HangWatch(self.seconds, then, meshes=lambda: [p for p, _c in list(s.meshes.values())],
                                    activity=lambda name: self._lines.get(name, 0), on_report=self._show,
-                                   frame_namer=s.cells.frame, waiter=threading.current_thread()).start()
+                                   frame_namer=s.cells.frame, waiter=threading.current_thread(),
+                                   interruptible=self._consoles).start()
+
+    def _consoles(self, procs):
+        """The actors the stop button interrupts on ``procs``: its consoles (the cells)."""
+        return self.session.meshes.get(procs.name, (None, None))[1]
 
     def _line(self, mesh: str, _rank: int, _stream: str, _line: str) -> None:
         self._lines[mesh] = self._lines.get(mesh, 0) + 1

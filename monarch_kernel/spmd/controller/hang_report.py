@@ -46,7 +46,7 @@ class HangReport:
 
     def headline(self) -> str:
         who = rank_label(self.stuck, brackets=False)
-        s = f"no progress on mesh '{self.mesh}' for {self.waited:.0f} s: {who} "
+        s = f"no progress on mesh '{self.mesh}' for {self.waited:g} s: {who} "
         s += "holds" if len(self.stuck) == 1 else "hold"
         return s + f" the others up ({self.why})"
 
@@ -97,10 +97,15 @@ class HangReport:
 
 def stuck_ranks(busy: list[int], stacks, collectives) -> tuple[list[int], str]:
     """The ranks the others wait for, and how they were told apart: the flight recorder's
-    (ranks behind in a collective, or that did not answer), else the ranks whose stacks could
+    (ranks that did not answer, or are behind and in no collective), else the ranks whose stacks could
     not be read in-process or differ from the majority, else every busy rank."""
-    if collectives is not None and collectives.holding_up():
-        return collectives.holding_up(), "the flight recorder"
+    held = collectives.holding_up() if collectives is not None else []
+    if held:
+        # A rank behind in one collective but itself blocked inside an older one waits too:
+        # the one to blame is silent (stopped, or holding the GIL) or outside every collective.
+        inside = {r for g in collectives.groups for r, e in g.entered.items() if e > g.finished.get(r, -1)}
+        blamed = [r for r in held if r in collectives.silent or r not in inside]
+        return blamed or held, "the flight recorder"
     if stacks is not None:
         silent = sorted(s.rank for s in stacks.stacks if s.rank in busy and s.method != "in-process")
         if silent and len(silent) < len(busy):

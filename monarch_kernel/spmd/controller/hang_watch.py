@@ -62,6 +62,7 @@ class _Mesh:
     cpu: Any = None  # the pending proc_stats sample
     cpu_at: float = 0.0
     ticks: dict = field(default_factory=dict)  # rank -> CPU ticks at the last sample
+    inside: set = field(default_factory=set)  # ranks inside a collective they have not finished
 
 
 def watchdog(procs, seconds: float, then: str = "dump", *,
@@ -82,11 +83,13 @@ class HangWatch:
     ``activity(mesh name)``: a count of the lines its ranks wrote, if the caller keeps one;
     ``on_report(report)``: shows a ``HangReport`` (default: prints its summary);
     ``frame_namer``: names a frame in a notebook cell; ``waiter``: the thread that raises
-    ``HangError`` (default: the one that starts the watch)."""
+    ``HangError`` (default: the one that starts the watch); ``interruptible(procs)``: the
+    actor mesh whose calls abort interrupts (default: every actor on the busy ranks)."""
 
     def __init__(self, seconds: float, then: str = "dump", *, meshes: Callable[[], list],
                  activity: Callable[[str], int] | None = None, on_report: Callable[[HangReport], None] | None = None,
-                 frame_namer=None, waiter: threading.Thread | None = None):
+                 frame_namer=None, waiter: threading.Thread | None = None,
+                 interruptible: Callable[[Any], Any] | None = None):
         if not seconds > 0:
             raise ValueError(f"seconds={seconds!r}: give the seconds without progress that make a hang (over 0)")
         self.seconds = float(seconds)
@@ -96,6 +99,7 @@ class HangWatch:
         self.on_report = on_report or (lambda report: print("\n".join(report.lines()), flush=True))
         self.frame_namer = frame_namer
         self.waiter = waiter
+        self.interruptible = interruptible
         self.tick = max(0.2, min(1.0, self.seconds / 5))
         self.reports: list[HangReport] = []
         self._state: dict[str, _Mesh] = {}
@@ -178,7 +182,7 @@ class HangWatch:
         mine = {env[0][i]: 1 for i in st.polls} if env else {}
         waiting = {r: n - mine.get(r, 0) for r, n in rt.calls_waiting_on(procs.ref.id).items()}
         busy = sorted(r for r, n in waiting.items() if n > 0)
-        in_collective = self._poll(st, env, now)
+        in_collective = st.inside = self._poll(st, env, now)
         if not busy:
             st.since, st.reported, st.token = now, False, ()
             return
@@ -191,27 +195,28 @@ class HangWatch:
             return
         if not st.reported and now - st.since >= self.seconds:
             st.reported = True
-            self._fire(procs, st, env, busy, now - st.since)
+            self._fire(procs, st, env, busy, self.seconds)  # (at least that long: the report says T)
 
     def _poll(self, st: _Mesh, env, now: float) -> set[int]:
-        """Collect the flight-recorder snapshots that came back and ask again (one question
-        in flight per rank); returns the ranks inside a collective they have not finished."""
+        """Ask every rank for its flight-recorder snapshot (one question in flight per rank)
+        and take the answers that come within a moment (a waiting thread reads its own
+        answers); returns the ranks inside a collective they have not finished."""
         if env is None:
             return set()
         ranks, actors = env
-        flat = None
+        flat = actors.flatten("rank")
         for i in range(len(ranks)):
-            fut, _at = st.polls.get(i, (None, 0.0))
-            if fut is not None and not fut.done():
-                continue
-            if fut is not None:
-                st.polls.pop(i)
-                try:
-                    st.snaps[i] = fut.get(timeout=0)
-                except Exception:  # noqa: BLE001 - that rank's actor failed (it died): no snapshot
-                    st.snaps.pop(i, None)
-            flat = flat or actors.flatten("rank")
-            st.polls[i] = (flat.slice(rank=i).collectives.call_one(2), now)
+            if i not in st.polls:
+                st.polls[i] = (flat.slice(rank=i).collectives.call_one(2), now)
+        deadline = now + min(0.3, self.tick / 2)
+        for i, (fut, _at) in list(st.polls.items()):
+            try:
+                st.snaps[i] = fut.get(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                continue  # stopped, or busy: asked again once it answers
+            except Exception:  # noqa: BLE001 - that rank's actor failed (it died): no snapshot
+                st.snaps.pop(i, None)
+            st.polls.pop(i)
         inside = set()
         for i, s in st.snaps.items():
             for g in s.get("groups", {}).values():
@@ -257,7 +262,10 @@ class HangWatch:
         report = HangReport(procs.name, waited, busy, stuck, why, stacks, coll,
                             {r: where_stuck(stacks, r, self.frame_namer) for r in stuck})
         if self.then == "abort":
-            report.actions = self._abort(procs, env, busy)
+            silent = {env[0][i] for i in coll.silent} if env is not None and coll is not None else set()
+            if stacks is not None:
+                silent |= {s.rank for s in stacks.stacks if s.method != "in-process"}
+            report.actions = self._abort(procs, env, [r for r in busy if r not in st.inside and r not in silent])
         report.write()
         self.reports.append(report)
         if self.then == "abort":
@@ -267,15 +275,19 @@ class HangWatch:
         except Exception as e:  # noqa: BLE001 - the file and the HangError still say it
             log.warning("monarch_kernel: the hang watchdog could not show its report: %s", e)
 
-    def _abort(self, procs, env, busy: list[int]) -> list[str]:
+    def _abort(self, procs, env, running: list[int]) -> list[str]:
         """Tear the hung work down, keeping the ranks and their namespaces: every rank's
         process group aborted (its connections shut, so a collective blocked on it fails at
-        once here and on every peer), and the busy ranks' running calls interrupted."""
+        once here and on every peer), and the calls of ``running`` interrupted: the busy
+        ranks neither inside a collective (the abort ends those) nor silent (stopped, or in C
+        code holding the GIL: an interrupt would land late, in a later call)."""
         done = []
+        if running:
+            actors = self.interruptible(procs) if self.interruptible is not None else None
+            procs.interrupt(actors, ranks=running)  # first: the abort below must not be what it interrupts
+            done.append(f"{rank_label(running, brackets=False).capitalize()} interrupted")
         if env is not None:
             env[1].abort.broadcast("the hang watchdog found no progress")  # nobody waits on a stuck rank's answer
-            done.append(f"the process group was aborted on every rank of mesh '{procs.name}': make it again "
-                        f"with  setup_torch_distributed(procs)  once every rank answers")
-        procs.interrupt(ranks=busy)
-        done.append(f"{rank_label(busy, brackets=False)} interrupted")
+            done.insert(0, f"The process group was aborted on every rank of mesh '{procs.name}': make it again "
+                           f"with  setup_torch_distributed(procs)  once every rank answers")
         return done
