@@ -132,6 +132,20 @@ class Hog(Actor):
         return len(self.held) * step_mib
 
 
+class Sleepy(Actor):
+    """Sleeps on purpose (the hang watchdog's tests): ``nap(rank, s)`` naps ``s`` seconds on
+    ``rank`` (every rank for -1) in short steps, so an interrupt lands at once."""
+
+    @endpoint
+    def nap(self, rank: int, seconds: float) -> int:
+        me = current_rank().rank
+        if rank in (-1, me):
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(0.05)
+        return me
+
+
 class Counter(Actor):
     def __init__(self, start: int):
         self.value = start

@@ -7,7 +7,7 @@ interrupted) and the thread waiting on the mesh raises ``HangError``.  Off unles
     with watchdog(procs, 60, then="abort"):
         trainers.step.call(batch).get()     # HangError if the ranks hang for 60 s
 
-Progress, per mesh while this process waits on its ranks: a new call to it or an answer
+Progress, per mesh while this process waits on its ranks: a new call to it, or an answer
 (the calls still waited on change), a line a rank wrote (where the kernel counts them), a
 collective finished on any rank (the flight recorder), or CPU used by a busy rank that is not
 waiting inside a collective (a rank computing without a word).  ``then="restart"`` needs a
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...actor.endpoint import calls_sent
 from ...runtime import Runtime, proc_stats, rank_label
 from .collectives import build_report
 from .env import existing_env
@@ -37,6 +38,7 @@ THEN = ("dump", "abort")
 RESTART_NEEDS_POLICY = ("then='restart' needs a restart policy on the mesh (replacing a rank by itself), which "
                         "monarch_kernel does not have yet; use then='abort' (HangError, the mesh kept) or 'dump'")
 CPU_BUSY = 0.10  # a busy rank using this share of a core is computing: progress
+TAKE_S = 2.0  # how long the tear-down waits for the waiting thread to take its HangError
 SILENT_S = 1.0  # a rank whose flight-recorder poll is unanswered this long counts as silent
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -104,6 +106,7 @@ class HangWatch:
         self.reports: list[HangReport] = []
         self._state: dict[str, _Mesh] = {}
         self._error: Exception | None = None
+        self._taken = threading.Event()  # the waiter took the HangError
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._hook: Any = None
@@ -153,6 +156,7 @@ class HangWatch:
         err = self._error
         if err is not None and threading.current_thread() is self.waiter:
             self._error = None
+            self._taken.set()
             raise err
         if self._next is not None:
             self._next.run(completion)
@@ -189,7 +193,8 @@ class HangWatch:
         lines = self.activity(procs.name) if self.activity is not None else 0
         done = sum(max(int(g.get("last_completed", -1)), 0) for s in st.snaps.values()
                    for g in s.get("groups", {}).values())
-        token = (tuple(sorted(waiting.items())), lines, done)
+        sent = calls_sent(procs.ref.id, self.waiter.ident) if self.waiter is not None and self.waiter.ident else 0
+        token = (tuple(sorted(waiting.items())), sent, lines, done)
         if token != st.token or self._computing(rt, procs, st, busy, in_collective, now):
             st.token, st.since, st.reported = token, now, False
             return
@@ -261,33 +266,46 @@ class HangWatch:
         stuck, why = stuck_ranks(busy, stacks, coll)
         report = HangReport(procs.name, waited, busy, stuck, why, stacks, coll,
                             {r: where_stuck(stacks, r, self.frame_namer) for r in stuck})
+        running: list[int] = []
         if self.then == "abort":
             silent = {env[0][i] for i in coll.silent} if env is not None and coll is not None else set()
             if stacks is not None:
                 silent |= {s.rank for s in stacks.stacks if s.method != "in-process"}
-            report.actions = self._abort(procs, env, [r for r in busy if r not in st.inside and r not in silent])
+            running = [r for r in busy if r not in st.inside and r not in silent]
+            report.actions = _abort_words(procs, env, running)
         report.write()
         self.reports.append(report)
         if self.then == "abort":
+            # HangError first, then the tear-down: the waiting call must not end with what the
+            # tear-down makes its ranks raise (KeyboardInterrupt, a broken group) instead.
+            self._taken.clear()
             self._error = report.error()
+            self._taken.wait(TAKE_S)
+            self._abort(procs, env, running)
         try:
             self.on_report(report)
         except Exception as e:  # noqa: BLE001 - the file and the HangError still say it
             log.warning("monarch_kernel: the hang watchdog could not show its report: %s", e)
 
-    def _abort(self, procs, env, running: list[int]) -> list[str]:
-        """Tear the hung work down, keeping the ranks and their namespaces: every rank's
-        process group aborted (its connections shut, so a collective blocked on it fails at
-        once here and on every peer), and the calls of ``running`` interrupted: the busy
-        ranks neither inside a collective (the abort ends those) nor silent (stopped, or in C
-        code holding the GIL: an interrupt would land late, in a later call)."""
-        done = []
+    def _abort(self, procs, env, running: list[int]) -> None:
+        """Tear the hung work down, keeping the ranks and their namespaces: the calls of
+        ``running`` interrupted (the busy ranks neither inside a collective, which the abort
+        ends, nor silent: stopped, or in C code holding the GIL, where an interrupt would land
+        late, in a later call), then every rank's process group aborted (its connections
+        shut, so a collective blocked on it fails at once here and on every peer)."""
         if running:
             actors = self.interruptible(procs) if self.interruptible is not None else None
             procs.interrupt(actors, ranks=running)  # first: the abort below must not be what it interrupts
-            done.append(f"{rank_label(running, brackets=False).capitalize()} interrupted")
         if env is not None:
             env[1].abort.broadcast("the hang watchdog found no progress")  # nobody waits on a stuck rank's answer
-            done.insert(0, f"The process group was aborted on every rank of mesh '{procs.name}': make it again "
-                           f"with  setup_torch_distributed(procs)  once every rank answers")
-        return done
+
+
+def _abort_words(procs, env, running: list[int]) -> list[str]:
+    """What ``HangWatch._abort`` does, as the HangError and the report say it."""
+    done = []
+    if env is not None:
+        done.append(f"The process group was aborted on every rank of mesh '{procs.name}': make it again "
+                    f"with  setup_torch_distributed(procs)  once every rank answers")
+    if running:
+        done.append(f"{rank_label(running, brackets=False).capitalize()} interrupted")
+    return done
