@@ -99,3 +99,27 @@ def test_a_rank_stopped_in_a_gloo_collective_raises_hang_error_and_the_mesh_stay
     out, reply = run(mkc, "%%mesh\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', int(t.item()), flush=True)",
                      timeout=120)
     assert reply["status"] == "ok" and "[ranks 0-2] sum 3" in text(out), text(out)
+
+
+@pytest.mark.timeout(900)
+def test_the_ddp_notebook_with_the_watchdog_on_raises_no_false_alarm(kernelspec, tmp_path):
+    """notebooks/ddp.ipynb top to bottom (a rank SIGKILLed mid-training included: that cell
+    fails as it does without a watchdog) under ``%mesh watchdog 5 --then abort``."""
+    import pathlib
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / "ddp.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%mesh watchdog 5 --then abort"))
+    NotebookClient(nb, kernel_name=kernelspec, timeout=600, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    texts = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            texts.append(o.get("text", "") if o.get("output_type") == "stream" else
+                         f"{o.get('ename', '')}: {o.get('evalue', '')}" if o.get("output_type") == "error" else "")
+    got = "\n".join(texts)
+    assert "raises HangError" in got, got
+    assert "HangError" not in got.replace("raises HangError", "") and "%mesh watchdog:" not in got, got
+    assert "rank 2 (killed by signal 9 (SIGKILL)) died" in got and "held-out accuracy after recovery" in got, got[-3000:]

@@ -275,6 +275,10 @@ class HangWatch:
             report.actions = _abort_words(procs, env, running)
         report.write()
         self.reports.append(report)
+        try:
+            self.on_report(report)
+        except Exception as e:  # noqa: BLE001 - the file and the HangError still say it
+            log.warning("monarch_kernel: the hang watchdog could not show its report: %s", e)
         if self.then == "abort":
             # HangError first, then the tear-down: the waiting call must not end with what the
             # tear-down makes its ranks raise (KeyboardInterrupt, a broken group) instead.
@@ -282,10 +286,6 @@ class HangWatch:
             self._error = report.error()
             self._taken.wait(TAKE_S)
             self._abort(procs, env, running)
-        try:
-            self.on_report(report)
-        except Exception as e:  # noqa: BLE001 - the file and the HangError still say it
-            log.warning("monarch_kernel: the hang watchdog could not show its report: %s", e)
 
     def _abort(self, procs, env, running: list[int]) -> None:
         """Tear the hung work down, keeping the ranks and their namespaces: the calls of
