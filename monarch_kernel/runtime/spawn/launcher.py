@@ -30,11 +30,10 @@ from ..errors import ActorError
 from ..failure import DeathInfo
 from ..limits import raise_nofile_limit
 from ..wire.envelope import Kind, Part, Status
-from . import agent_channel
+from . import agent_channel, oom_killer
 from .agent_link import AgentLink
 from .host_messages import MalformedMessage, RankHello
 from .launch_config import LaunchConfig
-from .oom_killer import OomKiller
 from .owned_mesh import OwnedMesh
 from .rank_output import LineReader
 from .rank_remains import kill_rank, remove_inboxes
@@ -75,7 +74,7 @@ class Launcher:
         self.links: dict[str, AgentLink] = {}  # agents of this process's hosts, by link id
         self._beating = False
         self._count = 0  # templates started
-        self.oom = OomKiller()  # names a local rank's SIGKILL by the out-of-memory killer
+        self.oom = oom_killer.OomKiller()  # names a local rank's SIGKILL by the out-of-memory killer
         # The interpreter procs start with unless the spawn names one: in a rank, its own
         # spawner's (``HostMesh.with_python_executable``), so that its procs start through it too.
         self.python: str | None = None
@@ -193,8 +192,7 @@ class Launcher:
     def _forked(self, om: OwnedMesh, rank: int, pid: int) -> None:
         om.pids[rank] = pid
         self.pid_index[(self.source(om, rank), pid)] = (om, rank)
-        if om.links is None:
-            self.oom.forked(pid)
+        self.oom.forked(pid, local=om.links is None)
 
     def _fork_failed(self, om: OwnedMesh, rank: int, why: str) -> None:
         """The template could not make the rank (a limit was reached): it dies, saying why."""
@@ -258,9 +256,7 @@ class Launcher:
         remove_inboxes(om.ref.addresses[r])
         self.receiver.drain(self.inbox)  # answers it sent just before dying still count
         info = DeathInfo.from_status(om.ref.name, r, pid, om.ref.hosts[r], status, om.readers[r][1].tail)
-        info.stopped = om.stopping
-        killed = self.oom.explain(pid) if om.links is None and info.signal == signal.SIGKILL else None
-        info.oom = killed.words() if killed is not None else ""
+        info.stopped, info.oom = om.stopping, self.oom.words(pid, om.links is None, info.signal)
         self._died(om, r, info)
 
     def _source_gone(self, source: str, why: str) -> None:

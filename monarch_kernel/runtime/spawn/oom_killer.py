@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -203,7 +204,10 @@ class OomKiller:
         self._ranks: dict[int, tuple[float, tuple[int, str] | None, int]] = {}  # pid -> (forked at, cgroup, kills)
         self._counted: dict[tuple[int, str], tuple[float, int]] = {}  # cgroup -> (when, kills): a spawn reads each once
 
-    def forked(self, pid: int) -> None:
+    def forked(self, pid: int, local: bool = True) -> None:
+        """Rank ``pid`` was just forked (``local``: on this host; others are their agent's)."""
+        if not local:
+            return
         now = time.monotonic()
         group = memory_cgroup(pid)
         kills = 0
@@ -213,6 +217,15 @@ class OomKiller:
                 kills = counters(*group, self.root)["oom_kill"] or 0
                 self._counted[group] = (now, kills)
         self._ranks[pid] = (now - 1.0, group, kills)
+
+    def words(self, pid: int, local: bool, sig: int | None) -> str:
+        """``it held 2 GiB; the limit was 2 GiB`` if ``pid`` (dead of ``sig``, on this host
+        if ``local``) was killed by the OOM killer, else ``""``."""
+        if not local or sig != signal.SIGKILL:
+            self.forget(pid)
+            return ""
+        kill = self.explain(pid)
+        return kill.words() if kill is not None else ""
 
     def explain(self, pid: int) -> OomKill | None:
         """How ``pid`` (dead of SIGKILL, just now) was killed by the OOM killer; None if

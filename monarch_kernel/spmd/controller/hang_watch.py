@@ -268,10 +268,10 @@ class HangWatch:
                             {r: where_stuck(stacks, r, self.frame_namer) for r in stuck})
         running: list[int] = []
         if self.then == "abort":
-            silent = {env[0][i] for i in coll.silent} if env is not None and coll is not None else set()
+            quiet = {env[0][i] for i in coll.silent} if env is not None and coll is not None else set()
             if stacks is not None:
-                silent |= {s.rank for s in stacks.stacks if s.method != "in-process"}
-            running = [r for r in busy if r not in st.inside and r not in silent]
+                quiet |= {s.rank for s in stacks.stacks if s.method != "in-process"}
+            running = [r for r in busy if r not in st.inside and r not in quiet]
             report.actions = _abort_words(procs, env, running)
         report.write()
         self.reports.append(report)
