@@ -186,10 +186,10 @@ class HangWatch:
         mine = {env[0][i]: 1 for i in st.polls} if env else {}
         waiting = {r: n - mine.get(r, 0) for r, n in rt.calls_waiting_on(procs.ref.id).items()}
         busy = sorted(r for r, n in waiting.items() if n > 0)
-        in_collective = st.inside = self._poll(st, env, now)
-        if not busy:
+        if not busy:  # nothing waits on the mesh: nothing to watch (and nothing asked of its ranks)
             st.since, st.reported, st.token = now, False, ()
             return
+        in_collective = st.inside = self._poll(st, env, now)
         lines = self.activity(procs.name) if self.activity is not None else 0
         done = sum(max(int(g.get("last_completed", -1)), 0) for s in st.snaps.values()
                    for g in s.get("groups", {}).values())
