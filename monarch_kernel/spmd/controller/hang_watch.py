@@ -224,6 +224,8 @@ class HangWatch:
             st.polls.pop(i)
         inside = set()
         for i, s in st.snaps.items():
+            if i in st.polls and now - st.polls[i][1] > SILENT_S:
+                continue  # an old answer: where it is now is unknown (its CPU then counts as work)
             for g in s.get("groups", {}).values():
                 if int(g.get("last_enqueued", -1)) > int(g.get("last_completed", -1)):
                     inside.add(ranks[i])
