@@ -183,3 +183,20 @@ def test_a_cuda_oom_carries_the_memory_summarys_headline(monkeypatch):
     assert expected in getattr(failure.exception(), "__notes__", [])
     plain = RemoteFailure.capture(3, "trainer", "step", RuntimeError("not memory"), frames_to_skip=0)
     assert "CUDA memory" not in plain.message + plain.traceback
+
+
+def test_a_cgroup_v2_groups_counters_are_read(tmp_path):
+    """cgroup v2's files (``memory.events``, ``memory.peak``, ``memory.max``), as the kernel
+    writes them, under a root laid out as v2's (this machine mounts v1's memory controller)."""
+    from monarch_kernel.runtime.spawn.oom_killer import counters
+
+    group = tmp_path / "user.slice" / "job-7"
+    group.mkdir(parents=True)
+    (group / "memory.events").write_text("low 0\nhigh 0\nmax 31\noom 2\noom_kill 1\noom_group_kill 0\n")
+    (group / "memory.peak").write_text(f"{int(11.2 * (1 << 30))}\n")
+    (group / "memory.max").write_text(f"{12 << 30}\n")
+    c = counters(2, "/user.slice/job-7", str(tmp_path))
+    assert c == {"oom_kill": 1, "failcnt": None, "peak": int(11.2 * (1 << 30)), "limit": 12 << 30}
+    assert OomKill(c["peak"], c["limit"], "cgroup v2").words() == "it held 11.2 GiB; the limit was 12 GiB"
+    (group / "memory.max").write_text("max\n")
+    assert counters(2, "/user.slice/job-7", str(tmp_path))["limit"] is None
