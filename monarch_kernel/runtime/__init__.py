@@ -8,13 +8,15 @@ two rooms (sub-packages) import each other.
   leaves         config, context, completion, limits, diagnostics, failure (plain records),
                  errors (the runtime's exceptions), rank_sets (rank lists as text),
                  private_files (folders and files of this user's alone), gpus (which GPU
-                 a rank uses; it imports net.hosts lazily, for the host's name)
+                 a rank uses; it imports net.hosts lazily, for the host's name),
+                 cuda_oom (a CUDA out-of-memory error's memory headline)
   wire/          the bytes between processes: envelope and kinds, typed payloads, signing
                  (auth), framing, the optional C codec (native, _wire), Curve keys, pickling
                  (serialize) and shared-memory segments.  Imports only config.
   spawn/         processes coming and going: the launcher and launch_config, the template's
                  client, channel and fork, host agents' messages and channel, workers, the
-                 process tree, rank output and logging, stack sampling, proc stats.  Stands
+                 process tree, rank output and logging, stack sampling, proc stats,
+                 the OOM killer's kills named (oom_killer).  Stands
                  on wire/.  (template_fork imports rank inside the forked child, lazily.)
   hooks          the runtime's extension points (uses spawn's host messages and rank output)
   net/           messages moving: the IO thread, inboxes, the receiver, the transport,
