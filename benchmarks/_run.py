@@ -26,6 +26,7 @@ JOBS = {
     "W1slurm": ("slurm", "w1_slurm"),
     "panel": ("panel", "w12"),
     "W10": ("training", "w10"),
+    "W10hang": ("hang", "w10_hang"),
     "W13": ("tensors", "w13"),
     "W14stacks": ("stacks", "w14_stacks"),
     "W14recorder": ("stacks", "w14_recorder"),

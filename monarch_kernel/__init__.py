@@ -17,6 +17,7 @@ from .actor.endpoint import Endpoint as Endpoint
 from .actor.endpoint import concurrent_endpoint as concurrent_endpoint
 from .actor.endpoint import endpoint as endpoint
 from .actor.errors import ActorError as ActorError
+from .actor.errors import HangError as HangError
 from .actor.errors import MeshFailure as MeshFailure
 from .actor.errors import MeshStopped as MeshStopped
 from .actor.errors import ProcessDied as ProcessDied
@@ -38,7 +39,7 @@ from .actor.value_mesh import ValueMesh as ValueMesh
 
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
-    "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
+    "HangError", "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
     "RDMABuffer", "Shape", "ValueMesh",
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",

@@ -44,6 +44,14 @@ if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
 RREF_METHOD = "__monarch_rref__"  # the Actor endpoint that runs another for ``rref`` (never listed)
+_calls_sent: dict[tuple[str, int], int] = {}  # (proc mesh id, thread) -> calls sent (a new call is progress)
+
+
+def calls_sent(mesh_id: str, thread: int) -> int:
+    """How many calls (answered ones, not ``broadcast``) thread ``thread`` (its ident) has
+    sent to the ranks of proc mesh ``mesh_id``: the hang watchdog counts a new call from the
+    thread it watches as progress."""
+    return _calls_sent.get((mesh_id, thread), 0)
 
 
 def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, concurrent: bool = False,
@@ -175,6 +183,8 @@ class Endpoint:
 
     def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None, callbacks=False):
         m = self._mesh
+        key = (m._proc_ref.id, threading.get_ident())
+        _calls_sent[key] = _calls_sent.get(key, 0) + 1
         rt = m._check_running()
         body = dumps_plain((args, kwargs))
         if body is not None:  # scalars: nothing to put in shared memory

@@ -14,7 +14,26 @@ from ..runtime import ActorError, MeshFailure, MeshStopped, ProcessDied
 if TYPE_CHECKING:
     from .code_sync.workspace import WorkspaceSync
 
-__all__ = ["ActorError", "ProcessDied", "MeshStopped", "MeshFailure", "WorkspaceReloadError"]
+__all__ = ["ActorError", "HangError", "ProcessDied", "MeshStopped", "MeshFailure", "WorkspaceReloadError"]
+
+
+class HangError(Exception):
+    """The hang watchdog (``%mesh watchdog T --then abort``, ``spmd.watchdog(procs, T,
+    then="abort")``) saw no progress on a mesh for ``waited`` seconds and tore the hung work
+    down: ``ranks`` are the ones the others waited for, ``where`` says where each was stuck,
+    ``report`` is the file with every rank's stacks and collectives.  The mesh stays usable."""
+
+    def __init__(self, message: str, *, mesh: str, ranks: list[int], where: dict[int, str], waited: float,
+                 report: str | None):
+        super().__init__(message)
+        self.mesh, self.ranks, self.where, self.waited, self.report = mesh, ranks, where, waited, report
+
+    def __reduce__(self):
+        return _hang_error, (str(self), self.mesh, self.ranks, self.where, self.waited, self.report)
+
+
+def _hang_error(message, mesh, ranks, where, waited, report) -> HangError:
+    return HangError(message, mesh=mesh, ranks=ranks, where=where, waited=waited, report=report)
 
 
 class WorkspaceReloadError(ImportError):

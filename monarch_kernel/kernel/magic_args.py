@@ -177,9 +177,12 @@ def _collectives():
 
 
 @magic_arguments(name="mesh watchdog")
-@argument("seconds", metavar="SECONDS|off", help="after how long a cell's wait on ranks shows their stacks")
+@argument("seconds", metavar="SECONDS|off", help="after how long without progress a cell's wait on ranks is a hang")
+@argument("--then", default="dump", metavar="dump|abort",
+          help="dump: show and save the ranks' stacks and collectives (default); abort: also tear the hung work "
+               "down and raise HangError in the cell (restart needs a restart policy, not here yet)")
 def _watchdog():
-    """show the grouped stacks once when a cell has waited on ranks that long (off by default)"""
+    """report a hang once when the ranks a cell waits on make no progress that long (off by default)"""
 
 
 @magic_arguments(name="mesh sync")

@@ -280,8 +280,19 @@ class MeshMagics(Magics):
         if not seconds > 0:
             raise UsageError(f"%mesh watchdog {a.seconds}: give seconds (a number over 0) or off; "
                              f"type  %mesh watchdog 60")
-        self.session.watchdog.set(seconds)
-        print(f"watchdog on: a cell that waits on ranks for {seconds:g} s shows their stacks")
+        if a.then == "restart":
+            raise UsageError("%mesh watchdog --then restart needs a restart policy on the mesh (replacing the stuck "
+                             "rank by itself), which monarch_kernel does not have yet; type  "
+                             f"%mesh watchdog {a.seconds} --then abort  to raise HangError and keep the mesh")
+        if a.then not in ("dump", "abort"):
+            raise UsageError(f"%mesh watchdog --then {a.then}: choose dump or abort; type  "
+                             f"%mesh watchdog {a.seconds} --then abort")
+        self.session.watchdog.set(seconds, a.then)
+        if a.then == "abort":
+            print(f"watchdog on: a cell whose ranks make no progress for {seconds:g} s raises HangError "
+                  "(the hung collective torn down, the mesh kept)")
+        else:
+            print(f"watchdog on: a cell that waits on ranks for {seconds:g} s shows their stacks")
 
     def _cmd_restart(self, a):
         procs, _consoles = self.session.get()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from IPython.core.error import UsageError
 
 from .. import history
-from ..actor.errors import ActorError
+from ..actor.errors import ActorError, HangError
 from ..debug.controller import proxy
 from ..runtime import RankSpecError, config, counted, parse_ranks, rank_label
 from .cell_errors import MeshCellError, MeshCellInterrupted, cell_label, check_syntax
@@ -75,8 +75,9 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
                         "(%mesh stacks shows where)")
                 raise MeshCellInterrupted.of(ranks, {}, filename, late) from None
         failed = None
-    except TimeoutError:  # --timeout: the cell ends here, the ranks go on
+    except (TimeoutError, HangError):  # --timeout, or the hang watchdog's abort: the cell ends here
         session.sink.flush(end=True)
+        session.sink.hold = False
         raise
     except ActorError as e:
         results, failed = getattr(e, "results", None), e

@@ -14,6 +14,8 @@ import socket
 import traceback
 from dataclasses import dataclass, field
 
+from . import cuda_oom
+
 
 @dataclass
 class RemoteFailure:
@@ -35,13 +37,18 @@ class RemoteFailure:
         for _ in range(frames_to_skip):
             if tb is not None and tb.tb_next is not None:
                 tb = tb.tb_next
+        memory = cuda_oom.note(exc)  # a CUDA OOM says how full the GPU was
+        add_note = getattr(exc, "add_note", None)  # Python 3.11+: tracebacks print the note
+        if memory and add_note is not None and memory not in getattr(exc, "__notes__", ()):
+            add_note(memory)
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         try:
             exc_bytes = pickle.dumps(exc.with_traceback(None))
             pickle.loads(exc_bytes)
         except Exception:
             exc_bytes = None
-        return cls(rank, actor, method, type(exc).__qualname__, str(exc), text,
+        message = f"{exc}\n{memory}" if memory else str(exc)
+        return cls(rank, actor, method, type(exc).__qualname__, message, text,
                    socket.gethostname(), os.getpid(), exc_bytes)
 
     def exception(self) -> BaseException | None:
@@ -65,6 +72,7 @@ class DeathInfo:
     signal: int | None = None
     stderr_tail: list[str] = field(default_factory=list)
     stopped: bool = False  # ended by stop(), not by a failure
+    oom: str = ""  # killed by the out-of-memory killer: what it held and the limit ("it held 2 GiB; ...")
 
     @classmethod
     def from_status(cls, mesh, rank, pid, host, status: int, tail):
@@ -73,6 +81,8 @@ class DeathInfo:
         return cls(mesh, rank, pid, host, os.WEXITSTATUS(status), None, list(tail))
 
     def how(self) -> str:
+        if self.oom:
+            return f"killed by the out-of-memory killer ({self.oom})"
         if self.signal is not None:
             try:
                 name = signal.Signals(self.signal).name
@@ -84,6 +94,10 @@ class DeathInfo:
         return f"exited with code {self.exitcode}"
 
     def describe(self) -> str:
+        if self.oom:  # the cause first: it is what the reader needs
+            s = (f"rank {self.rank} was {self.how()}: mesh '{self.mesh}', pid {self.pid} on {self.host}, "
+                 f"signal {self.signal} (SIGKILL)")
+            return s + self._tail()
         s = f"rank {self.rank} of mesh '{self.mesh}' (pid {self.pid} on {self.host}) {self.how()}"
         return s + self._tail()
 
@@ -91,7 +105,9 @@ class DeathInfo:
         """Why the actors on this rank failed, in the words of Monarch's report (``the
         process this actor was running on failed: Killed(sig=9)``), then where it was."""
         where = f"rank {self.rank} of mesh '{self.mesh}', pid {self.pid} on {self.host}"
-        if self.signal is not None:
+        if self.oom:
+            how = f"was {self.how()} ({where})"
+        elif self.signal is not None:
             how = f"failed: Killed(sig={self.signal}) ({self.how().partition('(')[2].rstrip(')')}; {where})"
         elif self.exitcode is None:
             how = f"was lost, with no exit status ({where})"

@@ -211,6 +211,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "rank (within `stop_grace`)"),
     _s("stop_init_grace", 2.0, "runtime/calls/actor_lives.py", "how long `ActorMesh.stop()` waits for a running "
        "`__init__` to return (then `__cleanup__` runs) before it stops the actor without it"),
+    _s("hang_take", 2.0, "spmd/controller/hang_watch.py", "how long a `--then abort` tear-down waits for the "
+       "waiting cell (or call) to take its `HangError` before it tears the hung collective down"),
+    _s("hang_silent", 1.0, "spmd/controller/hang_watch.py", "a rank whose flight-recorder poll is unanswered this "
+       "long counts as silent (its stacks are then read with py-spy)"),
     _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "
        "(an actor its rank has not made yet) tries again after this, then twice as long each time"),
     _s("datagram_retry_max", 0.005, "runtime/net/datagram.py", "the longest wait between those tries"),

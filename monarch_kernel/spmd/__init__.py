@@ -6,7 +6,8 @@ group, and ``device_mesh(procs, ("dp", "tp"))`` a ``DeviceMesh`` over it (on ran
 ``current_device_mesh()`` is that mesh).  ``SPMDActor`` runs torchrun scripts
 (``main(master_addr, master_port, script_args)``), ``PeerCheckpoint`` keeps training state in
 memory for a replaced rank to pull from a survivor, and ``LossPlot`` draws ranks' losses live
-in the notebook.  ``controller/`` runs where the mesh is driven from, ``rank/`` on ranks;
+in the notebook, and ``watchdog(procs, 60, then="abort")`` turns a hang into ``HangError``.
+``controller/`` runs where the mesh is driven from, ``rank/`` on ranks;
 only this package sets torchrun's variables.  This module only re-exports; importing it
 imports no torch and starts nothing.
 """
@@ -18,6 +19,9 @@ from .controller.distributed import device_mesh as device_mesh
 from .controller.distributed import setup_torch_distributed as setup_torch_distributed
 from .controller.env import setup_torch_elastic_env as setup_torch_elastic_env
 from .controller.env import setup_torch_elastic_env_async as setup_torch_elastic_env_async
+from .controller.hang_report import HangReport as HangReport
+from .controller.hang_watch import HangWatch as HangWatch
+from .controller.hang_watch import watchdog as watchdog
 from .controller.plot import LossPlot as LossPlot
 from .controller.profile import profile as profile
 from .controller.profile_report import ProfileReport as ProfileReport
@@ -28,6 +32,7 @@ from .rank.group import current_device_mesh as current_device_mesh
 from .rank.script import ScriptExit as ScriptExit
 from .rank.script import run_script as run_script
 
-__all__ = ["CollectivesReport", "DeviceMeshHandle", "LossPlot", "PeerCheckpoint", "ProfileReport", "RankEnv",
+__all__ = ["CollectivesReport", "DeviceMeshHandle", "HangReport", "HangWatch", "LossPlot",
+           "PeerCheckpoint", "ProfileReport", "RankEnv",
            "SPMDActor", "ScriptExit", "collectives", "current_device_mesh", "device_mesh", "profile", "run_script",
-           "setup_torch_distributed", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
+           "setup_torch_distributed", "setup_torch_elastic_env", "setup_torch_elastic_env_async", "watchdog"]

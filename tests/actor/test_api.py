@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(60)
 
 PUBLIC = {
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
-    "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
+    "HangError", "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
     "RDMABuffer", "Shape", "ValueMesh",
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",

@@ -115,6 +115,37 @@ class Echo(Actor):
         return {"torch": "torch" in sys.modules, "main_file": getattr(main, "__file__", None)}
 
 
+class Hog(Actor):
+    """Takes memory on purpose (the OOM tests, under a cgroup's limit)."""
+
+    def __init__(self):
+        self.held: list[bytes] = []
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def grab(self, mib: int, step_mib: int = 8) -> int:
+        for _ in range(0, mib, step_mib):
+            self.held.append(b"\x01" * (step_mib << 20))  # written, so every page is charged
+        return len(self.held) * step_mib
+
+
+class Sleepy(Actor):
+    """Sleeps on purpose (the hang watchdog's tests): ``nap(rank, s)`` naps ``s`` seconds on
+    ``rank`` (every rank for -1) in short steps, so an interrupt lands at once."""
+
+    @endpoint
+    def nap(self, rank: int, seconds: float) -> int:
+        me = current_rank().rank
+        if rank in (-1, me):
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(0.05)
+        return me
+
+
 class Counter(Actor):
     def __init__(self, start: int):
         self.value = start

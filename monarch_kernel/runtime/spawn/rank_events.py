@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import ActorError
 from ..failure import DeathInfo
 from ..wire.envelope import Part, Status
+from . import oom_killer
 from .host_messages import MalformedMessage, RankHello
 from .owned_mesh import OwnedMesh
 from .rank_remains import remove_inboxes
@@ -54,6 +55,7 @@ class RankEvents:
         self.inbox = inbox
         self.drops = drops
         self.pid_index: dict[tuple[str, int], tuple[OwnedMesh, int]] = {}  # (source, pid) -> rank
+        self.oom = oom_killer.OomKiller()  # names a local rank's SIGKILL by the out-of-memory killer
 
     def of(self, source: str) -> SourceEvents:
         """What one template or agent (``source``, its id) tells, tagged with it."""
@@ -62,6 +64,7 @@ class RankEvents:
     def forked(self, om: OwnedMesh, rank: int, source: str, pid: int) -> None:
         om.pids[rank] = pid
         self.pid_index[(source, pid)] = (om, rank)
+        self.oom.forked(pid, local=om.links is None)
 
     def fork_failed(self, om: OwnedMesh, rank: int, why: str) -> None:
         """The template could not make the rank (a limit was reached): it dies, saying why."""
@@ -122,7 +125,7 @@ class RankEvents:
         remove_inboxes(om.ref.addresses[r])
         self.receiver.drain(self.inbox)  # answers it sent just before dying still count
         info = DeathInfo.from_status(om.ref.name, r, pid, om.ref.hosts[r], status, om.readers[r][1].tail)
-        info.stopped = om.stopping
+        info.stopped, info.oom = om.stopping, self.oom.words(pid, om.links is None, info.signal)
         self.died(om, r, info)
 
     def _source_gone(self, source: str, why: str) -> None:

@@ -119,9 +119,18 @@ def collectives(procs, *, last: int = 4, stacks: bool = True, timeout: float = A
             snaps[i] = fut.get(timeout=max(0.05, deadline - time.monotonic()))
         except TimeoutError:
             silent.append(i)
+    report = build_report(procs.name, snaps, silent, time.time_ns())
+    behind = report.holding_up()
+    if stacks and behind:
+        report.stacks = procs.stacks(behind)
+    return report
+
+
+def build_report(mesh: str, snaps: dict[int, dict], silent: list[int], now_ns: int) -> CollectivesReport:
+    """The report from each rank's ``flight.snapshot`` (``snaps``, by index in the mesh) and
+    the ranks that did not answer (``silent``); the hang watchdog builds it from its own polls."""
     groups: dict[str, GroupState] = {}
     no_recorder = {}
-    now = time.time_ns()
     for i, snap in snaps.items():
         if snap.get("recorder") is None:
             no_recorder[i] = snap.get("why", "no recorder")
@@ -136,8 +145,4 @@ def collectives(procs, *, last: int = 4, stacks: bool = True, timeout: float = A
         for i in snaps:
             if i not in no_recorder and i not in st.entered:
                 st.entered[i] = st.finished[i] = 0
-    report = CollectivesReport(procs.name, sorted(groups.values(), key=lambda g: g.name), silent, no_recorder, now)
-    behind = report.holding_up()
-    if stacks and behind:
-        report.stacks = procs.stacks(behind)
-    return report
+    return CollectivesReport(mesh, sorted(groups.values(), key=lambda g: g.name), sorted(silent), no_recorder, now_ns)

@@ -44,6 +44,14 @@ def has_record(procs) -> bool:
         return (procs.ref.id, tuple(procs.shape.ranks)) in _records
 
 
+def existing_env(procs) -> tuple[tuple, object] | None:
+    """``(proc-mesh ranks, ElasticEnvActor mesh)`` if one was spawned on ``procs``, else None;
+    it spawns nothing (the hang watchdog asks from its own thread, while calls are pending)."""
+    with _records_lock:
+        rec = _records.get((procs.ref.id, tuple(procs.shape.ranks)))
+    return (rec.ranks, rec.env) if rec is not None and rec.env is not None else None
+
+
 def record(procs) -> MeshRecord:
     """The mesh's record, its ``ElasticEnvActor`` spawned (again, if a rank was replaced)."""
     ref = procs.ref

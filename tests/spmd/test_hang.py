@@ -1,0 +1,52 @@
+"""The hang watchdog from a script (``spmd.watchdog(procs, T, then=...)``, issue 44 point 5):
+a call whose rank makes no progress for T raises ``HangError`` naming that rank and where it
+is, the call is interrupted and the mesh answers the next call; calls that keep coming back
+for longer than T raise nothing; ``then="restart"`` says what it needs."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from support.actors import Sleepy
+
+from monarch_kernel import HangError, this_host
+from monarch_kernel.spmd import watchdog
+
+T = 2
+
+
+@pytest.mark.timeout(120)
+def test_a_stuck_rank_raises_hang_error_and_the_next_call_answers():
+    reports = []
+    with this_host().spawn_procs(per_host={"gpus": 2}, name="hangs") as procs:
+        sleepy = procs.spawn("sleepy", Sleepy)
+        sleepy.nap.call(-1, 0).get(timeout=30)
+        with watchdog(procs, T, then="abort", on_report=reports.append):
+            for _ in range(int(3 * T / 0.3)):  # calls that come back keep it quiet, however long in all
+                sleepy.nap.call(-1, 0.3).get(timeout=30)
+            assert reports == []
+            start = time.monotonic()
+            with pytest.raises(HangError) as info:
+                sleepy.nap.call(1, 600).get(timeout=60)
+            took = time.monotonic() - start
+            err = info.value
+            assert err.ranks == [1] and err.mesh == "hangs", err
+            assert str(err).startswith(f"no progress on mesh 'hangs' for {T} s: rank 1 holds the others up "
+                                       "(its stack differs from the rest): rank 1 at Sleepy.nap (actors.py:"), err
+            assert "Rank 1 interrupted" in str(err), err
+            assert T <= took < T + 5 + 1.5, took
+            assert err.report is not None and os.path.isfile(err.report)
+            with open(err.report) as f:
+                assert "Stacks of mesh 'hangs'" in f.read()
+            assert len(reports) == 1 and reports[0].stuck == [1]
+            # The interrupted call ended on its rank: the mesh answers at once.
+            assert list(sleepy.nap.call(-1, 0).get(timeout=30).values()) == [0, 1]
+
+
+def test_restart_needs_a_restart_policy():
+    with pytest.raises(ValueError, match="needs a restart policy"):
+        watchdog(None, 5, then="restart")
+    with pytest.raises(ValueError, match="choose 'dump'"):
+        watchdog(None, 5, then="later")

@@ -1,0 +1,128 @@
+"""The hang watchdog through a real monarch kernel (issue 44, point 5): a rank SIGSTOPped
+inside a gloo collective makes the cell raise ``HangError`` naming it, within T + 5 s, with a
+report file of every rank's stacks and collectives; the mesh stays usable (the next cell runs
+on every rank, and a new group reduces again).  Cells that make progress for longer than T
+(printing, reducing, computing) raise nothing.  One kernel and one 3-rank mesh."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from support.kernels import iopub, run, text
+
+pytestmark = pytest.mark.timeout(300)
+T = 3
+
+LOOP = ("%%mesh\nimport torch, torch.distributed as dist\nt = torch.ones(1)\nfor i in range(10**7):\n"
+        "    dist.all_reduce(t)\n    t.fill_(1)\n    if i == 20:\n        print('looping', flush=True)")
+
+
+@pytest.fixture(scope="module")
+def mkc(module_kc):
+    out, reply = run(module_kc, "procs = %mesh spawn -n 3", timeout=120)
+    assert reply["status"] == "ok", text(out)
+    out, reply = run(module_kc, "from monarch_kernel.spmd import setup_torch_distributed\n"
+                                "setup_torch_distributed(procs)", timeout=120)
+    assert reply["status"] == "ok", text(out)
+    yield module_kc
+    run(module_kc, "%mesh watchdog off\n%mesh stop", timeout=60)
+
+
+def _pids(kc) -> list[int]:
+    out, reply = run(kc, "print([r['pid'] for r in procs.rank_states()])")
+    return [int(p) for p in re.findall(r"\d+", text(out))]
+
+
+def test_the_grammar_says_what_restart_needs(mkc):
+    out, reply = run(mkc, "%mesh watchdog 5 --then restart")
+    assert reply["ename"] == "UsageError" and "needs a restart policy" in reply["evalue"], reply
+    assert "%mesh watchdog 5 --then abort" in reply["evalue"]
+    out, reply = run(mkc, "%mesh watchdog 5 --then nothing")
+    assert reply["ename"] == "UsageError" and "choose dump or abort" in reply["evalue"], reply
+
+
+def test_cells_that_progress_longer_than_t_raise_nothing(mkc):
+    out, reply = run(mkc, f"%mesh watchdog {T} --then abort")
+    assert "raises HangError" in text(out), text(out)
+    cells = {
+        "printing": "%%mesh\nimport time\nfor i in range(10):\n    print('tick', i, flush=True)\n    time.sleep(0.8)",
+        "reducing": "%%mesh\nimport time, torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                    "for i in range(14):\n    dist.all_reduce(t)\n    t.fill_(1)\n    time.sleep(0.6)",
+        "computing": "%%mesh\nimport time\nend = time.monotonic() + 8\nx = 0\nwhile time.monotonic() < end:\n"
+                     "    x += 1",
+    }
+    for name, cell in cells.items():
+        out, reply = run(mkc, cell, timeout=120)
+        assert reply["status"] == "ok", (name, text(out))
+        assert "watchdog" not in text(out), (name, text(out))
+
+
+def test_a_rank_stopped_in_a_gloo_collective_raises_hang_error_and_the_mesh_stays_usable(mkc):
+    run(mkc, f"%mesh watchdog {T} --then abort")
+    pids = _pids(mkc)
+    msg_id = mkc.execute(LOOP)
+    io = iopub(mkc)
+    io.wait_output(msg_id, "looping", timeout=120)
+    os.kill(pids[1], signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        outputs = io.wait_idle(msg_id, timeout=120)
+        raised = time.monotonic() - stopped
+        got = text(outputs)
+        reply = mkc.get_shell_msg(timeout=30)["content"]
+        assert reply["ename"] == "HangError", (reply, got)
+        evalue = reply["evalue"]
+        assert evalue.startswith(f"no progress on mesh 'procs' for {T} s: rank 1 holds the others up "
+                                 "(the flight recorder): rank 1 at "), evalue
+        assert "line 5: dist.all_reduce(t)" in evalue, evalue  # where it is stuck, in the cell
+        assert "The process group was aborted on every rank" in evalue and "interrupted" not in evalue
+        assert raised < T + 5 + 1.5, raised  # T without progress, the report within 5 s (a tick of slack)
+        path = re.search(r"Full report: (\S+\.txt)", evalue)[1]
+        assert path.startswith(os.path.join(os.environ["XDG_STATE_HOME"], "monarch-kernel", "hangs", "")), path
+        assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
+        with open(path) as f:
+            report = f.read()
+        assert "Collectives of mesh 'procs':" in report and "Stacks of mesh 'procs'" in report, report
+        assert "py-spy" in report  # the stopped rank was read from outside
+        assert "%mesh watchdog: rank 1 holds the others up (the flight recorder); full report:" in got, got
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    out, reply = run(mkc, "%%mesh\nimport torch.distributed as dist\nprint('after the hang', flush=True)", timeout=120)
+    assert reply["status"] == "ok", text(out)
+    assert "[ranks 0-2] after the hang" in text(out), text(out)
+    out, reply = run(mkc, "setup_torch_distributed(procs)", timeout=120)
+    assert reply["status"] == "ok", text(out)
+    out, reply = run(mkc, "%%mesh\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', int(t.item()), flush=True)",
+                     timeout=120)
+    assert reply["status"] == "ok" and "[ranks 0-2] sum 3" in text(out), text(out)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_the_training_notebooks_with_the_watchdog_on_raise_no_false_alarm(kernelspec, tmp_path, name):
+    """notebooks/ddp.ipynb and fsdp.ipynb top to bottom under ``%mesh watchdog 5 --then abort``
+    (the DDP one SIGKILLs a rank mid-training: that cell fails as it does without a watchdog)."""
+    import pathlib
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / f"{name}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("%mesh watchdog 5 --then abort"))
+    NotebookClient(nb, kernel_name=kernelspec, timeout=600, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    texts = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            texts.append(o.get("text", "") if o.get("output_type") == "stream" else
+                         f"{o.get('ename', '')}: {o.get('evalue', '')}" if o.get("output_type") == "error" else "")
+    got = "\n".join(texts)
+    assert "raises HangError" in got, got
+    assert "HangError" not in got.replace("raises HangError", "") and "%mesh watchdog:" not in got, got
+    if name == "ddp":
+        assert "rank 2 (killed by signal 9 (SIGKILL)) died" in got, got[-3000:]
+        assert "held-out accuracy after recovery" in got, got[-3000:]
