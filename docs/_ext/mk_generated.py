@@ -21,7 +21,8 @@ def magics_markdown() -> str:
     parts = ["The list that `%mesh` and `%mesh help` print:", "", "```text", magic_args.USAGE, "```", ""]
     for name in [*magic_args.COMMANDS, magic_args.CELL]:
         title = name if name == magic_args.CELL else f"%mesh {name}"
-        parts += [f"# `{title}`", "", f"{magic_args.summary(magic_args.cell_args if name == magic_args.CELL else magic_args.COMMANDS[name]).rstrip('.')}.", "",
+        fn = magic_args.cell_args if name == magic_args.CELL else magic_args.COMMANDS[name]
+        parts += [f"# `{title}`", "", f"{magic_args.summary(fn).rstrip('.')}.", "",
                   "```text", magic_args.full_help(name), "```", ""]
     return "\n".join(parts)
 
