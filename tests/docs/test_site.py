@@ -140,6 +140,7 @@ def test_examples_ran_at_build_time(site):
     assert "[ranks 0-3] hello" in text_of(site / "guides" / "notebook.html")
     assert re.search(r"ValueMesh", text_of(site / "get-started.html"))
     assert "DeviceMesh<{'dp': 2, 'tp': 2} cpu on 'procs'>" in text_of(site / "guides" / "training.html")
+    assert "Stacks of mesh 'procs': 4 ranks in 2 groups" in text_of(site / "guides" / "observing.html")
 
 
 # ---------------------------------------------------------------- in a browser
