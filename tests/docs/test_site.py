@@ -68,7 +68,8 @@ def internal_links(page: Path):
         yield parts, ref
 
 
-def test_every_internal_link_and_image_resolves(site):
+def broken_links(site: Path) -> list[str]:
+    """Every link, image or script of the site's pages whose file, or anchor, is not there."""
     broken = []
     pages = [p for p in sorted(site.rglob("*.html")) if "_static" not in p.relative_to(site).parts]  # not the theme's
     for page in pages:
@@ -81,7 +82,21 @@ def test_every_internal_link_and_image_resolves(site):
             elif (parts.fragment and target.suffix == ".html"
                   and urllib.parse.unquote(parts.fragment) not in anchors(target)):
                 broken.append(f"{page.relative_to(site)}: {ref} (no such anchor)")
+    return broken
+
+
+def test_every_internal_link_and_image_resolves(site):
+    broken = broken_links(site)
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:40])
+
+
+def test_the_link_check_sees_a_missing_page_anchor_and_image(tmp_path):
+    (tmp_path / "a.html").write_text('<h1 id="top">A</h1><a href="b.html#top">b</a><a href="#top">up</a>'
+                                     '<a href="https://example.org/x">out</a>')
+    (tmp_path / "b.html").write_text('<p id="top"></p><a href="a.html#nowhere">a</a><a href="gone.html">gone</a>'
+                                     '<img src="p.png">')
+    assert broken_links(tmp_path) == ["b.html: a.html#nowhere (no such anchor)", "b.html: gone.html (no such file)",
+                                      "b.html: p.png (no such file)"]
 
 
 def public_names() -> list[tuple[str, str]]:
