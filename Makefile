@@ -38,7 +38,7 @@ APT = missing=$$(for p in $(1); do dpkg-query -W -f='$${db:Status-Status}\n' $$p
 	else echo "note: not installing" $$missing "(that needs root and apt-get): $(2)"; fi
 
 # workspace: a recipe, not the folder (which exists after the first `make lab`)
-.PHONY: setup lab workspace demo lint test bench bench-scale gpu-check clean
+.PHONY: setup lab workspace demo lint test docs bench bench-scale gpu-check clean
 
 $(SYSSTAMP):
 	@$(call APT,$(SYSDEPS),messages will take the pure-Python path unless OpenSSL's headers are there)
@@ -91,7 +91,7 @@ setup: $(STAMP) $(PANEL)
 # is installed again so that its ibverbs extension is built against the headers just installed
 # (torch pinned again, as above).
 $(TEST_STAMP): $(STAMP) $(TEST_SYSSTAMP)
-	$(BIN)/pip install -q -e '.[test]' torch==2.13.0 --config-settings editable_mode=compat
+	$(BIN)/pip install -q -e '.[test,docs]' torch==2.13.0 --config-settings editable_mode=compat
 	rm -f $(VENV)/.test-installed-*
 	touch $@
 
@@ -121,6 +121,18 @@ lint: setup $(TEST_STAMP)
 TEST_WORKERS ?= 2
 test: setup $(TEST_STAMP) lint
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+
+# The documentation site (docs/, Sphinx), into docs/_build/html: every notebook and every guide's code
+# cells run on the monarch kernel, warnings are errors and every cross-reference is checked.  The
+# suite builds it too, once (tests/docs/test_site.py), and opens it in a browser.
+DOCS_STAMP := $(VENV)/.docs-installed-$(shell cat pyproject.toml setup.py | cksum | cut -d' ' -f1)
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[docs]' torch==2.13.0 --config-settings editable_mode=compat
+	rm -f $(VENV)/.docs-installed-*
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(BIN)/python -m sphinx -W -n --keep-going -q -b html docs docs/_build/html -d docs/_build/doctrees
 
 bench: setup $(TEST_STAMP)
 	$(BIN)/python -m benchmarks

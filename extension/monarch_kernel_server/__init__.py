@@ -8,7 +8,7 @@ Mesh panel shows even when no kernel has them attached.
     POST   /monarch/meshes/{name}/attach    {"kernel_id": ID}: that kernel attaches it
 
 Jupyter Server's own authentication guards every request (token or cookie, and XSRF for
-cookies); errors are JSON with a ``message``.  README.md's REST table lists every route's
+cookies); errors are JSON with a ``message``.  docs/reference/rest.md's table lists every route's
 bodies and status codes.  The server process never becomes a mesh
 controller: what needs the mesh's connection runs in a short-lived helper process
 (``monarch_kernel.detached.listing``) or in the kernel itself.

@@ -183,7 +183,7 @@ class AttachHandler(MeshApiHandler):
 
 
 def routes(base_url: str = "/") -> list[tuple[str, type[MeshApiHandler]]]:
-    """Every route (a URL pattern, its handler) under ``base_url``; README.md's REST table
+    """Every route (a URL pattern, its handler) under ``base_url``; docs/reference/rest.md's table
     lists each one's methods, bodies and status codes (tests/system/test_server_api.py compares)."""
     base = url_path_join(base_url, "monarch", "meshes")
     return [

@@ -21,7 +21,13 @@ R = TypeVar("R")
 class Accumulator(Generic[R, A]):
     """``Accumulator(endpoint, identity, combine)``: ``accumulate(*args)`` calls the
     endpoint on every rank of its mesh and folds the answers, in rank order, with
-    ``combine(acc, value)`` starting from ``identity``."""
+    ``combine(acc, value)`` starting from ``identity``.
+
+    Example::
+
+        acc = Accumulator(counters.value, 0, lambda total, v: total + v)
+        total = acc.accumulate().get()        # the sum over every rank
+    """
 
     def __init__(self, endpoint: Endpoint, identity: A, combine: Callable[[A, R], A]):
         if not callable(combine):

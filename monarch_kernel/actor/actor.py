@@ -28,7 +28,21 @@ from .shape import Extent, Point
 
 class Actor:
     """Base class of actors.  Define ``__supervise__(self, failure)`` (sync or async,
-    truthy = handled) to decide what happens when a mesh this actor spawned fails."""
+    truthy = handled) to decide what happens when a mesh this actor spawned fails.
+
+    Example::
+
+        class Counter(Actor):
+            def __init__(self, start: int):
+                self.n = start
+            @endpoint
+            def incr(self) -> int:
+                self.n += 1
+                return self.n
+
+        counters = procs.spawn("counters", Counter, 0)
+        counters.incr.call().get()                  # ValueMesh: 1 on every rank
+    """
 
     #: Run this actor's sync endpoints on the rank's main thread, where an interrupt is a
     #: real SIGINT that cuts blocking calls short.  One actor per rank gets it (the first to
@@ -94,7 +108,14 @@ def _extent(dims) -> Extent:
 
 
 def current_rank() -> Point:
-    """The calling rank's point in its proc mesh (rank 0 of an empty extent on the controller)."""
+    """The calling rank's point in its proc mesh (rank 0 of an empty extent on the controller).
+
+    Example::
+
+        %%mesh
+        from monarch_kernel import current_rank
+        print(current_rank().rank)           # [rank 0] 0, [rank 1] 1, ...
+    """
     ctx = current_actor.get()
     if ctx is not None:
         return Point.from_rank(ctx.rank, _extent(ctx.mesh.dims))
@@ -105,14 +126,29 @@ def current_rank() -> Point:
 
 
 def current_size() -> dict:
-    """``{dim: size}`` of the calling rank's proc mesh."""
+    """``{dim: size}`` of the calling rank's proc mesh.
+
+    Example::
+
+        %%mesh
+        from monarch_kernel import current_size
+        current_size()                       # {'gpus': 4} on every rank
+    """
     ctx = current_actor.get()
     mesh = ctx.mesh if ctx is not None else process_mesh[0]
     return dict(mesh.dims) if mesh is not None else {}
 
 
 def context() -> Context:
-    """The actor and message being served (outside an endpoint: the process itself)."""
+    """The actor and message being served (outside an endpoint: the process itself).
+
+    Example::
+
+        class Trainer(Actor):
+            @endpoint
+            def where(self) -> str:
+                return str(context().actor_instance.proc_mesh)
+    """
     ctx = current_actor.get()
     if ctx is None:
         p = current_rank()
@@ -129,7 +165,15 @@ def context() -> Context:
 
 def current_actor_name() -> str:
     """This actor's name, distinct on every rank: ``"<proc mesh>[<rank>].<actor id>"``
-    (``"client"`` on the controller outside an actor, as Monarch's root client)."""
+    (``"client"`` on the controller outside an actor, as Monarch's root client).
+
+    Example::
+
+        class Trainer(Actor):
+            @endpoint
+            def name(self) -> str:
+                return current_actor_name()     # e.g. 'procs[1].trainers'
+    """
     ctx = current_actor.get()
     if ctx is not None:
         return f"{ctx.mesh.name}[{ctx.rank}].{ctx.actor}"

@@ -32,7 +32,13 @@ T = TypeVar("T")
 
 
 class ActorMesh(Shaped, Generic[T]):
-    """Actors of class ``T``, one per rank (``ActorMesh[Trainer]`` in annotations)."""
+    """Actors of class ``T``, one per rank (``ActorMesh[Trainer]`` in annotations).
+
+    Example::
+
+        trainers = procs.spawn("trainers", Trainer, lr=0.1)   # ActorMesh[Trainer]
+        trainers.slice(gpus=0).step.call_one(8).get()
+    """
 
     def __class_getitem__(cls, _item):
         """``ActorMesh[...]`` is the class itself at run time, as in Monarch (the parameter is

@@ -89,7 +89,13 @@ def publish_registry(rt: Runtime) -> None:
 def get_or_spawn_controller(name: str, cls: type[T], *args: Any, **kwargs: Any) -> Future[ActorMesh[T]]:
     """The job's singleton actor called ``name``, spawned (as ``cls(*args, **kwargs)``, on
     the root controller's own process) by the first caller from any process of the job;
-    later callers get the same actor.  Returns a Future of its ``ActorMesh``."""
+    later callers get the same actor.  Returns a Future of its ``ActorMesh``.
+
+    Example::
+
+        registry = get_or_spawn_controller("registry", Registry).get()
+        registry.register.call_one("worker-1").get()
+    """
     if not isinstance(name, str):
         raise TypeError(f"a controller's name is a str, not {type(name).__name__}")
     if not isinstance(cls, type):

@@ -61,6 +61,13 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, c
     An actor takes its messages one at a time, in order, async endpoints included;
     ``concurrent=True`` (or ``@concurrent_endpoint``) lets an async endpoint run as a task
     beside the actor's later messages instead.
+
+    Example::
+
+        class Trainer(Actor):
+            @endpoint
+            def step(self, batch: int) -> float:
+                return 1.0 / batch
     """
 
     def mark(f):
@@ -80,7 +87,15 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, c
 def concurrent_endpoint(method=None, *, propagate=None, explicit_response_port: bool = False,
                         instrument: bool = True):
     """``@endpoint(concurrent=True)``, spelled as Monarch spells it: the async endpoint runs
-    as a task on the actor's loop, so the actor takes its next message meanwhile."""
+    as a task on the actor's loop, so the actor takes its next message meanwhile.
+
+    Example::
+
+        class Server(Actor):
+            @concurrent_endpoint
+            async def wait_for(self, key: str) -> str:
+                return await self.table.get(key)
+    """
     def wrap(f):
         if getattr(f, ENDPOINT_MARK, False):
             raise ValueError("concurrent_endpoint does not wrap @endpoint; pass endpoint options to "
@@ -172,7 +187,12 @@ def _picklable(obj) -> bool:
 
 
 class Endpoint:
-    """One endpoint of an actor mesh; its adverbs send the call."""
+    """One endpoint of an actor mesh; its adverbs send the call.
+
+    Example: ``trainers.step.call(8).get()``, a ValueMesh of every rank's answer::
+
+        trainers.step.choose(8).get()      # one rank, picked for you
+    """
 
     def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh

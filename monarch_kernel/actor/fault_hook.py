@@ -17,7 +17,17 @@ log = logging.getLogger(__name__)
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
     """Default: print the failure to stderr; never exit the process.  With
-    ``MONARCH_KERNEL_STRICT=1`` it then exits the process with status 1, as Monarch's does."""
+    ``MONARCH_KERNEL_STRICT=1`` it then exits the process with status 1, as Monarch's does.
+
+    Example::
+
+        import monarch_kernel
+
+        def my_hook(failure):
+            print("mesh failure:", failure)
+
+        monarch_kernel.unhandled_fault_hook = my_hook
+    """
     log.error("monarch_kernel: unhandled failure on mesh '%s':\n%s", failure.mesh, failure.report())
     if config.strict():
         # Monarch's hook ends the client; from the IO thread sys.exit would end only that

@@ -35,7 +35,13 @@ def _run_coroutine(coro: Coroutine[Any, Any, Any], done: Completion) -> None:
 
 class Future(Generic[R]):
     """The answer to an operation.  Some operations (RDMA transfers, as in Monarch) start
-    only when their Future is first awaited or read: ``start`` begins them, once."""
+    only when their Future is first awaited or read: ``start`` begins them, once.
+
+    Example::
+
+        fut = trainers.step.call(8)
+        values = fut.get(timeout=30)       # blocking, or: values = await fut
+    """
 
     __slots__ = ("_completion", "_transform", "_value", "_error", "_lock", "_inbox", "_start")
 

@@ -25,7 +25,12 @@ RANK_MODULES = tuple(f"monarch_kernel.{m}" for m in (
 
 class HostMesh:
     """Hosts procs are started on: this machine (``this_host()``), or the hosts of a job
-    (``monarch_kernel.job``), each running an agent that forks ranks there."""
+    (``monarch_kernel.job``), each running an agent that forks ranks there.
+
+    Example::
+
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+    """
 
     def __init__(self, hosts: int = 1, python_executable: str | None = None, agents: list | None = None,
                  job=None):
@@ -180,12 +185,23 @@ def _pickle_bootstrap(fn) -> bytes | None:
 
 
 def this_host() -> HostMesh:
-    """The machine this process runs on."""
+    """The machine this process runs on.
+
+    Example::
+
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+    """
     return HostMesh(1)
 
 
 def this_proc() -> ProcMesh:
-    """A one-rank mesh that is the calling process itself."""
+    """A one-rank mesh that is the calling process itself.
+
+    Example::
+
+        counter = this_proc().spawn("counter", Counter, 0)   # an actor in this process
+        counter.incr.call_one().get()
+    """
     rt = Runtime.current()
     route_unhandled(rt)
     return ProcMesh(rt.self_mesh, Shape.full({}), None)

@@ -26,7 +26,15 @@ R = TypeVar("R")
 
 
 class Port(Generic[R]):
-    """Where one (response port) or many (channel) values go; small and picklable."""
+    """Where one (response port) or many (channel) values go; small and picklable.
+
+    Example::
+
+        class Producer(Actor):
+            @endpoint
+            def produce(self, port: Port) -> None:
+                port.send(current_rank().rank)
+    """
 
     __slots__ = ("address", "port_id", "rank")
 
@@ -55,7 +63,14 @@ class Port(Generic[R]):
 
 
 class PortReceiver(Generic[R]):
-    """The receiving end of a channel: ``recv()`` is a Future of the next value."""
+    """The receiving end of a channel: ``recv()`` is a Future of the next value.
+
+    Example::
+
+        port, receiver = Channel.open()
+        producers.produce.broadcast(port)
+        print(receiver.recv().get())
+    """
 
     def __init__(self):
         self._parts: collections.deque = collections.deque()
@@ -84,6 +99,16 @@ class PortReceiver(Generic[R]):
 
 
 class Channel(Generic[R]):
+    """A channel: a port that many values can be sent to, and the receiver that reads them
+    (Monarch's ``Channel.open()``).
+
+    Example::
+
+        port, receiver = Channel.open()
+        workers.produce.call(port)                  # each rank sends to port
+        first = receiver.recv().get()
+    """
+
     @staticmethod
     def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
         """A port and its receiver; values sent to the port from any process queue up."""

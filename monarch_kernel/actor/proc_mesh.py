@@ -36,6 +36,17 @@ from .spawn_message import spawn_body, spawn_options
 
 
 class ProcMesh(Shaped):
+    """Processes (ranks) started by ``HostMesh.spawn_procs``, one per point of its extent; actors
+    are spawned on it, and it can be sliced, reshaped, restarted and stopped.
+
+    Example::
+
+        with this_host().spawn_procs(per_host={"gpus": 4}) as procs:
+            trainers = procs.spawn("trainers", Trainer, lr=0.1)
+            half = procs.slice(gpus=slice(0, 2))
+            print(procs.to_table())
+    """
+
     def __init__(self, ref, shape: Shape, owned=None):
         self._ref = ref
         self._shape = shape

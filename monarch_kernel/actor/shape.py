@@ -27,7 +27,13 @@ def check_dim(label, where: str) -> str:
 
 
 class Extent(Mapping):
-    """Ordered ``dim -> size``; ``Extent({"hosts": 2, "gpus": 4})``."""
+    """Ordered ``dim -> size``; ``Extent({"hosts": 2, "gpus": 4})``.
+
+    Example::
+
+        e = Extent({"hosts": 2, "gpus": 4})
+        e.nelem                             # 8
+    """
 
     __slots__ = ("labels", "sizes")
 
@@ -72,7 +78,13 @@ class Extent(Mapping):
 
 class Point(Mapping):
     """A coordinate in an extent; a mapping ``dim -> index`` whose ``.rank`` is the flat
-    row-major index, so ``mesh.slice(**point)`` selects it."""
+    row-major index, so ``mesh.slice(**point)`` selects it.
+
+    Example::
+
+        p = current_rank()                  # on a rank of a {"hosts": 2, "gpus": 4} mesh
+        p.rank, p["gpus"]                   # e.g. (5, 1)
+    """
 
     __slots__ = ("coords", "extent")
 
@@ -123,7 +135,13 @@ class Point(Mapping):
 
 
 class Shape:
-    """An extent and the proc-mesh rank at each of its points (row-major)."""
+    """An extent and the proc-mesh rank at each of its points (row-major).
+
+    Example::
+
+        procs.shape.extent                  # Extent({'gpus': 4})
+        procs.slice(gpus=2).shape.ranks       # [2]
+    """
 
     __slots__ = ("extent", "ranks")
 

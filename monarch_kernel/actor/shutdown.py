@@ -16,7 +16,12 @@ from .shape import Shape
 
 def shutdown_context() -> Future[None]:
     """Stop the procs of every mesh this process spawned; the Future resolves once all
-    have exited (``.get()`` or ``await`` it), raising the first stop's error if any."""
+    have exited (``.get()`` or ``await`` it), raising the first stop's error if any.
+
+    Example::
+
+        shutdown_context().get()             # every mesh this process spawned stops
+    """
     rt = Runtime.existing()
     if rt is None:
         return Future.ready(None)

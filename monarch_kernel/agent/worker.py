@@ -338,7 +338,13 @@ async def _end(agent: asyncio.subprocess.Process) -> None:
 def run_worker_loop_forever(*, address: str, key=None, ca=None, private_key=None) -> None:
     """Serve controllers that hold the key in file ``key`` at ``address`` (``tcp://ADDR:PORT``)
     until SIGTERM, SIGINT or a controller's ``job.kill()`` (Monarch's name; a key file stands
-    for Monarch's ``ca=`` and ``private_key=``)."""
+    for Monarch's ``ca=`` and ``private_key=``).
+
+    Example::
+
+        # on each host (python -m monarch_kernel.agent --listen ... does the same):
+        run_worker_loop_forever(address="tcp://0.0.0.0:29500", key="~/.mk-key")
+    """
     if key is None:
         raise TypeError(worker_key.no_key("run_worker_loop_forever(address=..., key=PATH)", ca, private_key))
     ip, port = parse_listen(address)

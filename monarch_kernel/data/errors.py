@@ -39,13 +39,31 @@ class RdmaSetupFailed(TransferError):
 
 
 class RDMAReadTransferWarning(Warning):
-    """Monarch's warning about a read that is staged through host memory (never issued here)."""
+    """Monarch's warning about a read that is staged through host memory (never issued here).
+
+    Example::
+
+        import warnings
+        warnings.simplefilter("ignore", RDMAReadTransferWarning)   # as in Monarch
+    """
 
 
 class RDMAWriteTransferWarning(Warning):
-    """Monarch's warning about a write that is staged through host memory (never issued here)."""
+    """Monarch's warning about a write that is staged through host memory (never issued here).
+
+    Example::
+
+        import warnings
+        warnings.simplefilter("ignore", RDMAWriteTransferWarning)   # as in Monarch
+    """
 
 
 class RDMATcpFallbackWarning(Warning):
     """Monarch's warning that no RDMA NIC was found (never issued here: shm and tcp are
-    first-class transports; ``get_rdma_backend()`` says which kind is in use)."""
+    first-class transports; ``get_rdma_backend()`` says which kind is in use).
+
+    Example::
+
+        import warnings
+        warnings.simplefilter("ignore", RDMATcpFallbackWarning)   # as in Monarch
+    """

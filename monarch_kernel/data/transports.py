@@ -20,7 +20,13 @@ NAMES = ("ibverbs", "cuda_ipc", "shm", "tcp")
 
 
 def transports() -> list[dict]:
-    """Every transport, best first: ``{"name", "available", "reason"}``."""
+    """Every transport, best first: ``{"name", "available", "reason"}``.
+
+    Example::
+
+        for t in transports():
+            print(t["name"], t["available"], t["reason"])
+    """
     out = []
     for name, probe in (("ibverbs", ibverbs.is_available), ("cuda_ipc", cuda_ipc.is_available),
                         ("shm", shm.is_available)):
@@ -37,7 +43,13 @@ def transports() -> list[dict]:
 
 def is_ibverbs_available() -> bool:
     """Monarch's name: whether this process can move bytes through an RDMA NIC (ibverbs).
-    ``transports()`` says why not."""
+    ``transports()`` says why not.
+
+    Example::
+
+        if not is_ibverbs_available():
+            print([t["reason"] for t in transports() if t["name"] == "ibverbs"])
+    """
     return ibverbs.is_available()[0]
 
 

@@ -25,7 +25,14 @@ from .worker_session import WorkerSession, parse_worker
 
 class AttachJob(JobTrait):
     """The workers at ``workers`` (their ``--listen`` addresses, as this machine reaches
-    them), as one host mesh called ``name``; ``key``: the path of the key file they hold."""
+    them), as one host mesh called ``name``; ``key``: the path of the key file they hold.
+
+    Example::
+
+        job = AttachJob(["tcp://node1:29500", "tcp://node2:29500"], key="~/.mk-key")
+        procs = job.state().hosts.spawn_procs(per_host={"gpus": 4})
+        job.kill()                          # the workers exit too
+    """
 
     kind = "attach"
 
@@ -107,7 +114,13 @@ def attach_to_workers(*, workers, key=None, name: str | None = None, start_timeo
     """A ``HostMesh`` (dim ``hosts``) over the workers at ``workers`` (``tcp://HOST:PORT``,
     as each worker's ``--listen``), which hold the key in file ``key`` (Monarch's name; a key
     file stands for Monarch's ``ca=`` and ``private_key=``).  Returns once every worker's
-    agent has connected; ``.stop()`` lets go of the workers, ``.shutdown()`` ends them."""
+    agent has connected; ``.stop()`` lets go of the workers, ``.shutdown()`` ends them.
+
+    Example::
+
+        hosts = attach_to_workers(workers=["tcp://node1:29500", "tcp://node2:29500"], key="~/.mk-key")
+        procs = hosts.spawn_procs(per_host={"gpus": 4})
+    """
     if key is None:
         raise TypeError(worker_key.no_key("attach_to_workers(workers=[...], key=PATH)", ca, private_key))
     job = AttachJob(workers, key, name=name or "hosts", start_timeout=start_timeout)

@@ -18,7 +18,13 @@ _KINDS: dict[str, type[JobTrait]] = {}  # dumped "kind" -> job class, filled as 
 
 
 class JobState:
-    """The host meshes of a running job, by name: ``job.state().trainers``."""
+    """The host meshes of a running job, by name: ``job.state().trainers``.
+
+    Example::
+
+        state = job.state()
+        procs = state.trainers.spawn_procs(per_host={"gpus": 4})
+    """
 
     def __init__(self, hosts: dict[str, HostMesh]):
         self._hosts = dict(hosts)
@@ -39,7 +45,15 @@ class JobState:
 
 class JobTrait(ABC):
     """A job: ``apply()`` creates it (a no-op once running), ``state()`` returns its host
-    meshes, ``kill()`` ends it and frees what it holds, ``dump``/``job_load`` reconnect."""
+    meshes, ``kill()`` ends it and frees what it holds, ``dump``/``job_load`` reconnect.
+
+    Example::
+
+        job = SlurmJob(meshes={"trainers": 2}, partition="gpu")
+        job.apply()
+        procs = job.state().trainers.spawn_procs(per_host={"gpus": 4})
+        job.kill()
+    """
 
     kind = ""
 
@@ -117,7 +131,13 @@ class JobTrait(ABC):
 
 class LocalJob(JobTrait):
     """This machine, behind the job interface: ``LocalJob(("workers",)).state().workers`` is
-    ``this_host()``."""
+    ``this_host()``.
+
+    Example::
+
+        job = LocalJob(("workers",))
+        procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+    """
 
     kind = "local"
 
@@ -144,7 +164,14 @@ class LocalJob(JobTrait):
 
 def job_load(path: str) -> JobTrait:
     """The job ``job.dump(path)`` saved; its ``state()`` reconnects to the same hosts (for
-    Slurm, the same allocation) with new agents."""
+    Slurm, the same allocation) with new agents.
+
+    Example::
+
+        job.dump("job.json")
+        # in a restarted kernel:
+        procs = job_load("job.json").state().workers.spawn_procs(per_host={"gpus": 2})
+    """
     try:
         with open(path) as f:
             spec = json.load(f)
@@ -154,7 +181,12 @@ def job_load(path: str) -> JobTrait:
 
 
 def job_from_spec(spec: dict, where: str = "the spec") -> JobTrait:
-    """The job ``job.spec()`` described."""
+    """The job ``job.spec()`` described.
+
+    Example::
+
+        same = job_from_spec(job.spec())
+    """
     kind = spec.get("kind") if isinstance(spec, dict) else None
     if kind not in _KINDS:
         raise ValueError(f"{where} is not a dumped job (kind {kind!r}; known: {', '.join(sorted(_KINDS))})")

@@ -31,7 +31,13 @@ from .tunnels import Tunnels
 
 class UnreachableControllerWarning(UserWarning):
     """An ``SSHJob``'s hosts could not connect to this controller, so their connections go
-    through the ssh connections that start their agents (``out_of_cluster``)."""
+    through the ssh connections that start their agents (``out_of_cluster``).
+
+    Example::
+
+        import warnings
+        warnings.simplefilter("error", UnreachableControllerWarning)   # refuse the tunnel instead
+    """
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +54,17 @@ def _caller_level() -> int:
 
 
 class SSHJob(JobTrait):
+    """Hosts reached over SSH: ``add_mesh(name, hosts)`` names a group of hosts, and ``state()``
+    starts an agent on each and returns their host meshes.
+
+    Example::
+
+        job = SSHJob(python_exe="/opt/venv/bin/python", ssh_args=("-i", "~/.ssh/id_ed25519"))
+        job.add_mesh("workers", ["node1", "node2"])
+        procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+        job.kill()
+    """
+
     kind = "ssh"
 
     def __init__(self, python_exe: str = "python3", ssh_args=(), monarch_port: int | None = None,

@@ -1,5 +1,5 @@
 """``python -m monarch_kernel``: ``install [--user|--sys-prefix]`` installs the ``monarch``
-kernelspec; ``settings [--markdown]`` prints the settings in force (or the README's tables);
+kernelspec; ``settings [--markdown]`` prints the settings in force (or the documentation's tables);
 ``key new PATH`` writes the key workers (``agent --listen``) and their controllers share."""
 
 from __future__ import annotations

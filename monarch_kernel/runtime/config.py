@@ -3,7 +3,7 @@
 What each setting is lives in ``settings.py`` (``SETTINGS``).  A setting with an environment
 variable is read from it at each use (so a cell's ``%env`` takes effect), unless a value was
 given with ``set()`` (the kernel does this for its ``MeshKernel`` traitlets); a constant
-(``env`` None) is fixed.  ``python -m monarch_kernel settings --markdown`` prints the README's
+(``env`` None) is fixed.  ``python -m monarch_kernel settings --markdown`` prints the documentation's
 tables.  The lowest layer: it imports nothing of the project above runtime/.
 """
 
@@ -181,7 +181,7 @@ def ib_device() -> tuple[str | None, int, int]:
 
 
 def markdown() -> str:
-    """The README's two tables: the settings, then the timing constants."""
+    """The documentation's two tables (docs/reference/settings.md): the settings, then the timing constants."""
     rows = ["| variable | `MeshKernel` trait | type | default | meaning |", "|---|---|---|---|---|"]
     rows += [f"| `{s.env}` | {f'`{s.name}`' if s.kernel else ''} | {s.type.__name__}{f' ({s.unit})' if s.unit else ''}"
              f" | {s.default_text()} | {s.help} |" for s in SETTINGS.values() if s.env]

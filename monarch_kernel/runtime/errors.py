@@ -15,7 +15,15 @@ REMOTE_TRACEBACK = "Traceback of where the remote call failed (most recent call 
 
 class ActorError(Exception):
     """An endpoint raised on a rank.  ``__cause__`` is the original exception when it
-    could be carried over; ``remote_traceback`` is the rank's traceback as text."""
+    could be carried over; ``remote_traceback`` is the rank's traceback as text.
+
+    Example::
+
+        try:
+            trainers.step.call(0).get()
+        except ActorError as e:
+            print(e.rank, e.__cause__)                # the rank, and its ZeroDivisionError
+    """
 
     def __init__(self, failure: RemoteFailure, message: str | None = None):
         self.failure = failure
@@ -42,7 +50,16 @@ class ActorError(Exception):
 
 
 class ProcessDied(ActorError):
-    """A rank's process exited (or was killed) before it answered."""
+    """A rank's process exited (or was killed) before it answered.
+
+    Example::
+
+        try:
+            trainers.step.call(8).get()
+        except ProcessDied as e:
+            print(e)                          # the rank, its host, exit code or signal, last stderr lines
+            procs.restart().get()
+    """
 
     def __init__(self, death: DeathInfo, actor: str = "", method: str = ""):
         self.death = death
@@ -62,4 +79,13 @@ class SendFailed(ConnectionError):
 
 
 class MeshStopped(Exception):
-    """The mesh was stopped; spawn a new one to keep working."""
+    """The mesh was stopped; spawn a new one to keep working.
+
+    Example::
+
+        procs.stop().get()
+        try:
+            trainers.step.call(8).get()
+        except MeshStopped:
+            procs = this_host().spawn_procs(per_host={"gpus": 4})
+    """

@@ -123,7 +123,15 @@ class DeathInfo:
 
 @dataclass
 class MeshFailure:
-    """A supervision event: something failed on a mesh and nobody was waiting for it."""
+    """A supervision event: something failed on a mesh and nobody was waiting for it.
+
+    Example::
+
+        class Trainer(Actor):
+            def __supervise__(self, failure: MeshFailure) -> bool:
+                print(failure.mesh, failure.rank)
+                return True                     # handled: not the fault hook's
+    """
 
     mesh: str
     rank: int

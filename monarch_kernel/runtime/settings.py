@@ -18,7 +18,7 @@ class Setting:
     """One setting: ``name`` in code (and on ``MeshKernel``), its environment variable (None:
     a constant of the code), its type, default and meaning; ``unit`` of its value; ``kernel``:
     also a ``MeshKernel`` traitlet; ``minimum``: a smaller value is raised to it; ``shown``:
-    the default as the README says it; ``used_in``: the module of a constant."""
+    the default as the documentation says it; ``used_in``: the module of a constant."""
 
     name: str
     type: type
@@ -41,7 +41,7 @@ class Setting:
         return value if self.minimum is None else max(self.type(self.minimum), value)
 
     def default_text(self) -> str:
-        """The default as the README and ``--help-all`` say it."""
+        """The default as the documentation and ``--help-all`` say it."""
         return self.shown or (f"{self.default:g}" if isinstance(self.default, float) else str(self.default))
 
 

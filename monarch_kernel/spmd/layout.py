@@ -15,7 +15,14 @@ from ..runtime import counted
 
 @dataclass(frozen=True)
 class RankEnv:
-    """One rank's place in a torch.distributed world, as torchrun would describe it."""
+    """One rank's place in a torch.distributed world, as torchrun would describe it.
+
+    Example::
+
+        %%mesh
+        import os
+        print(os.environ["RANK"], os.environ["LOCAL_RANK"])   # as RankEnv set them
+    """
 
     rank: int
     world_size: int

@@ -518,7 +518,8 @@ def test_a_worker_on_another_host_runs_ranks_there(workers, key, other_host, tmp
 
 
 def test_a_worker_that_torchrun_starts(workers, key):
-    """The README's torchrun recipe, on one node: the ranks get none of torchrun's variables."""
+    """The torchrun recipe of docs/guides/beyond-one-machine.md, on one node: the ranks get none
+    of torchrun's variables."""
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1")
     (w,) = workers(1, python=torchrun)
     hosts = attach_to_workers(workers=[w.address], key=key)

@@ -1,10 +1,11 @@
 """The one configuration module (``runtime/config.py``) and diagnostics through ``logging``.
 
 Every environment variable and timing constant is declared there and read from there (checked
-from the source); the README's tables are the module's own; a kernel setting given as a
-``MeshKernel`` traitlet (command line, or a config file in a Jupyter config directory) is the
-value the kernel and its ranks use; diagnostics are ``monarch_kernel`` log records that reach
-stderr unless the program configured logging, and importing the package installs no handler.
+from the source); the documentation's tables are the module's own (tests/docs/ checks the built
+page); a kernel setting given as a ``MeshKernel`` traitlet (command line, or a config file in a
+Jupyter config directory) is the value the kernel and its ranks use; diagnostics are
+``monarch_kernel`` log records that reach stderr unless the program configured logging, and
+importing the package installs no handler.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ pytestmark = pytest.mark.timeout(120)
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "monarch_kernel").rglob("*.py"), *(ROOT / "extension").rglob("*.py")])
 CONFIG = ROOT / "monarch_kernel" / "runtime" / "config.py"
-README_TABLES = re.compile(r"<!-- settings tables: .*? -->\n(.*?)<!-- end of settings tables -->", re.S)
 READ_MARK = "(cell that reads the settings)"
 READ_CELL = ("from monarch_kernel.runtime import config\n"
              f"print({READ_MARK!r}, config.heartbeat_timeout(), config.fanout(), config.spawn_timeout())")
@@ -43,15 +43,7 @@ def _others():
 # ---------------------------------------------------------------- one module declares them all
 
 
-def test_the_readme_tables_are_generated_from_the_config_module():
-    found = README_TABLES.search((ROOT / "README.md").read_text())
-    assert found, "README.md has lost its settings tables' markers (see README_TABLES)"
-    assert found.group(1) == config.markdown(), (
-        "README.md's settings tables differ from runtime/settings.py's: paste the output of "
-        "`python -m monarch_kernel settings --markdown` between the markers")
-
-
-def test_the_settings_command_prints_the_readme_tables():
+def test_the_settings_command_prints_the_documentations_tables():
     out = subprocess.run([sys.executable, "-m", "monarch_kernel", "settings", "--markdown"],
                          capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout == config.markdown() and not out.stderr

@@ -1,5 +1,5 @@
-"""The server extension's REST API: README.md's table of routes (methods, bodies, status
-codes) is the handlers' own, read from their source, so neither can drift; and
+"""The server extension's REST API: the documentation's table of routes (docs/reference/rest.md:
+methods, bodies, status codes) is the handlers' own, read from their source, so neither can drift; and
 ``GET /monarch/meshes/{name}`` answers a real detached mesh's record, or 404, from a real
 Jupyter server."""
 
@@ -21,16 +21,17 @@ from support.browser import Lab, rest
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
+REST_PAGE = ROOT / "docs" / "reference" / "rest.md"
 TABLE = re.compile(r"<!-- REST table: .*? -->\n(.*?)<!-- end of REST table -->", re.S)
 METHODS = ("get", "post", "put", "patch", "delete")
 # Every route is behind @web.authenticated: Jupyter Server answers 403 without a token.
 ALWAYS = {200, 403}
 
 
-def readme_routes() -> dict[tuple[str, str], set[int]]:
-    """(METHOD, path) -> the status codes README.md's REST table lists for it."""
-    found = TABLE.search((ROOT / "README.md").read_text())
-    assert found, "README.md has lost its REST table's markers (see TABLE)"
+def documented_routes() -> dict[tuple[str, str], set[int]]:
+    """(METHOD, path) -> the status codes the documentation's REST table lists for it."""
+    found = TABLE.search(REST_PAGE.read_text())
+    assert found, f"{REST_PAGE.relative_to(ROOT)} has lost its REST table's markers (see TABLE)"
     rows = [line for line in found.group(1).splitlines() if line.startswith("| `")]
     out = {}
     for row in rows:
@@ -100,14 +101,15 @@ def handler_routes() -> dict[tuple[str, str], set[int]]:
     return out
 
 
-def test_the_readme_lists_every_route_method_and_status_the_handlers_have():
-    documented, served = readme_routes(), handler_routes()
+def test_the_docs_list_every_route_method_and_status_the_handlers_have():
+    documented, served = documented_routes(), handler_routes()
     assert set(documented) == set(served), (
-        f"README.md's REST table and handlers.routes() differ: only in the README "
+        f"docs/reference/rest.md and handlers.routes() differ: only in the docs "
         f"{sorted(set(documented) - set(served))}, only in the handlers {sorted(set(served) - set(documented))}")
     for route, codes in served.items():
         assert documented[route] == codes, (
-            f"{' '.join(route)}: README.md lists {sorted(documented[route])}, the handlers answer {sorted(codes)}")
+            f"{' '.join(route)}: docs/reference/rest.md lists {sorted(documented[route])}, "
+            f"the handlers answer {sorted(codes)}")
     # The table is read from the source, not guessed: GET of one mesh is there, with its 404.
     assert served[("GET", "/monarch/meshes/{name}")] == {200, 403, 404, 500, 504}
 

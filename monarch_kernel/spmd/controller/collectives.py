@@ -44,7 +44,14 @@ class GroupState:
 
 
 class CollectivesReport:
-    """Per group, where each rank is; ``holding_up()``: the ranks the others wait for."""
+    """Per group, where each rank is; ``holding_up()``: the ranks the others wait for.
+
+    Example::
+
+        report = collectives(procs)
+        print(report)
+        report.holding_up()                  # e.g. [3]
+    """
 
     def __init__(self, mesh: str, groups: list[GroupState], silent: list[int], no_recorder: dict[int, str],
                  now_ns: int, stacks=None):
@@ -106,7 +113,12 @@ class CollectivesReport:
 
 def collectives(procs, *, last: int = 4, stacks: bool = True, timeout: float = ASK_S) -> CollectivesReport:
     """Where each rank of ``procs`` is in its collectives (the groups ``setup_torch_distributed``
-    or ``%mesh run`` made), and the stacks of the ranks the others wait for."""
+    or ``%mesh run`` made), and the stacks of the ranks the others wait for.
+
+    Example::
+
+        print(collectives(procs))             # where each rank is in its collectives
+    """
     rec = record(procs)
     env = rec.env.flatten("rank")
     n = len(rec.ranks)

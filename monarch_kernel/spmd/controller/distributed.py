@@ -19,7 +19,13 @@ BACKENDS = ("gloo", "nccl")
 @dataclass(frozen=True)
 class DeviceMeshHandle:
     """The controller's view of the ``DeviceMesh`` built on every rank of ``procs``: its dim
-    names and shape.  On a rank, ``current_device_mesh()`` is the mesh itself."""
+    names and shape.  On a rank, ``current_device_mesh()`` is the mesh itself.
+
+    Example::
+
+        mesh = device_mesh(procs, ("dp", "tp"))
+        print(mesh)                           # DeviceMesh<{'dp': 2, 'tp': 2} cpu on 'procs'>
+    """
 
     procs: object
     names: tuple
@@ -41,7 +47,13 @@ def setup_torch_distributed(procs, backend: str | None = None, *, timeout: float
     when every rank has a GPU of its own, gloo otherwise (ranks sharing a GPU, as on a
     one-GPU workstation, get gloo: NCCL refuses them); ``backend="nccl"`` where it cannot
     work raises at once, saying what to pass.  Calling it again (after ``%mesh restart``)
-    rebuilds the group with the same ranks, and the device mesh if one was built."""
+    rebuilds the group with the same ranks, and the device mesh if one was built.
+
+    Example::
+
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+        setup_torch_distributed(procs)          # 'gloo' here; 'nccl' with a GPU per rank
+    """
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose 'gloo', 'nccl', or None (nccl when every rank has a "
                          "GPU of its own)")
@@ -69,7 +81,13 @@ def device_mesh(procs, names=None, *, mesh_shape=None, device_type: str | None =
     handle; on each rank ``current_device_mesh()`` is the mesh.  Its dims are the ProcMesh's
     (``{"hosts": 2, "gpus": 4}`` with ``names=("dp", "tp")`` is a 2x4 mesh named dp, tp;
     ``names=None`` keeps the ProcMesh's names); ``mesh_shape=(2, 2)`` reshapes a mesh whose
-    dims do not match.  Sets the process group up first if it is not (or a rank was replaced)."""
+    dims do not match.  Sets the process group up first if it is not (or a rank was replaced).
+
+    Example::
+
+        setup_torch_distributed(procs)
+        mesh = device_mesh(procs, ("dp", "tp"))
+    """
     dims = dict(procs.extent)
     names = tuple(dims) if names is None else tuple(names)
     if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):

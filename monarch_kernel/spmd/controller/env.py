@@ -91,7 +91,12 @@ def setup_torch_elastic_env(procs, master_addr: str | None = None, master_port: 
 async def setup_torch_elastic_env_async(procs, master_addr: str | None = None,
                                         master_port: int | None = None) -> tuple[str, int]:
     """``setup_torch_elastic_env`` for async code (Monarch's name): it runs on a thread, so
-    the event loop keeps going."""
+    the event loop keeps going.
+
+    Example::
+
+        addr, port = await setup_torch_elastic_env_async(procs)
+    """
     import asyncio
 
     return await asyncio.get_running_loop().run_in_executor(

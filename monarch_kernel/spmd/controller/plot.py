@@ -22,7 +22,9 @@ MAX_POINTS = 400  # per line drawn: more are thinned out
 
 
 class LossPlot:
-    """One line per rank of a value per step, drawn live in the cell that shows it::
+    """One line per rank of a value per step, drawn live in the cell that shows it.
+
+    For example::
 
         plot = LossPlot("DDP loss")          # in the notebook: shows an empty plot here
         %mesh push plot=plot

@@ -22,6 +22,16 @@ CLOCK_SAMPLES = 5
 
 
 class profile:  # noqa: N801 - a context manager named as torch.profiler.profile is
+    """torch.profiler on every rank of ``procs`` for the block: the ranks' traces merged into one
+    Chrome-trace file (``path``), and a ``ProfileReport``.
+
+    Example::
+
+        with profile(procs) as prof:
+            trainers.step.call(8).get()
+        print(prof)
+    """
+
     def __init__(self, procs, path: str | None = None, *, cuda: bool | None = None):
         self.procs = procs
         self.path = path

@@ -28,6 +28,16 @@ class RankProfile:
 
 
 class ProfileReport:
+    """What ``profile(procs)`` measured: the merged trace's ``path``, each rank's times, and
+    ``stragglers()``, the ranks slower than the others.
+
+    Example::
+
+        with profile(procs) as prof:
+            trainers.step.call(8).get()
+        print(prof.path, prof.stragglers())
+    """
+
     def __init__(self, mesh: str, path: str, ranks: list[RankProfile]):
         self.mesh = mesh
         self.path = path  # the merged Chrome trace (open it in Perfetto or chrome://tracing)

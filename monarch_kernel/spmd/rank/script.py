@@ -19,7 +19,12 @@ from . import group
 
 
 class ScriptExit(RuntimeError):
-    """The script called ``sys.exit`` with a non-zero status."""
+    """The script called ``sys.exit`` with a non-zero status.
+
+    Example::
+
+        %mesh run train.py --epochs 0      # sys.exit(2) in train.py: ScriptExit on each rank
+    """
 
 
 _run_lock = threading.Lock()
@@ -27,7 +32,14 @@ _run_lock = threading.Lock()
 
 def run_script(script_args) -> bool:
     """Run ``script_args`` (``["train.py", "--lr", "0.1"]`` or ``["-m", "pkg.train", ...]``)
-    as torchrun would run it on this rank; True once it returns (or exits with status 0)."""
+    as torchrun would run it on this rank; True once it returns (or exits with status 0).
+
+    Example::
+
+        %%mesh
+        from monarch_kernel.spmd import run_script
+        run_script(["train.py", "--lr", "0.1"])
+    """
     argv = [str(a) for a in script_args]
     if not argv or argv == ["-m"]:
         raise ValueError("no script to run: give a path (train.py --lr 0.1) or a module (-m pkg.train --lr 0.1)")

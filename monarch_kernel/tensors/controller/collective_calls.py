@@ -74,7 +74,14 @@ def _like(t: Tensor) -> tuple:
 
 def reduce(t: Tensor, dims=None, reduction: str = "sum", scatter: bool = False, mesh=None) -> Tensor:
     """``t`` reduced across mesh dims ``dims`` (a name, several, or None: all); with
-    ``scatter`` each rank keeps its part of the result."""
+    ``scatter`` each rank keeps its part of the result.
+
+    Example::
+
+        with procs.activate():
+            t = torch.ones(3)
+            total = monarch.reduce(t, "gpus")     # sum over the ranks: 4.0 each on 4 ranks
+    """
     m = _mesh(t, mesh)
     dims = _dims(m, dims)
     meta = _meta(t, m, dims, reduction, scatter)
@@ -88,7 +95,14 @@ def reduce(t: Tensor, dims=None, reduction: str = "sum", scatter: bool = False, 
 
 
 def reduce_(t: Tensor, dims=None, reduction: str = "sum", scatter: bool = False, mesh=None) -> Tensor:
-    """``reduce`` into ``t`` itself (its shape must not change: no stack, no scatter)."""
+    """``reduce`` into ``t`` itself (its shape must not change: no stack, no scatter).
+
+    Example::
+
+        with procs.activate():
+            t = torch.ones(3)
+            monarch.reduce_(t, "gpus", reduction="avg")
+    """
     m = _mesh(t, mesh, writes=True)
     dims = _dims(m, dims)
     if reduction == "stack" or scatter:
@@ -101,7 +115,12 @@ def reduce_(t: Tensor, dims=None, reduction: str = "sum", scatter: bool = False,
 
 def to_mesh(t: Tensor, mesh) -> Tensor:
     """``t`` moved to ``mesh`` (a ProcMesh, or a slice, of the same proc mesh, with the same
-    dims' sizes): rank i of the destination gets the shard of rank i of the source."""
+    dims' sizes): rank i of the destination gets the shard of rank i of the source.
+
+    Example::
+
+        u = monarch.to_mesh(t, procs.slice(gpus=slice(2, 4)))   # t's values, now on ranks 2-3
+    """
     from .meshes import TensorMesh as _TM
 
     if type(t) is not Tensor:

@@ -48,21 +48,40 @@ def _mesh_for(obj, what: str) -> TensorMesh:
 
 def fetch_shard(obj, shard: dict | None = None, **coords):
     """A Future of ``obj`` (a distributed tensor, or lists/tuples/dicts with some) as the
-    rank at ``coords`` has it (dims left out: 0); its tensors come back detached, on the CPU."""
+    rank at ``coords`` has it (dims left out: 0); its tensors come back detached, on the CPU.
+
+    Example::
+
+        with procs.activate():
+            t = torch.rand(3)
+        monarch.fetch_shard(t, gpus=2).get()   # rank 2's shard, a plain tensor
+    """
     mesh = _mesh_for(obj, "fetch_shard")
     rank = mesh.rank_at(shard, **coords)
     return mesh.client.request(rank, None, (obj,), {}, _raise_poisoned)
 
 
 def inspect(obj, shard: dict | None = None, **coords):
-    """``fetch_shard(obj, ...).get()``: the shard's value now."""
+    """``fetch_shard(obj, ...).get()``: the shard's value now.
+
+    Example::
+
+        with procs.activate():
+            t = torch.ones(2) * 3
+        monarch.inspect(t, gpus=0)            # tensor([3., 3.])
+    """
     return fetch_shard(obj, shard, **coords).get()
 
 
 def call_on_shard_and_fetch(fn, *args, shard: dict | None = None, **kwargs):
     """A Future of ``fn(*args, **kwargs)`` run on one rank (``shard``: its coordinates; 0 by
     default), distributed tensors in the arguments as that rank's shards.  ``fn``: a
-    ``@remote`` function or a plain one."""
+    ``@remote`` function or a plain one.
+
+    Example::
+
+        monarch.call_on_shard_and_fetch(torch.cuda.device_count, shard={"gpus": 1}).get()
+    """
     mesh = _mesh_for((args, kwargs), "call_on_shard_and_fetch")
     rank = mesh.rank_at(shard)
     return mesh.client.request(rank, getattr(fn, "function", fn), args, kwargs, _raise_poisoned)
@@ -101,7 +120,12 @@ def _coords(c: dict) -> str:
 def show(obj, shard: dict | None = None, **coords) -> Shown:
     """One shard for display in a notebook (rank 0 by default); a coordinate given as a
     range, slice or list (``show(t, gpus=range(4))``), or None for a whole dim, shows a small
-    table of every shard it selects."""
+    table of every shard it selects.
+
+    Example::
+
+        monarch.show(t, gpus=range(4))        # one small table per rank, in a notebook
+    """
     import itertools
 
     mesh = _mesh_for(obj, "show")

@@ -91,7 +91,14 @@ def _sliced_owner(owner, coords):
 
 class _NoMesh:
     """``with no_mesh.activate():`` (or ``with no_mesh:``) inside ``activate()``: torch
-    calls run here again, on the controller; distributed tensors may not be touched."""
+    calls run here again, on the controller; distributed tensors may not be touched.
+
+    Example::
+
+        with procs.activate():
+            with monarch.no_mesh.activate():
+                local = torch.zeros(3)          # a plain tensor, here
+    """
 
     @contextlib.contextmanager
     def activate(self):
@@ -117,7 +124,13 @@ no_mesh = _NoMesh()
 
 
 def get_active_mesh():
-    """The mesh of the innermost ``activate()`` (its ``ProcMesh``), or None."""
+    """The mesh of the innermost ``activate()`` (its ``ProcMesh``), or None.
+
+    Example::
+
+        with procs.activate():
+            assert monarch.get_active_mesh() is procs
+    """
     m = state.mesh
     return None if m is None else m.owner
 
@@ -144,7 +157,12 @@ def mesh_of(obj) -> TensorMesh | None:
 
 def slice_mesh(obj, **coords):
     """The same tensors seen as living on the slice ``coords`` of their mesh (each rank of
-    the slice keeps its shard), for work on part of the mesh (``to_mesh`` pipelines)."""
+    the slice keeps its shard), for work on part of the mesh (``to_mesh`` pipelines).
+
+    Example::
+
+        first_two = monarch.slice_mesh(t, gpus=slice(0, 2))
+    """
     from .recorder import rebind_on
 
     mesh = mesh_of(obj)

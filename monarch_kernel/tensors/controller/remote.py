@@ -116,7 +116,17 @@ class Remote:
 def remote(function=None, *, propagate=None):
     """Make ``function`` (or ``"module.path.name"``) a remote function; ``propagate``: a
     function of the arguments' fake (meta) tensors that returns fakes shaped like the
-    results, or ``"inspect"`` (run it once on the first rank to learn them)."""
+    results, or ``"inspect"`` (run it once on the first rank to learn them).
+
+    Example::
+
+        @monarch.remote(propagate=lambda t: t)
+        def double(t):
+            return t * 2
+
+        with procs.activate():
+            u = double(torch.ones(3))
+    """
     if function is None:
         return functools.partial(remote, propagate=propagate)
     return Remote(function, propagate)

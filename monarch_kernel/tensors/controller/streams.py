@@ -51,7 +51,15 @@ class BorrowWarning(UserWarning):
 
 class Stream:
     """A stream of work on every rank (``Stream("comms")``): its ops run in order, and at
-    the same time as other streams' ops."""
+    the same time as other streams' ops.
+
+    Example::
+
+        comms = Stream("comms")
+        with procs.activate():
+            with comms.activate():
+                total = monarch.reduce(grads, "gpus")   # runs beside the main stream
+    """
 
     def __init__(self, name: str, _default: bool = False):
         self.name = name
@@ -163,7 +171,13 @@ _default = Stream("main", _default=True)
 
 
 def get_active_stream() -> Stream:
-    """The stream ops are recorded on now (the main one outside any ``stream.activate()``)."""
+    """The stream ops are recorded on now (the main one outside any ``stream.activate()``).
+
+    Example::
+
+        with procs.activate():
+            monarch.get_active_stream()         # the main stream
+    """
     return state.stream or _default
 
 
@@ -172,7 +186,14 @@ def grad_generator(roots=(), with_respect_to=(), grad_roots=()):
     time, in the order listed (list parameters last layer first, the order backward makes
     them).  On the ranks the backward pass runs only as far as each gradient asked for
     needs, so work recorded between two gradients (a reduction on a comms stream) overlaps
-    the rest of the pass."""
+    the rest of the pass.
+
+    Example::
+
+        with procs.activate():
+            for grad in monarch.grad_generator(loss, [w2, w1]):
+                monarch.reduce_(grad, "gpus")       # each gradient as soon as it exists
+    """
     roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
     wrt = list(with_respect_to)
     grad_roots = list(grad_roots)
