@@ -53,6 +53,7 @@ nb_merge_streams = True
 # The API reference: autosummary writes a page per public name (reference/_api/, not tracked).
 autosummary_generate = ["reference/api.md"]
 autosummary_imported_members = True
+autosummary_ignore_module_all = False  # a module page (history) lists its __all__, not every import
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_member_order = "bysource"

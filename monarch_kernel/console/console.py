@@ -23,7 +23,7 @@ from IPython.core.error import UsageError
 from ..actor.actor import Actor
 from ..actor.endpoint import endpoint
 from ..debug.rank import pdb_rank, rank_debugpy
-from ..runtime import Runtime
+from ..runtime import SYNC_MARK, Runtime
 from . import host_once
 from .cells import LAST, compile_cell, remember_source
 from .display import DisplayCapture
@@ -31,7 +31,7 @@ from .shell import rank_shell
 
 log = logging.getLogger("monarch_kernel")
 
-SYNC = "\x1emonarch-sync "  # + the cell's token + "\n": the marker a rank writes after each cell
+SYNC = SYNC_MARK  # + the cell's token + "\n": the marker a rank writes after each cell
 
 
 class NoKeyboard(EOFError):

@@ -17,18 +17,33 @@ import sys
 import types
 
 from .columns import VIEWS
-from .gather import copy_home, gather
+from .gather import copy_home as copy_home
+from .gather import gather as gather
 from .listing import HistoryRecord, list_histories
 from .metric import metric
-from .places import history_root, hosts_env
+from .places import history_root
+from .places import hosts_env as hosts_env
 from .query import History, HistoryNotFound, open_history
-from .recorder import flush, record_event, record_history, record_stacks, set_cell
+from .recorder import (
+    flush as flush,
+)
+from .recorder import (
+    record_event as record_event,
+)
+from .recorder import (
+    record_history as record_history,
+)
+from .recorder import (
+    record_stacks as record_stacks,
+)
+from .recorder import (
+    set_cell as set_cell,
+)
 
-__all__ = [
-    "VIEWS", "History", "HistoryNotFound", "HistoryRecord", "copy_home", "flush", "gather", "history_root", "hosts_env",
-    "list_histories", "metric",
-    "open_history", "record_event", "record_history", "record_stacks", "set_cell",
-]
+# The public names (what the docs render); the kernel, the agents and jobs also use the
+# recording and gathering functions imported above.
+__all__ = ["VIEWS", "History", "HistoryNotFound", "HistoryRecord", "history_root", "list_histories", "metric",
+           "open_history"]
 
 
 class _CallableModule(types.ModuleType):

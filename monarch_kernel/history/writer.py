@@ -16,7 +16,7 @@ import pathlib
 import threading
 import time
 
-from ..runtime.hosting import config
+from ..runtime.hosting import SYNC_PATTERN, config
 from . import places
 from .columns import VIEWS, row_columns, schema
 
@@ -265,6 +265,12 @@ def _columns(chunks: list) -> list:
     for i, typ in enumerate((pa.int64(), pa.int32(), pa.string(), pa.string())):
         values = pa.array([c[i] for c in chunks], typ)
         out.append(pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(ends, values)))
+    marked = pc.match_substring_regex(lines, SYNC_PATTERN)
+    if pc.any(marked).as_py():  # a cell's end marker is the console's, not a line the rank printed
+        lines = pc.replace_substring_regex(lines, SYNC_PATTERN, "")
+        keep = pc.invert(pc.and_(marked, pc.equal(pc.utf8_length(lines), 0)))
+        out = [pc.filter(column, keep) for column in out]
+        lines = pc.filter(lines, keep)
     out.append(lines)
     return out
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-SYNC = "\x1emonarch-sync "  # + 32 hex digits + "\n": what a rank writes, as one write, after each cell
-_MARKER = re.compile("\x1emonarch-sync ([0-9a-f]{32})\n")
+from ..runtime import SYNC_MARK
+
+SYNC = SYNC_MARK  # + 32 hex digits + "\n": what a rank writes, as one write, after each cell
+_MARKER = re.compile(re.escape(SYNC_MARK) + "([0-9a-f]{32})\n")
 _MARKER_LEN = len(SYNC) + 33
 _SPECIAL = re.compile(r"[\r\b\x1b]")
 # A CSI sequence (group 1: its parameters, 2: its final byte), an OSC (a window title), any

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from .net import hosts as hosts
     from .spawn import proc_stats as proc_stats
     from .spawn import stack_dump as stack_dump
+    from .spawn.rank_output import SYNC_MARK as SYNC_MARK
     from .wire import rejects as rejects
     # isort: on
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     # the run's history on each host: its ranks' lines as they are read, and its files fetched
     # through the hosts' agents
     from .spawn import host_files as host_files
+    from .spawn.rank_output import SYNC_PATTERN as SYNC_PATTERN
     from .spawn.rank_output import LineReader as LineReader
     # isort: on
 

@@ -39,3 +39,20 @@ def test_control_lines_go_to_recorders_only_whatever_the_cuts(text_sink):
     assert out == ["one", "two", "three"]
     assert ("control", b'metric {"n":"loss","v":0.5,"s":1,"t":7}\n') in recorded
     assert b"".join(lines for stream, lines in recorded if stream == "stdout") == b"one\ntwo\nthree\n"
+
+
+def test_the_cells_end_marker_is_never_a_recorded_line(tmp_path):
+    """The console's end-of-cell marker (alone on its line, or after a partial line) reaches the
+    recorders with the rank's lines; the history keeps the text around it and drops the marker."""
+    from monarch_kernel.history import open_history
+    from monarch_kernel.history.writer import HistoryWriter
+    from monarch_kernel.runtime.spawn.rank_output import SYNC_MARK
+
+    writer = HistoryWriter(tmp_path, "node", flush_s=60, max_bytes=1 << 30)
+    token = "0123456789abcdef" * 2
+    writer.lines("m", 0, "stdout", f"step 1\n{SYNC_MARK}{token}\nhalf{SYNC_MARK}{token}\n".encode())
+    writer.lines("m", 1, "stdout", b"printed monarch-sync by hand\n")
+    writer.flush()
+    writer.close()
+    rows = open_history("m", root=tmp_path).sql("SELECT rank, line FROM lines ORDER BY rank, time").values.tolist()
+    assert rows == [[0, "step 1"], [0, "half"], [1, "printed monarch-sync by hand"]]

@@ -31,6 +31,11 @@ Recorders = Callable[[], list]
 # What starts a line a rank writes for the controller alone (``monarch_kernel.metric``): two ASCII
 # separators no text prints, then a word.
 CONTROL_MARK = b"\x1e\x1fmonarch:"
+# What a rank's console writes, as one write, after each cell: this, the cell's token (32 hex
+# digits) and a newline.  The kernel takes it for the cell's end (only with a token it waits
+# for); the history drops it.  Shown nowhere.
+SYNC_MARK = "\x1emonarch-sync "
+SYNC_PATTERN = "\x1emonarch-sync [0-9a-f]{32}"
 _MARK_STARTS = tuple(CONTROL_MARK[:n] for n in range(len(CONTROL_MARK) - 1, 0, -1))  # a chunk may end in one
 TAIL_LINES = 20
 TAIL_CHARS = 4096  # a death report quotes at most this much of each stderr line
