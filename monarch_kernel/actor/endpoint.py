@@ -22,7 +22,6 @@ from ..runtime import (
     ENDPOINT_MARK,
     ActorError,
     CallInfo,
-    Completion,
     MeshFailure,
     MeshStopped,
     Mode,
@@ -38,6 +37,7 @@ from ..runtime import (
 )
 from . import tensor_shim
 from .future import Future
+from .stream import Stream
 from .value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -383,71 +383,7 @@ class Endpoint:
         (``for fut in ...``) anywhere, an async endpoint included (that actor waits, as in
         Monarch), or ``async for fut in ...`` in async code, which never blocks its loop."""
         shape = self._mesh._shape
-        stream = Stream(len(shape), self._mesh._class_name, self._name)
+        actor, method = self._mesh._class_name, self._name
+        stream = Stream(len(shape), lambda part: part_value(part, actor, method))
         self._send(args, kwargs, shape.ranks, mode=Mode.DIRECT, on_part=stream.arrived, slice_info=self._slice_info())
         return stream
-
-
-class Stream:
-    """The answers of a ``stream()`` call as they arrive: a sync and an async iterator of
-    settled Futures (each raises that rank's error, if any, when you ``get()`` it)."""
-
-    def __init__(self, n: int, actor: str, method: str):
-        self._slots = [Completion() for _ in range(n)]
-        self._arrived = 0
-        self._next = 0  # the next slot iteration hands out
-        self._lock = threading.Lock()
-        self._actor, self._method = actor, method
-
-    def arrived(self, part: Part) -> None:  # on the IO thread: the next slot in arrival order
-        with self._lock:
-            slot = self._slots[self._arrived]
-            self._arrived += 1
-        slot.set_result(part)
-
-    def _future(self, part: Part) -> Future:
-        actor, method = self._actor, self._method
-        return _settled(lambda: part_value(part, actor, method))
-
-    def __iter__(self) -> Stream:
-        return self
-
-    def __next__(self) -> Future:
-        # Inside an async endpoint this blocks that actor's own worker, as in Monarch (it takes
-        # one message at a time anyway); the answers arrive on the IO thread, which never waits.
-        rt = Runtime.existing()
-        if rt is not None and rt.io.is_current():
-            raise RuntimeError("iterating a stream() on the IO thread would block it: "
-                               "use `async for fut in ....stream(...)` instead")
-        slot = self._take()
-        while not slot.wait(0.1):  # in slices, so that an interrupt gets in
-            pass
-        return self._future(slot.result())
-
-    def __aiter__(self) -> Stream:
-        return self
-
-    async def __anext__(self) -> Future:
-        try:
-            slot = self._take()
-        except StopIteration:
-            raise StopAsyncIteration from None
-        return self._future(await slot)
-
-    def _take(self) -> Completion:
-        """The next answer's slot (one iteration, sync or async, takes each once)."""
-        with self._lock:
-            if self._next >= len(self._slots):
-                raise StopIteration
-            slot = self._slots[self._next]
-            self._next += 1
-        return slot
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-
-def _settled(fn) -> Future:
-    c = Completion()
-    c.set_result(None)
-    return Future(c, lambda _none: fn())
