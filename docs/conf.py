@@ -66,8 +66,9 @@ nitpick_ignore_regex = [
     # type variables of generic classes (Future[R], ValueMesh[R]): no page of their own
     (r"py:(class|obj)", r"(monarch_kernel\..*\.)?_?[A-Z]"),
     (r"py:(class|obj)", r"monarch_kernel\..*\._S"),
-    # constructor arguments only the runtime passes (a Future's completion, a mesh's reference)
-    (r"py:class", r"(monarch_kernel\.runtime\..*\.)?(Completion|MeshRef)"),
+    # constructor arguments only the runtime passes (a Future's completion, a mesh's reference, a
+    # stream's decoder of answers)
+    (r"py:class", r"(monarch_kernel\.runtime\..*\.)?(Completion|MeshRef|Part)"),
     # the quoted annotation of a dataclass field whose default is a factory (RankProfile.ops):
     # autodoc reads the generated __init__'s string annotation, quotes and all
     (r"py:class", r"'dict\[str"),
