@@ -21,7 +21,16 @@ class HangError(Exception):
     """The hang watchdog (``%mesh watchdog T --then abort``, ``spmd.watchdog(procs, T,
     then="abort")``) saw no progress on a mesh for ``waited`` seconds and tore the hung work
     down: ``ranks`` are the ones the others waited for, ``where`` says where each was stuck,
-    ``report`` is the file with every rank's stacks and collectives.  The mesh stays usable."""
+    ``report`` is the file with every rank's stacks and collectives.  The mesh stays usable.
+
+    Example::
+
+        with spmd.watchdog(procs, 60, then="abort"):
+            try:
+                trainers.train.call(steps=1000).get()
+            except HangError as e:
+                print(e.ranks, e.where, e.report)   # who held the others up, where, the full report
+    """
 
     def __init__(self, message: str, *, mesh: str, ranks: list[int], where: dict[int, str], waited: float,
                  report: str | None):

@@ -17,7 +17,12 @@ META = "meta.json"  # in each host's folder: what the listing says of it
 
 def history_root() -> pathlib.Path:
     """The folder that holds every history of this user (the ``history_dir`` setting,
-    ``MONARCH_KERNEL_HISTORY_DIR``); not made here."""
+    ``MONARCH_KERNEL_HISTORY_DIR``); not made here.
+
+    Example::
+
+        monarch_kernel.history_root()   # PosixPath('/home/me/.local/state/monarch-kernel/history')
+    """
     given = config.get("history_dir")
     if given:
         return pathlib.Path(given).expanduser()

@@ -30,7 +30,15 @@ def hangs_dir() -> str:
 @dataclass
 class HangReport:
     """One hang: ``stuck`` ranks (the others wait for them), ``where`` each is, ``busy`` ranks
-    (calls from here still wait on them), the stacks and collectives reports, and the file."""
+    (calls from here still wait on them), the stacks and collectives reports, and the file.
+
+    Example::
+
+        def show(report: HangReport) -> None:
+            print(report.mesh, report.stuck, report.where, report.path)
+
+        spmd.watchdog(procs, 60, on_report=show)
+    """
 
     mesh: str
     waited: float

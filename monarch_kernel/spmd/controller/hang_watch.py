@@ -86,7 +86,14 @@ class HangWatch:
     ``on_report(report)``: shows a ``HangReport`` (default: prints its summary);
     ``frame_namer``: names a frame in a notebook cell; ``waiter``: the thread that raises
     ``HangError`` (default: the one that starts the watch); ``interruptible(procs)``: the
-    actor mesh whose calls abort interrupts (default: every actor on the busy ranks)."""
+    actor mesh whose calls abort interrupts (default: every actor on the busy ranks).
+
+    Example (``spmd.watchdog`` builds one and starts it)::
+
+        watch = HangWatch(60, "abort", meshes=lambda: [procs]).start()
+        ...
+        watch.stop()
+    """
 
     def __init__(self, seconds: float, then: str = "dump", *, meshes: Callable[[], list],
                  activity: Callable[[str], int] | None = None, on_report: Callable[[HangReport], None] | None = None,
