@@ -1,7 +1,8 @@
 """Re-running a cell is safe: re-running ``procs = %mesh spawn -n 4`` keeps one mesh under
 that name (reused when its options match and every rank runs, else stopped and replaced, the
-cell saying which), never a second mesh beside the first; ``spawn_procs`` under a running mesh's name
-stops it and starts the new one in its place, with a warning.  Through a real kernel and real ranks; the naming rules without one."""
+cell saying which), never a second mesh beside the first; ``spawn_procs`` under a running mesh's
+name stops it and starts the new one in its place, with a warning.  Through a real kernel and
+real ranks; the naming rules without one."""
 
 from __future__ import annotations
 
