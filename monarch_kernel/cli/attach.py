@@ -18,6 +18,10 @@ from .targets import Target
 
 def console(connection_file: str, console_args: tuple[str, ...]) -> int:
     """``jupyter console --existing`` on this terminal, until the user leaves it."""
+    import importlib.util
+
+    if importlib.util.find_spec("jupyter_console") is None:
+        raise Failed("monarch-kernel attach runs jupyter console, which is not installed: pip install jupyter-console")
     argv = [sys.executable, "-m", "jupyter_console", "--existing", connection_file, *console_args]
     return subprocess.call(argv)
 
