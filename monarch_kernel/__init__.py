@@ -5,7 +5,8 @@ to bottom: ``kernel`` (Jupyter), ``console`` and ``debug`` (what runs on ranks f
 notebook), ``spmd`` (torch.distributed), ``tensors`` (distributed tensors: recorded on the
 controller, run by an executor on the ranks; the actor layer reaches it only through
 ``actor/tensor_shim.py``), ``actor`` (actors and meshes, one layer as Monarch's
-``_src/actor/``) and ``data`` (public), ``observe`` (stacks and metrics of ranks),
+``_src/actor/``) and ``data`` (public), ``observe`` (stacks and metrics of ranks), ``history`` (the run's
+history on disk, asked in SQL),
 ``runtime`` (internal engine).  The tensor names load torch on first use.
 This module only re-exports; importing it installs nothing.
 """
@@ -48,6 +49,8 @@ __all__ = [
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
+    # the run's history, on disk, asked in SQL (history/)
+    "history", "history_root", "metric",
     # workers that any scheduler starts, and the notebook that attaches to them
     "attach_to_workers", "run_worker_loop_forever",
     # distributed tensors (Monarch's top-level ``monarch`` names)
@@ -84,6 +87,12 @@ def __getattr__(name: str):
         from .agent.worker import run_worker_loop_forever
 
         return run_worker_loop_forever
+    # The history: the package itself (callable: ``history(name)``), and two of its names.
+    if name in ("history", "history_root", "metric"):
+        import importlib
+
+        module = importlib.import_module(".history", __name__)
+        return module if name == "history" else getattr(module, name)
     if name in _TENSOR_NAMES:
         import importlib
 

@@ -50,6 +50,7 @@ USER_DIR_VARS = {
     "JUPYTER_CONFIG_DIR": os.path.join(_USER_DIRS, "jupyter-config"),
     "IPYTHONDIR": os.path.join(_USER_DIRS, "ipython"),
     "MPLCONFIGDIR": os.path.join(_USER_DIRS, "matplotlib"),
+    "XDG_STATE_HOME": os.path.join(_USER_DIRS, "state"),  # the meshes' histories (history_root())
 }
 os.environ.update(USER_DIR_VARS)  # the directories themselves do not exist yet, on purpose
 

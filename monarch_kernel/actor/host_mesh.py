@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..history import record_history
 from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config, counted
 from . import tensor_shim
 from .controllers import publish_registry
@@ -118,6 +119,7 @@ class HostMesh:
             _replace(rt, running[name])
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
+        record_history(rt)
         publish_registry(rt)
         rt.warm(RANK_MODULES)
         if self._agents is not None:

@@ -59,6 +59,10 @@ class MeshKernel(IPythonKernel):
     bind_address = _setting("bind_address")
     strict = _setting("strict")
     stacks_py_spy = _setting("stacks_py_spy")
+    record_history = _setting("record_history")
+    history_dir = _setting("history_dir")
+    history_max_bytes = _setting("history_max_bytes")
+    history_sample = _setting("history_sample")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

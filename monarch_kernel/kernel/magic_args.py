@@ -154,6 +154,23 @@ def _top():
     """each rank's CPU and memory, with sparklines, refreshing in the cell until interrupted"""
 
 
+@magic_arguments(name="mesh history")
+@argument("query", nargs="*", metavar='"SQL"', help="a query over the views lines, events, metrics, samples, "
+          "stacks (DuckDB's SQL), best quoted as one; the answer is a pandas DataFrame")
+@argument("--mesh", metavar="M", help="whose history (default: the current mesh's, else the latest written)")
+@argument("--plot", metavar="METRIC", help="draw each rank's METRIC (monarch_kernel.metric) over steps")
+@argument("--list", action="store_true", help="the histories on disk: meshes and jobs, hosts, times, state")
+@argument("--views", action="store_true", help="the views and their columns")
+@argument("--root", metavar="DIR", help="where histories live (default: the history_dir setting)")
+def _history():
+    """the run's history on disk (every rank's lines, events, metrics, samples, stacks), asked in SQL
+
+      %mesh history "SELECT rank, count(*) FROM lines GROUP BY rank"
+      %mesh history "SELECT * FROM events WHERE kind = 'exit'"
+      %mesh history --plot loss
+    """
+
+
 @magic_arguments(name="mesh collectives")
 def _collectives():
     """where each rank is in its process groups' collectives, and which ranks hold the others up"""
@@ -264,7 +281,7 @@ def _help():
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "tensors": _tensors, "use": _use, "stop": _stop,
             "status": _status, "stacks": _stacks, "top": _top, "collectives": _collectives, "watchdog": _watchdog,
-            "restart": _restart, "sync": _sync,
+            "history": _history, "restart": _restart, "sync": _sync,
             "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
             "jobs": _jobs, "kill-job": _kill_job, "run": _run, "help": _help}

@@ -22,6 +22,7 @@ from ..debug.controller import proxy
 from ..observe.metrics import top_table
 from ..runtime import config, counted, rank_label
 from . import detached, status
+from .history_magic import history_command, record_stacks
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
 from .mesh_cell import check_cell, ranks_arg, run_on_mesh
 from .respawn import spawn_key, spawn_name
@@ -227,7 +228,12 @@ class MeshMagics(Magics):
         ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
         report = procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
                               method="py-spy" if a.py_spy else "auto")
-        return report.name_frames(self.session.cells.frame)
+        report = report.name_frames(self.session.cells.frame)
+        record_stacks(report, "stacks")
+        return report
+
+    def _cmd_history(self, a):
+        return history_command(self.session, a)
 
     def _cmd_top(self, a):
         if a.interval <= 0 or a.count < 0:

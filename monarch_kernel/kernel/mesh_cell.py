@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 
+from .. import history
 from ..actor.errors import ActorError
 from ..debug.controller import proxy
 from ..runtime import RankSpecError, config, counted, parse_ranks, rank_label
@@ -47,6 +48,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     session.sink.hold = not stream
     opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
     session.sink.expect(token)
+    history.set_cell(cell_label(filename) or filename)  # what the ranks print now belongs to this cell
     fut = target.run.call(cell, filename, token, opts)
     interrupted = False
     session.pdb.cell_running = True
@@ -57,6 +59,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
         except KeyboardInterrupt:
             # The stop button: interrupt the ranks' code, keep their namespaces.
             interrupted = True
+            history.record_event(procs.name, "interrupt", detail=f"ranks {rank_label(ranks)}")
             try:
                 with _stops_deferred():  # a second click is no traceback from inside a send
                     # A rank held at a breakpoint is interrupted through its inspector (debugpy

@@ -14,9 +14,11 @@ import threading
 
 from IPython.display import display
 
+from .. import history
 from ..runtime import Runtime
 from ..spmd.controller.collectives import collectives
 from ..spmd.controller.env import has_record
+from .history_magic import record_stacks
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,9 @@ class Watchdog:
                 return
             self.odd[name] = set(report.odd_ranks())
             secs = f"{self.seconds:g}"
+            history.record_event(name, "watchdog", detail=f"the cell waited on {name} for {secs} s; odd ranks: "
+                                                          f"{report.odd_ranks() or 'none'}")
+            record_stacks(report, "watchdog")
             flight = _collectives(procs)
 
             def show(report=report, name=name, secs=secs, flight=flight) -> None:

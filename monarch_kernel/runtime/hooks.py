@@ -36,6 +36,16 @@ class OutputSink(Protocol):
     def __call__(self, mesh: str, rank: int, stream: str, line: str, /) -> None: ...
 
 
+class RecordHook(Protocol):
+    """Called on the IO thread for every whole line a rank of a mesh this process spawned (or
+    this agent forked) writes, whatever the output sink does with it: ``stream`` is "stdout",
+    "stderr", or "control" for a line a rank wrote for the controller alone (``CONTROL_MARK``,
+    never shown; ``monarch_kernel.metric`` writes them).  The history records here; it must
+    only append to a buffer."""
+
+    def __call__(self, mesh: str, rank: int, stream: str, line: str, /) -> None: ...
+
+
 class DeathHook(Protocol):
     """Called on the IO thread when a rank of a mesh this process spawned has exited, after
     its pending calls have failed."""
@@ -147,6 +157,7 @@ class Hooks:
 
     def __init__(self):
         self.output: HookPoint[OutputSink] = HookPoint("output", multi=False, default=print_sink)
+        self.record: HookPoint[RecordHook] = HookPoint("record", multi=True)
         self.death: HookPoint[DeathHook] = HookPoint("death", multi=True)
         self.unhandled: HookPoint[UnhandledHook] = HookPoint("unhandled", multi=False, default=_print_unhandled)
         self.wait: HookPoint[WaitHook] = HookPoint("wait", multi=False)

@@ -138,6 +138,22 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _env("MONARCH_KERNEL_STACKS_PY_SPY", "stacks_py_spy", bool, True, kernel=True,
          help_="`%mesh stacks` may run py-spy (from each rank's template or agent) on ranks that do not dump "
          "their own stacks in time; off: only the ranks' own dumps"),
+    _env("MONARCH_KERNEL_HISTORY", "record_history", bool, True, kernel=True, shown="on",
+         help_="every host writes its meshes' history (ranks' lines, lifecycle events, metrics, samples) as "
+               "Parquet files under `history_dir`, to query in SQL (`%mesh history`); `0`: none is written"),
+    _env("MONARCH_KERNEL_HISTORY_DIR", "history_dir", str, None, kernel=True,
+         shown="$XDG_STATE_HOME/monarch-kernel/history (~/.local/state/...)",
+         help_="where histories live, one folder (0700) per mesh or job and host under it; point it at a shared "
+               "file system to read every host's history from anywhere"),
+    _env("MONARCH_KERNEL_HISTORY_MAX_BYTES", "history_max_bytes", int, 1 << 30, unit="bytes", kernel=True,
+         minimum=1 << 20, shown="1 GiB",
+         help_="history kept per host, all meshes together: past it the oldest files go first, and the drop is "
+               "recorded as a `history_dropped` event"),
+    _env("MONARCH_KERNEL_HISTORY_FLUSH", "history_flush", float, 2.0, unit="s", minimum=0.05,
+         help_="how often a host writes the history rows it has gathered (a batch is also written at 100,000 rows)"),
+    _env("MONARCH_KERNEL_HISTORY_SAMPLE", "history_sample", float, 10.0, unit="s", kernel=True, minimum=0.0,
+         help_="how often a controller records each rank's CPU and memory (the figures of `%mesh top`) into "
+               "the history; `0`: only when `%mesh top` samples"),
     _env("MONARCH_KERNEL_IB_DEVICE", "ib_device", str, None, shown="the first", help_="RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_PORT", "ib_port", int, 1, help_="port of the RDMA device for `ibverbs`"),
     _env("MONARCH_KERNEL_IB_GID_INDEX", "ib_gid_index", int, 0,

@@ -34,6 +34,7 @@ PUBLIC = {
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",
     "attach_to_workers", "run_worker_loop_forever",
+    "history", "history_root", "metric",
     "RemoteException", "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
     "get_active_stream", "grad_function", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote",
     "send", "show", "slice_mesh", "to_mesh",

@@ -22,9 +22,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "monarch_kernel"
 # packages may import each other (``test_no_two_packages_may_import_each_other``).
 ALLOWED = {
     "runtime": set(),
-    "agent": {"runtime"},
+    "agent": {"runtime", "history"},
     "observe": {"runtime"},
-    "actor": {"runtime", "observe"},
+    "history": {"runtime"},
+    "actor": {"runtime", "observe", "history"},
     "tensors": {"runtime", "actor"},
     "data": {"runtime", "actor"},
     "job": {"runtime", "actor"},
@@ -32,9 +33,10 @@ ALLOWED = {
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
     "detached": {"runtime", "observe", "actor", "data", "console", "job"},
-    "kernel": {"runtime", "observe", "actor", "data", "debug", "console", "detached", "job", "spmd", "tensors"},
+    "kernel": {"runtime", "observe", "history", "actor", "data", "debug", "console", "detached", "job", "spmd",
+               "tensors"},
     # the command line: a thin face on the public API, the records and %mesh's help
-    "cli": {"runtime", "observe", "actor", "detached", "job", "kernel"},
+    "cli": {"runtime", "observe", "history", "actor", "detached", "job", "kernel"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).

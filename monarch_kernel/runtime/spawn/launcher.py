@@ -167,7 +167,9 @@ class Launcher:
         om.env = env
         for r in (range(ref.size) if ranks is None else ranks):
             sink = self.hooks.output.current  # looked up per line: the kernel may install one later
-            om.readers[r] = [LineReader(ref.name, r, "stdout", sink), LineReader(ref.name, r, "stderr", sink)]
+            record = self.hooks.record.all
+            om.readers[r] = [LineReader(ref.name, r, "stdout", sink, record),
+                             LineReader(ref.name, r, "stderr", sink, record)]
             remote = om.links is not None
             cfg = LaunchConfig(
                 key=me.key, rundir=me.rundir, owner=ref.owner, rank=r, mesh=ref,

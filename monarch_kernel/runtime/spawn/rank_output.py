@@ -4,9 +4,11 @@ read from the pipes their file descriptors 1 and 2 point at.
 Captured at the fd level, so C extensions and child processes are caught too.  Lines go to
 a sink (the kernel plugs in its own), or, to a sink with a ``write`` method, the text as it
 comes (a line not yet ended shows at once); the last stderr lines of each rank are kept for
-death reports.  Runs on the IO thread and never blocks; the work per byte is constant however
-long a line is, and no line is held whole past ``config.max_line()`` bytes (a longer one
-reaches the sink as pieces of that size).
+death reports.  Every whole line also goes to the recorders (the runtime's ``record`` hooks:
+the history), and a line that starts with ``CONTROL_MARK`` (a rank's message for the controller
+alone, e.g. a metric) goes to them only, never to the sink.  Runs on the IO thread and never
+blocks; the work per byte is constant however long a line is, and no line is held whole
+past ``config.max_line()`` bytes (a longer one reaches the sink as pieces of that size).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ log = logging.getLogger(__name__)
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".
 Sink = Callable[[str, int, str, str], None]
 
+# sink(mesh_name, rank, stream, line) where stream is "stdout", "stderr" or "control"
+Recorders = Callable[[], list]
+# What starts a line a rank writes for the controller alone (``write_control``): two ASCII
+# separators no text prints, then a word.
+CONTROL_MARK = b"\x1e\x1fmonarch:"
 TAIL_LINES = 20
 TAIL_CHARS = 4096  # a death report quotes at most this much of each stderr line
 
@@ -57,9 +64,13 @@ class LineReader:
     cuts it into lines itself.  It holds no file descriptor, so the controller's open files do
     not grow with its ranks."""
 
-    def __init__(self, mesh: str, rank: int, stream: str, sink: Callable[[], Sink]):
+    def __init__(self, mesh: str, rank: int, stream: str, sink: Callable[[], Sink],
+                 recorders: Recorders = list):
         self.mesh, self.rank, self.stream = mesh, rank, stream
         self._sink = sink
+        self._recorders = recorders
+        self._record: list = []  # this chunk's recorders
+        self._control = b""  # a control line not yet ended
         self._parts: list[bytes] = []  # the line being read, not yet ended by a newline
         self._held = 0  # bytes in _parts
         self._max = config.max_line()
@@ -71,13 +82,42 @@ class LineReader:
     def feed(self, data: bytes) -> None:
         if self.closed or not data:
             return
+        self._record = self._recorders()
+        if self._control or CONTROL_MARK in data:
+            data = self._controls(self._control + data)
         write = getattr(self._sink(), "write", None)
         self._to_sink = write is None
         if write is not None:
             self._write(write, self._decoder.decode(data))
-            if self.stream != "stderr":
-                return  # only stderr's lines are kept (for death reports)
+            if self.stream != "stderr" and not self._record:
+                return  # only stderr's lines are kept (for death reports), and recorded ones
         self._feed(data)
+
+    def _controls(self, data: bytes) -> bytes:
+        """``data`` without its control lines, which go to the recorders; one not yet ended
+        is held for the next chunk."""
+        self._control = b""
+        kept = []
+        start = 0
+        while (at := data.find(CONTROL_MARK, start)) >= 0:
+            end = data.find(b"\n", at)
+            kept.append(data[start:at])
+            if end < 0:
+                self._control = data[at:]
+                start = len(data)
+                break
+            body = data[at + len(CONTROL_MARK):end].decode("utf-8", "replace")
+            for record in self._record:
+                self._call(record, "control", body)
+            start = end + 1
+        kept.append(data[start:])
+        return b"".join(kept)
+
+    def _call(self, record, stream: str, line: str) -> None:
+        try:
+            record(self.mesh, self.rank, stream, line)
+        except Exception as e:  # a broken recorder must not stop the IO thread
+            log.error("monarch_kernel: output recorder failed: %r", e, extra=PROCESS_STDERR)
 
     def _write(self, write, text: str) -> None:
         if not text:
@@ -105,6 +145,8 @@ class LineReader:
             line = line.rstrip("\r")
         if self.stream == "stderr":
             self.tail.append(line if len(line) <= TAIL_CHARS else line[:TAIL_CHARS] + "…")
+        for record in self._record:
+            self._call(record, self.stream, line)
         if not self._to_sink:
             return
         try:

@@ -1,0 +1,200 @@
+"""What a process that owns ranks' output records into its host's history: their lines and
+control lines (metrics), their spawns and deaths, and their CPU and memory at a low rate.
+It plugs into the runtime's hooks (``record``, ``spawned``, ``death``) once per runtime,
+when the process first spawns; nothing is recorded by importing this module.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import time
+
+from ..runtime import Runtime, config, proc_stats
+from .writer import HistoryWriter, new_writer
+
+log = logging.getLogger(__name__)
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+_writer: list[HistoryWriter] = []  # this process's writer, made by the first install
+_lock = threading.Lock()
+
+
+def process_writer(create: bool = True) -> HistoryWriter | None:
+    """This process's history writer (made on first use if ``create``), or None."""
+    with _lock:
+        if not _writer and create:
+            _writer.append(new_writer())
+            atexit.register(_at_exit)
+        return _writer[0] if _writer else None
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class Recorder:
+    """The hooks of one runtime, writing to ``writer``."""
+
+    def __init__(self, rt: Runtime, writer: HistoryWriter):
+        self.rt, self.writer = rt, writer
+        self.alive: dict[str, int] = {}  # mesh -> ranks not yet dead
+        self.failed: set[str] = set()
+        self.last_ticks: dict[tuple[str, int], tuple[int, float, int]] = {}
+        self.handles = [rt.hooks.record.install(self.record), rt.hooks.spawned.install(self.spawned),
+                        rt.hooks.death.install(self.death)]
+        every = config.get("history_sample")
+        if every > 0:
+            threading.Thread(target=self._sample_loop, args=(every,), name="monarch-history-samples",
+                             daemon=True).start()
+
+    def record(self, mesh: str, rank: int, stream: str, line: str) -> None:
+        if stream != "control":
+            self.writer.line(mesh, rank, stream, line)
+            return
+        word, _, body = line.partition(" ")
+        if word == "metric":
+            try:
+                m = json.loads(body)
+                step = m.get("s")
+                self.writer.add("metrics", mesh, (int(m["t"]), rank, str(m["n"]),
+                                                  None if step is None else int(step), float(m["v"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
+
+    def spawned(self, proc_mesh) -> None:
+        ref = proc_mesh.ref
+        hosts = sorted(set(ref.hosts)) or [self.writer.host]
+        self.alive[ref.name] = ref.size
+        self.writer.mesh_info(ref.name, kind="job" if hosts != [self.writer.host] else "mesh", hosts=hosts,
+                              state="running", ranks=ref.size)
+        self.writer.add("events", ref.name, (now_us(), hosts[0] if len(hosts) == 1 else None, None, "spawn",
+                                             None, None, f"{ref.size} rank(s) on {', '.join(hosts)}"))
+
+    def death(self, mesh_id: str, rank: int, info) -> None:
+        kind = "stop" if info.stopped else "exit"
+        detail = info.how() if hasattr(info, "how") else ""
+        if info.stderr_tail and not info.stopped:
+            detail += "\n" + "\n".join(info.stderr_tail[-10:])
+        self.writer.add("events", info.mesh, (now_us(), info.host, rank, kind, info.exitcode, info.signal, detail))
+        if not info.stopped:
+            self.failed.add(info.mesh)
+        left = self.alive.get(info.mesh)
+        if left is not None:
+            self.alive[info.mesh] = left - 1
+            if left - 1 <= 0:
+                self.writer.mesh_info(info.mesh, state="failed" if info.mesh in self.failed else "ended")
+
+    def at_exit(self) -> None:
+        """This process exits (its atexit runs before the runtime's, which ends the ranks):
+        its meshes still running end with it, and the history says so."""
+        for mesh, left in self.alive.items():
+            if left > 0:
+                self.writer.add("events", mesh, (now_us(), self.writer.host, None, "stop", None, None,
+                                                 f"the controller (pid {os.getpid()}) exited: its {left} running "
+                                                 f"rank(s) end with it"))
+                self.writer.mesh_info(mesh, state="failed" if mesh in self.failed else "ended")
+
+    def _sample_loop(self, every: float) -> None:
+        while True:
+            time.sleep(every)
+            try:
+                self.sample()
+            except Exception as e:  # noqa: BLE001  (a sample missed is no failure: say it, go on)
+                log.debug("monarch_kernel: history sample failed: %r", e)
+
+    def sample(self, timeout: float = 5.0) -> None:
+        """One sample of every live rank of every mesh this process spawned, as ``%mesh top``'s."""
+        for om in self.rt.owned_meshes():
+            ranks = sorted(om.alive)
+            if not ranks or om.stopping:
+                continue
+            done = proc_stats.sample(self.rt, om, ranks)
+            if not done.wait(timeout) or done.error() is not None:
+                continue
+            got, now = done.result(), time.monotonic()
+            for r, u in got.items():
+                pid = om.pids[r]
+                if u is None or pid is None:
+                    continue
+                self.add_sample(om.ref.name, r, om.ref.hosts[r] if om.ref.hosts else self.writer.host, pid, u, now)
+
+    def add_sample(self, mesh: str, rank: int, host: str, pid: int, usage, now: float) -> None:
+        ticks, rss_bytes, gpu_pct, gpu_used = usage
+        before = self.last_ticks.get((mesh, rank))
+        cpu = None
+        if before is not None and before[2] == pid and now > before[1]:
+            cpu = round(100.0 * (ticks - before[0]) / _CLK_TCK / (now - before[1]), 1)
+        self.last_ticks[(mesh, rank)] = (ticks, now, pid)
+        gpu, gpu_mib = (float(gpu_pct), float(gpu_used)) if gpu_pct >= 0 else (None, None)
+        self.writer.add("samples", mesh, (now_us(), host, rank, pid, cpu, round(rss_bytes / (1 << 20), 1), gpu,
+                                          gpu_mib))
+
+
+_recorders: dict[int, Recorder] = {}
+
+
+def _at_exit() -> None:
+    with _lock:
+        recorders = list(_recorders.values())
+    for recorder in recorders:
+        recorder.at_exit()
+    if _writer:
+        _writer[0].close()
+
+
+def record_history(rt: Runtime) -> Recorder | None:
+    """Record ``rt``'s meshes into this host's history (once per runtime; called when this
+    process first spawns), unless the ``history`` setting is off."""
+    if not config.get("record_history"):
+        return None
+    with _lock:
+        got = _recorders.get(id(rt))
+    if got is None:
+        writer = process_writer()
+        assert writer is not None
+        got = Recorder(rt, writer)
+        with _lock:
+            _recorders[id(rt)] = got
+    return got
+
+
+def record_event(mesh: str, kind: str, *, rank: int | None = None, detail: str = "", host: str | None = None,
+                 code: int | None = None, signal: int | None = None) -> None:
+    """Record a lifecycle event (an interrupt, a debugger stop, a watchdog alarm) of ``mesh``
+    in this host's history, if this process records one."""
+    writer = process_writer(create=False)
+    if writer is not None:
+        writer.add("events", mesh, (now_us(), host or writer.host, rank, kind, code, signal, detail))
+
+
+def record_stacks(mesh: str, rank: int, reason: str, stack: str, host: str | None = None) -> None:
+    """Record a rank's stack dump (``reason``: ``watchdog``, ``stacks``)."""
+    writer = process_writer(create=False)
+    if writer is not None:
+        writer.add("stacks", mesh, (now_us(), host or writer.host, rank, reason, stack))
+
+
+def record_sample(mesh: str, rank: int, host: str, pid: int, usage) -> None:
+    """Record one ``%mesh top`` sample of a rank (``usage``: ``proc_stats``'s tuple)."""
+    with _lock:
+        recorders = list(_recorders.values())
+    if recorders:
+        recorders[0].add_sample(mesh, rank, host, pid, usage, time.monotonic())
+
+
+def set_cell(label: str | None) -> None:
+    """The cell or call that the lines recorded from now on belong to."""
+    writer = process_writer(create=False)
+    if writer is not None:
+        writer.cell = label
+
+
+def flush() -> None:
+    """Write what this process has gathered (before a query in this process)."""
+    writer = process_writer(create=False)
+    if writer is not None:
+        writer.flush()

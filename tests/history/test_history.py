@@ -1,0 +1,151 @@
+"""The run's history (issue 45, points 1 and 2): real ranks printing through the real output
+path into Parquet files in 0700 folders, asked in SQL with DuckDB; metrics from ranks; deaths
+recorded with their codes and signals; a size cap that drops the oldest files and says so."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from support.config import configured
+
+import monarch_kernel
+from monarch_kernel import Actor, endpoint, this_host
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Printer(Actor):
+    @endpoint
+    def chatter(self, n: int) -> int:
+        import sys
+
+        import monarch_kernel as mk
+
+        r = mk.current_rank().rank
+        for i in range(n):
+            print(f"rank {r} line {i}")
+            mk.metric("loss", 10.0 / (i + 1) + r, step=i)
+        print(f"rank {r} complains", file=sys.stderr)
+        return r
+
+    @endpoint
+    def spew(self, n: int) -> None:
+        import os
+
+        for i in range(n):  # incompressible, so the files grow
+            print(f"{i} {os.urandom(48).hex()}")
+
+    @endpoint
+    def leave(self, code: int) -> None:
+        import os
+
+        os._exit(code)
+
+
+def until(what: str, check, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got is not None and got is not False and not (isinstance(got, int) and got == 0):
+            return got
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):
+    root = tmp_path / "hist"
+    with configured(history_dir=str(root), history_flush=0.2):
+        procs = this_host().spawn_procs(per_host={"gpus": 3}, name="h-basic")
+        try:
+            p = procs.spawn("p", Printer)
+            assert sorted(p.chatter.call(50).get(timeout=30).values()) == [0, 1, 2]
+            h = monarch_kernel.history("h-basic")
+            counts = until("150 lines", lambda: (df := h.sql(
+                "SELECT rank, count(*) AS n FROM lines WHERE stream = 'stdout' GROUP BY rank ORDER BY rank")
+            ) is not None and df["n"].tolist() == [50, 50, 50] and df)
+            assert counts["rank"].tolist() == [0, 1, 2]
+            # the control lines never show as lines; metrics carry rank, step and value
+            assert h.sql("SELECT count(*) AS n FROM lines WHERE line LIKE '%metric%'")["n"][0] == 0
+            m = until("metrics", lambda: (df := h.sql(
+                "SELECT rank, count(*) AS n, min(step) AS lo, max(step) AS hi, min(value) AS v FROM metrics "
+                "WHERE name = 'loss' GROUP BY rank ORDER BY rank")) is not None and len(df) == 3 and
+                all(df["n"] == 50) and df)
+            assert m["hi"].tolist() == [49, 49, 49] and m["v"].round(3).tolist() == [0.2, 1.2, 2.2]
+            err = h.sql("SELECT rank, line FROM lines WHERE stream = 'stderr' ORDER BY rank")
+            assert err["line"].tolist() == ["rank 0 complains", "rank 1 complains", "rank 2 complains"]
+            first = h.sql("SELECT line FROM lines WHERE rank = 1 ORDER BY time LIMIT 1")["line"][0]
+            assert first == "rank 1 line 0"
+            # a death: code 3 on rank 1, a signal on rank 2 (the history keeps both)
+            with pytest.raises(Exception):
+                p.slice(gpus=1).leave.call_one(3).get(timeout=30)
+            pid2 = procs.rank_states()[2]["pid"]
+            os.kill(pid2, signal.SIGKILL)
+            ev = until("two deaths", lambda: (df := h.sql(
+                "SELECT rank, kind, code, signal FROM events WHERE kind = 'exit' ORDER BY rank")) is not None and
+                len(df) == 2 and df)
+            assert ev["code"].tolist()[0] == 3 and ev["signal"].tolist()[1] == signal.SIGKILL
+            assert h.sql("SELECT count(*) AS n FROM events WHERE kind = 'spawn'")["n"][0] == 1
+            assert sorted(h.views) == ["events", "lines", "metrics", "samples", "stacks"]
+        finally:
+            procs.stop().get(timeout=30)
+        # the folders are this user's alone, the files too
+        for folder in [root, root / "h-basic", *(root / "h-basic").iterdir()]:
+            assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+        files = list((root / "h-basic").glob("*/*.parquet"))
+        assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+        listed = {r.name: r for r in monarch_kernel.history.list_histories(root)}
+        rec = listed["h-basic"]
+        assert rec.kind == "mesh" and rec.ranks == 3 and rec.hosts and rec.first <= rec.last
+        until("the mesh to be listed as failed", lambda: {r.name: r for r in
+                                                          monarch_kernel.history.list_histories(root)}[
+            "h-basic"].state == "failed")
+
+
+def test_a_host_over_its_cap_drops_its_oldest_files_and_records_it(tmp_path):
+    root = tmp_path / "hist"
+    cap = 1 << 20
+    with configured(history_dir=str(root), history_flush=0.05, history_max_bytes=cap):
+        procs = this_host().spawn_procs(per_host={"gpus": 1}, name="h-cap")
+        try:
+            p = procs.spawn("p", Printer)
+            for _ in range(6):
+                p.spew.call(8000).get(timeout=60)
+            h = monarch_kernel.history("h-cap")
+            dropped = until("a history_dropped event", lambda: (df := h.sql(
+                "SELECT detail FROM events WHERE kind = 'history_dropped'")) is not None and len(df) and df)
+            assert "history_max_bytes" in dropped["detail"][0]
+            size = sum(f.stat().st_size for f in root.glob("*/*/*.parquet"))
+            assert size <= cap, f"{size:,} bytes of history over a cap of {cap:,}"
+            got = h.sql("SELECT min(CAST(split_part(line, ' ', 1) AS INT)) AS lo, "
+                        "max(CAST(split_part(line, ' ', 1) AS INT)) AS hi, count(*) AS n FROM lines")
+            assert got["hi"][0] == 7999  # the newest kept, the oldest gone
+            assert got["n"][0] < 6 * 8000
+        finally:
+            procs.stop().get(timeout=30)
+
+
+def test_metric_refuses_what_is_not_a_metric_and_says_what_to_give():
+    with pytest.raises(TypeError, match="name must be a non-empty str"):
+        monarch_kernel.metric("", 1.0)
+    with pytest.raises(TypeError, match="value must be a number, not str"):
+        monarch_kernel.metric("loss", "high")
+    with pytest.raises(TypeError, match="step must be an int or None"):
+        monarch_kernel.metric("loss", 1.0, step=1.5)
+
+
+def test_an_unknown_history_is_named_with_those_there(tmp_path):
+    with pytest.raises(LookupError, match=r"no history named 'nope' under .* \(there: none\)"):
+        monarch_kernel.history("nope", root=tmp_path)
+
+
+def test_importing_the_package_loads_no_arrow_duckdb_or_pandas():
+    code = ("import sys, monarch_kernel, monarch_kernel.history; "
+            "print(sorted(m for m in ('pyarrow', 'duckdb', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

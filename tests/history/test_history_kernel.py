@@ -1,0 +1,53 @@
+"""The history from a notebook: a kernel writes it, is shut down, and a fresh kernel asks it
+with ``%mesh history`` (a pandas DataFrame), plots a metric and lists it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from support.kernels import kernel, run, text
+
+pytestmark = pytest.mark.timeout(240)
+
+CELL = """%%mesh
+import monarch_kernel
+for step in range(20):
+    monarch_kernel.metric("loss", 1.0 / (step + 1) + monarch_kernel.current_rank().rank, step=step)
+print("trained", monarch_kernel.current_rank().rank)
+"""
+
+
+def test_a_history_outlives_its_kernel_and_a_fresh_one_asks_it_in_sql(kernelspec, tmp_path):
+    env = {**os.environ, "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "hist"), "MONARCH_KERNEL_HISTORY_FLUSH": "0.2"}
+    with kernel(kernelspec, env=env) as kc:
+        out, reply = run(kc, "procs = %mesh spawn -n 2 --name trained")
+        assert reply["status"] == "ok", text(out)
+        out, reply = run(kc, CELL)
+        assert reply["status"] == "ok" and "trained" in text(out), text(out)
+        assert "metric" not in text(out)  # the metrics' control lines never show
+        pid = run(kc, "import os; print(os.getpid())").text.strip()
+    # that kernel is gone (its process waited for); a new one reads what it wrote
+    with kernel(kernelspec, env=env) as kc:
+        assert run(kc, "import os; print(os.getpid())").text.strip() != pid
+        out, reply = run(kc, 'df = %mesh history --mesh trained "SELECT rank, count(*) AS n, min(value) AS low '
+                             'FROM metrics WHERE name = \'loss\' GROUP BY rank ORDER BY rank"\n'
+                             'print(type(df).__name__, df.to_dict("list"))')
+        assert reply["status"] == "ok", text(out)
+        assert text(out).strip() == "DataFrame {'rank': [0, 1], 'n': [20, 20], 'low': [0.05, 1.05]}"
+        out, reply = run(kc, '%mesh history --mesh trained "SELECT rank, cell, line FROM lines ORDER BY rank"')
+        shown = text(out)
+        assert reply["status"] == "ok" and "trained 0" in shown and "trained 1" in shown, shown
+        assert "Cell In[2]" in shown, shown  # the cell the lines belong to
+        out, reply = run(kc, '%mesh history --mesh trained "SELECT kind, count(*) AS n FROM events '
+                             'GROUP BY kind ORDER BY kind"\n')
+        assert "spawn" in text(out) and "stop" in text(out), text(out)
+        out, reply = run(kc, "%mesh history --mesh trained --plot loss")
+        assert reply["status"] == "ok", text(out)
+        assert any("image/png" in o.data for o in out), [o.kind for o in out]
+        out, reply = run(kc, "%mesh history --list")
+        assert "trained" in text(out) and "ended" in text(out), text(out)
+        out, reply = run(kc, '%mesh history --mesh trained "SELECT nope FROM lines"')
+        assert reply["ename"] == "UsageError" and "nope" in reply["evalue"] and "--views" in reply["evalue"]
+        out, reply = run(kc, "%mesh history --mesh other \"SELECT 1\"")
+        assert reply["ename"] == "UsageError" and "no history named 'other'" in reply["evalue"]
