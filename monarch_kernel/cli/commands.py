@@ -16,6 +16,7 @@ import click
 from ..detached import listing
 from ..observe.metrics import RankMetrics, top_table
 from . import shared_help
+from .history_commands import history_command, logs
 from .output import Failed, emit, json_option, table
 from .targets import Target, everything, find
 
@@ -155,6 +156,10 @@ def attach(name: str, console_args: tuple[str, ...]) -> None:
     from .attach import attach as run
 
     raise SystemExit(run(find(name, False, ("detached", "mesh")), console_args))
+
+
+main.add_command(logs)
+main.add_command(history_command)
 
 
 # ---------------------------------------------------------------- setting up

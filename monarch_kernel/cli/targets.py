@@ -66,8 +66,19 @@ def _kernels() -> list[Target]:
 
 
 def _finished(live: set[str]) -> list[Target]:
-    """Runs whose history is all that is left (their meshes and jobs are gone)."""
-    return []
+    """Runs whose history is all that is left (their meshes and jobs are gone), and meshes
+    spawned outside a kernel (a script's) whose history is still being written."""
+    from .. import history
+
+    out = []
+    for h in history.list_histories():
+        if h.name in live:
+            continue
+        row = {"name": h.name, "kind": "finished" if h.state != "running" else h.kind, "state": h.state,
+               "ranks": h.ranks, "hosts": h.hosts, "owner": "history", "job": None, "attached": None,
+               "started": _when(h.first), "last": _when(h.last), "history": str(h.folder)}
+        out.append(Target(h.name, "finished", row))
+    return out
 
 
 def everything() -> list[Target]:
