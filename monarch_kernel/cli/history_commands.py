@@ -17,6 +17,7 @@ from .output import Failed, NotFound, emit, json_option
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 FOLLOW_S = 1.0  # how often --follow looks for new lines
+LAG_S = 60.0  # how late a host's batch of lines may land and still be printed by --follow
 
 
 def open_history(name: str, root: str | None, as_json: bool):
@@ -76,13 +77,17 @@ def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, root
     ranks = _ranks(rank_spec, h.record.ranks if h.record is not None else None)
     where = [f"rank IN ({', '.join(map(str, ranks))})"] if ranks is not None else []
     after = since_time(since) if since else None
-    skip = 0  # with --follow: the lines at ``after`` itself already printed
+    shown: set[tuple] = set()  # with --follow: the lines of the last LAG_S seconds already printed
     while True:
         clauses = where + ([f"time >= TIMESTAMPTZ '{after.isoformat()}'"] if after is not None else [])
         query = ("SELECT time, rank, stream, line FROM lines" + (f" WHERE {' AND '.join(clauses)}" if clauses else "")
                  + " ORDER BY time, rank")
-        df = sql(h, query, as_json)
-        for row in df.iloc[skip:].itertuples(index=False):
+        for row in sql(h, query, as_json).itertuples(index=False):
+            key = (row.time, row.rank, row.stream, row.line)
+            if key in shown:
+                continue
+            if follow:
+                shown.add(key)
             if as_json:
                 click.echo(emit_line(row))
             else:
@@ -90,10 +95,10 @@ def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, root
                 click.echo(f"[{who}]{' (stderr)' if row.stream == 'stderr' else ''} {row.line}")
         if not follow:
             return
-        skip = 0
-        if not df.empty:
-            last = df["time"].iloc[-1]
-            skip, after = int((df["time"] == last).sum()), last.to_pydatetime()
+        # Hosts write their lines in batches, so one may land later with earlier times: look
+        # back LAG_S seconds each time, and skip what was printed.
+        after = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=LAG_S)
+        shown = {k for k in shown if k[0] >= after}
         if _ended(name, root):
             return
         try:

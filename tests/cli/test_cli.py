@@ -12,11 +12,11 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import psutil
 import pytest
+import tomllib
 from support.detached import end, start_detached_host
 from support.kernels import assert_gone, run, text
 
@@ -35,8 +35,9 @@ def cli(*args: str, env: dict | None = None, stdin: str | None = None, timeout: 
 
 @pytest.fixture
 def env(tmp_path) -> dict:
-    """An environment whose runtime directory (records) is this test's alone."""
-    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    """An environment whose runtime directory (records) and histories are this test's alone."""
+    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "history")}
 
 
 def test_pyproject_declares_the_console_script():
@@ -85,7 +86,8 @@ def test_a_detached_mesh_is_listed_read_and_stopped_with_no_kernel(env, tmp_path
         assert (code, out.strip()) == (0, "stopped detached mesh 'dm': its 2 ranks and its host process ended"), err
         assert host.wait(30) is not None
         assert_gone(pids, 15, "the detached mesh's ranks outlived monarch-kernel stop")
-        assert cli("ls", "--json", env=env)[:2] == (0, "[]\n")
+        (row,) = json.loads(cli("ls", "--json", env=env)[1])  # only its history is left
+        assert (row["name"], row["kind"], row["state"], row["ranks"]) == ("dm", "finished", "ended", 2), row
         code, out, err = cli("stop", "dm", "--json", env=env)
         assert code == 3 and json.loads(out)["exit_code"] == 3, (out, err)
         assert err.strip() == ("monarch-kernel: no mesh or job named 'dm' (there are: none); "
