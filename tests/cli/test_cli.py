@@ -137,6 +137,36 @@ def test_a_running_kernels_mesh_is_listed_and_stopped_through_that_kernel(kc):
         time.sleep(0.2)
 
 
+def test_a_running_kernels_job_is_listed_and_killed_through_that_kernel(kc, tmp_path):
+    from monarch_kernel.runtime.spawn.worker_key import new_key_file
+
+    key = new_key_file(str(tmp_path / "worker.key"))
+    worker = subprocess.Popen([sys.executable, "-m", "monarch_kernel.agent", "--listen", "tcp://127.0.0.1:0",
+                               "--key-file", key], stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stderr is not None
+        line = worker.stderr.readline()
+        while "listening on" not in line:
+            assert line, "the worker exited before it listened"
+            line = worker.stderr.readline()
+        address = line.split("listening on ")[1].split()[0]
+        out, reply = run(kc, f"procs = %mesh spawn --attach {address} --key-file {key} -n 1", timeout=120)
+        assert reply["status"] == "ok", text(out)
+        rows = {r["name"]: r for r in json.loads(cli("ls", "--json")[1])}
+        assert rows["attach0"]["kind"] == "attach job" and rows["attach0"]["state"] == "running", rows
+        assert rows["attach0"]["meshes"] == ["procs"] and rows["procs"]["job"] == "attach0", rows
+        code, out, err = cli("kill-job", "attach0")
+        assert (code, out.strip()) == (0, "job attach0 killed with its meshes procs"), err
+        assert worker.wait(30) == 0  # the job's end: the workers it attached exit
+        assert text(run(kc, "%mesh list").outputs).startswith("no meshes")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(10)
+        if worker.stderr is not None:
+            worker.stderr.close()
+
+
 def test_attach_opens_a_console_on_a_detached_mesh(env, tmp_path, kernelspec):
     host = start_detached_host("dm", env, tmp_path / "host.log")
     try:
