@@ -128,6 +128,9 @@ def test_a_running_kernels_mesh_is_listed_and_stopped_through_that_kernel(kc):
     assert len(rows) == 1 and rows[0]["state"] == "running" and rows[0]["ranks"] == 1, out
     code, out, err = cli("stacks", "procs")
     assert code == 1 and "only that kernel reaches it: run  %mesh stacks  there" in err, err
+    code, out, err = cli("attach", "procs", "--simple-prompt", stdin="%mesh list\n")
+    assert code == 0 and "* procs: 1 rank, running" in out, (out, err)  # a console on that very kernel
+    assert run(kc, "procs.name")[1]["status"] == "ok"  # which runs on after the console
     code, out, err = cli("stop", "procs")
     assert (code, out.strip()) == (0, "stopped mesh procs: its 1 rank ended"), err
     assert_gone([pid], 15, "monarch-kernel stop left the kernel's rank running")
