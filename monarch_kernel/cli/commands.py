@@ -15,7 +15,7 @@ import click
 
 from ..detached import listing
 from ..observe.metrics import RankMetrics, top_table
-from . import shared_help
+from . import progress, shared_help
 from .history_commands import history_command, logs
 from .output import Failed, emit, json_option, table
 from .targets import Target, everything, find
@@ -65,9 +65,10 @@ def stop(name: str, as_json: bool) -> None:
             listing.records.forget(name)
             raise Failed(f"detached mesh {name!r} was gone already (its host process exited); removed its record",
                          as_json)
-        assert target.record is not None
+        record = target.record
+        assert record is not None
         try:
-            listing.stop(target.record)
+            progress.ending(f"stopping {name}", _local_pids(record, as_json), lambda: listing.stop(record), as_json)
         except (TimeoutError, OSError) as e:
             raise Failed(f"stopping detached mesh {name!r} failed: {e}", as_json) from None
         said = f"stopped detached mesh {name!r}: its {_ranks(target)} and its host process ended"
@@ -84,7 +85,8 @@ def kill_job(name: str, as_json: bool) -> None:
     elif target.record is not None and target.record.job:  # a detached mesh's own job ends with it
         if target.row["state"] != "running":
             raise Failed(f"detached mesh {name!r} and its job are gone already", as_json)
-        listing.stop(target.record)
+        record = target.record
+        progress.ending(f"killing {name}'s job", _local_pids(record, as_json), lambda: listing.stop(record), as_json)
         said = f"job of detached mesh {name!r} killed with its mesh ({target.record.job['kind']})"
     else:
         raise Failed(f"{name!r} is a detached mesh on this machine, with no job: monarch-kernel stop {name}", as_json)
@@ -208,6 +210,17 @@ def key_new(path: str) -> None:
 def _ranks(target: Target) -> str:
     n = target.row.get("ranks") or 0
     return f"{n} rank{'s' if n != 1 else ''}"
+
+
+def _local_pids(record, as_json: bool) -> list[int]:
+    """The pids of the detached mesh's ranks on this machine, for the progress bar (none
+    when no bar is drawn, or the host does not answer at once)."""
+    if as_json or not sys.stderr.isatty():
+        return []
+    try:
+        return [row["pid"] for row in listing.rank_rows(record, timeout=5) if row["pid"] and not row.get("remote")]
+    except (TimeoutError, OSError):
+        return []
 
 
 def _through_kernel(target: Target, line: str, as_json: bool) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -94,6 +95,35 @@ def test_a_detached_mesh_is_listed_read_and_stopped_with_no_kernel(env, tmp_path
                                "monarch-kernel ls lists them")
     finally:
         end(host)
+
+
+def test_stopping_on_a_terminal_draws_a_progress_bar(env, tmp_path):
+    host = start_detached_host("dm", env, tmp_path / "host.log", ranks=4)
+    main, side = pty.openpty()  # stderr is a terminal; stdout stays a pipe
+    try:
+        r = subprocess.run([sys.executable, "-m", "monarch_kernel", "stop", "dm"], stdout=subprocess.PIPE,
+                           stderr=side, stdin=subprocess.DEVNULL, text=True, env=env, timeout=120)
+        os.close(side)
+        side = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal's other side closed: all is read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        assert r.returncode == 0 and r.stdout.startswith("stopped detached mesh 'dm'"), r
+        assert b"stopping dm" in drawn and b"4/4" in drawn, drawn
+        assert host.wait(30) is not None
+    finally:
+        os.close(main)
+        if side >= 0:
+            os.close(side)
+        end(host)
+    code, out, err = cli("ls", "--json", env=env)
+    assert code == 0 and "stopping" not in err  # piped: no bar
 
 
 def test_exit_codes_say_bad_usage_and_not_found(env):
