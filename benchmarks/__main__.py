@@ -5,7 +5,9 @@ out_of_cluster=True: needs root; W9jump the latter alone) panel (W12: the Mesh p
 W1slurm (W1 over Slurm: needs root and Slurm's daemons) W10 (distributed training, torchrun beside
 the mesh) W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries)
 W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
-ranks; the collectives recorder's and the profiler's cost on W10's step) chaos (faults at random
+ranks; the collectives recorder's and the profiler's cost on W10's step) history (the run's history:
+its cost on W7's cell and on ranks printing flat out, and a grouped query over 4M lines,
+``HISTORY_BENCH_SCALE=0.1`` for a tenth) chaos (faults at random
 across hosts during a mixed workload: ``chaos --seed N --minutes M``; needs root; not in the
 default run) gpu (the CUDA tests and GPU benchmarks, ``make gpu-check``: under 5 minutes; without
 a GPU it says so, runs its shm part and exits 0; exit 1 when a CUDA test failed; not in the
@@ -44,6 +46,8 @@ WORKLOADS = {
     "W13": [("W13", {}, 900)],
     "W14": [("W14stacks", {}, 600), ("W14recorder", {}, 600)],
     "W13c": [("W13c", {}, 900), ("W13c16", {}, 1500)],
+    # the history's cost beside W7, and its query figure (HISTORY_BENCH_SCALE=0.1 for a quick run)
+    "history": [("history_cell", {}, 600), ("history_lines", {}, 600), ("history_query", {}, 1800)],
     # Not in the default run (make bench-scale): minutes, and about 6 GiB at 1,024 ranks.
     "W11": [("W11", {"MONARCH_KERNEL_FANOUT": "8"}, 1500), ("W11flat", {"MONARCH_KERNEL_FANOUT": "1024"}, 1500)],
     # Not in the default run either: --minutes (10 by default) of faults; its env and timeout
@@ -55,7 +59,7 @@ WORKLOADS = {
 }
 DEFAULT = [w for w in WORKLOADS if w not in ("W11", "chaos", "W9jump", "gpu")]  # W9 runs W9jump
 ALIASES = {"W4A": "W4", "W4B": "W4", "FLOOR": "floors", "FLOORS": "floors", "W1SLURM": "W1slurm", "W9JUMP": "W9jump",
-           "CHAOS": "chaos", "GPU": "gpu"}
+           "CHAOS": "chaos", "GPU": "gpu", "HISTORY": "history"}
 
 
 def _merge(into: dict, new: dict) -> None:

@@ -33,6 +33,9 @@ JOBS = {
     "W13c16": ("tensor_collectives", "w13_collectives_16"),
     "chaos": ("chaos", "chaos"),
     "gpu": ("gpu", "gpu"),
+    "history_cell": ("history", "cell_cost"),
+    "history_lines": ("history", "lines_cost"),
+    "history_query": ("history", "query"),
 }
 
 

@@ -9,7 +9,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..history import record_history
 from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config, counted
 from . import tensor_shim
 from .controllers import publish_registry
@@ -119,11 +118,14 @@ class HostMesh:
             _replace(rt, running[name])
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
+        from ..history import hosts_env, record_history  # loaded by the first spawn: import stays quick
+
         record_history(rt)
         publish_registry(rt)
         rt.warm(RANK_MODULES)
         if self._agents is not None:
             dims = (("hosts", len(self._agents)),) + dims
+            env = {**hosts_env(), **env}  # the hosts' agents write their history where this process does
         try:
             om = rt.spawn_mesh(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents,
                                  check=check)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from ..history.host_side import HostHistory
 from ..runtime import (
     IOThread,
     LaunchConfig,
@@ -59,11 +60,13 @@ class HostAgent:
         self._output: list = []  # output read this turn, forwarded as one message
         self._skipped: dict[str, str] = {}  # the controller's folders not used here, and why (said once)
         self._flushing = False
+        self.history = HostHistory()  # its ranks' lines, written into this host's history
         self._handlers = {hw.Fork: lambda m: self._fork(m.tag, m.config),
                           hw.Reserve: lambda m: self._say(self._reserve(m)),
                           hw.Kill: self._kill, hw.Stacks: self._stacks,
                           hw.Usage: lambda m: self._say(hw.Usages(m.tag, proc_stats.usages(
                               [p for p in m.pids if p in self.pids]).items)),
+                          hw.HistoryAsk: lambda m: self.history.ask(m, self._say_soon),
                           hw.Bye: lambda m: self.shutdown("the controller ended the job")}
 
     # ------------------------------------------------------------ on the IO thread
@@ -76,6 +79,10 @@ class HostAgent:
     def _say(self, msg: hw.Message) -> None:
         h, body = wire.encode(self.host_id, self.rt.address, msg)
         self.rt.send_or_report(self.controller, h, body, f"a {msg.OP} for the controller")
+
+    def _say_soon(self, msg: hw.Message) -> None:
+        """``_say`` from any thread."""
+        self.rt.io.call_soon(self._say, msg)
 
     def _beat(self) -> None:
         silent = time.monotonic() - self.last_heard
@@ -147,8 +154,13 @@ class HostAgent:
         self._skipped.update(news)
         assert self.template is not None
 
+        launch = LaunchConfig.from_wire(config)
+
         def forked(pid: int) -> None:
             self.pids.add(pid)
+            ref = launch.mesh
+            self.history.forked(pid, ref.name, launch.rank, ref.hosts[launch.rank] if ref.hosts else self.ip,
+                                launch.env)
             self._say(hw.Forked(tag, pid))
             if news:  # said once per folder, as what the first rank given it printed
                 self.output(pid, 2, _skipped_line(socket.gethostname(), news))
@@ -156,7 +168,7 @@ class HostAgent:
         def failed(why: str) -> None:
             self._say(hw.ForkFailed(tag, why))
 
-        self.template.fork(LaunchConfig.from_wire(config), forked, failed)
+        self.template.fork(launch, forked, failed)
 
     @staticmethod
     def _ours(path: str, skipped: dict[str, str]) -> bool:
@@ -172,6 +184,7 @@ class HostAgent:
     # ------------------------------------------------------------ what the template says (TemplateEvents)
 
     def output(self, pid: int, fd: int, data: bytes) -> None:
+        self.history.output(pid, fd, data)
         self._output.append([pid, fd, data])
         if not self._flushing:
             self._flushing = True
@@ -196,6 +209,7 @@ class HostAgent:
             return
         assert status is not None  # the template reports a rank's exit with its wait status
         self.pids.discard(pid)
+        self.history.exited(pid)
         self._flush()
         self._say(hw.Exit(pid, status))
 
@@ -209,6 +223,7 @@ class HostAgent:
         except (OSError, ValueError):  # its launcher's stream is gone
             pass
         try:
+            self.history.flush()  # os._exit below runs no atexit
             if self.template is not None:
                 self.template.close()
         finally:

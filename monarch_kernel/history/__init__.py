@@ -17,15 +17,17 @@ import sys
 import types
 
 from .columns import VIEWS
+from .gather import copy_home, gather
 from .listing import HistoryRecord, list_histories
 from .metric import metric
-from .places import history_root
+from .places import history_root, hosts_env
 from .query import History, HistoryNotFound, open_history
-from .recorder import flush, record_event, record_history, record_sample, record_stacks, set_cell
+from .recorder import flush, record_event, record_history, record_stacks, set_cell
 
 __all__ = [
-    "VIEWS", "History", "HistoryNotFound", "HistoryRecord", "flush", "history_root", "list_histories", "metric",
-    "open_history", "record_event", "record_history", "record_sample", "record_stacks", "set_cell",
+    "VIEWS", "History", "HistoryNotFound", "HistoryRecord", "copy_home", "flush", "gather", "history_root", "hosts_env",
+    "list_histories", "metric",
+    "open_history", "record_event", "record_history", "record_stacks", "set_cell",
 ]
 
 

@@ -18,7 +18,7 @@ VIEWS: dict[str, list[tuple[str, str, str]]] = {
         ("line", "VARCHAR", "the line, without its newline"),
     ],
     "events": _COMMON + [
-        ("kind", "VARCHAR", "`spawn`, `exit`, `stop`, `interrupt`, `debugger_stop`, `debugger_continue`, "
+        ("kind", "VARCHAR", "`spawn`, `exit`, `stop`, `restart`, `interrupt`, `debugger_stop`, `debugger_continue`, "
                             "`watchdog`, `history_dropped`..."),
         ("code", "INTEGER", "an exit's code, else NULL"),
         ("signal", "INTEGER", "the signal that ended a rank, else NULL"),

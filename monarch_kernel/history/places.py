@@ -25,6 +25,14 @@ def history_root() -> pathlib.Path:
     return pathlib.Path(state) / "monarch-kernel" / "history"
 
 
+def hosts_env() -> dict[str, str]:
+    """The history settings in force here, as environment variables for a job's ranks: their
+    hosts' agents adopt them (``host_side``), so every host writes its history where this
+    process does, or none when it writes none."""
+    return {config.env_name("record_history"): "1" if config.get("record_history") else "0",
+            config.env_name("history_dir"): str(history_root())}
+
+
 def host_name() -> str:
     return socket.gethostname()
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from . import places
 from .columns import VIEWS, empty_select
+from .gather import gather
 from .listing import HistoryRecord, list_histories
 from .recorder import flush
 
@@ -60,12 +61,19 @@ class History:
     def sql(self, query: str):
         """The result of ``query`` (DuckDB's SQL over the views ``lines``, ``events``, ``metrics``,
         ``samples``, ``stacks``) as a pandas DataFrame."""
-        con = self.connect()
-        try:
-            rel = con.sql(query)
-            return rel.df() if rel is not None else None
-        finally:
-            con.close()
+        import duckdb
+
+        for attempt in (1, 2):
+            con = self.connect()
+            try:
+                rel = con.sql(query)
+                return rel.df() if rel is not None else None
+            except duckdb.IOException:
+                if attempt == 2:
+                    raise  # a file merged or rotated away between listing and reading: list again, once
+            finally:
+                con.close()
+        return None
 
     def plot(self, name: str, ax=None):
         """Each rank's metric ``name`` over steps (or time, without steps), with matplotlib;
@@ -95,6 +103,8 @@ def open_history(name_or_mesh=None, *, root=None) -> History:
     root = pathlib.Path(root) if root is not None else places.history_root()
     name = name_or_mesh if name_or_mesh is None or isinstance(name_or_mesh, str) else name_or_mesh.name
     flush()
+    if name is not None:
+        gather(name, root)  # a mesh of this process's on other hosts: their files first
     records = list_histories(root)
     if name is None:
         if not records:

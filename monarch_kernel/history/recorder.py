@@ -14,6 +14,7 @@ import threading
 import time
 
 from ..runtime import Runtime, config, proc_stats
+from .gather import gather_soon
 from .writer import HistoryWriter, new_writer
 
 log = logging.getLogger(__name__)
@@ -23,13 +24,32 @@ _writer: list[HistoryWriter] = []  # this process's writer, made by the first in
 _lock = threading.Lock()
 
 
-def process_writer(create: bool = True) -> HistoryWriter | None:
-    """This process's history writer (made on first use if ``create``), or None."""
+def process_writer(create: bool = True, host: str | None = None) -> HistoryWriter | None:
+    """This process's history writer (made on first use if ``create``, for ``host``: by
+    default this host's name), or None."""
     with _lock:
         if not _writer and create:
-            _writer.append(new_writer())
+            _writer.append(new_writer(host=host))
             atexit.register(_at_exit)
         return _writer[0] if _writer else None
+
+
+def record_lines(writer: HistoryWriter, mesh: str, rank: int, stream: str, lines: bytes) -> None:
+    """A chunk of a rank's whole lines (the runtime's ``record`` hook): printed ones as lines,
+    control ones (``metric``) as what they say."""
+    if stream != "control":
+        writer.lines(mesh, rank, stream, lines)
+        return
+    for line in lines.decode("utf-8", "replace").splitlines():
+        word, _, body = line.partition(" ")
+        if word == "metric":
+            try:
+                m = json.loads(body)
+                step = m.get("s")
+                writer.add("metrics", mesh, (int(m["t"]), rank, str(m["n"]), None if step is None else int(step),
+                                             float(m["v"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
 
 
 def now_us() -> int:
@@ -42,33 +62,23 @@ class Recorder:
     def __init__(self, rt: Runtime, writer: HistoryWriter):
         self.rt, self.writer = rt, writer
         self.alive: dict[str, int] = {}  # mesh -> ranks not yet dead
+        self.remote: set[str] = set()  # meshes with ranks on other hosts (their agents write their lines)
         self.failed: set[str] = set()
         self.last_ticks: dict[tuple[str, int], tuple[int, float, int]] = {}
         self.handles = [rt.hooks.record.install(self.record), rt.hooks.spawned.install(self.spawned),
                         rt.hooks.death.install(self.death)]
-        every = config.get("history_sample")
-        if every > 0:
-            threading.Thread(target=self._sample_loop, args=(every,), name="monarch-history-samples",
-                             daemon=True).start()
+        threading.Thread(target=self._sample_loop, name="monarch-history-samples", daemon=True).start()
 
-    def record(self, mesh: str, rank: int, stream: str, line: str) -> None:
-        if stream != "control":
-            self.writer.line(mesh, rank, stream, line)
-            return
-        word, _, body = line.partition(" ")
-        if word == "metric":
-            try:
-                m = json.loads(body)
-                step = m.get("s")
-                self.writer.add("metrics", mesh, (int(m["t"]), rank, str(m["n"]),
-                                                  None if step is None else int(step), float(m["v"])))
-            except (ValueError, KeyError, TypeError):
-                log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
+    def record(self, mesh: str, rank: int, stream: str, lines: bytes) -> None:
+        record_lines(self.writer, mesh, rank, stream, lines)
 
     def spawned(self, proc_mesh) -> None:
         ref = proc_mesh.ref
         hosts = sorted(set(ref.hosts)) or [self.writer.host]
         self.alive[ref.name] = ref.size
+        om = self.rt.owned_mesh(ref.id)
+        if om is not None and om.links is not None:
+            self.remote.add(ref.name)
         self.writer.mesh_info(ref.name, kind="job" if hosts != [self.writer.host] else "mesh", hosts=hosts,
                               state="running", ranks=ref.size)
         self.writer.add("events", ref.name, (now_us(), hosts[0] if len(hosts) == 1 else None, None, "spawn",
@@ -84,9 +94,13 @@ class Recorder:
             self.failed.add(info.mesh)
         left = self.alive.get(info.mesh)
         if left is not None:
-            self.alive[info.mesh] = left - 1
-            if left - 1 <= 0:
+            om = self.rt.owned_mesh(mesh_id)  # its live ranks (a restarted one counts again)
+            left = len(om.alive - {rank}) if om is not None else left - 1
+            self.alive[info.mesh] = left
+            if left <= 0:
                 self.writer.mesh_info(info.mesh, state="failed" if info.mesh in self.failed else "ended")
+                if info.mesh in self.remote:
+                    gather_soon(info.mesh)  # the job's hosts may go next: their history comes home now
 
     def at_exit(self) -> None:
         """This process exits (its atexit runs before the runtime's, which ends the ranks):
@@ -98,9 +112,13 @@ class Recorder:
                                                  f"rank(s) end with it"))
                 self.writer.mesh_info(mesh, state="failed" if mesh in self.failed else "ended")
 
-    def _sample_loop(self, every: float) -> None:
+    def _sample_loop(self) -> None:
+        """Every ``history_sample`` seconds (read each time: it may change), a sample."""
         while True:
-            time.sleep(every)
+            every = config.get("history_sample")
+            time.sleep(every if every > 0 else 5.0)
+            if every <= 0 or config.get("history_sample") <= 0:
+                continue
             try:
                 self.sample()
             except Exception as e:  # noqa: BLE001  (a sample missed is no failure: say it, go on)
@@ -176,14 +194,6 @@ def record_stacks(mesh: str, rank: int, reason: str, stack: str, host: str | Non
     writer = process_writer(create=False)
     if writer is not None:
         writer.add("stacks", mesh, (now_us(), host or writer.host, rank, reason, stack))
-
-
-def record_sample(mesh: str, rank: int, host: str, pid: int, usage) -> None:
-    """Record one ``%mesh top`` sample of a rank (``usage``: ``proc_stats``'s tuple)."""
-    with _lock:
-        recorders = list(_recorders.values())
-    if recorders:
-        recorders[0].add_sample(mesh, rank, host, pid, usage, time.monotonic())
 
 
 def set_cell(label: str | None) -> None:

@@ -23,6 +23,7 @@ from .columns import VIEWS, row_columns, schema
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 100_000  # a batch this long is written at once, without waiting for the interval
+BATCH_BYTES = 16 << 20  # ... and lines of this many bytes
 MERGE_AT = 32  # this many small files of one view and mesh are merged into one
 
 
@@ -36,6 +37,8 @@ class HistoryWriter:
         self.live = False  # whether root and limits follow the settings (``new_writer``)
         self._dirty: set[str] = set()  # meshes whose info changed since the last batch
         self._rows: dict[tuple[str, str], list] = {}
+        self._chunks: dict[str, list] = {}  # mesh -> chunks of lines (``lines``)
+        self._pending = 0  # bytes of lines in _chunks
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._write_lock = threading.Lock()  # one batch at a time (the thread, flush())
@@ -59,8 +62,18 @@ class HistoryWriter:
         if len(rows) >= BATCH_ROWS:
             self._wake.set()
 
-    def line(self, mesh: str, rank: int, stream: str, line: str) -> None:
-        self.add("lines", mesh, (time.time_ns() // 1000, rank, stream, self.cell, line))
+    def lines(self, mesh: str, rank: int, stream: str, lines: bytes) -> None:
+        """A chunk of a rank's whole lines (each ended by a newline), stamped with this moment:
+        one append, however many lines; they are cut on the writer's thread, in arrow's C++."""
+        chunk = (time.time_ns() // 1000, rank, stream, self.cell, lines)
+        with self._lock:
+            chunks = self._chunks.get(mesh)
+            if chunks is None:
+                chunks = self._chunks[mesh] = []
+            chunks.append(chunk)
+            self._pending += len(lines)
+        if self._pending >= BATCH_BYTES:
+            self._wake.set()
 
     def mesh_info(self, mesh: str, **info) -> None:
         """What the listing says of ``mesh`` (kind, hosts, state), written with the next batch."""
@@ -77,13 +90,16 @@ class HistoryWriter:
             self._follow_settings()
             with self._lock:
                 batches, self._rows = self._rows, {}
+                chunks, self._chunks, self._pending = self._chunks, {}, 0
                 dirty, self._dirty = self._dirty, set()
-                metas = {m: dict(self._meta.get(m, {})) for m in dirty | {m for _v, m in batches}}
+                metas = {m: dict(self._meta.get(m, {})) for m in dirty | {m for _v, m in batches} | set(chunks)}
             for mesh in metas:
                 self._write_meta(mesh, metas.get(mesh, {}))
+            for mesh, got in chunks.items():
+                self._write("lines", mesh, _columns(got))
             for (view, mesh), rows in batches.items():
                 if rows:
-                    self._write(view, mesh, rows)
+                    self._write(view, mesh, list(zip(*rows, strict=True)))
             self._cap()
 
     def _follow_settings(self) -> None:
@@ -113,20 +129,24 @@ class HistoryWriter:
             except Exception as e:  # noqa: BLE001  (a full disk must not end the thread: say it, go on)
                 log.warning("monarch_kernel: the history could not be written under %s: %r", self.root, e)
 
-    def _write(self, view: str, mesh: str, rows: list) -> None:
+    def _write(self, view: str, mesh: str, cols: list) -> None:
+        """One file of ``view``'s rows for ``mesh``, given as columns (``row_columns`` order)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         sch = schema(view)
-        cols = list(zip(*rows, strict=True))
         arrays = {}
         for name, values in zip(row_columns(view), cols, strict=True):
-            field = sch.field(name)
-            arrays[name] = pa.array(values, field.type)
-        n = len(rows)
-        arrays["mesh"] = pa.array([mesh] * n, pa.string())
+            typ = sch.field(name).type
+            if pa.types.is_timestamp(typ):  # from ints, then cast: 20 times quicker than ints to timestamps
+                values = values if isinstance(values, pa.Array) else pa.array(values, pa.int64())
+                arrays[name] = values.cast(typ)
+            else:
+                arrays[name] = values if isinstance(values, pa.Array) else pa.array(values, typ)
+        n = len(cols[0])
+        arrays["mesh"] = pa.repeat(mesh, n)
         if "host" not in arrays:
-            arrays["host"] = pa.array([self.host] * n, pa.string())
+            arrays["host"] = pa.repeat(self.host, n)
         table = pa.table([arrays[name] for name in sch.names], schema=sch)
         folder = places.host_dir(self.root, mesh, self.host)
         path = self._write_file(folder, view, table, pq)
@@ -225,9 +245,33 @@ class HistoryWriter:
                                       f"{self.max_bytes:,} bytes (history_max_bytes): {', '.join(names[:20])}"))
 
 
-def new_writer(root: pathlib.Path | None = None) -> HistoryWriter:
-    """A writer with the settings in force."""
-    writer = HistoryWriter(root or places.history_root(), places.host_name(),
+def _columns(chunks: list) -> list:
+    """The ``lines`` view's columns (time, rank, stream, cell, line) of chunks of whole lines,
+    as arrow arrays, cut and spread by arrow's kernels: nothing here costs per line."""
+    import itertools
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    blobs = pa.array([c[4] for c in chunks], pa.binary())
+    try:
+        text = blobs.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8 somewhere: those chunks decoded as the notebook shows them
+        text = pa.array([c[4].decode("utf-8", "replace") for c in chunks], pa.string())
+    parts = pc.split_pattern(pc.utf8_slice_codeunits(text, 0, -1), "\n")  # each chunk ends in a newline
+    lines = pc.utf8_rtrim(pc.list_flatten(parts), characters="\r")
+    ends = pa.array(list(itertools.accumulate(pc.list_value_length(parts).to_pylist())), pa.int32())
+    out = []
+    for i, typ in enumerate((pa.int64(), pa.int32(), pa.string(), pa.string())):
+        values = pa.array([c[i] for c in chunks], typ)
+        out.append(pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(ends, values)))
+    out.append(lines)
+    return out
+
+
+def new_writer(root: pathlib.Path | None = None, host: str | None = None) -> HistoryWriter:
+    """A writer with the settings in force, for ``host`` (default: this host's name)."""
+    writer = HistoryWriter(root or places.history_root(), host or places.host_name(),
                            flush_s=config.get("history_flush"), max_bytes=config.get("history_max_bytes"))
     writer.live = root is None
     return writer

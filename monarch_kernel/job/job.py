@@ -66,7 +66,12 @@ class JobTrait(ABC):
         return JobState(self._host_meshes())
 
     def kill(self) -> None:
-        """End every agent and rank of the job and free its hosts (scancel, for Slurm)."""
+        """End every agent and rank of the job and free its hosts (scancel, for Slurm); the
+        history its hosts wrote is copied home first (``monarch_kernel.history``)."""
+        if self._running:
+            from ..history import copy_home
+
+            copy_home()
         self._kill()
         self._running = False
 

@@ -19,6 +19,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, needs_loca
 from ..actor.host_mesh import this_host
 from ..console.console import Console
 from ..debug.controller import proxy
+from ..history import record_event
 from ..observe.metrics import top_table
 from ..runtime import config, counted, rank_label
 from . import detached, status
@@ -286,6 +287,7 @@ class MeshMagics(Magics):
         procs, _consoles = self.session.get()
         ranks = ranks_arg(a.ranks, len(procs), "--ranks") if a.ranks is not None else None
         done = self.session.restart(procs.name, ranks)  # ProcMesh.restart: the one restart path
+        record_event(procs.name, "restart", detail=f"{rank_label(done.ranks)} restarted" if done.ranks else "")
         if done.killed:
             print(f"{rank_label(done.killed)} not responding: killing, to replace")
         print(f"restarted {rank_label(done.ranks)} with fresh namespaces" if done.ranks else "no dead ranks to restart")

@@ -9,6 +9,7 @@ import logging
 
 from IPython.core.error import UsageError
 
+from .. import history
 from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug.controller import proxy
@@ -153,6 +154,10 @@ class MeshSession:
     def cell_label(self, filename: str) -> str | None:
         """``Cell In[7]`` for the file cell 7 was compiled under, as IPython names it (``PdbHost``)."""
         return cell_label(filename)
+
+    def debugger_event(self, kind: str, mesh: str, rank: int, detail: str) -> None:
+        """A rank stopped in pdb or went on: into the history (``PdbHost.debugger_event``)."""
+        history.record_event(mesh, kind, rank=rank, detail=detail)
 
     def _remember_cell(self, info=None) -> None:
         self.raw_cell = getattr(info, "raw_cell", "") or ""

@@ -72,10 +72,11 @@ class Watchdog:
                 return
             self.odd[name] = set(report.odd_ranks())
             secs = f"{self.seconds:g}"
-            history.record_event(name, "watchdog", detail=f"the cell waited on {name} for {secs} s; odd ranks: "
-                                                          f"{report.odd_ranks() or 'none'}")
-            record_stacks(report, "watchdog")
             flight = _collectives(procs)
+            history.record_event(name, "watchdog", detail="\n".join(
+                [f"the cell waited on {name} for {secs} s; ranks whose stacks differ: {report.odd_ranks() or 'none'}",
+                 *flight]))  # and the flight recorder's findings: who holds a collective up
+            record_stacks(report, "watchdog")
 
             def show(report=report, name=name, secs=secs, flight=flight) -> None:
                 print(f"%mesh watchdog: the cell has waited on {name} for {secs} s; its ranks are here:")

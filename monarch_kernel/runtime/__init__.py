@@ -48,8 +48,10 @@ type-only imports included.  What they get is the names in ``__all__``, then the
                  (the module is the format: messages, encoding, constants): ``host_messages``,
                  ``agent_channel``, ``worker_wire``, ``worker_key``, ``segments``; and the
                  pieces an agent runs a host with (``TemplateClient``, ``LaunchConfig``,
+                 ``LineReader`` for its ranks' lines,
                  ``loopback_for``, Curve keys) or a job holds one by (``AgentLink``)
-  looking at processes   modules too: ``hosts`` (which host this is), ``gpus`` (which GPU a
+  looking at processes   modules too: ``host_files`` (a mesh's history files, fetched
+                 through its agents), ``hosts`` (which host this is), ``gpus`` (which GPU a
                  rank uses, and the collective backend a group can use), ``rejects`` (input
                  refused, counted), ``proc_stats``, ``stack_dump``, ``rank_logging``
 
@@ -79,6 +81,7 @@ if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and
     from .process import Runtime
     from .rank_sets import RankSpecError, counted, parse_ranks, rank_label
     from .spawn import agent_channel as agent_channel
+    from .spawn import host_files as host_files
     from .spawn import host_messages as host_messages
     from .spawn import proc_stats as proc_stats
     from .spawn import rank_logging as rank_logging
@@ -95,6 +98,7 @@ if TYPE_CHECKING:  # for type checkers (isort's order); by purpose in _WHERE and
         template_files_shortfall,
     )
     from .spawn.launch_config import LaunchConfig
+    from .spawn.rank_output import LineReader
     from .spawn.template_client import TemplateClient
     from .wire import rejects as rejects
     from .wire import segments as segments
@@ -124,7 +128,8 @@ _WHERE = {
     "dumps": "wire.serialize", "dumps_plain": "wire.serialize", "describe_unpicklable": "wire.serialize",
     "loads": "wire.unpickling",
     # the wire formats that agents, jobs and the data plane speak
-    "AgentLink": "spawn.agent_link", "LaunchConfig": "spawn.launch_config", "TemplateClient": "spawn.template_client",
+    "AgentLink": "spawn.agent_link", "LaunchConfig": "spawn.launch_config", "LineReader": "spawn.rank_output",
+    "TemplateClient": "spawn.template_client",
     "loopback_for": "net.transport", "CurveKeys": "wire.curve", "Gatekeeper": "wire.curve",
 }
 
@@ -141,18 +146,20 @@ _MODULES = {
     # looking at processes and hosts
     "hosts": "net.hosts", "rejects": "wire.rejects", "gpus": "gpus",
     "proc_stats": "spawn.proc_stats", "stack_dump": "spawn.stack_dump", "rank_logging": "spawn.rank_logging",
+    # a mesh's history files on its hosts, through their agents
+    "host_files": "spawn.host_files",
 }
 
 # every name above; tests/system/test_layering.py reads it as the front door
 __all__ = [
     "ActorError", "AgentLink", "CONCURRENT_MARK", "CallInfo", "Completion", "CurveKeys", "DeathInfo",
-    "ENDPOINT_MARK", "Gatekeeper", "IOThread", "Kind", "LaunchConfig", "MeshFailure", "MeshRef", "MeshStopped",
-    "Mode", "NoRoom", "PID_MAX_LIMIT", "Part", "ProcessDied", "RankSpecError", "RemoteFailure", "Runtime",
-    "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
+    "ENDPOINT_MARK", "Gatekeeper", "IOThread", "Kind", "LaunchConfig", "LineReader", "MeshFailure", "MeshRef",
+    "MeshStopped", "Mode", "NoRoom", "PID_MAX_LIMIT", "Part", "ProcessDied", "RankSpecError", "RemoteFailure",
+    "Runtime", "STOP_METHOD", "SendFailed", "Shortfall", "SpawnInfo", "Status", "TemplateClient", "actor_path",
     "agent_channel", "config", "controller_files_shortfall", "counted", "current_actor", "describe_unpicklable",
-    "diagnostics", "dumps", "dumps_plain", "gpus", "host_messages", "host_shortfall", "hosts", "in_actor_event_loop",
-    "loads", "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats", "process_mesh",
-    "raise_nofile_limit", "rank_label", "rank_logging", "rejects", "segments", "stack_dump",
+    "diagnostics", "dumps", "dumps_plain", "gpus", "host_files", "host_messages", "host_shortfall", "hosts",
+    "in_actor_event_loop", "loads", "loopback_for", "new_actor_id", "parse_ranks", "private_files", "proc_stats",
+    "process_mesh", "raise_nofile_limit", "rank_label", "rank_logging", "rejects", "segments", "stack_dump",
     "template_files_shortfall", "worker_key", "worker_wire",
 ]
 

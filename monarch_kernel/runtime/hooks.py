@@ -37,13 +37,14 @@ class OutputSink(Protocol):
 
 
 class RecordHook(Protocol):
-    """Called on the IO thread for every whole line a rank of a mesh this process spawned (or
-    this agent forked) writes, whatever the output sink does with it: ``stream`` is "stdout",
-    "stderr", or "control" for a line a rank wrote for the controller alone (``CONTROL_MARK``,
-    never shown; ``monarch_kernel.metric`` writes them).  The history records here; it must
-    only append to a buffer."""
+    """Called on the IO thread with the whole lines each chunk a rank of a mesh this process
+    spawned (or this agent forked) writes ends, as bytes, each line ended by a newline,
+    whatever the output sink does with them: ``stream`` is "stdout", "stderr", or "control"
+    for lines a rank wrote for the controller alone (``CONTROL_MARK``, never shown;
+    ``monarch_kernel.metric`` writes them).  The history records here; it must only append
+    (one call per chunk, however many lines: it cuts them on its own thread)."""
 
-    def __call__(self, mesh: str, rank: int, stream: str, line: str, /) -> None: ...
+    def __call__(self, mesh: str, rank: int, stream: str, lines: bytes, /) -> None: ...
 
 
 class DeathHook(Protocol):

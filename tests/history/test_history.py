@@ -60,7 +60,7 @@ def until(what: str, check, timeout: float = 30.0):
 
 def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):
     root = tmp_path / "hist"
-    with configured(history_dir=str(root), history_flush=0.2):
+    with configured(history_dir=str(root), history_flush=0.2, history_sample=0.3):
         procs = this_host().spawn_procs(per_host={"gpus": 3}, name="h-basic")
         try:
             p = procs.spawn("p", Printer)
@@ -81,8 +81,13 @@ def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):
             assert err["line"].tolist() == ["rank 0 complains", "rank 1 complains", "rank 2 complains"]
             first = h.sql("SELECT line FROM lines WHERE rank = 1 ORDER BY time LIMIT 1")["line"][0]
             assert first == "rank 1 line 0"
+            # %mesh top's figures, sampled at the history's rate
+            s = until("two samples of each rank", lambda: (df := h.sql(
+                "SELECT rank, count(*) AS n, max(rss_mib) AS rss, count(cpu) AS cpus FROM samples GROUP BY rank "
+                "ORDER BY rank")) is not None and len(df) == 3 and all(df["cpus"] >= 1) and df)
+            assert all(s["rss"] > 1)
             # a death: code 3 on rank 1, a signal on rank 2 (the history keeps both)
-            with pytest.raises(Exception):
+            with pytest.raises(monarch_kernel.ProcessDied):
                 p.slice(gpus=1).leave.call_one(3).get(timeout=30)
             pid2 = procs.rank_states()[2]["pid"]
             os.kill(pid2, signal.SIGKILL)
@@ -149,3 +154,14 @@ def test_importing_the_package_loads_no_arrow_duckdb_or_pandas():
             "print(sorted(m for m in ('pyarrow', 'duckdb', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_docs_page_shows_every_view_and_column_as_the_code_declares_them():
+    import pathlib
+
+    from monarch_kernel.history.columns import markdown
+
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "history.md"
+    assert markdown().strip() in page.read_text(), (
+        "docs/guides/history.md's tables differ from history/columns.py: paste "
+        "`python -c 'from monarch_kernel.history.columns import markdown; print(markdown())'` in")

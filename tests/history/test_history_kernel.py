@@ -4,9 +4,11 @@ with ``%mesh history`` (a pandas DataFrame), plots a metric and lists it."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
-from support.kernels import kernel, run, text
+from jupyter_client.manager import KernelManager
+from support.kernels import finished, iopub, kernel, run, started, text
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -20,13 +22,26 @@ print("trained", monarch_kernel.current_rank().rank)
 
 def test_a_history_outlives_its_kernel_and_a_fresh_one_asks_it_in_sql(kernelspec, tmp_path):
     env = {**os.environ, "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "hist"), "MONARCH_KERNEL_HISTORY_FLUSH": "0.2"}
-    with kernel(kernelspec, env=env) as kc:
+    km, kc = started(lambda: KernelManager(kernel_name=kernelspec), env=env)
+    try:
         out, reply = run(kc, "procs = %mesh spawn -n 2 --name trained")
         assert reply["status"] == "ok", text(out)
         out, reply = run(kc, CELL)
         assert reply["status"] == "ok" and "trained" in text(out), text(out)
         assert "metric" not in text(out)  # the metrics' control lines never show
+        # a watchdog alarm, with the stacks it took, and an interrupt
+        run(kc, "%mesh watchdog 1")
+        out, reply = run(kc, "%%mesh\nimport time\ntime.sleep(4)")
+        assert "%mesh watchdog: the cell has waited on trained" in text(out), text(out)
+        msg_id = kc.execute("%%mesh\nimport time\ntime.sleep(60)")
+        iopub(kc).wait("the cell to start on the ranks", lambda: any(
+            m.content.get("execution_state") == "busy" for m in iopub(kc).of(msg_id, "status")), 30)
+        time.sleep(1)  # the ranks are in the sleep
+        km.interrupt_kernel()
+        iopub(kc).wait_idle(msg_id, 60)
         pid = run(kc, "import os; print(os.getpid())").text.strip()
+    finally:
+        finished(km, kc)
     # that kernel is gone (its process waited for); a new one reads what it wrote
     with kernel(kernelspec, env=env) as kc:
         assert run(kc, "import os; print(os.getpid())").text.strip() != pid
@@ -41,7 +56,9 @@ def test_a_history_outlives_its_kernel_and_a_fresh_one_asks_it_in_sql(kernelspec
         assert "Cell In[2]" in shown, shown  # the cell the lines belong to
         out, reply = run(kc, '%mesh history --mesh trained "SELECT kind, count(*) AS n FROM events '
                              'GROUP BY kind ORDER BY kind"\n')
-        assert "spawn" in text(out) and "stop" in text(out), text(out)
+        assert all(kind in text(out) for kind in ("spawn", "stop", "watchdog", "interrupt")), text(out)
+        out, reply = run(kc, '%mesh history --mesh trained "SELECT DISTINCT rank, reason FROM stacks ORDER BY rank"')
+        assert "watchdog" in text(out) and "1" in text(out), text(out)
         out, reply = run(kc, "%mesh history --mesh trained --plot loss")
         assert reply["status"] == "ok", text(out)
         assert any("image/png" in o.data for o in out), [o.kind for o in out]

@@ -34,6 +34,7 @@ OPTIONS = {
     "watchdog": ["SECONDS|off"],
     "collectives": [],
     "top": ["--interval S", "--count N"],
+    "history": ['"SQL"', "--mesh M", "--plot METRIC", "--list", "--views", "--root DIR"],
     "restart": ["--ranks SPEC"],
     "sync": ["[path]"],
     "push": ["name=expr"],

@@ -40,6 +40,9 @@ EXAMPLES = [
     host_messages.Beat(),
     host_messages.RankHello("m1", 3, 4321),
     host_messages.RankHello("m1", 0, 5, 1, [b"\x80\x05pickled failure", b""]),
+    host_messages.HistoryAsk(6, "trainers", ["lines-1-2-3.parquet"]),
+    host_messages.HistoryFile(6, "node1", "lines-4-5-6.parquet", b"PAR1...", False),
+    host_messages.HistoryFile(6, "node1", "", b"", True, "the history on node1 could not be read: disk"),
 ]
 
 

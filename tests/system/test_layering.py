@@ -28,11 +28,11 @@ ALLOWED = {
     "actor": {"runtime", "observe", "history"},
     "tensors": {"runtime", "actor"},
     "data": {"runtime", "actor"},
-    "job": {"runtime", "actor"},
+    "job": {"runtime", "actor", "history"},
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
-    "detached": {"runtime", "observe", "actor", "data", "console", "job"},
+    "detached": {"runtime", "observe", "actor", "data", "console", "job", "history"},
     "kernel": {"runtime", "observe", "history", "actor", "data", "debug", "console", "detached", "job", "spmd",
                "tensors"},
     # the command line: a thin face on the public API, the records and %mesh's help

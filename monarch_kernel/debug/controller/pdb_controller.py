@@ -96,6 +96,9 @@ class PdbHost(Protocol):
     def cell_label(self, filename: str) -> str | None:
         """``Cell In[7]`` for the file a notebook cell was compiled under; None for others."""
 
+    def debugger_event(self, kind: str, mesh: str, rank: int, detail: str) -> None:
+        """A rank stopped in pdb (``debugger_stop``) or went on (``debugger_continue``); optional."""
+
 
 class ServeWhileWaiting:
     """The kernel's ``hooks.wait``: a plain cell blocked on a ``Future`` (say
@@ -195,6 +198,7 @@ class PdbHub:
                 self.stops[stop.key] = stop
             self._send(stop, None, self._sources(msg.missing))
             self._soon_announce(stop)
+            self._event("debugger_stop", stop, stop.place())
             return
         key = (msg.mesh, msg.rank, msg.session)
         with self._cv:
@@ -210,6 +214,7 @@ class PdbHub:
             elif isinstance(msg, Resumed):
                 stop.state = "stepping" if msg.stepping else "running"
             elif isinstance(msg, Ended):
+                self._event("debugger_continue", stop, "")
                 stop.state = "ended"
                 self.stops.pop(key, None)
                 if self.attached == key:
@@ -229,6 +234,9 @@ class PdbHub:
             self._timer = threading.Timer(ANNOUNCE_WINDOW_S, self.announce)
             self._timer.daemon = True
             self._timer.start()
+
+    def _event(self, kind: str, stop: RankStop, detail: str) -> None:
+        (getattr(self.host, "debugger_event", None) or (lambda *_a: None))(kind, stop.where.mesh, stop.rank, detail)
 
     def announce(self) -> None:
         """Print "rank 3 stopped at cell line 4" for stops not yet told (any thread)."""

@@ -65,8 +65,9 @@ class AgentLink:
             hw.Beats: lambda m: self.events.beats(m.pids), hw.Ports: self._ports, hw.Forked: self._forked,
             hw.ForkFailed: self._fork_failed, hw.Exit: lambda m: self.events.exited(m.pid, m.status),
             hw.Beat: lambda m: None, hw.StackDump: lambda m: self._dumps.arrived(m),
-            hw.Usages: lambda m: (self._usage.pop(m.tag, lambda _m: None))(m)}
+            hw.Usages: lambda m: (self._usage.pop(m.tag, lambda _m: None))(m), hw.HistoryFile: self._history_file}
         self._usage: dict[int, Callable] = {}  # tag -> who hears the Usages, IO thread
+        self._history: dict[int, Callable] = {}  # tag -> who hears the HistoryFiles, IO thread
         self._dumps = PendingDumps()  # IO thread
 
     @property
@@ -131,6 +132,21 @@ class AgentLink:
         if not self._send(hw.Usage(tag, list(pids))):
             del self._usage[tag]
             on_usages(hw.Usages(tag, []))
+
+    def history(self, mesh: str, have: list[str], on_file: Callable[[hw.HistoryFile], None]) -> None:
+        """(IO thread) Ask the agent for its host's history files of ``mesh`` not in ``have``;
+        ``on_file`` hears each, then one with ``last`` set (with ``error`` if the agent cannot
+        be asked)."""
+        tag = self._tag()
+        self._history[tag] = on_file
+        if not self._send(hw.HistoryAsk(tag, mesh, list(have))):
+            del self._history[tag]
+            on_file(hw.HistoryFile(tag, self.host, "", b"", True, f"the agent on {self.host} is gone"))
+
+    def _history_file(self, msg: hw.HistoryFile) -> None:
+        on_file = self._history.pop(msg.tag, None) if msg.last else self._history.get(msg.tag)
+        if on_file is not None:
+            on_file(msg)
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         self._send(hw.Kill(pid, int(sig)))
@@ -200,4 +216,7 @@ class AgentLink:
                 got.set_exception(ConnectionError(f"the agent on {self.host} is gone: {why}"))
         if not self.up.done():
             self.up.set_exception(ConnectionError(f"the agent on {self.host} is gone: {why}"))
+        asked, self._history = self._history, {}
+        for tag, on_file in asked.items():
+            on_file(hw.HistoryFile(tag, self.host, "", b"", True, f"the agent on {self.host} is gone: {why}"))
         self.events.exited(None, None, why)

@@ -137,6 +137,17 @@ class Usage(Message):
 
 
 @dataclass(frozen=True)
+class HistoryAsk(Message):
+    """(agents) Send this host's history files of mesh ``mesh`` whose names are not in
+    ``have``; answered by ``HistoryFile`` messages, the last with ``last`` set."""
+
+    OP = "history_ask"
+    tag: int
+    mesh: str
+    have: list[str]
+
+
+@dataclass(frozen=True)
 class Bye(Message):
     """(agents) End every rank and exit (``job.kill()``)."""
 
@@ -244,6 +255,20 @@ class Usages(Message):
 
 
 @dataclass(frozen=True)
+class HistoryFile(Message):
+    """One history file of the host's folder ``host`` (``name``, its bytes); the last message
+    of an answer has ``last`` set and no file, and ``error`` when the files could not be read."""
+
+    OP = "history_file"
+    tag: int
+    host: str
+    name: str
+    data: bytes
+    last: bool
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Drained(Message):
     """Every byte the ranks had written when ``Drain`` arrived was sent before this."""
 
@@ -285,7 +310,7 @@ class RankHello(Message):
 
 OPS: dict[str, type[Message]] = {cls.OP: cls for cls in (
     Fork, Kill, Reserve, Stacks, Drain, Usage, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats,
-    StackDump, Usages, Drained, Exit, Beat, RankHello)}
+    StackDump, Usages, Drained, Exit, Beat, RankHello, HistoryAsk, HistoryFile)}
 
 
 def decode(data: bytes) -> Message:

@@ -167,10 +167,9 @@ class Launcher:
         om.env = env
         for r in (range(ref.size) if ranks is None else ranks):
             sink = self.hooks.output.current  # looked up per line: the kernel may install one later
-            record = self.hooks.record.all
-            om.readers[r] = [LineReader(ref.name, r, "stdout", sink, record),
-                             LineReader(ref.name, r, "stderr", sink, record)]
             remote = om.links is not None
+            record = list if remote else self.hooks.record.all  # an agent records its ranks' lines itself
+            om.readers[r] = [LineReader(ref.name, r, stream, sink, record) for stream in ("stdout", "stderr")]
             cfg = LaunchConfig(
                 key=me.key, rundir=me.rundir, owner=ref.owner, rank=r, mesh=ref,
                 sys_path=tuple(sys.path), cwd=os.getcwd(), env={**config.exported_env(), **env},

@@ -26,11 +26,12 @@ log = logging.getLogger(__name__)
 # sink(mesh_name, rank, stream, line) where stream is "stdout" or "stderr".
 Sink = Callable[[str, int, str, str], None]
 
-# sink(mesh_name, rank, stream, line) where stream is "stdout", "stderr" or "control"
+# each recorder(mesh_name, rank, stream, whole lines as bytes) where stream is "stdout", "stderr" or "control"
 Recorders = Callable[[], list]
-# What starts a line a rank writes for the controller alone (``write_control``): two ASCII
+# What starts a line a rank writes for the controller alone (``monarch_kernel.metric``): two ASCII
 # separators no text prints, then a word.
 CONTROL_MARK = b"\x1e\x1fmonarch:"
+_MARK_STARTS = tuple(CONTROL_MARK[:n] for n in range(len(CONTROL_MARK) - 1, 0, -1))  # a chunk may end in one
 TAIL_LINES = 20
 TAIL_CHARS = 4096  # a death report quotes at most this much of each stderr line
 
@@ -70,6 +71,8 @@ class LineReader:
         self._sink = sink
         self._recorders = recorders
         self._record: list = []  # this chunk's recorders
+        self._unended: list[bytes] = []  # for them: the end of the last chunk, a line not yet ended
+        self._unended_size = 0
         self._control = b""  # a control line not yet ended
         self._parts: list[bytes] = []  # the line being read, not yet ended by a newline
         self._held = 0  # bytes in _parts
@@ -83,21 +86,40 @@ class LineReader:
         if self.closed or not data:
             return
         self._record = self._recorders()
-        if self._control or CONTROL_MARK in data:
+        if self._control or CONTROL_MARK in data or data.endswith(_MARK_STARTS):
             data = self._controls(self._control + data)
+        if self._record and data:
+            self._deliver(data)
         write = getattr(self._sink(), "write", None)
         self._to_sink = write is None
         if write is not None:
             self._write(write, self._decoder.decode(data))
-            if self.stream != "stderr" and not self._record:
-                return  # only stderr's lines are kept (for death reports), and recorded ones
+            if self.stream != "stderr":
+                return  # only stderr's lines are kept (for death reports)
         self._feed(data)
+
+    def _deliver(self, data: bytes) -> None:
+        """The whole lines this chunk ends, as their bytes, to the recorders, in one call each
+        (they must only append; they cut lines on their own thread): no work per line here."""
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self._unended.append(data)
+            self._unended_size += len(data)
+            if self._unended_size <= self._max:
+                return
+            whole, self._unended, self._unended_size = b"".join(self._unended) + b"\n", [], 0  # a piece
+        else:
+            whole = b"".join([*self._unended, data[:nl + 1]]) if self._unended else data[:nl + 1]
+            rest = data[nl + 1:]
+            self._unended, self._unended_size = ([rest], len(rest)) if rest else ([], 0)
+        for record in self._record:
+            self._call(record, self.stream, whole)
 
     def _controls(self, data: bytes) -> bytes:
         """``data`` without its control lines, which go to the recorders; one not yet ended
         is held for the next chunk."""
         self._control = b""
-        kept = []
+        kept, bodies = [], []
         start = 0
         while (at := data.find(CONTROL_MARK, start)) >= 0:
             end = data.find(b"\n", at)
@@ -106,16 +128,20 @@ class LineReader:
                 self._control = data[at:]
                 start = len(data)
                 break
-            body = data[at + len(CONTROL_MARK):end].decode("utf-8", "replace")
-            for record in self._record:
-                self._call(record, "control", body)
+            bodies.append(data[at + len(CONTROL_MARK):end])
             start = end + 1
-        kept.append(data[start:])
+        rest = data[start:]
+        if not self._control and rest.endswith(_MARK_STARTS):  # the mark's first bytes: wait for the rest
+            held = next(m for m in _MARK_STARTS if rest.endswith(m))
+            self._control, rest = held, rest[:-len(held)]
+        kept.append(rest)
+        for record in self._record if bodies else ():
+            self._call(record, "control", b"".join(b + b"\n" for b in bodies))
         return b"".join(kept)
 
-    def _call(self, record, stream: str, line: str) -> None:
+    def _call(self, record, stream: str, lines: bytes) -> None:
         try:
-            record(self.mesh, self.rank, stream, line)
+            record(self.mesh, self.rank, stream, lines)
         except Exception as e:  # a broken recorder must not stop the IO thread
             log.error("monarch_kernel: output recorder failed: %r", e, extra=PROCESS_STDERR)
 
@@ -138,6 +164,8 @@ class LineReader:
             raw = b"".join(self._parts)
             self._parts, self._held = [], 0
             self._emit(raw)
+        if self._unended:
+            self._deliver(b"\n")
 
     def _emit(self, raw: bytes, whole: bool = True) -> None:
         line = raw.decode("utf-8", "replace")
@@ -145,8 +173,6 @@ class LineReader:
             line = line.rstrip("\r")
         if self.stream == "stderr":
             self.tail.append(line if len(line) <= TAIL_CHARS else line[:TAIL_CHARS] + "…")
-        for record in self._record:
-            self._call(record, self.stream, line)
         if not self._to_sink:
             return
         try:
