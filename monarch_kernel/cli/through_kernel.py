@@ -6,9 +6,6 @@ saying so.
 
 from __future__ import annotations
 
-import queue
-import time
-
 from .output import Failed
 
 
@@ -26,25 +23,24 @@ def run_magic(kernel: dict, line: str, timeout: float, as_json: bool) -> str:
     except OSError as e:
         raise Failed(f"cannot read kernel pid {kernel.get('pid')}'s connection file {where}: {e}", as_json) from None
     kc.start_channels()
+    out: list[str] = []
+    errors: list[str] = []
+
+    def hook(msg) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+
     try:
-        msg_id = kc.execute(line, store_history=False)
-        deadline = time.monotonic() + timeout
-        out: list[str] = []
-        while True:
-            try:
-                msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise Failed(f"kernel pid {kernel.get('pid')} did not run  {line}  within {timeout:g} s (busy with "
-                             "a cell? interrupt it, or wait and try again)", as_json) from None
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(content["text"])
-            elif kind == "error":
-                raise Failed(f"{line} in kernel pid {kernel.get('pid')}: {content['ename']}: {content['evalue']}",
-                             as_json)
-            elif kind == "status" and content["execution_state"] == "idle":
-                return "".join(out).rstrip("\n")
+        try:
+            kc.wait_for_ready(timeout=timeout)  # its channels are up (no early output is missed)
+            kc.execute_interactive(line, store_history=False, timeout=timeout, output_hook=hook)
+        except (TimeoutError, RuntimeError):
+            raise Failed(f"kernel pid {kernel.get('pid')} did not run  {line}  within {timeout:g} s (busy with "
+                         "a cell? interrupt it, or wait and try again)", as_json) from None
+        if errors:
+            raise Failed(f"{line} in kernel pid {kernel.get('pid')}: {errors[0]}", as_json)
+        return "".join(out).rstrip("\n")
     finally:
         kc.stop_channels()
