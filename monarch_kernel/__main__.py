@@ -1,5 +1,3 @@
-import sys
+from .cli import main
 
-from .kernel.kernelspec import main
-
-sys.exit(main())
+main(prog_name="python -m monarch_kernel")

@@ -5,10 +5,12 @@ calling process itself.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config, counted
+from . import tensor_shim
 from .controllers import publish_registry
 from .fault_hook import route_unhandled
 from .future import Future
@@ -17,6 +19,12 @@ from .shape import Extent, Shape
 from .spawn_checks import check_env, check_mesh_name, check_per_host, check_room, refusal, size_of
 
 _names: dict[str, int] = {}
+
+
+class MeshReplacedWarning(UserWarning):
+    """``spawn_procs(name=N)`` stopped the running mesh ``N`` of this process to start the new
+    one in its place (a cell run again)."""
+
 # What every rank unpickles: the template imports these before it forks, so ranks start warm.
 RANK_MODULES = tuple(f"monarch_kernel.{m}" for m in (
     "actor.actor", "actor.actor_mesh", "actor.endpoint", "actor.errors", "actor.future", "actor.port",
@@ -106,14 +114,13 @@ class HostMesh:
         n = size_of(dims)
         check_room(dict(dims), n, self._hosts, local=self._agents is None, check=check,
                    per_template=rt.per_template)
-        # A name is one running mesh's: a second of the same name would only confuse (re-running a cell).
+        # A name is one running mesh's.  The same name again is a cell run again: the old
+        # mesh (this process's) ends and the new one takes its place.
         running = {om.ref.name: om for om in rt.owned_meshes() if not om.stopping and om.alive}
         if name is None:
             name = _fresh_name(running)
         elif name in running:
-            raise ValueError(f"spawn_procs(name={name!r}): mesh '{name}' is running "
-                             f"({counted(running[name].ref.size, 'rank')}); stop it first (its ProcMesh's .stop()), "
-                             f"or pick another name, or leave name= out for a fresh one")
+            _replace(rt, running[name])
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
         from ..history import hosts_env, record_history  # loaded by the first spawn: import stays quick
@@ -162,6 +169,16 @@ def _fresh_name(running) -> str:
         name = f"procs{_names['procs'] - 1}" if _names["procs"] > 1 else "procs"
         if name not in running:
             return name
+
+
+def _replace(rt: Runtime, om) -> None:
+    """End this process's running mesh ``om`` for a new one of its name, and say so."""
+    n = om.ref.size
+    Future(rt.stop_mesh(om), lambda _: None).get(timeout=config.spawn_timeout())
+    tensor_shim.forget(om.ref.id)  # its tensor client, if tensors were used
+    warnings.warn(f"spawn_procs(name={om.ref.name!r}): stopped the running mesh '{om.ref.name}' "
+                  f"({counted(n, 'rank')}) to start this one in its place; leave name= out to keep both",
+                  MeshReplacedWarning, stacklevel=3)
 
 
 def _done() -> Future:

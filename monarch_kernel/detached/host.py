@@ -69,6 +69,14 @@ class MeshHost(Actor):
         return self.procs.rank_states()
 
     @endpoint
+    def usage(self) -> tuple[dict, dict]:
+        """``observe.metrics.usage()`` of the mesh (CPU ticks, memory and GPU per rank, and the
+        ranks' pids): the host owns the ranks, so only it can sample them (``monarch-kernel top``)."""
+        from ..observe.metrics import usage
+
+        return usage(self.procs)
+
+    @endpoint
     def restart(self, ranks: list[int] | None = None):
         """``ProcMesh.restart`` of the mesh, each restarted rank with a fresh console."""
         return self.procs.restart(ranks, [(self.consoles, Console, (), {})])

@@ -115,9 +115,24 @@ def _host(record: records.Record):
     return ActorMesh.from_ref(ProcMesh.from_ref(record.host_ref), record.host, "meshhost", MeshHost)
 
 
+def mesh(record: records.Record):
+    """A handle on the detached mesh's ranks from this process (a short-lived controller): it
+    can be called and its stacks read, not stopped (``stop`` does that through its host)."""
+    from ..actor.proc_mesh import ProcMesh
+
+    _host(record)  # trusts the mesh's key
+    return ProcMesh.from_ref(record.ref)
+
+
 def rank_rows(record: records.Record, timeout: float = 10) -> list[dict]:
     """The ranks' rows as the mesh's host reports them (pid, host, state)."""
     return _host(record).status.call_one().get(timeout=timeout)
+
+
+def usage(record: records.Record, timeout: float = 10) -> tuple[dict, dict]:
+    """Each rank's CPU ticks, memory and GPU, and its pid, as the mesh's host samples them."""
+    got, pids = _host(record).usage.call_one().get(timeout=timeout)
+    return {int(r): u for r, u in got.items()}, {int(r): p for r, p in pids.items()}
 
 
 def stop(record: records.Record, timeout: float = 60) -> None:

@@ -22,6 +22,9 @@ from .agents import controller_address
 from .job import JobTrait
 from .worker_session import WorkerSession, parse_worker
 
+# worker address -> the running AttachJob of this process that holds it (a cell run again finds it)
+_held: dict[str, AttachJob] = {}
+
 
 class AttachJob(JobTrait):
     """The workers at ``workers`` (their ``--listen`` addresses, as this machine reaches
@@ -67,7 +70,17 @@ class AttachJob(JobTrait):
         self.start_timeout = start_timeout
         self._sessions: list[WorkerSession] = []
 
+    def same_as(self, other: AttachJob) -> bool:
+        """Whether ``other`` asks for what this running job holds (the same workers, key
+        file and name), every worker still attached: a cell run again reuses this job."""
+        return (self.active and self.workers == other.workers and self.key_file == other.key_file
+                and self.name == other.name and all(not s.ended.is_set() for s in self._sessions))
+
     def _create(self) -> None:
+        # This process's earlier jobs on these workers let go of them first (their ranks end):
+        # a cell run again takes its own workers back rather than finding them busy.
+        for job in {id(j): j for w in self.workers if (j := _held.get(w)) is not None and j is not self}.values():
+            job.release()
         rt = Runtime.current()
         controller = controller_address(rt, parse_worker(self.workers[0])[0])
         deadline = time.monotonic() + (self.start_timeout or config.spawn_timeout())
@@ -84,6 +97,8 @@ class AttachJob(JobTrait):
                 s.end(shutdown=False)
             raise
         self._sessions = sessions
+        for w in self.workers:
+            _held[w] = self
 
     def _host_meshes(self) -> dict[str, HostMesh]:
         return {self.name: HostMesh(agents=[s.link for s in self._sessions], job=self)}
@@ -98,6 +113,9 @@ class AttachJob(JobTrait):
 
     def _end(self, shutdown: bool) -> None:
         sessions, self._sessions = self._sessions, []
+        for w in self.workers:
+            if _held.get(w) is self:
+                del _held[w]
         for s in sessions:
             s.end(shutdown)
 
@@ -115,6 +133,8 @@ def attach_to_workers(*, workers, key=None, name: str | None = None, start_timeo
     as each worker's ``--listen``), which hold the key in file ``key`` (Monarch's name; a key
     file stands for Monarch's ``ca=`` and ``private_key=``).  Returns once every worker's
     agent has connected; ``.stop()`` lets go of the workers, ``.shutdown()`` ends them.
+    Called again in this process (a cell run again), it reuses the attachment to the same
+    workers, key and name, with their ranks; otherwise it takes its workers back first.
 
     Example::
 
@@ -124,4 +144,7 @@ def attach_to_workers(*, workers, key=None, name: str | None = None, start_timeo
     if key is None:
         raise TypeError(worker_key.no_key("attach_to_workers(workers=[...], key=PATH)", ca, private_key))
     job = AttachJob(workers, key, name=name or "hosts", start_timeout=start_timeout)
+    held = _held.get(job.workers[0])
+    if held is not None and held.same_as(job):
+        job = held
     return getattr(job.state(), job.name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import secrets
 import shlex
 import subprocess
 import threading
@@ -27,6 +28,22 @@ from .tunnels import Tunnels, _ip, _port
 
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "login_relay.py")
 OPEN_TIMEOUT_S = config.seconds("slurm_command_timeout")
+
+
+# (login, ssh_args) -> the connection this process's jobs through that login node share: one
+# relay per controller and login node (a second would find the controller's ports taken there)
+_shared: dict[tuple, LoginNode] = {}
+
+
+def shared_login(login: str, ssh_args, rundir: str) -> LoginNode:
+    """The connection to ``login`` that this process's jobs share, one more job using it;
+    each job gives it back with ``LoginNode.let_go(job)``."""
+    key = (login, tuple(ssh_args))
+    node = _shared.get(key)
+    if node is None or node.closed:
+        node = _shared[key] = LoginNode(login, ssh_args, rundir, f"L{secrets.token_hex(3)}")
+    node.users += 1
+    return node
 
 
 def agent_settings() -> dict[str, str]:
@@ -53,8 +70,11 @@ class LoginNode:
         self._stderr: collections.deque[str] = collections.deque(maxlen=20)
         self._lock = threading.Lock()
         self._ports: set[int] = set()  # controller ports relayed so far
-        self._tunnels: list[Tunnels] = []
+        self._tunnels: dict[int, list[Tunnels]] = {}  # id(job) -> the forwards to its nodes
+        self._made = 0  # forwards' tags made so far
         self._unhook: list = []
+        self.users = 0  # jobs using this connection (``shared_login``)
+        self.closed = False
 
     # ------------------------------------------------------------ the connection
 
@@ -143,11 +163,22 @@ class LoginNode:
                                   f"{r.stderr.strip() or self._why()}")
         return r
 
+    def let_go(self, job) -> None:
+        """``job`` no longer uses this connection (its forwards go); the last one closes it."""
+        for tunnels in self._tunnels.pop(id(job), []):
+            tunnels.cancel()
+        self.users -= 1
+        if self.users <= 0:
+            self.close()
+
     def close(self) -> None:
         """End the relay (its stdin closes), then the master; forget the hooks and forwards."""
+        self.closed = True
+        if _shared.get((self.login, self.ssh_args)) is self:
+            del _shared[(self.login, self.ssh_args)]
         for undo in self._unhook:
             undo()
-        self._unhook, self._tunnels = [], []
+        self._unhook, self._tunnels = [], {}
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -169,17 +200,23 @@ class LoginNode:
 
     # ------------------------------------------------------------ out of cluster
 
-    def reach(self, rt: Runtime, target: str, links: dict) -> str:
+    def reach(self, rt: Runtime, target: str, links: dict, job) -> str:
         """Make the controller reachable from the nodes through the relay, and the nodes' addresses
-        (their ``links``' ips) from the controller; ``target``: a node's address, as the login
-        node knows it.  Returns MONARCH_KERNEL_CONTROLLER_VIA's value for the agents."""
+        (their ``links``' ips) from the controller, for ``job``; ``target``: a node's address, as
+        the login node knows it.  Returns MONARCH_KERNEL_CONTROLLER_VIA's value for the agents.
+        A second job of this controller through the same login node uses the same relay."""
         controller = rt.listen("127.0.0.1")  # no network port, unless one is open
-        self._target = target
+        self._target = self._target or target
         for address in rt.tcp_addresses():
             self.relay(address)
-        self._tunnels = [Tunnels(self.login, self._rundir, f"{self._tag}{i}", _ip(controller), link, ctl=self.ctl)
-                         for i, link in enumerate(links.values())]
-        self._unhook = [rt.on_listen(self.relay), rt.add_dialer(self._dial)]
+        made = []
+        for link in links.values():
+            made.append(Tunnels(self.login, self._rundir, f"{self._tag}{self._made}", _ip(controller), link,
+                                ctl=self.ctl))
+            self._made += 1
+        self._tunnels[id(job)] = made
+        if not self._unhook:
+            self._unhook = [rt.on_listen(self.relay), rt.add_dialer(self._dial)]
         return f"{_ip(controller)}@{self.relay_ip}"
 
     def relay(self, address: str) -> None:
@@ -213,7 +250,7 @@ class LoginNode:
             self._ports.add(port)
 
     def _dial(self, address: str) -> str | None:
-        for tunnels in self._tunnels:
+        for tunnels in [t for made in list(self._tunnels.values()) for t in made]:
             got = tunnels.dial(address)
             if got:
                 return got

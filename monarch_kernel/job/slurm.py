@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from ..runtime.hosting import hosts as host_names
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
-from .login import LoginNode, agent_settings
+from .login import LoginNode, agent_settings, shared_login
 from .squeue import NEVER_RUNS, PLAIN_FORMAT, SqueueJob, find_job, never_runs, parse_plain
 from .srun_agent import AGENT_STEP, HOLD_SCRIPT, SrunAgent, kill_all
 from .ssh_config import route_host
@@ -169,7 +168,7 @@ class SlurmJob(JobTrait):
         """The ssh connection to the login node, opened once (before anything is submitted)."""
         if self._login is None:
             assert self.login is not None
-            self._login = LoginNode(self.login, self.ssh_args, Runtime.current().rundir, f"L{secrets.token_hex(3)}")
+            self._login = shared_login(self.login, self.ssh_args, Runtime.current().rundir)
         self._login.open()
         return self._login
 
@@ -364,7 +363,7 @@ class SlurmJob(JobTrait):
         try:
             if self.out_of_cluster is not False:
                 target = self._node_address(self.nodes[0]) or self.nodes[0]
-                env[config.env_name("controller_via")] = login.reach(rt, target, links)
+                env[config.env_name("controller_via")] = login.reach(rt, target, links, self)
             first = self.nodes[0]
             controller = rt.net_address if self.out_of_cluster is not False else self._controller(rt, first)
             self._sync(None)
@@ -415,7 +414,7 @@ class SlurmJob(JobTrait):
     def _close_login(self) -> None:
         login, self._login = self._login, None
         if login is not None:
-            login.close()
+            login.let_go(self)
 
     def _spec(self) -> dict:
         return {"meshes": self.meshes, "python_exe": self.python_exe, "slurm_args": list(self.slurm_args),

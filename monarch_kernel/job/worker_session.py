@@ -85,6 +85,11 @@ class WorkerSession:
             if hello is not None and hello.state == "free":
                 break
             sock.close()  # busy with other connections, or ending the ranks of the controller before
+            mine = f"(pid {os.getpid()} on {socket.gethostname()})"
+            if hello is not None and hello.state == "busy" and mine in hello.holder:
+                raise ConnectionError(f"the worker {self.worker} (pid {hello.pid} on {hello.hostname}) is attached to "
+                                      f"this controller already, by another job of it: {hello.holder}.  Use that "
+                                      "job's hosts, or stop them (hosts.stop()) first")
             if hello is not None and hello.state == "busy":
                 raise ConnectionError(f"the worker {self.worker} (pid {hello.pid} on {hello.hostname}) serves "
                                       f"another controller: {hello.holder}.  Stop that one's hosts there "

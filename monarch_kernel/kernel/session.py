@@ -5,6 +5,8 @@ every one of them out again.  Runs in the kernel.
 
 from __future__ import annotations
 
+import logging
+
 from IPython.core.error import UsageError
 
 from .. import history
@@ -19,10 +21,13 @@ from .cell_errors import cell_label
 from .cell_names import CellNames
 from .jobs import KernelJobs
 from .last_lines import LastLines
+from .live_record import LiveRecord
 from .output import CollapsingSink
 from .panel.feed import PanelFeed
 from .respawn import Respawn
 from .watchdog import Watchdog
+
+log = logging.getLogger(__name__)
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
                    "monarch_kernel.console.shell", "monarch_kernel.console.host_once",
@@ -56,8 +61,10 @@ class MeshSession:
         self._handles = [rt.hooks.output.install(self.sink)]
         self.metrics = RankMetrics()  # CPU and memory per rank, sampled while %mesh top or a panel watches
         self.watchdog = Watchdog(self)  # %mesh watchdog: stacks of ranks a cell has waited on too long
+        self.record = LiveRecord()  # what monarch-kernel ls reads of this kernel, with no connection to it
         self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell),
-                        ("pre_run_cell", self.watchdog.cell_starts), ("post_run_cell", self.watchdog.cell_ends)]
+                        ("pre_run_cell", self.watchdog.cell_starts), ("post_run_cell", self.watchdog.cell_ends),
+                        ("post_run_cell", self.note)]
         for event, fn in self._events:
             shell.events.register(event, fn)
         self.pdb = PdbHub(self)
@@ -87,6 +94,14 @@ class MeshSession:
             live.close()
         self.live = {}
         self.sink.close()
+        self.record.close()
+
+    def note(self, _info=None) -> None:
+        """Rewrite this kernel's record for ``monarch-kernel ls`` if its meshes or jobs changed."""
+        try:
+            self.record.note(self)
+        except OSError as e:  # a full disk, say: the notebook goes on without it
+            log.warning("monarch_kernel: cannot write this kernel's record for monarch-kernel ls: %s", e)
 
     def add(self, procs, consoles, host=None) -> None:
         """A mesh this session now drives; it becomes current."""
@@ -94,6 +109,7 @@ class MeshSession:
         if host is not None:
             self.hosts[procs.name] = host
         self.current = procs.name
+        self.note()
 
     def stop(self, name: str) -> list[str]:
         """End mesh ``name`` (a detached one through its host process) and drop it; what to
@@ -127,6 +143,7 @@ class MeshSession:
         live = self.live.pop(name, None)
         if live is not None:
             live.refresh()  # its last word: every rank stopped
+        self.note()
 
     def run_in_cell(self, fn) -> None:
         """Run ``fn`` in the running cell's context (the last cell's between cells), so what it

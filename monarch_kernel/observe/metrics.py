@@ -35,19 +35,17 @@ class RankMetrics:
 
     def sample(self, procs, timeout: float = 5.0) -> dict[int, Point]:
         """One sample of each rank of ``procs`` (a mesh this kernel spawned; others are blank)."""
-        rt = Runtime.current()
-        om = rt.owned_mesh(procs.ref.id)
-        ranks = list(procs.shape.ranks)
+        got, pids = usage(procs, timeout)
+        return self.record(procs.name, list(procs.shape.ranks), pids, got)
+
+    def record(self, mesh: str, ranks: list[int], pids: dict[int, int | None], got: dict) -> dict[int, Point]:
+        """Add one sample of ``ranks``: ``got`` is ``usage()``'s, taken here or by the process
+        that owns the mesh (a detached mesh's host, for ``monarch-kernel top``)."""
         now = time.monotonic()
-        got: dict = {}
-        if om is not None:
-            done = proc_stats.sample(rt, om, ranks)
-            if done.wait(timeout) and done.error() is None:
-                got = done.result()
         out = {}
         for r in ranks:
-            key = (procs.name, r)
-            pid = om.pids[r] if om is not None else None
+            key = (mesh, r)
+            pid = pids.get(r)
             u = got.get(r)
             cpu = rss = gpu = gpu_mib = None
             if u is not None and pid is not None:
@@ -71,6 +69,19 @@ class RankMetrics:
         for key in [k for k in self.history if k[0] == mesh]:
             self.history.pop(key, None)
             self._last.pop(key, None)
+
+
+def usage(procs, timeout: float = 5.0) -> tuple[dict, dict[int, int | None]]:
+    """(rank -> (CPU ticks, RSS bytes, GPU %, GPU MiB), rank -> pid) of the ranks of ``procs``,
+    a mesh this process spawned (both empty for another's)."""
+    rt = Runtime.current()
+    om = rt.owned_mesh(procs.ref.id)
+    if om is None:
+        return {}, {}
+    ranks = list(procs.shape.ranks)
+    done = proc_stats.sample(rt, om, ranks)
+    got = done.result() if done.wait(timeout) and done.error() is None else {}
+    return dict(got), {r: om.pids[r] for r in ranks}
 
 
 def sparkline(values: list[float | None], top: float | None = None, width: int = 30) -> str:

@@ -215,6 +215,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "waiting cell (or call) to take its `HangError` before it tears the hung collective down"),
     _s("hang_silent", 1.0, "spmd/controller/hang_watch.py", "a rank whose flight-recorder poll is unanswered this "
        "long counts as silent (its stacks are then read with py-spy)"),
+    _s("logs_follow", 1.0, "cli/history_commands.py", "how often `monarch-kernel logs --follow` looks for new lines"),
+    _s("logs_follow_lag", 60.0, "cli/history_commands.py", "how late a host's batch of lines may land and still be "
+       "printed by `monarch-kernel logs --follow`"),
     _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "
        "(an actor its rank has not made yet) tries again after this, then twice as long each time"),
     _s("datagram_retry_max", 0.005, "runtime/net/datagram.py", "the longest wait between those tries"),

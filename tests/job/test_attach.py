@@ -472,6 +472,32 @@ def test_a_killed_worker_fails_its_ranks_calls_with_process_died_naming_it(worke
         hosts.shutdown().get(timeout=30)
 
 
+def test_attaching_again_from_the_same_controller_reuses_or_takes_back_its_workers(workers, key):
+    """A cell run again: the same attach reuses the attachment and its ranks; another one over
+    the same workers takes them back (the earlier ranks end); neither is "another controller"."""
+    w1, w2 = workers(2)
+    hosts = attach_to_workers(workers=[w1.address, w2.address], key=key)
+    try:
+        first = {pid for pid, _ns in hosts.spawn_procs(per_host={"gpus": 1}).spawn("w", Where).where.call()
+                 .get(timeout=60).values()}
+        again = attach_to_workers(workers=[w1.address, w2.address], key=key)  # the same cell again
+        assert again.host_names == hosts.host_names
+        assert all(running(p) for p in first)
+        got = again.spawn_procs(per_host={"gpus": 1}).spawn("w", Where).where.call().get(timeout=60)
+        assert len(got) == 2
+        assert sum("attached by" in line for line in w1.lines) == 1, w1.log()
+        # Edited (another name, one worker): this controller takes its workers back.
+        other = attach_to_workers(workers=[w1.address], key=key, name="trainers")
+        assert_gone(first, 15, "the ranks of the attachment taken back outlived it")
+        m = other.spawn_procs(per_host={"gpus": 1}).spawn("w", Where)
+        assert len(m.where.call().get(timeout=60)) == 1
+        w2.wait_for("the controller let go of it; waiting for the next controller")
+        other.shutdown().get(timeout=30)
+        assert w1.proc.wait(20) == 0
+    finally:
+        hosts.shutdown().get(timeout=30)
+
+
 # ---------------------------------------------------------------- another host
 
 

@@ -1,7 +1,8 @@
 """Re-running a cell is safe: re-running ``procs = %mesh spawn -n 4`` keeps one mesh under
 that name (reused when its options match and every rank runs, else stopped and replaced, the
-cell saying which), never a second mesh beside the first; ``spawn_procs`` refuses the name of
-a running mesh.  Through a real kernel and real ranks; the naming rules without one."""
+cell saying which), never a second mesh beside the first; ``spawn_procs`` under a running mesh's
+name stops it and starts the new one in its place, with a warning.  Through a real kernel and
+real ranks; the naming rules without one."""
 
 from __future__ import annotations
 
@@ -43,12 +44,20 @@ def test_rerunning_a_spawn_cell_reuses_or_replaces_the_mesh_and_says_so(kc):
     assert "mesh trainers: 1 rank on this host" in text(out), text(out)
     assert meshes(kc) == ["  procs: 1 rank, running", "* trainers: 1 rank, running"]
 
-    # The API: a running mesh's name is refused, with what to do; a spawn without a name gets a free one.
-    out, reply = run(kc, "from monarch_kernel import this_host\n"
-                         "p = this_host().spawn_procs(per_host={'r': 1}, name='trainers')")
-    assert reply["ename"] == "ValueError", text(out)
-    assert reply["evalue"] == ("spawn_procs(name='trainers'): mesh 'trainers' is running (1 rank); stop it first "
-                               "(its ProcMesh's .stop()), or pick another name, or leave name= out for a fresh one")
+    # The API: the same name again (the cell run again) stops the running mesh and starts the
+    # new one in its place, with a warning that says so; a spawn without a name gets a free one.
+    cell = ("import warnings\nfrom monarch_kernel import this_host\nwarnings.simplefilter('always')\n"
+            "q = this_host().spawn_procs(per_host={'r': 1}, name='api')\nq.name")
+    out, reply = run(kc, cell)
+    assert reply["status"] == "ok" and "MeshReplacedWarning" not in text(out), text(out)
+    first = text(run(kc, "[r['pid'] for r in q.rank_states()]").outputs)
+    out, reply = run(kc, "old = q\n" + cell)
+    assert reply["status"] == "ok", text(out)
+    assert ("MeshReplacedWarning: spawn_procs(name='api'): stopped the running mesh 'api' (1 rank) to start this "
+            "one in its place; leave name= out to keep both") in text(out), text(out)
+    assert text(run(kc, "print(old.stopped, q.stopped)").outputs).strip() == "True False"
+    assert text(run(kc, "[r['pid'] for r in q.rank_states()]").outputs) != first
+    run(kc, "q.stop().get()")
     out, reply = run(kc, "p = this_host().spawn_procs(per_host={'r': 1})\nprint(p.name)")
     api = text(out).strip()
     assert reply["status"] == "ok" and api not in ("procs", "trainers"), text(out)

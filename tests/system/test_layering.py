@@ -34,9 +34,11 @@ ALLOWED = {
     "spmd": {"runtime", "actor", "data"},
     "debug": {"runtime", "actor", "data"},
     "console": {"runtime", "actor", "data", "debug"},
-    "detached": {"runtime", "actor", "data", "console", "job", "history"},
+    "detached": {"runtime", "observe", "actor", "data", "console", "job", "history"},
     "kernel": {"runtime", "observe", "history", "actor", "data", "debug", "console", "detached", "job", "spmd",
                "tensors", "agent"},
+    # the command line: a thin face on the public API, the records and %mesh's help
+    "cli": {"runtime", "observe", "history", "actor", "detached", "job", "kernel"},
 }
 # Packages that hold both halves of a feature, in folders by the process that runs them: what
 # runs on a rank never imports what runs in the controller (the kernel, or a script).

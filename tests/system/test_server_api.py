@@ -10,14 +10,13 @@ import inspect
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from monarch_kernel_server import handlers
 from support.browser import Lab, rest
+from support.detached import start_detached_host
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,18 +113,6 @@ def test_the_docs_list_every_route_method_and_status_the_handlers_have():
     assert served[("GET", "/monarch/meshes/{name}")] == {200, 403, 404, 500, 504}
 
 
-def _start_detached_host(name: str, env: dict, log: Path) -> subprocess.Popen:
-    """A detached mesh of one rank, started as ``%mesh spawn --detach`` starts its host."""
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "from monarch_kernel.detached.host import main; main()",
-                                 name, "1"], stdin=subprocess.PIPE, stdout=out, stderr=out, env=env,
-                                start_new_session=True)
-    assert proc.stdin is not None
-    proc.stdin.write((json.dumps({"env": {}, "job": None}) + "\n").encode())
-    proc.stdin.close()
-    return proc
-
-
 def test_get_one_mesh_answers_its_record_or_404(tmp_path):
     root, home = tmp_path / "notebooks", tmp_path / "jupyter"
     root.mkdir()
@@ -137,13 +124,7 @@ def test_get_one_mesh_answers_its_record_or_404(tmp_path):
         status, body = rest(lab, "/monarch/meshes/nope")
         assert (status, body.get("message")) == (404, "no detached mesh named 'nope'"), (status, body)
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
-        host = _start_detached_host("one", env, tmp_path / "host.log")
-        record = home / "runtime" / "monarch-mesh-one.json"
-        deadline = time.monotonic() + 60
-        while not record.exists():
-            assert host.poll() is None, f"the host exited {host.returncode}: {(tmp_path / 'host.log').read_text()}"
-            assert time.monotonic() < deadline, "timed out after 60 s waiting for the detached mesh's record"
-            time.sleep(0.1)
+        host = start_detached_host("one", env, tmp_path / "host.log")
         status, one = rest(lab, "/monarch/meshes/one")
         assert status == 200, one
         assert one["name"] == "one" and one["state"] == "running" and one["ranks"] == 1, one

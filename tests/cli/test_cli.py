@@ -1,0 +1,215 @@
+"""The ``monarch-kernel`` command line, run as a user runs it: ``python -m monarch_kernel`` in a
+subprocess (the console script ``monarch-kernel`` is the same click group; pyproject.toml
+declares it), with no kernel running.  A real detached mesh is listed, its stacks and load
+read, and stopped from the command line; a running kernel's mesh is listed and stopped through
+that kernel; ``attach`` opens ``jupyter console`` on a detached mesh; exit codes are 0 ok,
+1 failed, 2 bad usage, 3 not found, and ``--json`` is one JSON document."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import tomllib
+from support.detached import end, start_detached_host
+from support.kernels import assert_gone, run, text
+
+from monarch_kernel.kernel import magic_args
+
+pytestmark = pytest.mark.timeout(180)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, env: dict | None = None, stdin: str | None = None, timeout: float = 120):
+    """``python -m monarch_kernel ARGS`` to its end: (exit code, stdout, stderr)."""
+    r = subprocess.run([sys.executable, "-m", "monarch_kernel", *args], capture_output=True, text=True,
+                       env=env, input=stdin, timeout=timeout, stdin=None if stdin is not None else subprocess.DEVNULL)
+    return r.returncode, r.stdout, r.stderr
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    """An environment whose runtime directory (records) and histories are this test's alone."""
+    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "history")}
+
+
+def test_pyproject_declares_the_console_script():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"monarch-kernel": "monarch_kernel.cli:main"}
+    assert any(d.startswith("click") for d in project["dependencies"])
+    from monarch_kernel.cli import main
+
+    assert set(main.commands) >= {"ls", "stop", "kill-job", "stacks", "top", "attach", "install", "settings", "key"}
+
+
+def test_a_detached_mesh_is_listed_read_and_stopped_with_no_kernel(env, tmp_path):
+    host = start_detached_host("dm", env, tmp_path / "host.log", ranks=2)
+    try:
+        code, out, err = cli("ls", env=env)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].split() == ["NAME", "KIND", "STATE", "RANKS", "HOSTS", "OWNER", "ATTACHED"]
+        assert lines[1].split()[:4] == ["dm", "detached", "running", "2"] and f"host pid {host.pid}" in lines[1]
+        code, out, err = cli("ls", "--json", env=env)
+        assert code == 0, err
+        (row,) = json.loads(out)
+        assert (row["name"], row["kind"], row["state"], row["ranks"], row["owner"]) == (
+            "dm", "detached", "running", 2, f"host pid {host.pid}")
+
+        code, out, err = cli("stacks", "dm", env=env)
+        assert code == 0, err
+        assert out.startswith("Stacks of mesh 'dm': 2 ranks in 1 group\n  taken by in-process: ranks 0-1\n"), out
+        code, out, err = cli("stacks", "dm", "1", "--all-threads", "--json", env=env)
+        assert code == 0, err
+        got = json.loads(out)
+        assert got["mesh"] == "dm" and [s["rank"] for s in got["ranks"]] == [1]
+        assert got["ranks"][0]["threads"] and got["ranks"][0]["method"] == "in-process", got
+
+        code, out, err = cli("top", "dm", "--count", "2", "--interval", "0.2", "--json", env=env)
+        assert code == 0, err
+        samples = [json.loads(line) for line in out.splitlines()]
+        assert len(samples) == 2 and [r["rank"] for r in samples[1]["ranks"]] == [0, 1]
+        pids = [r["pid"] for r in samples[1]["ranks"]]
+        assert all(psutil.pid_exists(p) for p in pids) and all(r["rss_mib"] > 0 for r in samples[1]["ranks"])
+        assert all(r["cpu"] is not None for r in samples[1]["ranks"])  # the second sample has a CPU %
+        code, out, err = cli("top", "dm", "--count", "1", env=env)
+        assert code == 0 and out.splitlines()[0].split()[:4] == ["rank", "host", "CPU", "%"], out
+
+        code, out, err = cli("stop", "dm", env=env)
+        assert (code, out.strip()) == (0, "stopped detached mesh 'dm': its 2 ranks and its host process ended"), err
+        assert host.wait(30) is not None
+        assert_gone(pids, 15, "the detached mesh's ranks outlived monarch-kernel stop")
+        (row,) = json.loads(cli("ls", "--json", env=env)[1])  # only its history is left
+        assert (row["name"], row["kind"], row["state"], row["ranks"]) == ("dm", "finished", "ended", 2), row
+        code, out, err = cli("stop", "dm", "--json", env=env)
+        assert code == 3 and json.loads(out)["exit_code"] == 3, (out, err)
+        assert err.strip() == ("monarch-kernel: no mesh or job named 'dm' (there are: none); "
+                               "monarch-kernel ls lists them")
+    finally:
+        end(host)
+
+
+def test_stopping_on_a_terminal_draws_a_progress_bar(env, tmp_path):
+    host = start_detached_host("dm", env, tmp_path / "host.log", ranks=4)
+    main, side = pty.openpty()  # stderr is a terminal; stdout stays a pipe
+    try:
+        r = subprocess.run([sys.executable, "-m", "monarch_kernel", "stop", "dm"], stdout=subprocess.PIPE,
+                           stderr=side, stdin=subprocess.DEVNULL, text=True, env=env, timeout=120)
+        os.close(side)
+        side = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # the terminal's other side closed: all is read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        assert r.returncode == 0 and r.stdout.startswith("stopped detached mesh 'dm'"), r
+        assert b"stopping dm" in drawn and b"4/4" in drawn, drawn
+        assert host.wait(30) is not None
+    finally:
+        os.close(main)
+        if side >= 0:
+            os.close(side)
+        end(host)
+    code, out, err = cli("ls", "--json", env=env)
+    assert code == 0 and "stopping" not in err  # piped: no bar
+
+
+def test_exit_codes_say_bad_usage_and_not_found(env):
+    assert cli("stop", env=env)[0] == 2  # no NAME
+    assert cli("spwan", env=env)[0] == 2
+    assert cli("top", "x", "--interval", "0", env=env)[0] == 2
+    code, _out, err = cli("stacks", "nope", env=env)
+    assert code == 3 and "no mesh or job named 'nope'" in err
+    assert cli("kill-job", "nope", env=env)[0] == 3
+    assert cli("attach", "nope", env=env)[0] == 3
+
+
+def test_subcommands_that_mean_what_mesh_magics_mean_share_their_help(env):
+    code, out, _err = cli("stacks", "--help", env=env)
+    assert code == 0
+    flat = " ".join(out.split())
+    for dest in ("native", "all_threads", "runtime_frames", "py_spy"):
+        action = next(a for a in magic_args.COMMANDS["stacks"].parser._actions if a.dest == dest)
+        assert " ".join(str(action.help).split()) in flat, dest
+    assert " ".join(magic_args.summary(magic_args.COMMANDS["stacks"]).split()) in flat
+    code, out, _err = cli("kill-job", "--help", env=env)
+    assert " ".join(magic_args.summary(magic_args.COMMANDS["kill-job"]).split()) in " ".join(out.split())
+
+
+def test_a_running_kernels_mesh_is_listed_and_stopped_through_that_kernel(kc):
+    out, reply = run(kc, "procs = %mesh spawn -n 1\nprint(procs.rank_states()[0]['pid'])")
+    assert reply["status"] == "ok", text(out)
+    pid = int(text(out).strip().splitlines()[-1])
+    code, out, err = cli("ls", "--json")
+    assert code == 0, err
+    rows = [r for r in json.loads(out) if r["name"] == "procs" and r["kind"] == "mesh"]
+    assert len(rows) == 1 and rows[0]["state"] == "running" and rows[0]["ranks"] == 1, out
+    code, out, err = cli("stacks", "procs")
+    assert code == 1 and "only that kernel reaches it: run  %mesh stacks  there" in err, err
+    code, out, err = cli("attach", "procs", "--simple-prompt", stdin="%mesh list\n")
+    assert code == 0 and "* procs: 1 rank, running" in out, (out, err)  # a console on that very kernel
+    assert run(kc, "procs.name")[1]["status"] == "ok"  # which runs on after the console
+    code, out, err = cli("stop", "procs")
+    assert (code, out.strip()) == (0, "stopped mesh procs: its 1 rank ended"), err
+    assert_gone([pid], 15, "monarch-kernel stop left the kernel's rank running")
+    deadline = time.monotonic() + 30
+    while any(r["name"] == "procs" and r["kind"] == "mesh" for r in json.loads(cli("ls", "--json")[1])):
+        assert time.monotonic() < deadline, "the kernel's record still lists the stopped mesh"
+        time.sleep(0.2)
+
+
+def test_a_running_kernels_job_is_listed_and_killed_through_that_kernel(kc, tmp_path):
+    from monarch_kernel.runtime.spawn.worker_key import new_key_file
+
+    key = new_key_file(str(tmp_path / "worker.key"))
+    worker = subprocess.Popen([sys.executable, "-m", "monarch_kernel.agent", "--listen", "tcp://127.0.0.1:0",
+                               "--key-file", key], stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stderr is not None
+        line = worker.stderr.readline()
+        while "listening on" not in line:
+            assert line, "the worker exited before it listened"
+            line = worker.stderr.readline()
+        address = line.split("listening on ")[1].split()[0]
+        out, reply = run(kc, f"procs = %mesh spawn --attach {address} --key-file {key} -n 1", timeout=120)
+        assert reply["status"] == "ok", text(out)
+        rows = {r["name"]: r for r in json.loads(cli("ls", "--json")[1])}
+        assert rows["attach0"]["kind"] == "attach job" and rows["attach0"]["state"] == "running", rows
+        assert rows["attach0"]["meshes"] == ["procs"] and rows["procs"]["job"] == "attach0", rows
+        code, out, err = cli("kill-job", "attach0")
+        assert (code, out.strip()) == (0, "job attach0 killed with its meshes procs"), err
+        assert worker.wait(30) == 0  # the job's end: the workers it attached exit
+        assert text(run(kc, "%mesh list").outputs).startswith("no meshes")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(10)
+        if worker.stderr is not None:
+            worker.stderr.close()
+
+
+def test_attach_opens_a_console_on_a_detached_mesh(env, tmp_path, kernelspec):
+    host = start_detached_host("dm", env, tmp_path / "host.log")
+    try:
+        code, out, err = cli("attach", "dm", "--simple-prompt", env=env, stdin="%mesh list\n")
+        assert code == 0, err
+        assert "* dm: 1 rank, running, detached" in out, out
+        assert "attached detached mesh 'dm': 1 rank" in err
+        code, out, err = cli("ls", "--json", env=env)
+        (row,) = json.loads(out)
+        assert row["state"] == "running" and row["attached"] is None  # the console's kernel ended; the mesh runs
+        assert cli("stop", "dm", env=env)[0] == 0
+    finally:
+        end(host)

@@ -1,0 +1,116 @@
+"""``monarch-kernel logs``, ``history`` and the finished runs of ``ls``: a script's mesh prints
+through the real path and ends (its process, and so its "allocation", gone), then the command
+line, in its own subprocess with no kernel, reads what it printed from the history: by rank,
+since a time, as JSON, in SQL; and ``logs --follow`` prints a running mesh's lines as they
+come and returns when the mesh ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+TRAIN = '''
+import sys, time
+from monarch_kernel import Actor, endpoint, this_host, metric
+
+class Trainer(Actor):
+    @endpoint
+    def go(self, n, pause):
+        for i in range(n):
+            print(f"step {i}", flush=True)
+            metric("loss", 1.0 / (i + 1), step=i)
+            time.sleep(pause)
+        print("done", file=sys.stderr, flush=True)
+
+procs = this_host().spawn_procs(per_host={"gpus": 2}, name=sys.argv[1])
+print("up", flush=True)
+procs.spawn("t", Trainer).go.call(int(sys.argv[2]), float(sys.argv[3])).get(timeout=120)
+procs.stop().get(timeout=30)
+'''
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "history")}
+
+
+def cli(*args: str, env: dict, timeout: float = 120):
+    r = subprocess.run([sys.executable, "-m", "monarch_kernel", *args], capture_output=True, text=True, env=env,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    return r.returncode, r.stdout, r.stderr
+
+
+def train(tmp_path, env: dict, name: str, steps: int, pause: float) -> subprocess.Popen:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    return subprocess.Popen([sys.executable, str(script), name, str(steps), str(pause)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def test_a_finished_runs_lines_and_metrics_are_read_after_it_ended(tmp_path, env):
+    run = train(tmp_path, env, "train", 3, 0)
+    assert run.wait(120) == 0
+    run.stdout.close()
+    code, out, err = cli("ls", "--json", env=env)
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert (row["name"], row["kind"], row["state"], row["ranks"]) == ("train", "finished", "ended", 2), row
+
+    code, out, err = cli("logs", "train", env=env)
+    assert code == 0, err
+    for r in (0, 1):  # in the order printed: each rank's in its own order, the ranks' interleaved by time
+        assert [x for x in out.splitlines() if x.startswith(f"[rank {r}]")] == [
+            *(f"[rank {r}] step {i}" for i in range(3)), f"[rank {r}] (stderr) done"], out
+    assert len(out.splitlines()) == 8, out
+    code, out, err = cli("logs", "train", "--rank", "1", "--since", "10m", "--json", env=env)
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(x["rank"], x["stream"], x["line"]) for x in lines] == [
+        (1, "stdout", "step 0"), (1, "stdout", "step 1"), (1, "stdout", "step 2"), (1, "stderr", "done")]
+    assert cli("logs", "train", "--since", "2030-01-01T00:00:00", env=env)[:2] == (0, "")
+    assert cli("logs", "train", "--since", "soon", env=env)[0] == 2
+
+    code, out, err = cli("history", "train", "SELECT rank, count(*) AS n FROM lines GROUP BY rank ORDER BY rank",
+                         env=env)
+    assert code == 0, err
+    assert [line.split() for line in out.splitlines()] == [["rank", "n"], ["0", "4"], ["1", "4"]]
+    code, out, err = cli("history", "train", "SELECT rank, max(step) AS last FROM metrics WHERE name = 'loss' "
+                         "GROUP BY rank ORDER BY rank", "--json", env=env)
+    assert code == 0 and json.loads(out) == [{"rank": 0, "last": 2}, {"rank": 1, "last": 2}], (out, err)
+    code, out, err = cli("history", "train", "SELEC nothing", env=env)
+    assert code == 1 and err.startswith("monarch-kernel: the query failed: Parser Error"), err
+    code, out, err = cli("logs", "nope", env=env)
+    assert code == 3 and "no history named 'nope'" in err and "monarch-kernel ls lists them" in err, err
+
+
+def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, env):
+    env = {**env, "MONARCH_KERNEL_HISTORY_FLUSH": "0.2"}  # the history's batches: lines reach the files sooner
+    run = train(tmp_path, env, "slow", 8, 0.4)
+    try:
+        assert run.stdout.readline().strip() == "up"
+        follow = subprocess.Popen([sys.executable, "-m", "monarch_kernel", "logs", "slow", "--rank", "0", "--follow"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = follow.stdout.readline()
+            assert first.strip().startswith("[rank 0] step"), first
+            assert run.poll() is None, "the first line came only after the run ended"
+            rest = follow.stdout.read()  # (not communicate(): readline's buffer holds lines already read)
+            assert follow.wait(60) == 0, follow.stderr.read()  # it returns by itself once the mesh has ended
+            got = [first.strip(), *rest.splitlines()]
+            assert got == [f"[rank 0] step {i}" for i in range(8)] + ["[rank 0] (stderr) done"], got
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.wait(10)
+            follow.stdout.close()
+            follow.stderr.close()
+    finally:
+        assert run.wait(120) == 0
+        run.stdout.close()
