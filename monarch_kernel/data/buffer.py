@@ -10,19 +10,15 @@ import functools
 import hashlib
 import hmac
 import os
-import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass
 
 import msgpack
 
 from ..actor.future import Future
 from ..runtime import Completion, Runtime, config, hosts
-from . import client, cuda_ipc, ibverbs, shm, tcp, wire
+from . import client, cuda_ipc, shm, transfer, wire
 from .errors import ForgedHandle, TransferError
 from .memory import Memory, as_memory, copy, prefix
-from .order import IssueOrder
 from .server import DataServer, Registered
 from .transports import choose, get_rdma_backend
 
@@ -58,31 +54,6 @@ class Handle:
         if not hmac.compare_digest(good, self.mac):
             raise ForgedHandle(f"the handle of buffer {self.name!r} does not carry a valid "
                                "signature from this job: it was altered or forged")
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = 0  # the process that made _pool: a forked child makes its own
-_pool_lock = threading.Lock()
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool, _pool_pid
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid() or _pool._shutdown:  # noqa: SLF001
-            _pool, _pool_pid = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mk-data"), os.getpid()
-        return _pool
-
-
-_issue_order: IssueOrder | None = None
-
-
-def _order() -> IssueOrder:
-    """This process's transfers, each started after the earlier ones it conflicts with."""
-    global _issue_order
-    with _pool_lock:
-        if _issue_order is None or _issue_order.pid != os.getpid():
-            _issue_order = IssueOrder(lambda fn: _executor().submit(fn))
-        return _issue_order
 
 
 class ByteSize(int):
@@ -255,7 +226,7 @@ class RDMABuffer:
             except BaseException as e:  # noqa: BLE001 - handed to whoever awaits
                 c.set_exception(e)
 
-        _executor().submit(run)
+        transfer.executor().submit(run)
         return Future(c)
 
     def _drop_remote(self) -> None:
@@ -306,7 +277,7 @@ class RDMABuffer:
 
         def run(via: str, threads: int):
             try:
-                _transfer(h, key, op, mem, offset, timeout, via, threads)
+                transfer.transfer(h, key, op, mem, offset, timeout, via, threads)
                 c.set_result(mem.nbytes)
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits
                 c.set_exception(e)
@@ -317,9 +288,10 @@ class RDMABuffer:
             # runs on the caller's thread.  A transport that cannot serve raises here: the
             # Future raises it.
             via = self._transport(mem.device)
-            inline = _bare_copy(h, via, op, mem) and (mem.nbytes <= INLINE_MAX or not _in_event_loop())
-            _order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes,
-                           functools.partial(run, via, config.data_copy_threads()), inline)
+            inline = transfer.bare_copy(h, via, op, mem) and (mem.nbytes <= transfer.INLINE_MAX
+                                                              or not transfer.in_event_loop())
+            transfer.issue_order().issue((h.instance, h.id), op == wire.Op.WRITE, offset, offset + mem.nbytes,
+                                         functools.partial(run, via, config.data_copy_threads()), inline)
 
         return Future(c, start=start)
 
@@ -329,7 +301,7 @@ class RDMABuffer:
         client.raise_for(self._h, status, why.encode())
         assert reg is not None  # raise_for raised unless the status is OK
         if reg.mem.device != "cpu" or mem.device != "cpu":
-            _device_copy(op, reg.mem, mem, offset)
+            transfer.device_copy(op, reg.mem, mem, offset)
         elif op == wire.Op.READ:
             copy(mem.view, reg.mem.view[offset:offset + mem.nbytes], config.data_copy_threads())
         else:
@@ -338,68 +310,6 @@ class RDMABuffer:
     @staticmethod
     def _key() -> bytes:
         return Runtime.current().key
-
-
-# An inline copy in an event loop holds the loop for its duration: at most this many bytes.
-INLINE_MAX = 1 << 20
-
-
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _bare_copy(h: Handle, via: str, op: wire.Op, mem: Memory) -> bool:
-    """Whether the transfer is a copy with no round trip to the owner (transport says so)."""
-    if via == "shm":
-        return mem.device == "cpu" and shm.ready(h, op)
-    return via == "cuda_ipc" and cuda_ipc.ready(h)
-
-
-def _transfer(h: Handle, key: bytes, op: wire.Op, mem: Memory, offset: int, timeout: float | None,
-              via: str, threads: int = 1) -> None:
-    if via == "cuda_ipc":
-        if mem.nbytes:
-            cuda_ipc.transfer(h, key, op, _as_uint8(mem), offset, mem.nbytes, timeout)
-        return
-    if mem.device != "cpu":
-        # GPU memory over a CPU transport: stage through host memory.
-        staging = _torch().empty(mem.nbytes, dtype=_torch().uint8, pin_memory=False)
-        if op == wire.Op.WRITE:
-            staging.copy_(_as_uint8(mem))
-        _transfer(h, key, op, as_memory(staging, writable=True, what="staging"), offset, timeout, via, threads)
-        if op == wire.Op.READ:
-            _as_uint8(mem).copy_(staging)
-        return
-    if via == "ibverbs":
-        ibverbs.transfer(h, key, op, mem, offset, timeout)
-    elif via == "shm":
-        shm.transfer(h, key, op, mem.view, offset, timeout, threads)
-    else:
-        tcp.transfer(h, key, op, mem.view, offset, timeout, config.tcp_streams())
-
-
-def _as_uint8(m: Memory):
-    """A flat uint8 tensor over the memory (a view, never a copy)."""
-    torch = _torch()
-    if m.tensor is not None:
-        return m.tensor.reshape(-1).view(torch.uint8)
-    return torch.frombuffer(m.view, dtype=torch.uint8) if m.nbytes else torch.empty(0, dtype=torch.uint8)
-
-
-def _device_copy(op: wire.Op, remote: Memory, local: Memory, offset: int) -> None:
-    window = _as_uint8(remote)[offset:offset + local.nbytes]
-    if op == wire.Op.READ:
-        _as_uint8(local).copy_(window)
-    else:
-        window.copy_(_as_uint8(local))
-
-
-def _torch():
-    return sys.modules.get("torch") or __import__("torch")
 
 
 def _rebuild(fields) -> RDMABuffer:

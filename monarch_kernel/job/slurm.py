@@ -5,14 +5,11 @@ once no agent step has run for ``idle_timeout``: no key, address or command of o
 it); each node's agent is an ``srun --overlap`` step in it whose stdin (srun forwards it to
 the task) carries the credentials.  The allocation outlives this controller by
 ``idle_timeout``, so ``dump``/``job_load`` can reattach; ``kill()`` cancels it.  Slurm is
-only ever driven through its commands, never a library.
+only ever driven through its commands (``slurm_commands.py``), never a library.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import time
 
@@ -22,18 +19,11 @@ from ..runtime.hosting import hosts as host_names
 from .agents import AGENT_MODULE, AgentProcess, controller_address
 from .env_sync import HostEnv, sync_hosts
 from .job import JobTrait
-from .login import LoginNode, agent_settings, shared_login
-from .squeue import NEVER_RUNS, PLAIN_FORMAT, SqueueJob, find_job, never_runs, parse_plain
+from .login import agent_settings
+from .slurm_commands import SlurmCommands, SlurmError, slurm_environment
+from .squeue import SqueueJob
 from .srun_agent import AGENT_STEP, HOLD_SCRIPT, SrunAgent, kill_all
 from .ssh_config import route_host
-
-KEEP_SLURM_VARS = frozenset({"SLURM_CONF", "SLURM_CLUSTERS"})  # configuration, not a job's context
-COMMAND_TIMEOUT_S = config.seconds("slurm_command_timeout")
-CANCEL_TIMEOUT_S = config.seconds("slurm_cancel_timeout")
-
-
-class SlurmError(RuntimeError):
-    """Slurm refused or could not do what the job asked (its own message is included)."""
 
 
 class SlurmJob(JobTrait):
@@ -111,7 +101,7 @@ class SlurmJob(JobTrait):
         self.login = login
         self.ssh_args = tuple(str(a) for a in ssh_args)
         self.out_of_cluster = out_of_cluster
-        self._login: LoginNode | None = None  # the ssh connection to ``login``, while the job runs
+        self._slurm = SlurmCommands(login, self.ssh_args)  # sbatch, squeue, scancel, sinfo: here or on login
         self.env_syncs: dict[str, HostEnv] = {}  # node -> what sync_env did there
         self.job_id: str | None = None  # Slurm's, once submitted (or loaded)
         self.nodes: list[str] = []  # the allocation's nodes, in Slurm's order
@@ -162,132 +152,24 @@ class SlurmJob(JobTrait):
         """``argv`` run on ``node`` as a step of the allocation (sync_env's probe and transfer)."""
         srun = ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
                 "--input=all", "--export=ALL", "--mpi=none", *argv]
-        return self._login.command(srun) if self._login else srun
-
-    def _login_node(self) -> LoginNode:
-        """The ssh connection to the login node, opened once (before anything is submitted)."""
-        if self._login is None:
-            assert self.login is not None
-            self._login = shared_login(self.login, self.ssh_args, Runtime.current().rundir)
-        self._login.open()
-        return self._login
+        login = self._slurm.login_node
+        return login.command(srun) if login else srun
 
     @staticmethod
     def environment() -> dict[str, str]:
-        """What Slurm's commands (and so the agents) get: this environment without the
-        variables of a Slurm job this controller may itself run in (they would override
-        our flags) and without MONARCH_KERNEL_BIND (this host's address, not the nodes')."""
-        return {k: v for k, v in os.environ.items()
-                if not (k.startswith("SLURM_") and k not in KEEP_SLURM_VARS) and k != config.env_name("bind_address")}
-
-    def _slurm(self, argv: list[str], input: str | None = None) -> subprocess.CompletedProcess:
-        try:
-            if self.login is not None:
-                return self._login_node().run(argv, input, COMMAND_TIMEOUT_S)
-            return subprocess.run(argv, input=input, capture_output=True, text=True, env=self.environment(),
-                                  timeout=COMMAND_TIMEOUT_S, stdin=None if input is not None else subprocess.DEVNULL)
-        except FileNotFoundError:
-            raise SlurmError(f"Slurm's {argv[0]} is not on PATH{self._on()}: " + (
-                "add Slurm's bin directory to PATH in the login node's shell startup file (ssh runs commands in "
-                "a non-interactive shell)" if self.login else "run this on a machine of the cluster that can submit "
-                "jobs (a login node), or add Slurm's bin directory to PATH, or pass login='user@cluster'")) from None
-        except subprocess.TimeoutExpired:
-            raise SlurmError(f"`{' '.join(argv[:2])} ...`{self._on()} did not answer in {COMMAND_TIMEOUT_S:g} s: is "
-                             f"slurmctld up? (`sinfo` says)") from None
-        except ConnectionError as e:  # the login node's ssh connection
-            raise SlurmError(str(e)) from None
+        """What Slurm's commands (and so the agents) get (``slurm_environment``)."""
+        return slurm_environment()
 
     def query(self) -> SqueueJob | None:
         """What squeue says of this job now; None once it no longer lists it."""
         assert self.job_id is not None
-        r = self._slurm(["squeue", "--json", f"--jobs={self.job_id}"])
-        if r.returncode == 0:
-            try:
-                return find_job(json.loads(r.stdout), self.job_id)
-            except (ValueError, KeyError, TypeError) as e:
-                raise SlurmError(f"cannot read `squeue --json` ({e}); its output began: {r.stdout[:300]!r}") from None
-        if "Invalid job id" in r.stderr:
-            return None
-        # A Slurm built without its JSON plugins: the plain format says as much.
-        plain = self._slurm(["squeue", "--noheader", "--states=all", f"--jobs={self.job_id}",
-                             f"--format={PLAIN_FORMAT}"])
-        if plain.returncode != 0:
-            if "Invalid job id" in plain.stderr:
-                return None
-            raise SlurmError(f"squeue{self._on()} failed (exit {plain.returncode}): "
-                             f"{(plain.stderr or r.stderr).strip()}")
-        lines = [line for line in plain.stdout.splitlines() if line.strip()]
-        return parse_plain(lines[0], self.job_id) if lines else None
+        return self._slurm.query(self.job_id)
 
     # ------------------------------------------------------------ the allocation
 
-    def _submit(self) -> str:
-        argv = self.sbatch_command()
-        r = self._slurm(argv, input=self.hold_script())
-        if r.returncode != 0:
-            said = r.stderr.strip() or r.stdout.strip() or f"exit status {r.returncode}"
-            raise SlurmError(f"sbatch{self._on()} refused the allocation ({' '.join(argv[1:])}): {said}")
-        job_id = r.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;cluster"
-        if not job_id.isdigit():
-            raise SlurmError(f"sbatch --parsable printed {r.stdout.strip()!r}, not a job id")
-        return job_id
-
-    def _wait_running(self, timeout: float, cancelled: bool) -> SqueueJob:
-        """Until squeue says RUNNING; ``cancelled``: the caller cancels the job if this raises."""
-        start = time.monotonic()
-        deadline = start + timeout
-        interval = 0.1
-        last: SqueueJob | None = None
-        while True:
-            job = self.query()
-            if job is not None and job.running and job.nodes:
-                return job
-            if job is None or job.ended:
-                state = f"is {job.state}" + (f" ({job.reason})" if job.reason not in ("", "None") else "") \
-                    if job is not None else "is no longer listed by squeue"
-                raise SlurmError(f"Slurm job {self.job_id} {state}: its allocation ended before it ran. "
-                                 f"`sacct -j {self.job_id}` says why, where accounting is on")
-            last = job
-            if job.state == "PENDING" and never_runs(job.reason):
-                fix = NEVER_RUNS.get(job.reason, "it is over a per-job limit of its QOS or account")
-                fix = fix.format(partition=job.partition or self.partition or "PARTITION")
-                raise SlurmError(f"Slurm job {self.job_id} cannot run as asked (pending, reason {job.reason}): {fix}")
-            if time.monotonic() > deadline:
-                why = f" (reason: {last.reason})" if last.reason not in ("", "None") else ""
-                raise TimeoutError(
-                    f"Slurm job {self.job_id} was still {last.state}{why} after {timeout:g} s"
-                    f"{', so it is cancelled' if cancelled else ''}: "
-                    f"ask for fewer nodes or another partition, or raise job_start_timeout "
-                    f"(SlurmJob(..., job_start_timeout=...))")
-            time.sleep(interval)
-            # Polled often at first (scheduling_delay_s is measured by it), then once a second.
-            interval = min(0.25 if time.monotonic() - start < 10 else 1.0, interval * 1.5)
-
     def _cancel(self) -> None:
-        """scancel, then wait until squeue no longer lists the job as active."""
-        if self.job_id is None:
-            return
-        r = self._slurm(["scancel", self.job_id])
-        if r.returncode != 0 and not any(s in r.stderr for s in ("Invalid job id", "already completing or completed")):
-            raise SlurmError(f"scancel {self.job_id}{self._on()} failed: {r.stderr.strip()}")
-        deadline = time.monotonic() + CANCEL_TIMEOUT_S
-        while True:
-            job = self.query()
-            if job is None or job.ended:
-                return
-            if time.monotonic() > deadline:
-                raise SlurmError(f"Slurm job {self.job_id} is still {job.state} {CANCEL_TIMEOUT_S:g} s after "
-                                 f"scancel: check its nodes (`squeue -j {self.job_id}`, `sinfo -R`)")
-            time.sleep(0.1)
-
-    def _on(self) -> str:
-        return f" on {self.login}" if self.login else ""
-
-    def _node_address(self, node: str) -> str | None:
-        """The address Slurm itself reaches ``node`` at (its NodeAddr), if it knows one."""
-        r = self._slurm(["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%o"])
-        lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
-        return lines[0] if r.returncode == 0 and lines and lines[0] != node else None
+        if self.job_id is not None:
+            self._slurm.cancel(self.job_id)
 
     def _controller(self, rt: Runtime, node: str) -> str:
         """Our TCP address for the agents: on MONARCH_KERNEL_BIND if set, else on our route
@@ -298,7 +180,7 @@ class SlurmJob(JobTrait):
         try:
             return controller_address(rt, node)
         except ConnectionError as e:
-            addr = self._node_address(node)
+            addr = self._slurm.node_address(node)
             if addr is None:
                 raise ConnectionError(f"{e}, and Slurm gives no other address for it: set MONARCH_KERNEL_BIND to "
                                       f"this machine's address on the network the nodes reach") from None
@@ -309,12 +191,12 @@ class SlurmJob(JobTrait):
     def _create(self) -> None:
         submitted = self.job_id is None
         if self.login is not None:
-            self._login_node()  # a bad login fails here, before anything is submitted
+            self._slurm.open_login()  # a bad login fails here, before anything is submitted
         try:
             if submitted:
                 t0 = time.monotonic()
-                self.job_id = self._submit()
-                job = self._wait_running(self.job_start_timeout, cancelled=True)
+                self.job_id = self._slurm.submit(self.sbatch_command(), self.hold_script())
+                job = self._slurm.wait_running(self.job_id, self.job_start_timeout, True, self.partition)
                 self.scheduling_delay_s = time.monotonic() - t0
             else:
                 job = self._reattach()
@@ -331,17 +213,18 @@ class SlurmJob(JobTrait):
                     self._cancel()  # a failed scancel raises its own SlurmError, chained to this error
                 finally:
                     self.job_id = None
-            self._close_login()
+            self._slurm.close(self)
             raise
 
     def _reattach(self) -> SqueueJob:
-        job = self.query()
+        assert self.job_id is not None
+        job = self._slurm.query(self.job_id)
         if job is None or job.ended:
             state = f"is {job.state}" if job is not None else "is no longer listed by squeue"
             raise SlurmError(f"the dumped Slurm job {self.job_id} {state}: its allocation is gone (cancelled, "
                              f"timed out or failed). Start a new one: SlurmJob(meshes={self.meshes!r}).state()")
         if not job.running:
-            job = self._wait_running(self.job_start_timeout, cancelled=False)
+            job = self._slurm.wait_running(self.job_id, self.job_start_timeout, False, self.partition)
         return job
 
     def _start_agents(self) -> None:
@@ -357,12 +240,12 @@ class SlurmJob(JobTrait):
     def _start_agents_on_login(self, rt: Runtime) -> None:
         """Agents as srun steps started on the login node, their stdin through its ssh connection;
         out of cluster, they and their ranks reach this controller through its relay."""
-        login = self._login_node()
+        login = self._slurm.open_login()
         links = {n: rt.add_host(n) for n in self.nodes}
         env = agent_settings()
         try:
             if self.out_of_cluster is not False:
-                target = self._node_address(self.nodes[0]) or self.nodes[0]
+                target = self._slurm.node_address(self.nodes[0]) or self.nodes[0]
                 env[config.env_name("controller_via")] = login.reach(rt, target, links, self)
             first = self.nodes[0]
             controller = rt.net_address if self.out_of_cluster is not False else self._controller(rt, first)
@@ -407,14 +290,9 @@ class SlurmJob(JobTrait):
         try:
             self._cancel()
         finally:
-            self._close_login()
+            self._slurm.close(self)
         self.job_id = None
         self.nodes = []
-
-    def _close_login(self) -> None:
-        login, self._login = self._login, None
-        if login is not None:
-            login.let_go(self)
 
     def _spec(self) -> dict:
         return {"meshes": self.meshes, "python_exe": self.python_exe, "slurm_args": list(self.slurm_args),

@@ -298,9 +298,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "descriptors or memory to accept with"),
     _s("spmd_setup_timeout", 120.0, "spmd/controller/env.py",
        "for a mesh's torch.distributed environment to be set up"),
-    _s("slurm_command_timeout", 60.0, "job/slurm.py", "one sbatch/squeue/scancel call (slurmctld retries when "
+    _s("slurm_command_timeout", 60.0, "job/slurm_commands.py", "one sbatch/squeue/scancel call (slurmctld retries when "
        "it is busy)"),
-    _s("slurm_cancel_timeout", 60.0, "job/slurm.py", "scancel until squeue no longer lists the job as active"),
+    _s("slurm_cancel_timeout", 60.0, "job/slurm_commands.py", "scancel until squeue no longer lists the job as active"),
     _s("server_helper_timeout", 60.0, "monarch_kernel_server/handlers.py", "the Jupyter Server extension's "
        "wait for its helper process"),
     _s("server_kernel_timeout", 120.0, "monarch_kernel_server/handlers.py", "the Jupyter Server extension's "

@@ -619,7 +619,7 @@ def test_importing_the_data_plane_installs_nothing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["action", "buffer", "client", "cuda_ipc", "errors", "ibverbs", "liveness",
-                                  "memory", "order", "server", "shm", "tcp", "transports", "wire"]
+                                  "memory", "order", "server", "shm", "tcp", "transfer", "transports", "wire"]
 
 
 # ---------------------------------------------------------------- a failed RDMA set-up on the owner

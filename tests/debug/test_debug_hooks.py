@@ -17,14 +17,15 @@ from types import SimpleNamespace
 import pytest
 
 from monarch_kernel.debug import messages
-from monarch_kernel.debug.controller import pdb_controller, pdb_prompt
+from monarch_kernel.debug.controller import pdb_controller, pdb_prompt, rank_stop
 from monarch_kernel.debug.rank import pdb_rank
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(60)
 
 MODULES = ["dap", "messages", "rank.rank_debugpy", "rank.inspector", "rank.relay", "controller.tunnel", "rank.pdb_rank",
-           "controller.pdb_prompt", "controller.pdb_controller", "controller.rank_target", "controller.proxy"]
+           "controller.pdb_prompt", "controller.rank_stop", "controller.pdb_controller", "controller.rank_target",
+           "controller.proxy"]
 
 
 def test_importing_the_debug_package_installs_nothing():
@@ -81,13 +82,13 @@ def test_pdb_names_the_notebooks_cells_as_ipython_does():
     names = {"/tmp/ipykernel_7/12.py": "Cell In[7]"}.get
     text = ("> /tmp/ipykernel_7/12.py(4)f()\n-> return x\n  /tmp/ipykernel_7/12.py(9)<module>()\n"
             "  /usr/lib/python3.11/runpy.py(88)_run_code()\n")
-    assert pdb_controller.name_cells(text, names) == (
+    assert rank_stop.name_cells(text, names) == (
         "> Cell In[7], line 4, in f()\n-> return x\n  Cell In[7], line 9\n"
         "  /usr/lib/python3.11/runpy.py(88)_run_code()\n")
     from monarch_kernel.debug.messages import Stopped
 
-    stop = pdb_controller.RankStop(Stopped("m", 1, 1, "/tmp/ipykernel_7/12.py", 4, "f", "breakpoint", False, "", ()),
-                                   names=names)
+    stop = rank_stop.RankStop(Stopped("m", 1, 1, "/tmp/ipykernel_7/12.py", 4, "f", "breakpoint", False, "", ()),
+                              names=names)
     assert stop.place() == "Cell In[7], line 4"
 
 
@@ -130,8 +131,8 @@ class FakeHub:
 
 
 def stops(ranks):
-    return [pdb_controller.RankStop(messages.Stopped("procs", r, 1, "/c.py", 3, "<module>", "breakpoint", True),
-                                    state="waiting") for r in ranks]
+    return [rank_stop.RankStop(messages.Stopped("procs", r, 1, "/c.py", 3, "<module>", "breakpoint", True),
+                               state="waiting") for r in ranks]
 
 
 @pytest.mark.parametrize("line, casts, said", [

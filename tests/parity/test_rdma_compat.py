@@ -267,12 +267,12 @@ class Probe(Actor):
 
     @endpoint
     def transfers_in_progress(self) -> int:
-        from monarch_kernel.data import buffer
+        from monarch_kernel.data import transfer
 
         n = 0
         for frame in sys._current_frames().values():
             while frame is not None:
-                if frame.f_code.co_filename == buffer.__file__ and frame.f_code.co_name == "_transfer":
+                if frame.f_code.co_filename == transfer.__file__ and frame.f_code.co_name == "transfer":
                     n += 1
                     break
                 frame = frame.f_back

@@ -10,11 +10,9 @@ hook it installs is removed by ``close()``.
 from __future__ import annotations
 
 import linecache
-import re
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from IPython.core.error import StdinNotImplementedError
@@ -23,61 +21,11 @@ from ...actor.port import Channel, Port, PortReceiver
 from ...runtime import ActorError, MeshStopped, Runtime, SendFailed, config, rejects
 from ..messages import Ended, Prompt, Reply, Resumed, Stopped, decode
 from .pdb_prompt import PdbCommands, describe
+from .rank_stop import RankStop
 
 ANNOUNCE_WINDOW_S = config.seconds("pdb_announce_window")
 RECEIVE_POLL_S = config.seconds("pdb_receive_poll")
 TELL_TIMEOUT_S = config.seconds("pdb_tell_timeout")
-
-
-@dataclass
-class RankStop:
-    """One pdb session on one rank, as the kernel sees it."""
-
-    where: Stopped
-    state: str = "starting"  # starting | waiting | sent | stepping | running | ended
-    output: list = field(default_factory=list)
-    lineno: int = 0
-    filename: str = ""
-    # file name -> ``Cell In[7]`` for the notebook's cells (``PdbHost.cell_label``), else None
-    names: Callable[[str], str | None] | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def rank(self) -> int:
-        return self.where.rank
-
-    @property
-    def key(self) -> tuple:
-        return (self.where.mesh, self.where.rank, self.where.session)
-
-    def place(self) -> str:
-        line = self.lineno or self.where.lineno
-        if (self.filename or self.where.filename) == self.where.filename and self.where.cell:
-            return f"cell line {line}"
-        filename = self.filename or self.where.filename
-        label = self.names(filename) if self.names is not None else None
-        return f"{label}, line {line}" if label else f"{filename}:{line}"
-
-    def take_output(self) -> str:
-        text, self.output = "".join(self.output), []
-        return name_cells(text, self.names) if self.names is not None else text
-
-
-# pdb's frame lines: "> /tmp/ipykernel_7/12.py(4)f()" (the current one), "  /x.py(9)<module>()" (where).
-_PDB_FRAME = re.compile(r"^(?P<pre>> |  )(?P<file>[^\s(][^(]*)\((?P<line>\d+)\)(?P<func>\S*\(\))(?P<rest>.*)$",
-                        re.MULTILINE)
-
-
-def name_cells(text: str, names: Callable[[str], str | None]) -> str:
-    """pdb's frame lines in the notebook's cells named as IPython names them: ``> Cell In[7],
-    line 4, in f()``, not the file ipykernel compiled the cell under."""
-    def named(m: re.Match) -> str:
-        label = names(m["file"])
-        if not label:
-            return m[0]
-        func = "" if m["func"] == "<module>()" else f", in {m['func']}"
-        return f"{m['pre']}{label}, line {m['line']}{func}{m['rest']}"
-
-    return _PDB_FRAME.sub(named, text)
 
 
 class PdbHost(Protocol):

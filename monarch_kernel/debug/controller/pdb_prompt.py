@@ -15,7 +15,8 @@ from IPython.core.error import UsageError
 from ...runtime import RankSpecError, parse_ranks, rank_label
 
 if TYPE_CHECKING:
-    from .pdb_controller import PdbHub, RankStop
+    from .pdb_controller import PdbHub
+    from .rank_stop import RankStop
 
 HELP = """\
 (mesh pdb) commands:

@@ -1,11 +1,10 @@
 """Recording torch calls: the ``TorchFunctionMode`` that ``activate()`` pushes, and what it
 does with a call that makes or touches distributed tensors.
 
-A call's results' metadata comes from running it on meta tensors, once per (function,
-argument metadata, grad mode): meta kernels cost up to milliseconds, so a ``plan`` of the
-results is cached and a repeated call only makes handles and appends one message.  Which
-leaf handles a result's autograd graph reaches is tracked beside it (``_leaves``), so that
-``loss.backward()`` knows whose ``.grad`` it makes without a graph on the controller.
+A call's results' metadata is its ``plan`` (``plans.py``, cached), so a repeated call only
+makes handles and appends one message.  Which leaf handles a result's autograd graph reaches
+is tracked beside it (``_leaves``), so that ``loss.backward()`` knows whose ``.grad`` it
+makes without a graph on the controller.
 """
 
 from __future__ import annotations
@@ -19,23 +18,11 @@ from torch.overrides import TorchFunctionMode
 from ..messages import BACKWARD, OP, SET_ATTR
 from .borrows import check_use, mutates
 from .meshes import TensorMesh, state
-from .tensor import GRAD, LOCAL, VALUE_FUNCS, Tensor, fake_of, value_error
+from .plans import ATOMS, FACTORIES, SEQUENCES, call_name, plan_of
+from .tensor import GRAD, LOCAL, VALUE_FUNCS, Tensor, value_error
 from .tensor import LEAF as _LEAF
 
-FACTORIES = {torch.rand, torch.randn, torch.randint, torch.zeros, torch.ones, torch.empty, torch.full,
-             torch.arange, torch.linspace, torch.logspace, torch.eye, torch.tensor, torch.as_tensor,
-             torch.randperm, torch.empty_strided, torch.scalar_tensor}
-_ATOMS = (int, float, bool, str, complex, type(None), type(Ellipsis), torch.dtype, torch.device, torch.layout,
-          torch.memory_format)
-_SEQ = (list, tuple)
-_MOVES = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu}
 _BACKWARD = {torch.Tensor.backward, torch.autograd.backward}
-_CACHE: dict = {}
-_CACHE_LIMIT = 8192
-
-
-class _Uncacheable(Exception):
-    pass
 
 
 class RecordingMode(TorchFunctionMode):
@@ -60,7 +47,7 @@ def on_own_mesh(func, args, kwargs):
     """A torch call on distributed tensors outside ``activate()`` (or inside ``no_mesh``)."""
     tensors, deep = _find(args, kwargs)
     if not tensors:
-        raise ValueError(f"{_name(func)}(): distributed tensors nested this deep in the arguments are not found; "
+        raise ValueError(f"{call_name(func)}(): distributed tensors nested this deep in the arguments are not found; "
                          "pass them at the top level, or in a list or tuple there")
     return dispatch(func, args, kwargs, tensors, deep)
 
@@ -73,17 +60,17 @@ def dispatch(func, args, kwargs, tensors: list, deep: bool):
     stream = state.stream
     for t in tensors:
         if t._mesh is not mesh and not t._mesh.same(mesh):
-            raise ValueError(f"{_name(func)}(): a tensor of mesh {t._mesh.describe()} used with one of mesh "
+            raise ValueError(f"{call_name(func)}(): a tensor of mesh {t._mesh.describe()} used with one of mesh "
                              f"{mesh.describe()}; an op runs on one mesh: move one of them there first with "
                              "t.to_mesh(mesh)")
         if t._stream is not stream or t._access is not None:
-            check_use(t, stream, f"{_name(func)}()", mutates(func, args, kwargs, t))
+            check_use(t, stream, f"{call_name(func)}()", mutates(func, args, kwargs, t))
     if func in VALUE_FUNCS:
         raise value_error(func)
     local = _local_tensor(args, kwargs)
     if local is not None:
         shape = list(local.shape)
-        raise ValueError(f"{_name(func)}(): a local tensor (shape {shape}, on the controller) used with a "
+        raise ValueError(f"{call_name(func)}(): a local tensor (shape {shape}, on the controller) used with a "
                          f"distributed one of mesh {mesh.describe()}; send it to the ranks first (inside "
                          "`with procs.activate():`, torch.as_tensor(x) makes it a distributed tensor), or fetch a "
                          "shard with inspect(t) to compute here")
@@ -95,12 +82,6 @@ def dispatch(func, args, kwargs, tensors: list, deep: bool):
     return record(mesh, func, args, kwargs, tensors, deep)
 
 
-def _name(func) -> str:
-    if getattr(func, "__name__", "") in ("__get__", "__set__"):
-        return f"Tensor.{func.__self__.__name__}"
-    return getattr(func, "__name__", repr(func))
-
-
 def _find(args, kwargs) -> tuple[list, bool]:
     """The distributed tensors among the arguments, and whether any sits deeper than the
     top level of ``args`` (then the rank resolves refs everywhere)."""
@@ -110,7 +91,7 @@ def _find(args, kwargs) -> tuple[list, bool]:
         t = type(a)
         if t is Tensor:
             found.append(a)
-        elif t in _SEQ:
+        elif t in SEQUENCES:
             for x in a:
                 if type(x) is Tensor:
                     found.append(x)
@@ -120,7 +101,7 @@ def _find(args, kwargs) -> tuple[list, bool]:
         if t is Tensor:
             found.append(a)
             deep = True
-        elif t in _SEQ:
+        elif t in SEQUENCES:
             for x in a:
                 if type(x) is Tensor:
                     found.append(x)
@@ -132,9 +113,9 @@ def _local_tensor(args, kwargs):
     """The first plain ``torch.Tensor`` where ``_find`` looks, or None."""
     for a in (*args, *kwargs.values()):
         t = type(a)
-        if t is Tensor or t in _ATOMS:
+        if t is Tensor or t in ATOMS:
             continue
-        if t in _SEQ:
+        if t in SEQUENCES:
             for x in a:
                 if type(x) is not Tensor and isinstance(x, torch.Tensor):
                     return x
@@ -143,146 +124,12 @@ def _local_tensor(args, kwargs):
     return None
 
 
-# ---------------------------------------------------------------- plans (results' metadata)
-
-
-def _sig(a):
-    t = type(a)
-    if t is Tensor:
-        return a._meta
-    if t in _ATOMS:
-        return (t, a)
-    if t in _SEQ or t is torch.Size:
-        return (t, tuple(_sig(x) for x in a))
-    if t is slice:
-        return (slice, _sig(a.start), _sig(a.stop), _sig(a.step))
-    if t is torch.Tensor:
-        return ("plain", tuple(a.size()), tuple(a.stride()), a.dtype, a.device, a.requires_grad)
-    raise _Uncacheable
-
-
-def _key(func, args, kwargs, grad: bool):
-    sig: list = [func, grad]
-    try:
-        for a in args:
-            t = type(a)
-            if t is Tensor:
-                sig.append(a._meta)
-            elif t is int or t is float:
-                sig.append((t, a))
-            else:
-                sig.append(_sig(a))
-        if kwargs:
-            sig.append(tuple((n, _sig(v)) for n, v in kwargs.items()))
-    except _Uncacheable:
-        return None
-    return tuple(sig)
-
-
-def _plan(func, args, kwargs, tensors: list):
-    """Run ``func`` on meta tensors; describe its results: ("t", meta, alias index, device)
-    per tensor (alias: the input handle it returns, in place), ("c", value) per constant,
-    ("s", type, parts) per sequence."""
-    fakes: dict[int, torch.Tensor] = {}
-
-    def fake(a):
-        t = type(a)
-        if t is Tensor:
-            f = fakes.get(id(a))
-            if f is None:
-                f = fakes[id(a)] = fake_of(a)
-            return f
-        if t in _SEQ:
-            return t(fake(x) for x in a)
-        if t is torch.Tensor:
-            return torch.empty_strided(a.size(), a.stride(), dtype=a.dtype, device="meta",
-                                       requires_grad=a.requires_grad)
-        return a
-
-    target = None
-    fargs = [fake(a) for a in args]
-    fkwargs = {k: fake(v) for k, v in kwargs.items()}
-    if func in _MOVES:
-        pass
-    elif "device" in fkwargs:
-        target = fkwargs["device"]
-        fkwargs["device"] = "meta"
-    elif func in FACTORIES:
-        fkwargs["device"] = "meta"
-    try:
-        if func in _MOVES:
-            target, out = _move(func, fargs, fkwargs, tensors)
-        else:
-            out = func(*fargs, **fkwargs)
-    except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
-        raise RuntimeError(f"{_name(func)}() has no meta implementation, so the controller cannot know the shape "
-                           "of its result: compute it in a @remote function with propagate= (or "
-                           "propagate='inspect')") from e
-    device = torch.device(target) if target is not None else (tensors[0].device if tensors else
-                                                               torch.device("cpu"))
-    order = {id(t): i for i, t in enumerate(tensors)}
-    first = {id(f): order[tid] for tid, f in fakes.items()}  # fake id -> index of its handle in `tensors`
-
-    def describe(o):
-        if isinstance(o, torch.Tensor):
-            alias = first.get(id(o), -1)
-            if alias < 0 and target is None and o.device.type != "meta":
-                device_o = o.device
-            else:
-                device_o = device
-            return ("t", (tuple(o.size()), tuple(o.stride()), o.storage_offset(), o.dtype, device_o,
-                          o.requires_grad), alias)
-        if isinstance(o, (list, tuple)) and not isinstance(o, torch.Size):
-            return ("s", type(o), tuple(describe(x) for x in o))
-        return ("c", o)
-
-    return describe(out)
-
-
-def _move(func, fargs, fkwargs, tensors):
-    """``to``/``cuda``/``cpu`` on meta tensors: the device the result goes to (None: its
-    own) and the result, which is the input itself when neither device nor dtype changes."""
-    src = tensors[0].device
-    target = fkwargs.pop("device", None)
-    rest = fargs[1:]
-    if func is torch.Tensor.cuda:
-        idx = rest[0] if rest else None
-        target = torch.device("cuda", idx) if isinstance(idx, int) else torch.device(idx or "cuda")
-        rest = []
-    elif func is torch.Tensor.cpu:
-        target, rest = torch.device("cpu"), []
-    else:
-        kept = []
-        for a in rest:
-            if isinstance(a, (str, torch.device)):
-                target = a
-            else:
-                kept.append(a)
-        rest = kept
-    if target is not None:
-        target = torch.device(target)
-        if target == src or (target.type == src.type and target.index is None):
-            target = None
-    x = fargs[0]
-    out = x.to(*rest, **fkwargs) if (rest or fkwargs) else x
-    if out is x and target is not None:
-        out = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device="meta").requires_grad_(x.requires_grad)
-    return target, out
-
-
 # ---------------------------------------------------------------- recording
 
 
 def record(mesh: TensorMesh, func, args, kwargs, tensors: list, deep: bool):
     grad = torch.is_grad_enabled()
-    key = _key(func, args, kwargs, grad)
-    plan = _CACHE.get(key) if key is not None else None
-    if plan is None:
-        plan = _plan(func, args, kwargs, tensors)
-        if key is not None:
-            if len(_CACHE) >= _CACHE_LIMIT:
-                _CACHE.clear()
-            _CACHE[key] = plan
+    plan = plan_of(func, args, kwargs, tensors, grad)
     client = mesh.client
     made: list[int] = []
     rg_inputs = [t for t in tensors if t._meta[5]] if grad else ()
