@@ -19,6 +19,7 @@ from ..runtime import (
     MeshFailure,
     MeshStopped,
     ProcessDied,
+    RestartPolicy,
     Runtime,
     SendFailed,
     actor_path,
@@ -26,11 +27,12 @@ from ..runtime import (
     current_actor,
     new_actor_id,
 )
-from . import tensor_shim
-from .actor_mesh import ActorMesh, endpoint_names, propagators
+from . import self_healing, tensor_shim
+from .actor_mesh import ActorMesh, endpoint_names, propagators, retry_counts
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
 from .rank_repair import RankRepair, Restarted
+from .restart_event import RestartEvent
 from .shape import Shape, Shaped
 from .spawn_message import spawn_body, spawn_options
 
@@ -122,6 +124,50 @@ class ProcMesh(Shaped):
         """
         return self._repair.restart(self.rank_states, ranks, actors, timeout, kill_unresponsive=kill_unresponsive)
 
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        """What happens when a rank dies: ``RestartPolicy(restart, max_restarts,
+        restart_window)``; "never" unless set (``spawn_procs(restart=...)``, ``set_restart_policy``)."""
+        return self.restart_budget.policy
+
+    @property
+    def restart_budget(self):
+        """The policy and the deaths it counted (the runtime's ``RestartBudget``)."""
+        if self._owned is None:
+            raise RuntimeError(f"mesh '{self.name}' was spawned by another process; its owner holds its restart policy")
+        return self._owned.restart_budget
+
+    def set_restart_policy(self, restart: str = "on-failure", *, max_restarts: int = 3,
+                           restart_window: float = 600.0) -> RestartPolicy:
+        """Replace dead ranks by themselves from now on (``restart="on-failure"``), at most
+        ``max_restarts`` within any ``restart_window`` seconds (-1: no limit), after Ray's
+        ``max_restarts``; ``"never"`` turns it off.  Each replacement gets the mesh's actors
+        again, built with the arguments they were spawned with, and every actor that defines
+        ``__on_restart__(event)`` is told.  Returns the policy::
+
+            procs.set_restart_policy("on-failure", max_restarts=3, restart_window=600)
+        """
+        policy = RestartPolicy(restart, max_restarts, float(restart_window))
+        budget = self.restart_budget
+        self_healing.healer_of(self)
+        budget.policy = policy
+        return policy
+
+    def events(self) -> list[RestartEvent]:
+        """Every restart of this mesh by its policy (and a crash loop it gave up on), oldest
+        first: ``RestartEvent`` records (``kind``, ``ranks``, ``causes``, ``seconds``...)."""
+        h = self_healing.existing(self._ref.id)
+        return list(h.events) if h is not None else []
+
+    def wait_restart(self, after: int = 0, timeout: float = 60) -> RestartEvent:
+        """Block until this mesh has an event numbered past ``after`` and return the first::
+
+            n = len(procs.events())
+            ...                                     # a rank dies
+            event = procs.wait_restart(after=n)     # its replacement is up
+        """
+        return self_healing.healer_of(self).wait_restart(after, timeout)
+
     def kill(self, ranks: list[int], timeout: float = 10) -> None:
         """SIGKILL ``ranks`` (ones that stopped responding); what waits on them fails with
         ``ProcessDied``.  Returns once their deaths are handled."""
@@ -200,7 +246,9 @@ class ProcMesh(Shaped):
             rt.note_spawned(owner.actor, self._ref, actor_id, ranks)
         mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
                                     self, initialized=Future(pending.completion, check), owner=(owner,))
-        mesh._propagators, mesh._class_module = propagators(cls), cls.__module__
+        mesh._propagators, mesh._class_module, mesh._retries = propagators(cls), cls.__module__, retry_counts(cls)
+        if self._owned is not None:  # a replaced rank gets it again, built from the same arguments
+            self_healing.healer_of(self).note_spawned(mesh, cls, args, kwargs)
         return mesh
 
     def stop(self) -> Future:
@@ -211,6 +259,7 @@ class ProcMesh(Shaped):
             if self._owned is None:
                 raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
             rt = Runtime.current()
+            self_healing.forget(self._ref.id)
             self._stop_future = Future(rt.stop_mesh(self._owned), lambda _: None)
             tensor_shim.forget(self._ref.id)  # its tensor client, if tensors were used
         return self._stop_future
