@@ -168,6 +168,15 @@ class ProcMesh(Shaped):
         """
         return self_healing.healer_of(self).wait_restart(after, timeout)
 
+    def replace_hung(self, ranks: list[int], timeout: float = 10) -> list[int]:
+        """SIGKILL ``ranks`` (stuck ones: the watchdog's ``then="restart"``) and have the
+        restart policy replace them, each death counted in its budget (reason "hung").
+        Returns the ranks queued for replacement (none past the budget)."""
+        if not self.restart_policy.on_failure:
+            raise RuntimeError(f"mesh '{self.name}' has no restart policy: procs.set_restart_policy('on-failure') "
+                               "first, or procs.kill(ranks) then procs.restart()")
+        return self_healing.healer_of(self).replace_hung(list(ranks), timeout)
+
     def kill(self, ranks: list[int], timeout: float = 10) -> None:
         """SIGKILL ``ranks`` (ones that stopped responding); what waits on them fails with
         ``ProcessDied``.  Returns once their deaths are handled."""
