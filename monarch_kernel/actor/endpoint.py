@@ -60,10 +60,9 @@ def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, c
 
     An actor takes its messages one at a time, in order, async endpoints included;
     ``concurrent=True`` (or ``@concurrent_endpoint``) lets an async endpoint run as a task
-    beside the actor's later messages instead.  ``retries=N`` (Ray's ``max_task_retries``;
-    -1: no limit) declares it safe to run again: a call (``call``, ``call_one``, ``choose``)
-    in flight on a rank that dies is re-sent to the rank's replacement when the mesh's
-    restart policy replaces it, and its caller sees only the result.
+    beside the actor's later messages instead.  ``retries=N`` (Ray's ``max_task_retries``,
+    -1: no limit): a call in flight on a rank that dies is re-sent to its replacement (under
+    the mesh's restart policy) and its caller sees only the result.
     """
     if not isinstance(retries, int) or retries < -1:
         raise ValueError(f"endpoint(retries={retries!r}): how many times a call is re-sent to a replaced rank "
@@ -229,19 +228,14 @@ class Endpoint:
         return info._replace(broadcast=True) if broadcast else info
 
     def _answers(self, args, kwargs, ranks) -> tuple:
-        """Send the call to ``ranks``: ``(completion, inbox)`` its Future waits on.  An
-        endpoint with ``retries`` on a mesh that heals itself is re-sent to replaced ranks."""
-        retries = self._mesh._retries.get(self._name, 0)
-        healer = self_healing.existing(self._mesh._proc_ref.id) if retries else None
+        """Send the call: ``(completion, inbox)`` for its Future; re-sent to replaced ranks (``retries``)."""
+        retries, info, mesh_id = self._mesh._retries.get(self._name, 0), self._slice_info(), self._mesh._proc_ref.id
+        healer = self_healing.existing(mesh_id) if retries else None
         if healer is None or not healer.policy.on_failure:
-            pending = self._send(args, kwargs, ranks, slice_info=self._slice_info())
+            pending = self._send(args, kwargs, ranks, slice_info=info)
             return pending.completion, pending.inbox
-        info = self._slice_info()
-
-        def send(rs):
-            return self._send(args, kwargs, rs, slice_info=info, callbacks=True)
-
-        return self_healing.retried(self._mesh._proc_ref.id, list(ranks), retries, send), None
+        send = lambda rs: self._send(args, kwargs, rs, slice_info=info, callbacks=True)  # noqa: E731
+        return self_healing.retried(mesh_id, list(ranks), retries, send), None
 
     def call(self, *args, **kwargs) -> Future[ValueMesh]:
         """Run on every rank of the mesh; a ``ValueMesh`` of the answers.  If a rank fails,
