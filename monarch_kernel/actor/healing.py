@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime import RestartPolicy
+from ..runtime import RestartPolicy, Runtime
 from . import self_healing
 from .restart_event import RestartEvent
 
@@ -45,8 +45,9 @@ class Healing:
         """
         policy = RestartPolicy(restart, max_restarts, float(restart_window))
         budget = self.restart_budget
-        self_healing.healer_of(self)
+        healer = self_healing.healer_of(self)
         budget.policy = policy
+        healer.start()  # it keeps the standby template warm while the policy is on
         return policy
 
     def events(self) -> list[RestartEvent]:
@@ -72,3 +73,12 @@ class Healing:
             raise RuntimeError(f"mesh '{self.name}' has no restart policy: procs.set_restart_policy('on-failure') "
                                "first, or procs.kill(ranks) then procs.restart()")
         return self_healing.healer_of(self).replace_hung(list(ranks), timeout)
+
+    def warm_standby(self) -> list[str]:
+        """Have the template replaced ranks fork from import the heavy modules this mesh's
+        ranks imported (torch, numpy...: the packages whose compiled files they mapped), so
+        a replacement does not import them again; returns them.  The healer calls it every
+        few seconds while the policy is "on-failure"; local ranks only."""
+        if self._owned is None:
+            return []
+        return Runtime.current().warm_standby(self._owned)

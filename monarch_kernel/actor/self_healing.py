@@ -19,13 +19,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..runtime import RESTART_HOOK, Completion, DeathInfo, RestartPolicy, Runtime, Status, dumps
+from ..runtime import RESTART_HOOK, Completion, DeathInfo, RestartPolicy, Runtime, Status, config, dumps
 from .restart_event import RestartEvent
 
 log = logging.getLogger("monarch_kernel.actor")
 
-RESTART_TIMEOUT_S = 120.0  # a replacement that has not answered its __init__ by then: the restart failed
-IDLE_EXIT_S = 30.0  # a healer's thread ends after this long without a death (started again by the next)
+RESTART_TIMEOUT_S = config.seconds("restart_timeout")  # a replacement's actors not built by then: it failed
+IDLE_EXIT_S = config.seconds("restart_idle")  # a healer's thread ends after this long without a death, policy off
+WARM_EVERY_S = config.seconds("restart_warm_every")  # how often the standby template is kept up to date
 
 _healers: dict[str, Healer] = {}  # mesh id -> its healer (meshes this process spawned)
 _listeners: list[Callable[[RestartEvent], None]] = []
@@ -119,10 +120,7 @@ class Healer:
         """Queue a death (``replace`` False: past the budget, record that it gave up)."""
         with self._cond:
             self._queue.append(_Death(rank, info, time.time(), replace, reason))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=f"healer-{self.procs.name}", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+        self.start()
 
     def replace_hung(self, ranks: list[int], timeout: float = 10) -> list[int]:
         """The watchdog's ``then="restart"``: SIGKILL ``ranks`` and replace them under the
@@ -186,19 +184,41 @@ class Healer:
 
     # ------------------------------------------------------------ its thread
 
+    def start(self) -> None:
+        """Run the healer's thread (it keeps the standby template warm while the policy is on)."""
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=f"healer-{self.procs.name}", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
     def _run(self) -> None:
+        warmed = 0.0
         while True:
+            on = self.policy.on_failure
+            if on and time.monotonic() - warmed >= WARM_EVERY_S:
+                warmed = time.monotonic()
+                self._keep_warm()
             with self._cond:
                 if not self._queue and not self._closed:
-                    self._cond.wait(IDLE_EXIT_S)
-                if self._closed or not self._queue:
+                    self._cond.wait(WARM_EVERY_S if on else IDLE_EXIT_S)
+                if self._closed or (not self._queue and not self.policy.on_failure):
                     self._thread = None
                     return
                 batch, self._queue = self._queue, []
+            if not batch:
+                continue
             try:
                 self._handle(batch)
             except Exception as e:  # noqa: BLE001  (the thread must go on healing the next death)
                 log.error("monarch_kernel: healing mesh '%s' failed: %r", self.procs.name, e)
+            warmed = 0.0  # the replacement may have changed what the ranks hold
+
+    def _keep_warm(self) -> None:
+        try:
+            self.procs.warm_standby()
+        except Exception as e:  # noqa: BLE001  (a cold replacement still works: only slower)
+            log.warning("monarch_kernel: could not warm the standby template of mesh '%s': %r", self.procs.name, e)
 
     def _handle(self, batch: list[_Death]) -> None:
         for d in [d for d in batch if not d.replace]:

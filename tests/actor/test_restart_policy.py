@@ -127,3 +127,36 @@ def test_the_policy_changes_on_a_running_mesh():
             procs.set_restart_policy("sometimes")
     finally:
         procs.stop().get(timeout=30)
+
+
+class Heavy(Actor):
+    """Imports numpy in an endpoint (after the spawn), as a notebook's cell would."""
+
+    def __init__(self):
+        import sys
+
+        self.warm = "numpy" in sys.modules  # imported before this rank ran any of the user's code
+
+    @endpoint
+    def load(self) -> int:
+        import numpy
+
+        return int(numpy.ones(3).sum())
+
+    @endpoint
+    def was_warm(self) -> bool:
+        return self.warm
+
+
+def test_a_replacement_forks_from_a_template_holding_what_the_ranks_imported():
+    procs = this_host().spawn_procs({"r": 2}, restart="on-failure")
+    try:
+        heavy = procs.spawn("heavy", Heavy)
+        assert list(heavy.load.call().get(timeout=60).values()) == [3, 3]
+        assert list(heavy.was_warm.call().get(timeout=30).values()) == [False, False]
+        wait_until(lambda: "numpy" in procs.warm_standby(), 60, "the standby template to import numpy")
+        _kill(procs.rank_states()[1]["pid"])
+        procs.wait_restart(timeout=60)
+        assert list(heavy.was_warm.call().get(timeout=30).values()) == [False, True]
+    finally:
+        procs.stop().get(timeout=30)
