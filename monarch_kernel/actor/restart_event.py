@@ -15,10 +15,12 @@ __all__ = ["RestartEvent", "RestartPolicy"]  # the policy is the runtime's, name
 
 @dataclass(frozen=True)
 class RestartEvent:
-    """``kind``: "restart" (``ranks`` were replaced) or "gave-up" (a crash loop: past
+    """``kind``: "restart" (``ranks`` were replaced), "gave-up" (a crash loop: past
     ``max_restarts`` within the window, the mesh failed; ``deaths`` lists the window's deaths
-    as ``(time, rank, cause)``).  ``reason``: "died", or "hung" when the watchdog killed it.
-    ``seconds``: from the death to every replacement answering its ``__init__``."""
+    as ``(time, rank, cause)``) or "failed" (the replacement could not be made: its host is
+    gone, or it did not come up; ``error`` says why).  ``reason``: "died", or "hung" when the
+    watchdog killed it.  ``seconds``: from the death to every replacement answering its
+    ``__init__``."""
 
     mesh: str
     kind: str
@@ -32,6 +34,7 @@ class RestartEvent:
     restarts: int = 0
     index: int = 0
     deaths: tuple[tuple[float, int, str], ...] = field(default=())
+    error: str = ""
 
     @property
     def seconds(self) -> float:
@@ -41,6 +44,8 @@ class RestartEvent:
         """One line for the running cell and the panel's history."""
         ranks = rank_label(list(self.ranks), brackets=False)
         why = "; ".join(sorted(set(self.causes)))
+        if self.kind == "failed":
+            return f"[{self.mesh}] {ranks} was {why}: not restarted: {self.error}"
         if self.kind == "gave-up":
             return (f"[{self.mesh}] {ranks} was {why}: not restarted, {len(self.deaths)} deaths within the restart "
                     f"window (a crash loop); the mesh failed")

@@ -102,7 +102,8 @@ class Healer:
         self._queue: list[_Death] = []
         self._thread: threading.Thread | None = None
         self._waiters: list[tuple[int, Callable[[bool], None]]] = []  # (rank, fn(replaced?))
-        self._replaced_pids: set[int] = set()  # pids of dead ranks already replaced
+        self._pending: dict[int, set[int]] = {}  # rank -> pids of its dead processes not yet replaced
+        self._outcome: dict[int, bool] = {}  # pid of a dead process -> whether its rank was replaced
         self._closed = False
 
     # ------------------------------------------------------------ what it is told
@@ -120,6 +121,7 @@ class Healer:
         """Queue a death (``replace`` False: past the budget, record that it gave up)."""
         with self._cond:
             self._queue.append(_Death(rank, info, time.time(), replace, reason))
+            self._pending.setdefault(rank, set()).add(info.pid)
         self.start()
 
     def replace_hung(self, ranks: list[int], timeout: float = 10) -> list[int]:
@@ -142,10 +144,6 @@ class Healer:
     def after_replaced(self, ranks: list[int], pids: list[int], fn: Callable[[bool], None]) -> None:
         """Call ``fn(True)`` once every rank of ``ranks`` (whose dead processes had ``pids``)
         has been replaced, ``fn(False)`` if the policy gave up first."""
-        left = {r for r, pid in zip(ranks, pids, strict=True) if pid not in self._replaced_pids}
-        if not left:
-            fn(True)
-            return
         done: list[bool] = []  # once fn was called
 
         def one(rank: int, ok: bool) -> None:
@@ -156,9 +154,14 @@ class Healer:
                 done.append(ok)
                 fn(ok)
 
-        with self._cond:
-            for r in sorted(left):
-                self._waiters.append((r, functools.partial(one, r)))
+        with self._cond:  # a death already settled (the call ended after its restart) is not waited for
+            known = [self._outcome[pid] for pid in pids if pid in self._outcome]
+            left = {r for r, pid in zip(ranks, pids, strict=True) if pid not in self._outcome}
+            if left and all(known):
+                for r in sorted(left):
+                    self._waiters.append((r, functools.partial(one, r)))
+                return
+        fn(all(known))
 
     def wait_restart(self, after: int = 0, timeout: float = 60) -> RestartEvent:
         """The first event numbered past ``after``, waiting up to ``timeout`` seconds."""
@@ -177,10 +180,8 @@ class Healer:
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            waiters, self._waiters = self._waiters, []
             self._cond.notify_all()
-        for _r, fn in waiters:
-            fn(False)
+        self._settle(None, False)
 
     # ------------------------------------------------------------ its thread
 
@@ -233,7 +234,14 @@ class Healer:
             self.procs.restart(ranks, [(m, c, a, k) for m, c, a, k in actors if not m.actors_stopped()],
                                RESTART_TIMEOUT_S, kill_unresponsive=False)
         except Exception as e:  # noqa: BLE001  (a replacement that died again is queued again by its death)
-            print(f"[{self.procs.name}] restarting ranks {ranks} failed: {e}", file=sys.stderr, flush=True)
+            self._record(RestartEvent(mesh=self.procs.name, kind="failed", ranks=tuple(ranks),
+                                      causes=tuple(next(d.info.how() for d in todo if d.rank == r) for r in ranks),
+                                      reason="hung" if any(d.reason == "hung" for d in todo) else "died",
+                                      died_at=min(d.at for d in todo), at=time.time(),
+                                      restarts=len(self.procs.restart_budget.in_window()), error=str(e)))
+            with self._cond:
+                again = {d.rank for d in self._queue}  # replacements that died in turn: healed next
+            self._settle(set(ranks) - again, False)
             return
         rows = {row["rank"]: row for row in self.procs.rank_states()}
         budget = self.procs.restart_budget
@@ -243,23 +251,22 @@ class Healer:
             reason="hung" if any(d.reason == "hung" for d in todo) else "died",
             hosts=tuple(rows[r]["host"] for r in ranks), pids=tuple(rows[r]["pid"] for r in ranks),
             died_at=min(d.at for d in todo), at=time.time(), restarts=len(budget.in_window()))
-        self._record(event, {d.info.pid for d in todo})
+        self._record(event)
         self._tell_actors(event, actors)
-        self._wake(set(ranks), True)
+        self._settle(set(ranks), True)
 
     def _gave_up(self, d: _Death) -> None:
         budget = self.procs.restart_budget
         event = RestartEvent(mesh=self.procs.name, kind="gave-up", ranks=(d.rank,), causes=(d.info.how(),),
                              reason=d.reason, died_at=d.at, at=time.time(), restarts=len(budget.in_window()),
                              deaths=tuple((x.at, x.rank, x.cause) for x in budget.in_window()))
-        self._record(event, set())
-        self._wake(None, False)
+        self._record(event)
+        self._settle(None, False)
 
-    def _record(self, event: RestartEvent, pids: set[int]) -> None:
+    def _record(self, event: RestartEvent) -> None:
         with self._cond:
             event = replace(event, index=len(self.events) + 1)
             self.events.append(event)
-            self._replaced_pids |= pids
             self._cond.notify_all()
         for fn in list(_listeners):
             try:
@@ -267,9 +274,13 @@ class Healer:
             except Exception as e:  # noqa: BLE001  (a listener is the kernel's or the user's)
                 log.error("monarch_kernel: a restart listener raised %r", e)
 
-    def _wake(self, ranks: set[int] | None, ok: bool) -> None:
-        """Waiters on ``ranks`` (all, when None) hear whether their rank was replaced."""
+    def _settle(self, ranks: set[int] | None, ok: bool) -> None:
+        """The deaths of ``ranks`` (all, when None) were replaced (``ok``) or will not be: so
+        recorded, and their waiters told."""
         with self._cond:
+            for r in list(self._pending) if ranks is None else ranks:
+                for pid in self._pending.pop(r, ()):
+                    self._outcome[pid] = ok
             hit = [(r, fn) for r, fn in self._waiters if ranks is None or r in ranks]
             self._waiters = [(r, fn) for r, fn in self._waiters if not (ranks is None or r in ranks)]
         for _r, fn in hit:

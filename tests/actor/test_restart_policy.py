@@ -160,3 +160,30 @@ def test_a_replacement_forks_from_a_template_holding_what_the_ranks_imported():
         assert list(heavy.was_warm.call().get(timeout=30).values()) == [False, True]
     finally:
         procs.stop().get(timeout=30)
+
+
+def _refuse_if_marked() -> None:
+    """A bootstrap that fails once the test has written its mark: the replacement cannot come up."""
+    if os.path.exists(os.environ["RESTART_TEST_MARK"]):
+        raise RuntimeError("this host refuses new ranks")
+
+
+def test_a_replacement_that_cannot_come_up_is_a_failed_event_and_the_retried_call_raises(tmp_path):
+    mark = tmp_path / "mark"
+    procs = this_host().spawn_procs({"r": 2}, bootstrap=_refuse_if_marked, env={"RESTART_TEST_MARK": str(mark)},
+                                    restart="on-failure")
+    try:
+        keepers = procs.spawn("keepers", Keeper, "t")
+        pids = list(keepers.pid.call().get(timeout=30).values())
+        retried = keepers.slow_retried.call(1)
+        time.sleep(0.5)
+        mark.write_text("")
+        _kill(pids[1])
+        event = procs.wait_restart(timeout=60)
+        assert (event.kind, event.ranks) == ("failed", (1,)), event
+        assert "this host refuses new ranks" in event.error, event.error
+        assert event.line().startswith("[procs") and "not restarted: " in event.line()
+        with pytest.raises(ProcessDied):
+            retried.get(timeout=60)
+    finally:
+        procs.stop().get(timeout=30)

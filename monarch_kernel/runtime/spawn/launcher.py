@@ -218,6 +218,11 @@ class Launcher:
         alive = [r for r in ranks if r in om.alive]
         if alive:
             raise ValueError(f"ranks {alive} of mesh '{om.ref.name}' are alive; only dead ranks can be restarted")
+        gone = [r for r in ranks if om.links is not None and not om.links[r].alive]
+        if gone:  # its address is on that host: it is not restarted elsewhere
+            link = om.links[gone[0]]  # type: ignore[index]
+            raise ConnectionError(f"ranks {gone} of mesh '{om.ref.name}' cannot be restarted: their host {link.host} "
+                                  f"is gone ({link.why_gone or 'its agent ended'})")
         done = []
         for r in ranks:
             om.restarting[r] = c = Completion()
