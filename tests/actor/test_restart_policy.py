@@ -78,7 +78,6 @@ def test_a_call_in_flight_raises_process_died_unless_the_endpoint_retries():
         pids = list(keepers.pid.call().get(timeout=30).values())
         plain = keepers.slow.call(1)
         retried = keepers.slow_retried.call(4)
-        time.sleep(0.5)  # both calls are running on the ranks
         _kill(pids[1])
         with pytest.raises(ProcessDied):
             plain.get(timeout=60)
@@ -176,7 +175,6 @@ def test_a_replacement_that_cannot_come_up_is_a_failed_event_and_the_retried_cal
         keepers = procs.spawn("keepers", Keeper, "t")
         pids = list(keepers.pid.call().get(timeout=30).values())
         retried = keepers.slow_retried.call(1)
-        time.sleep(0.5)
         mark.write_text("")
         _kill(pids[1])
         event = procs.wait_restart(timeout=60)
