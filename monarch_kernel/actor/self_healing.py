@@ -196,6 +196,11 @@ class Healer:
     def _run(self) -> None:
         warmed = 0.0
         while True:
+            if self.procs.stopped_here():  # stopped another way than its ProcMesh.stop (a job's end)
+                forget(self.procs.ref.id)
+                with self._cond:
+                    self._thread = None
+                return
             on = self.policy.on_failure
             if on and time.monotonic() - warmed >= WARM_EVERY_S:
                 warmed = time.monotonic()
