@@ -80,6 +80,7 @@ def api_markdown() -> str:
 # Classes that public methods return or take, documented where they are defined.
 RETURNED = {
     "monarch_kernel.actor.actor": ["ActorInstance", "Context"],
+    "monarch_kernel.actor.healing": ["Healing"],
     "monarch_kernel.actor.stream": ["Stream"],
     "monarch_kernel.actor.rank_repair": ["Restarted"],
     "monarch_kernel.actor.shape": ["Shaped"],

@@ -13,7 +13,15 @@ from .restart_event import RestartEvent
 
 
 class Healing:
-    """Mixed into ``ProcMesh``, which has ``_owned``, ``_ref``, ``name`` and ``kill``."""
+    """A ``ProcMesh``'s restart policy and its restarts (mixed into ``ProcMesh``, which has
+    ``_owned``, ``_ref``, ``name`` and ``kill``).
+
+    Example::
+
+        procs.set_restart_policy("on-failure", max_restarts=3, restart_window=600)
+        event = procs.wait_restart(after=0, timeout=60)   # the next RestartEvent
+        procs.events()                                    # every one so far
+    """
 
     _owned: Any
     _ref: Any
