@@ -65,10 +65,12 @@ class Healing:
         return list(h.events) if h is not None else []
 
     def wait_restart(self, after: int = 0, timeout: float = 60) -> RestartEvent:
-        """Block until this mesh has an event numbered past ``after`` and return the first::
+        """Block until this mesh has an event numbered past ``after`` and return the first.
+
+        Example::
 
             n = len(procs.events())
-            ...                                     # a rank dies
+            os.kill(pid_of_rank_1, signal.SIGKILL)  # a rank dies
             event = procs.wait_restart(after=n)     # its replacement is up
         """
         return self_healing.healer_of(self).wait_restart(after, timeout)
