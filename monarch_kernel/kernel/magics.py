@@ -20,10 +20,9 @@ from ..actor.host_mesh import this_host
 from ..console.console import Console
 from ..debug.controller import proxy
 from ..history import record_event
-from ..observe.metrics import top_table
 from ..runtime import config, counted, rank_label
-from . import detached, status
-from .history_magic import history_command, record_stacks
+from . import detached, observing
+from .history_magic import history_command
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
 from .mesh_cell import check_cell, ranks_arg, run_on_mesh
 from .respawn import spawn_key, spawn_name
@@ -209,104 +208,22 @@ class MeshMagics(Magics):
         print(f"job {name} killed" + (f" with its meshes {', '.join(meshes)}" if meshes else ""))
 
     def _cmd_status(self, a):
-        """The table once: a live widget where widgets render, its text the fallback of the
-        same display (a frontend shows one of the two), else the text alone."""
-        s = self.session
-        procs, _consoles = s.get()
-        host = s.hosts.get(procs.name)
-        table = status.as_text(procs.name, status.snapshot(procs, s.last_lines, host), detached=host is not None,
-                               full=a.all)
-        live = s.live.get(procs.name) if host is None else None
-        if live is None or live.full != a.all or live.final:  # else the same widget once more: every view stays live
-            try:
-                live = None if host is not None else status.LiveStatus(s, full=a.all)
-            except ImportError:  # no ipywidgets: the text table is all there is
-                live = None
-            if live is not None:
-                old = s.live.pop(procs.name, None)
-                if old is not None:
-                    old.close(note="not updated: a newer %mesh status is")
-                s.live[procs.name] = live
-        if live is None:
-            print(table)
-            return None
-        display({**live.widget._repr_mimebundle_(), "text/plain": table}, raw=True)
+        return observing.status_command(self.session, a)
 
     def _cmd_stacks(self, a):
-        procs, _consoles = self.session.get()
-        ranks = ranks_arg(a.ranks, len(procs), "RANKS") if a.ranks is not None else None
-        report = procs.stacks(ranks, native=a.native, all_threads=a.all_threads, runtime_frames=a.runtime_frames,
-                              method="py-spy" if a.py_spy else "auto")
-        report = report.name_frames(self.session.cells.frame)
-        record_stacks(report, "stacks")
-        return report
+        return observing.stacks_command(self.session, a)
 
     def _cmd_history(self, a):
         return history_command(self.session, a)
 
     def _cmd_top(self, a):
-        if a.interval <= 0 or a.count < 0:
-            raise UsageError("%mesh top: --interval is seconds over 0 and --count a number of refreshes; "
-                             "type  %mesh top --interval 1")
-        procs, _consoles = self.session.get()
-        hosts = {r: str(h or "") for r, h in zip(procs.shape.ranks, procs.ref.hosts, strict=False)}
-        handle = None
-        n = 0
-        try:
-            while True:
-                self.session.metrics.sample(procs)
-                table = top_table(self.session.metrics, procs, hosts)
-                if handle is None:
-                    handle = display({"text/plain": table}, raw=True, display_id=True)
-                else:
-                    handle.update({"text/plain": table}, raw=True)
-                n += 1
-                if a.count and n >= a.count:
-                    return None
-                time.sleep(a.interval)
-        except KeyboardInterrupt:
-            return None  # the stop button ends it
+        return observing.top_command(self.session, a)
 
     def _cmd_collectives(self, _a):
-        from ..spmd.controller.collectives import collectives
-
-        procs, _consoles = self.session.get()
-        report = collectives(procs)
-        if report.stacks is not None:
-            report.stacks.name_frames(self.session.cells.frame)
-        return report
+        return observing.collectives_command(self.session, _a)
 
     def _cmd_watchdog(self, a):
-        if a.seconds == "off":
-            self.session.watchdog.set(None)
-            print("watchdog off")
-            return
-        try:
-            seconds = float(a.seconds)
-        except ValueError:
-            seconds = 0.0
-        if not seconds > 0:
-            raise UsageError(f"%mesh watchdog {a.seconds}: give seconds (a number over 0) or off; "
-                             f"type  %mesh watchdog 60")
-        if a.then not in ("dump", "abort", "restart"):
-            raise UsageError(f"%mesh watchdog --then {a.then}: choose dump, abort or restart; type  "
-                             f"%mesh watchdog {a.seconds} --then abort")
-        if a.then == "restart":
-            procs, _consoles = self.session.get()
-            if procs.name in self.session.hosts or not procs.restart_policy.on_failure:
-                raise UsageError(f"%mesh watchdog --then restart needs a restart policy on mesh {procs.name} "
-                                 "(replacing the stuck rank by itself); type  %mesh policy --restart on-failure  "
-                                 f"first, or  %mesh watchdog {a.seconds} --then abort  to raise HangError and keep "
-                                 "the mesh")
-        self.session.watchdog.set(seconds, a.then)
-        if a.then == "abort":
-            print(f"watchdog on: a cell whose ranks make no progress for {seconds:g} s raises HangError "
-                  "(the hung collective torn down, the mesh kept)")
-        elif a.then == "restart":
-            print(f"watchdog on: ranks that make no progress for {seconds:g} s are killed and replaced "
-                  "under the mesh's restart policy")
-        else:
-            print(f"watchdog on: a cell that waits on ranks for {seconds:g} s shows their stacks")
+        return observing.watchdog_command(self.session, a)
 
     def _cmd_restart(self, a):
         procs, _consoles = self.session.get()
