@@ -17,7 +17,7 @@ import pytest
 from support.freeze import freeze
 from support.kernels import iopub, run, text
 
-from monarch_kernel.kernel.panel.feed import spawn_line
+from monarch_kernel.kernel.panel.buttons import spawn_line
 from monarch_kernel.kernel.panel.grid import GRID_MIME, grid_bundle
 from monarch_kernel.kernel.panel.messages import (
     COMM_TARGET,
