@@ -1,0 +1,137 @@
+"""A controller's writer process: the controller's history batches are written to Parquet by a
+small process of its own, so that the controller (the kernel, a user's script) never loads
+pyarrow, numpy or pandas to record, and its exit never waits for the files to be written.
+
+It is started at the first batch that has something in it (``python -m
+monarch_kernel.history.writer_process``, a fresh interpreter, not a fork of the controller),
+reads the batches from its stdin, a pipe only the controller holds, and exits by itself when
+that pipe closes (its controller exited, or was killed), after writing what it got.  A
+``flush()`` in the controller waits for its acknowledgement, so a query sees every row
+recorded before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+
+from .parquet_files import Batch, ParquetFiles
+
+log = logging.getLogger(__name__)
+
+_HEAD = struct.Struct("<Q?")  # a frame's length, and whether its writing is to be acknowledged
+ACK = b"k"
+ACK_TIMEOUT = 300.0  # a flush() waits this long for its batch to be written
+
+
+class WriterProcess:
+    """The controller's end: batches pickled into the writer process's pipe (the ``Sink`` of a
+    controller's ``HistoryWriter``)."""
+
+    def __init__(self):
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's pid, None before the first batch."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    def write(self, batch: Batch | None, wait: bool) -> None:
+        with self._lock:
+            if batch is None and (self._proc is None or not wait):
+                return  # nothing new, and nothing given before to wait for
+            proc = self._started()
+            assert proc.stdin is not None and proc.stdout is not None
+            frame = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                proc.stdin.write(_HEAD.pack(len(frame), wait) + frame)
+                proc.stdin.flush()
+                if wait:
+                    ready, _w, _x = select.select([proc.stdout], [], [], ACK_TIMEOUT)
+                    if not ready:
+                        raise TimeoutError(f"the history's writer process (pid {proc.pid}) wrote nothing for "
+                                           f"{ACK_TIMEOUT:g} s: is the disk under the history_dir setting stuck?")
+                    if os.read(proc.stdout.fileno(), 1) != ACK:
+                        raise EOFError("it exited")
+            except (OSError, EOFError) as e:
+                self._proc = None  # the next batch starts another one
+                self._end(proc)
+                raise RuntimeError(f"the history's writer process (pid {proc.pid}) failed ({e!r}); its stderr "
+                                   f"says why; the next batch starts another") from e
+
+    def close(self) -> None:
+        """No more batches: it writes what it has and exits by itself (not waited for)."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+    def _started(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, env=env, close_fds=True)
+        return self._proc
+
+    @staticmethod
+    def _end(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    parts, got = [], 0
+    while got < n:
+        part = os.read(fd, min(n - got, 1 << 20))
+        if not part:
+            return None
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+def main() -> None:
+    """The writer process: batches from stdin until it closes, or its controller is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel's interrupt reaches its process group
+    logging.basicConfig(format="%(message)s")
+    controller = os.getppid()
+    fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
+    files = ParquetFiles()
+    while True:
+        ready, _w, _x = select.select([fd_in], [], [], 1.0)
+        if not ready:
+            if os.getppid() != controller:  # gone, though a process it forked holds the pipe
+                return
+            continue
+        head = _read_exactly(fd_in, _HEAD.size)
+        if head is None:
+            return
+        size, wait = _HEAD.unpack(head)
+        frame = _read_exactly(fd_in, size)
+        if frame is None:
+            return
+        batch = pickle.loads(frame)
+        if batch is not None:
+            try:
+                files.write(batch)
+            except Exception as e:  # noqa: BLE001  (a full disk must not end the writer: say it, go on)
+                log.warning("monarch_kernel: the history could not be written under %s: %r", batch.root, e)
+        if wait:
+            os.write(fd_out, ACK)
+
+
+if __name__ == "__main__":
+    main()
