@@ -58,7 +58,8 @@ class ParquetFiles:
         for mesh, info in batch.metas.items():
             self._write_meta(mesh, info)
         for mesh, got in batch.chunks.items():
-            self._write("lines", mesh, _columns(got))
+            for piece in _pieces(got, max(64 << 10, self.max_bytes // 16)):
+                self._write("lines", mesh, _columns(piece))
         for (view, mesh), rows in batch.rows.items():
             if rows:
                 self._write(view, mesh, list(zip(*rows, strict=True)))
@@ -180,6 +181,20 @@ class ParquetFiles:
             detail = (f"{len(names)} oldest file(s) dropped to keep this host's history under "
                       f"{self.max_bytes:,} bytes (history_max_bytes): {', '.join(names[:20])}")
             self._write("events", mesh, [[now], [self.host], [None], ["history_dropped"], [None], [None], [detail]])
+
+
+def _pieces(chunks: list, most: int) -> list[list]:
+    """Chunks of lines in pieces of about ``most`` bytes, a file each: the size cap drops a
+    long batch's oldest lines, never all of them with the newest."""
+    out: list[list] = [[]]
+    size = 0
+    for chunk in chunks:
+        if size >= most and out[-1]:
+            out.append([])
+            size = 0
+        out[-1].append(chunk)
+        size += len(chunk[4])
+    return out
 
 
 def _columns(chunks: list) -> list:

@@ -5,7 +5,8 @@ pyarrow, numpy or pandas to record, and its exit never waits for the files to be
 It is started at the first batch that has something in it (``python -m
 monarch_kernel.history.writer_process``, a fresh interpreter, not a fork of the controller),
 reads the batches from its stdin, a pipe only the controller holds, and exits by itself when
-that pipe closes (its controller exited, or was killed), after writing what it got.  A
+that pipe closes (its controller exited, or was killed, or let it go after ``IDLE_S``
+without a batch: it then holds no memory while nothing is recorded), after writing what it got.  A
 ``flush()`` in the controller waits for its acknowledgement, so a query sees every row
 recorded before it.
 """
@@ -15,12 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import select
 import signal
 import struct
 import subprocess
 import sys
 import threading
+import time
 
 from .parquet_files import Batch, ParquetFiles
 
@@ -29,6 +32,7 @@ log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<Q?")  # a frame's length, and whether its writing is to be acknowledged
 ACK = b"k"
 ACK_TIMEOUT = 300.0  # a flush() waits this long for its batch to be written
+IDLE_S = 4.0  # a writer process given no batch for this long is let go (the next batch starts another)
 
 
 class WriterProcess:
@@ -37,6 +41,8 @@ class WriterProcess:
 
     def __init__(self):
         self._proc: subprocess.Popen | None = None
+        self._going: subprocess.Popen | None = None  # one let go, maybe still writing its last batch
+        self._last = 0.0  # when the last batch was given
         self._lock = threading.Lock()
 
     @property
@@ -47,8 +53,17 @@ class WriterProcess:
 
     def write(self, batch: Batch | None, wait: bool) -> None:
         with self._lock:
+            if self._going is not None and self._going.poll() is not None:  # reaped: no zombie left
+                self._gone()
+            if wait and self._going is not None:  # what it was given is written once it has exited
+                self._going.wait(ACK_TIMEOUT)
+                self._gone()
+            if batch is None and not wait and self._proc is not None and time.monotonic() - self._last > IDLE_S:
+                self._let_go()
             if batch is None and (self._proc is None or not wait):
                 return  # nothing new, and nothing given before to wait for
+            if batch is not None:
+                self._last = time.monotonic()
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
             frame = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
@@ -71,12 +86,21 @@ class WriterProcess:
     def close(self) -> None:
         """No more batches: it writes what it has and exits by itself (not waited for)."""
         with self._lock:
-            proc, self._proc = self._proc, None
+            self._let_go()
+
+    def _let_go(self) -> None:
+        proc, self._proc = self._proc, None
         if proc is not None and proc.stdin is not None:
             try:
-                proc.stdin.close()
+                proc.stdin.close()  # it writes what it got, and exits
             except OSError:
                 pass
+            self._going = proc
+
+    def _gone(self) -> None:
+        if self._going is not None and self._going.stdout is not None:
+            self._going.stdout.close()
+        self._going = None
 
     def _started(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
@@ -90,6 +114,12 @@ class WriterProcess:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
 
 
 def _read_exactly(fd: int, n: int) -> bytes | None:
@@ -103,34 +133,43 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(parts)
 
 
+def _read(fd: int, got: queue.SimpleQueue) -> None:
+    """Frames from the controller as they come (its pipe never fills while a batch is being
+    written), then None: the pipe closed, or its controller is gone."""
+    controller = os.getppid()
+    while True:
+        ready, _w, _x = select.select([fd], [], [], 1.0)
+        if not ready:
+            if os.getppid() != controller:  # gone, though a process it forked holds the pipe
+                break
+            continue
+        head = _read_exactly(fd, _HEAD.size)
+        if head is None:
+            break
+        size, wait = _HEAD.unpack(head)
+        frame = _read_exactly(fd, size)
+        if frame is None:
+            break
+        got.put((pickle.loads(frame), wait))
+    got.put(None)
+
+
 def main() -> None:
     """The writer process: batches from stdin until it closes, or its controller is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel's interrupt reaches its process group
     logging.basicConfig(format="%(message)s")
-    controller = os.getppid()
-    fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read, args=(sys.stdin.fileno(), got), name="monarch-history-read", daemon=True).start()
     files = ParquetFiles()
-    while True:
-        ready, _w, _x = select.select([fd_in], [], [], 1.0)
-        if not ready:
-            if os.getppid() != controller:  # gone, though a process it forked holds the pipe
-                return
-            continue
-        head = _read_exactly(fd_in, _HEAD.size)
-        if head is None:
-            return
-        size, wait = _HEAD.unpack(head)
-        frame = _read_exactly(fd_in, size)
-        if frame is None:
-            return
-        batch = pickle.loads(frame)
+    while (item := got.get()) is not None:
+        batch, wait = item
         if batch is not None:
             try:
                 files.write(batch)
             except Exception as e:  # noqa: BLE001  (a full disk must not end the writer: say it, go on)
                 log.warning("monarch_kernel: the history could not be written under %s: %r", batch.root, e)
         if wait:
-            os.write(fd_out, ACK)
+            os.write(sys.stdout.fileno(), ACK)
 
 
 if __name__ == "__main__":
