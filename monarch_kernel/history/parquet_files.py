@@ -30,6 +30,7 @@ class Batch:
     root: str
     host: str
     max_bytes: int
+    pid: int  # the recording process's (the listing tells a live history by it)
     metas: dict[str, dict] = field(default_factory=dict)  # mesh -> what the listing says of it
     chunks: dict[str, list] = field(default_factory=dict)  # mesh -> chunks of lines (``lines``)
     rows: dict[tuple[str, str], list] = field(default_factory=dict)  # (view, mesh) -> rows
@@ -56,7 +57,7 @@ class ParquetFiles:
             self._small.clear()
         self.max_bytes = batch.max_bytes
         for mesh, info in batch.metas.items():
-            self._write_meta(mesh, info)
+            self._write_meta(mesh, info, batch.pid)
         for mesh, got in batch.chunks.items():
             for piece in _pieces(got, max(64 << 10, self.max_bytes // 16)):
                 self._write("lines", mesh, _columns(piece))
@@ -123,7 +124,7 @@ class ParquetFiles:
             if self._bytes is not None:
                 self._bytes -= size
 
-    def _write_meta(self, mesh: str, info: dict) -> None:
+    def _write_meta(self, mesh: str, info: dict, pid: int) -> None:
         assert self.root is not None
         folder = places.host_dir(self.root, mesh, self.host)
         meta = places.read_meta(folder)
@@ -131,7 +132,7 @@ class ParquetFiles:
         meta.setdefault("name", mesh)
         meta.setdefault("kind", "mesh")
         meta.setdefault("first", now)
-        meta.update(info, last=now, host=self.host, pid=os.getpid())
+        meta.update(info, last=now, host=self.host, pid=pid)
         places.write_meta(folder, meta)
 
     # ------------------------------------------------------------ the size cap

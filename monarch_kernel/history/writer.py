@@ -10,6 +10,7 @@ host agent, which is a process of its own already, ``ParquetFiles`` on the write
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 import threading
 import time
@@ -115,7 +116,7 @@ class HistoryWriter:
                 chunks, self._chunks, self._pending = self._chunks, {}, 0
                 dirty, self._dirty = self._dirty, set()
                 metas = {m: dict(self._meta.get(m, {})) for m in dirty | {m for _v, m in rows} | set(chunks)}
-            batch = Batch(str(self.root), self.host, self.max_bytes, metas, chunks, rows)
+            batch = Batch(str(self.root), self.host, self.max_bytes, os.getpid(), metas, chunks, rows)
             self.sink.write(None if batch.empty() else batch, wait)
 
     def _follow_settings(self) -> None:
