@@ -21,10 +21,9 @@ import monarch_kernel
 
 pytestmark = pytest.mark.timeout(120)
 
-HEAVY = ("pyarrow", "pandas", "numpy", "duckdb")
-
 CONTROLLER = """
 import json, sys, time
+HEAVY = ("pyarrow", "pandas", "numpy", "duckdb")
 
 import monarch_kernel
 from monarch_kernel import Actor, endpoint, this_host
@@ -50,7 +49,7 @@ talker = procs.spawn("talker", Talker)
 talker.talk.call("says", 50).get(timeout=60)
 if mode == "flush":
     monarch_kernel.history.flush()  # every row so far written: waits for the writer process
-    print("HEAVY", json.dumps([m for m in %r if m in sys.modules]), flush=True)
+    print("HEAVY", json.dumps([m for m in HEAVY if m in sys.modules]), flush=True)
     got = monarch_kernel.history(name).sql("SELECT count(*) AS n FROM lines")
     print("LINES", int(got["n"][0]), flush=True)
     sys.exit(0)
@@ -68,7 +67,7 @@ if mode == "kill":
     monarch_kernel.history.flush()  # what was recorded is written; the rest was never handed over
     print("READY now", flush=True)
     time.sleep(600)
-""" % (HEAVY,)
+"""
 
 
 def until(what: str, check, timeout: float = 60.0):
