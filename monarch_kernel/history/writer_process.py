@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+from . import pending, places
 from .parquet_files import Batch, ParquetFiles
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,10 @@ class WriterProcess:
             # must not end it before it has written what it was given; the pipe ends it
             self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+            marker = pending.mark(places.history_root(), self._proc.pid)
+            frame = pickle.dumps(str(marker or ""), protocol=pickle.HIGHEST_PROTOCOL)
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(_HEAD.pack(len(frame), False) + frame)  # first frame: its marker
         return self._proc
 
     @staticmethod
@@ -173,6 +178,16 @@ def main() -> None:
     got: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_read, args=(sys.stdin.fileno(), got), name="monarch-history-read", daemon=True).start()
     files = ParquetFiles()
+    first = got.get()
+    marker = first[0] if first is not None and isinstance(first[0], str) else ""
+    try:
+        _write(got, files)
+    finally:
+        if marker:
+            pending.unmark(marker)  # all written: a query elsewhere need not wait for it
+
+
+def _write(got: queue.SimpleQueue, files: ParquetFiles) -> None:
     while (item := got.get()) is not None:
         batch, wait = item
         if batch is not None:
