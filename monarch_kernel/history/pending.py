@@ -13,6 +13,7 @@ import time
 
 from ..runtime.hosting import private_files
 from . import places
+from .listing import alive
 
 FOLDER = ".writing"
 WAIT_S = 10.0  # a query waits this long at most for a gone controller's writer
@@ -39,13 +40,7 @@ def unmark(path: str) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return alive(pid, places.host_name())
 
 
 def _waited_for(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
@@ -53,7 +48,7 @@ def _waited_for(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
     (their writer gone too, killed) are removed."""
     folder = root / FOLDER
     host = "@" + places.safe(places.host_name())
-    out = []
+    out: list[tuple[pathlib.Path, int]] = []
     try:
         names = [n for n in os.listdir(folder) if n.endswith(host)]
     except OSError:
