@@ -42,7 +42,7 @@ class WriterProcess:
 
     def __init__(self):
         self._proc: subprocess.Popen | None = None
-        self._going: subprocess.Popen | None = None  # one let go, maybe still writing its last batch
+        self._going: list[subprocess.Popen] = []  # those let go, maybe still writing their last batch
         self._last = 0.0  # when the last batch was given
         self._lock = threading.Lock()
 
@@ -54,11 +54,11 @@ class WriterProcess:
 
     def write(self, batch: Batch | None, wait: bool) -> None:
         with self._lock:
-            if self._going is not None and self._going.poll() is not None:  # reaped: no zombie left
-                self._gone()
-            if wait and self._going is not None:  # what it was given is written once it has exited
-                self._going.wait(ACK_TIMEOUT)
-                self._gone()
+            for proc in [p for p in self._going if p.poll() is not None]:  # reaped: no zombie left
+                self._gone(proc)
+            for proc in list(self._going) if wait else ():  # what it was given is written once it has exited
+                proc.wait(ACK_TIMEOUT)
+                self._gone(proc)
             if batch is None and not wait and self._proc is not None and time.monotonic() - self._last > IDLE_S:
                 self._let_go()
             if batch is None and (self._proc is None or not wait):
@@ -96,15 +96,18 @@ class WriterProcess:
                 proc.stdin.close()  # it writes what it got, and exits
             except OSError:
                 pass
-            self._going = proc
+            self._going.append(proc)
 
-    def _gone(self) -> None:
-        if self._going is not None and self._going.stdout is not None:
-            self._going.stdout.close()
-        self._going = None
+    def _gone(self, proc: subprocess.Popen) -> None:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        self._going.remove(proc)
 
     def _started(self) -> subprocess.Popen:
-        if self._proc is None or self._proc.poll() is not None:
+        if self._proc is not None and self._proc.poll() is not None:  # it died (its stderr says why)
+            self._end(self._proc)
+            self._proc = None
+        if self._proc is None:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             # a session of its own: a signal to the controller's group (Jupyter ends a kernel so)
             # must not end it before it has written what it was given; the pipe ends it
