@@ -38,7 +38,7 @@ class HostHistory:
         if not config.get("record_history"):
             return
         if self.writer is None:
-            self.writer = process_writer(host=host)
+            self.writer = process_writer(host=host, own_process=False)  # the agent is a process of its own
         writer = self.writer
         assert writer is not None
 

@@ -35,7 +35,8 @@ def _iso(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _alive(pid: int | None, host: str | None) -> bool:
+def alive(pid: int | None, host: str | None) -> bool:
+    """Whether process ``pid`` of ``host`` lives (another host's: assumed so)."""
     if not pid or host != places.host_name():
         return True  # another host's writer: trust what it wrote
     try:
@@ -63,7 +64,7 @@ def list_histories(root=None) -> list[HistoryRecord]:
         hosts = sorted({h for m in metas for h in (m.get("hosts") or [m.get("host")]) if h})
         states = [m.get("state", "running") for m in metas]
         state = "running" if "running" in states else ("failed" if "failed" in states else states[0])
-        if state == "running" and not any(_alive(m.get("pid"), m.get("host")) for m in metas
+        if state == "running" and not any(alive(m.get("pid"), m.get("host")) for m in metas
                                           if m.get("state", "running") == "running"):
             state = "gone"
         out.append(HistoryRecord(

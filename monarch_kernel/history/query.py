@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from . import places
+from . import pending, places
 from .columns import VIEWS, empty_select
 from .gather import gather
 from .listing import HistoryRecord, list_histories
@@ -47,6 +47,7 @@ class History:
         import duckdb
 
         flush()  # rows this process gathered and has not written yet
+        pending.wait_written(self.folder.parent)  # ... and those of a controller that just exited
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         for view in VIEWS:
@@ -103,6 +104,7 @@ def open_history(name_or_mesh=None, *, root=None) -> History:
     root = pathlib.Path(root) if root is not None else places.history_root()
     name = name_or_mesh if name_or_mesh is None or isinstance(name_or_mesh, str) else name_or_mesh.name
     flush()
+    pending.wait_written(root)
     if name is not None:
         gather(name, root)  # a mesh of this process's on other hosts: their files first
     records = list_histories(root)

@@ -24,12 +24,14 @@ _writer: list[HistoryWriter] = []  # this process's writer, made by the first in
 _lock = threading.Lock()
 
 
-def process_writer(create: bool = True, host: str | None = None) -> HistoryWriter | None:
+def process_writer(create: bool = True, host: str | None = None, own_process: bool = True
+                   ) -> HistoryWriter | None:
     """This process's history writer (made on first use if ``create``, for ``host``: by
-    default this host's name), or None."""
+    default this host's name), or None.  ``own_process``: its batches are written by a
+    writer process (a controller's: it never loads pyarrow); else on its thread (an agent's)."""
     with _lock:
         if not _writer and create:
-            _writer.append(new_writer(host=host))
+            _writer.append(new_writer(host=host, own_process=own_process))
             atexit.register(_at_exit)
         return _writer[0] if _writer else None
 
