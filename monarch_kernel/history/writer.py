@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 BATCH_ROWS = 100_000  # a batch this long is written at once, without waiting for the interval
 BATCH_BYTES = 16 << 20  # ... and lines of this many bytes
+HOLD_S = config.seconds("history_hold")  # samples alone wait this long to be written
 
 
 class Sink(Protocol):
@@ -68,6 +69,7 @@ class HistoryWriter:
         self._wake = threading.Event()
         self._write_lock = threading.Lock()  # one batch at a time (the thread, flush())
         self._meta: dict[str, dict] = {}
+        self._held_since: float | None = None  # when samples alone began to wait (``_samples_only``)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="monarch-history", daemon=True)
         self._thread.start()
@@ -106,18 +108,32 @@ class HistoryWriter:
 
     # ------------------------------------------------------------ writing
 
-    def flush(self, wait: bool = True) -> None:
+    def flush(self, wait: bool = True, *, hold_samples: bool = False) -> None:
         """Hand over what is gathered now; with ``wait``, return once it is written (a query in
-        this process sees every row recorded before it)."""
+        this process sees every row recorded before it).  ``hold_samples`` (the periodic
+        flush): what is gathered is only the periodic samples, younger than ``history_hold``
+        seconds: they wait, so that an idle mesh starts no writer process every few seconds."""
         with self._write_lock:
             self._follow_settings()
             with self._lock:
+                if hold_samples and self._samples_only():
+                    self.sink.write(None, wait)
+                    return
+                self._held_since = None
                 rows, self._rows = self._rows, {}
                 chunks, self._chunks, self._pending = self._chunks, {}, 0
                 dirty, self._dirty = self._dirty, set()
                 metas = {m: dict(self._meta.get(m, {})) for m in dirty | {m for _v, m in rows} | set(chunks)}
             batch = Batch(str(self.root), self.host, self.max_bytes, os.getpid(), metas, chunks, rows)
             self.sink.write(None if batch.empty() else batch, wait)
+
+    def _samples_only(self) -> bool:
+        """Whether only samples are gathered, the oldest younger than ``HOLD_S`` (under the lock)."""
+        if not self._rows or self._chunks or self._dirty or any(view != "samples" for view, _m in self._rows):
+            return False
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+        return time.monotonic() - self._held_since < HOLD_S
 
     def _follow_settings(self) -> None:
         """A writer made by ``new_writer`` follows the settings as they change (a test, a user
@@ -141,7 +157,7 @@ class HistoryWriter:
             self._wake.wait(self.flush_s)
             self._wake.clear()
             try:
-                self.flush(wait=False)
+                self.flush(wait=False, hold_samples=True)
             except Exception as e:  # noqa: BLE001  (a full disk must not end the thread: say it, go on)
                 log.warning("monarch_kernel: the history could not be written under %s: %r", self.root, e)
 

@@ -224,6 +224,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("logs_follow", 1.0, "cli/history_commands.py", "how often `monarch-kernel logs --follow` looks for new lines"),
     _s("logs_follow_lag", 60.0, "cli/history_commands.py", "how late a host's batch of lines may land and still be "
        "printed by `monarch-kernel logs --follow`"),
+    _s("history_hold", 120.0, "history/writer.py", "a controller's periodic samples alone (an idle mesh: no "
+       "lines, events or metrics) wait this long before they are written, so that they start no writer process "
+       "every few seconds; a query, a line or an event writes them at once"),
     _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "
        "(an actor its rank has not made yet) tries again after this, then twice as long each time"),
     _s("datagram_retry_max", 0.005, "runtime/net/datagram.py", "the longest wait between those tries"),

@@ -56,3 +56,20 @@ def test_the_cells_end_marker_is_never_a_recorded_line(tmp_path):
     writer.close()
     rows = open_history("m", root=tmp_path).sql("SELECT rank, line FROM lines ORDER BY rank, time").values.tolist()
     assert rows == [[0, "step 1"], [0, "half"], [1, "printed monarch-sync by hand"]]
+
+
+def test_samples_alone_wait_for_more_before_they_are_written(tmp_path):
+    """An idle mesh's periodic samples start no writer every few seconds: the periodic flush
+    holds samples alone (``history_hold``); anything else recorded, or a query, writes them."""
+    from monarch_kernel.history.writer import HistoryWriter
+
+    writer = HistoryWriter(tmp_path, "node", flush_s=60, max_bytes=1 << 30)
+    try:
+        writer.add("samples", "m", (1, "node", 0, 42, 1.0, 30.0, None, None))
+        writer.flush(hold_samples=True)  # what the writer's thread does every history_flush
+        assert not list(tmp_path.rglob("*.parquet"))
+        writer.lines("m", 0, "stdout", b"a line\n")
+        writer.flush(hold_samples=True)
+        assert {p.name.split("-")[0] for p in tmp_path.rglob("*.parquet")} == {"samples", "lines"}
+    finally:
+        writer.close()
