@@ -171,7 +171,7 @@ def test_a_running_kernels_mesh_is_listed_and_stopped_through_that_kernel(kc):
 
 
 def test_a_running_kernels_job_is_listed_and_killed_through_that_kernel(kc, tmp_path):
-    from monarch_kernel.runtime.spawn.worker_key import new_key_file
+    from monarch_kernel.agent.worker_key import new_key_file
 
     key = new_key_file(str(tmp_path / "worker.key"))
     worker = subprocess.Popen([sys.executable, "-m", "monarch_kernel.agent", "--listen", "tcp://127.0.0.1:0",
