@@ -76,3 +76,13 @@ class DataBench(Actor):
                 out.append(time.perf_counter() - t0)
         assert float(dst.view(torch.float32)[:1000].sum()) == 1000.0
         return buf.transport(), out
+
+
+class TorchUser(Actor):
+    """W10restart: imports torch when first called, as a training cell would."""
+
+    @endpoint
+    def total(self) -> float:
+        import torch
+
+        return float(torch.ones(4).sum())

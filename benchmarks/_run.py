@@ -27,6 +27,7 @@ JOBS = {
     "panel": ("panel", "w12"),
     "W10": ("training", "w10"),
     "W10hang": ("hang", "w10_hang"),
+    "W10restart": ("restart", "w10_restart"),
     "W13": ("tensors", "w13"),
     "W14stacks": ("stacks", "w14_stacks"),
     "W14recorder": ("stacks", "w14_recorder"),

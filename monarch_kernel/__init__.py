@@ -30,6 +30,8 @@ from .actor.port import Channel as Channel
 from .actor.port import Port as Port
 from .actor.port import PortReceiver as PortReceiver
 from .actor.proc_mesh import ProcMesh as ProcMesh
+from .actor.restart_event import RestartEvent as RestartEvent
+from .actor.restart_event import RestartPolicy as RestartPolicy
 from .actor.send import send as send
 from .actor.shape import Extent as Extent
 from .actor.shape import Point as Point
@@ -40,7 +42,7 @@ from .actor.value_mesh import ValueMesh as ValueMesh
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "HangError", "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
-    "RDMABuffer", "Shape", "ValueMesh",
+    "RDMABuffer", "RestartEvent", "RestartPolicy", "Shape", "ValueMesh",
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",

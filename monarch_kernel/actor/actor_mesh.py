@@ -18,6 +18,12 @@ def endpoint_names(cls) -> tuple[str, ...]:
                         and n != RREF_METHOD))
 
 
+def retry_counts(cls) -> dict[str, int]:
+    """``{endpoint: its retries=}`` for the endpoints that declare retries."""
+    return {n: getattr(getattr(cls, n), "__monarch_retries__", 0) for n in endpoint_names(cls)
+            if getattr(getattr(cls, n), "__monarch_retries__", 0)}
+
+
 def propagators(cls) -> dict:
     """``{endpoint: its propagate=}`` for the endpoints that declare one (``rref``)."""
     out = {}
@@ -53,6 +59,8 @@ class ActorMesh(Shaped, Generic[T]):
         self._call_info: CallInfo | None = None  # the CallInfo of this slice, once an endpoint has made it
         self._propagators: dict | None = None  # endpoint -> propagate=, where the class is known (rref)
         self._class_module = ""  # the class's module, where known: failure reports name it as Monarch's do
+        self._retries: dict[str, int] = {}  # endpoint -> its retries= (where the class is known)
+        self._actors_stopped = False  # stop() was called on this handle
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):
@@ -99,7 +107,7 @@ class ActorMesh(Shaped, Generic[T]):
         # A view's failures go where its parent's go.
         m: ActorMesh[T] = ActorMesh(self._proc_ref, self._actor_id, self._name, self._class_name, self._endpoints,
                                     shape, self._proc_mesh, initialized=self._initialized, owner=self._owner)
-        m._propagators, m._class_module = self._propagators, self._class_module
+        m._propagators, m._class_module, m._retries = self._propagators, self._class_module, self._retries
         return m
 
     def stop(self):
@@ -113,6 +121,7 @@ class ActorMesh(Shaped, Generic[T]):
         from .future import Future
 
         pm = self._proc_mesh
+        self._actors_stopped = True  # a restart of the proc mesh's ranks does not spawn it again
         if pm is not None and pm.stopped:
             return Future.ready(None)  # its processes are gone, and the actors with them
         ranks, name = list(self._shape.ranks), self._class_name
@@ -127,6 +136,10 @@ class ActorMesh(Shaped, Generic[T]):
             return None
 
         return Future(pending.completion, stopped, pending.inbox)
+
+    def actors_stopped(self) -> bool:
+        """Whether ``stop()`` was called on this handle (a restarted rank does not get it)."""
+        return self._actors_stopped
 
     def _check_running(self) -> Runtime:
         """Raise ``MeshStopped`` if the mesh was stopped; else this process's runtime."""

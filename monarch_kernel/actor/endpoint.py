@@ -36,7 +36,7 @@ from ..runtime import (
     dumps,
     dumps_plain,
 )
-from . import tensor_shim
+from . import self_healing, tensor_shim
 from .future import Future
 from .value_mesh import ValueMesh
 
@@ -55,17 +55,23 @@ def calls_sent(mesh_id: str, thread: int) -> int:
 
 
 def endpoint(fn=None, *, explicit_response_port: bool = False, propagate=None, concurrent: bool = False,
-             instrument: bool = True):
+             instrument: bool = True, retries: int = 0):
     """Mark an actor method as callable from other processes (sync or async).
 
     An actor takes its messages one at a time, in order, async endpoints included;
     ``concurrent=True`` (or ``@concurrent_endpoint``) lets an async endpoint run as a task
-    beside the actor's later messages instead.
+    beside the actor's later messages instead.  ``retries=N`` (Ray's ``max_task_retries``,
+    -1: no limit): a call in flight on a rank that dies is re-sent to its replacement (under
+    the mesh's restart policy) and its caller sees only the result.
     """
+    if not isinstance(retries, int) or retries < -1:
+        raise ValueError(f"endpoint(retries={retries!r}): how many times a call is re-sent to a replaced rank "
+                         "(0: never, -1: no limit)")
 
     def mark(f):
         if concurrent and not inspect.iscoroutinefunction(f):
             raise ValueError("concurrent_endpoint can only wrap async endpoints")
+        f.__monarch_retries__ = retries
         if explicit_response_port:
             f = _with_port(f)
         setattr(f, ENDPOINT_MARK, True)
@@ -221,11 +227,21 @@ class Endpoint:
             info = m._call_info = CallInfo(tuple(zip(s.extent.labels, s.extent.sizes, strict=True)), tuple(s.ranks))
         return info._replace(broadcast=True) if broadcast else info
 
+    def _answers(self, args, kwargs, ranks) -> tuple:
+        """Send the call: ``(completion, inbox)`` for its Future; re-sent to replaced ranks (``retries``)."""
+        retries, info, mesh_id = self._mesh._retries.get(self._name, 0), self._slice_info(), self._mesh._proc_ref.id
+        healer = self_healing.existing(mesh_id) if retries else None
+        if healer is None or not healer.policy.on_failure:
+            pending = self._send(args, kwargs, ranks, slice_info=info)
+            return pending.completion, pending.inbox
+        send = lambda rs: self._send(args, kwargs, rs, slice_info=info, callbacks=True)  # noqa: E731
+        return self_healing.retried(mesh_id, list(ranks), retries, send), None
+
     def call(self, *args, **kwargs) -> Future[ValueMesh]:
         """Run on every rank of the mesh; a ``ValueMesh`` of the answers.  If a rank fails,
         ``.get()`` raises its error; ``err.results`` holds every rank's value or exception."""
         shape = self._mesh._shape
-        pending = self._send(args, kwargs, shape.ranks, slice_info=self._slice_info())
+        completion, inbox = self._answers(args, kwargs, shape.ranks)
         actor, name = self._mesh._class_name, self._name
 
         def gather(parts):
@@ -241,7 +257,7 @@ class Endpoint:
                 raise first
             return ValueMesh(shape, values)
 
-        return Future(pending.completion, gather, pending.inbox)
+        return Future(completion, gather, inbox)
 
     def call_one(self, *args, **kwargs) -> Future:
         """Run on the mesh's only rank; an error unless the mesh has exactly one."""
@@ -256,9 +272,9 @@ class Endpoint:
         return self._one(shape.ranks[0], args, kwargs)
 
     def _one(self, rank: int, args, kwargs) -> Future:
-        pending = self._send(args, kwargs, [rank], slice_info=self._slice_info())
+        completion, inbox = self._answers(args, kwargs, [rank])
         actor, name = self._mesh._class_name, self._name
-        return Future(pending.completion, lambda parts: part_value(parts[rank], actor, name), pending.inbox)
+        return Future(completion, lambda parts: part_value(parts[rank], actor, name), inbox)
 
     def choose(self, *args, **kwargs) -> Future:
         """Run on one rank: the one with the fewest of this process's calls in flight."""

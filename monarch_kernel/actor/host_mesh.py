@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime import Completion, NoRoom, ProcessDied, Runtime, config, counted
+from ..runtime import Completion, NoRoom, ProcessDied, RestartPolicy, Runtime, config, counted
 from .controllers import publish_registry
 from .fault_hook import route_unhandled
 from .future import Future
@@ -85,13 +85,17 @@ class HostMesh:
 
     def spawn_procs(self, per_host: dict | None = None, bootstrap: Callable[[], Any] | None = None,
                     name: str | None = None, *, env: dict | None = None, timeout: float | None = None,
-                    check_limits: bool | None = None) -> ProcMesh:
+                    check_limits: bool | None = None, restart: str = "never", max_restarts: int = 3,
+                    restart_window: float = 600.0) -> ProcMesh:
         """Start ``per_host`` ranks (``{"gpus": 4}``); returns once all have connected.
         ``bootstrap``: a picklable function (sync or async) each rank runs before anything
         else, e.g. to set ``CUDA_VISIBLE_DEVICES``; if it raises, the spawn raises
         ``ActorError`` with its traceback.  Before anything starts, the arguments are checked
         and so is the hosts' room for the ranks (memory, process and open-files limits);
-        ``check_limits=False`` skips the room check (default: MONARCH_KERNEL_CHECK_LIMITS)."""
+        ``check_limits=False`` skips the room check (default: MONARCH_KERNEL_CHECK_LIMITS).
+        ``restart="on-failure"``: a rank that dies is replaced with its actors, at most
+        ``max_restarts`` times within ``restart_window`` seconds (``ProcMesh.set_restart_policy``)."""
+        policy = RestartPolicy(restart, max_restarts, float(restart_window))  # a bad one refused before a start
         dims = check_per_host(per_host, on_job=self._agents is not None)
         env = check_env(env)
         if name is not None:
@@ -125,6 +129,9 @@ class HostMesh:
         except NoRoom as e:  # a host of the job has no room: nothing was started
             raise refusal(dict(dims[1:]), n, e.shortfall, e.host) from None
         pm = ProcMesh(om.ref, Shape.full(dict(dims)), om)
+        if policy.on_failure:
+            pm.set_restart_policy(policy.restart, max_restarts=policy.max_restarts,
+                                  restart_window=policy.restart_window)
         if rt.io.is_current():
             return pm
         # By default the spawn timeout, and at least 0.1 s a rank (a large mesh on a small machine).

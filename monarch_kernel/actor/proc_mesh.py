@@ -26,16 +26,17 @@ from ..runtime import (
     current_actor,
     new_actor_id,
 )
-from . import tensor_shim
-from .actor_mesh import ActorMesh, endpoint_names, propagators
+from . import self_healing, tensor_shim
+from .actor_mesh import ActorMesh, endpoint_names, propagators, retry_counts
 from .endpoint import part_value, refuse_mixed_endpoints
 from .future import Future
+from .healing import Healing
 from .rank_repair import RankRepair, Restarted
 from .shape import Shape, Shaped
 from .spawn_message import spawn_body, spawn_options
 
 
-class ProcMesh(Shaped):
+class ProcMesh(Healing, Shaped):
     def __init__(self, ref, shape: Shape, owned=None):
         self._ref = ref
         self._shape = shape
@@ -200,7 +201,9 @@ class ProcMesh(Shaped):
             rt.note_spawned(owner.actor, self._ref, actor_id, ranks)
         mesh: ActorMesh = ActorMesh(self._ref, actor_id, name, cls.__qualname__, endpoint_names(cls), self._shape,
                                     self, initialized=Future(pending.completion, check), owner=(owner,))
-        mesh._propagators, mesh._class_module = propagators(cls), cls.__module__
+        mesh._propagators, mesh._class_module, mesh._retries = propagators(cls), cls.__module__, retry_counts(cls)
+        if self._owned is not None:  # a replaced rank gets it again, built from the same arguments
+            self_healing.healer_of(self).note_spawned(mesh, cls, args, kwargs)
         return mesh
 
     def stop(self) -> Future:
@@ -211,6 +214,7 @@ class ProcMesh(Shaped):
             if self._owned is None:
                 raise RuntimeError(f"mesh '{self.name}' was spawned by another process; only its owner can stop it")
             rt = Runtime.current()
+            self_healing.forget(self._ref.id)
             self._stop_future = Future(rt.stop_mesh(self._owned), lambda _: None)
             tensor_shim.forget(self._ref.id)  # its tensor client, if tensors were used
         return self._stop_future

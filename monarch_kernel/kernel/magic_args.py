@@ -33,6 +33,40 @@ def _name(value: str) -> str:
     return value
 
 
+def _restarts(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -2
+    if n < -1:
+        raise argparse.ArgumentTypeError("--max-restarts takes a count, or -1 for no limit: "
+                                         "%mesh spawn -n 4 --restart on-failure --max-restarts 3")
+    return n
+
+
+def _window(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        s = 0.0
+    if not s > 0:
+        raise argparse.ArgumentTypeError("--restart-window takes seconds (over 0): "
+                                         "%mesh spawn -n 4 --restart on-failure --restart-window 600")
+    return s
+
+
+def restart_options(fn):
+    """The restart policy's options, shared by ``%mesh spawn`` and ``%mesh policy``."""
+    fn = argument("--restart-window", type=_window, default=600.0, metavar="S",
+                  help="the window --max-restarts counts deaths in, in seconds (default 600)")(fn)
+    fn = argument("--max-restarts", type=_restarts, default=3, metavar="N",
+                  help="deaths replaced within the window before the mesh fails as a crash loop (default 3; "
+                       "-1: no limit), after Ray's max_restarts")(fn)
+    return argument("--restart", choices=("never", "on-failure"), default=None, metavar="on-failure|never",
+                    help="on-failure: a rank that dies is replaced by itself, with its actors and a fresh "
+                         "namespace (default: never)")(fn)
+
+
 def _env(value: str) -> tuple[str, str]:
     k, eq, v = value.partition("=")
     if not eq or not k:
@@ -68,12 +102,14 @@ def _env(value: str) -> tuple[str, str]:
 @argument("--attach", metavar="tcp://H:P,...", help="start the ranks on workers that a scheduler started (python -m "
           "monarch_kernel.agent --listen tcp://0.0.0.0:P --key-file PATH); -n is then ranks per worker")
 @argument("--key-file", metavar="PATH", help="--attach: the workers' key file (python -m monarch_kernel key new PATH)")
+@restart_options
 def _spawn():
     """start N ranks (returns the ProcMesh; it becomes current)
 
     Each rank has a persistent namespace that %%mesh cells run in.  Examples:
       procs = %mesh spawn -n 4
       procs = %mesh spawn -n 4 --detach trainers      (outlives the kernel; %mesh attach trainers)
+      procs = %mesh spawn -n 4 --restart on-failure   (a dead rank is replaced by itself)
       procs = %mesh spawn --job slurm --nodes 2 -n 4  (4 ranks on each of 2 nodes)
       procs = %mesh spawn --job slurm --nodes 2 --login me@cluster  (from a laptop)
       procs = %mesh spawn --attach tcp://node1:29500,tcp://node2:29500 --key-file ~/.mk-key -n 4
@@ -136,6 +172,19 @@ def _restart():
     """replace dead ranks (same numbers, fresh namespaces)"""
 
 
+@magic_arguments(name="mesh policy")
+@argument("name", nargs="?", help="the mesh (default: the current one)")
+@restart_options
+def _policy():
+    """show or change a mesh's restart policy, and list its restarts
+
+    Examples:
+      %mesh policy                          (the policy, and every restart so far)
+      %mesh policy --restart on-failure     (replace dead ranks by themselves from now on)
+      %mesh policy --restart never
+    """
+
+
 @magic_arguments(name="mesh stacks")
 @argument("ranks", nargs="?", metavar="RANKS", help="which ranks, like 0-3,5 (default: all)")
 @argument("--native", action="store_true", help="C frames too (py-spy --native)")
@@ -178,9 +227,10 @@ def _collectives():
 
 @magic_arguments(name="mesh watchdog")
 @argument("seconds", metavar="SECONDS|off", help="after how long without progress a cell's wait on ranks is a hang")
-@argument("--then", default="dump", metavar="dump|abort",
+@argument("--then", default="dump", metavar="dump|abort|restart",
           help="dump: show and save the ranks' stacks and collectives (default); abort: also tear the hung work "
-               "down and raise HangError in the cell (restart needs a restart policy, not here yet)")
+               "down and raise HangError in the cell; restart: also kill the stuck ranks and replace them "
+               "(needs %%mesh policy --restart on-failure)")
 def _watchdog():
     """report a hang once when the ranks a cell waits on make no progress that long (off by default)"""
 
@@ -284,7 +334,7 @@ def _help():
 
 COMMANDS = {"spawn": _spawn, "attach": _attach, "list": _list, "tensors": _tensors, "use": _use, "stop": _stop,
             "status": _status, "stacks": _stacks, "top": _top, "collectives": _collectives, "watchdog": _watchdog,
-            "history": _history, "restart": _restart, "sync": _sync,
+            "history": _history, "restart": _restart, "policy": _policy, "sync": _sync,
             "push": _push, "pull": _pull,
             "scatter": _scatter, "gather": _gather, "auto": _auto, "debug": _debug, "pdb": _pdb,
             "jobs": _jobs, "kill-job": _kill_job, "run": _run, "help": _help}

@@ -27,6 +27,7 @@ from .history_magic import history_command, record_stacks
 from .magic_args import CELL, COMMANDS, USAGE, cell_args, full_help, nearest, parse
 from .mesh_cell import check_cell, ranks_arg, run_on_mesh
 from .respawn import spawn_key, spawn_name
+from .restart_notices import policy_text
 from .session import MeshSession
 from .transfer import join_along_ranks, split_along_ranks
 
@@ -123,6 +124,9 @@ class MeshMagics(Magics):
                              "--sync-env go with --job; type  "
                              "%mesh spawn --job ssh --hosts h1,h2 -n 2  or  %mesh spawn --job slurm --nodes 2 -n 4")
         s.jobs.check_attach(a)
+        if a.detach and a.restart == "on-failure":
+            raise UsageError("--restart on-failure does not go with --detach: a detached mesh's host process owns "
+                             "its ranks; type  %mesh spawn -n 4 --restart on-failure  for a mesh of this kernel")
         if a.detach:
             job_spec = s.jobs.make(a).spec() if a.job else None  # the mesh's host process starts it
             procs = detached.spawn(s, a.detach, a.n, env, job_spec)
@@ -148,6 +152,10 @@ class MeshMagics(Magics):
             consoles.initialized().get(timeout=spawn_wait(len(procs)))  # the notebook needs its consoles up
             s.add(procs, consoles)
             print(f"mesh {procs.name}: {n_ranks(len(procs))} on this host")
+        if a.restart == "on-failure":
+            procs.set_restart_policy("on-failure", max_restarts=a.max_restarts, restart_window=a.restart_window)
+            print(f"restart policy: on-failure, at most {a.max_restarts} restarts within {a.restart_window:g} s"
+                  if a.max_restarts >= 0 else "restart policy: on-failure, no limit")
         s.respawn.spawned(procs.name, key)
         s.pdb.tell_ranks(procs.name)
         return procs
@@ -280,17 +288,23 @@ class MeshMagics(Magics):
         if not seconds > 0:
             raise UsageError(f"%mesh watchdog {a.seconds}: give seconds (a number over 0) or off; "
                              f"type  %mesh watchdog 60")
-        if a.then == "restart":
-            raise UsageError("%mesh watchdog --then restart needs a restart policy on the mesh (replacing the stuck "
-                             "rank by itself), which monarch_kernel does not have yet; type  "
-                             f"%mesh watchdog {a.seconds} --then abort  to raise HangError and keep the mesh")
-        if a.then not in ("dump", "abort"):
-            raise UsageError(f"%mesh watchdog --then {a.then}: choose dump or abort; type  "
+        if a.then not in ("dump", "abort", "restart"):
+            raise UsageError(f"%mesh watchdog --then {a.then}: choose dump, abort or restart; type  "
                              f"%mesh watchdog {a.seconds} --then abort")
+        if a.then == "restart":
+            procs, _consoles = self.session.get()
+            if procs.name in self.session.hosts or not procs.restart_policy.on_failure:
+                raise UsageError(f"%mesh watchdog --then restart needs a restart policy on mesh {procs.name} "
+                                 "(replacing the stuck rank by itself); type  %mesh policy --restart on-failure  "
+                                 f"first, or  %mesh watchdog {a.seconds} --then abort  to raise HangError and keep "
+                                 "the mesh")
         self.session.watchdog.set(seconds, a.then)
         if a.then == "abort":
             print(f"watchdog on: a cell whose ranks make no progress for {seconds:g} s raises HangError "
                   "(the hung collective torn down, the mesh kept)")
+        elif a.then == "restart":
+            print(f"watchdog on: ranks that make no progress for {seconds:g} s are killed and replaced "
+                  "under the mesh's restart policy")
         else:
             print(f"watchdog on: a cell that waits on ranks for {seconds:g} s shows their stacks")
 
@@ -302,6 +316,15 @@ class MeshMagics(Magics):
         if done.killed:
             print(f"{rank_label(done.killed)} not responding: killing, to replace")
         print(f"restarted {rank_label(done.ranks)} with fresh namespaces" if done.ranks else "no dead ranks to restart")
+
+    def _cmd_policy(self, a):
+        procs, _consoles = self.session.get(a.name)
+        if procs.name in self.session.hosts:
+            raise UsageError(f"mesh {procs.name} is detached: its host process owns its ranks and has no restart "
+                             "policy; spawn a mesh of this kernel with  %mesh spawn -n 4 --restart on-failure")
+        if a.restart is not None:
+            procs.set_restart_policy(a.restart, max_restarts=a.max_restarts, restart_window=a.restart_window)
+        print(policy_text(procs))
 
     def _cmd_sync(self, a):
         procs, _consoles = self.session.get()

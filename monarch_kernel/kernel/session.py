@@ -22,6 +22,7 @@ from .last_lines import LastLines
 from .output import CollapsingSink
 from .panel.feed import PanelFeed
 from .respawn import Respawn
+from .restart_notices import RestartNotices
 from .watchdog import Watchdog
 
 CONSOLE_MODULES = ("monarch_kernel.console.console", "monarch_kernel.console.cells", "monarch_kernel.console.display",
@@ -65,6 +66,7 @@ class MeshSession:
         self._handles.extend(_keep_cell_filenames(rt))
         self.panel = PanelFeed(self)  # JupyterLab's Mesh panel: silent until a panel opens its comm
         self.panel.install()
+        self.restarts = RestartNotices(self)  # each restart by a mesh's policy: a line in the cell, the panel
 
     def close(self) -> None:
         """Take out everything this session installed (the kernel is shutting down, or the
@@ -81,6 +83,7 @@ class MeshSession:
         self.watchdog.set(None)
         self.watchdog.cell_ends()
         self.panel.close()
+        self.restarts.close()
         self.pdb.close()
         self.jobs.close()
         for live in self.live.values():

@@ -44,11 +44,13 @@ if TYPE_CHECKING:
         PID_MAX_LIMIT as PID_MAX_LIMIT, NoRoom as NoRoom, Shortfall as Shortfall,
         controller_files_shortfall as controller_files_shortfall, host_shortfall as host_shortfall,
     )
+    from .spawn.restart_policy import RestartPolicy as RestartPolicy
 
     # what an actor call is made of: the envelope's enums, the payloads, pickling, the marks the
     # server looks for on an actor's endpoints, the shared-memory segments of large arguments
     from .calls.actor_slots import (
-        CONCURRENT_MARK as CONCURRENT_MARK, ENDPOINT_MARK as ENDPOINT_MARK, STOP_METHOD as STOP_METHOD,
+        CONCURRENT_MARK as CONCURRENT_MARK, ENDPOINT_MARK as ENDPOINT_MARK, RESTART_HOOK as RESTART_HOOK,
+        STOP_METHOD as STOP_METHOD,
         in_actor_event_loop as in_actor_event_loop,
     )
     from .wire import segments as segments

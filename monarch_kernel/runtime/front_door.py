@@ -56,6 +56,11 @@ class MeshDoor:
         """Start dead ``ranks`` again in place; one completion per rank, done when it connected."""
         return self.launcher.restart(om, ranks)
 
+    def warm_standby(self, om: OwnedMesh) -> list[str]:
+        """Keep a template holding the heavy modules ``om``'s ranks imported, for its replaced
+        ranks to fork from (``Launcher.warm_standby``); the modules it holds."""
+        return self.launcher.warm_standby(om)
+
     def stop_mesh(self, om: OwnedMesh) -> Completion:
         """End every rank of ``om``; the completion is done once they have all exited."""
         return self.launcher.stop(om)

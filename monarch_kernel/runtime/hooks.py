@@ -54,6 +54,16 @@ class DeathHook(Protocol):
     def __call__(self, mesh_id: str, rank: int, info: DeathInfo, /) -> None: ...
 
 
+class RestartHook(Protocol):
+    """Called on the IO thread when a rank of a mesh this process spawned died and its
+    restart policy is "on-failure", after its pending calls have failed: ``replace`` True
+    within the policy's budget (no supervision event is raised), False past it (the mesh
+    fails as a crash loop).  It must not block: the actor layer's healer
+    (``actor/self_healing.py``) queues the replacement on a thread of its own."""
+
+    def __call__(self, mesh_id: str, rank: int, info: DeathInfo, replace: bool, /) -> None: ...
+
+
 class UnhandledHook(Protocol):
     """Called on the IO thread of the root controller with a failure no supervisor handled.
     It must never exit the process."""
@@ -160,6 +170,7 @@ class Hooks:
         self.output: HookPoint[OutputSink] = HookPoint("output", multi=False, default=print_sink)
         self.record: HookPoint[RecordHook] = HookPoint("record", multi=True)
         self.death: HookPoint[DeathHook] = HookPoint("death", multi=True)
+        self.restart: HookPoint[RestartHook] = HookPoint("restart", multi=False)
         self.unhandled: HookPoint[UnhandledHook] = HookPoint("unhandled", multi=False, default=_print_unhandled)
         self.wait: HookPoint[WaitHook] = HookPoint("wait", multi=False)
         self.endpoint_error: HookPoint[EndpointErrorHook] = HookPoint("endpoint_error", multi=False)

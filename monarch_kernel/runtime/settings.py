@@ -213,6 +213,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "`__init__` to return (then `__cleanup__` runs) before it stops the actor without it"),
     _s("hang_take", 2.0, "spmd/controller/hang_watch.py", "how long a `--then abort` tear-down waits for the "
        "waiting cell (or call) to take its `HangError` before it tears the hung collective down"),
+    _s("restart_timeout", 120.0, "actor/self_healing.py", "a rank replaced by its mesh's restart policy that has "
+       "not answered its actors' `__init__` by then: that restart failed (its death is counted again if it dies)"),
+    _s("restart_idle", 30.0, "actor/self_healing.py", "a mesh's healer thread ends after this long without a death "
+       "once its restart policy is off"),
+    _s("restart_warm_every", 5.0, "actor/self_healing.py", "how often a mesh whose restart policy is on-failure has "
+       "its standby template import the heavy modules its ranks imported (a replaced rank forks from it, warm)"),
     _s("hang_silent", 1.0, "spmd/controller/hang_watch.py", "a rank whose flight-recorder poll is unanswered this "
        "long counts as silent (its stacks are then read with py-spy)"),
     _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 PUBLIC = {
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
     "HangError", "MeshFailure", "MeshStopped", "Point", "Port", "PortReceiver", "ProcMesh", "ProcessDied",
-    "RDMABuffer", "Shape", "ValueMesh",
+    "RDMABuffer", "RestartEvent", "RestartPolicy", "Shape", "ValueMesh",
     "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "get_or_spawn_controller",
     "shutdown_context", "this_host", "this_proc", "unhandled_fault_hook",

@@ -472,6 +472,32 @@ def test_a_killed_worker_fails_its_ranks_calls_with_process_died_naming_it(worke
         hosts.shutdown().get(timeout=30)
 
 
+def test_a_rank_on_a_worker_is_replaced_there_and_one_whose_worker_is_gone_is_a_failed_restart(workers, key):
+    """The restart policy through hosts' agents (issue 44 point 1): a rank SIGKILLed on a worker
+    is replaced on that worker; a killed worker's rank cannot be (its address is there): the
+    healer records a "failed" RestartEvent at once, naming the host, and the rest still answer."""
+    w1, w2 = workers(2)
+    hosts = attach_to_workers(workers=[w1.address, w2.address], key=key)
+    try:
+        procs = hosts.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
+        m = procs.spawn("w", Where)
+        pids = [pid for pid, _ns in m.where.call().get(timeout=60).values()]
+        os.kill(pids[1], signal.SIGKILL)
+        event = procs.wait_restart(after=0, timeout=60)
+        assert (event.kind, event.ranks) == ("restart", (1,)), event
+        again = m.slice(hosts=1).where.call_one().get(timeout=30)[0]
+        assert again != pids[1] and running(again)
+        w1.proc.kill()
+        t = time.monotonic()
+        failed = procs.wait_restart(after=1, timeout=60)
+        assert time.monotonic() - t < 10
+        assert (failed.kind, failed.ranks) == ("failed", (0,)), failed
+        assert "cannot be restarted: their host" in failed.error and "is gone" in failed.error, failed.error
+        assert m.slice(hosts=1).nap.call_one(0).get(timeout=30) == "woke"
+    finally:
+        hosts.shutdown().get(timeout=30)
+
+
 # ---------------------------------------------------------------- another host
 
 

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.timeout(30)
 OPTIONS = {
     "spawn": ["-n N", "--name NAME", "--env K=V", "--detach M", "--job ssh|slurm|NAME", "--hosts H1,H2",
               "--ssh-args 'ARGS'", "--out-of-cluster [yes|no|auto]",
-              "--nodes N", "--partition P", "--time T", "--account A", "--login USER@HOST", "--python PATH"],
+              "--nodes N", "--partition P", "--time T", "--account A", "--login USER@HOST", "--python PATH",
+              "--restart on-failure|never", "--max-restarts N", "--restart-window S"],
     "jobs": [],
     "run": ["SCRIPT [ARGS]", "-m MODULE [ARGS]"],
     "kill-job": ["[name]"],
@@ -36,6 +37,7 @@ OPTIONS = {
     "top": ["--interval S", "--count N"],
     "history": ['"SQL"', "--mesh M", "--plot METRIC", "--list", "--views", "--root DIR"],
     "restart": ["--ranks SPEC"],
+    "policy": ["[name]", "--restart on-failure|never", "--max-restarts N", "--restart-window S"],
     "sync": ["[path]"],
     "push": ["name=expr"],
     "pull": ["name"],
@@ -141,7 +143,8 @@ def test_arguments_parse_to_their_values():
                                                    "nodes": None, "partition": None,
                                                    "time": "01:00:00", "account": None, "login": None,
                                                    "python": None,
-                                                   "sync_env": False, "attach": None, "key_file": None}
+                                                   "sync_env": False, "attach": None, "key_file": None,
+                                                   "restart": None, "max_restarts": 3, "restart_window": 600.0}
     a = _parse(COMMANDS["spawn"], "--job ssh --hosts a,b -n 2 --ssh-args '-i k'")
     assert (a.job, a.hosts, a.n, a.ssh_args) == ("ssh", "a,b", 2, "'-i k'")
     assert [_parse(COMMANDS["spawn"], f"--job ssh --hosts a {flag}").out_of_cluster
@@ -151,6 +154,8 @@ def test_arguments_parse_to_their_values():
     assert _parse(COMMANDS["push"], "a=1 b=x+1").pairs == ["a=1", "b=x+1"]
     assert _parse(COMMANDS["auto"], "off").state == "off"
     assert _parse(COMMANDS["restart"], "--ranks 0-2").ranks == "0-2"
+    a = _parse(COMMANDS["policy"], "m --restart on-failure --max-restarts -1 --restart-window 60")
+    assert (a.name, a.restart, a.max_restarts, a.restart_window) == ("m", "on-failure", -1, 60.0)
     # debug and pdb keep their words for their own grammar (in debug/)
     assert _parse(COMMANDS["debug"], "1 --listen --host 0.0.0.0").words == ["1", "--listen", "--host", "0.0.0.0"]
     assert _parse(COMMANDS["pdb"], "cast 0-1 p x").words == ["cast", "0-1", "p", "x"]

@@ -6,12 +6,13 @@ for longer than T raise nothing; ``then="restart"`` says what it needs."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
 from support.actors import Sleepy
 
-from monarch_kernel import HangError, this_host
+from monarch_kernel import Actor, HangError, current_rank, endpoint, this_host
 from monarch_kernel.spmd import watchdog
 
 T = 2
@@ -50,3 +51,33 @@ def test_restart_needs_a_restart_policy():
         watchdog(None, 5, then="restart")
     with pytest.raises(ValueError, match="choose 'dump'"):
         watchdog(None, 5, then="later")
+
+
+class Napper(Actor):
+    @endpoint(retries=1)
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return current_rank().rank
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_restart_kills_a_stopped_rank_and_its_replacement_answers_the_retried_call():
+    reports = []
+    with this_host().spawn_procs(per_host={"gpus": 2}, name="stuck") as procs:
+        nappers = procs.spawn("nappers", Napper)
+        pids = list(nappers.pid.call().get(timeout=30).values())
+        with pytest.raises(ValueError, match=r"procs.set_restart_policy\('on-failure'\) first"):
+            watchdog(procs, T, then="restart")
+        procs.set_restart_policy("on-failure")
+        with watchdog(procs, T, then="restart", on_report=reports.append):
+            call = nappers.nap.call(1.0)
+            os.kill(pids[1], signal.SIGSTOP)  # it never answers: a hang, not a death
+            assert list(call.get(timeout=60).values()) == [0, 1]  # rank 1's answer: its replacement's
+        event = procs.events()[0]
+        assert (event.kind, event.ranks, event.reason) == ("restart", (1,), "hung"), event
+        assert reports[0].stuck == [1] and "Rank 1 killed, to be replaced" in reports[0].actions[0]
+        assert list(nappers.pid.call().get(timeout=30).values())[1] not in pids

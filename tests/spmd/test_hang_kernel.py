@@ -42,7 +42,7 @@ def test_the_grammar_says_what_restart_needs(mkc):
     assert reply["ename"] == "UsageError" and "needs a restart policy" in reply["evalue"], reply
     assert "%mesh watchdog 5 --then abort" in reply["evalue"]
     out, reply = run(mkc, "%mesh watchdog 5 --then nothing")
-    assert reply["ename"] == "UsageError" and "choose dump or abort" in reply["evalue"], reply
+    assert reply["ename"] == "UsageError" and "choose dump, abort or restart" in reply["evalue"], reply
 
 
 def test_cells_that_progress_longer_than_t_raise_nothing(mkc):

@@ -117,6 +117,12 @@ class PanelFeed:
         """Something the panel shows may have changed: an update follows (if it did)."""
         self._wake.set()
 
+    def event(self, mesh: str, rank: int, line: str) -> None:
+        """A lifecycle event of ``mesh`` (a restart by its policy): into its log, as a line of
+        stream "event", and the panel updated.  Any thread."""
+        self.log.add(mesh, rank, "event", line)
+        self.changed()
+
     def _line(self, mesh: str, rank: int, stream: str, line: str) -> None:  # on the IO thread
         self.log.add(mesh, rank, stream, line)
         if self.comms and not self._wake.is_set():

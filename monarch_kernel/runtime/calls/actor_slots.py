@@ -45,6 +45,7 @@ POLLIN = int(zmq.POLLIN)
 ENDPOINT_MARK = "__monarch_endpoint__"
 CONCURRENT_MARK = "__monarch_concurrent__"
 STOP_METHOD = "__monarch_stop__"  # the message ActorMesh.stop() sends; never an endpoint's name
+RESTART_HOOK = "__on_restart__"  # the hook the controller's healer calls after a restart, endpoint or not
 CLEANUP_BUDGET_S = config.seconds("cleanup_budget")  # for what a stopping actor spawned
 _in_loop = threading.local()  # .loop: the actor loop this thread is running now, if any
 
@@ -366,7 +367,7 @@ class ActorSlot:
             return getattr(self.instance, method), is_async
         cls = type(self.instance)
         fn = getattr(cls, method, None)
-        if fn is None or not getattr(fn, ENDPOINT_MARK, False):
+        if fn is None or not (getattr(fn, ENDPOINT_MARK, False) or method == RESTART_HOOK):
             names = sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_MARK, False)
                            and not n.startswith("__monarch_"))  # the Actor base class's own (rref)
             raise AttributeError(

@@ -99,10 +99,29 @@ class SupervisionPolicy:
         back = om.restarting.pop(rank, None)
         if back is not None:
             back.set_exception(ProcessDied(info))
+        if self.replaces(om, rank, info, on_purpose):
+            return
         if not om.stopping and not observed and not on_purpose:
             # A death some call of ours was waiting on has already reached its caller as
             # ProcessDied; only deaths nobody saw become supervision events.
             self.supervise(om, self.death_failure(om, rank, info))
+
+    def replaces(self, om: OwnedMesh, rank: int, info: DeathInfo, on_purpose: bool) -> bool:
+        """Under a restart policy of "on-failure", a death within its budget goes to the
+        restart hook (and is no supervision event); one past it fails the mesh as a crash
+        loop, a supervision event listing every death in the window.  True if handled."""
+        budget = om.restart_budget
+        hook = self.hooks.restart.current()
+        if om.stopping or on_purpose or not budget.policy.on_failure or hook is None:
+            return False
+        if budget.admit(rank, info):
+            hook(om.ref.id, rank, info, True)
+            return True
+        failure = self.death_failure(om, rank, info)
+        failure.text = f"{budget.crash_loop(om.ref.name)}\n{failure.text}"
+        hook(om.ref.id, rank, info, False)  # the healer records that it gave up
+        self.supervise(om, failure)
+        return True
 
     def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None:
         """Dead ``ranks`` of ``om`` are being started again: this process and every mesh

@@ -32,6 +32,7 @@ from .owned_mesh import OwnedMesh
 from .rank_events import RankEvents, source_of
 from .rank_output import LineReader, Sink
 from .rank_remains import kill_rank
+from .standby import warm_candidates
 from .template_client import TemplateClient
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ class Launcher:
         self.meshes = meshes
         self.links = hosts.links  # the host links' table (read by tests and ``%mesh status``)
         self.templates: dict[str, TemplateClient] = {}  # source id (python#n) -> its template
+        # python -> (source id, modules): the template replaced ranks fork from (warm_standby)
+        self.standbys: dict[str, tuple[str, frozenset]] = {}
         self._count = 0  # templates started
         self.python = python
         # Ranks one template may hold: 3 pipes each, within the open-files limit it will have.
@@ -147,13 +150,18 @@ class Launcher:
         """What forked ``rank``: a local template or a host's agent (its id)."""
         return source_of(om, rank)
 
-    def _forker(self, om: OwnedMesh, rank: int) -> tuple[str, TemplateClient | AgentLink]:
+    def _forker(self, om: OwnedMesh, rank: int, restart: bool = False) -> tuple[str, TemplateClient | AgentLink]:
         """Who forks ``rank``, and its source id: the host's agent, or a local template of the
         mesh's interpreter with room (one holds 3 pipes per rank: past its open-files limit
-        the next template takes over, so a limit of 1,024 still fits thousands of ranks)."""
+        the next template takes over, so a limit of 1,024 still fits thousands of ranks).  A
+        ``restart`` forks from the warm standby, once it has imported its modules."""
         if om.links is not None:
             return om.links[rank].id, om.links[rank]
         python = om.python
+        standby = self.templates.get(self.standbys.get(python, ("", frozenset()))[0])
+        if restart and standby is not None and standby.alive and standby.nofile is not None \
+                and standby.ranks < self.per_template:
+            return self.standbys[python][0], standby
         for source, template in self.templates.items():
             if template.python == python and template.alive and template.ranks < self.per_template:
                 return source, template
@@ -163,7 +171,7 @@ class Launcher:
                                                 tuple(self.inherited.warm_modules), python=python)
         return source, self.templates[source]
 
-    def _launch(self, om: OwnedMesh, env: dict, ranks=None) -> None:
+    def _launch(self, om: OwnedMesh, env: dict, ranks=None, restart: bool = False) -> None:
         me = self.inherited
         ref = om.ref
         om.env = env
@@ -185,7 +193,7 @@ class Launcher:
                 address=ref.addresses[r] if remote else None,
                 python=om.python if om.python != sys.executable and not remote else None,
             )
-            source, forker = self._forker(om, r)  # an interpreter that will not start raises here, to the spawner
+            source, forker = self._forker(om, r, restart)  # an interpreter that will not start raises here
             om.sources[r] = source
             try:
                 forker.fork(cfg, functools.partial(self.events.forked, om, r, source),
@@ -210,6 +218,11 @@ class Launcher:
         alive = [r for r in ranks if r in om.alive]
         if alive:
             raise ValueError(f"ranks {alive} of mesh '{om.ref.name}' are alive; only dead ranks can be restarted")
+        gone = [r for r in ranks if om.links is not None and not om.links[r].alive]
+        if gone:  # its address is on that host: it is not restarted elsewhere
+            link = om.links[gone[0]]  # type: ignore[index]
+            raise ConnectionError(f"ranks {gone} of mesh '{om.ref.name}' cannot be restarted: their host {link.host} "
+                                  f"is gone ({link.why_gone or 'its agent ended'})")
         done = []
         for r in ranks:
             om.restarting[r] = c = Completion()
@@ -218,8 +231,35 @@ class Launcher:
             om.alive.add(r)
             om.up.discard(r)
         self.supervision.on_revive(om, ranks)
-        self._launch(om, om.env, ranks)
+        self._launch(om, om.env, ranks, restart=True)
         return done
+
+    def warm_standby(self, om: OwnedMesh) -> list[str]:
+        """Have a standby template hold the heavy modules ``om``'s live local ranks imported
+        (``standby.py``), started anew when they imported more; replaced ranks fork from it.
+        Returns the modules it holds, [] while it is still importing them (or for ranks on
+        other hosts)."""
+        return self.io.run(self._warm_standby, om)
+
+    def _warm_standby(self, om: OwnedMesh) -> list[str]:
+        if om.links is not None or om.stopping:
+            return []
+        source, held = self.standbys.get(om.python, ("", frozenset()))
+        pid = next((om.pids[r] for r in sorted(om.alive & om.up) if om.pids[r]), None)
+        current = self.templates.get(source)
+        ready = sorted(held) if current is not None and current.alive and current.nofile is not None else []
+        if pid is None:
+            return ready
+        new = set(warm_candidates(pid, set(self.inherited.warm_modules) | held))
+        if not new:  # a standby that died importing them is not started again for the same ones
+            return ready
+        modules = held | new
+        self._count += 1
+        source = f"{om.python}#{self._count}"
+        self.templates[source] = TemplateClient(self.io.loop, self.events.of(source),
+                                                (*self.inherited.warm_modules, *sorted(modules)), python=om.python)
+        self.standbys[om.python] = (source, frozenset(modules))
+        return []
 
     def kill(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """SIGKILL ``ranks`` (ones that stopped responding); their pending calls then fail

@@ -13,6 +13,7 @@ from .. import config
 from ..completion import Completion
 from ..context import MeshRef
 from .rank_output import LineReader
+from .restart_policy import RestartBudget
 
 
 class OwnedMesh:
@@ -35,6 +36,7 @@ class OwnedMesh:
         self.python: str = sys.executable  # the interpreter its ranks run (one template each)
         self.links: list | None = None  # per rank, the AgentLink of its host; None: forked here
         self.sources: list[str | None] = [None] * n  # per rank, the template that forked it
+        self.restart_budget = RestartBudget()  # its restart policy, and the deaths it replaced
 
     def silent_for(self, rank: int) -> float:
         """Seconds since ``rank`` last showed it is alive (0 before it is up)."""

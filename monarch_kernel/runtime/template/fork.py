@@ -35,6 +35,10 @@ def warm_up(modules: list[str]) -> None:
     native.sockets()  # the wire's C extension too, bound to libzmq once, so forks share it
     for name in modules:
         importlib.import_module(name)
+    torch = sys.modules.get("torch")  # a fork of a process with a CUDA context is broken
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError(f"importing {', '.join(modules)} initialised CUDA in the template; a rank forked from "
+                           "it could not use the GPU (leave that module to the ranks)")
 
 
 def rank_pipes() -> list[tuple[int, int]]:

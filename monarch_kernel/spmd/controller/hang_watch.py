@@ -10,8 +10,10 @@ interrupted) and the thread waiting on the mesh raises ``HangError``.  Off unles
 Progress, per mesh while this process waits on its ranks: a new call to it, or an answer
 (the calls still waited on change), a line a rank wrote (where the kernel counts them), a
 collective finished on any rank (the flight recorder), or CPU used by a busy rank that is not
-waiting inside a collective (a rank computing without a word).  ``then="restart"`` needs a
-restart policy on the mesh, which meshes do not have yet.
+waiting inside a collective (a rank computing without a word).  ``then="restart"`` reports the
+hang, then SIGKILLs the stuck ranks and has the mesh's restart policy ("on-failure") replace
+them: the waiting call ends as a death ends it (``ProcessDied``, or the result of an
+``@endpoint(retries=N)`` re-sent to the replacement).
 
 Runs in the controller, on a thread of its own; reaches the waiting thread through the
 runtime's wait hook (``hooks.wait``), never by raising into it from outside.
@@ -34,9 +36,10 @@ from .env import existing_env
 from .hang_report import HangReport, stuck_ranks, where_stuck
 
 log = logging.getLogger(__name__)
-THEN = ("dump", "abort")
-RESTART_NEEDS_POLICY = ("then='restart' needs a restart policy on the mesh (replacing a rank by itself), which "
-                        "monarch_kernel does not have yet; use then='abort' (HangError, the mesh kept) or 'dump'")
+THEN = ("dump", "abort", "restart")
+RESTART_NEEDS_POLICY = ("then='restart' needs a restart policy on the mesh (replacing a rank by itself): "
+                        "procs.set_restart_policy('on-failure') first (or spawn_procs(restart='on-failure')); "
+                        "or use then='abort' (HangError, the mesh kept) or 'dump'")
 CPU_BUSY = 0.10  # a busy rank using this share of a core is computing: progress
 TAKE_S = config.seconds("hang_take")  # how long the tear-down waits for the waiting thread to take its HangError
 SILENT_S = config.seconds("hang_silent")  # a poll unanswered this long: the rank is silent
@@ -44,12 +47,16 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def check_then(then: str) -> str:
-    if then == "restart":
-        raise ValueError(RESTART_NEEDS_POLICY)
     if then not in THEN:
-        raise ValueError(f"then={then!r}: choose 'dump' (report the hang) or 'abort' (report it, tear it down "
-                         f"and raise HangError)")
+        raise ValueError(f"then={then!r}: choose 'dump' (report the hang), 'abort' (report it, tear it down "
+                         f"and raise HangError) or 'restart' (kill the stuck ranks and replace them)")
     return then
+
+
+def check_policy(then: str, procs) -> None:
+    """``then="restart"`` needs ``procs`` to replace its ranks by itself (a restart policy)."""
+    if then == "restart" and (procs is None or not procs.owned or not procs.restart_policy.on_failure):
+        raise ValueError(RESTART_NEEDS_POLICY)
 
 
 @dataclass
@@ -76,6 +83,7 @@ def watchdog(procs, seconds: float, then: str = "dump", *,
         with watchdog(procs, 60, then="abort"):
             trainers.step.call(batch).get()
     """
+    check_policy(check_then(then), procs)
     return HangWatch(seconds, then, meshes=lambda: [procs], on_report=on_report).start()
 
 
@@ -275,6 +283,10 @@ class HangWatch:
                 quiet |= {s.rank for s in stacks.stacks if s.method != "in-process"}
             running = [r for r in busy if r not in st.inside and r not in quiet]
             report.actions = _abort_words(procs, env, running)
+        victims = stuck or busy
+        if self.then == "restart":
+            report.actions = [f"{rank_label(victims, brackets=False).capitalize()} killed, to be replaced under "
+                              f"mesh '{procs.name}''s restart policy"]
         report.write()
         self.reports.append(report)
         try:
@@ -288,6 +300,12 @@ class HangWatch:
             self._error = report.error()
             self._taken.wait(TAKE_S)
             self._abort(procs, env, running)
+        elif self.then == "restart":
+            try:
+                procs.replace_hung(victims)
+            except Exception as e:  # noqa: BLE001 - the report said it; the watch goes on
+                log.warning("monarch_kernel: the hang watchdog could not restart %s of %s: %s",
+                            rank_label(victims), procs.name, e)
 
     def _abort(self, procs, env, running: list[int]) -> None:
         """Tear the hung work down, keeping the ranks and their namespaces: the calls of
