@@ -55,6 +55,10 @@ class _Slot:
     worker: Any
 
 
+_slots: dict[str, dict[int, _Slot]] = {}  # mesh id -> rank -> its actors
+_slots_lock = threading.Lock()
+
+
 def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None,
                 replace_timeout: float = 60.0, group_timeout: float = 300.0, **kwargs) -> ElasticRun:
     """Run ``fn(*args, **kwargs)`` on every live rank of ``procs`` over a fresh process
@@ -96,7 +100,8 @@ class _ElasticJob:
         self.backend = backend
         self.replace_timeout = replace_timeout
         self.group_timeout = group_timeout
-        self.slots: dict[int, _Slot] = {}
+        with _slots_lock:
+            self.slots: dict[int, _Slot] = _slots.setdefault(procs.ref.id, {})  # reused by the next run
         self.members: tuple = ()
         self.deaths: dict[int, tuple[float, str]] = {}  # member -> (monotonic time, how) in this attempt
         self.lock = threading.Lock()
@@ -155,15 +160,15 @@ class _ElasticJob:
         for r, f in futures.items():
             try:
                 values[r] = f.get(timeout=0)
-            except (ProcessDied, MeshStopped) as e:
+            except (ActorError, MeshStopped) as e:
                 errors.append((r, e))
-            except ActorError as e:
-                errors.append((r, e))
-        dead = sorted(r for r in self.members if self._is_dead(r))
+        with self.lock:  # a replacement may already stand in a dead rank's place: ask the hook too
+            deaths = dict(self.deaths)
+        dead = sorted({r for r, e in errors if isinstance(e, ProcessDied)} | set(deaths)
+                      | {r for r in self.members if self._is_dead(r)})
         if dead:
-            with self.lock:
-                since = min((self.deaths[r][0] for r in dead if r in self.deaths), default=time.monotonic())
-                cause = "; ".join(f"rank {r} {self.deaths[r][1]}" for r in dead if r in self.deaths)
+            since = min((deaths[r][0] for r in dead if r in deaths), default=time.monotonic())
+            cause = "; ".join(f"rank {r} {deaths[r][1]}" for r in dead if r in deaths)
             return "died", (since, cause or f"ranks {dead} died", dead)
         if errors:
             raise errors[0][1]

@@ -103,7 +103,19 @@ class ElasticRank(Actor):
     def run(self, fn, args: tuple, kwargs: dict) -> tuple[str, Any]:
         """``("done", fn(*args, **kwargs))``, or ``("resize", step)`` when it left at a step
         boundary for a resize."""
+        _same_threads()
         try:
             return "done", fn(*args, **kwargs)
         except Resize as r:
             return "resize", r.step
+
+
+def _same_threads() -> None:
+    """OpenMP's thread count is per thread: this worker's may not be the one torch was set
+    to (a rank's first actor had the main thread).  Make it so, for sums split the same way
+    on every attempt, hence the same losses as an uninterrupted run."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(torch.get_num_threads())
