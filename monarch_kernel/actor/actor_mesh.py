@@ -157,7 +157,8 @@ class ActorMesh(Shaped, Generic[T]):
 
     def __reduce__(self):
         return (ActorMesh, (self._proc_ref, self._actor_id, self._name, self._class_name,
-                            self._endpoints, self._shape), {"_class_module": self._class_module})
+                            self._endpoints, self._shape), {"_class_module": self._class_module,
+                                                            "_retries": self._retries})
 
     def __repr__(self) -> str:
         return f"ActorMesh<{self._class_name} '{self._name}' {self.extent!r}>"

@@ -196,6 +196,11 @@ class Healer:
     def _run(self) -> None:
         warmed = 0.0
         while True:
+            if self.procs.stopped_here():  # stopped another way than its ProcMesh.stop (a job's end)
+                forget(self.procs.ref.id)
+                with self._cond:
+                    self._thread = None
+                return
             on = self.policy.on_failure
             if on and time.monotonic() - warmed >= WARM_EVERY_S:
                 warmed = time.monotonic()
@@ -264,15 +269,18 @@ class Healer:
         self._settle(None, False)
 
     def _record(self, event: RestartEvent) -> None:
+        """Tell the listeners (the kernel's line in the cell), then whoever waits for it: a
+        cell that waits for the restart shows its line before it ends."""
         with self._cond:
             event = replace(event, index=len(self.events) + 1)
-            self.events.append(event)
-            self._cond.notify_all()
         for fn in list(_listeners):
             try:
                 fn(event)
             except Exception as e:  # noqa: BLE001  (a listener is the kernel's or the user's)
                 log.error("monarch_kernel: a restart listener raised %r", e)
+        with self._cond:
+            self.events.append(event)
+            self._cond.notify_all()
 
     def _settle(self, ranks: set[int] | None, ok: bool) -> None:
         """The deaths of ``ranks`` (all, when None) were replaced (``ok``) or will not be: so

@@ -7,6 +7,7 @@ It listens to the healer (``actor/self_healing.on_event``); it restarts nothing 
 from __future__ import annotations
 
 import sys
+import threading
 
 from .. import history
 from ..actor import self_healing
@@ -30,8 +31,12 @@ class RestartNotices:
         for r in event.ranks:
             history.record_event(event.mesh, kind, rank=r, detail=line)
         self.session.panel.event(event.mesh, event.ranks[0], line)
-        self.session.run_in_cell(lambda: print(line, file=sys.stderr if event.kind == "gave-up" else sys.stdout,
+        self.session.run_in_cell(lambda: print(line, file=sys.stdout if event.kind == "restart" else sys.stderr,
                                                flush=True))
+        if event.kind == "restart":  # the replacement's fresh console reports its pdb stops here too (on a
+            # thread: the survivors' consoles take it after the cell they run, and the healer goes on)
+            threading.Thread(target=self.session.pdb.tell_ranks, args=(event.mesh,), daemon=True,
+                             name="restart-pdb-setup").start()
 
 
 def policy_text(procs) -> str:

@@ -45,6 +45,20 @@ class Keeper(Actor):
         self.told.append(event)
 
 
+class AsyncKeeper(Actor):
+    """An async hook, on another actor mesh of the same proc mesh."""
+
+    def __init__(self):
+        self.told = []
+
+    @endpoint
+    async def heard(self) -> list:
+        return self.told
+
+    async def __on_restart__(self, event) -> None:
+        self.told.append((event.mesh, event.ranks))
+
+
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
@@ -53,6 +67,7 @@ def test_a_killed_rank_is_replaced_with_its_actors_and_the_hook_is_called():
     procs = this_host().spawn_procs({"r": 2}, restart="on-failure", max_restarts=3, restart_window=600)
     try:
         keepers = procs.spawn("keepers", Keeper, "t", scale=3)
+        asyncs = procs.spawn("asyncs", AsyncKeeper)
         before = list(keepers.pid.call().get(timeout=30).values())
         _kill(before[1])
         event = procs.wait_restart(after=0, timeout=60)
@@ -67,6 +82,8 @@ def test_a_killed_rank_is_replaced_with_its_actors_and_the_hook_is_called():
         assert [(s[0], s[1]) for s in states] == [("t", 3), ("t", 3)]
         assert states[0][2] == before[0] and states[1][2] == event.pids[0]
         assert [s[3] for s in states] == [[("restart", (1,), "died")]] * 2
+        wait_until(lambda: all(asyncs.heard.call().get(timeout=30).values()), 30, "the async hooks to run")
+        assert list(asyncs.heard.call().get(timeout=30).values()) == [[(procs.name, (1,))]] * 2
     finally:
         procs.stop().get(timeout=30)
 
@@ -78,7 +95,6 @@ def test_a_call_in_flight_raises_process_died_unless_the_endpoint_retries():
         pids = list(keepers.pid.call().get(timeout=30).values())
         plain = keepers.slow.call(1)
         retried = keepers.slow_retried.call(4)
-        time.sleep(0.5)  # both calls are running on the ranks
         _kill(pids[1])
         with pytest.raises(ProcessDied):
             plain.get(timeout=60)
@@ -176,7 +192,6 @@ def test_a_replacement_that_cannot_come_up_is_a_failed_event_and_the_retried_cal
         keepers = procs.spawn("keepers", Keeper, "t")
         pids = list(keepers.pid.call().get(timeout=30).values())
         retried = keepers.slow_retried.call(1)
-        time.sleep(0.5)
         mark.write_text("")
         _kill(pids[1])
         event = procs.wait_restart(timeout=60)

@@ -8,6 +8,8 @@ output from several ranks becomes one grid bundle only while a panel is connecte
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import uuid
 
@@ -300,6 +302,26 @@ def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
     panel.wait_state("side gone", lambda s: not ranks(s, "side"))
     bad = panel.request("restart", mesh="nope")
     assert not bad.ok and "no mesh named 'nope'" in bad.message
+
+
+def test_a_restart_by_the_policy_shows_in_the_panel_and_its_log(kc, panel):
+    run(kc, "procs = %mesh spawn -n 2 --restart on-failure")
+    state = panel.wait_state("2 ranks", lambda s: len(ranks(s)) == 2 and all(r.pid for r in ranks(s).values()))
+    pid = ranks(state)[1].pid
+    os.kill(pid, signal.SIGKILL)
+    panel.wait_state("rank 1 replaced", lambda s: ranks(s).get(1, state0).state == "idle"
+                     and ranks(s)[1].pid not in (None, pid), timeout=30)
+
+    def event_lines():  # asked again each time: the line comes just after the rank is up
+        panel.send("log", mesh="procs")
+        panel.io.pump(0.3)
+        return next((d for d in panel.messages() if d.get("type") == "log"
+                     and any(line[2] == "event" for line in d["lines"])), None)
+
+    log = panel.io.wait("an event line in the log", event_lines, 15)
+    events = [line for line in LogLines.decode(log).lines if line[2] == "event"]
+    assert len(events) == 1 and events[0][1] == 1, events
+    assert events[0][3].startswith("[procs] rank 1 was killed by signal 9 (SIGKILL): restarted in "), events
 
 
 def test_a_mesh_from_the_panel_is_announced_and_current_only_when_asked(kc, panel):

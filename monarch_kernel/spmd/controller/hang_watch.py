@@ -284,9 +284,13 @@ class HangWatch:
             running = [r for r in busy if r not in st.inside and r not in quiet]
             report.actions = _abort_words(procs, env, running)
         victims = stuck or busy
-        if self.then == "restart":
+        restart = self.then == "restart" and procs.owned and procs.restart_policy.on_failure
+        if restart:
             report.actions = [f"{rank_label(victims, brackets=False).capitalize()} killed, to be replaced under "
                               f"mesh '{procs.name}''s restart policy"]
+        elif self.then == "restart":  # the kernel's watchdog watches every mesh: this one has no policy
+            report.actions = [f"Nothing restarted: mesh '{procs.name}' has no restart policy "
+                              f"(%mesh policy {procs.name} --restart on-failure)"]
         report.write()
         self.reports.append(report)
         try:
@@ -300,7 +304,7 @@ class HangWatch:
             self._error = report.error()
             self._taken.wait(TAKE_S)
             self._abort(procs, env, running)
-        elif self.then == "restart":
+        elif restart:
             try:
                 procs.replace_hung(victims)
             except Exception as e:  # noqa: BLE001 - the report said it; the watch goes on
