@@ -19,6 +19,11 @@ from .actor import ElasticEnvActor
 from .checkpoint import PeerCheckpoint
 
 _resize = threading.Event()  # the controller asked this rank to leave its loop at the next step boundary
+# The failures of attempts cut short by a peer's death, kept with their frames: freeing them
+# would free that attempt's DDP, whose reducer holds the aborted gloo group, whose destructor
+# joins gloo's threads, one of which may wait forever on the dead peer.  A model and an
+# optimizer per death, for the life of the process.
+_cut_short: list[BaseException] = []
 
 
 class Resize(Exception):  # noqa: N818  (a signal to the worker, not an error)
@@ -108,6 +113,9 @@ class ElasticRank(Actor):
             return "done", fn(*args, **kwargs)
         except Resize as r:
             return "resize", r.step
+        except BaseException as e:
+            _cut_short.append(e)
+            raise
 
 
 def _same_threads() -> None:
