@@ -119,7 +119,18 @@ class _ElasticJob:
         changes: list[Resized] = []
         pending: tuple | None = None  # (kind, ranks, since, cause) of a change not yet in force
         while True:
-            self._form(members)
+            with self.lock:
+                self.deaths = {}
+            try:
+                self._form(members)
+            except (ActorError, MeshStopped, TimeoutError):
+                dead = self._dead_members([])
+                if not dead:
+                    raise
+                since, cause = self._death_words(dead)  # a member died while the group was made: again
+                kind, members = self._after_death(dead, cause)
+                pending = (kind, dead, pending[2] if pending is not None else since, cause)
+                continue
             if pending is not None:
                 kind, ranks, since, cause = pending
                 change = Resized(kind, tuple(ranks), len(members), time.monotonic() - since, cause)
@@ -141,8 +152,6 @@ class _ElasticJob:
     def _attempt(self, fn, args, kwargs):
         """Run ``fn`` once on every member: ``("done", values)``, ``("grow", (since, ranks))``
         or ``("died", (since, cause, dead ranks))``."""
-        with self.lock:
-            self.deaths = {}
         futures = {r: self.slots[r].worker.run.call_one(fn, args, kwargs) for r in self.members}
         left = threading.Semaphore(0)
         for f in futures.values():
@@ -162,14 +171,10 @@ class _ElasticJob:
                 values[r] = f.get(timeout=0)
             except (ActorError, MeshStopped) as e:
                 errors.append((r, e))
-        with self.lock:  # a replacement may already stand in a dead rank's place: ask the hook too
-            deaths = dict(self.deaths)
-        dead = sorted({r for r, e in errors if isinstance(e, ProcessDied)} | set(deaths)
-                      | {r for r in self.members if self._is_dead(r)})
+        dead = self._dead_members([r for r, e in errors if isinstance(e, ProcessDied)])
         if dead:
-            since = min((deaths[r][0] for r in dead if r in deaths), default=time.monotonic())
-            cause = "; ".join(f"rank {r} {deaths[r][1]}" for r in dead if r in deaths)
-            return "died", (since, cause or f"ranks {dead} died", dead)
+            since, cause = self._death_words(dead)
+            return "died", (since, cause, dead)
         if errors:
             raise errors[0][1]
         if any(kind == "resize" for kind, _ in values.values()):
@@ -199,9 +204,9 @@ class _ElasticJob:
 
     def _form(self, members: tuple) -> None:
         """Place every member, serve the store on the first, and make the group over them."""
+        self.members = members  # first: a death from here on is one of theirs
         for r in members:
             self._slot(r)
-        self.members = members
         hosts = [self.procs.ref.hosts[r] if self.procs.ref.hosts else "" for r in members]
         layout = elastic_layout(members, hosts)
         _all([self.slots[r].control.place.call_one(layout[r]) for r in members])
@@ -243,6 +248,21 @@ class _ElasticJob:
         survivors = [self.slots[r].control for r in self.members if r != rank and r in self.slots]
         threading.Thread(target=_abort, args=(survivors, f"rank {rank} ({info.how()}) died"),
                          name="elastic-abort", daemon=True).start()
+
+    def _dead_members(self, known: list[int]) -> list[int]:
+        """Members that died in this attempt: ``known``, those the death hook heard of (a
+        replacement may already stand in a dead rank's place), and those dead now."""
+        with self.lock:
+            heard = set(self.deaths)
+        return sorted(set(known) | heard | {r for r in self.members if self._is_dead(r)})
+
+    def _death_words(self, dead: list[int]) -> tuple[float, str]:
+        """When the first of ``dead`` died (monotonic), and how each did."""
+        with self.lock:
+            deaths = dict(self.deaths)
+        since = min((deaths[r][0] for r in dead if r in deaths), default=time.monotonic())
+        cause = "; ".join(f"rank {r} {deaths[r][1]}" for r in dead if r in deaths)
+        return since, cause or f"ranks {dead} died"
 
     def _is_dead(self, r: int) -> bool:
         return r in self.procs.dead_ranks()
