@@ -151,3 +151,27 @@ def test_a_killed_rank_is_replaced_and_the_final_loss_equals_an_uninterrupted_ru
         for a, b in zip(run.values[r]["params"], calm.values[r]["params"], strict=True):
             assert a.equal(b)
     assert run.changes[0].seconds < 30
+
+
+def test_a_hung_rank_is_killed_by_the_watchdog_replaced_and_the_loop_goes_on(tmp_path):
+    from monarch_kernel.spmd import watchdog
+
+    progress = str(tmp_path / "step")
+    procs = this_host().spawn_procs(per_host={"gpus": 3}, restart="on-failure")
+    try:
+        victim = procs.rank_states()[1]["pid"]
+
+        def stop():  # a rank that stops answering mid-loop (its peers wait in their all-reduce)
+            _wait_for(progress, lambda s, w, at: s >= 15)
+            os.kill(victim, signal.SIGSTOP)
+
+        stopper = threading.Thread(target=stop, daemon=True)
+        stopper.start()
+        with watchdog(procs, 3, then="restart"):
+            run = elastic_run(procs, train, 40, progress, "hung")
+        stopper.join(5)
+        assert [(c.kind, c.ranks) for c in run.changes] == [("replaced", (1,))], run.changes
+        assert all(v["steps"][-1] == 40 for v in run.values.values())
+        assert procs.rank_states()[1]["pid"] != victim
+    finally:
+        procs.stop().get(timeout=30)
