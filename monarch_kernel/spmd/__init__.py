@@ -6,7 +6,9 @@ group, and ``device_mesh(procs, ("dp", "tp"))`` a ``DeviceMesh`` over it (on ran
 ``current_device_mesh()`` is that mesh).  ``SPMDActor`` runs torchrun scripts
 (``main(master_addr, master_port, script_args)``), ``PeerCheckpoint`` keeps training state in
 memory for a replaced rank to pull from a survivor, and ``LossPlot`` draws ranks' losses live
-in the notebook, and ``watchdog(procs, 60, then="abort")`` turns a hang into ``HangError``.
+in the notebook, and ``watchdog(procs, 60, then="abort")`` turns a hang into ``HangError``;
+``elastic_run(procs, train, ...)`` keeps a training function going through ranks' deaths
+(replaced, or the job shrunk and grown back), its loop written with ``elastic_steps``.
 ``controller/`` runs where the mesh is driven from, ``rank/`` on ranks;
 only this package sets torchrun's variables.  This module only re-exports; importing it
 imports no torch and starts nothing.
@@ -17,6 +19,9 @@ from .controller.collectives import collectives as collectives
 from .controller.distributed import DeviceMeshHandle as DeviceMeshHandle
 from .controller.distributed import device_mesh as device_mesh
 from .controller.distributed import setup_torch_distributed as setup_torch_distributed
+from .controller.elastic import ElasticRun as ElasticRun
+from .controller.elastic import Resized as Resized
+from .controller.elastic import elastic_run as elastic_run
 from .controller.env import setup_torch_elastic_env as setup_torch_elastic_env
 from .controller.env import setup_torch_elastic_env_async as setup_torch_elastic_env_async
 from .controller.hang_report import HangReport as HangReport
@@ -28,11 +33,14 @@ from .controller.profile_report import ProfileReport as ProfileReport
 from .layout import RankEnv as RankEnv
 from .rank.actor import SPMDActor as SPMDActor
 from .rank.checkpoint import PeerCheckpoint as PeerCheckpoint
+from .rank.elastic import Resize as Resize
+from .rank.elastic import elastic_steps as elastic_steps
 from .rank.group import current_device_mesh as current_device_mesh
 from .rank.script import ScriptExit as ScriptExit
 from .rank.script import run_script as run_script
 
-__all__ = ["CollectivesReport", "DeviceMeshHandle", "HangReport", "HangWatch", "LossPlot",
-           "PeerCheckpoint", "ProfileReport", "RankEnv",
-           "SPMDActor", "ScriptExit", "collectives", "current_device_mesh", "device_mesh", "profile", "run_script",
-           "setup_torch_distributed", "setup_torch_elastic_env", "setup_torch_elastic_env_async", "watchdog"]
+__all__ = ["CollectivesReport", "DeviceMeshHandle", "ElasticRun", "HangReport", "HangWatch", "LossPlot",
+           "PeerCheckpoint", "ProfileReport", "RankEnv", "Resize", "Resized", "SPMDActor", "ScriptExit",
+           "collectives", "current_device_mesh", "device_mesh", "elastic_run", "elastic_steps", "profile",
+           "run_script", "setup_torch_distributed", "setup_torch_elastic_env", "setup_torch_elastic_env_async",
+           "watchdog"]

@@ -126,3 +126,4 @@ def test_the_training_notebooks_with_the_watchdog_on_raise_no_false_alarm(kernel
     if name == "ddp":
         assert "rank 2 (killed by signal 9 (SIGKILL)) died" in got, got[-3000:]
         assert "held-out accuracy after recovery" in got, got[-3000:]
+        assert "held-out accuracy after shrinking and growing back" in got, got[-3000:]

@@ -117,7 +117,8 @@ def _rendezvous(procs, rec: MeshRecord, master_addr, master_port) -> tuple[str, 
     flat = rec.env.flatten("rank")
     if master_addr is None or master_port is None:
         spans = len({procs.ref.hosts[r] for r in rec.ranks}) > 1 if procs.ref.hosts else False
-        addr, port = flat.slice(rank=0).rendezvous.call_one(spans, _peer_ip(procs, rec)).get(timeout=SETUP_TIMEOUT_S)
+        peer = peer_ip(procs, rec.ranks)
+        addr, port = flat.slice(rank=0).rendezvous.call_one(spans, peer).get(timeout=SETUP_TIMEOUT_S)
         master_addr = addr if master_addr is None else master_addr
         master_port = port if master_port is None else master_port
     flat.setup_env.call(master_addr, int(master_port)).get(timeout=SETUP_TIMEOUT_S)
@@ -125,13 +126,13 @@ def _rendezvous(procs, rec: MeshRecord, master_addr, master_port) -> tuple[str, 
     return master_addr, int(master_port)
 
 
-def _peer_ip(procs, rec: MeshRecord) -> str | None:
-    """The IP of a rank on another host than the first (from its tcp:// inbox), if any."""
+def peer_ip(procs, ranks) -> str | None:
+    """The IP of one of ``ranks`` on another host than the first (from its tcp:// inbox), if any."""
     ref = procs.ref
     if not ref.hosts:
         return None
-    first = ref.hosts[rec.ranks[0]]
-    for r in rec.ranks:
+    first = ref.hosts[ranks[0]]
+    for r in ranks:
         address = ref.addresses[r]
         if ref.hosts[r] != first and address.startswith("tcp://"):
             return address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
