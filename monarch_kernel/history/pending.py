@@ -11,12 +11,12 @@ import os
 import pathlib
 import time
 
-from ..runtime.hosting import private_files
+from ..runtime.hosting import config, private_files
 from . import places
 from .listing import alive
 
 FOLDER = ".writing"
-WAIT_S = 10.0  # a query waits this long at most for a gone controller's writer
+WAIT_S = config.seconds("history_pending_wait")  # a query waits this long at most for a gone controller's writer
 
 
 def mark(root: pathlib.Path, writer: int) -> pathlib.Path | None:

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+from ..runtime.hosting import config
 from . import pending, places
 from .parquet_files import Batch, ParquetFiles
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<Q?")  # a frame's length, and whether its writing is to be acknowledged
 ACK = b"k"
 ACK_TIMEOUT = 300.0  # a flush() waits this long for its batch to be written
-IDLE_S = 4.0  # a writer process given no batch for this long is let go (the next batch starts another)
+IDLE_S = config.seconds("history_writer_idle")  # a writer process given no batch this long is let go
 
 
 class WriterProcess:

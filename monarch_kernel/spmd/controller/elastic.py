@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...actor.errors import ActorError, MeshStopped, ProcessDied
-from ...runtime import Runtime, counted, gpus
+from ...runtime import Runtime, config, counted, gpus
 from ..layout import elastic_layout
 from ..rank.elastic import ElasticControl, ElasticRank
 from .env import SETUP_TIMEOUT_S, peer_ip
 
-POLL_S = 0.02
+POLL_S = config.seconds("elastic_poll")  # how often elastic_run looks at its ranks' state
 
 
 @dataclass(frozen=True)
