@@ -20,7 +20,17 @@ class RestartEvent:
     as ``(time, rank, cause)``) or "failed" (the replacement could not be made: its host is
     gone, or it did not come up; ``error`` says why).  ``reason``: "died", or "hung" when the
     watchdog killed it.  ``seconds``: from the death to every replacement answering its
-    ``__init__``."""
+    ``__init__``.
+
+    Example::
+
+        class Trainer(Actor):
+            def __on_restart__(self, event: RestartEvent) -> None:
+                if event.kind == "restart":
+                    print(f"ranks {event.ranks} replaced after {event.seconds:.1f} s")
+
+        procs.events()[-1].kind      # "restart"
+    """
 
     mesh: str
     kind: str

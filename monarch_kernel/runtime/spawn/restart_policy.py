@@ -21,7 +21,13 @@ MODES = ("never", "on-failure")
 class RestartPolicy:
     """``restart``: "never" (a death fails the mesh's callers and is a supervision event) or
     "on-failure" (a dead rank is replaced, with its actors); ``max_restarts`` deaths are
-    replaced within any ``restart_window`` seconds (-1: no limit)."""
+    replaced within any ``restart_window`` seconds (-1: no limit).
+
+    Example::
+
+        procs = this_host().spawn_procs({"gpus": 4}, restart="on-failure", max_restarts=3)
+        procs.restart_policy   # RestartPolicy(restart='on-failure', max_restarts=3, restart_window=600.0)
+    """
 
     restart: str = "never"
     max_restarts: int = 3

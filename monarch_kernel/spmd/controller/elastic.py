@@ -29,7 +29,14 @@ class Resized:
     """One change of the job's membership: ``kind`` is ``"replaced"`` (a dead rank's
     replacement joined), ``"shrunk"`` (it went on without the dead ranks) or ``"grown"``
     (ranks came back); ``ranks`` the ranks that left or joined; ``seconds`` from the death
-    (or from seeing the ranks back) to the new group being up."""
+    (or from seeing the ranks back) to the new group being up.
+
+    Example::
+
+        run = elastic_run(procs, train, steps=100)
+        for change in run.changes:
+            print(change.kind, change.ranks, f"{change.seconds:.2f} s")
+    """
 
     kind: str
     ranks: tuple
@@ -41,7 +48,14 @@ class Resized:
 @dataclass
 class ElasticRun:
     """What ``elastic_run`` returns: each final member's return value (by proc-mesh rank),
-    the membership changes on the way, and the final members."""
+    the membership changes on the way, and the final members.
+
+    Example::
+
+        run = elastic_run(procs, train, steps=100)
+        run.values[0]     # rank 0's return value (e.g. its last loss)
+        run.members       # the ranks that finished
+    """
 
     values: dict[int, Any]
     changes: list[Resized] = field(default_factory=list)

@@ -29,7 +29,14 @@ _cut_short: list[BaseException] = []
 class Resize(Exception):  # noqa: N818  (a signal to the worker, not an error)
     """Raised out of ``elastic_steps`` at a step boundary when the controller resizes the
     job (a rank came back): ``elastic_run`` rebuilds the group and calls the function again.
-    Let it through: a training function that catches it would not be resized."""
+    Let it through: a training function that catches it would not be resized.
+
+    Example::
+
+        def train(steps):
+            for step in elastic_steps(steps, model, opt):   # may raise Resize: let it go
+                ...
+    """
 
     def __init__(self, step: int):
         super().__init__(f"resized at step {step}")
