@@ -20,6 +20,7 @@ from . import places
 from .columns import row_columns, schema
 
 MERGE_AT = 32  # this many small files of one view and mesh are merged into one
+SMALL_BYTES = 4 << 20  # a file under this (and under a 64th of the cap) is small: merged with others
 
 
 @dataclass
@@ -88,6 +89,8 @@ class ParquetFiles:
         table = pa.table([arrays[name] for name in sch.names], schema=sch)
         folder = places.host_dir(self.root, mesh, self.host)
         path = self._write_file(folder, view, table, pq)
+        if path.stat().st_size >= min(SMALL_BYTES, self.max_bytes // 64):
+            return  # merged with others it could outgrow the cap, which would drop the newest rows with it
         self._small[(view, mesh)].append(path)
         if len(self._small[(view, mesh)]) >= MERGE_AT:
             self._merge(view, mesh, folder, pq)

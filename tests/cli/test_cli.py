@@ -149,23 +149,24 @@ def test_subcommands_that_mean_what_mesh_magics_mean_share_their_help(env):
 
 
 def test_a_running_kernels_mesh_is_listed_and_stopped_through_that_kernel(kc):
-    out, reply = run(kc, "procs = %mesh spawn -n 1\nprint(procs.rank_states()[0]['pid'])")
+    # a name of its own: another test's kernel on the other worker may run a mesh named procs
+    out, reply = run(kc, "cli_only = %mesh spawn -n 1\nprint(cli_only.rank_states()[0]['pid'])")
     assert reply["status"] == "ok", text(out)
     pid = int(text(out).strip().splitlines()[-1])
     code, out, err = cli("ls", "--json")
     assert code == 0, err
-    rows = [r for r in json.loads(out) if r["name"] == "procs" and r["kind"] == "mesh"]
+    rows = [r for r in json.loads(out) if r["name"] == "cli_only" and r["kind"] == "mesh"]
     assert len(rows) == 1 and rows[0]["state"] == "running" and rows[0]["ranks"] == 1, out
-    code, out, err = cli("stacks", "procs")
+    code, out, err = cli("stacks", "cli_only")
     assert code == 1 and "only that kernel reaches it: run  %mesh stacks  there" in err, err
-    code, out, err = cli("attach", "procs", "--simple-prompt", stdin="%mesh list\n")
-    assert code == 0 and "* procs: 1 rank, running" in out, (out, err)  # a console on that very kernel
-    assert run(kc, "procs.name")[1]["status"] == "ok"  # which runs on after the console
-    code, out, err = cli("stop", "procs")
-    assert (code, out.strip()) == (0, "stopped mesh procs: its 1 rank ended"), err
+    code, out, err = cli("attach", "cli_only", "--simple-prompt", stdin="%mesh list\n")
+    assert code == 0 and "* cli_only: 1 rank, running" in out, (out, err)  # a console on that very kernel
+    assert run(kc, "cli_only.name")[1]["status"] == "ok"  # which runs on after the console
+    code, out, err = cli("stop", "cli_only")
+    assert (code, out.strip()) == (0, "stopped mesh cli_only: its 1 rank ended"), err
     assert_gone([pid], 15, "monarch-kernel stop left the kernel's rank running")
     deadline = time.monotonic() + 30
-    while any(r["name"] == "procs" and r["kind"] == "mesh" for r in json.loads(cli("ls", "--json")[1])):
+    while any(r["name"] == "cli_only" and r["kind"] == "mesh" for r in json.loads(cli("ls", "--json")[1])):
         assert time.monotonic() < deadline, "the kernel's record still lists the stopped mesh"
         time.sleep(0.2)
 

@@ -145,24 +145,19 @@ def test_notebook_runs(path, lab):
 def check_ddp(text: str) -> None:
     """The DDP notebook: a live plot; a rank SIGKILLed mid-training, replaced by the restart
     policy and the loop going on by itself (``elastic_run``), its state pulled from a
-    survivor's memory, steps continuous; then, restarts off, the job shrunk and grown back."""
-    assert "DDP training loss, per rank at step 350" in text  # the live plot's last update
+    survivor's memory, steps continuous from the last one every rank completed."""
+    assert "DDP training loss, per rank at step 250" in text  # the live plot's last update
     assert "process group aborted: rank 2 (killed by signal 9 (SIGKILL)) died" in text
     assert re.search(r"elastic_run on 'procs': rank 2 replaced \(rank 2 killed by signal 9 \(SIGKILL\)\); "
                      r"4 ranks from here", text), text
     resumed = re.search(r"\[rank 2\] resumed after step (\d+) from rank (\d)'s memory \(4 ranks\)", text)
     assert resumed and int(resumed.group(2)) != 2, text
-    start = int(resumed.group(1))
-    assert 150 <= start <= 200 and f"[ranks 0-1,3] resumed after step {start} from this rank's memory" in text
-    losses = {int(s): float(v) for s, v in re.findall(r"\[ranks 0-[23]\] step (\d+): loss ([0-9.]+)", text)}
-    assert sorted(losses) == [50, 100, 150, 200, 250, 300, 350], losses  # continuous, from where it stopped
-    assert losses[350] < losses[100] < losses[50], losses
+    start = int(resumed.group(1))  # the last step every rank completed (the kill waits for the plot's step 150)
+    assert 100 <= start <= 250 and f"[ranks 0-1,3] resumed after step {start} from this rank's memory" in text
+    losses = {int(s): float(v) for s, v in re.findall(r"\[ranks 0-3\] step (\d+): loss ([0-9.]+)", text)}
+    assert sorted(losses) == [50, 100, 150, 200, 250], losses  # continuous, from where it stopped
+    assert losses[250] < losses[100] < losses[50], losses
     assert "held-out accuracy after recovery:" in text
-    assert re.search(r"elastic_run on 'procs': went on without rank 3 .*; 3 ranks from here", text), text
-    assert re.search(r"elastic_run on 'procs': rank 3 joined; 4 ranks from here", text), text
-    assert re.search(r"\[rank 3\] resumed after step \d+ from rank \d's memory \(4 ranks\)", text), text
-    assert "[ranks 0-2] kept" in text  # the survivors' namespaces
-    assert "held-out accuracy after shrinking and growing back:" in text
 
 
 def served(runtime: pathlib.Path, server: subprocess.Popen, timeout: float = 90) -> dict:
