@@ -12,8 +12,8 @@ from .actor.actor import current_actor_name as current_actor_name
 from .actor.actor import current_rank as current_rank
 from .actor.actor import current_size as current_size
 from .actor.actor_mesh import ActorMesh as ActorMesh
+from .actor.adverbs import Endpoint as Endpoint
 from .actor.controllers import get_or_spawn_controller as get_or_spawn_controller
-from .actor.endpoint import Endpoint as Endpoint
 from .actor.endpoint import concurrent_endpoint as concurrent_endpoint
 from .actor.endpoint import endpoint as endpoint
 from .actor.errors import ActorError as ActorError

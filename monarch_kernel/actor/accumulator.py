@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ..runtime import Completion
-from .endpoint import Endpoint
+from .adverbs import Endpoint
 from .future import Future
 
 A = TypeVar("A")

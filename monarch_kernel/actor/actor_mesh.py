@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Generic, TypeVar
 
 from ..runtime import STOP_METHOD, CallInfo, MeshRef, MeshStopped, ProcessDied, Runtime, dumps
-from .endpoint import ENDPOINT_MARK, RREF_METHOD, Endpoint, part_value
+from .adverbs import Endpoint, part_value
+from .endpoint import ENDPOINT_MARK, RREF_METHOD
 from .shape import Shape, Shaped
 
 

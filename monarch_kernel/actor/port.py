@@ -19,7 +19,7 @@ import threading
 from typing import Generic, TypeVar
 
 from ..runtime import Completion, Part, RemoteFailure, Runtime, Status, describe_unpicklable, dumps
-from .endpoint import part_value
+from .adverbs import part_value
 from .future import Future
 
 R = TypeVar("R")

@@ -28,7 +28,8 @@ from ..runtime import (
 )
 from . import self_healing, tensor_shim
 from .actor_mesh import ActorMesh, endpoint_names, propagators, retry_counts
-from .endpoint import part_value, refuse_mixed_endpoints
+from .adverbs import part_value
+from .endpoint import refuse_mixed_endpoints
 from .future import Future
 from .healing import Healing
 from .rank_repair import RankRepair, Restarted

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ..runtime import Kind, Runtime
-from .endpoint import part_value
+from .adverbs import part_value
 from .future import Future
 from .spawn_message import spawn_body, spawn_options
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import tensor_shim
-from .endpoint import Endpoint
+from .adverbs import Endpoint
 
 
 def send(endpoint, args: tuple = (), kwargs: dict[str, Any] | None = None, port=None,

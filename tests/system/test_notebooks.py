@@ -70,12 +70,19 @@ def warnings_in(nb) -> list[str]:
             for line in node.get("text", "").splitlines() if WARNING.search(line)]
 
 
+# The training notebooks run with the hang watchdog on (``--then abort``): none may raise a false alarm.
+WATCHED = ("ddp", "fsdp")
+
+
 # 600 s: the first test also waits for the module's `make setup` (under a minute with pip's cache).
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, lab):
     path = lab.workspace / path.name  # the copy `make lab` serves
     nb = nbformat.read(path, as_version=4)
+    watched = path.stem in WATCHED
+    if watched:  # the hang watchdog on, --then abort: training raises no false alarm (issue 44, point 5)
+        nb.cells.insert(0, nbformat.v4.new_code_cell("%mesh watchdog 5 --then abort"))
     resources = {"metadata": {"path": str(path.parent)}}
     specs = KernelSpecManager(kernel_dirs=lab.kernel_dirs)
     assert specs.get_kernel_spec("monarch").argv[0] == str(lab.venv / "bin" / "python")
@@ -100,6 +107,9 @@ def test_notebook_runs(path, lab):
     noise = [line for line in said.splitlines() if WARNING.search(line) and TRANSPORT_NOTICE not in line]
     assert not noise, f"the kernel's stderr:\n{said}"
     text = outputs(nb)
+    if watched:
+        assert "raises HangError" in text, text
+        assert "HangError" not in text.replace("raises HangError", "") and "%mesh watchdog:" not in text, text
     if path.stem == "quickstart":
         assert "[ranks 0-3] hello from the mesh" in text
         assert "read 4 MiB over shm: sum 549755289600" in text  # RDMABuffer, rank 0 -> rank 3

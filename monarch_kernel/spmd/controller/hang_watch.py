@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...actor.endpoint import calls_sent
+from ...actor.adverbs import calls_sent
 from ...runtime import Runtime, config, proc_stats, rank_label
 from .collectives import build_report
 from .env import existing_env

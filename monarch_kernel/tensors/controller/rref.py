@@ -4,7 +4,8 @@ once (the rank's half is ``rank/engine.py``'s ``keep_result``)."""
 
 from __future__ import annotations
 
-from ...actor.endpoint import RREF_METHOD, Endpoint
+from ...actor.adverbs import Endpoint
+from ...actor.endpoint import RREF_METHOD
 from .meshes import active
 from .registry import tensor_mesh
 
