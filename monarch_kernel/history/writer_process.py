@@ -114,6 +114,7 @@ class WriterProcess:
             # must not end it before it has written what it was given; the pipe ends it
             self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
+            background(self._proc.pid)  # from its first instruction: its start is most of its work
             marker = pending.mark(places.history_root(), self._proc.pid)
             frame = pickle.dumps(str(marker or ""), protocol=pickle.HIGHEST_PROTOCOL)
             assert self._proc.stdin is not None
@@ -131,6 +132,17 @@ class WriterProcess:
                     pipe.close()
                 except OSError:
                     pass
+
+
+def background(tid: int = 0) -> None:
+    """Run this process (or thread ``tid``) only on CPU time nobody else wants (Linux's
+    SCHED_IDLE: any other task that wakes takes the core at once): writing the history can
+    wait, and on a machine of few cores its start (loading pyarrow) must not slow the ranks and
+    the controller it records.  Under full load it still gets a sliver, so it is never starved."""
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):  # not Linux, or not allowed: it writes at the priority it has
+        pass
 
 
 def _read_exactly(fd: int, n: int) -> bytes | None:
@@ -177,6 +189,7 @@ class _NoPandas:
 def main() -> None:
     """The writer process: batches from stdin until it closes, or its controller is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel's interrupt reaches its process group
+    background()
     sys.meta_path.insert(0, _NoPandas())
     logging.basicConfig(format="%(message)s")
     got: queue.SimpleQueue = queue.SimpleQueue()
