@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import secrets
@@ -158,6 +159,19 @@ def _stop(procs: Sequence[subprocess.Popen], timeout: float = 5.0) -> None:
 # ------------------------------------------------------------------------- the network
 
 
+@contextlib.contextmanager
+def _networks_lock() -> Iterator[None]:
+    """Held while a network is swept for, given its subnet and its bridge (every test process
+    of this machine, every pytest session: a file lock)."""
+    os.makedirs(OWNERS, exist_ok=True)
+    fd = os.open(f"{OWNERS}/.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Network:
     """A bridge in the root namespace (``<subnet>.1``) and one namespace per host
@@ -211,6 +225,8 @@ class Network:
         killed before its teardown); its daemons died with it."""
         os.makedirs(OWNERS, exist_ok=True)
         for name in os.listdir(OWNERS):
+            if name.startswith("."):
+                continue  # the makers' lock
             path = f"{OWNERS}/{name}"
             try:
                 with open(path) as f:
@@ -231,20 +247,25 @@ class Network:
     def create(self, etc: str) -> None:
         """Make the bridge, the namespaces and their veth pairs, and write each host's
         hosts/resolv.conf under ``etc``."""
-        self.sweep()
-        self._own()
-        used = run(["ip", "-4", "-o", "addr"]).stdout + run(["ip", "-4", "route"]).stdout
-        free = [x for x in range(1, 255) if f"10.77.{x}." not in used]
-        if not free:
-            raise RuntimeError("no free 10.77.x.0/24 subnet for the test network")
-        self.subnet = f"10.77.{free[secrets.randbelow(len(free))]}"
+        # One maker at a time picks a subnet and claims it with its bridge's address: two test
+        # workers picking at once could take the same free subnet, and each would reach the
+        # other's hosts (an ssh that times out in its banner exchange); nor may a sweep run
+        # while another maker is half done.
+        with _networks_lock():
+            self.sweep()
+            self._own()
+            used = run(["ip", "-4", "-o", "addr"]).stdout + run(["ip", "-4", "route"]).stdout
+            free = [x for x in range(1, 255) if f"10.77.{x}." not in used]
+            if not free:
+                raise RuntimeError("no free 10.77.x.0/24 subnet for the test network")
+            self.subnet = f"10.77.{free[secrets.randbelow(len(free))]}"
+            # nf_call_*tables 0: host-to-host frames skip br_netfilter (bridge-nf-call-iptables is
+            # 1 by default), so no iptables FORWARD rule of this machine's can drop them.
+            run(["ip", "link", "add", self.bridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables",
+                 "0", "nf_call_arptables", "0"], timeout=60)
+            run(["ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge], timeout=60)
         self.etc = etc
-        # nf_call_*tables 0: host-to-host frames skip br_netfilter (bridge-nf-call-iptables is
-        # 1 by default), so no iptables FORWARD rule of this machine's can drop them.
-        run(["ip", "link", "add", self.bridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0",
-             "nf_call_arptables", "0"])
-        run(["ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge])
-        run(["ip", "link", "set", self.bridge, "up"])
+        run(["ip", "link", "set", self.bridge, "up"], timeout=60)
         controller = socket.gethostname()
         hosts = [f"{self.subnet}.{11 + i} {name}" for i, name in enumerate(self.names)]
         with open(f"{etc}/hosts", "w") as f:
@@ -253,15 +274,16 @@ class Network:
             f.write("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         for i, name in enumerate(self.names):
             ns, ip = f"{name}-{self.tag}", f"{self.subnet}.{11 + i}"
-            run(["ip", "netns", "add", ns])
+            run(["ip", "netns", "add", ns], timeout=60)
             self.namespaces.append(ns)
             self.ips.append(ip)
-            run(["ip", "link", "add", self.veth(i), "type", "veth", "peer", "name", "eth0", "netns", ns])
-            run(["ip", "link", "set", self.veth(i), "master", self.bridge, "up"])
-            run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"])
-            run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            run(["ip", "-n", ns, "link", "set", "lo", "up"])
-            run(["ip", "-n", ns, "route", "add", "default", "via", self.bridge_ip])
+            for cmd in (["link", "add", self.veth(i), "type", "veth", "peer", "name", "eth0", "netns", ns],
+                        ["link", "set", self.veth(i), "master", self.bridge, "up"],
+                        ["-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0"],
+                        ["-n", ns, "link", "set", "eth0", "up"],
+                        ["-n", ns, "link", "set", "lo", "up"],
+                        ["-n", ns, "route", "add", "default", "via", self.bridge_ip]):
+                run(["ip", *cmd], timeout=60)  # a loaded machine's netlink can be slow: 10 s was too short once
 
     # Not `ip netns exec`: that mounts a fresh /sys, which hides /sys/fs/cgroup, and slurmd
     # 22.05 will not start without its cgroup plugin.  The host's own mount namespace only
@@ -396,7 +418,7 @@ class SSHHosts:
     (the controller's own hostname and ``mk-controller`` resolve to it on the hosts);
     ``key`` / ``wrong_key``: private keys that sshd accepts / refuses; ``ssh_args``: ssh's
     options (key, no host-key checks or known_hosts, batch mode, no user config, short
-    connect timeout); ``ssh_args_for(key)`` the same with another key."""
+    connect timeout, generous for a loaded machine); ``ssh_args_for(key)`` the same with another key."""
 
     net: Network
     key: str
@@ -420,7 +442,7 @@ class SSHHosts:
     def ssh_args_for(self, key: str) -> tuple[str, ...]:
         return ("-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-                "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-l", self.user)
+                "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=20", "-l", self.user)
 
     @property
     def ssh_args(self) -> tuple[str, ...]:
@@ -575,7 +597,7 @@ Host *
   UserKnownHostsFile /dev/null
   BatchMode yes
   LogLevel ERROR
-  ConnectTimeout 5
+  ConnectTimeout 20
 """)
     return path
 
