@@ -171,10 +171,10 @@ def ipython_kc():
 
 
 # ---------------------------------------------------------------- parallel workers
-# `make test` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``): each module
+# `make test` runs the suite on four workers (pytest-xdist, ``--dist loadgroup``): each module
 # is one unit of work, so its module-scoped meshes and kernels stay on one worker, and the
 # modules that share a simulated cluster (a session fixture) are one unit together.  Units
-# start longest first, so the two workers finish at about the same time.  (The units come
+# start longest first, so the workers finish at about the same time.  (The units come
 # from the scheduler below, not from ``xdist_group`` marks: under pytest 9 xdist cannot add
 # a mark's group to a test's id, so its own loadgroup would send every test on its own.)
 
