@@ -117,10 +117,10 @@ lint: setup $(TEST_STAMP)
 	$(BIN)/ruff check monarch_kernel benchmarks examples tests
 	$(BIN)/mypy monarch_kernel
 
-# The suite on four workers (tests/conftest.py: each module one unit, longest first); TEST_WORKERS=0 runs it
-# serially.  Four on two cores: the suite waits on processes (kernels starting, ranks answering, deadlines)
+# The suite on three workers (tests/conftest.py: each module one unit, longest first); TEST_WORKERS=0 runs it
+# serially.  Three on two cores: the suite waits on processes (kernels starting, ranks answering, deadlines)
 # far more than it computes; two workers kept about a third of two cores busy.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 test: setup $(TEST_STAMP) lint
 	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 

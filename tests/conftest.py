@@ -171,7 +171,7 @@ def ipython_kc():
 
 
 # ---------------------------------------------------------------- parallel workers
-# `make test` runs the suite on four workers (pytest-xdist, ``--dist loadgroup``): each module
+# `make test` runs the suite on three workers (pytest-xdist, ``--dist loadgroup``): each module
 # is one unit of work, so its module-scoped meshes and kernels stay on one worker, and the
 # modules that share a simulated cluster (a session fixture) are one unit together.  Units
 # start longest first, so the workers finish at about the same time.  (The units come

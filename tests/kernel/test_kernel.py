@@ -352,8 +352,9 @@ def test_top_refreshes_a_table_of_every_ranks_cpu_and_memory(kc):
     assert table[0].split()[:4] == ["rank", "host", "CPU", "%"], table
     rows = {int(line.split()[0]): line for line in table[1:] if line.strip()[:1].isdigit()}
     assert sorted(rows) == [0, 1], table
-    cpu1 = float(rows[1].split()[2])
-    assert cpu1 > 30, rows[1]  # the rank spinning a thread (one core of two, on a busy machine)
+    cpu0, cpu1 = float(rows[0].split()[2]), float(rows[1].split()[2])
+    # the rank spinning a thread, beside the idle one: what it gets of a core depends on the machine's load
+    assert cpu1 > max(10.0, 3 * cpu0), table
     out, reply = run(kc, "%mesh top --interval 0")
     assert reply["ename"] == "UsageError" and "type  %mesh top --interval 1" in reply["evalue"]
 
