@@ -11,7 +11,7 @@ W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stack
 ranks; the collectives recorder's and the profiler's cost on W10's step) history (the run's history:
 its cost on W7's cell and on ranks printing flat out, and a grouped query over 4M lines,
 ``HISTORY_BENCH_SCALE=0.1`` for a tenth) chaos (faults at random
-across hosts during a mixed workload: ``chaos --seed N --minutes M``; needs root; not in the
+across hosts during a mixed workload: ``chaos --seed N --minutes M [--restart-policy]``; needs root; not in the
 default run) gpu (the CUDA tests and GPU benchmarks, ``make gpu-check``: under 5 minutes; without
 a GPU it says so, runs its shm part and exits 0; exit 1 when a CUDA test failed; not in the
 default run).  Progress and ranks' output go to stderr.
@@ -142,6 +142,9 @@ def main(argv=None) -> int:
     ap.add_argument("ids", nargs="*", help="workloads to run (default: all but W11): " + " ".join(WORKLOADS))
     ap.add_argument("--seed", type=int, default=1, help="chaos: the seed of its schedule (default 1)")
     ap.add_argument("--minutes", type=float, default=10.0, help="chaos: how long faults are injected (default 10)")
+    ap.add_argument("--restart-policy", action="store_true",
+                    help="chaos: both meshes spawned with restart='on-failure': the runtime replaces dead ranks, "
+                         "the run never calls restart itself")
     args = ap.parse_args(argv)
     ids = []
     for raw in args.ids or DEFAULT:
@@ -155,7 +158,8 @@ def main(argv=None) -> int:
     for wid in ids:
         for job, env, timeout in WORKLOADS[wid]:
             if job == "chaos":
-                env = {"MK_CHAOS_SEED": str(args.seed), "MK_CHAOS_SECONDS": str(args.minutes * 60)}
+                env = {"MK_CHAOS_SEED": str(args.seed), "MK_CHAOS_SECONDS": str(args.minutes * 60),
+                       "MK_CHAOS_POLICY": "1" if args.restart_policy else ""}
                 timeout = int(args.minutes * 60) + 900  # setup, the last recovery, the checks at the end
             _merge(results, _run_job(job, env, timeout))
     _ratios(results)

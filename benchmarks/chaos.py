@@ -12,6 +12,11 @@ gone) and checks that the meshes answer again and a DDP step runs after
 ``setup_torch_distributed()``.  At the end nothing may be left: no process on any host or
 here, no file in any run directory or /dev/shm.  The run "passes" (``ok``) with 0 hangs,
 0 kernel or controller deaths, 0 lost lines, 0 orphans and every recovery answered.
+
+With ``--restart-policy`` both meshes are spawned with ``restart="on-failure"``: the run never
+restarts a rank itself, it waits for the runtime to replace it (``by_policy`` counts those
+recoveries); only a host whose agent is gone, which the policy cannot replace a rank on,
+still takes a new job.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from .chaos_work import CALL_BOUND, DDP_BOUND, Cells, Hosts, Ledger, call_loop, 
 
 PER_HOST = 4
 KERNEL_RANKS = 4
+# with the restart policy: no limit (-1), so no fault of the run is refused as a crash loop
+POLICY = {"restart": "on-failure", "max_restarts": -1, "restart_window": 60.0}
 SHM_SIZE = "256m"  # each host's own /dev/shm
 
 
@@ -62,15 +69,15 @@ def _skip_reason() -> str | None:
 
 
 class Run:
-    def __init__(self, seed: int, seconds: float):
-        self.seed, self.seconds = seed, seconds
+    def __init__(self, seed: int, seconds: float, policy: bool = False):
+        self.seed, self.seconds, self.policy = seed, seconds, policy
         self.ledger = Ledger()
         self.hosts = Hosts()
         self.stop = threading.Event()
         self.fault_counts = {k: 0 for k in KINDS}
         self.fault_log: list[str] = []
         self.recovery = {"hosts_restarted": 0, "hosts_rebuilt": 0, "answered_after": 0, "failed_after": 0,
-                         "ddp_after": 0, "ddp_failed_after": 0}
+                         "ddp_after": 0, "ddp_failed_after": 0, "by_policy": 0}
         self.seen_pids: set[int] = {os.getpid()}
         self.kernel_tree: set[int] = set()
         self.tmp = tempfile.mkdtemp(prefix=f"mk-chaos-{seed}-")
@@ -98,14 +105,14 @@ class Run:
             old.kill()
         job = SSHJob(python_exe=self.python, ssh_args=net.ssh_args)
         job.add_mesh("hosts", net.hosts)
-        procs = job.state().hosts.spawn_procs(per_host={"gpus": PER_HOST})
+        procs = job.state().hosts.spawn_procs(per_host={"gpus": PER_HOST}, **(POLICY if self.policy else {}))
         workers = procs.spawn("chaos", ChaosWorker)
         ddp = procs.spawn("ddp", ChaosDDP)
         pids = list(workers.pid.call().get(timeout=CALL_BOUND).values())
         setup_torch_distributed(procs, "gloo")
         with self.hosts.lock:
             self.hosts.job, self.hosts.procs, self.hosts.workers, self.hosts.pids = job, procs, workers, pids
-            self.hosts.ddp, self.hosts.ddp_ready = ddp, True
+            self.hosts.ddp, self.hosts.ddp_ready, self.hosts.events_seen = ddp, True, 0
         self.seen_pids.update(pids)
 
     def heal_hosts(self, net, kind: str) -> None:
@@ -123,7 +130,8 @@ class Run:
         answered = self.ledger.run("verify", CALL_BOUND, lambda: h.workers.echo.call(-1),
                                    lambda v: list(v.values()) == [-1] * len(v))
         dead = h.procs.dead_ranks()
-        if answered is not None and not dead:
+        restarted = self.policy and self._policy_restarts(h)  # replaced already, with nobody asking
+        if answered is not None and not dead and not restarted:
             return
         with h.lock:
             h.ddp_ready = False
@@ -132,7 +140,13 @@ class Run:
         try:
             if not agents:
                 raise RuntimeError("a host's agent is gone")
-            h.procs.restart(None, [(h.workers, ChaosWorker, (), {}), (h.ddp, ChaosDDP, (), {})], timeout=120)
+            if self.policy:
+                if dead or answered is None:
+                    self._replaced_by_policy(h)
+                self._policy_restarts(h)
+                self.recovery["by_policy"] += 1
+            else:
+                h.procs.restart(None, [(h.workers, ChaosWorker, (), {}), (h.ddp, ChaosDDP, (), {})], timeout=120)
             self.recovery["hosts_restarted"] += 1
             pids = list(h.workers.pid.call().get(timeout=CALL_BOUND).values())
             with h.lock:
@@ -159,6 +173,26 @@ class Run:
         self.recovery["ddp_after" if step is not None else "ddp_failed_after"] += 1
         with h.lock:
             h.ddp_ready = True
+
+    def _replaced_by_policy(self, h) -> None:
+        """Wait (no restart asked) until the policy has replaced every dead rank and the mesh answers."""
+        deadline = time.monotonic() + 120
+        while True:
+            if not h.procs.dead_ranks():
+                try:
+                    if list(h.workers.echo.call(-3).get(timeout=CALL_BOUND).values()) == [-3] * len(h.pids):
+                        break
+                except Exception:  # noqa: BLE001  (a rank still being replaced: ask again)
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the restart policy did not replace ranks {h.procs.dead_ranks()} in 120 s")
+            time.sleep(0.2)
+
+    def _policy_restarts(self, h) -> bool:
+        """Whether the policy restarted ranks of the hosts' mesh since the last time asked."""
+        n = len(h.procs.events())
+        seen, h.events_seen = h.events_seen, n
+        return n > seen
 
     # ---------------------------------------------------------------- the run
 
@@ -202,9 +236,10 @@ class Run:
             tempfile.tempdir = None
             self.build_hosts(net)
             km, kc = start_new_kernel(kernel_name=KERNEL_NAME, startup_timeout=120)
-            cells = Cells(km, kc, KERNEL_RANKS, self.ledger, self.marks)
+            cells = Cells(km, kc, KERNEL_RANKS, self.ledger, self.marks, policy=self.policy)
             try:
-                got = cells.execute(f"procs = %mesh spawn -n {KERNEL_RANKS}", 180)
+                policy = f" --restart on-failure --max-restarts {POLICY['max_restarts']}" if self.policy else ""
+                got = cells.execute(f"procs = %mesh spawn -n {KERNEL_RANKS}{policy}", 180)
                 if got is None or got[0] != "ok" or not cells.read_pids():
                     raise RuntimeError(f"the kernel's mesh did not start: {got}")
                 result = self._chaos(net, km, kc, cells, started)
@@ -273,7 +308,8 @@ class Run:
                 t.join(timeout=DDP_BOUND + 30)
         fig = self.ledger.figures()
         b = cells.books
-        return {"seed": self.seed, "seconds": self.seconds, "faults": dict(self.fault_counts),
+        return {"seed": self.seed, "seconds": self.seconds, "restart_policy": self.policy,
+                "faults": dict(self.fault_counts),
                 "faults_total": sum(self.fault_counts.values()), **fig,
                 "kernel_deaths": b.kernel_deaths + (0 if km.is_alive() else 1), "controller_deaths": 0,
                 "cells": b.cells, "cells_ok": b.cells_ok, "cells_error": b.cells_error,
@@ -368,6 +404,6 @@ def chaos() -> dict:
         return {"chaos_skipped": reason}
     seed = int(os.environ.get("MK_CHAOS_SEED", "1"))
     seconds = float(os.environ.get("MK_CHAOS_SECONDS", "600"))
-    result = Run(seed, seconds).main()
+    result = Run(seed, seconds, policy=bool(os.environ.get("MK_CHAOS_POLICY"))).main()
     log(f"chaos: {result}")
     return {"chaos": result}

@@ -119,6 +119,7 @@ class Hosts:
     ddp: object = None  # the DDP actor mesh on procs
     pids: list[int] = field(default_factory=list)
     ddp_ready: bool = False
+    events_seen: int = 0  # the restart policy's events of procs counted so far (--restart-policy)
 
     def current(self):
         with self.lock:
@@ -202,8 +203,9 @@ class Cells:
     touches it) on the kernel's mesh of ``n`` ranks; ``restart()`` asks it for a
     ``%mesh restart`` and waits until the mesh answered again."""
 
-    def __init__(self, km, kc, n: int, ledger: Ledger, marks: str):
+    def __init__(self, km, kc, n: int, ledger: Ledger, marks: str, policy: bool = False):
         self.km, self.kc, self.n, self.ledger, self.marks = km, kc, n, ledger, marks
+        self.policy = policy  # the mesh has a restart policy: a dead rank is replaced without %mesh restart
         self.books = CellBooks()
         self.pids: list[int] = []
         self._want_restart = threading.Event()
@@ -277,6 +279,15 @@ class Cells:
 
     def _do_restart(self) -> None:
         self.books.restarts += 1
+        if self.policy:  # nothing typed: the runtime replaces the rank; wait until every rank answers
+            deadline = time.monotonic() + 120
+            while not self.read_pids():
+                if time.monotonic() > deadline:
+                    log("chaos: the restart policy did not bring the kernel's mesh back in 120 s")
+                    return
+                time.sleep(0.2)
+            self.books.restarts_answered += 1
+            return
         got = self.execute("%mesh restart")
         if got is not None and got[0] != "ok":
             log(f"chaos: %mesh restart said: {(got[1] + got[2])[-400:]}")

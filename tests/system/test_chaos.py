@@ -2,7 +2,8 @@
 at random across two simulated hosts and a real kernel's mesh, during calls, cells, buffer
 reads and DDP steps; benchmarks/chaos.py).  It must end with no hang, no kernel or
 controller death, no lost line, no orphaned process or file, and every recovery answered.
-The full ten-minute runs are a benchmark.  Seed 7 is the one that first failed: a rank's
+It runs with the restart policy on (``--restart-policy``): the killed rank is replaced by
+the runtime, with nobody asking.  The full ten-minute runs are a benchmark.  Seed 7 is the one that first failed: a rank's
 answer raced another thread's ``import torch`` and its failure report failed too, so the call
 hung (test_envelope and test_bad_input pin both fixes); it now injects every kind once.
 The run takes about 3.5 minutes in all (setup, the last recovery and the checks included).
@@ -23,9 +24,9 @@ SEED = 7
 pytestmark = pytest.mark.timeout(900)
 
 
-def _chaos(seed: int, minutes: float) -> dict:
-    r = subprocess.run([sys.executable, "-m", "benchmarks", "chaos", "--seed", str(seed), "--minutes", str(minutes)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=840)
+def _chaos(seed: int, minutes: float, *more: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "chaos", "--seed", str(seed), "--minutes", str(minutes),
+                        *more], cwd=ROOT, capture_output=True, text=True, timeout=840)
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout)
     if "chaos_skipped" in out:
@@ -35,7 +36,8 @@ def _chaos(seed: int, minutes: float) -> dict:
 
 
 def test_a_minute_of_faults_leaves_every_call_answered_and_nothing_behind():  # skips unless root
-    got = _chaos(SEED, 1.0)
+    # with the restart policy on: a killed rank is replaced by the runtime, never by the run
+    got = _chaos(SEED, 1.0, "--restart-policy")
     summary = {k: got[k] for k in ("faults", "calls_made", "calls_resolved", "hangs", "hang_list", "kernel_deaths",
                                    "lines_lost", "lines_duplicated", "lines_out_of_order", "orphans", "recovery",
                                    "kernel_restarts", "kernel_restarts_answered", "wrong_values")}
@@ -47,4 +49,5 @@ def test_a_minute_of_faults_leaves_every_call_answered_and_nothing_behind():  # 
     assert got["kernel_restarts_answered"] == got["kernel_restarts"], summary
     assert got["wrong_values"] == 0, summary
     assert got["calls_made"] > 100 and got["lines_seen"] > 0, summary
+    assert got["restart_policy"] and got["recovery"]["by_policy"] + got["kernel_restarts_answered"] >= 1, summary
     assert got["ok"], summary
