@@ -85,5 +85,5 @@ def test_with_a_shared_folder_every_host_writes_into_it(ssh_hosts, checkout_pyth
         assert got["host"].tolist() == sorted(set(hosts)) and got["n"].tolist() == [60, 60]
         # the hosts write under the run the controller spawned: one run folder, every host's in it
         (run,) = [r for r in monarch_kernel.history.list_histories() if r.name == "h-job"]
+        assert run.folder.parent == shared / "h-job" and list(run.folder.parent.iterdir()) == [run.folder]
         assert {p.name for p in run.folder.iterdir()} == set(hosts) | {socket.gethostname()}, run.folder
-        assert list((shared / "h-job").iterdir()) == [run.folder]
