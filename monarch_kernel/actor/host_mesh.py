@@ -127,14 +127,15 @@ class HostMesh:
             _replace(rt, running[name])
         pickled = _pickle_bootstrap(bootstrap)
         route_unhandled(rt)
-        from ..history import hosts_env, record_history  # loaded by the first spawn: import stays quick
+        from ..history import begin_run, hosts_env, record_history  # loaded by the first spawn: import stays quick
 
         record_history(rt)
+        run = begin_run(name)  # this spawn is a run of its own: its history goes to a folder of its own
         publish_registry(rt)
         rt.warm(RANK_MODULES)
         if self._agents is not None:
             dims = (("hosts", len(self._agents)),) + dims
-            env = {**hosts_env(), **env}  # the hosts' agents write their history where this process does
+            env = {**hosts_env(run), **env}  # the hosts' agents write their history where this process does
         try:
             om = rt.spawn_mesh(name, dims, env, bootstrap=pickled, python=self._python, hosts=self._agents,
                                  check=check)

@@ -20,7 +20,7 @@ from .history_commands import history_command, logs
 from .output import Failed, emit, json_option, table
 from .targets import Target, everything, find
 
-LS_COLUMNS = ["name", "kind", "state", "ranks", "hosts", "owner", "attached"]
+LS_COLUMNS = ["name", "kind", "state", "ranks", "hosts", "owner", "attached", "run"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

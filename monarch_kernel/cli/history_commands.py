@@ -21,11 +21,11 @@ FOLLOW_S = config.seconds("logs_follow")  # how often --follow looks for new lin
 LAG_S = config.seconds("logs_follow_lag")  # how late a host's lines may land and still be printed
 
 
-def open_history(name: str, root: str | None, as_json: bool):
+def open_history(name: str, root: str | None, as_json: bool, run: str | None = None):
     from .. import history
 
     try:
-        return history.open_history(name, root=root)
+        return history.open_history(name, root=root, run=run)
     except history.HistoryNotFound as e:
         raise NotFound(str(e).replace("`%mesh history --list` lists them", "monarch-kernel ls lists them"),
                        as_json) from None
@@ -70,11 +70,13 @@ def _ranks(spec: str | None, n: int | None) -> list[int] | None:
 @click.option("--rank", "rank_spec", metavar="R", help="only these ranks: 3, 0-3, 0,2 (default: all)")
 @click.option("--since", metavar="10m|TIME", help="only lines since then: 30s, 10m, 2h, 1d ago, or a time")
 @click.option("--follow", "-f", is_flag=True, help="keep printing new lines while the mesh runs (Ctrl-C ends it)")
+@click.option("--run", metavar="RUN", help=shared_help.option("history", "run"))
 @click.option("--root", metavar="DIR", help=shared_help.option("history", "root"))
 @json_option
-def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, root: str | None, as_json: bool) -> None:
+def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, run: str | None, root: str | None,
+         as_json: bool) -> None:
     """every rank's lines of a mesh, from its history (also after its kernel and allocation ended)"""
-    h = open_history(name, root, as_json)
+    h = open_history(name, root, as_json, run)
     ranks = _ranks(rank_spec, h.record.ranks if h.record is not None else None)
     where = [f"rank IN ({', '.join(map(str, ranks))})"] if ranks is not None else []
     after = since_time(since) if since else None
@@ -100,7 +102,7 @@ def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, root
         # back LAG_S seconds each time, and skip what was printed.
         after = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=LAG_S)
         shown = {k for k in shown if k[0] >= after}
-        if _ended(name, root):
+        if _ended(h, root):
             return
         try:
             time.sleep(FOLLOW_S)
@@ -108,11 +110,13 @@ def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, root
             return
 
 
-def _ended(name: str, root: str | None) -> bool:
+def _ended(h, root: str | None) -> bool:
+    """Whether every run ``h`` reads has ended (or is gone)."""
     from .. import history
 
-    now = next((r for r in history.list_histories(root) if r.name == name), None)
-    return now is None or now.state != "running"
+    runs = {r.run for r in h.runs}
+    now = [r for r in history.list_histories(root) if r.name == h.name and r.run in runs]
+    return all(r.state != "running" for r in now)
 
 
 def emit_line(row) -> str:
@@ -125,10 +129,11 @@ def emit_line(row) -> str:
 @click.command("history", help=shared_help.about("history"))
 @click.argument("name")
 @click.argument("query", metavar='"SQL"')
+@click.option("--run", metavar="RUN", help=shared_help.option("history", "run"))
 @click.option("--root", metavar="DIR", help=shared_help.option("history", "root"))
 @json_option
-def history_command(name: str, query: str, root: str | None, as_json: bool) -> None:
-    df = sql(open_history(name, root, as_json), query, as_json)
+def history_command(name: str, query: str, run: str | None, root: str | None, as_json: bool) -> None:
+    df = sql(open_history(name, root, as_json, run), query, as_json)
     if df is None:
         emit(as_json, [], "")
         return

@@ -66,15 +66,18 @@ def _kernels() -> list[Target]:
 
 
 def _finished(live: set[str]) -> list[Target]:
-    """Runs whose history is all that is left (their meshes and jobs are gone), and meshes
-    spawned outside a kernel (a script's) whose history is still being written."""
+    """Runs whose history is all that is left (their meshes and jobs are gone), one row per
+    run (one spawn), newest first, and meshes spawned outside a kernel (a script's) whose
+    history is still being written.  A live mesh's latest run is that mesh's row."""
     from .. import history
 
     out = []
-    for h in history.list_histories():
-        if h.name in live:
+    newest: set[str] = set()
+    for h in history.list_histories():  # the latest started first
+        if h.name in live and h.name not in newest:
+            newest.add(h.name)  # the live mesh's own run
             continue
-        row = {"name": h.name, "kind": "finished" if h.state != "running" else h.kind, "state": h.state,
+        row = {"name": h.name, "run": h.run, "kind": "finished" if h.state != "running" else h.kind, "state": h.state,
                "ranks": h.ranks, "hosts": h.hosts, "owner": "history", "job": None, "attached": None,
                "started": _when(h.first), "last": _when(h.last), "history": str(h.folder)}
         out.append(Target(h.name, "finished", row))

@@ -1,14 +1,15 @@
 """A run's history that outlives the kernel and the allocation: every host writes its ranks'
-lines, lifecycle events, metrics and samples as Parquet files it owns (``writer``,
-``recorder``, ``metric``), and ``history(name).sql(...)`` asks them in SQL with DuckDB
-(``query``).  Stands on the runtime only.  Importing it records nothing and loads neither
+lines, lifecycle events, metrics and samples as Parquet files it owns, one folder per run
+(one spawn) of a mesh (``writer``, ``recorder``, ``metric``), and ``history(name).sql(...)``
+asks them in SQL with DuckDB (``query``).  Stands on the runtime only.  Importing it records nothing and loads neither
 pyarrow, DuckDB nor pandas.
 
 ``monarch_kernel.history`` is this package, and calling it opens a history::
 
-    h = monarch_kernel.history("train")       # or None: the most recent
+    h = monarch_kernel.history("train")       # its latest run; None: the most recent mesh's
     h.sql("SELECT rank, count(*) FROM lines GROUP BY rank")
-    monarch_kernel.history.list_histories()
+    monarch_kernel.history("train", run="all").sql("SELECT run, count(*) FROM lines GROUP BY run")
+    monarch_kernel.history.list_histories()   # one record per run
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from .metric import metric
 from .places import history_root
 from .places import hosts_env as hosts_env
 from .query import History, HistoryNotFound, open_history
+from .recorder import (
+    begin_run as begin_run,
+)
 from .recorder import (
     flush as flush,
 )
@@ -49,8 +53,8 @@ __all__ = ["VIEWS", "History", "HistoryNotFound", "HistoryRecord", "history_root
 class _CallableModule(types.ModuleType):
     """This package, callable: ``monarch_kernel.history(name)`` is ``open_history(name)``."""
 
-    def __call__(self, name_or_mesh=None, *, root=None) -> History:
-        return open_history(name_or_mesh, root=root)
+    def __call__(self, name_or_mesh=None, *, root=None, run=None) -> History:
+        return open_history(name_or_mesh, root=root, run=run)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -4,10 +4,12 @@ imported only by ``schema()``, when a host first writes."""
 
 from __future__ import annotations
 
-# view -> [(column, SQL type, meaning)]; every view starts with time, mesh, host, rank.
+# view -> [(column, SQL type, meaning)]; every view starts with time, mesh, run, host, rank.
 _COMMON = [
     ("time", "TIMESTAMPTZ", "when (UTC, microseconds): printed, happened, measured"),
     ("mesh", "VARCHAR", "the mesh's (or job's) name"),
+    ("run", "VARCHAR", "the run: one spawn of the mesh, named by its UTC start and a random "
+                       "(`20261204T031500.123Z-9f2c1a`; `legacy`: written before runs)"),
     ("host", "VARCHAR", "the host the rank ran on"),
     ("rank", "INTEGER", "the rank (NULL for what concerns the whole mesh)"),
 ]
@@ -42,12 +44,14 @@ VIEWS: dict[str, list[tuple[str, str, str]]] = {
     ],
 }
 # The columns a row of each view carries, in order: the writer adds ``mesh`` (a file holds one
-# mesh's rows) and, for lines and metrics, ``host`` (the writer's own).
+# mesh's rows) and, for lines and metrics, ``host`` (the writer's own); ``run`` is no file's:
+# a query takes it from the run's folder (so the layout before runs reads as well).
 CONSTANT_HOST = frozenset({"lines", "metrics"})
+FROM_FOLDER = frozenset({"run"})
 
 
 def row_columns(view: str) -> list[str]:
-    skip = {"mesh"} | ({"host"} if view in CONSTANT_HOST else set())
+    skip = {"mesh"} | FROM_FOLDER | ({"host"} if view in CONSTANT_HOST else set())
     return [name for name, _t, _d in VIEWS[view] if name not in skip]
 
 
@@ -60,6 +64,8 @@ def schema(view: str):
 
     fields = []
     for name, sql, _doc in VIEWS[view]:
+        if name in FROM_FOLDER:
+            continue
         typ = pa.timestamp("us", tz="UTC") if sql == "TIMESTAMPTZ" else getattr(pa, _ARROW[sql])()
         fields.append(pa.field(name, typ))
     return pa.schema(fields)

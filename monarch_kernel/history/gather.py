@@ -1,6 +1,6 @@
 """A job's history brought home: the controller asks each host's agent for the files it wrote
 (over the job's own signed, encrypted links: ``runtime.host_files``) and copies them under
-this host's history root, one folder per host as there, skipping files it already has.  Done
+this host's history root, one folder per run and host as there, skipping files it already has.  Done
 when a history is opened, when a mesh on other hosts ends, and before a job is killed, so the
 history outlives the allocation.  Never asks anything of a host that is not the job's."""
 
@@ -41,18 +41,23 @@ def gather(mesh: str | None = None, root: pathlib.Path | None = None, timeout: f
     root = root or places.history_root()
     copied = 0
     for name, links in _links(rt, mesh).items():
-        have = [p.name for p in (root / places.safe(name)).glob("*/*.parquet")]
+        have = [f"{p.parent.parent.name}/{p.name}" for p in (root / places.safe(name)).glob("*/*/*.parquet")]
         done = host_files.fetch(rt, links, name, have)
         if not done.wait(timeout) or done.error() is not None:
             log.warning("monarch_kernel: the history of %s could not be fetched from its hosts within %g s",
                         name, timeout)
             continue
-        for host, files in done.result().items():
-            if not host:
-                for where, why in files:
-                    log.warning("monarch_kernel: the history of %s on %s: %s", name, where, why.decode())
+        for where, files in done.result().items():
+            if not where:
+                for host, why in files:
+                    log.warning("monarch_kernel: the history of %s on %s: %s", name, host, why.decode())
                 continue
-            folder = places.host_dir(root, name, host)
+            run, _, host = where.partition("/")
+            if not (places.is_run(run) and host and host == places.safe(host)):
+                log.warning("monarch_kernel: the history of %s: an agent sent files of %r, not RUN/HOST", name,
+                            where[:100])
+                continue
+            folder = places.host_dir(root, name, run, host)
             for file_name, data in files:
                 if "/" in file_name or file_name.startswith("."):
                     continue  # only plain names of that folder

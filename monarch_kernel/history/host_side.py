@@ -1,7 +1,8 @@
-"""A host agent's part of the history: its ranks' lines and metrics into this host's files
-(the controller records only the ranks it forks itself), and those files sent back to the
-controller when it asks (``HistoryAsk``), over the agent's own authenticated link.  Runs in
-the agent, on its IO thread but for reading files, which a thread of its own does."""
+"""A host agent's part of the history: its ranks' lines and metrics into this host's files,
+under the run the controller gave the spawn (the controller records only the ranks it forks
+itself), and those files sent back to the controller when it asks (``HistoryAsk``), over the
+agent's own authenticated link.  Runs in the agent, on its IO thread but for reading files,
+which a thread of its own does."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ class HostHistory:
             self.writer = process_writer(host=host, own_process=False)  # the agent is a process of its own
         writer = self.writer
         assert writer is not None
+        run = env.get(config.env_name("history_run"))
+        if run and writer.run_of(mesh) != places.safe(run):  # a spawn's first rank here: its run
+            writer.begin_run(mesh, run)
 
         def record(mesh: str, rank: int, stream: str, lines: bytes) -> None:
             record_lines(writer, mesh, rank, stream, lines)
@@ -66,22 +70,27 @@ class HostHistory:
         threading.Thread(target=self._send, args=(msg, say), name="monarch-history-send", daemon=True).start()
 
     def _send(self, msg: host_messages.HistoryAsk, say) -> None:
+        """Every run's files of the mesh on this host, each in the message's ``host`` as
+        ``RUN/HOST`` (its folder under the mesh's), ``have`` naming them ``RUN/FILE``."""
         hf = host_messages.HistoryFile
         host = self.writer.host if self.writer is not None else places.host_name()
         try:
             self.flush()
-            folder = places.history_root() / places.safe(msg.mesh) / places.safe(host)
             have = set(msg.have)
-            names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".parquet") or
-                           p.name == places.META) if folder.is_dir() else []
-            for name in names:
-                if name in have and name != places.META:
+            for run, folders in sorted(places.runs_of(places.history_root() / places.safe(msg.mesh)).items()):
+                folder = next((f for f in folders if f.name == places.safe(host)), None)
+                if run == places.LEGACY or folder is None:
                     continue
-                try:
-                    data = (folder / name).read_bytes()
-                except FileNotFoundError:  # rotated away meanwhile
-                    continue
-                say(hf(msg.tag, places.safe(host), name, data, False))
+                names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".parquet") or
+                               p.name == places.META)
+                for name in names:
+                    if f"{run}/{name}" in have and name != places.META:
+                        continue
+                    try:
+                        data = (folder / name).read_bytes()
+                    except FileNotFoundError:  # rotated away meanwhile
+                        continue
+                    say(hf(msg.tag, f"{run}/{places.safe(host)}", name, data, False))
         except OSError as e:
             say(hf(msg.tag, places.safe(host), "", b"", True, f"the history on {host} could not be read: {e}"))
             return

@@ -1,5 +1,7 @@
-"""The histories on disk: one record per mesh or job, from its hosts' ``meta.json`` files.
-Reads only, and nothing but those small files (no Parquet), so listing is quick."""
+"""The histories on disk: one record per run (one spawn) of a mesh or job, from its hosts'
+``meta.json`` files; a folder of the layout before runs is one run, ``legacy``.  Reads only,
+and nothing but those small files (no Parquet), so listing is quick; a folder it cannot read
+is left out, never a failure of the listing."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ from . import places
 
 @dataclass
 class HistoryRecord:
-    """One history: ``name``, ``kind`` ("mesh" or "job"), ``hosts``, ``first``/``last`` (epoch
-    seconds of its first and last write), ``state`` ("running", "ended", "failed", "gone":
-    its writer died before it ended), ``ranks`` and its ``folder``."""
+    """One run's history: ``name``, ``run`` (its id: its UTC start, then a random; ``legacy``
+    for a folder written before runs), ``kind`` ("mesh" or "job"), ``hosts``, ``first``/``last``
+    (epoch seconds of its first and last write), ``state`` ("running", "ended", "failed",
+    "gone": its writer died before it ended), ``ranks`` and its ``folder``."""
 
     name: str
+    run: str
     kind: str
     hosts: list[str]
     first: float
@@ -26,8 +30,13 @@ class HistoryRecord:
     ranks: int | None
     folder: pathlib.Path = field(repr=False)
 
+    @property
+    def mesh_folder(self) -> pathlib.Path:
+        """The folder of every run of this name."""
+        return self.folder if self.run == places.LEGACY else self.folder.parent
+
     def to_json(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "hosts": self.hosts, "first": _iso(self.first),
+        return {"name": self.name, "run": self.run, "kind": self.kind, "hosts": self.hosts, "first": _iso(self.first),
                 "last": _iso(self.last), "state": self.state, "ranks": self.ranks, "folder": str(self.folder)}
 
 
@@ -49,28 +58,46 @@ def alive(pid: int | None, host: str | None) -> bool:
 
 
 def list_histories(root=None) -> list[HistoryRecord]:
-    """Every history under ``root`` (default ``history_root()``), most recent first."""
+    """Every run's history under ``root`` (default ``history_root()``), the latest started first.
+
+    Example::
+
+        [(r.name, r.run, r.state) for r in monarch_kernel.history.list_histories()]
+    """
     root = pathlib.Path(root) if root is not None else places.history_root()
     out: list[HistoryRecord] = []
-    if not root.is_dir():
+    try:
+        meshes = [m for m in root.iterdir() if m.is_dir() and not m.name.startswith(".")]
+    except OSError:
         return out
-    for folder in root.iterdir():
-        if not folder.is_dir():
-            continue
-        metas = [places.read_meta(h) for h in folder.iterdir() if h.is_dir()]
-        metas = [m for m in metas if m]
-        if not metas:
-            continue
-        hosts = sorted({h for m in metas for h in (m.get("hosts") or [m.get("host")]) if h})
-        states = [m.get("state", "running") for m in metas]
+    for mesh in meshes:
+        for run, hosts in places.runs_of(mesh).items():
+            record = _record(mesh, run, hosts)
+            if record is not None:
+                out.append(record)
+    out.sort(key=lambda r: (r.first, r.last), reverse=True)
+    return out
+
+
+def _record(mesh: pathlib.Path, run: str, host_folders: list[pathlib.Path]) -> HistoryRecord | None:
+    metas = [m for m in (places.read_meta(h) for h in host_folders) if isinstance(m, dict) and m]
+    if not metas:
+        return None
+    try:
+        hosts = sorted({str(h) for m in metas for h in (m.get("hosts") or [m.get("host")]) if h})
+        # a state is the controller's word (a job's agents write none): running until it says otherwise
+        said = [m for m in metas if "state" in m] or metas
+        states = [m.get("state", "running") for m in said]
         state = "running" if "running" in states else ("failed" if "failed" in states else states[0])
-        if state == "running" and not any(alive(m.get("pid"), m.get("host")) for m in metas
+        if state == "running" and not any(alive(m.get("pid"), m.get("host")) for m in said
                                           if m.get("state", "running") == "running"):
             state = "gone"
-        out.append(HistoryRecord(
-            name=metas[0].get("name", folder.name),
+        return HistoryRecord(
+            name=str(metas[0].get("name", mesh.name)), run=run,
             kind="job" if any(m.get("kind") == "job" for m in metas) else "mesh",
-            hosts=hosts, first=min(m.get("first", 0.0) for m in metas), last=max(m.get("last", 0.0) for m in metas),
-            state=state, ranks=max((m.get("ranks") or 0 for m in metas), default=None) or None, folder=folder))
-    out.sort(key=lambda r: r.last, reverse=True)
-    return out
+            hosts=hosts, first=min(float(m.get("first", 0.0)) for m in metas),
+            last=max(float(m.get("last", 0.0)) for m in metas), state=str(state),
+            ranks=max((int(m.get("ranks") or 0) for m in metas), default=None) or None,
+            folder=mesh if run == places.LEGACY else mesh / run)
+    except (TypeError, ValueError):  # a meta.json not of ours: that run is not listed
+        return None

@@ -1,6 +1,7 @@
-"""One host's history on disk: batches of rows written as one Parquet file per view and mesh,
-small files merged as they pile up, and past the host's size cap (``history_max_bytes``) the
-oldest files dropped first, recorded as a ``history_dropped`` event.
+"""One host's history on disk: batches of rows written as one Parquet file per view and run
+of a mesh, small files merged as they pile up, and past the host's size cap
+(``history_max_bytes``, every mesh and run together) the oldest files dropped first (so the
+oldest run's go first), recorded as a ``history_dropped`` event.
 
 Its user is whoever does the disk work: the controller's writer process
 (``writer_process``) or a host agent's writer thread; pyarrow loads on the first write,
@@ -19,6 +20,7 @@ from ..runtime.hosting import SYNC_PATTERN
 from . import places
 from .columns import row_columns, schema
 
+Place = tuple[str, str | None]  # (mesh, run); run None: the mesh's newest run on disk (``places.latest_run``)
 MERGE_AT = 32  # this many small files of one view and mesh are merged into one
 SMALL_BYTES = 4 << 20  # a file under this (and under a 64th of the cap) is small: merged with others
 
@@ -32,43 +34,56 @@ class Batch:
     host: str
     max_bytes: int
     pid: int  # the recording process's (the listing tells a live history by it)
-    metas: dict[str, dict] = field(default_factory=dict)  # mesh -> what the listing says of it
-    chunks: dict[str, list] = field(default_factory=dict)  # mesh -> chunks of lines (``lines``)
-    rows: dict[tuple[str, str], list] = field(default_factory=dict)  # (view, mesh) -> rows
+    metas: dict[Place, dict] = field(default_factory=dict)  # what the listing says of each run
+    chunks: dict[Place, list] = field(default_factory=dict)  # chunks of lines (``lines``)
+    rows: dict[tuple[str, str, str | None], list] = field(default_factory=dict)  # (view, mesh, run) -> rows
 
     def empty(self) -> bool:
         return not self.metas and not self.chunks and not any(self.rows.values())
 
 
 class ParquetFiles:
-    """Batches in, Parquet files out, under ``root/<mesh>/<host>/``."""
+    """Batches in, Parquet files out, under ``root/<mesh>/<run>/<host>/``."""
 
     def __init__(self):
         self.root: pathlib.Path | None = None
         self.host = ""
         self.max_bytes = 0
         self._seq = 0
-        self._small: dict[tuple[str, str], list[pathlib.Path]] = collections.defaultdict(list)
+        self._small: dict[tuple[str, pathlib.Path], list[pathlib.Path]] = collections.defaultdict(list)
         self._bytes: int | None = None  # this host's history, all meshes (counted on the first write)
+        self._newest: dict[str, str] = {}  # mesh -> the run its rows of no run go to (``_folder``)
 
     def write(self, batch: Batch) -> None:
         root = pathlib.Path(batch.root)
         if root != self.root or batch.host != self.host:  # the settings moved it: count afresh
             self.root, self.host, self._bytes = root, batch.host, None
             self._small.clear()
+            self._newest.clear()
         self.max_bytes = batch.max_bytes
-        for mesh, info in batch.metas.items():
-            self._write_meta(mesh, info, batch.pid)
-        for mesh, got in batch.chunks.items():
+        for place, info in batch.metas.items():
+            self._write_meta(place, info, batch.pid)
+        for place, got in batch.chunks.items():
             for piece in _pieces(got, max(64 << 10, self.max_bytes // 16)):
-                self._write("lines", mesh, _columns(piece))
-        for (view, mesh), rows in batch.rows.items():
+                self._write("lines", place[0], self._folder(place), _columns(piece))
+        for (view, mesh, run), rows in batch.rows.items():
             if rows:
-                self._write(view, mesh, list(zip(*rows, strict=True)))
+                self._write(view, mesh, self._folder((mesh, run)), list(zip(*rows, strict=True)))
         self._cap()
 
-    def _write(self, view: str, mesh: str, cols: list) -> None:
-        """One file of ``view``'s rows for ``mesh``, given as columns (``row_columns`` order)."""
+    def _folder(self, place: Place) -> pathlib.Path:
+        """This host's folder of run ``place`` (made); rows of no known run go to the mesh's
+        newest run here (what a process that did not spawn it says of it: a kernel of a mesh
+        it attached to), else to a run of their own."""
+        assert self.root is not None
+        mesh, run = place
+        if run is None:
+            run = self._newest.get(mesh) or places.latest_run(self.root, mesh) or places.new_run()
+            self._newest[mesh] = run
+        return places.host_dir(self.root, mesh, run, self.host)
+
+    def _write(self, view: str, mesh: str, folder: pathlib.Path, cols: list) -> None:
+        """One file of ``view``'s rows for ``mesh`` in ``folder``, given as columns (``row_columns`` order)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -87,13 +102,12 @@ class ParquetFiles:
         if "host" not in arrays:
             arrays["host"] = pa.repeat(self.host, n)
         table = pa.table([arrays[name] for name in sch.names], schema=sch)
-        folder = places.host_dir(self.root, mesh, self.host)
         path = self._write_file(folder, view, table, pq)
         if path.stat().st_size >= min(SMALL_BYTES, self.max_bytes // 64):
             return  # merged with others it could outgrow the cap, which would drop the newest rows with it
-        self._small[(view, mesh)].append(path)
-        if len(self._small[(view, mesh)]) >= MERGE_AT:
-            self._merge(view, mesh, folder, pq)
+        self._small[(view, folder)].append(path)
+        if len(self._small[(view, folder)]) >= MERGE_AT:
+            self._merge(view, folder, pq)
 
     def _write_file(self, folder: pathlib.Path, view: str, table, pq) -> pathlib.Path:
         self._seq += 1
@@ -107,12 +121,12 @@ class ParquetFiles:
             self._bytes += size
         return folder / name
 
-    def _merge(self, view: str, mesh: str, folder: pathlib.Path, pq) -> None:
+    def _merge(self, view: str, folder: pathlib.Path, pq) -> None:
         """Small files of one view become one (queries open fewer files); the new file takes
         the first one's place in time, so the oldest still go first."""
         import pyarrow as pa
 
-        small, self._small[(view, mesh)] = self._small[(view, mesh)], []
+        small, self._small[(view, folder)] = self._small[(view, folder)], []
         there = [p for p in small if p.exists()]
         if not there:
             return
@@ -127,12 +141,12 @@ class ParquetFiles:
             if self._bytes is not None:
                 self._bytes -= size
 
-    def _write_meta(self, mesh: str, info: dict, pid: int) -> None:
-        assert self.root is not None
-        folder = places.host_dir(self.root, mesh, self.host)
+    def _write_meta(self, place: Place, info: dict, pid: int) -> None:
+        folder = self._folder(place)
         meta = places.read_meta(folder)
         now = time.time()
-        meta.setdefault("name", mesh)
+        meta.setdefault("name", place[0])
+        meta.setdefault("run", folder.parent.name)
         meta.setdefault("kind", "mesh")
         meta.setdefault("first", now)
         meta.update(info, last=now, host=self.host, pid=pid)
@@ -141,15 +155,11 @@ class ParquetFiles:
     # ------------------------------------------------------------ the size cap
 
     def _host_files(self) -> list[tuple[int, pathlib.Path, int]]:
-        """(time written, path, bytes) of every history file of this host, all meshes."""
+        """(time written, path, bytes) of every history file of this host, all meshes and runs."""
         out: list[tuple[int, pathlib.Path, int]] = []
-        if self.root is None or not self.root.is_dir():
+        if self.root is None:
             return out
-        host = places.safe(self.host)
-        for mesh in self.root.iterdir():
-            folder = mesh / host
-            if not folder.is_dir():
-                continue
+        for _mesh, folder in places.host_folders(self.root, self.host):
             for p in folder.glob("*.parquet"):
                 try:
                     out.append((int(p.name.split("-")[1]), p, p.stat().st_size))
@@ -165,7 +175,7 @@ class ParquetFiles:
         files = sorted(self._host_files())
         total = sum(size for _t, _p, size in files)
         goal = int(self.max_bytes * 0.9)
-        dropped: dict[str, list[str]] = collections.defaultdict(list)
+        dropped: dict[pathlib.Path, list[str]] = collections.defaultdict(list)
         freed = 0
         for _t, path, size in files:
             if total - freed <= goal:
@@ -175,16 +185,19 @@ class ParquetFiles:
             except FileNotFoundError:
                 pass
             freed += size
-            dropped[path.parent.parent.name].append(path.name)
+            dropped[path.parent].append(path.name)
             for small in self._small.values():
                 if path in small:
                     small.remove(path)
         self._bytes = total - freed
         now = time.time_ns() // 1000
-        for mesh, names in dropped.items():  # said at once, in a file of its own
+        for folder, names in dropped.items():  # said at once, in the run that lost them, in a file of its own
             detail = (f"{len(names)} oldest file(s) dropped to keep this host's history under "
                       f"{self.max_bytes:,} bytes (history_max_bytes): {', '.join(names[:20])}")
-            self._write("events", mesh, [[now], [self.host], [None], ["history_dropped"], [None], [None], [detail]])
+            mesh = places.read_meta(folder).get("name") or (folder.parent.parent if places.is_run(
+                folder.parent.name) else folder.parent).name
+            self._write("events", mesh, folder, [[now], [self.host], [None], ["history_dropped"], [None], [None],
+                                                 [detail]])
 
 
 def _pieces(chunks: list, most: int) -> list[list]:

@@ -1,6 +1,8 @@
 """Where histories live: ``history_root()`` (the ``history_dir`` setting, else the XDG state
-folder), one folder per mesh or job under it, one per host under that, each 0700.  A host
-only ever writes under its own folder, so a shared file system needs no locking."""
+folder), one folder per mesh or job name under it, one per run (one spawn) under that, one
+per host under that, each 0700: ``root/<mesh>/<run>/<host>/``.  A host only ever writes under
+its own folder, so a shared file system needs no locking.  The layout before runs
+(``root/<mesh>/<host>/``) is still read, as one run named ``legacy``."""
 
 from __future__ import annotations
 
@@ -8,11 +10,16 @@ import json
 import os
 import pathlib
 import re
+import secrets
 import socket
+import time
 
 from ..runtime.hosting import config, private_files
 
 META = "meta.json"  # in each host's folder: what the listing says of it
+LEGACY = "legacy"  # the one run of a folder written before runs (root/<mesh>/<host>/)
+ALL = "all"  # run=ALL: every run of a name, each row with its run
+_RUN = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-[0-9a-f]+$")
 
 
 def history_root() -> pathlib.Path:
@@ -30,12 +37,33 @@ def history_root() -> pathlib.Path:
     return pathlib.Path(state) / "monarch-kernel" / "history"
 
 
-def hosts_env() -> dict[str, str]:
+def hosts_env(run: str | None = None) -> dict[str, str]:
     """The history settings in force here, as environment variables for a job's ranks: their
     hosts' agents adopt them (``host_side``), so every host writes its history where this
-    process does, or none when it writes none."""
-    return {config.env_name("record_history"): "1" if config.get("record_history") else "0",
-            config.env_name("history_dir"): str(history_root())}
+    process does, or none when it writes none; and ``run``, the spawn's run, which every host
+    writes that mesh's history under."""
+    env = {config.env_name("record_history"): "1" if config.get("record_history") else "0",
+           config.env_name("history_dir"): str(history_root())}
+    if run is not None:
+        env[config.env_name("history_run")] = run
+    return env
+
+
+def new_run(now: float | None = None) -> str:
+    """A fresh run id: its UTC start time to the millisecond, then a short random, so that
+    ids sort by time and two spawns in one millisecond (on two machines) still differ.
+
+    >>> new_run(0.0)[:19]
+    '19700101T000000.000'
+    """
+    now = time.time() if now is None else now
+    ms = int(now * 1000) % 1000
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}.{ms:03d}Z-{secrets.token_hex(3)}"
+
+
+def is_run(name: str) -> bool:
+    """Whether folder ``name`` (under a mesh's) is a run's (else an old layout's host folder)."""
+    return bool(_RUN.match(name))
 
 
 def host_name() -> str:
@@ -47,13 +75,51 @@ def safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@+-]", "_", name).lstrip(".") or "_"
 
 
-def host_dir(root: pathlib.Path, mesh: str, host: str) -> pathlib.Path:
-    """``root/mesh/host``, made 0700 (and the folders above it) if missing."""
-    path = root / safe(mesh) / safe(host)
-    private_files.private_dir(str(root), parents=False)
-    private_files.private_dir(str(root / safe(mesh)), parents=False)
-    private_files.private_dir(str(path), parents=False)
+def host_dir(root: pathlib.Path, mesh: str, run: str, host: str) -> pathlib.Path:
+    """``root/mesh/run/host``, made 0700 (and the folders above it) if missing."""
+    path = root / safe(mesh) / safe(run) / safe(host)
+    for folder in (root, root / safe(mesh), path.parent, path):
+        private_files.private_dir(str(folder), parents=False)
     return path
+
+
+def runs_of(mesh_folder: pathlib.Path) -> dict[str, list[pathlib.Path]]:
+    """run -> its host folders, of the mesh (or job) whose folder is ``mesh_folder``; the
+    old layout's host folders (a ``meta.json`` of their own) as the run ``LEGACY``."""
+    out: dict[str, list[pathlib.Path]] = {}
+    try:
+        children = [c for c in mesh_folder.iterdir() if c.is_dir() and not c.name.startswith(".")]
+    except OSError:  # gone meanwhile, or not ours to read
+        return out
+    for child in children:
+        if is_run(child.name):
+            try:
+                out[child.name] = [h for h in child.iterdir() if h.is_dir() and not h.name.startswith(".")]
+            except OSError:
+                continue
+        elif (child / META).is_file():
+            out.setdefault(LEGACY, []).append(child)
+    return out
+
+
+def host_folders(root: pathlib.Path, host: str) -> list[tuple[str, pathlib.Path]]:
+    """(mesh folder's name, folder) of every folder ``host`` wrote under ``root``, every mesh
+    and run, the old layout's too: what its size cap counts."""
+    out: list[tuple[str, pathlib.Path]] = []
+    try:
+        meshes = [m for m in root.iterdir() if m.is_dir() and not m.name.startswith(".")]
+    except OSError:
+        return out
+    for mesh in meshes:
+        for folders in runs_of(mesh).values():
+            out += [(mesh.name, f) for f in folders if f.name == safe(host)]
+    return out
+
+
+def latest_run(root: pathlib.Path, mesh: str) -> str | None:
+    """The newest run of ``mesh`` under ``root`` (by its id, which sorts by time), or None."""
+    runs = [r for r in runs_of(root / safe(mesh)) if r != LEGACY]
+    return max(runs) if runs else None
 
 
 def read_meta(folder: pathlib.Path) -> dict:

@@ -1,6 +1,7 @@
-"""A history, asked in SQL: DuckDB over the Parquet files of one mesh or job (every host's
-folder under it), with the views of ``columns.VIEWS``.  Reads only; never writes a history.
-DuckDB and pandas load on the first query."""
+"""A history, asked in SQL: DuckDB over the Parquet files of one run of a mesh or job (every
+host's folder under it), or of all its runs, with the views of ``columns.VIEWS`` (their
+``run`` column is the run's folder: the files do not store it).  Reads only; never writes a
+history.  DuckDB and pandas load on the first query."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from . import pending, places
 from .columns import VIEWS, empty_select
 from .gather import gather
 from .listing import HistoryRecord, list_histories
-from .recorder import flush
+from .recorder import current_run, flush
 
 
 class HistoryNotFound(LookupError):
@@ -19,27 +20,45 @@ class HistoryNotFound(LookupError):
 
 
 class History:
-    """One mesh's (or job's) history: ``sql(query)`` returns a pandas DataFrame.
+    """One run's history of a mesh (or job), or all its runs (``run="all"``): ``sql(query)``
+    returns a pandas DataFrame.
 
     Example::
 
-        h = monarch_kernel.history("train")
+        h = monarch_kernel.history("train")                  # its latest run
         h.sql("SELECT rank, count(*) AS n FROM lines GROUP BY rank ORDER BY rank")
+        monarch_kernel.history("train", run="all").sql("SELECT run, count(*) FROM lines GROUP BY run")
     """
 
     views = list(VIEWS)
 
-    def __init__(self, folder: pathlib.Path, record: HistoryRecord | None = None):
-        self.folder = folder
-        self.name = record.name if record is not None else folder.name
-        self.record = record
+    def __init__(self, records: list[HistoryRecord], *, every: bool = False):
+        """``records``: the runs asked, newest first; ``every``: all runs of the name."""
+        self.runs = records
+        self.record = records[0]  # the newest run asked
+        self.name = self.record.name
+        self.run = places.ALL if every else self.record.run
+        self.folder = self.record.mesh_folder if every else self.record.folder
         self._con: Any = None
 
     def __repr__(self) -> str:
-        return f"History({self.name!r}, {str(self.folder)!r})"
+        return f"History({self.name!r}, run={self.run!r}, {str(self.folder)!r})"
 
-    def files(self, view: str) -> list[str]:
-        return sorted(str(p) for p in self.folder.glob(f"*/{view}-*.parquet"))
+    def files(self, view: str, record: HistoryRecord | None = None) -> list[str]:
+        """The files of ``view`` of run ``record`` (default: every run asked)."""
+        return sorted(str(p) for r in ([record] if record is not None else self.runs)
+                      for p in r.folder.glob(f"*/{view}-*.parquet"))
+
+    def _view(self, view: str) -> str:
+        """SQL for ``view``: each run's files with its run, in the documented column order."""
+        parts = []
+        for record in self.runs:
+            files = self.files(view, record)
+            if files:
+                listed = ", ".join(_quoted(f) for f in files)
+                parts.append(f"SELECT time, mesh, {_quoted(record.run)} AS run, * EXCLUDE (time, mesh) "
+                             f"FROM read_parquet([{listed}], union_by_name=true)")
+        return " UNION ALL BY NAME ".join(parts) if parts else empty_select(view)
 
     def connect(self):
         """A DuckDB connection with this history's views (made again on each call: files come
@@ -47,16 +66,11 @@ class History:
         import duckdb
 
         flush()  # rows this process gathered and has not written yet
-        pending.wait_written(self.folder.parent)  # ... and those of a controller that just exited
+        pending.wait_written(self.record.mesh_folder.parent)  # ... and those of a controller that just exited
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         for view in VIEWS:
-            files = self.files(view)
-            if files:
-                listed = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-                con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet([{listed}], union_by_name=true)")
-            else:
-                con.execute(f"CREATE VIEW {view} AS {empty_select(view)}")
+            con.execute(f"CREATE VIEW {view} AS {self._view(view)}")
         return con
 
     def sql(self, query: str):
@@ -98,11 +112,18 @@ class History:
         return ax
 
 
-def open_history(name_or_mesh=None, *, root=None) -> History:
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def open_history(name_or_mesh=None, *, root=None, run: str | None = None) -> History:
     """The history of mesh or job ``name_or_mesh`` (a name, or a ``ProcMesh``/job with a
-    ``.name``); None: the most recently written one."""
+    ``.name``; None: the most recently written one's).  ``run``: None, its latest run (the
+    run this process spawned, for a mesh it spawned); a run id (or the start of one) of
+    ``list_histories()``; ``"all"``: every run, told apart by the views' ``run`` column."""
     root = pathlib.Path(root) if root is not None else places.history_root()
     name = name_or_mesh if name_or_mesh is None or isinstance(name_or_mesh, str) else name_or_mesh.name
+    mine = current_run(name_or_mesh) if name_or_mesh is not None and run is None else None
     flush()
     pending.wait_written(root)
     if name is not None:
@@ -112,11 +133,20 @@ def open_history(name_or_mesh=None, *, root=None) -> History:
         if not records:
             raise HistoryNotFound(f"no history under {root} yet: spawn a mesh (its ranks' output is recorded), "
                                   f"or set history_dir (MONARCH_KERNEL_HISTORY_DIR) to where histories are")
-        latest = max(records, key=lambda r: r.last)
-        return History(latest.folder, latest)
-    for record in records:
-        if record.name == name or record.folder.name == places.safe(name):
-            return History(record.folder, record)
-    known = ", ".join(sorted(r.name for r in records)) or "none"
-    raise HistoryNotFound(f"no history named {name!r} under {root} (there: {known}); "
-                          f"`%mesh history --list` lists them")
+        name = max(records, key=lambda r: r.last).name
+    runs = sorted((r for r in records if r.name == name or r.mesh_folder.name == places.safe(name)),
+                  key=lambda r: r.first, reverse=True)
+    if not runs:
+        known = ", ".join(sorted({r.name for r in records})) or "none"
+        raise HistoryNotFound(f"no history named {name!r} under {root} (there: {known}); "
+                              f"`%mesh history --list` lists them")
+    if run == places.ALL:
+        return History(runs, every=True)
+    if run is None:
+        return History([next((r for r in runs if r.run == mine), runs[0])])
+    chosen = [r for r in runs if r.run == run] or [r for r in runs if r.run.startswith(run)]
+    if len(chosen) != 1:
+        said = "more than one run" if chosen else "no run"
+        raise HistoryNotFound(f"{name!r} has {said} {run!r} under {root}; its runs, newest first: "
+                              f"{', '.join(r.run for r in runs)} (or run='all': every run)")
+    return History(chosen)

@@ -14,6 +14,7 @@ import threading
 import time
 
 from ..runtime.hosting import Runtime, config, proc_stats
+from . import places
 from .gather import gather_soon
 from .writer import HistoryWriter, new_writer
 
@@ -66,6 +67,7 @@ class Recorder:
         self.alive: dict[str, int] = {}  # mesh -> ranks not yet dead
         self.remote: set[str] = set()  # meshes with ranks on other hosts (their agents write their lines)
         self.failed: set[str] = set()
+        self.runs: dict[str, str] = {}  # mesh id -> its run (``current_run`` of a ProcMesh)
         self.last_ticks: dict[tuple[str, int], tuple[int, float, int]] = {}
         self.handles = [rt.hooks.record.install(self.record), rt.hooks.spawned.install(self.spawned),
                         rt.hooks.death.install(self.death)]
@@ -78,6 +80,9 @@ class Recorder:
         ref = proc_mesh.ref
         hosts = sorted(set(ref.hosts)) or [self.writer.host]
         self.alive[ref.name] = ref.size
+        run = self.writer.run_of(ref.name)
+        if run is not None:
+            self.runs[ref.id] = run
         om = self.rt.owned_mesh(ref.id)
         if om is not None and om.links is not None:
             self.remote.add(ref.name)
@@ -180,6 +185,30 @@ def record_history(rt: Runtime) -> Recorder | None:
         with _lock:
             _recorders[id(rt)] = got
     return got
+
+
+def begin_run(mesh: str) -> str:
+    """A new run of ``mesh``, which this process is about to spawn (again): its rows from now
+    on go to that run's folders; the run id, for the hosts of a job to write under too."""
+    writer = process_writer(create=False)
+    return writer.begin_run(mesh) if writer is not None else places.new_run()
+
+
+def current_run(name_or_mesh) -> str | None:
+    """The run this process records a mesh under: a ``ProcMesh``'s own (a mesh replaced by
+    another of its name keeps its run), a name's latest spawn here; None if it spawned none."""
+    ref = getattr(name_or_mesh, "ref", None)
+    if ref is not None:
+        with _lock:
+            recorders = list(_recorders.values())
+        for recorder in recorders:
+            if ref.id in recorder.runs:
+                return recorder.runs[ref.id]
+        name_or_mesh = ref.name
+    writer = process_writer(create=False)
+    if writer is None or not isinstance(name_or_mesh, str):
+        return None
+    return writer.run_of(name_or_mesh)
 
 
 def record_event(mesh: str, kind: str, *, rank: int | None = None, detail: str = "", host: str | None = None,

@@ -19,7 +19,7 @@ from typing import Protocol
 from ..runtime.hosting import config
 from . import places
 from .columns import VIEWS
-from .parquet_files import Batch, ParquetFiles
+from .parquet_files import Batch, ParquetFiles, Place
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,17 @@ class HistoryWriter:
         self.sink: Sink = sink if sink is not None else InProcess()
         self.cell: str | None = None  # the cell or call lines are recorded under
         self.live = False  # whether root and limits follow the settings (``new_writer``)
-        self._dirty: set[str] = set()  # meshes whose info changed since the last batch
-        self._rows: dict[tuple[str, str], list] = {}
-        self._chunks: dict[str, list] = {}  # mesh -> chunks of lines (``lines``)
+        # mesh name -> the run its rows go to (``begin_run``); a name not there: its newest run
+        # on disk (an attached mesh's, spawned by another process); ``controller``: this process's
+        self._runs: dict[str, str] = {"controller": places.new_run()}
+        self._dirty: set[Place] = set()  # meshes whose info changed since the last batch
+        self._rows: dict[tuple[str, str, str | None], list] = {}  # (view, mesh, run) -> rows
+        self._chunks: dict[Place, list] = {}  # chunks of lines (``lines``)
         self._pending = 0  # bytes of lines in _chunks
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._write_lock = threading.Lock()  # one batch at a time (the thread, flush())
-        self._meta: dict[str, dict] = {}
+        self._meta: dict[Place, dict] = {}
         self._held_since: float | None = None  # when samples alone began to wait (``_samples_only``)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="monarch-history", daemon=True)
@@ -76,12 +79,24 @@ class HistoryWriter:
 
     # ------------------------------------------------------------ from any thread, never blocking
 
+    def begin_run(self, mesh: str, run: str | None = None) -> str:
+        """From now on ``mesh``'s rows go to run ``run`` (default: a new one, for a spawn); the run."""
+        run = places.safe(run) if run else places.new_run()
+        with self._lock:
+            self._runs[mesh] = run
+        return run
+
+    def run_of(self, mesh: str) -> str | None:
+        """The run ``mesh``'s rows go to now, if this process knows it."""
+        return self._runs.get(mesh)
+
     def add(self, view: str, mesh: str, row: tuple) -> None:
         """One row of ``view`` for ``mesh``, its values in ``row_columns(view)``'s order."""
         with self._lock:
-            rows = self._rows.get((view, mesh))
+            key = (view, mesh, self._runs.get(mesh))
+            rows = self._rows.get(key)
             if rows is None:
-                rows = self._rows[(view, mesh)] = []
+                rows = self._rows[key] = []
             rows.append(row)
         if len(rows) >= BATCH_ROWS:
             self._wake.set()
@@ -91,9 +106,10 @@ class HistoryWriter:
         one append, however many lines; they are cut where the batch is written, in arrow's C++."""
         chunk = (time.time_ns() // 1000, rank, stream, self.cell, lines)
         with self._lock:
-            chunks = self._chunks.get(mesh)
+            place = (mesh, self._runs.get(mesh))
+            chunks = self._chunks.get(place)
             if chunks is None:
-                chunks = self._chunks[mesh] = []
+                chunks = self._chunks[place] = []
             chunks.append(chunk)
             self._pending += len(lines)
         if self._pending >= BATCH_BYTES:
@@ -102,8 +118,9 @@ class HistoryWriter:
     def mesh_info(self, mesh: str, **info) -> None:
         """What the listing says of ``mesh`` (kind, hosts, state), written with the next batch."""
         with self._lock:
-            self._meta.setdefault(mesh, {}).update(info)
-            self._dirty.add(mesh)
+            place = (mesh, self._runs.get(mesh))
+            self._meta.setdefault(place, {}).update(info)
+            self._dirty.add(place)
         self._wake.set()
 
     # ------------------------------------------------------------ writing
@@ -123,13 +140,13 @@ class HistoryWriter:
                 rows, self._rows = self._rows, {}
                 chunks, self._chunks, self._pending = self._chunks, {}, 0
                 dirty, self._dirty = self._dirty, set()
-                metas = {m: dict(self._meta.get(m, {})) for m in dirty | {m for _v, m in rows} | set(chunks)}
+                metas = {p: dict(self._meta.get(p, {})) for p in dirty | {(m, r) for _v, m, r in rows} | set(chunks)}
             batch = Batch(str(self.root), self.host, self.max_bytes, os.getpid(), metas, chunks, rows)
             self.sink.write(None if batch.empty() else batch, wait)
 
     def _samples_only(self) -> bool:
         """Whether only samples are gathered, the oldest younger than ``HOLD_S`` (under the lock)."""
-        if not self._rows or self._chunks or self._dirty or any(view != "samples" for view, _m in self._rows):
+        if not self._rows or self._chunks or self._dirty or any(key[0] != "samples" for key in self._rows):
             return False
         if self._held_since is None:
             self._held_since = time.monotonic()

@@ -22,15 +22,16 @@ def history_command(session, a):
         import pandas as pd
 
         rows = [r.to_json() for r in history.list_histories(root)]
-        return pd.DataFrame(rows, columns=["name", "kind", "hosts", "first", "last", "state", "ranks", "folder"])
+        return pd.DataFrame(rows, columns=["name", "run", "kind", "hosts", "first", "last", "state", "ranks",
+                                           "folder"])
     if a.views:
         print(history.columns.markdown())
         return None
     name = a.mesh or session.current
     try:
-        h = history.open_history(name, root=root)
+        h = history.open_history(name, root=root, run=a.run)
     except history.HistoryNotFound as e:
-        if a.mesh is None and name is not None:  # the current mesh has written nothing yet: the latest
+        if a.mesh is None and a.run is None and name is not None:  # the current mesh wrote nothing yet: the latest
             h = history.open_history(None, root=root)
         else:
             raise UsageError(str(e)) from None

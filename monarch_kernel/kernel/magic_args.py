@@ -207,8 +207,11 @@ def _top():
 @argument("query", nargs="*", metavar='"SQL"', help="a query over the views lines, events, metrics, samples, "
           "stacks (DuckDB's SQL), best quoted as one; the answer is a pandas DataFrame")
 @argument("--mesh", metavar="M", help="whose history (default: the current mesh's, else the latest written)")
+@argument("--run", metavar="RUN", help="which run (one spawn) of it: an id of --list, or its start; 'all': every "
+          "run, with a run column (default: the latest, in a kernel the one it spawned)")
 @argument("--plot", metavar="METRIC", help="draw each rank's METRIC (monarch_kernel.metric) over steps")
-@argument("--list", action="store_true", help="the histories on disk: meshes and jobs, hosts, times, state")
+@argument("--list", action="store_true", help="the histories on disk, one row per run of a mesh or job: hosts, "
+          "times, state")
 @argument("--views", action="store_true", help="the views and their columns")
 @argument("--root", metavar="DIR", help="where histories live (default: the history_dir setting)")
 def _history():
@@ -217,6 +220,7 @@ def _history():
       %mesh history "SELECT rank, count(*) FROM lines GROUP BY rank"
       %mesh history "SELECT * FROM events WHERE kind = 'exit'"
       %mesh history --plot loss
+      %mesh history --run all "SELECT run, count(*) FROM lines GROUP BY run"
     """
 
 

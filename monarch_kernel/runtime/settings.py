@@ -151,6 +151,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
                "recorded as a `history_dropped` event"),
     _env("MONARCH_KERNEL_HISTORY_FLUSH", "history_flush", float, 2.0, unit="s", minimum=0.05,
          help_="how often a host writes the history rows it has gathered (a batch is also written at 100,000 rows)"),
+    _env("MONARCH_KERNEL_HISTORY_RUN", "history_run", str, None, shown="none",
+         help_="the run (one spawn of a mesh) a job's host writes a mesh's history under: a controller gives it "
+               "to each spawn on other hosts, so that every host of the run writes into one folder; not to be set "
+               "by hand"),
     _env("MONARCH_KERNEL_HISTORY_SAMPLE", "history_sample", float, 10.0, unit="s", kernel=True, minimum=0.0,
          help_="how often a controller records each rank's CPU and memory (the figures of `%mesh top`) into "
                "the history; `0`: only when `%mesh top` samples"),

@@ -56,7 +56,7 @@ def test_a_detached_mesh_is_listed_read_and_stopped_with_no_kernel(env, tmp_path
         code, out, err = cli("ls", env=env)
         assert code == 0, err
         lines = out.splitlines()
-        assert lines[0].split() == ["NAME", "KIND", "STATE", "RANKS", "HOSTS", "OWNER", "ATTACHED"]
+        assert lines[0].split() == ["NAME", "KIND", "STATE", "RANKS", "HOSTS", "OWNER", "ATTACHED", "RUN"]
         assert lines[1].split()[:4] == ["dm", "detached", "running", "2"] and f"host pid {host.pid}" in lines[1]
         code, out, err = cli("ls", "--json", env=env)
         assert code == 0, err

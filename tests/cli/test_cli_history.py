@@ -114,3 +114,33 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, 
     finally:
         assert run.wait(120) == 0
         run.stdout.close()
+
+
+def test_each_run_of_a_name_is_listed_and_read_apart(tmp_path, env):
+    for steps in (3, 2):  # the same script run twice: two runs of "again"
+        run = train(tmp_path, env, "again", steps, 0)
+        assert run.wait(120) == 0
+        run.stdout.close()
+    code, out, err = cli("ls", "--json", env=env)
+    assert code == 0, err
+    rows = [r for r in json.loads(out) if r["name"] == "again"]
+    assert [(r["kind"], r["state"]) for r in rows] == [("finished", "ended")] * 2, rows
+    new, old = rows[0]["run"], rows[1]["run"]  # the latest first
+    assert old < new, rows
+    code, out, err = cli("ls", env=env)
+    assert code == 0 and out.splitlines()[0].split()[-1] == "RUN" and new in out and old in out, out
+
+    # the latest run by default; --run another; --run all both, with their runs
+    query = "SELECT rank, count(*) AS n FROM lines WHERE stream = 'stdout' GROUP BY rank ORDER BY rank"
+    code, out, err = cli("history", "again", query, "--json", env=env)
+    assert code == 0 and json.loads(out) == [{"rank": 0, "n": 2}, {"rank": 1, "n": 2}], (out, err)
+    code, out, err = cli("history", "again", query, "--run", old, "--json", env=env)
+    assert code == 0 and json.loads(out) == [{"rank": 0, "n": 3}, {"rank": 1, "n": 3}], (out, err)
+    code, out, err = cli("history", "again", "SELECT run, max(step) AS last FROM metrics GROUP BY run ORDER BY run",
+                         "--run", "all", "--json", env=env)
+    assert code == 0 and json.loads(out) == [{"run": old, "last": 2}, {"run": new, "last": 1}], (out, err)
+    code, out, err = cli("logs", "again", "--rank", "0", "--run", old, env=env)
+    assert code == 0 and out.splitlines() == ["[rank 0] step 0", "[rank 0] step 1", "[rank 0] step 2",
+                                              "[rank 0] (stderr) done"], (out, err)
+    code, out, err = cli("history", "again", "SELECT 1", "--run", "nope", env=env)
+    assert code == 3 and f"its runs, newest first: {new}, {old}" in err, err

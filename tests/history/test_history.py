@@ -101,9 +101,9 @@ def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):
         finally:
             procs.stop().get(timeout=30)
         # the folders are this user's alone, the files too
-        for folder in [root, root / "h-basic", *(root / "h-basic").iterdir()]:
+        for folder in [root, root / "h-basic", *(root / "h-basic").glob("*"), *(root / "h-basic").glob("*/*")]:
             assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
-        files = list((root / "h-basic").glob("*/*.parquet"))
+        files = list((root / "h-basic").glob("*/*/*.parquet"))  # root/<mesh>/<run>/<host>/
         assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
         listed = {r.name: r for r in monarch_kernel.history.list_histories(root)}
         rec = listed["h-basic"]
@@ -128,7 +128,7 @@ def test_a_host_over_its_cap_drops_its_oldest_files_and_records_it(tmp_path):
             assert "history_max_bytes" in dropped["detail"][0]
             def size() -> int:
                 total = 0
-                for f in root.glob("*/*/*.parquet"):
+                for f in root.glob("*/*/*/*.parquet"):
                     with contextlib.suppress(FileNotFoundError):  # rotated away meanwhile
                         total += f.stat().st_size
                 return total

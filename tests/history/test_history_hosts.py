@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 
 import pytest
@@ -82,3 +83,7 @@ def test_with_a_shared_folder_every_host_writes_into_it(ssh_hosts, checkout_pyth
         hosts = _run_job(ssh_hosts, checkout_python, {})
         got = monarch_kernel.history("h-job").sql("SELECT host, count(*) AS n FROM lines GROUP BY host ORDER BY host")
         assert got["host"].tolist() == sorted(set(hosts)) and got["n"].tolist() == [60, 60]
+        # the hosts write under the run the controller spawned: one run folder, every host's in it
+        (run,) = [r for r in monarch_kernel.history.list_histories() if r.name == "h-job"]
+        assert run.folder.parent == shared / "h-job" and list(run.folder.parent.iterdir()) == [run.folder]
+        assert {p.name for p in run.folder.iterdir()} == set(hosts) | {socket.gethostname()}, run.folder

@@ -68,3 +68,28 @@ def test_a_history_outlives_its_kernel_and_a_fresh_one_asks_it_in_sql(kernelspec
         assert reply["ename"] == "UsageError" and "nope" in reply["evalue"] and "--views" in reply["evalue"]
         out, reply = run(kc, "%mesh history --mesh other \"SELECT 1\"")
         assert reply["ename"] == "UsageError" and "no history named 'other'" in reply["evalue"]
+
+
+def test_a_cell_run_again_is_a_new_run_and_the_magic_reads_the_kernels_own(kernelspec, tmp_path):
+    env = {**os.environ, "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "hist"), "MONARCH_KERNEL_HISTORY_FLUSH": "0.2"}
+    spawn = "procs = %mesh spawn -n {n} --name again"
+    say = "%%mesh\nimport monarch_kernel\nprint('{word}', monarch_kernel.current_rank().rank)"
+    with kernel(kernelspec, env=env) as kc:
+        for n, word in ((2, "first"), (1, "second")):  # the same cells run again: the mesh replaced
+            out, reply = run(kc, spawn.format(n=n))
+            assert reply["status"] == "ok", text(out)
+            out, reply = run(kc, say.format(word=word))
+            assert reply["status"] == "ok" and word in text(out), text(out)
+        out, reply = run(kc, 'df = %mesh history "SELECT run, line FROM lines ORDER BY time"\n'
+                             'print(df["line"].tolist(), df["run"].nunique())')
+        assert reply["status"] == "ok" and text(out).strip() == "['second 0'] 1", text(out)
+        out, reply = run(kc, "runs = %mesh history --list\nprint(runs[['name', 'ranks', 'state']].values.tolist())")
+        assert text(out).strip() == "[['again', 1, 'running'], ['again', 2, 'ended']]", text(out)
+        out, reply = run(kc, 'df = %mesh history --run all "SELECT run, count(*) AS n FROM lines GROUP BY run '
+                             'ORDER BY run"\nprint(df["n"].tolist(), df["run"].tolist() == sorted(runs["run"]))')
+        assert text(out).strip() == "[2, 1] True", text(out)
+        out, reply = run(kc, 'old = runs["run"][1]\n'
+                             'df = %mesh history --run $old "SELECT count(*) AS n FROM lines"\nprint(df["n"].tolist())')
+        assert reply["status"] == "ok" and text(out).strip() == "[2]", text(out)
+        out, reply = run(kc, '%mesh history --run nope "SELECT 1"')
+        assert reply["ename"] == "UsageError" and "'again' has no run 'nope'" in reply["evalue"], reply
