@@ -35,6 +35,7 @@ _HEAD = struct.Struct("<Q?")  # a frame's length, and whether its writing is to 
 ACK = b"k"
 ACK_TIMEOUT = 300.0  # a flush() waits this long for its batch to be written
 IDLE_S = config.seconds("history_writer_idle")  # a writer process given no batch this long is let go
+NICE = 10  # how much lower than its controller's the writer's CPU priority is (``background``)
 
 
 class WriterProcess:
@@ -134,13 +135,13 @@ class WriterProcess:
                     pass
 
 
-def background(tid: int = 0) -> None:
-    """Run this process (or thread ``tid``) only on CPU time nobody else wants (Linux's
-    SCHED_IDLE: any other task that wakes takes the core at once): writing the history can
-    wait, and on a machine of few cores its start (loading pyarrow) must not slow the ranks and
-    the controller it records.  Under full load it still gets a sliver, so it is never starved."""
+def background(pid: int = 0) -> None:
+    """Lower process ``pid``'s CPU priority (nice +10): writing the history is work that can
+    wait, and on a machine of few cores the writer's start (loading pyarrow) must not slow the
+    ranks and the controller it records.  Not lower (SCHED_IDLE, nice 19): on a machine loaded
+    by others it would be starved, and ``logs --follow`` would lag by the load's length."""
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + NICE))
     except (OSError, AttributeError):  # not Linux, or not allowed: it writes at the priority it has
         pass
 
@@ -189,7 +190,6 @@ class _NoPandas:
 def main() -> None:
     """The writer process: batches from stdin until it closes, or its controller is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel's interrupt reaches its process group
-    background()
     sys.meta_path.insert(0, _NoPandas())
     logging.basicConfig(format="%(message)s")
     got: queue.SimpleQueue = queue.SimpleQueue()

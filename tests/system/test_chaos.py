@@ -3,10 +3,11 @@ at random across two simulated hosts and a real kernel's mesh, during calls, cel
 reads and DDP steps; benchmarks/chaos.py).  It must end with no hang, no kernel or
 controller death, no lost line, no orphaned process or file, and every recovery answered.
 It runs with the restart policy on (``--restart-policy``): the killed rank is replaced by
-the runtime, with nobody asking.  The full ten-minute runs are a benchmark.  Seed 7 is the one that first failed: a rank's
-answer raced another thread's ``import torch`` and its failure report failed too, so the call
-hung (test_envelope and test_bad_input pin both fixes); it now injects every kind once.
-The run takes about 3.5 minutes in all (setup, the last recovery and the checks included).
+the runtime, with nobody asking.  The full ten-minute runs are a benchmark.  Seed 7 is the
+one that first failed: a rank's answer raced another thread's ``import torch`` and its
+failure report failed too, so the call hung (test_envelope and test_bad_input pin both
+fixes); it now injects every kind once.  The run takes about 3.5 minutes in all (setup,
+the last recovery and the checks included).
 """
 
 from __future__ import annotations
