@@ -93,3 +93,22 @@ def test_without_the_folder_every_notebook_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert RAN in page and "recorded by the suite" not in page
     assert json.loads((tmp_path / "src" / "page.ipynb").read_text())["cells"][1]["outputs"] == []
+
+
+@pytest.mark.parametrize("worker", [None, "gw0"], ids=["serial", "xdist-worker"])
+def test_the_notebooks_tests_come_right_before_the_sites(worker, tmp_path):
+    """conftest.py's order, serial and on an xdist worker: test_notebooks, then test_site at once
+    (one unit of work: one worker runs both, in that order)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    env["TMPDIR"] = str(tmp_path)  # what conftest makes at import (its user folders) goes there
+    if worker:
+        env["PYTEST_XDIST_WORKER"] = worker
+    listed = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                             "tests/docs", "tests/system/test_notebooks.py"], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    modules = [line.partition("::")[0].rpartition("/")[2] for line in listed.stdout.splitlines() if "::" in line]
+    runs = [m for n, m in enumerate(modules) if n == 0 or modules[n - 1] != m]  # each module once, in order
+    at = runs.index("test_notebooks.py")
+    assert runs[at + 1] == "test_site.py", runs
