@@ -134,18 +134,22 @@ def record_ssh(hosts, folder: str) -> str:
 def _first_line(proc: subprocess.Popen, pattern: str, timeout: float) -> str:
     """The first line of ``proc``'s stderr that matches ``pattern`` (the rest is drained)."""
     found: list[str] = []
+    seen: list[str] = []
     ready = threading.Event()
 
     def read() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
+            seen.append(line)
             if not found and re.search(pattern, line):
                 found.append(line.rstrip())
                 ready.set()
+        ready.set()  # it exited
 
     threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(timeout):
-        raise RuntimeError(f"timed out after {timeout} s waiting for a line matching {pattern!r}")
+    if not ready.wait(timeout) or not found:
+        raise RuntimeError(f"no line matching {pattern!r} within {timeout} s (exit code {proc.poll()}):\n"
+                           + "".join(seen))
     return found[0]
 
 
@@ -156,7 +160,8 @@ def record_workers(hosts, folder: str) -> str:
     try:
         for i, ip in enumerate(hosts.hosts):  # as a scheduler would start them: one per host
             cmd = [python, "-m", "monarch_kernel.agent", "--listen", f"tcp://{ip}:29500", "--key-file", "mk-key"]
-            workers.append(subprocess.Popen(["nsenter", "-t", str(hosts.sshd[i].pid), "-n", "-m", "-u", "--", *cmd],
+            workers.append(subprocess.Popen(["nsenter", "-t", str(hosts.sshd[i].pid), "-n", "-m", "-u", f"--wd={folder}",
+                                             "--", *cmd],
                                             cwd=folder, stderr=subprocess.PIPE, text=True))
             said.append(f"$ python -m monarch_kernel.agent --listen tcp://{ip}:29500 --key-file mk-key   # on "
                         f"mk-h{i + 1}\n{_first_line(workers[-1], 'listening on', 60)}")
