@@ -24,10 +24,12 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx_click",
     "mk_generated",
+    "mk_executed",  # the suite's build takes the notebooks tests/system/test_notebooks.py just ran
 ]
 
 templates_path = ["_templates"]
-exclude_patterns = ["_build", "_templates", "**.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
+# _recorded/: outputs recorded on simulated hosts (its record.py), included by the guides that show them
+exclude_patterns = ["_build", "_templates", "_recorded", "**.ipynb_checkpoints", "Thumbs.db", ".DS_Store"]
 html_theme = "pydata_sphinx_theme"
 html_title = "monarch-kernel"
 html_static_path: list[str] = []
@@ -43,6 +45,8 @@ myst_heading_anchors = 3
 # monarch kernel), each in a fresh temporary folder; a cell that raises fails the build unless
 # it is tagged ``raises-exception``: a warning with the cell's traceback, which -W makes an error
 # (raising at once instead would hide the traceback in a crash report).
+# (The suite's build, tests/docs/test_site.py, reads the notebooks that tests/system/test_notebooks.py
+# ran just before it instead, errors checked the same way: _ext/mk_executed.py.)
 nb_execution_mode = "force"
 nb_execution_timeout = 300
 nb_execution_raise_on_error = False

@@ -9,6 +9,7 @@ Simulated hosts (``ssh_hosts``, ``slurm_cluster``, ``other_host``: network names
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import tempfile
 import time
@@ -161,6 +162,14 @@ def module_kc(kernelspec):
         yield client
 
 
+@pytest.fixture(scope="session")
+def executed_notebooks(tmp_path_factory) -> pathlib.Path:
+    """Where tests/system/test_notebooks.py keeps each notebook it ran clean (its outputs), for
+    the docs build of tests/docs/test_site.py, on the same worker, to take instead of running
+    the notebooks a second time (``docs/_ext/mk_executed.py``).  Empty when they did not run."""
+    return tmp_path_factory.mktemp("executed-notebooks")
+
+
 @pytest.fixture
 def ipython_kc():
     """A client of a fresh plain IPython kernel (``python3``), shut down after the test."""
@@ -173,8 +182,10 @@ def ipython_kc():
 # ---------------------------------------------------------------- parallel workers
 # `make test` runs the suite on three workers (pytest-xdist, ``--dist loadgroup``): each module
 # is one unit of work, so its module-scoped meshes and kernels stay on one worker, and the
-# modules that share a simulated cluster (a session fixture) are one unit together.  Units
-# start longest first, so the workers finish at about the same time.  (The units come
+# modules that share a simulated cluster (a session fixture) are one unit together, and so are
+# the notebooks' tests and the docs site, whose build takes the notebooks those tests ran (the
+# ``executed_notebooks`` fixture) instead of running them again.  Units start longest first,
+# so the workers finish at about the same time.  (The units come
 # from the scheduler below, not from ``xdist_group`` marks: under pytest 9 xdist cannot add
 # a mark's group to a test's id, so its own loadgroup would send every test on its own.)
 
@@ -196,14 +207,30 @@ SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores); 
     "test_tensor_security": 30, "test_spawn_checks": 25, "test_cell_errors": 20, "test_server_api": 14,
     "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
     "test_launcher": 14, "test_supervision": 8, "test_lifecycle": 5, "test_server": 4,
-    "test_site": 300,  # the docs site: its build runs the six notebooks and the guides' cells
+    # the docs site: its build runs the guides' cells, and takes the notebooks test_notebooks ran
+    # (98 s beside it on a loaded 2-core machine; 279 s alone, running the notebooks itself)
+    "test_site": 120,
 }
 
 
+# Modules that run in this order on one worker: the site's build reuses what the notebooks' tests ran.
+DOCS_MODULES = ("test_notebooks", "test_site")
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
+
+
 def _unit(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module, or "cluster"."""
-    module = nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py")
-    return "cluster" if module in CLUSTER_MODULES else module
+    """The unit of work a test belongs to: its module, "cluster" or "docs"."""
+    module = _module(nodeid)
+    return "cluster" if module in CLUSTER_MODULES else "docs" if module in DOCS_MODULES else module
+
+
+def _docs_order(item) -> int:
+    """The notebooks' tests before the site's (any other module: 0, it keeps its place)."""
+    module = _module(item.nodeid)
+    return DOCS_MODULES.index(module) if module in DOCS_MODULES else 0
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -221,10 +248,18 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # a serial run keeps pytest's order (workers collect; the controller schedules)
-    modules = {i.nodeid.partition("::")[0].rpartition("/")[2].removesuffix(".py"): _unit(i.nodeid) for i in items}
+        # A serial run keeps pytest's order (workers collect; the controller schedules), but for
+        # the notebooks' tests, which move before the site's (tests/docs/ sorts before tests/system/).
+        docs = [i for i in items if _module(i.nodeid) in DOCS_MODULES]
+        if docs:
+            at = items.index(docs[0])
+            rest = [i for i in items if _module(i.nodeid) not in DOCS_MODULES]
+            items[:] = rest[:at] + sorted(docs, key=_docs_order) + rest[at:]
+        return
+    modules = {_module(i.nodeid): _unit(i.nodeid) for i in items}
     weight: dict[str, float] = {}
     for module, unit in modules.items():
         weight[unit] = weight.get(unit, 0.0) + SLOW_MODULES.get(module, 0.0)
     first = {u: n for n, u in enumerate(dict.fromkeys(_unit(i.nodeid) for i in items))}
-    items.sort(key=lambda i: (-weight[_unit(i.nodeid)], first[_unit(i.nodeid)]))  # stable: a module keeps its order
+    # stable: a module keeps its order, and so do a unit's modules, but for the docs unit's
+    items.sort(key=lambda i: (-weight[_unit(i.nodeid)], first[_unit(i.nodeid)], _docs_order(i)))

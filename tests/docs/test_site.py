@@ -1,5 +1,6 @@
 """The documentation site, built once as ``make docs`` builds it (Sphinx with -W and nitpicky,
-every notebook and every guide's code cells run on the monarch kernel), then read: every
+every notebook and every guide's code cells run on the monarch kernel; the notebooks that
+tests/system/test_notebooks.py ran just before on this worker are not run again), then read: every
 internal link and image of every page resolves, every public name's page shows its docstring
 with an example, the reference carries every setting and every ``%mesh`` subcommand, and in
 headless Chromium the home page, a guide, an API page and an executed notebook render with no
@@ -11,6 +12,7 @@ import functools
 import html
 import http.server
 import importlib
+import os
 import re
 import shutil
 import subprocess
@@ -26,21 +28,27 @@ from support.browser import CHROMIUM, needs_chromium, sync_api
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-# The build runs the six notebooks and the guides' cells: about 2 minutes alone on 2 cores,
-# longer beside the rest of the suite.
+# The build runs the guides' cells, and the six notebooks unless tests/system/test_notebooks.py ran
+# them just before on this worker (conftest.py puts them in one unit, that module first): about 2
+# minutes alone on 2 cores with the notebooks, longer beside the rest of the suite.
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
-def site():
-    """The site, built into a temporary folder exactly as ``make docs`` builds docs/_build/html."""
+def site(executed_notebooks):
+    """The site, built into a temporary folder as ``make docs`` builds docs/_build/html, but for
+    the notebooks the notebooks' tests ran clean in this session: their outputs are taken
+    (docs/_ext/mk_executed.py) instead of running them a second time."""
     where = Path(tempfile.mkdtemp(prefix="mk-docs-"))
+    reused = sorted(p.stem for p in executed_notebooks.glob("*.ipynb"))
     try:
         started = time.monotonic()
         built = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-n", "--keep-going", "-q", "-b", "html",
                                 str(DOCS), str(where / "html"), "-d", str(where / "doctrees")],
-                               cwd=ROOT, capture_output=True, text=True, timeout=840)
-        print(f"the docs built in {time.monotonic() - started:.0f} s")
+                               cwd=ROOT, capture_output=True, text=True, timeout=840,
+                               env=dict(os.environ, MONARCH_KERNEL_DOCS_EXECUTED=str(executed_notebooks)))
+        print(f"the docs built in {time.monotonic() - started:.0f} s, the notebooks' outputs taken from "
+              f"tests/system/test_notebooks.py for {reused or 'none (they ran in the build)'}")
         assert built.returncode == 0, f"the docs build failed:\n{built.stdout[-6000:]}\n{built.stderr[-10000:]}"
         yield where / "html"
     finally:
@@ -156,6 +164,14 @@ def test_examples_ran_at_build_time(site):
     assert re.search(r"ValueMesh", text_of(site / "get-started.html"))
     assert "DeviceMesh<{'dp': 2, 'tp': 2} cpu on 'procs'>" in text_of(site / "guides" / "training.html")
     assert "Stacks of mesh 'procs': 4 ranks in 2 groups" in text_of(site / "guides" / "observing.html")
+    healing = text_of(site / "guides" / "self-healing.html")
+    assert "restart (1,) ('killed by signal 9 (SIGKILL)',)" in healing  # a rank SIGKILLed, replaced
+    assert "HangError: no progress on mesh 'procs'" in healing and "[ranks 0-1] every rank answers" in healing
+    assert re.search(r"\[\('replaced', \(1,\), 2\)\]", healing), "elastic_run replaced no rank"
+    # Outputs that need other hosts were recorded on simulated ones, and say where and when.
+    remote = text_of(site / "guides" / "beyond-one-machine.html")
+    assert len(re.findall(r"Recorded 20\d\d-\d\d-\d\d \d\d:\d\d UTC on ", remote)) == 2, remote[:2000]
+    assert "rank 3: mk-h2" in remote
 
 
 # ---------------------------------------------------------------- in a browser

@@ -2,7 +2,9 @@
 fresh copy of this tree set up by its own ``make setup`` (its .venv, its kernelspec, the
 notebooks extra; ``support/checkout_copy.py``), from the copy's workspace/, on that environment's monarch kernel,
 never the test environment's.  Then ``make lab`` itself serves workspace/, and whatever the
-session left (saved outputs, checkpoints, profiles) changes no file that git tracks."""
+session left (saved outputs, checkpoints, profiles) changes no file that git tracks.  Each
+notebook that ran clean is kept (``executed_notebooks``) for the docs site's build, which runs
+after this module on the same worker and shows those outputs instead of running it again."""
 
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ WATCHED = ("ddp", "fsdp")
 # 600 s: the first test also waits for the module's `make setup` (under a minute with pip's cache).
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, lab):
+def test_notebook_runs(path, lab, executed_notebooks):
     path = lab.workspace / path.name  # the copy `make lab` serves
     nb = nbformat.read(path, as_version=4)
     watched = path.stem in WATCHED
@@ -150,6 +152,11 @@ def test_notebook_runs(path, lab):
         assert "DeviceMesh<{'dp': 2, 'tp': 2} cpu on 'procs'>" in text
         assert "{'dp': 1/2, 'tp': 1/2} dp, tp = (1, 1) fc1 weight shard (32, 32)" in text
         assert float(re.search(r"largest difference from the single-process run: (\S+)", text).group(1)) < 1e-4
+    # Passed: the docs build takes its outputs (docs/_ext/mk_executed.py), less the watchdog's cell,
+    # which is the test's and not the notebook's.
+    if watched:
+        del nb.cells[0]
+    nbformat.write(nb, executed_notebooks / path.name)
 
 
 def check_ddp(text: str) -> None:
