@@ -20,6 +20,7 @@ from monarch_kernel.spmd import Resize, elastic_run, elastic_steps
 pytestmark = pytest.mark.timeout(300)
 
 STEPS = 60
+GROW_STEPS = 400  # the survivors train on while a rank brought back starts (and imports torch)
 
 
 def train(steps: int, progress: str, name: str) -> dict:
@@ -144,7 +145,7 @@ def test_with_restarts_off_it_shrinks_then_grows_back_when_the_rank_returns(proc
 
     grower = threading.Thread(target=bring_back, daemon=True)
     grower.start()
-    run = elastic_run(procs, train, STEPS, progress, "shrink")
+    run = elastic_run(procs, train, GROW_STEPS, progress, "shrink")
     killer.join(5)
     grower.join(5)
     assert [(c.kind, c.ranks) for c in run.changes] == [("shrunk", (2,)), ("grown", (2,))], run.changes
@@ -153,7 +154,7 @@ def test_with_restarts_off_it_shrinks_then_grows_back_when_the_rank_returns(proc
     values = run.values
     # The last attempt: every member ends at the last step, in one group of three.
     assert {v["world"] for v in values.values()} == {3}
-    assert all(v["steps"][-1] == STEPS for v in values.values())
+    assert all(v["steps"][-1] == GROW_STEPS for v in values.values())
     # The returned rank read the state from a survivor's memory and started where they did.
     assert values[2]["steps"] == values[0]["steps"] and values[2]["steps"][0] > 25
     for a, b in zip(values[0]["params"], values[2]["params"], strict=True):
@@ -212,6 +213,56 @@ def test_a_hung_rank_is_killed_by_the_watchdog_replaced_and_the_loop_goes_on(tmp
         assert procs.rank_states()[1]["pid"] != victim
     finally:
         procs.stop().get(timeout=30)
+
+
+def _template_of(procs, rank: int) -> int:
+    """The pid of the template process that forked ``rank`` (its parent), which forks its
+    replacement too when no warm standby is kept."""
+    with open(f"/proc/{procs.rank_states()[rank]['pid']}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_rank_restarted_by_hand_joins_once_its_new_process_answers(procs, tmp_path):
+    """The race that stopped the DDP notebook's shrink-and-grow: restarts off, rank 2 dies,
+    two ranks train on, and ``procs.restart([2])`` brings it back.  Its death is forgotten
+    at once, but its new process exists only once the template forked it: the template is
+    held (SIGSTOP) in between.  Before, the job counted rank 2 in at once, left the loop
+    and called the actors of its dead process, which nobody would ever answer."""
+    progress = str(tmp_path / "step")
+    killer = _kill_at(procs, 2, progress, 15)
+    template = _template_of(procs, 0)
+    assert template != os.getpid()
+    seen: dict = {}
+
+    def bring_back():
+        _wait_for(progress, lambda s, w, at: w == 2)
+        os.kill(template, signal.SIGSTOP)
+        try:
+            restarting = threading.Thread(target=procs.restart, args=([2],), daemon=True)
+            restarting.start()
+            _until(lambda: 2 not in procs.dead_ranks(), "rank 2's death to be forgotten")
+            now = _progress(progress)[0]
+            try:  # the two ranks go on meanwhile
+                _wait_for(progress, lambda s, w, at: w == 2 and s >= now + 10, timeout=20)
+            except AssertionError as e:
+                seen["stalled"] = str(e)
+        finally:
+            os.kill(template, signal.SIGCONT)
+        restarting.join(60)
+        procs.flatten("rank").slice(rank=2).spawn("imports_torch", ImportsTorch).initialized().get(timeout=120)
+
+    grower = threading.Thread(target=bring_back, daemon=True)
+    grower.start()
+    try:
+        run = elastic_run(procs, train, GROW_STEPS, progress, "held-fork")
+    finally:
+        os.kill(template, signal.SIGCONT)
+    killer.join(5)
+    grower.join(60)
+    assert not seen, seen
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("shrunk", (2,), 2), ("grown", (2,), 3)], \
+        run.changes
+    _converged(run, 3, GROW_STEPS)
 
 
 def test_a_rank_back_while_the_shrunk_group_is_made_joins_at_the_next_step(procs, tmp_path):
