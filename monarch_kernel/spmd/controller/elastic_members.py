@@ -29,7 +29,7 @@ class _Slot:
 
 
 _slots: dict[str, dict[int, _Slot]] = {}  # mesh id -> rank -> its actors (reused by the next run)
-_dead_pids: dict[str, set] = {}  # mesh id -> pids of its ranks that died while a job ran
+_dead_pids: dict[str, dict[int, Any]] = {}  # mesh id -> rank -> the pid of its last death seen by a job
 _slots_lock = threading.Lock()
 
 
@@ -43,7 +43,7 @@ class Membership:
         self.index = {r: i for i, r in enumerate(procs.shape.ranks)}
         with _slots_lock:
             self.slots = _slots.setdefault(procs.ref.id, {})
-            self.dead_pids = _dead_pids.setdefault(procs.ref.id, set())
+            self.dead_pid = _dead_pids.setdefault(procs.ref.id, {})
         self.lock = threading.Lock()
         self.generation = 0
         self.members: tuple = ()  # of the group being made, or up
@@ -97,7 +97,7 @@ class Membership:
         broke the current group, ``(generation, the other members' controls)`` to abort."""
         with self.lock:
             self.deaths[rank] = (self.generation, time.monotonic(), info.how())
-            self.dead_pids.add(info.pid)
+            self.dead_pid[rank] = info.pid
             gen, members = self.generation, self.members
         if rank not in members:
             return None
@@ -111,7 +111,7 @@ class Membership:
             gen, members = self.generation, self.members
             heard = {r for r, (g, _, _) in self.deaths.items() if g == gen}
         dead = set(self.procs.dead_ranks())
-        gone = {r for r in members if r in self.slots and self.slots[r].pid in self.dead_pids}  # and replaced
+        gone = {r for r in members if r in self.slots and self._stale(r, self.slots[r].pid)}  # and replaced
         return sorted((set(known) | heard | dead | gone) & set(members))
 
     def wait_for_death(self, grace: float) -> list[int]:
@@ -141,13 +141,15 @@ class Membership:
         return {row["rank"]: row["pid"] for row in self.procs.rank_states()}
 
     def live(self) -> tuple:
-        """Ranks alive on a process of their own: not dead, and (on a mesh spawned here) not
-        still being started in a dead one's place (its pid not yet known)."""
+        """Ranks alive on a process of their own: not dead, and not still being started in a
+        dead one's place (its death is forgotten at once, its pid changes once forked)."""
         dead = set(self.procs.dead_ranks())
         pids = self.pids()
-        owned = self.procs.owned
-        return tuple(r for r in self.procs.shape.ranks
-                     if r not in dead and not (owned and (pids.get(r) is None or pids[r] in self.dead_pids)))
+        return tuple(r for r in self.procs.shape.ranks if r not in dead and not self._stale(r, pids.get(r)))
+
+    def _stale(self, r: int, pid: Any) -> bool:
+        """Whether ``pid`` is that of ``r``'s process that died."""
+        return pid is not None and self.dead_pid.get(r) == pid
 
     def slot(self, r: int, pid: Any = None) -> _Slot:
         """This rank's two actors, spawned again when its process is not the one they were
@@ -155,7 +157,7 @@ class Membership:
         if pid is None:
             pid = self.pids().get(r)
         slot = self.slots.get(r)
-        if slot is None or slot.pid != pid or (pid is not None and pid in self.dead_pids):
+        if slot is None or slot.pid != pid or self._stale(r, pid):
             one = self.flat.slice(rank=self.index[r])
             slot = self.slots[r] = _Slot(pid, one.spawn("elastic_control", ElasticControl),
                                          one.spawn("elastic_rank", ElasticRank))
