@@ -125,7 +125,7 @@ class _ElasticJob:
     # ------------------------------------------------------------ the loop
 
     def run(self, fn, args, kwargs) -> ElasticRun:
-        members = self.ms.live()
+        members = self.ms.start()
         self._check_enough(members, "")
         changes: list[Resized] = []
         while True:

@@ -47,7 +47,7 @@ class Membership:
         self.lock = threading.Lock()
         self.generation = 0
         self.members: tuple = ()  # of the group being made, or up
-        self.formed: tuple = ()  # of the last group made
+        self.formed: tuple = ()  # of the last group made (at first, of the one the job starts to make)
         self.deaths: dict[int, tuple[int, float, str]] = {}  # rank -> (generation, when, how) of its last death
         self.lost: dict[int, tuple[float, str]] = {}  # members that died since ``formed`` was made
         self.probes: dict[int, tuple[Any, Any]] = {}  # rank back -> (its pid, its fresh control's ready())
@@ -55,6 +55,11 @@ class Membership:
         self.refused: set = set()  # pids whose probe failed: not asked again
 
     # ------------------------------------------------------------ generations
+
+    def start(self) -> tuple:
+        """The members the job starts with (every live rank): the first group's."""
+        self.formed = self.live()
+        return self.formed
 
     def begin(self, members: tuple) -> int:
         """A new group over ``members`` is about to be made: its generation."""
@@ -70,22 +75,21 @@ class Membership:
         ``(kind, ranks, seconds, cause)``, each kind once ("replaced", "shrunk", "grown")."""
         now = time.monotonic()
         with self.lock:
-            first = not self.formed
             before, members, lost = set(self.formed), set(self.members), dict(self.lost)
             self.formed, self.lost = self.members, {}
         changes = []
-        if not first:
-            since = min((t for t, _ in lost.values()), default=now)
-            cause = "; ".join(f"rank {r} {how}" for r, (_, how) in sorted(lost.items()))
-            replaced = tuple(sorted(r for r in lost if r in members))
-            shrunk = tuple(sorted(r for r in lost if r not in members))
-            grown = tuple(sorted(members - before - set(lost)))
-            if replaced:
-                changes.append(("replaced", replaced, now - since, cause))
-            if shrunk:
-                changes.append(("shrunk", shrunk, now - since, cause))
-            if grown:
-                changes.append(("grown", grown, now - min(self.back.get(r, now) for r in grown), ""))
+        lost = {r: death for r, death in lost.items() if r in before}  # (a rank that died joining never was in)
+        since = min((t for t, _ in lost.values()), default=now)
+        cause = "; ".join(f"rank {r} {how}" for r, (_, how) in sorted(lost.items()))
+        replaced = tuple(sorted(r for r in lost if r in members))
+        shrunk = tuple(sorted(r for r in lost if r not in members))
+        grown = tuple(sorted(members - before))
+        if replaced:
+            changes.append(("replaced", replaced, now - since, cause))
+        if shrunk:
+            changes.append(("shrunk", shrunk, now - since, cause))
+        if grown:
+            changes.append(("grown", grown, now - min(self.back.get(r, now) for r in grown), ""))
         for r in members:
             self.back.pop(r, None)
         return changes
