@@ -19,7 +19,9 @@ def spirals(n: int, seed: int):
     return torch.cat(xs), torch.cat(ys)
 
 
-def train(steps: int, progress: str, name: str, batch: int = 64) -> float:
+def train(steps: int, progress: str, name: str, batch: int = 64, plain: bool = False) -> float:
+    """``plain``: the same loop over ``range(steps)``, without ``elastic_steps`` (no restore,
+    no resize agreement, nothing kept): the base its per-step cost is measured against."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -35,7 +37,7 @@ def train(steps: int, progress: str, name: str, batch: int = 64) -> float:
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     ddp = DDP(model)
     loss = torch.zeros(())
-    for step in elastic_steps(steps, model, opt, name=name):
+    for step in range(steps) if plain else elastic_steps(steps, model, opt, name=name):
         g = torch.Generator().manual_seed(step * world + rank)
         idx = torch.randint(0, len(X), (batch,), generator=g)
         loss = F.cross_entropy(ddp(X[idx]), Y[idx])

@@ -5,7 +5,8 @@ rebuilt, state pulled from a survivor's memory), s; the issue's target is under 
 plus a human before).  (b) policy "never": rank 2 SIGKILLed, from the SIGKILL to the next
 step at 3 ranks (shrink); then ``procs.restart([2])`` (the user adds it back), from its
 return to the next step at 4 ranks (grow; the rank's own start-up is before that).  Beside
-the same run's W2 floor (a raw pyzmq round trip)."""
+the same run's W2 floor (a raw pyzmq round trip).  And what ``elastic_steps`` costs a step:
+the same loop over ``range`` and over ``elastic_steps``, ms per step."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .floors import pyzmq_rtt
 
 KILLS = 3
 STEPS = 400
+STEP_RUN = 300  # steps of each run that measures a step's cost
 
 
 def _steps(path: str) -> list[tuple[int, int, float]]:
@@ -50,6 +52,32 @@ def _kill_after(procs, rank: int, path: str, after_step: int) -> float:
     return killed
 
 
+def _step_ms(path: str) -> float:
+    """The median time between rank 0's steps (the first few left out: DDP's set-up)."""
+    times = [t for _, _, t in _steps(path)][10:]
+    return round(1000 * statistics.median(b - a for a, b in zip(times, times[1:], strict=False)), 2)
+
+
+def _step_cost(procs, tmp: str) -> dict:
+    """What ``elastic_steps`` costs a step: the same loop over ``range`` and over
+    ``elastic_steps`` (its restore, its resize agreement, its copy kept in memory), in turn,
+    twice each, on the same group; ms per step, median of each."""
+    from monarch_kernel.spmd import elastic_run
+
+    from ._elastic_train import train
+
+    plain, elastic = [], []
+    for i in range(2):
+        path = os.path.join(tmp, f"plain{i}")
+        elastic_run(procs, train, STEP_RUN, path, f"plain{i}", plain=True)
+        plain.append(_step_ms(path))
+        path = os.path.join(tmp, f"elastic{i}")
+        elastic_run(procs, train, STEP_RUN, path, f"elastic{i}")
+        elastic.append(_step_ms(path))
+    log(f"W10elastic: a step {plain} ms over range, {elastic} ms over elastic_steps")
+    return {"plain": statistics.median(plain), "elastic_steps": statistics.median(elastic)}
+
+
 def w10_elastic() -> dict:
     from monarch_kernel import this_host
     from monarch_kernel.spmd import elastic_run
@@ -62,6 +90,7 @@ def w10_elastic() -> dict:
     procs = this_host().spawn_procs({"r": 4}, restart="on-failure", max_restarts=-1)
     try:
         elastic_run(procs, train, 5, os.path.join(tmp, "warm"), "warm")  # the ranks import torch
+        out["W10elastic_step_ms"] = _step_cost(procs, tmp)
         deadline = time.monotonic() + 120
         while "torch" not in procs.warm_standby():
             if time.monotonic() > deadline:

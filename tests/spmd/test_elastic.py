@@ -1,6 +1,8 @@
 """``elastic_run`` with real ranks: a rank SIGKILLed mid-loop and replaced under the restart
 policy (the final loss equals an uninterrupted run's), the job shrinking when restarts are
-off, and growing back when the rank returns; state from peers' memory only.
+off, and growing back when the rank returns; state from peers' memory only.  And the races
+of a rebuild, made to happen with ``on_rebuild`` holding it: a rank back while the shrunk
+group is made, a second death while it is made, a rank back before the shrunk group exists.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import time
 
 import pytest
 
-from monarch_kernel import this_host
+from monarch_kernel import Actor, this_host
 from monarch_kernel.spmd import Resize, elastic_run, elastic_steps
 
 pytestmark = pytest.mark.timeout(300)
 
 STEPS = 60
+GROW_STEPS = 400  # the survivors train on while a rank brought back starts (and imports torch)
 
 
 def train(steps: int, progress: str, name: str) -> dict:
@@ -37,7 +40,7 @@ def train(steps: int, progress: str, name: str) -> dict:
     # bits.  With find_unused_parameters DDP keeps its first layout: bit for bit the same.
     ddp = DDP(model, find_unused_parameters=True)
     teacher = torch.randn(8, 2, generator=torch.Generator().manual_seed(5))
-    done, loss = [], None
+    done, loss, first_at = [], None, None
     for step in elastic_steps(steps, model, opt, name=name):
         x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step * world + rank))
         loss = F.cross_entropy(ddp(x), (x @ teacher).argmax(1))
@@ -45,13 +48,14 @@ def train(steps: int, progress: str, name: str) -> dict:
         loss.backward()
         opt.step()
         done.append(step + 1)
+        first_at = first_at or time.monotonic()  # (one clock for the ranks and the test: one host)
         if rank == 0:
             with open(progress + ".tmp", "w") as f:
                 f.write(f"{step + 1} {world} {time.time()}")
             os.replace(progress + ".tmp", progress)
         time.sleep(0.02)  # so that a death lands mid-loop
     return {"steps": done, "world": world, "loss": None if loss is None else loss.item(),
-            "params": [p.detach().clone() for p in model.parameters()]}
+            "params": [p.detach().clone() for p in model.parameters()], "first_at": first_at}
 
 
 def _progress(path: str) -> tuple[int, int, float]:
@@ -86,6 +90,40 @@ def _kill_at(procs, rank: int, path: str, step: int) -> threading.Thread:
     return t
 
 
+def _until(what, why: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {why}")
+        time.sleep(0.02)
+
+
+class ImportsTorch(Actor):
+    """Imports torch.distributed on its rank, so that a rank brought back answers
+    elastic_run at once (as one forked from the warm template does)."""
+
+    def __init__(self):
+        import torch.distributed  # noqa: F401
+
+
+def _bring_back(procs, rank: int) -> None:
+    """``procs.restart([rank])`` (as a user adding a host back), then torch imported there."""
+    procs.restart([rank])
+    procs.flatten("rank").slice(rank=rank).spawn("imports_torch", ImportsTorch).initialized().get(timeout=120)
+
+
+def _converged(run, world: int, steps: int = STEPS) -> None:
+    """Every member ended at the last step in one group of ``world`` ranks, with the same
+    steps and weights (the ranks that joined read the state from a survivor)."""
+    values = run.values
+    assert len(values) == world and {v["world"] for v in values.values()} == {world}, run
+    first = values[run.members[0]]
+    for v in values.values():
+        assert v["steps"] == first["steps"] and v["steps"][-1] == steps, (v["steps"], first["steps"])
+        for a, b in zip(v["params"], first["params"], strict=True):
+            assert a.equal(b)
+
+
 @pytest.fixture
 def procs():
     procs = this_host().spawn_procs(per_host={"gpus": 3})
@@ -103,11 +141,11 @@ def test_with_restarts_off_it_shrinks_then_grows_back_when_the_rank_returns(proc
 
     def bring_back():  # "the user adds one": once the job went on with two ranks
         _wait_for(progress, lambda s, w, at: w == 2 and s >= 25)
-        procs.restart([2])
+        _bring_back(procs, 2)
 
     grower = threading.Thread(target=bring_back, daemon=True)
     grower.start()
-    run = elastic_run(procs, train, STEPS, progress, "shrink")
+    run = elastic_run(procs, train, GROW_STEPS, progress, "shrink")
     killer.join(5)
     grower.join(5)
     assert [(c.kind, c.ranks) for c in run.changes] == [("shrunk", (2,)), ("grown", (2,))], run.changes
@@ -116,7 +154,7 @@ def test_with_restarts_off_it_shrinks_then_grows_back_when_the_rank_returns(proc
     values = run.values
     # The last attempt: every member ends at the last step, in one group of three.
     assert {v["world"] for v in values.values()} == {3}
-    assert all(v["steps"][-1] == STEPS for v in values.values())
+    assert all(v["steps"][-1] == GROW_STEPS for v in values.values())
     # The returned rank read the state from a survivor's memory and started where they did.
     assert values[2]["steps"] == values[0]["steps"] and values[2]["steps"][0] > 25
     for a, b in zip(values[0]["params"], values[2]["params"], strict=True):
@@ -175,3 +213,142 @@ def test_a_hung_rank_is_killed_by_the_watchdog_replaced_and_the_loop_goes_on(tmp
         assert procs.rank_states()[1]["pid"] != victim
     finally:
         procs.stop().get(timeout=30)
+
+
+def _templates() -> list[int]:
+    """The pids of this process's templates (``python -c SERVE fd ppid modules...``): the
+    ones that fork ranks, and a replacement (from the warm standby, if one was started)."""
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and len(argv) > 4 and argv[1] == b"-c" and argv[4] == str(me).encode():
+            found.append(int(name))
+    return found
+
+
+def test_a_rank_restarted_by_hand_joins_once_its_new_process_answers(procs, tmp_path):
+    """The race that stopped the DDP notebook's shrink-and-grow: restarts off, rank 2 dies,
+    two ranks train on, and ``procs.restart([2])`` brings it back.  Its death is forgotten
+    at once, but its new process exists only once a template forked it: the templates are
+    held (SIGSTOP) in between.  Before, the job counted rank 2 in at once, left the loop
+    and called the actors of its dead process, which nobody would ever answer."""
+    progress = str(tmp_path / "step")
+    killer = _kill_at(procs, 2, progress, 15)
+    templates = _templates()
+    assert templates
+    seen: dict = {}
+
+    def bring_back():
+        _wait_for(progress, lambda s, w, at: w == 2)
+        for t in templates:
+            os.kill(t, signal.SIGSTOP)
+        try:
+            restarting = threading.Thread(target=procs.restart, args=([2],), daemon=True)
+            restarting.start()
+            _until(lambda: 2 not in procs.dead_ranks(), "rank 2's death to be forgotten")
+            now = _progress(progress)[0]
+            try:  # the two ranks go on meanwhile
+                _wait_for(progress, lambda s, w, at: s >= now + 10, timeout=20)
+            except AssertionError as e:
+                seen["stalled"] = str(e)
+        finally:
+            for t in templates:
+                os.kill(t, signal.SIGCONT)
+        restarting.join(60)
+        procs.flatten("rank").slice(rank=2).spawn("imports_torch", ImportsTorch).initialized().get(timeout=120)
+
+    grower = threading.Thread(target=bring_back, daemon=True)
+    grower.start()
+    try:
+        run = elastic_run(procs, train, GROW_STEPS, progress, "held-fork")
+    finally:
+        for t in templates:
+            os.kill(t, signal.SIGCONT)
+    killer.join(5)
+    grower.join(60)
+    assert not seen, seen
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("shrunk", (2,), 2), ("grown", (2,), 3)], \
+        run.changes
+    _converged(run, 3, GROW_STEPS)
+
+
+def test_a_rank_back_while_the_shrunk_group_is_made_joins_at_the_next_step(procs, tmp_path):
+    """The race that hung the DDP notebook: restarts off, rank 2 SIGKILLed, and brought back
+    while the group of the two survivors is being made."""
+    progress = str(tmp_path / "step")
+    killer = _kill_at(procs, 2, progress, 15)
+    held = []
+
+    def on_rebuild(stage: str, generation: int, members: tuple) -> None:
+        if stage == "placed" and members == (0, 1) and not held:
+            held.append(generation)
+            _bring_back(procs, 2)  # the survivors' store is served, their group not yet made
+
+    run = elastic_run(procs, train, STEPS, progress, "back-mid-rebuild", on_rebuild=on_rebuild)
+    killer.join(5)
+    assert held, "the rebuild without rank 2 was never held"
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("shrunk", (2,), 2), ("grown", (2,), 3)], \
+        run.changes
+    assert run.members == (0, 1, 2)
+    _converged(run, 3)
+    assert all(c.seconds < 60 for c in run.changes)
+
+
+def test_a_second_death_while_the_group_is_made_aborts_that_rendezvous(procs, tmp_path):
+    """Rank 1 dies while the group without rank 2 is being made: rank 0, waiting in torch's
+    rendezvous for rank 1, is freed at once (not at the group's 300 s timeout), and trains on
+    alone."""
+    progress = str(tmp_path / "step")
+    killer = _kill_at(procs, 2, progress, 15)
+    held = []
+
+    def on_rebuild(stage: str, generation: int, members: tuple) -> None:
+        if stage == "making" and members == (0, 1) and not held:  # rank 0 is in torch's rendezvous
+            held.append(time.monotonic())
+            os.kill(procs.rank_states()[1]["pid"], signal.SIGKILL)
+            _until(lambda: 1 in procs.dead_ranks(), "rank 1 to die")
+
+    run = elastic_run(procs, train, STEPS, progress, "second-death", on_rebuild=on_rebuild)
+    killer.join(5)
+    assert held, "the rebuild without rank 2 was never held"
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("shrunk", (1, 2), 1)], run.changes
+    assert "rank 1 killed by signal 9" in run.changes[0].cause and "rank 2 killed by signal 9" in run.changes[0].cause
+    assert run.members == (0,)
+    _converged(run, 1)
+    # The next step at one rank came within seconds of the second death, not at a timeout.
+    assert run.values[0]["first_at"] - held[0] < 30, run.values[0]["first_at"] - held[0]
+
+
+def test_a_rank_back_before_the_shrunk_group_exists_is_replaced_instead(procs, tmp_path):
+    """Rank 2 dies and is back (restarts off, restarted by hand) before the survivors'
+    group is made: the job goes straight back to three ranks, and the final loss and weights
+    equal an uninterrupted run's."""
+    progress = str(tmp_path / "step")
+    calm = elastic_run(procs, train, STEPS, progress, "calm")
+    killer = _kill_at(procs, 2, progress + "2", 20)
+    held = []
+
+    def on_rebuild(stage: str, generation: int, members: tuple) -> None:
+        if stage == "lost" and not held:
+            held.append(generation)
+            _bring_back(procs, 2)  # the shrink is pending: no group without rank 2 made yet
+
+    run = elastic_run(procs, train, STEPS, progress + "2", "back-before-shrink", on_rebuild=on_rebuild)
+    killer.join(5)
+    assert held, "the rebuild after rank 2's death was never held"
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("replaced", (2,), 3)], run.changes
+    _converged(run, 3)
+    first = run.values[2]["steps"][0]
+    assert 20 <= first <= 22 and run.values[2]["steps"] == list(range(first, STEPS + 1))  # at most one step again
+    for r in range(3):
+        assert run.values[r]["loss"] == calm.values[r]["loss"], (r, first)
+        for a, b in zip(run.values[r]["params"], calm.values[r]["params"], strict=True):
+            assert a.equal(b)

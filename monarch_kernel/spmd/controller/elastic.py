@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...actor.errors import ActorError, MeshStopped, ProcessDied
-from ...runtime import Runtime, config, counted, gpus
+from ...runtime import Runtime, counted, gpus
 from ..layout import elastic_layout
-from ..rank.elastic import ElasticControl, ElasticRank
+from .elastic_members import POLL_S, Membership
 from .env import SETUP_TIMEOUT_S, peer_ip
 
-POLL_S = config.seconds("elastic_poll")  # how often elastic_run looks at its ranks' state
+GROUP_POLL_S = 0.2  # how long each member is asked to wait for its group, between looks for deaths
+DEATH_GRACE_S = 3.0  # how long a member's failure waits for a death that explains it
+JOIN_WAIT_S = 10.0  # after a death, how long the next group waits for a rank back that is still starting
 
 
 @dataclass(frozen=True)
@@ -62,19 +65,9 @@ class ElasticRun:
     members: tuple = ()
 
 
-@dataclass
-class _Slot:
-    pid: Any
-    control: Any
-    worker: Any
-
-
-_slots: dict[str, dict[int, _Slot]] = {}  # mesh id -> rank -> its actors
-_slots_lock = threading.Lock()
-
-
 def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None,
-                replace_timeout: float = 60.0, group_timeout: float = 300.0, **kwargs) -> ElasticRun:
+                replace_timeout: float = 60.0, group_timeout: float = 300.0,
+                on_rebuild: Callable[[str, int, tuple], None] | None = None, **kwargs) -> ElasticRun:
     """Run ``fn(*args, **kwargs)`` on every live rank of ``procs`` over a fresh process
     group, and keep it running through deaths::
 
@@ -92,13 +85,21 @@ def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None
     (``procs.set_restart_policy("on-failure")``) the job waits for the replacement, else (or
     when the policy gives up, or no replacement comes within ``replace_timeout``) it goes on
     with the ranks left, down to ``min_ranks``.  A rank of ``procs`` that is alive but out of
-    the job (restarted by hand, or its host back) joins at the next step boundary.  Each
-    time, the group is rebuilt over the same store address and ``fn`` called again on every
+    the job (restarted by hand, or its host back) joins at the next step boundary once it
+    answers; one back before the group without it was made joins that group.  Each time,
+    the group is rebuilt over the same store address and ``fn`` called again on every
     member: ``elastic_steps`` restores from the peers' memory and goes on from the last step
-    every rank completed."""
+    every rank completed.  A member that dies while a group is being made aborts that
+    rendezvous on the others at once, and the group is made again without it.
+
+    ``on_rebuild(stage, generation, members)``, if given, is called in this thread as the
+    job changes: ``"lost"`` when members of the group of ``generation`` died (before the
+    next members are chosen), ``"placed"`` when a group's members are placed and its store
+    served, and ``"making"`` once they were all asked to make it (their rendezvous under
+    way).  It holds the rebuild while it runs (tests make a rank come back, or die, there)."""
     if min_ranks < 1:
         raise ValueError(f"min_ranks={min_ranks}: at least one rank must train")
-    job = _ElasticJob(procs, min_ranks, backend, replace_timeout, group_timeout)
+    job = _ElasticJob(procs, min_ranks, backend, replace_timeout, group_timeout, on_rebuild)
     try:
         return job.run(fn, args, kwargs)
     finally:
@@ -106,19 +107,15 @@ def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None
 
 
 class _ElasticJob:
-    def __init__(self, procs, min_ranks: int, backend: str | None, replace_timeout: float, group_timeout: float):
+    def __init__(self, procs, min_ranks: int, backend: str | None, replace_timeout: float, group_timeout: float,
+                 on_rebuild):
         self.procs = procs
-        self.flat = procs.flatten("rank")
-        self.index = {r: i for i, r in enumerate(procs.shape.ranks)}
         self.min_ranks = min_ranks
         self.backend = backend
         self.replace_timeout = replace_timeout
         self.group_timeout = group_timeout
-        with _slots_lock:
-            self.slots: dict[int, _Slot] = _slots.setdefault(procs.ref.id, {})  # reused by the next run
-        self.members: tuple = ()
-        self.deaths: dict[int, tuple[float, str]] = {}  # member -> (monotonic time, how) in this attempt
-        self.lock = threading.Lock()
+        self.on_rebuild = on_rebuild
+        self.ms = Membership(procs)
         self.hook = Runtime.current().hooks.death.install(self._on_death) if procs.owned else None
 
     def close(self) -> None:
@@ -128,162 +125,136 @@ class _ElasticJob:
     # ------------------------------------------------------------ the loop
 
     def run(self, fn, args, kwargs) -> ElasticRun:
-        members = self._live()
+        members = self.ms.start()
         self._check_enough(members, "")
         changes: list[Resized] = []
-        pending: tuple | None = None  # (kind, ranks, since, cause) of a change not yet in force
         while True:
-            with self.lock:
-                self.deaths = {}
             try:
                 self._form(members)
-            except (ActorError, MeshStopped, TimeoutError):
-                dead = self._dead_members([])
+            except (ActorError, MeshStopped, TimeoutError, _MemberDied):
+                dead = self.ms.wait_for_death(DEATH_GRACE_S)
                 if not dead:
                     raise
-                since, cause = self._death_words(dead)  # a member died while the group was made: again
-                kind, members = self._after_death(dead, cause)
-                pending = (kind, dead, pending[2] if pending is not None else since, cause)
+                members = self._after_death(dead)  # a member died while the group was made: again
                 continue
-            if pending is not None:
-                kind, ranks, since, cause = pending
-                change = Resized(kind, tuple(ranks), len(members), time.monotonic() - since, cause)
+            for kind, ranks, seconds, cause in self.ms.made():
+                change = Resized(kind, ranks, len(members), seconds, cause)
                 changes.append(change)
                 print(_describe(self.procs.name, change), flush=True)
-                pending = None
             outcome, value = self._attempt(fn, args, kwargs)
             if outcome == "done":
                 return ElasticRun(value, changes, members)
             if outcome == "grow":
-                since, joining = value
-                members = self._live()
-                pending = ("grown", joining, since, "")
+                members = tuple(sorted(set(members) | set(value)))
                 continue
-            since, cause, dead = value
-            kind, members = self._after_death(dead, cause)
-            pending = (kind, dead, since, cause)
+            members = self._after_death(value)
 
     def _attempt(self, fn, args, kwargs):
-        """Run ``fn`` once on every member: ``("done", values)``, ``("grow", (since, ranks))``
-        or ``("died", (since, cause, dead ranks))``."""
-        futures = {r: self.slots[r].worker.run.call_one(fn, args, kwargs) for r in self.members}
+        """Run ``fn`` once on every member: ``("done", values)``, ``("grow", ranks ready to
+        join)`` or ``("died", dead ranks)``."""
+        gen, members = self.ms.generation, self.ms.members
+        futures = {r: self.ms.slots[r].worker.run.call_one(fn, args, kwargs, gen) for r in members}
         left = threading.Semaphore(0)
         for f in futures.values():
             f.then(lambda _f: left.release())  # the IO thread reads the answers: this thread polls
-        asked: tuple | None = None
+        asked = False
         for _ in futures:
             while not left.acquire(timeout=POLL_S):
-                if asked is not None or self.deaths:
+                if asked or self.ms.dead_members():
                     continue
-                joining = [r for r in self._live() if r not in self.members]
-                if joining:
-                    asked = (time.monotonic(), joining)
-                    _all([self.slots[r].control.resize.call_one() for r in self.members])
+                if self.ms.ready():  # a rank back, its actors answering: all leave at the next step boundary
+                    asked = True
+                    for r in members:  # not waited for: the ranks agree among themselves
+                        self.ms.slots[r].control.resize.call_one(gen)
         values, errors = {}, []
         for r, f in futures.items():
             try:
                 values[r] = f.get(timeout=0)
             except (ActorError, MeshStopped) as e:
                 errors.append((r, e))
-        dead = self._dead_members([r for r, e in errors if isinstance(e, ProcessDied)])
+        dead = self.ms.dead_members([r for r, e in errors if isinstance(e, ProcessDied)])
+        if errors and not dead:
+            dead = self.ms.wait_for_death(DEATH_GRACE_S)
         if dead:
-            since, cause = self._death_words(dead)
-            return "died", (since, cause, dead)
+            return "died", dead
         if errors:
             raise errors[0][1]
         if any(kind == "resize" for kind, _ in values.values()):
-            if asked is None:
-                asked = (time.monotonic(), [r for r in self._live() if r not in self.members])
-            return "grow", asked
+            return "grow", self.ms.ready()
         return "done", {r: v for r, (_, v) in values.items()}
 
-    def _after_death(self, dead: list[int], cause: str) -> tuple[str, tuple]:
-        """Wait for the dead ranks' replacements if the mesh's policy replaces them; the
-        next members and whether they were replaced or the job shrank."""
+    def _after_death(self, dead: list[int]) -> tuple:
+        """The next members after ``dead`` left the group: the survivors' group is aborted
+        first (before anything of the next is sent them); the dead ranks' replacements are
+        waited for if the mesh's policy replaces them; ranks back and answering join."""
+        gen, members = self.ms.generation, self.ms.members
+        cause = self.ms.note_lost(dead)
+        survivors = tuple(r for r in members if r not in dead)
+        for r in survivors:  # this thread's messages reach each rank in order: before its next place()
+            self.ms.slots[r].control.abort.call_one(f"{cause}: the group is made again", gen)
+        if self.on_rebuild is not None:
+            self.on_rebuild("lost", gen, members)
         if _replaces(self.procs):
             deadline = time.monotonic() + self.replace_timeout
-            while time.monotonic() < deadline:
-                if _gave_up(self.procs):
+            while time.monotonic() < deadline and not _gave_up(self.procs):
+                back = self.ms.ready(min(POLL_S * 10, max(0.0, deadline - time.monotonic())), ranks=dead)
+                if set(dead) <= set(back):
                     break
-                if not any(self._is_dead(r) for r in dead):
-                    members = self._live()
-                    self._check_enough(members, cause)
-                    return "replaced", members
-                time.sleep(POLL_S)
-        members = self._live()
+        back = self.ms.ready(JOIN_WAIT_S)  # a rank back but still starting is waited for a little
+        members = tuple(sorted(set(survivors) | set(back)))
         self._check_enough(members, cause)
-        return "shrunk", members
+        return members
 
     # ------------------------------------------------------------ the group
 
     def _form(self, members: tuple) -> None:
         """Place every member, serve the store on the first, and make the group over them."""
-        self.members = members  # first: a death from here on is one of theirs
         for r in members:
-            self._slot(r)
+            self.ms.slot(r)
+        gen = self.ms.begin(members)  # from here a death of one of them aborts this generation
+        slots = self.ms.slots
         hosts = [self.procs.ref.hosts[r] if self.procs.ref.hosts else "" for r in members]
         layout = elastic_layout(members, hosts)
-        _all([self.slots[r].control.place.call_one(layout[r]) for r in members])
+        _all([slots[r].control.place.call_one(layout[r], gen) for r in members])
         spans = len(set(hosts)) > 1
-        first = self.slots[members[0]].control
+        first = slots[members[0]].control
         addr, port = first.rendezvous.call_one(spans, peer_ip(self.procs, members)).get(timeout=SETUP_TIMEOUT_S)
-        _all([self.slots[r].control.setup_env.call_one(addr, port) for r in members])
+        _all([slots[r].control.setup_env.call_one(addr, port) for r in members])
+        if self.on_rebuild is not None:
+            self.on_rebuild("placed", gen, members)
         backend = self.backend or self._backend(members)
-        _all([self.slots[r].control.init_process_group.call_one(backend, self.group_timeout) for r in members],
-             SETUP_TIMEOUT_S + self.group_timeout)
+        if self.ms.dead_members():  # none starts a rendezvous that a dead member would never join
+            raise _MemberDied(f"a member died before the group of generation {gen} was made")
+        _all([slots[r].control.make_group.call_one(backend, self.group_timeout, gen) for r in members])
+        if self.on_rebuild is not None:
+            self.on_rebuild("making", gen, members)
+        deadline = time.monotonic() + SETUP_TIMEOUT_S + self.group_timeout
+        waiting = list(members)
+        while waiting:  # asked again and again, so that a member's death is seen within a poll
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the process group of {counted(len(members), 'rank')} was not made within "
+                                   f"{SETUP_TIMEOUT_S + self.group_timeout:g} s (ranks {waiting} did not finish)")
+            if self.ms.dead_members():
+                raise _MemberDied(f"a member died while the group of generation {gen} was made")
+            made = _all([slots[r].control.group_made.call_one(gen, GROUP_POLL_S) for r in waiting],
+                        SETUP_TIMEOUT_S + GROUP_POLL_S)
+            waiting = [r for r, backend_made in zip(waiting, made, strict=True) if backend_made is None]
 
     def _backend(self, members: tuple) -> str:
-        devices = _all([self.slots[r].control.device.call_one() for r in members])
+        devices = _all([self.ms.slots[r].control.device.call_one() for r in members])
         self.backend = gpus.backend_for(devices)
         return self.backend
-
-    def _slot(self, r: int) -> _Slot:
-        """This rank's two actors, spawned again when its process was replaced."""
-        pid = self._pids().get(r)
-        slot = self.slots.get(r)
-        if slot is None or slot.pid != pid:
-            one = self.flat.slice(rank=self.index[r])
-            slot = self.slots[r] = _Slot(pid, one.spawn("elastic_control", ElasticControl),
-                                         one.spawn("elastic_rank", ElasticRank))
-        return slot
-
-    def _pids(self) -> dict[int, Any]:
-        if not self.procs.owned:
-            return {}
-        return {row["rank"]: row["pid"] for row in self.procs.rank_states()}
 
     # ------------------------------------------------------------ deaths
 
     def _on_death(self, mesh_id: str, rank: int, info) -> None:  # on the IO thread: must not block
-        if mesh_id != self.procs.ref.id or rank not in self.members or info.stopped:
+        if mesh_id != self.procs.ref.id or info.stopped:
             return
-        with self.lock:
-            self.deaths.setdefault(rank, (time.monotonic(), info.how()))
-        survivors = [self.slots[r].control for r in self.members if r != rank and r in self.slots]
-        threading.Thread(target=_abort, args=(survivors, f"rank {rank} ({info.how()}) died"),
-                         name="elastic-abort", daemon=True).start()
-
-    def _dead_members(self, known: list[int]) -> list[int]:
-        """Members that died in this attempt: ``known``, those the death hook heard of (a
-        replacement may already stand in a dead rank's place), and those dead now."""
-        with self.lock:
-            heard = set(self.deaths)
-        return sorted(set(known) | heard | {r for r in self.members if self._is_dead(r)})
-
-    def _death_words(self, dead: list[int]) -> tuple[float, str]:
-        """When the first of ``dead`` died (monotonic), and how each did."""
-        with self.lock:
-            deaths = dict(self.deaths)
-        since = min((deaths[r][0] for r in dead if r in deaths), default=time.monotonic())
-        cause = "; ".join(f"rank {r} {deaths[r][1]}" for r in dead if r in deaths)
-        return since, cause or f"ranks {dead} died"
-
-    def _is_dead(self, r: int) -> bool:
-        return r in self.procs.dead_ranks()
-
-    def _live(self) -> tuple:
-        dead = set(self.procs.dead_ranks())
-        return tuple(r for r in self.procs.shape.ranks if r not in dead)
+        broken = self.ms.died(rank, info)
+        if broken is not None:
+            gen, survivors = broken
+            threading.Thread(target=_abort, args=(survivors, f"rank {rank} ({info.how()}) died", gen),
+                             name="elastic-abort", daemon=True).start()
 
     def _check_enough(self, members: tuple, cause: str) -> None:
         if len(members) < self.min_ranks:
@@ -293,8 +264,12 @@ class _ElasticJob:
                                "policy: procs.set_restart_policy('on-failure')) and call elastic_run again")
 
 
-def _abort(controls, reason: str) -> None:
-    futures = [c.abort.call_one(reason) for c in controls]
+class _MemberDied(Exception):
+    """A member died while its group was made (the loop makes it again without it)."""
+
+
+def _abort(controls, reason: str, generation: int) -> None:
+    futures = [c.abort.call_one(reason, generation) for c in controls]
     for f in futures:
         try:
             f.get(timeout=10)

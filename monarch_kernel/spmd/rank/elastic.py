@@ -8,15 +8,21 @@ Runs on ranks.  torch is imported only when a loop runs; state never goes to a f
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from ...actor.actor import Actor
 from ...actor.endpoint import endpoint
+from ...runtime import config
 from ..layout import RankEnv
+from . import group, master_store
 from .actor import ElasticEnvActor
 from .checkpoint import PeerCheckpoint
+
+SETUP_TIMEOUT_S = config.seconds("spmd_setup_timeout")
+CONNECT_S = 15.0  # to connect to a store already served (one closed meanwhile is retried that long)
 
 _resize = threading.Event()  # the controller asked this rank to leave its loop at the next step boundary
 # The failures of attempts cut short by a peer's death, kept with their frames: freeing them
@@ -24,6 +30,7 @@ _resize = threading.Event()  # the controller asked this rank to leave its loop 
 # joins gloo's threads, one of which may wait forever on the dead peer.  A model and an
 # optimizer per death, for the life of the process.
 _cut_short: list[BaseException] = []
+_made = {"generation": -1}  # the generation of the group last made here (ElasticRank.run checks it)
 
 
 class Resize(Exception):  # noqa: N818  (a signal to the worker, not an error)
@@ -82,11 +89,20 @@ def elastic_steps(total: int, *stateful, name: str = "elastic") -> Iterator[int]
 class ElasticControl(ElasticEnvActor):
     """On its own thread: torchrun's variables and the process group for this rank's place
     in the current membership (given by the controller, which changes it on a resize), the
-    group's abort when a peer dies, and the resize request."""
+    group's abort when a peer dies, and the resize request.
+
+    Each membership is a *generation* (numbered by the controller).  The group is made on a
+    thread of its own (``make_group``, then ``group_made``), so that an abort reaches this
+    actor while torch's rendezvous waits for a member that died; an abort or a resize meant
+    for an older generation than the one this rank was placed in is ignored (a late one
+    must not break the group made after it)."""
 
     def __init__(self):
         super().__init__({})
         self.place_env: RankEnv | None = None
+        self.generation = -1  # the membership this rank was last placed in
+        self.maker: _GroupMaker | None = None
+        self.lock = threading.Lock()
 
     def _env(self) -> RankEnv:
         if self.place_env is None:
@@ -94,15 +110,137 @@ class ElasticControl(ElasticEnvActor):
         return self.place_env
 
     @endpoint
-    def place(self, env: RankEnv) -> None:
-        """This rank's place in the next group."""
+    def ready(self) -> int:
+        """This process's pid, once torch.distributed is imported: a rank that joins pays
+        for the import before the others stop for it."""
+        import torch.distributed  # noqa: F401
+
+        return os.getpid()
+
+    @endpoint
+    def place(self, env: RankEnv, generation: int = 0) -> None:
+        """This rank's place in the group of ``generation``; an older group still being made
+        here is abandoned first (its store closed, so its rendezvous fails at once)."""
+        with self.lock:
+            self.generation = generation
+            old = self.maker
+        if old is not None:
+            old.abandon()
         self.place_env = env
         _resize.clear()
 
     @endpoint
-    def resize(self) -> None:
+    def make_group(self, backend: str, timeout_s: float, generation: int) -> None:
+        """Start making the group of ``generation`` (``group_made`` says when it is up)."""
+        with self.lock:
+            if generation != self.generation:
+                raise RuntimeError(f"asked to make the group of generation {generation}, but this rank was "
+                                   f"placed in generation {self.generation}")
+            old, maker = self.maker, _GroupMaker(self._env(), backend, timeout_s, generation)
+            self.maker = maker
+        if old is not None:
+            old.abandon()
+        maker.start()
+
+    @endpoint
+    def group_made(self, generation: int, wait_s: float) -> str | None:
+        """The group's backend once the group of ``generation`` is up here, None while it is
+        being made (after waiting up to ``wait_s``); raises what making it raised."""
+        maker = self.maker
+        if maker is None or maker.generation != generation:
+            raise RuntimeError(f"this rank is not making the group of generation {generation}")
+        return maker.result(wait_s)
+
+    @endpoint
+    def abort(self, reason: str = "", generation: int | None = None) -> bool:
+        """Abort this rank's group (of ``generation`` or older; any, when None), and a
+        rendezvous for it in progress, so what waits on it fails now."""
+        with self.lock:
+            if generation is not None and generation < self.generation:
+                return False  # a later group is being made or up here: that death is not its
+            maker = self.maker
+        if maker is not None and (generation is None or maker.generation <= generation):
+            maker.abort()
+        return group.abort_group(reason)
+
+    @endpoint
+    def resize(self, generation: int | None = None) -> None:
         """Leave the loop at the next step boundary (every rank agrees on which)."""
-        _resize.set()
+        if generation is None or generation == self.generation:
+            _resize.set()
+
+
+class _GroupMaker:
+    """One generation's ``init_process_group`` on a thread of its own."""
+
+    def __init__(self, env: RankEnv, backend: str, timeout_s: float, generation: int):
+        self.generation = generation
+        self.aborted = False
+        self.done = threading.Event()
+        self.backend: str | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._make, args=(env, backend, timeout_s), daemon=True,
+                                       name=f"elastic-group-{generation}")
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _make(self, env: RankEnv, backend: str, timeout_s: float) -> None:
+        try:
+            self._check()
+            store = _store_client(timeout_s)
+            self._check()  # aborted while it connected: the store may be closed already
+            got = group.init_group(backend, env, timeout_s, store=store)
+            if self.aborted:  # it came up after its abort: the others may be gone from it already
+                group.abort_group(f"the group of generation {self.generation} was aborted while it was made")
+                raise RuntimeError(f"the group of generation {self.generation} was aborted while it was made")
+            _made["generation"] = self.generation
+            self.backend = got
+        except BaseException as e:  # the controller hears it from group_made
+            self.error = e
+        finally:
+            self.done.set()
+
+    def _check(self) -> None:
+        if self.aborted:
+            raise RuntimeError(f"the group of generation {self.generation} was aborted (a member died)")
+
+    def result(self, wait_s: float) -> str | None:
+        if not self.done.wait(wait_s):
+            return None
+        if self.error is not None:
+            raise self.error
+        return self.backend
+
+    def abort(self) -> None:
+        """A member died: the rendezvous in progress fails now on every rank (the store it
+        meets at, if served here, is closed), and the group, if it comes up, is aborted."""
+        self.aborted = True
+        if not self.done.is_set():
+            master_store.close_unused()
+
+    def abandon(self) -> None:
+        """A later generation replaces this one: end it, waiting for its thread."""
+        if self.done.is_set():
+            return
+        self.abort()
+        if not self.done.wait(SETUP_TIMEOUT_S):
+            raise RuntimeError(f"the group of generation {self.generation} is still being made after "
+                               f"{SETUP_TIMEOUT_S:g} s (stuck in torch's rendezvous); see procs.stacks()")
+
+
+def _store_client(timeout_s: float):
+    """A client of this generation's store (``MASTER_ADDR:MASTER_PORT``, served by the first
+    member before any member is asked to make the group, so it connects at once); its
+    requests then wait up to ``timeout_s``.  Closing the store fails them at once."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=CONNECT_S))
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))
+    return store
 
 
 class ElasticRank(Actor):
@@ -112,9 +250,13 @@ class ElasticRank(Actor):
     runs_on_main_thread = True
 
     @endpoint
-    def run(self, fn, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    def run(self, fn, args: tuple, kwargs: dict, generation: int | None = None) -> tuple[str, Any]:
         """``("done", fn(*args, **kwargs))``, or ``("resize", step)`` when it left at a step
-        boundary for a resize."""
+        boundary for a resize.  ``generation``: the group the controller made for this call;
+        a rank whose group is another says so rather than wait in a collective nobody joins."""
+        if generation is not None and _made["generation"] != generation:
+            raise RuntimeError(f"this rank's process group is of generation {_made['generation']}, "
+                               f"not {generation} as the controller made it")
         _same_threads()
         try:
             return "done", fn(*args, **kwargs)

@@ -45,9 +45,11 @@ def is_initialized() -> bool:
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
-def init_group(backend: str, env: RankEnv, timeout_s: float | None) -> str:
+def init_group(backend: str, env: RankEnv, timeout_s: float | None, store: Any = None) -> str:
     """(Re)build the default process group: a group this process had (healthy, or broken
-    by a peer's death) is destroyed first, so the same call rebuilds after a restart."""
+    by a peer's death) is destroyed first, so the same call rebuilds after a restart.
+    ``store``: a client of the store at ``MASTER_ADDR:MASTER_PORT`` already connected
+    (``elastic_run`` connects it itself, to know when an abort can still reach it)."""
     import datetime
 
     import torch.distributed as dist
@@ -58,10 +60,14 @@ def init_group(backend: str, env: RankEnv, timeout_s: float | None) -> str:
             import torch
 
             torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-        kwargs: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size, "init_method": "env://"}
+        kwargs: dict[str, Any] = {"rank": env.rank, "world_size": env.world_size}
+        if store is None:
+            kwargs["init_method"] = "env://"
+            before_init()
+        else:
+            kwargs["store"] = store
         if timeout_s is not None:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-        before_init()
         with recording_sockets():
             dist.init_process_group(backend, **kwargs)
         made()

@@ -75,6 +75,15 @@ def group_gone() -> None:
             _drop(lambda key: key == on)
 
 
+def close_unused() -> None:
+    """Stop every store served here that no live group was made over: a group being made
+    over one fails its rendezvous at once, on every rank (``elastic_run`` aborts a
+    rebuild so when a member dies during it)."""
+    with _lock:
+        live = _live()
+        _drop(lambda key: key != live)
+
+
 def listening() -> list[tuple[str, int]]:
     """The ``(address, port)`` of each store served here."""
     with _lock:
