@@ -235,8 +235,16 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "process of a controller on this host that has just exited to write its last rows"),
     _s("history_writer_idle", 4.0, "history/writer_process.py", "a controller's history writer process given no "
        "batch for this long is let go (the next batch starts another)"),
-    _s("elastic_poll", 0.02, "spmd/controller/elastic.py", "how often `elastic_run` looks at its ranks' calls and "
-       "the mesh's deaths and restarts"),
+    _s("elastic_poll", 0.02, "spmd/controller/elastic_members.py", "how often `elastic_run` looks at its ranks' "
+       "calls and the mesh's deaths and restarts"),
+    _s("elastic_group_poll", 0.2, "spmd/controller/elastic.py", "how long each member of a group `elastic_run` "
+       "makes is asked to wait for it, between looks for deaths"),
+    _s("elastic_death_grace", 3.0, "spmd/controller/elastic.py", "how long a member's failure in `elastic_run` "
+       "waits for a death that explains it"),
+    _s("elastic_join_wait", 10.0, "spmd/controller/elastic.py", "after a death, how long `elastic_run`'s next group "
+       "waits for a rank back that is still starting"),
+    _s("elastic_store_connect", 15.0, "spmd/rank/elastic.py", "a rank connects to its group's store this long at "
+       "most (one closed meanwhile is retried that long)"),
     _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "
        "(an actor its rank has not made yet) tries again after this, then twice as long each time"),
     _s("datagram_retry_max", 0.005, "runtime/net/datagram.py", "the longest wait between those tries"),

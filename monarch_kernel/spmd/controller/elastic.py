@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...actor.errors import ActorError, MeshStopped, ProcessDied
-from ...runtime import Runtime, counted, gpus
+from ...runtime import Runtime, config, counted, gpus
 from ..layout import elastic_layout
 from .elastic_members import POLL_S, Membership
 from .env import SETUP_TIMEOUT_S, peer_ip
 
-GROUP_POLL_S = 0.2  # how long each member is asked to wait for its group, between looks for deaths
-DEATH_GRACE_S = 3.0  # how long a member's failure waits for a death that explains it
-JOIN_WAIT_S = 10.0  # after a death, how long the next group waits for a rank back that is still starting
+GROUP_POLL_S = config.seconds("elastic_group_poll")  # each member waits this long for its group, between looks
+DEATH_GRACE_S = config.seconds("elastic_death_grace")  # a member's failure waits for a death that explains it
+JOIN_WAIT_S = config.seconds("elastic_join_wait")  # the next group waits for a rank back still starting
 
 
 @dataclass(frozen=True)

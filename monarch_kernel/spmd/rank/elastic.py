@@ -22,7 +22,7 @@ from .actor import ElasticEnvActor
 from .checkpoint import PeerCheckpoint
 
 SETUP_TIMEOUT_S = config.seconds("spmd_setup_timeout")
-CONNECT_S = 15.0  # to connect to a store already served (one closed meanwhile is retried that long)
+CONNECT_S = config.seconds("elastic_store_connect")  # a store closed meanwhile is retried that long
 
 _resize = threading.Event()  # the controller asked this rank to leave its loop at the next step boundary
 # The failures of attempts cut short by a peer's death, kept with their frames: freeing them
