@@ -2,42 +2,53 @@
 
 Names follow ``monarch.actor``, so Monarch code ports by changing one import.  The layers
 under it, and the process that runs each, are drawn in docs/how-it-works.md.  The tensor
-names load torch on first use.  This module only re-exports; importing it installs nothing.
+names load torch on first use.  This module only re-exports, each name when first asked for;
+importing it installs nothing.
 """
 
-from .actor.accumulator import Accumulator as Accumulator
-from .actor.actor import Actor as Actor
-from .actor.actor import context as context
-from .actor.actor import current_actor_name as current_actor_name
-from .actor.actor import current_rank as current_rank
-from .actor.actor import current_size as current_size
-from .actor.actor_mesh import ActorMesh as ActorMesh
-from .actor.adverbs import Endpoint as Endpoint
-from .actor.controllers import get_or_spawn_controller as get_or_spawn_controller
-from .actor.endpoint import concurrent_endpoint as concurrent_endpoint
-from .actor.endpoint import endpoint as endpoint
-from .actor.errors import ActorError as ActorError
-from .actor.errors import HangError as HangError
-from .actor.errors import MeshFailure as MeshFailure
-from .actor.errors import MeshStopped as MeshStopped
-from .actor.errors import ProcessDied as ProcessDied
-from .actor.fault_hook import unhandled_fault_hook as unhandled_fault_hook
-from .actor.future import Future as Future
-from .actor.host_mesh import HostMesh as HostMesh
-from .actor.host_mesh import this_host as this_host
-from .actor.host_mesh import this_proc as this_proc
-from .actor.port import Channel as Channel
-from .actor.port import Port as Port
-from .actor.port import PortReceiver as PortReceiver
-from .actor.proc_mesh import ProcMesh as ProcMesh
-from .actor.restart_event import RestartEvent as RestartEvent
-from .actor.restart_event import RestartPolicy as RestartPolicy
-from .actor.send import send as send
-from .actor.shape import Extent as Extent
-from .actor.shape import Point as Point
-from .actor.shape import Shape as Shape
-from .actor.shutdown import shutdown_context as shutdown_context
-from .actor.value_mesh import ValueMesh as ValueMesh
+from typing import TYPE_CHECKING
+
+from .runtime import lazy_names
+
+# The actor API's names, each loaded on first use (``lazy_names`` reads these lines, as the
+# runtime's doors do): a process that runs one of the package's modules (``python -m
+# monarch_kernel.history.writer_process``, the command line, an agent) loads only what it uses.
+if TYPE_CHECKING:
+    # isort: off
+    from .actor.accumulator import Accumulator as Accumulator
+    from .actor.actor import Actor as Actor
+    from .actor.actor import context as context
+    from .actor.actor import current_actor_name as current_actor_name
+    from .actor.actor import current_rank as current_rank
+    from .actor.actor import current_size as current_size
+    from .actor.actor_mesh import ActorMesh as ActorMesh
+    from .actor.adverbs import Endpoint as Endpoint
+    from .actor.controllers import get_or_spawn_controller as get_or_spawn_controller
+    from .actor.endpoint import concurrent_endpoint as concurrent_endpoint
+    from .actor.endpoint import endpoint as endpoint
+    from .actor.errors import ActorError as ActorError
+    from .actor.errors import HangError as HangError
+    from .actor.errors import MeshFailure as MeshFailure
+    from .actor.errors import MeshStopped as MeshStopped
+    from .actor.errors import ProcessDied as ProcessDied
+    from .actor.fault_hook import unhandled_fault_hook as unhandled_fault_hook
+    from .actor.future import Future as Future
+    from .actor.host_mesh import HostMesh as HostMesh
+    from .actor.host_mesh import this_host as this_host
+    from .actor.host_mesh import this_proc as this_proc
+    from .actor.port import Channel as Channel
+    from .actor.port import Port as Port
+    from .actor.port import PortReceiver as PortReceiver
+    from .actor.proc_mesh import ProcMesh as ProcMesh
+    from .actor.restart_event import RestartEvent as RestartEvent
+    from .actor.restart_event import RestartPolicy as RestartPolicy
+    from .actor.send import send as send
+    from .actor.shape import Extent as Extent
+    from .actor.shape import Point as Point
+    from .actor.shape import Shape as Shape
+    from .actor.shutdown import shutdown_context as shutdown_context
+    from .actor.value_mesh import ValueMesh as ValueMesh
+    # isort: on
 
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Endpoint", "Extent", "Future", "HostMesh",
@@ -96,7 +107,14 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f".tensors.{_TENSOR_NAMES[name]}", __name__), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'monarch_kernel' has no attribute {name!r}")
+    return _actor_names(name)  # the actor API (its AttributeError names the package)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+_actor_names, _ = lazy_names(__name__, __file__)
 
 
 def load_ipython_extension(ip) -> None:

@@ -15,10 +15,14 @@ first asked for (PEP 562), so importing this package imports nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_names
 
 if TYPE_CHECKING:
     # isort: off
+    # how a package's names are loaded on first use (this door's, the hosting door's, the API's)
+    from .lazy import lazy_names as lazy_names
     # the process: its runtime, who is running, its settings, its log's handler of last resort,
     # folders and files of this user's alone
     from . import config as config
@@ -70,53 +74,6 @@ if TYPE_CHECKING:
     from .spawn.rank_output import SYNC_MARK as SYNC_MARK
     from .wire import rejects as rejects
     # isort: on
-
-
-def lazy_names(door: str, path: str) -> tuple[Any, Any]:
-    """``(__getattr__, __dir__)`` for the door module ``door`` (its ``__name__``) whose source
-    is ``path``: the names its ``if TYPE_CHECKING:`` block imports, each loaded on first use.
-    ``__all__`` is asked of ``__getattr__`` too.  (scientific Python's ``lazy_loader`` reads a
-    stub file the same way.)"""
-    table: dict[str, tuple[str, str]] = {}  # name -> (module to import from, its name there)
-
-    def read() -> dict[str, tuple[str, str]]:
-        if not table:
-            import ast
-            import importlib.util
-
-            with open(path, encoding="utf-8") as f:
-                source = f.read()
-            for block in ast.parse(source).body:
-                if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING":
-                    for node in block.body:
-                        assert isinstance(node, ast.ImportFrom), f"{path}: only 'from . import' lines in the door"
-                        here = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
-                        table.update({a.asname or a.name: (here, a.name) for a in node.names})
-        return table
-
-    package = door if path.endswith("__init__.py") else door.rpartition(".")[0]
-
-    def __getattr__(name: str) -> Any:
-        import importlib
-        import sys
-
-        if name == "__all__":
-            return sorted(read())
-        if name not in read():
-            raise AttributeError(f"module {door!r} has no attribute {name!r}")
-        where, there = table[name]
-        if where == door:  # a module of this package: ``from . import config``
-            value: Any = importlib.import_module(f"{where}.{there}")
-        else:  # as ``from where import there`` would: a name of that module, else its submodule
-            module = importlib.import_module(where)
-            value = getattr(module, there) if hasattr(module, there) else importlib.import_module(f"{where}.{there}")
-        setattr(sys.modules[door], name, value)
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(read())
-
-    return __getattr__, __dir__
 
 
 __getattr__, __dir__ = lazy_names(__name__, __file__)

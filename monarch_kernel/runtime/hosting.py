@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import lazy_names
+from .lazy import lazy_names
 
 if TYPE_CHECKING:
     # isort: off
+    from .lazy import lazy_names as lazy_names
     # the main door's names that agents and jobs use too
     from . import (
         CurveKeys as CurveKeys, Runtime as Runtime, config as config, counted as counted, diagnostics as diagnostics,
