@@ -82,6 +82,8 @@ def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, run:
     after = since_time(since) if since else None
     shown: set[tuple] = set()  # with --follow: the lines of the last LAG_S seconds already printed
     while True:
+        # asked before the lines are read: a run said ended has its last lines on disk already
+        ended = follow and _ended(h, root)
         clauses = where + ([f"time >= TIMESTAMPTZ '{after.isoformat()}'"] if after is not None else [])
         query = ("SELECT time, rank, stream, line FROM lines" + (f" WHERE {' AND '.join(clauses)}" if clauses else "")
                  + " ORDER BY time, rank")
@@ -102,7 +104,7 @@ def logs(name: str, rank_spec: str | None, since: str | None, follow: bool, run:
         # back LAG_S seconds each time, and skip what was printed.
         after = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=LAG_S)
         shown = {k for k in shown if k[0] >= after}
-        if _ended(h, root):
+        if ended:
             return
         try:
             time.sleep(FOLLOW_S)

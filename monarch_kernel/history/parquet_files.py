@@ -61,14 +61,15 @@ class ParquetFiles:
             self._small.clear()
             self._newest.clear()
         self.max_bytes = batch.max_bytes
-        for place, info in batch.metas.items():
-            self._write_meta(place, info, batch.pid)
         for place, got in batch.chunks.items():
             for piece in _pieces(got, max(64 << 10, self.max_bytes // 16)):
                 self._write("lines", place[0], self._folder(place), _columns(piece))
         for (view, mesh, run), rows in batch.rows.items():
             if rows:
                 self._write(view, mesh, self._folder((mesh, run)), list(zip(*rows, strict=True)))
+        # the listing's state last: a reader that sees a run "ended" finds every line written with it
+        for place, info in batch.metas.items():
+            self._write_meta(place, info, batch.pid)
         self._cap()
 
     def _folder(self, place: Place) -> pathlib.Path:

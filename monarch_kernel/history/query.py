@@ -78,14 +78,14 @@ class History:
         ``samples``, ``stacks``) as a pandas DataFrame."""
         import duckdb
 
-        for attempt in (1, 2):
+        for attempt in range(1, READS + 1):
             con = self.connect()
             try:
                 rel = con.sql(query)
                 return rel.df() if rel is not None else None
             except duckdb.IOException:
-                if attempt == 2:
-                    raise  # a file merged or rotated away between listing and reading: list again, once
+                if attempt == READS:
+                    raise  # a file merged or dropped by the cap between listing and reading: list again
             finally:
                 con.close()
         return None
@@ -110,6 +110,9 @@ class History:
         if df["rank"].nunique() <= 16:
             ax.legend(fontsize="small")
         return ax
+
+
+READS = 5  # a query lists the files again this many times at most, while hosts merge and drop them
 
 
 def _quoted(text: str) -> str:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from ..runtime.hosting import config
+from ..runtime.hosting import config, private_files
 from . import pending, places
 from .parquet_files import Batch, ParquetFiles
 
@@ -35,7 +35,7 @@ _HEAD = struct.Struct("<Q?")  # a frame's length, and whether its writing is to 
 ACK = b"k"
 ACK_TIMEOUT = 300.0  # a flush() waits this long for its batch to be written
 IDLE_S = config.seconds("history_writer_idle")  # a writer process given no batch this long is let go
-NICE = 10  # how much lower than its controller's the writer's CPU priority is (``background``)
+LOG = "writer.log"  # in the history's root: what a writer process says (a file could not be written)
 
 
 class WriterProcess:
@@ -83,8 +83,8 @@ class WriterProcess:
             except (OSError, EOFError) as e:
                 self._proc = None  # the next batch starts another one
                 self._end(proc)
-                raise RuntimeError(f"the history's writer process (pid {proc.pid}) failed ({e!r}); its stderr "
-                                   f"says why; the next batch starts another") from e
+                raise RuntimeError(f"the history's writer process (pid {proc.pid}) failed ({e!r}); "
+                                   f"{LOG} in the history's folder says why; the next batch starts another") from e
 
     def close(self) -> None:
         """No more batches: it writes what it has and exits by itself (not waited for)."""
@@ -106,16 +106,24 @@ class WriterProcess:
         self._going.remove(proc)
 
     def _started(self) -> subprocess.Popen:
-        if self._proc is not None and self._proc.poll() is not None:  # it died (its stderr says why)
+        if self._proc is not None and self._proc.poll() is not None:  # it died (writer.log says why)
             self._end(self._proc)
             self._proc = None
         if self._proc is None:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             # a session of its own: a signal to the controller's group (Jupyter ends a kernel so)
             # must not end it before it has written what it was given; the pipe ends it
-            self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)
-            background(self._proc.pid)  # from its first instruction: its start is most of its work
+            # its stderr is a file of the history's, never the controller's: whoever reads the
+            # controller's output to its end (``subprocess.run(..., capture_output=True)``) must
+            # not wait for the writer too
+            log_fd = _log_file()
+            try:
+                self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=log_fd, env=env, close_fds=True,
+                                              start_new_session=True)
+            finally:
+                if log_fd != subprocess.DEVNULL:
+                    os.close(log_fd)
             marker = pending.mark(places.history_root(), self._proc.pid)
             frame = pickle.dumps(str(marker or ""), protocol=pickle.HIGHEST_PROTOCOL)
             assert self._proc.stdin is not None
@@ -135,15 +143,16 @@ class WriterProcess:
                     pass
 
 
-def background(pid: int = 0) -> None:
-    """Lower process ``pid``'s CPU priority (nice +10): writing the history is work that can
-    wait, and on a machine of few cores the writer's start (loading pyarrow) must not slow the
-    ranks and the controller it records.  Not lower (SCHED_IDLE, nice 19): on a machine loaded
-    by others it would be starved, and ``logs --follow`` would lag by the load's length."""
+def _log_file() -> int:
+    """The writer's stderr: ``writer.log`` (0600) in the history's root, appended; where that
+    cannot be opened, nothing."""
     try:
-        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + NICE))
-    except (OSError, AttributeError):  # not Linux, or not allowed: it writes at the priority it has
-        pass
+        root = str(places.history_root())
+        private_files.private_dir(root, parents=False)
+        return os.open(os.path.join(root, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o600)
+    except OSError:
+        return subprocess.DEVNULL
 
 
 def _read_exactly(fd: int, n: int) -> bytes | None:

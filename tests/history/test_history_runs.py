@@ -42,7 +42,7 @@ def until(what: str, check, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while True:
         got = check()
-        if got is not None and got is not False:
+        if got is not None and got is not False and not (isinstance(got, int) and got == 0):
             return got
         assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
         time.sleep(0.1)

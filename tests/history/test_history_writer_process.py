@@ -147,8 +147,9 @@ def test_a_killed_controllers_writer_process_ends_too(tmp_path):
         writer = int(said(proc, "WRITER"))
         said(proc, "READY")
         assert not gone(writer)
-        # it runs below its controller's priority: its start (pyarrow) yields to the ranks
-        assert os.getpriority(os.PRIO_PROCESS, writer) >= os.getpriority(os.PRIO_PROCESS, proc.pid) + 10
+        # it holds none of its controller's output: a reader of that to its end never waits for it
+        assert os.readlink(f"/proc/{writer}/fd/2") == str(tmp_path / "hist" / "writer.log")
+        assert stat.S_IMODE(os.stat(tmp_path / "hist" / "writer.log").st_mode) == 0o600
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         until("the writer process to end with its killed controller", lambda: gone(writer), timeout=30)
