@@ -118,7 +118,7 @@ def _ended(h, root: str | None) -> bool:
 
     runs = {r.run for r in h.runs}
     now = [r for r in history.list_histories(root) if r.name == h.name and r.run in runs]
-    return all(r.state != "running" for r in now)
+    return bool(now) and all(r.state != "running" for r in now)  # none listed: being rewritten, not ended
 
 
 def emit_line(row) -> str:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -92,9 +93,14 @@ def test_a_finished_runs_lines_and_metrics_are_read_after_it_ended(tmp_path, env
 
 def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, env):
     env = {**env, "MONARCH_KERNEL_HISTORY_FLUSH": "0.2"}  # the history's batches: lines reach the files sooner
-    run = train(tmp_path, env, "slow", 8, 0.4)
+    run = train(tmp_path, env, "slow", 12, 0.4)
     try:
         assert run.stdout.readline().strip() == "up"
+        # the run's history exists once its first batch is written (its writer process may still be starting)
+        deadline = time.monotonic() + 60
+        while "slow" not in {r["name"] for r in json.loads(cli("ls", "--json", env=env)[1] or "[]")}:
+            assert time.monotonic() < deadline, "the run's history was not listed within 60 s"
+            time.sleep(0.1)
         follow = subprocess.Popen([sys.executable, "-m", "monarch_kernel", "logs", "slow", "--rank", "0", "--follow"],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -104,7 +110,7 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, 
             rest = follow.stdout.read()  # (not communicate(): readline's buffer holds lines already read)
             assert follow.wait(60) == 0, follow.stderr.read()  # it returns by itself once the mesh has ended
             got = [first.strip(), *rest.splitlines()]
-            assert got == [f"[rank 0] step {i}" for i in range(8)] + ["[rank 0] (stderr) done"], got
+            assert got == [f"[rank 0] step {i}" for i in range(12)] + ["[rank 0] (stderr) done"], got
         finally:
             if follow.poll() is None:
                 follow.kill()
