@@ -10,10 +10,10 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 from support.config import configured
+from support.waiting import until
 
 import monarch_kernel
 from monarch_kernel import Actor, endpoint, this_host
@@ -49,14 +49,6 @@ class Printer(Actor):
         os._exit(code)
 
 
-def until(what: str, check, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got is not None and got is not False and not (isinstance(got, int) and got == 0):
-            return got
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_ranks_lines_metrics_and_deaths_are_recorded_and_asked_in_sql(tmp_path):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import time
 
 import pytest
 from support.config import configured
+from support.waiting import until
 
 import monarch_kernel
 from monarch_kernel import Actor, endpoint, this_host
@@ -38,14 +38,6 @@ class Speaker(Actor):
             print(f"{word} {i} {os.urandom(48).hex()}")
 
 
-def until(what: str, check, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got is not None and got is not False and not (isinstance(got, int) and got == 0):
-            return got
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.1)
 
 
 def _runs(root, name: str) -> list:
