@@ -73,9 +73,9 @@ def gather(mesh: str | None = None, root: pathlib.Path | None = None, timeout: f
 def gather_soon(mesh: str) -> None:
     """``gather(mesh)`` on a thread of its own (from the IO thread: a mesh on other hosts ended)."""
     thread = threading.Thread(target=_gather_quietly, args=(mesh,), name="monarch-history-gather", daemon=True)
-    with _lock:
+    with _lock:  # started before it is listed: ``copy_home`` may join it at once
+        thread.start()
         _busy[:] = [t for t in _busy if t.is_alive()] + [thread]
-    thread.start()
 
 
 def _gather_quietly(mesh: str) -> None:

@@ -148,7 +148,7 @@ class Recorder:
                 self.add_sample(om.ref.name, r, om.ref.hosts[r] if om.ref.hosts else self.writer.host, pid, u, now)
 
     def add_sample(self, mesh: str, rank: int, host: str, pid: int, usage, now: float) -> None:
-        ticks, rss_bytes, gpu_pct, gpu_used = usage
+        ticks, rss_bytes, gpu_pct, gpu_used = usage[:4]
         before = self.last_ticks.get((mesh, rank))
         cpu = None
         if before is not None and before[2] == pid and now > before[1]:

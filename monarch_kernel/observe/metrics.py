@@ -49,7 +49,7 @@ class RankMetrics:
             u = got.get(r)
             cpu = rss = gpu = gpu_mib = None
             if u is not None and pid is not None:
-                ticks, rss_bytes, gpu_pct, gpu_used = u
+                ticks, rss_bytes, gpu_pct, gpu_used = u[:4]
                 if gpu_pct >= 0:
                     gpu, gpu_mib = float(gpu_pct), float(gpu_used)
                 rss = round(rss_bytes / (1 << 20), 1)

@@ -43,21 +43,28 @@ class Talker(Actor):
         return r
 
 
+
+
+def say(word, value):  # one write: the ranks' lines, printed by other threads, never split it
+    sys.stdout.write(f"{word} {value}\\n")
+    sys.stdout.flush()
+
+
 name, mode = sys.argv[1], sys.argv[2]
 procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name)
 talker = procs.spawn("talker", Talker)
 talker.talk.call("says", 50).get(timeout=60)
 if mode == "flush":
     monarch_kernel.history.flush()  # every row so far written: waits for the writer process
-    print("HEAVY", json.dumps([m for m in HEAVY if m in sys.modules]), flush=True)
+    say("HEAVY", json.dumps([m for m in HEAVY if m in sys.modules]))
     got = monarch_kernel.history(name).sql("SELECT count(*) AS n FROM lines")
-    print("LINES", int(got["n"][0]), flush=True)
+    say("LINES", int(got["n"][0]))
     sys.exit(0)
 writer = recorder.process_writer(create=False)
 deadline = time.monotonic() + 60
 while writer.sink.pid is None and time.monotonic() < deadline:  # the first batch starts it
     time.sleep(0.05)
-print("WRITER", writer.sink.pid, flush=True)
+say("WRITER", writer.sink.pid)
 seen = []  # the last call's lines, as the controller records them (they may come after its answer)
 Runtime.current().hooks.record.install(lambda mesh, rank, stream, lines: seen.append(lines.count(b" last ")))
 talker.talk.call("last", 20).get(timeout=60)
@@ -65,7 +72,7 @@ while sum(seen) < 40 and time.monotonic() < deadline + 60:
     time.sleep(0.05)
 if mode == "kill":
     monarch_kernel.history.flush()  # what was recorded is written; the rest was never handed over
-    print("READY now", flush=True)
+    say("READY", "now")
     time.sleep(600)
 """
 

@@ -1,12 +1,15 @@
 """The hang watchdog from a script (``spmd.watchdog(procs, T, then=...)``, issue 44 point 5):
 a call whose rank makes no progress for T raises ``HangError`` naming that rank and where it
 is, the call is interrupted and the mesh answers the next call; calls that keep coming back
-for longer than T raise nothing; ``then="restart"`` says what it needs."""
+for longer than T raise nothing, and so does a rank computing on a core others crowd out;
+``then="restart"`` says what it needs."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -44,6 +47,46 @@ def test_a_stuck_rank_raises_hang_error_and_the_next_call_answers():
             assert len(reports) == 1 and reports[0].stuck == [1]
             # The interrupted call ended on its rank: the mesh answers at once.
             assert list(sleepy.nap.call(-1, 0).get(timeout=30).values()) == [0, 1]
+
+
+HOG = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
+
+
+class Starved(Actor):
+    @endpoint
+    def compute(self, seconds: float) -> float:
+        """Pure Python for ``seconds`` on CPU 0, at nice 19 (this thread only) beside two
+        processes spinning there at nice 0 (in this rank's session, so the scheduler weighs them
+        against it): the share of a core it got."""
+        hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 19)  # after the hogs start: they would inherit it
+            os.sched_setaffinity(0, {0})
+            start, cpu, n = time.monotonic(), time.thread_time(), 0
+            while time.monotonic() - start < seconds:
+                n += 1
+            return (time.thread_time() - cpu) / max(1e-9, time.monotonic() - start)
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
+
+    @endpoint
+    def ready(self) -> bool:
+        return True
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="this kernel keeps no schedstat")
+@pytest.mark.timeout(120)
+def test_a_rank_computing_on_a_crowded_core_is_progress():
+    reports = []
+    with this_host().spawn_procs(per_host={"gpus": 2}, name="starved") as procs:
+        starved = procs.spawn("starved", Starved)
+        starved.ready.call().get(timeout=30)
+        with watchdog(procs, T, then="abort", on_report=reports.append):
+            share = starved.compute.call(3 * T).get(timeout=60)
+        assert reports == []
+        assert max(share.values()) < 0.10, f"the ranks were not crowded out (shares of a core: {share})"
 
 
 def test_restart_needs_a_restart_policy():

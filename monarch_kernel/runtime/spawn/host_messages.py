@@ -246,12 +246,12 @@ class StackDump(Message):
 
 @dataclass(frozen=True)
 class Usages(Message):
-    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB]`` each (-1: the process is gone, or
-    it uses no GPU)."""
+    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns]`` each (-1: the
+    process is gone, it uses no GPU, or its host keeps no ``schedstat``)."""
 
     OP = "usages"
     tag: int
-    items: list[tuple[int, int, int, int, int]]
+    items: list[tuple[int, int, int, int, int, int]]
 
 
 @dataclass(frozen=True)

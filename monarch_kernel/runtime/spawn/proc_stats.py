@@ -30,6 +30,27 @@ def usage(pid: int | None) -> tuple[int, int] | None:
         return None
 
 
+def wanted(pid: int | None) -> int:
+    """Nanoseconds the threads of a process on this host have run or waited to run (their
+    ``schedstat``), or -1 where the kernel does not keep it: what it asked of the CPU, so a rank
+    computing on a crowded machine is seen computing even when it gets little of a core."""
+    if not pid:
+        return -1
+    total, seen = 0, False
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return -1
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                run, wait = f.read().split()[:2]
+            total, seen = total + int(run) + int(wait), True
+        except (OSError, ValueError):
+            continue  # that thread ended
+    return total if seen else -1
+
+
 def gpu_usage(pids: list[int]) -> dict[int, tuple[int, int]]:
     """``{pid: (GPU utilisation %, GPU memory MiB)}`` of those of ``pids`` that use an NVIDIA
     GPU of this host (the utilisation is their GPU's); empty without ``nvidia-smi``."""
@@ -63,10 +84,11 @@ def parse_gpu_usage(apps: str, gpus: str, pids: set[int]) -> dict[int, tuple[int
     return out
 
 
-def measure(pids: list[int]) -> list[tuple[int, int, int, int, int]]:
-    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB]`` each (-1: gone, or no GPU)."""
+def measure(pids: list[int]) -> list[tuple[int, int, int, int, int, int]]:
+    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns]`` each (-1: gone, no
+    GPU, or no ``schedstat``)."""
     gpu = gpu_usage(pids)
-    return [(p, *(usage(p) or (-1, -1)), *gpu.get(p, (-1, -1))) for p in pids]
+    return [(p, *(usage(p) or (-1, -1)), *gpu.get(p, (-1, -1)), wanted(p)) for p in pids]
 
 
 def usages(pids: list[int]) -> hw.Usages:
@@ -74,8 +96,9 @@ def usages(pids: list[int]) -> hw.Usages:
 
 
 def sample(rt, om, ranks: list[int]) -> Completion:
-    """From any thread: ``{rank: (ticks, rss bytes, GPU %, GPU MiB) or None}`` of ranks of a
-    mesh this process spawned (GPU -1: none); ranks on other hosts through their agents."""
+    """From any thread: ``{rank: (ticks, rss bytes, GPU %, GPU MiB, CPU wanted ns) or None}``
+    of ranks of a mesh this process spawned (-1: no GPU, no ``schedstat``); ranks on other
+    hosts through their agents."""
     got = Completion()
     out: dict[int, tuple | None] = {}
 
@@ -94,13 +117,13 @@ def sample(rt, om, ranks: list[int]) -> Completion:
                 here[pid] = r
             else:
                 links.setdefault(id(om.links[r]), (om.links[r], {}))[1][pid] = r
-        for pid, ticks, rss, gpu, gpu_mib in measure(list(here)):
-            out[here[pid]] = None if ticks < 0 else (ticks, rss, gpu, gpu_mib)
+        for pid, ticks, *rest in measure(list(here)):
+            out[here[pid]] = None if ticks < 0 else _usage(ticks, rest)
         for link, by_pid in links.values():
             def heard(msg: hw.Usages, by_pid=by_pid) -> None:
-                for pid, ticks, rss, gpu, gpu_mib in msg.items:
+                for pid, ticks, *rest in msg.items:
                     if pid in by_pid:
-                        out[by_pid[pid]] = None if ticks < 0 else (ticks, rss, gpu, gpu_mib)
+                        out[by_pid[pid]] = None if ticks < 0 else _usage(ticks, rest)
                 for r in by_pid.values():
                     out.setdefault(r, None)
                 check()
@@ -109,3 +132,9 @@ def sample(rt, om, ranks: list[int]) -> Completion:
 
     rt.io.call_soon(go)
     return got
+
+
+def _usage(ticks: int, rest: list) -> tuple[int, int, int, int, int]:
+    """One rank's sample; an agent of an older kernel says nothing of the CPU wanted (-1)."""
+    rss, gpu, gpu_mib, *more = rest
+    return ticks, rss, gpu, gpu_mib, (more[0] if more else -1)

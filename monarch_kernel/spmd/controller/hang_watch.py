@@ -9,8 +9,8 @@ interrupted) and the thread waiting on the mesh raises ``HangError``.  Off unles
 
 Progress, per mesh while this process waits on its ranks: a new call to it, or an answer
 (the calls still waited on change), a line a rank wrote (where the kernel counts them), a
-collective finished on any rank (the flight recorder), or CPU used by a busy rank that is not
-waiting inside a collective (a rank computing without a word).  ``then="restart"`` reports the
+collective finished on any rank (the flight recorder), or CPU asked for by a busy rank that is
+not waiting inside a collective (a rank computing without a word, however crowded the machine).  ``then="restart"`` reports the
 hang, then SIGKILLs the stuck ranks and has the mesh's restart policy ("on-failure") replace
 them: the waiting call ends as a death ends it (``ProcessDied``, or the result of an
 ``@endpoint(retries=N)`` re-sent to the replacement).
@@ -46,6 +46,13 @@ SILENT_S = config.seconds("hang_silent")  # a poll unanswered this long: the ran
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def _cpu_share(now: tuple, before: tuple[int, int], dt: float) -> float:
+    """The share of a core a rank asked for over ``dt`` seconds, from two samples."""
+    if now[4] >= 0 and before[1] >= 0:
+        return (now[4] - before[1]) / 1e9 / dt
+    return (now[0] - before[0]) / _CLK_TCK / dt
+
+
 def check_then(then: str) -> str:
     if then not in THEN:
         raise ValueError(f"then={then!r}: choose 'dump' (report the hang), 'abort' (report it, tear it down "
@@ -70,7 +77,7 @@ class _Mesh:
     snaps: dict = field(default_factory=dict)  # env index -> its last flight.snapshot
     cpu: Any = None  # the pending proc_stats sample
     cpu_at: float = 0.0
-    ticks: dict = field(default_factory=dict)  # rank -> CPU ticks at the last sample
+    ticks: dict = field(default_factory=dict)  # rank -> (CPU ticks, CPU wanted ns) at the last sample
     inside: set = field(default_factory=set)  # ranks inside a collective they have not finished
 
 
@@ -247,7 +254,9 @@ class HangWatch:
         return inside
 
     def _computing(self, rt, procs, st: _Mesh, busy: list[int], in_collective: set[int], now: float) -> bool:
-        """Whether a busy rank outside a collective used CPU since the last sample."""
+        """Whether a busy rank outside a collective asked for CPU since the last sample: the
+        time its threads ran or waited to run (``schedstat``), so a rank computing on a crowded
+        machine counts though it gets little of a core; where that is not kept, the CPU it used."""
         om = rt.owned_mesh(procs.ref.id)
         if om is None:
             return False
@@ -258,8 +267,8 @@ class HangWatch:
             for r in busy:
                 u, before = got.get(r), st.ticks.get(r)
                 if u is not None and before is not None and r not in in_collective:
-                    used = used or (u[0] - before) / _CLK_TCK / dt >= CPU_BUSY
-            st.ticks = {r: u[0] for r, u in got.items() if u is not None}
+                    used = used or _cpu_share(u, before, dt) >= CPU_BUSY
+            st.ticks = {r: (u[0], u[4]) for r, u in got.items() if u is not None}
             st.cpu = None
         if st.cpu is None:
             st.cpu, st.cpu_at = proc_stats.sample(rt, om, busy), now
