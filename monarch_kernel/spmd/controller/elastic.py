@@ -131,8 +131,11 @@ class _ElasticJob:
         while True:
             try:
                 self._form(members)
-            except (ActorError, MeshStopped, TimeoutError, _MemberDied):
+            except (ActorError, MeshStopped, TimeoutError, _MemberDied) as e:
                 dead = self.ms.wait_for_death(DEATH_GRACE_S)
+                if not dead and isinstance(e, TimeoutError):
+                    raise TimeoutError(f"{e}; elastic_run was making the group of {members}, where the ranks' "
+                                       f"threads are:\n{_where(self.procs, members)}") from e
                 if not dead:
                     raise
                 members = self._after_death(dead)  # a member died while the group was made: again
@@ -275,6 +278,16 @@ def _abort(controls, reason: str, generation: int) -> None:
             f.get(timeout=10)
         except (ActorError, MeshStopped, ConnectionError, TimeoutError):
             pass  # that rank is gone too, or busy: its own death or timeout reports it
+
+
+def _where(procs, members: tuple) -> str:
+    """Every thread's stack on ``members`` (runtime frames too: the group is made there), for
+    a rebuild that timed out."""
+    try:
+        return repr(procs.stacks([procs.shape.ranks.index(r) for r in members], all_threads=True,
+                                 runtime_frames=True, timeout=10.0))
+    except Exception as e:  # noqa: BLE001 - the timeout is still raised, without them
+        return f"(not read: {e!r})"
 
 
 def _all(futures, timeout: float = SETUP_TIMEOUT_S) -> list:
