@@ -7,12 +7,16 @@ at each build (a failing cell fails the build).  Nothing here reaches the intern
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path[:0] = [str(DOCS / "_ext"), str(ROOT), str(ROOT / "extension")]
+# What the executed pages leave (their meshes' histories, hang reports, debug sessions) goes
+# under the build's folder, never into the builder's ~/.local/state: the kernels it starts inherit it.
+os.environ["XDG_STATE_HOME"] = str(DOCS / "_build" / "state")
 
 project = "monarch-kernel"
 author = "the monarch-kernel authors"
