@@ -10,10 +10,10 @@ interrupted) and the thread waiting on the mesh raises ``HangError``.  Off unles
 Progress, per mesh while this process waits on its ranks: a new call to it, or an answer
 (the calls still waited on change), a line a rank wrote (where the kernel counts them), a
 collective finished on any rank (the flight recorder), or CPU asked for by a busy rank that is
-not waiting inside a collective (a rank computing without a word, however crowded the machine).  ``then="restart"`` reports the
-hang, then SIGKILLs the stuck ranks and has the mesh's restart policy ("on-failure") replace
-them: the waiting call ends as a death ends it (``ProcessDied``, or the result of an
-``@endpoint(retries=N)`` re-sent to the replacement).
+not waiting inside a collective (a rank computing without a word, however crowded the
+machine).  ``then="restart"`` reports the hang, then SIGKILLs the stuck ranks and has the
+mesh's restart policy ("on-failure") replace them: the waiting call ends as a death ends it
+(``ProcessDied``, or the result of an ``@endpoint(retries=N)`` re-sent to the replacement).
 
 Runs in the controller, on a thread of its own; reaches the waiting thread through the
 runtime's wait hook (``hooks.wait``), never by raising into it from outside.
