@@ -184,10 +184,6 @@ def record_history(rt: Runtime) -> Recorder | None:
         got = Recorder(rt, writer)
         with _lock:
             _recorders[id(rt)] = got
-    try:
-        got.writer.sink.start()  # before the ranks start: the spawn's first batch is written at once
-    except OSError as e:  # the history folder cannot be made: the first batch says so again
-        log.warning("monarch_kernel: the history's writer could not start: %r", e)
     return got
 
 

@@ -29,11 +29,8 @@ HOLD_S = config.seconds("history_hold")  # samples alone wait this long to be wr
 
 
 class Sink(Protocol):
-    """Where a writer's batches go: ``start()`` (ready for the first batch), ``write(batch,
-    wait)`` (``batch`` None: nothing new; ``wait``: return once every batch given so far is on
-    disk), ``close()`` (no wait)."""
-
-    def start(self) -> None: ...
+    """Where a writer's batches go: ``write(batch, wait)`` (``batch`` None: nothing new; ``wait``:
+    return once every batch given so far is on disk), ``close()`` (no wait)."""
 
     def write(self, batch: Batch | None, wait: bool) -> None: ...
 
@@ -45,9 +42,6 @@ class InProcess:
 
     def __init__(self):
         self.files = ParquetFiles()
-
-    def start(self) -> None:
-        pass
 
     def write(self, batch: Batch | None, wait: bool) -> None:
         if batch is not None:

@@ -54,15 +54,6 @@ class WriterProcess:
         proc = self._proc
         return proc.pid if proc is not None else None
 
-    def start(self) -> None:
-        """Start the writer process now (a spawn is under way: it loads pyarrow while the ranks
-        start, not while the first calls to them run); it waits ``history_writer_idle`` s for
-        its first batch like any other."""
-        with self._lock:
-            if self._proc is None:
-                self._last = time.monotonic()
-                self._started()
-
     def write(self, batch: Batch | None, wait: bool) -> None:
         with self._lock:
             for proc in [p for p in self._going if p.poll() is not None]:  # reaped: no zombie left
