@@ -3,9 +3,9 @@ build does not have: each runs once, as a script, against hosts simulated on thi
 (network namespaces on a bridge, each with its own hostname and sshd: tests/support/cluster.py),
 and its code and output are written to ``docs/_recorded/NAME.md``, marked with where and when,
 for the guide to include.  Nothing here runs at build time; run it again (as root, from the
-checkout's root) when the examples change::
+checkout's root) when the examples change (all of them, or those named)::
 
-    python docs/_recorded/record.py
+    python docs/_recorded/record.py [ssh] [workers] [slurm]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.cluster import checkout_python, ssh_config_file, ssh_network  # noqa: E402
+from support.cluster import checkout_python, slurm_network, ssh_config_file, ssh_network  # noqa: E402
 
 HOSTS_NOTE = ("this machine's two simulated hosts (network namespaces on a bridge, each with its own "
               "hostname, `mk-h1` and `mk-h2`, and its own sshd: `tests/support/cluster.py`)")
@@ -79,6 +79,35 @@ print(f"{procs.extent}: first answers {time.monotonic() - started:.1f} s after a
 for line in answers.values():
     print(line)
 hosts.shutdown().get(timeout=60)        # the ranks end, and the workers exit too
+'''
+
+
+SLURM = '''\
+import os
+import socket
+import subprocess
+import time
+
+from monarch_kernel import Actor, current_rank, endpoint
+from monarch_kernel.job import SlurmJob
+
+
+class Where(Actor):
+    @endpoint
+    def where(self) -> str:
+        return (f"rank {current_rank().rank}: {socket.gethostname()}, Slurm job {os.environ['SLURM_JOB_ID']}, "
+                f"pid {os.getpid()}")
+
+
+started = time.monotonic()
+job = SlurmJob(meshes={"trainers": 2}, partition="mk", time_limit="00:10:00")
+procs = job.state().trainers.spawn_procs(per_host={"gpus": 2})   # waits for the allocation
+answers = procs.spawn("where", Where).where.call().get(timeout=60)
+print(f"{procs.extent} on {job.nodes}: first answers {time.monotonic() - started:.1f} s after SlurmJob()")
+for line in answers.values():
+    print(line)
+job.kill()                              # scancel: the allocation is freed
+print("squeue after kill():", subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout or "(empty)")
 '''
 
 
@@ -180,12 +209,34 @@ def record_workers(hosts, folder: str) -> str:
     return page(how, [("text", commands), ("python", WORKERS), ("text", out)])
 
 
-def main() -> None:
-    with ssh_network() as hosts, tempfile.TemporaryDirectory(prefix="mk-record-") as folder:
-        for name, record in (("ssh", record_ssh), ("workers", record_workers)):
-            (Path(__file__).parent / f"{name}.md").write_text(record(hosts, folder))
-            print(f"wrote docs/_recorded/{name}.md")
+def record_slurm(cluster, folder: str) -> str:
+    os.environ["SLURM_CONF"] = cluster.conf  # the clients (sbatch, squeue, srun) find the cluster by it
+    out = run_script("slurm", "", SLURM, folder)
+    how = (f"a Slurm 22.05 cluster on this machine (`slurmctld` and `munged` here, a `slurmd` in each of two "
+           f"network namespaces, `mkn1` and `mkn2`, with {cluster.cpus} CPUs each: `tests/support/cluster.py`), "
+           "its partition `mk`; the script ran where `sbatch` works, as on a login node.")
+    return page(how, [("python", SLURM), ("text", out)])
+
+
+def main(names: list[str]) -> None:
+    """Record ``names`` (all three by default)."""
+    unknown = set(names) - {"ssh", "workers", "slurm"}
+    if unknown:
+        raise SystemExit(f"record.py [ssh] [workers] [slurm]: no example called {', '.join(sorted(unknown))}")
+    names = names or ["ssh", "workers", "slurm"]
+    on_hosts = [(n, r) for n, r in (("ssh", record_ssh), ("workers", record_workers)) if n in names]
+    if on_hosts:
+        with ssh_network() as hosts, tempfile.TemporaryDirectory(prefix="mk-record-") as folder:
+            for name, record in on_hosts:
+                (Path(__file__).parent / f"{name}.md").write_text(record(hosts, folder))
+                print(f"wrote docs/_recorded/{name}.md")
+    if "slurm" not in names:
+        return
+    with slurm_network() as cluster, tempfile.TemporaryDirectory(prefix="mk-record-") as folder:
+        os.chmod(folder, 0o755)  # the jobs' steps run as this user, in this folder
+        (Path(__file__).parent / "slurm.md").write_text(record_slurm(cluster, folder))
+        print("wrote docs/_recorded/slurm.md")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
