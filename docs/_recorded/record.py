@@ -5,7 +5,7 @@ and its code and output are written to ``docs/_recorded/NAME.md``, marked with w
 for the guide to include.  Nothing here runs at build time; run it again (as root, from the
 checkout's root) when the examples change (all of them, or those named)::
 
-    python docs/_recorded/record.py [ssh] [workers] [slurm]
+    python docs/_recorded/record.py [ssh] [workers] [slurm] [slurm_login]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from support.cluster import checkout_python, slurm_network, ssh_config_file, ssh_network  # noqa: E402
+from support.cluster import checkout_python, slurm_login, slurm_network, ssh_config_file, ssh_network  # noqa: E402
 
 HOSTS_NOTE = ("this machine's two simulated hosts (network namespaces on a bridge, each with its own "
               "hostname, `mk-h1` and `mk-h2`, and its own sshd: `tests/support/cluster.py`)")
@@ -111,6 +111,35 @@ print("squeue after kill():", subprocess.run(["squeue", "-h"], capture_output=Tr
 '''
 
 
+SLURM_LOGIN = '''\
+import os
+import socket
+import time
+
+from monarch_kernel import Actor, current_rank, endpoint
+from monarch_kernel.job import SlurmJob
+
+
+class Where(Actor):
+    @endpoint
+    def where(self) -> str:
+        return (f"rank {current_rank().rank}: {socket.gethostname()}, Slurm job {os.environ['SLURM_JOB_ID']}, "
+                f"pid {os.getpid()}")
+
+
+started = time.monotonic()
+job = SlurmJob(meshes={"trainers": 2}, partition="mk", login=LOGIN, ssh_args=SSH_ARGS, python_exe=PYTHON,
+               time_limit="00:10:00")
+procs = job.state().trainers.spawn_procs(per_host={"gpus": 2})
+answers = procs.spawn("where", Where).where.call().get(timeout=60)
+print(f"{procs.extent} on {job.nodes}, through {LOGIN.split('@')[1]}: first answers "
+      f"{time.monotonic() - started:.1f} s after SlurmJob()")
+for line in answers.values():
+    print(line)
+job.kill()                              # scancel, over the same ssh connection
+'''
+
+
 def where_and_when() -> str:
     cpu = ""
     try:
@@ -189,9 +218,8 @@ def record_workers(hosts, folder: str) -> str:
     try:
         for i, ip in enumerate(hosts.hosts):  # as a scheduler would start them: one per host
             cmd = [python, "-m", "monarch_kernel.agent", "--listen", f"tcp://{ip}:29500", "--key-file", "mk-key"]
-            workers.append(subprocess.Popen(["nsenter", "-t", str(hosts.sshd[i].pid), "-n", "-m", "-u", f"--wd={folder}",
-                                             "--", *cmd],
-                                            cwd=folder, stderr=subprocess.PIPE, text=True))
+            enter = ["nsenter", "-t", str(hosts.sshd[i].pid), "-n", "-m", "-u", f"--wd={folder}", "--"]
+            workers.append(subprocess.Popen([*enter, *cmd], cwd=folder, stderr=subprocess.PIPE, text=True))
             said.append(f"$ python -m monarch_kernel.agent --listen tcp://{ip}:29500 --key-file mk-key   # on "
                         f"mk-h{i + 1}\n{_first_line(workers[-1], 'listening on', 60)}")
         addresses = [f"tcp://{ip}:29500" for ip in hosts.hosts]
@@ -218,24 +246,39 @@ def record_slurm(cluster, folder: str) -> str:
     return page(how, [("python", SLURM), ("text", out)])
 
 
+def record_slurm_login(cluster, folder: str) -> str:
+    with slurm_login(cluster) as login:
+        prelude = (f"LOGIN = {login.login!r}\nSSH_ARGS = {tuple(login.hosts.ssh_args)!r}\n"
+                   f"PYTHON = {checkout_python(folder)!r}\n")
+        out = run_script("slurm_login", prelude, SLURM_LOGIN, folder)
+        how = ("the same Slurm cluster as the example before, behind a login node: a network namespace with its "
+               f"own sshd, on a network of its own with this process (`{login.laptop_ip}`, the laptop), which "
+               "the compute nodes have no route to.  `LOGIN`, `SSH_ARGS` (the test key) and `PYTHON` (an "
+               "interpreter with this checkout on its path) were set before it.")
+    return page(how, [("python", SLURM_LOGIN), ("text", out)])
+
+
 def main(names: list[str]) -> None:
     """Record ``names`` (all three by default)."""
-    unknown = set(names) - {"ssh", "workers", "slurm"}
+    unknown = set(names) - {"ssh", "workers", "slurm", "slurm_login"}
     if unknown:
-        raise SystemExit(f"record.py [ssh] [workers] [slurm]: no example called {', '.join(sorted(unknown))}")
-    names = names or ["ssh", "workers", "slurm"]
+        raise SystemExit(f"record.py [ssh] [workers] [slurm] [slurm_login]: no example called "
+                         f"{', '.join(sorted(unknown))}")
+    names = names or ["ssh", "workers", "slurm", "slurm_login"]
     on_hosts = [(n, r) for n, r in (("ssh", record_ssh), ("workers", record_workers)) if n in names]
     if on_hosts:
         with ssh_network() as hosts, tempfile.TemporaryDirectory(prefix="mk-record-") as folder:
             for name, record in on_hosts:
                 (Path(__file__).parent / f"{name}.md").write_text(record(hosts, folder))
                 print(f"wrote docs/_recorded/{name}.md")
-    if "slurm" not in names:
+    on_slurm = [(n, r) for n, r in (("slurm", record_slurm), ("slurm_login", record_slurm_login)) if n in names]
+    if not on_slurm:
         return
     with slurm_network() as cluster, tempfile.TemporaryDirectory(prefix="mk-record-") as folder:
         os.chmod(folder, 0o755)  # the jobs' steps run as this user, in this folder
-        (Path(__file__).parent / "slurm.md").write_text(record_slurm(cluster, folder))
-        print("wrote docs/_recorded/slurm.md")
+        for name, record in on_slurm:
+            (Path(__file__).parent / f"{name}.md").write_text(record(cluster, folder))
+            print(f"wrote docs/_recorded/{name}.md")
 
 
 if __name__ == "__main__":
