@@ -161,7 +161,8 @@ def test_examples_ran_at_build_time(site):
     """The outputs on the pages are this build's: the notebooks' and the guides' cells ran."""
     assert "[ranks 0-3] hello from the mesh" in text_of(site / "notebooks" / "quickstart.html")
     assert "[ranks 0-3] hello" in text_of(site / "guides" / "notebook.html")
-    assert re.search(r"ValueMesh", text_of(site / "get-started.html"))
+    assert re.search(r"ValueMesh\(\{'gpus': 4\}", text_of(site / "get-started.html"))  # the ten lines' output
+    assert "'AgentLink'" in text_of(site / "how-it-works.html")
     assert "DeviceMesh<{'dp': 2, 'tp': 2} cpu on 'procs'>" in text_of(site / "guides" / "training.html")
     assert "Stacks of mesh 'procs': 4 ranks in 2 groups" in text_of(site / "guides" / "observing.html")
     healing = text_of(site / "guides" / "self-healing.html")
@@ -170,8 +171,9 @@ def test_examples_ran_at_build_time(site):
     assert re.search(r"\[\('replaced', \(1,\), 2\)\]", healing), "elastic_run replaced no rank"
     # Outputs that need other hosts were recorded on simulated ones, and say where and when.
     remote = text_of(site / "guides" / "beyond-one-machine.html")
-    assert len(re.findall(r"Recorded 20\d\d-\d\d-\d\d \d\d:\d\d UTC on ", remote)) == 2, remote[:2000]
-    assert "rank 3: mk-h2" in remote
+    assert len(re.findall(r"Recorded 20\d\d-\d\d-\d\d \d\d:\d\d UTC on ", remote)) == 4, remote[:2000]
+    assert "rank 3: mk-h2" in remote  # SSH (and the workers)
+    assert len(re.findall(r"rank 3: mkn2, Slurm job \d+", remote)) == 2  # Slurm, from a login node and from outside
 
 
 # ---------------------------------------------------------------- in a browser
