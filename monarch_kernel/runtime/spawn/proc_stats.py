@@ -84,21 +84,21 @@ def parse_gpu_usage(apps: str, gpus: str, pids: set[int]) -> dict[int, tuple[int
     return out
 
 
-def measure(pids: list[int]) -> list[tuple[int, int, int, int, int, int]]:
+def measure(pids: list[int], want: bool = True) -> list[tuple[int, int, int, int, int, int]]:
     """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns]`` each (-1: gone, no
-    GPU, or no ``schedstat``)."""
+    GPU, no ``schedstat``, or not ``want``: it reads a file per thread)."""
     gpu = gpu_usage(pids)
-    return [(p, *(usage(p) or (-1, -1)), *gpu.get(p, (-1, -1)), wanted(p)) for p in pids]
+    return [(p, *(usage(p) or (-1, -1)), *gpu.get(p, (-1, -1)), wanted(p) if want else -1) for p in pids]
 
 
 def usages(pids: list[int]) -> hw.Usages:
     return hw.Usages(0, measure(pids))
 
 
-def sample(rt, om, ranks: list[int]) -> Completion:
+def sample(rt, om, ranks: list[int], want: bool = False) -> Completion:
     """From any thread: ``{rank: (ticks, rss bytes, GPU %, GPU MiB, CPU wanted ns) or None}``
-    of ranks of a mesh this process spawned (-1: no GPU, no ``schedstat``); ranks on other
-    hosts through their agents."""
+    of ranks of a mesh this process spawned (-1: no GPU, no ``schedstat``; the CPU wanted is
+    read here only if ``want``: the hang watchdog's); ranks on other hosts through their agents."""
     got = Completion()
     out: dict[int, tuple | None] = {}
 
@@ -117,7 +117,7 @@ def sample(rt, om, ranks: list[int]) -> Completion:
                 here[pid] = r
             else:
                 links.setdefault(id(om.links[r]), (om.links[r], {}))[1][pid] = r
-        for pid, ticks, *rest in measure(list(here)):
+        for pid, ticks, *rest in measure(list(here), want):
             out[here[pid]] = None if ticks < 0 else _usage(ticks, rest)
         for link, by_pid in links.values():
             def heard(msg: hw.Usages, by_pid=by_pid) -> None:

@@ -271,7 +271,7 @@ class HangWatch:
             st.ticks = {r: (u[0], u[4]) for r, u in got.items() if u is not None}
             st.cpu = None
         if st.cpu is None:
-            st.cpu, st.cpu_at = proc_stats.sample(rt, om, busy), now
+            st.cpu, st.cpu_at = proc_stats.sample(rt, om, busy, want=True), now
         return used
 
     # ------------------------------------------------------------ a hang
