@@ -205,7 +205,9 @@ def main() -> None:
     threading.Thread(target=_read, args=(sys.stdin.fileno(), got), name="monarch-history-read", daemon=True).start()
     files = ParquetFiles()
     first = got.get()
-    marker = first[0] if first is not None and isinstance(first[0], str) else ""
+    if first is None:  # its controller was gone before it said anything: nothing to write, nothing to wait for
+        return
+    marker = first[0] if isinstance(first[0], str) else ""
     try:
         _write(got, files)
     finally:

@@ -161,3 +161,18 @@ def test_a_killed_controllers_writer_process_ends_too(tmp_path):
         proc.wait(timeout=30)
         until("the writer process to end with its killed controller", lambda: gone(writer), timeout=30)
     assert count(tmp_path, "wp-kill", "line LIKE 'rank % last %'") == 40  # flushed before the kill: written
+
+
+def test_a_writer_whose_controller_is_gone_before_its_first_word_ends_at_once(tmp_path):
+    """A controller that exits (``os._exit``, strict mode) between starting its writer and
+    handing it its marker: the writer reads the end of its pipe first, and ends."""
+    env = {**os.environ, "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "hist")}
+    with subprocess.Popen([sys.executable, "-m", "monarch_kernel.history.writer_process"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, env=env) as writer:
+        assert writer.stdin is not None
+        writer.stdin.close()
+        try:
+            assert writer.wait(timeout=60) == 0
+        finally:
+            if writer.poll() is None:
+                writer.kill()
