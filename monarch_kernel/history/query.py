@@ -79,15 +79,17 @@ class History:
         import duckdb
 
         for attempt in range(1, READS + 1):
-            con = self.connect()
+            con = None
             try:
+                con = self.connect()  # its views read the files as listed: a file may go before they do
                 rel = con.sql(query)
                 return rel.df() if rel is not None else None
             except duckdb.IOException:
                 if attempt == READS:
                     raise  # a file merged or dropped by the cap between listing and reading: list again
             finally:
-                con.close()
+                if con is not None:
+                    con.close()
         return None
 
     def plot(self, name: str, ax=None):
