@@ -52,12 +52,17 @@ def ls(as_json: bool) -> None:
          "no meshes or jobs; start one in a notebook with  procs = %mesh spawn -n 4 --detach NAME")
 
 
+kernel_option = click.option("--kernel", metavar="PID", help="the kernel that holds NAME (its pid, or the start of "
+                             "its id), where two kernels each hold one of that name")
+
+
 @main.command("stop")
 @click.argument("name")
+@kernel_option
 @json_option
-def stop(name: str, as_json: bool) -> None:
+def stop(name: str, kernel: str | None, as_json: bool) -> None:
     """end a mesh: its ranks (and a detached mesh's host process) end"""
-    target = find(name, as_json, ("detached", "mesh"))
+    target = find(name, as_json, ("mesh",) if kernel else ("detached", "mesh"), kernel)
     if target.kind == "mesh":
         said = _through_kernel(target, f"%mesh stop {name}", as_json)
     else:
@@ -77,9 +82,10 @@ def stop(name: str, as_json: bool) -> None:
 
 @main.command("kill-job", help=shared_help.about("kill-job"))
 @click.argument("name")
+@kernel_option
 @json_option
-def kill_job(name: str, as_json: bool) -> None:
-    target = find(name, as_json, ("job", "detached"))
+def kill_job(name: str, kernel: str | None, as_json: bool) -> None:
+    target = find(name, as_json, ("job",) if kernel else ("job", "detached"), kernel)
     if target.kind == "job":
         said = _through_kernel(target, f"%mesh kill-job {name}", as_json)
     elif target.record is not None and target.record.job:  # a detached mesh's own job ends with it
@@ -152,12 +158,13 @@ def emit_row(name: str, points: dict, pids: dict, hosts: dict) -> str:
 
 @main.command("attach", context_settings={"ignore_unknown_options": True})
 @click.argument("name")
+@kernel_option
 @click.argument("console_args", nargs=-1, type=click.UNPROCESSED, metavar="[CONSOLE_ARGS]...")
-def attach(name: str, console_args: tuple[str, ...]) -> None:
+def attach(name: str, kernel: str | None, console_args: tuple[str, ...]) -> None:
     """a terminal console on a mesh (jupyter console; CONSOLE_ARGS are its own, e.g. --simple-prompt)"""
     from .attach import attach as run
 
-    raise SystemExit(run(find(name, False, ("detached", "mesh")), console_args))
+    raise SystemExit(run(find(name, False, ("mesh",) if kernel else ("detached", "mesh"), kernel), console_args))
 
 
 main.add_command(logs)

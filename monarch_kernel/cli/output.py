@@ -34,6 +34,12 @@ class NotFound(Failed):
     exit_code = NOT_FOUND
 
 
+class Ambiguous(Failed):
+    """A NAME that more than one thing holds, where the command must act on one (exit 2)."""
+
+    exit_code = USAGE
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout, for scripts")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..detached import listing, records
 from ..kernel import live_record
-from .output import NotFound
+from .output import Ambiguous, NotFound
 
 
 @dataclass
@@ -42,7 +42,7 @@ def _detached() -> list[Target]:
         job = f"{record.job['kind']} job" if record.job else None
         row = {"name": record.name, "kind": "detached", "state": d["state"], "ranks": d["ranks"],
                "hosts": d["hosts"], "owner": f"host pid {record.pid}", "job": job,
-               "attached": d["kernel"], "started": _when(d["started"])}
+               "attached": d["kernel"], "started": _when(d["started"]), "run": record.run}
         out.append(Target(record.name, "detached", row, record=record))
     return out
 
@@ -55,7 +55,8 @@ def _kernels() -> list[Target]:
             if m.get("detached"):
                 continue  # listed from its own record
             row = {"name": m["name"], "kind": "mesh", "state": m["state"], "ranks": m["ranks"], "hosts": m["hosts"],
-                   "owner": owner, "job": m.get("job"), "attached": k.get("kernel_id") or None, "started": None}
+                   "owner": owner, "job": m.get("job"), "attached": k.get("kernel_id") or None, "started": None,
+                   "run": m.get("run")}
             out.append(Target(m["name"], "mesh", row, kernel=k))
         for j in k.get("jobs", []):
             row = {"name": j["name"], "kind": f"{j['kind']} job", "state": j["state"], "ranks": None,
@@ -65,17 +66,22 @@ def _kernels() -> list[Target]:
     return out
 
 
-def _finished(live: set[str]) -> list[Target]:
+def _finished(live: list[Target]) -> list[Target]:
     """Runs whose history is all that is left (their meshes and jobs are gone), one row per
     run (one spawn), newest first, and meshes spawned outside a kernel (a script's) whose
-    history is still being written.  A live mesh's latest run is that mesh's row."""
+    history is still being written.  A live mesh's run is that mesh's row (one whose run is
+    not known: its name's latest run)."""
     from .. import history
 
     out = []
+    runs = {(t.name, t.row.get("run")) for t in live if t.row.get("run")}
+    unknown = {t.name for t in live if not t.row.get("run")}
     newest: set[str] = set()
     for h in history.list_histories():  # the latest started first
-        if h.name in live and h.name not in newest:
-            newest.add(h.name)  # the live mesh's own run
+        if (h.name, h.run) in runs:
+            continue
+        if h.name in unknown and h.name not in newest:
+            newest.add(h.name)  # the live mesh's own run, as far as can be told
             continue
         row = {"name": h.name, "run": h.run, "kind": "finished" if h.state != "running" else h.kind, "state": h.state,
                "ranks": h.ranks, "hosts": h.hosts, "owner": "history", "job": None, "attached": None,
@@ -87,16 +93,29 @@ def _finished(live: set[str]) -> list[Target]:
 def everything() -> list[Target]:
     """Every mesh and job of this user: detached, of running kernels, then finished."""
     found = _detached() + _kernels()
-    return found + _finished({t.name for t in found})
+    return found + _finished(found)
 
 
-def find(name: str, as_json: bool = False, kinds: tuple[str, ...] = ("detached", "mesh", "job", "finished")) -> Target:
-    """What ``name`` names (of ``kinds``); ``NotFound`` saying what exists."""
-    every = everything()
+def held_by(target: Target, kernel: str) -> bool:
+    """Whether ``target`` is held by ``kernel``: its pid, or its kernel id or the start of it."""
+    k = target.kernel
+    return bool(k) and (kernel == str(k.get("pid")) or str(k.get("kernel_id") or "").startswith(kernel))
+
+
+def find(name: str, as_json: bool = False, kinds: tuple[str, ...] = ("detached", "mesh", "job", "finished"),
+         kernel: str | None = None) -> Target:
+    """What ``name`` names (of ``kinds``; ``kernel``: only a mesh or job of that kernel);
+    ``NotFound`` saying what exists, ``Ambiguous`` when two kernels each hold one of that name."""
+    every = [t for t in everything() if kernel is None or held_by(t, kernel)]
     for kind in kinds:  # in this order: a detached mesh before a kernel's mesh of the same name
         got = [t for t in every if t.name == name and t.kind == kind]
+        if len(got) > 1 and kind in ("mesh", "job"):
+            owners = "; ".join(f"{t.owner}, notebook {t.kernel.get('notebook') or '-'}" for t in got)
+            raise Ambiguous(f"{len(got)} kernels each hold a {kind} named {name!r} ({owners}): say which with  "
+                            f"--kernel PID", as_json)
         if got:
             return got[0]
     names = sorted({t.name for t in every if t.kind in kinds})
-    raise NotFound(f"no mesh or job named {name!r} (there are: {', '.join(names) or 'none'}); "
+    where = f" in kernel {kernel}" if kernel is not None else ""
+    raise NotFound(f"no mesh or job named {name!r}{where} (there are: {', '.join(names) or 'none'}); "
                    "monarch-kernel ls lists them", as_json)

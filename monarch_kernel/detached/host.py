@@ -116,12 +116,15 @@ def main() -> None:
     instance.procs, instance.consoles, instance.job = procs, consoles, job
     rt.hooks.output.install(lambda mesh, rank, stream, line: instance.forward(("line", mesh, rank, stream, line)))
     rt.hooks.death.install(lambda mesh_id, rank, info: instance.forward(("death", mesh_id, rank, info)))
+    from ..history import current_run  # loaded once the ranks exist (their spawn loaded the history)
+
     keys = rt.curve_keys
     curve = [k.decode() for k in keys.to_wire()] if job is not None and keys is not None else None
     record = records.Record(name, os.getpid(), records.start_time(os.getpid()), rt.key.hex(),
                             procs.ref.to_wire(), rt.self_mesh.to_wire(), consoles.actor_id, host.actor_id,
                             curve, job.spec() if job is not None else None,
-                            (job.routes() if job is not None else None) or None)  # SSHJob's, out of cluster
+                            (job.routes() if job is not None else None) or None,  # SSHJob's, out of cluster
+                            current_run(procs))
     record.write()
     try:
         instance.done.wait()

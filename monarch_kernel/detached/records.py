@@ -60,6 +60,7 @@ class Record:
     curve: list | None = None  # the job's Curve keys (z85 text) when its ranks are on other hosts
     job: dict | None = None  # job.spec() of the job its ranks run on, if any
     routes: dict | None = None  # hosts beyond this controller's reach: address -> [name, ssh control socket]
+    run: str | None = None  # the history run its ranks are recorded under (``monarch_kernel.history``)
 
     @property
     def ref(self) -> MeshRef:

@@ -36,9 +36,11 @@ if TYPE_CHECKING:
     from .query import HistoryNotFound as HistoryNotFound
     from .query import open_history as open_history
     from .recorder import begin_run as begin_run
+    from .recorder import current_run as current_run
     from .recorder import flush as flush
     from .recorder import record_event as record_event
     from .recorder import record_history as record_history
+    from .recorder import record_sample as record_sample
     from .recorder import record_stacks as record_stacks
     from .recorder import set_cell as set_cell
     # isort: on

@@ -184,6 +184,9 @@ def record_history(rt: Runtime) -> Recorder | None:
         got = Recorder(rt, writer)
         with _lock:
             _recorders[id(rt)] = got
+    start = getattr(got.writer.sink, "start", None)
+    if start is not None:
+        start()
     return got
 
 
@@ -218,6 +221,15 @@ def record_event(mesh: str, kind: str, *, rank: int | None = None, detail: str =
     writer = process_writer(create=False)
     if writer is not None:
         writer.add("events", mesh, (now_us(), host or writer.host, rank, kind, code, signal, detail))
+
+
+def record_sample(mesh: str, rank: int, host: str | None, pid: int | None, cpu: float | None,
+                  rss_mib: float | None, gpu: float | None = None, gpu_mib: float | None = None) -> None:
+    """One rank's CPU and memory as ``%mesh top`` sampled them (a row of ``samples``), if this
+    process records a history."""
+    writer = process_writer(create=False)
+    if writer is not None:
+        writer.add("samples", mesh, (now_us(), host or writer.host, rank, pid, cpu, rss_mib, gpu, gpu_mib))
 
 
 def record_stacks(mesh: str, rank: int, reason: str, stack: str, host: str | None = None) -> None:

@@ -121,7 +121,6 @@ class HistoryWriter:
             place = (mesh, self._runs.get(mesh))
             self._meta.setdefault(place, {}).update(info)
             self._dirty.add(place)
-        self._wake.set()
 
     # ------------------------------------------------------------ writing
 

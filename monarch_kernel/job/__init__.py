@@ -13,10 +13,10 @@ objects, one per named mesh, whose ``spawn_procs`` forks ranks on those hosts::
 """
 
 from .attach import AttachJob, attach_to_workers
-from .job import JobState, JobTrait, LocalJob, job_from_spec, job_load
+from .job import JobState, JobTrait, LocalJob, job_from_spec, job_load, running_jobs
 from .slurm import SlurmJob
 from .ssh import SSHJob, UnreachableControllerWarning
 
 __all__ = ["AttachJob", "JobState", "JobTrait", "LocalJob", "SSHJob", "SlurmJob", "UnreachableControllerWarning",
            "attach_to_workers", "job_from_spec",
-           "job_load"]
+           "job_load", "running_jobs"]

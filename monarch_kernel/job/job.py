@@ -8,13 +8,23 @@ never a key; reconnecting starts fresh agents on the same hosts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import weakref
 from abc import ABC, abstractmethod
 
 from ..actor.host_mesh import HostMesh, this_host
 
 _KINDS: dict[str, type[JobTrait]] = {}  # dumped "kind" -> job class, filled as job classes are defined
+_running: weakref.WeakValueDictionary[int, JobTrait] = weakref.WeakValueDictionary()  # by when applied
+_applied = itertools.count()
+
+
+def running_jobs() -> list[JobTrait]:
+    """This process's jobs from ``apply()`` to ``kill()``, oldest first, however they were made
+    (a kernel lists and ends the ones a cell made with the API, beside its ``%mesh`` jobs)."""
+    return [job for _n, job in sorted(_running.items()) if job.active]
 
 
 class JobState:
@@ -74,6 +84,7 @@ class JobTrait(ABC):
         if not self._running:
             self._create()
             self._running = True
+            _running[next(_applied)] = self
 
     def state(self) -> JobState:
         self.apply()
@@ -88,6 +99,8 @@ class JobTrait(ABC):
             copy_home()
         self._kill()
         self._running = False
+        for n in [n for n, job in _running.items() if job is self]:
+            _running.pop(n, None)
 
     def release(self) -> None:
         """Let go of the hosts: an attached job's workers end their ranks and wait for the

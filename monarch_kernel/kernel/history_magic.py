@@ -74,3 +74,10 @@ def record_stacks(report: StackReport, reason: str) -> None:
             text = "\n".join(f"thread {t.name}:\n" + "\n".join(f"  {report.frame_text(f)}" for f in t.frames)
                              for t in s.threads)
         history.record_stacks(report.mesh, s.rank, reason, text, host=s.host or None)
+
+
+def record_samples(mesh: str, points: dict, hosts: dict[int, str]) -> None:
+    """``%mesh top``'s sample of each rank (``RankMetrics.sample``'s points) into the history."""
+    for r, p in points.items():
+        if p.pid is not None:
+            history.record_sample(mesh, r, hosts.get(r) or None, p.pid, p.cpu, p.rss_mib, p.gpu, p.gpu_mib)

@@ -1,5 +1,6 @@
-"""The jobs this kernel started from magics (``%mesh spawn --job ssh|slurm``, ``--attach``): their names,
-which meshes run on each, and ending them (``%mesh kill-job``).
+"""The jobs this kernel holds: those it started from magics (``%mesh spawn --job ssh|slurm``,
+``--attach``) and those a cell made with the API (``SSHJob(...).state()``, adopted after the
+cell): their names, which meshes run on each, and ending them (``%mesh kill-job``).
 
 A job outlives its meshes: stopping the last mesh of a job leaves its hosts (and a Slurm
 allocation) for the next ``%mesh spawn --job NAME``; only ``%mesh kill-job`` frees them.
@@ -13,7 +14,8 @@ import sys
 
 from IPython.core.error import UsageError
 
-from ..job import AttachJob, JobTrait, SlurmJob, SSHJob
+from ..job import AttachJob, JobTrait, SlurmJob, SSHJob, running_jobs
+from ..runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,7 @@ class KernelJobs:
         self.jobs: dict[str, JobTrait] = {}  # job name -> job
         self.meshes: dict[str, str] = {}  # mesh name -> the job it runs on
         self._count: dict[str, int] = {}
+        self._adopted: set[str] = set()  # names of jobs a cell made with the API
 
     def _name(self, kind: str) -> str:
         n = self._count.get(kind, 0)
@@ -94,16 +97,50 @@ class KernelJobs:
                              f"or the name of a running job ({known}; see %mesh jobs)")
         return job
 
+    def adopt(self) -> list[str]:
+        """The running jobs a cell made with the API, named here (``ssh1``) so that ``%mesh jobs``,
+        ``%mesh kill-job`` and ``monarch-kernel ls``/``kill-job`` reach them too; their names.  One
+        the API killed since is dropped (as ``%mesh kill-job`` drops its own)."""
+        for name in [n for n in self._adopted if not self.jobs[n].active]:
+            del self.jobs[name]
+            self._adopted.discard(name)
+        held = {id(job) for job in self.jobs.values()}
+        named = []
+        for job in running_jobs():
+            if id(job) not in held:
+                name = self._name(job.kind or "job")
+                self.jobs[name] = job
+                self._adopted.add(name)
+                named.append(name)
+        return named
+
+    @staticmethod
+    def hosts(job: JobTrait) -> list[str]:
+        return [h for _n, hm in job.state() for h in hm.host_names] if job.active else []
+
+    def meshes_of(self, name: str) -> list[str]:
+        """The meshes on job ``name``: spawned with ``--job``, or with the API on its hosts."""
+        meshes = [m for m, j in self.meshes.items() if j == name]
+        job = self.jobs.get(name)
+        hosts = set(self.hosts(job)) if job is not None else set()
+        rt = Runtime.existing()
+        for om in rt.owned_meshes() if rt is not None and hosts else ():
+            ref = om.ref
+            if not om.stopping and ref.name not in self.meshes and set(ref.hosts) <= hosts:
+                meshes.append(ref.name)
+        return meshes
+
     def host_mesh(self, job: JobTrait):
         return next(iter(job.state()))[1]
 
     def listing(self) -> list[str]:
+        self.adopt()
         if not self.jobs:
             return ["no jobs; start one with  procs = %mesh spawn --job ssh --hosts h1,h2 -n 2"]
         out = []
         for name, job in self.jobs.items():
-            meshes = [m for m, j in self.meshes.items() if j == name]
-            hosts = ", ".join(h for _n, hm in job.state() for h in hm.host_names) if job.active else ""
+            meshes = self.meshes_of(name)
+            hosts = ", ".join(self.hosts(job))
             extra = f", Slurm job {job.job_id}" if isinstance(job, SlurmJob) and job.job_id else ""
             state = "running" if job.active else "killed"
             out.append(f"{name} ({job.kind}{extra}): {state}; hosts: {hosts or '-'}; "
@@ -112,6 +149,7 @@ class KernelJobs:
 
     def kill(self, name: str | None) -> tuple[str, list[str]]:
         """Kill job ``name`` (the only one, if None); returns its name and its meshes."""
+        self.adopt()
         if name is None:
             if len(self.jobs) != 1:
                 raise UsageError(f"which job? type  %mesh kill-job NAME  ({', '.join(self.jobs) or 'no jobs'})")
@@ -119,11 +157,12 @@ class KernelJobs:
         job = self.jobs.get(name)
         if job is None:
             raise UsageError(f"no job {name!r}; %mesh jobs lists them")
-        meshes = [m for m, j in self.meshes.items() if j == name]
+        meshes = self.meshes_of(name)
         job.kill()
         for m in meshes:
             self.meshes.pop(m, None)
         del self.jobs[name]
+        self._adopted.discard(name)
         return name, meshes
 
     def close(self) -> None:
@@ -135,6 +174,7 @@ class KernelJobs:
             except Exception as e:  # noqa: BLE001  (one job's failure must not keep the others)
                 log.error("monarch_kernel: ending a job failed: %s", e)
         self.jobs.clear()
+        self._adopted.clear()
 
 
 def _ssh_args(a) -> list[str]:

@@ -40,23 +40,26 @@ class LiveRecord:
     def note(self, session) -> None:
         meshes, rt = [], Runtime.current()
         seen = set()
+        jobs = []
+        on_job = {}  # mesh name -> the job it runs on
+        for name, job in session.jobs.jobs.items():
+            on = session.jobs.meshes_of(name)
+            on_job.update(dict.fromkeys(on, name))
+            jobs.append({"name": name, "kind": job.kind, "state": "running" if job.active else "killed",
+                         "hosts": session.jobs.hosts(job), "slurm_job_id": getattr(job, "job_id", None),
+                         "meshes": on})
         for name, (procs, _consoles) in session.meshes.items():
             seen.add(procs.ref.id)
             meshes.append({"name": name, "ranks": len(procs), "hosts": sorted({str(h) for h in procs.ref.hosts if h}),
                            "state": "stopped" if procs.stopped else "running", "detached": name in session.hosts,
-                           "job": session.jobs.meshes.get(name), "dead": len(procs.dead_ranks())})
+                           "job": on_job.get(name), "dead": len(procs.dead_ranks()), "run": _run(procs)})
         for om in rt.owned_meshes():  # spawned with the API in a cell
             if om.ref.id in seen or om.stopping:
                 continue
             meshes.append({"name": om.ref.name, "ranks": om.ref.size,
                            "hosts": sorted({str(h) for h in om.ref.hosts if h}), "state": "running",
-                           "detached": False, "job": None, "dead": om.ref.size - len(om.alive)})
-        jobs = []
-        for name, job in session.jobs.jobs.items():
-            hosts = [h for _n, hm in job.state() for h in hm.host_names] if job.active else []
-            jobs.append({"name": name, "kind": job.kind, "state": "running" if job.active else "killed",
-                         "hosts": hosts, "slurm_job_id": getattr(job, "job_id", None),
-                         "meshes": [m for m, j in session.jobs.meshes.items() if j == name]})
+                           "detached": False, "job": on_job.get(om.ref.name), "dead": om.ref.size - len(om.alive),
+                           "run": _run(om)})
         me = os.getpid()
         said = json.dumps({"pid": me, "start": records.start_time(me), "kernel_id": kernel_id(),
                            "connection_file": _connection_file(), "notebook": os.environ.get("JPY_SESSION_NAME", ""),
@@ -71,6 +74,13 @@ class LiveRecord:
         except FileNotFoundError:
             pass
         self._said = ""
+
+
+def _run(mesh) -> str | None:
+    """The history run ``mesh`` (a ProcMesh, or an OwnedMesh: its ``ref``) is recorded under."""
+    from ..history import current_run
+
+    return current_run(mesh)
 
 
 def running_kernels() -> list[dict]:

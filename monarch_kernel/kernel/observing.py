@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 from ..observe.metrics import top_table
 from . import status
-from .history_magic import record_stacks
+from .history_magic import record_samples, record_stacks
 from .mesh_cell import ranks_arg
 from .session import MeshSession
 
@@ -62,7 +62,7 @@ def top_command(session: MeshSession, a):
     n = 0
     try:
         while True:
-            session.metrics.sample(procs)
+            record_samples(procs.name, session.metrics.sample(procs), hosts)  # the history's samples view too
             table = top_table(session.metrics, procs, hosts)
             if handle is None:
                 handle = display({"text/plain": table}, raw=True, display_id=True)

@@ -101,6 +101,7 @@ class MeshSession:
 
     def note(self, _info=None) -> None:
         """Rewrite this kernel's record for ``monarch-kernel ls`` if its meshes or jobs changed."""
+        self.jobs.adopt()  # a job the cell made with the API is this kernel's too
         try:
             self.record.note(self)
         except OSError as e:  # a full disk, say: the notebook goes on without it

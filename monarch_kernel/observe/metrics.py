@@ -24,6 +24,7 @@ class Point:
     rss_mib: float | None
     gpu: float | None = None  # utilisation % of the rank's GPU (None: it uses none)
     gpu_mib: float | None = None
+    pid: int | None = None  # the rank's process when sampled
 
 
 class RankMetrics:
@@ -57,7 +58,7 @@ class RankMetrics:
                 if before is not None and before[2] == pid and now > before[1]:
                     cpu = round(100.0 * (ticks - before[0]) / _CLK_TCK / (now - before[1]), 1)
                 self._last[key] = (ticks, now, pid)
-            p = Point(now, cpu, rss, gpu, gpu_mib)
+            p = Point(now, cpu, rss, gpu, gpu_mib, pid if u is not None else None)
             self.history.setdefault(key, deque(maxlen=HISTORY)).append(p)
             out[r] = p
         return out

@@ -7,12 +7,14 @@ that kernel; ``attach`` opens ``jupyter console`` on a detached mesh; exit codes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -60,9 +62,10 @@ def test_a_detached_mesh_is_listed_read_and_stopped_with_no_kernel(env, tmp_path
         assert lines[1].split()[:4] == ["dm", "detached", "running", "2"] and f"host pid {host.pid}" in lines[1]
         code, out, err = cli("ls", "--json", env=env)
         assert code == 0, err
-        (row,) = json.loads(out)
+        (row,) = json.loads(out)  # its history's run is its own row's, not a finished one
         assert (row["name"], row["kind"], row["state"], row["ranks"], row["owner"]) == (
             "dm", "detached", "running", 2, f"host pid {host.pid}")
+        assert row["run"] and row["run"] in lines[1].split(), (row, lines)
 
         code, out, err = cli("stacks", "dm", env=env)
         assert code == 0, err
@@ -171,10 +174,10 @@ def test_a_running_kernels_mesh_is_listed_and_stopped_through_that_kernel(kc):
         time.sleep(0.2)
 
 
-def test_a_running_kernels_job_is_listed_and_killed_through_that_kernel(kc, tmp_path):
-    from monarch_kernel.agent.worker_key import new_key_file
-
-    key = new_key_file(str(tmp_path / "worker.key"))
+@contextlib.contextmanager
+def _worker(key: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A worker (``agent --listen``) and the address it listens on; killed at the end if the
+    test's job did not end it."""
     worker = subprocess.Popen([sys.executable, "-m", "monarch_kernel.agent", "--listen", "tcp://127.0.0.1:0",
                                "--key-file", key], stderr=subprocess.PIPE, text=True)
     try:
@@ -183,7 +186,20 @@ def test_a_running_kernels_job_is_listed_and_killed_through_that_kernel(kc, tmp_
         while "listening on" not in line:
             assert line, "the worker exited before it listened"
             line = worker.stderr.readline()
-        address = line.split("listening on ")[1].split()[0]
+        yield worker, line.split("listening on ")[1].split()[0]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(10)
+        if worker.stderr is not None:
+            worker.stderr.close()
+
+
+def test_a_running_kernels_job_is_listed_and_killed_through_that_kernel(kc, tmp_path):
+    from monarch_kernel.agent.worker_key import new_key_file
+
+    key = new_key_file(str(tmp_path / "worker.key"))
+    with _worker(key) as (worker, address):
         out, reply = run(kc, f"procs = %mesh spawn --attach {address} --key-file {key} -n 1", timeout=120)
         assert reply["status"] == "ok", text(out)
         # what runs now (finished runs of another test's mesh named procs are listed too, as "finished")
@@ -194,12 +210,55 @@ def test_a_running_kernels_job_is_listed_and_killed_through_that_kernel(kc, tmp_
         assert (code, out.strip()) == (0, "job attach0 killed with its meshes procs"), err
         assert worker.wait(30) == 0  # the job's end: the workers it attached exit
         assert text(run(kc, "%mesh list").outputs).startswith("no meshes")
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-        worker.wait(10)
-        if worker.stderr is not None:
-            worker.stderr.close()
+
+
+def test_a_job_made_with_the_api_in_a_cell_is_the_kernels_too(kc, tmp_path):
+    """``attach_to_workers`` in a cell: the kernel adopts the job after the cell, so ``ls`` lists
+    it with the mesh spawned on it (and that mesh's run), and ``kill-job`` ends it."""
+    from monarch_kernel.agent.worker_key import new_key_file
+
+    key = new_key_file(str(tmp_path / "worker.key"))
+    with _worker(key) as (worker, address):
+        out, reply = run(kc, f"from monarch_kernel.job import attach_to_workers\n"
+                             f"hosts = attach_to_workers(workers=[{address!r}], key={key!r})\n"
+                             f"api_procs = hosts.spawn_procs(per_host={{'ranks': 1}}, name='api_procs')", timeout=120)
+        assert reply["status"] == "ok", text(out)
+        rows = [r for r in json.loads(cli("ls", "--json")[1]) if r["kind"] != "finished"]
+        jobs = [r for r in rows if r["kind"] == "attach job"]
+        mesh = next(r for r in rows if r["name"] == "api_procs")
+        assert len(jobs) == 1 and jobs[0]["meshes"] == ["api_procs"] and mesh["job"] == jobs[0]["name"], rows
+        assert mesh["run"], mesh  # the run its history is recorded under
+        assert f"{jobs[0]['name']} (attach): running" in text(run(kc, "%mesh jobs").outputs)
+        code, out, err = cli("kill-job", jobs[0]["name"])
+        assert (code, out.strip()) == (0, f"job {jobs[0]['name']} killed with its meshes api_procs"), err
+        assert worker.wait(30) == 0  # the job's end: the workers it attached exit
+        assert text(run(kc, "%mesh jobs").outputs).startswith("no jobs")
+
+
+def test_a_name_two_kernels_hold_is_refused_until_the_kernel_is_named(kernelspec):
+    """Two kernels each with a mesh ``twin``: ``stop twin`` names both and exits 2 (bad usage);
+    ``stop twin --kernel PID`` stops that kernel's alone."""
+    from support.kernels import kernel
+
+    with kernel(kernelspec) as a, kernel(kernelspec) as b:
+        pids = {}
+        for kc in (a, b):
+            out, reply = run(kc, "twin = %mesh spawn -n 1\nimport os\nprint(os.getpid())")
+            assert reply["status"] == "ok", text(out)
+            pids[kc] = text(out).strip().splitlines()[-1]
+        rows = [r for r in json.loads(cli("ls", "--json")[1]) if r["name"] == "twin" and r["kind"] == "mesh"]
+        assert sorted(r["owner"] for r in rows) == sorted(f"kernel pid {p}" for p in pids.values()), rows
+        assert all(r["run"] for r in rows) and rows[0]["run"] != rows[1]["run"], rows
+        code, out, err = cli("stop", "twin")
+        assert code == 2 and "2 kernels each hold a mesh named 'twin'" in err and "--kernel PID" in err, (out, err)
+        for p in pids.values():
+            assert f"pid {p}" in err, err
+        code, out, err = cli("stop", "twin", "--kernel", pids[a])
+        assert (code, out.strip()) == (0, "stopped mesh twin: its 1 rank ended"), err
+        assert text(run(a, "%mesh list").outputs).startswith("no meshes")
+        assert "twin: 1 rank, running" in text(run(b, "%mesh list").outputs)
+        code, out, err = cli("stop", "twin", "--kernel", pids[a])
+        assert code == 3 and f"no mesh or job named 'twin' in kernel {pids[a]}" in err, (out, err)
 
 
 def test_attach_opens_a_console_on_a_detached_mesh(env, tmp_path, kernelspec):

@@ -11,27 +11,13 @@ import socket
 import sys
 
 import pytest
+from support.actors import Talker
 from support.config import configured
 
 import monarch_kernel
-from monarch_kernel import Actor, endpoint
 from monarch_kernel.job import SSHJob
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class Talker(Actor):
-    @endpoint
-    def talk(self, n: int) -> str:
-        import socket
-
-        import monarch_kernel as mk
-
-        r = mk.current_rank().rank
-        for i in range(n):
-            print(f"rank {r} says {i}")
-            mk.metric("loss", 1.0 / (i + 1), step=i)
-        return socket.gethostname()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,9 @@ print("trained", monarch_kernel.current_rank().rank)
 
 
 def test_a_history_outlives_its_kernel_and_a_fresh_one_asks_it_in_sql(kernelspec, tmp_path):
-    env = {**os.environ, "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "hist"), "MONARCH_KERNEL_HISTORY_FLUSH": "0.2"}
+    # no samples of the history's own (history_sample 0): those in it are %mesh top's
+    env = {**os.environ, "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "hist"), "MONARCH_KERNEL_HISTORY_FLUSH": "0.2",
+           "MONARCH_KERNEL_HISTORY_SAMPLE": "0"}
     km, kc = started(lambda: KernelManager(kernel_name=kernelspec), env=env)
     try:
         out, reply = run(kc, "procs = %mesh spawn -n 2 --name trained")
@@ -29,6 +31,8 @@ def test_a_history_outlives_its_kernel_and_a_fresh_one_asks_it_in_sql(kernelspec
         out, reply = run(kc, CELL)
         assert reply["status"] == "ok" and "trained" in text(out), text(out)
         assert "metric" not in text(out)  # the metrics' control lines never show
+        out, reply = run(kc, "%mesh top --count 3 --interval 0.2")
+        assert reply["status"] == "ok", text(out)
         # a watchdog alarm, with the stacks it took, and an interrupt
         run(kc, "%mesh watchdog 1")
         out, reply = run(kc, "%%mesh\nimport time\ntime.sleep(4)")
@@ -59,6 +63,11 @@ def test_a_history_outlives_its_kernel_and_a_fresh_one_asks_it_in_sql(kernelspec
         assert all(kind in text(out) for kind in ("spawn", "stop", "watchdog", "interrupt")), text(out)
         out, reply = run(kc, '%mesh history --mesh trained "SELECT DISTINCT rank, reason FROM stacks ORDER BY rank"')
         assert "watchdog" in text(out) and "1" in text(out), text(out)
+        out, reply = run(kc, '%mesh history --mesh trained "SELECT rank, count(*) AS n, count(cpu) AS with_cpu, '
+                             'min(rss_mib) > 1 AS rss FROM samples GROUP BY rank ORDER BY rank"\n')
+        assert reply["status"] == "ok", text(out)
+        assert [line.split()[1:] for line in text(out).strip().splitlines()[1:]] == [
+            ["0", "3", "2", "True"], ["1", "3", "2", "True"]], text(out)  # %mesh top's: the first has no CPU yet
         out, reply = run(kc, "%mesh history --mesh trained --plot loss")
         assert reply["status"] == "ok", text(out)
         assert any("image/png" in o.data for o in out), [o.kind for o in out]

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+import monarch_kernel
 from monarch_kernel import Actor, ProcessDied, endpoint
 from monarch_kernel.job import SlurmJob, job_load
 from monarch_kernel.job.slurm import SlurmError
@@ -184,6 +185,35 @@ def test_two_nodes_answer_from_their_own_hostnames_and_kill_frees_the_allocation
     job.kill()
     assert slurm.jobs() == [] and not job.active
     assert slurm.check_clean() == ""  # no step, agent or rank left on either node
+
+
+@pytest.mark.timeout(180)
+def test_a_slurm_jobs_history_is_copied_home_when_it_is_killed_and_answers_after(job, slurm, tmp_path):
+    """Each node's agent writes its ranks' lines and metrics on that node; ``job.kill()`` copies
+    them home before ``scancel``, so the history answers once the nodes' folders are gone."""
+    # here, not at the top: the second process of a test below imports this module without support/
+    from support.actors import Talker
+    from support.config import configured
+
+    home, away = tmp_path / "home", tmp_path / "nodes"
+    with configured(history_dir=str(home), history_flush=0.2):
+        procs = job.state().m.spawn_procs(per_host={"gpus": 2}, name="s-job",
+                                          env={"MONARCH_KERNEL_HISTORY_DIR": str(away)})
+        hosts = procs.spawn("t", Talker).talk.call(20).get(timeout=60)
+        assert sorted(set(hosts.values())) == slurm.nodes
+        procs.stop().get(timeout=60)
+        job.kill()
+        assert (away / "s-job").is_dir(), "the nodes wrote no history of their own"
+        shutil.rmtree(away)  # the allocation is gone, and its disks with it
+        h = monarch_kernel.history("s-job")
+        got = h.sql("SELECT host, rank, count(*) AS n FROM lines GROUP BY host, rank ORDER BY rank")
+        assert got["rank"].tolist() == [0, 1, 2, 3] and got["n"].tolist() == [20] * 4
+        assert got["host"].tolist() == [slurm.nodes[0]] * 2 + [slurm.nodes[1]] * 2
+        m = h.sql("SELECT rank, count(*) AS n, min(value) AS low FROM metrics GROUP BY rank ORDER BY rank")
+        assert m["n"].tolist() == [20] * 4 and m["low"].tolist() == [0.05] * 4
+        assert {"spawn", "stop"} <= set(h.sql("SELECT DISTINCT kind FROM events")["kind"])
+        rec = {r.name: r for r in monarch_kernel.history.list_histories()}["s-job"]
+        assert rec.kind == "job" and set(slurm.nodes) <= set(rec.hosts)
 
 
 def test_two_meshes_split_the_nodes_in_order_and_a_squeue_without_json_will_do(slurm, tmp_path, monkeypatch):

@@ -49,7 +49,7 @@ def test_a_record_round_trips_through_its_file(runtime_dir):
     with open(path) as f:
         fields = json.load(f)
     assert sorted(fields) == sorted(
-        ["name", "pid", "start", "key", "mesh", "host_mesh", "console", "host", "curve", "job", "routes"])
+        ["name", "pid", "start", "key", "mesh", "host_mesh", "console", "host", "curve", "job", "routes", "run"])
     assert os.listdir(runtime_dir) == ["monarch-mesh-keepme.json"], "the temporary file stayed"
 
 

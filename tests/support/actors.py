@@ -115,6 +115,23 @@ class Echo(Actor):
         return {"torch": "torch" in sys.modules, "main_file": getattr(main, "__file__", None)}
 
 
+class Talker(Actor):
+    """Prints ``n`` lines and records ``n`` points of ``loss``, as a training loop would (the
+    history's tests on other hosts); answers with its host's name."""
+
+    @endpoint
+    def talk(self, n: int) -> str:
+        import socket
+
+        import monarch_kernel as mk
+
+        r = mk.current_rank().rank
+        for i in range(n):
+            print(f"rank {r} says {i}")
+            mk.metric("loss", 1.0 / (i + 1), step=i)
+        return socket.gethostname()
+
+
 class Hog(Actor):
     """Takes memory on purpose (the OOM tests, under a cgroup's limit)."""
 
