@@ -53,7 +53,8 @@ WORKLOADS = {
     "W14": [("W14stacks", {}, 600), ("W14recorder", {}, 600)],
     "W13c": [("W13c", {}, 900), ("W13c16", {}, 1500)],
     # the history's cost beside W7, and its query figure (HISTORY_BENCH_SCALE=0.1 for a quick run)
-    "history": [("history_cell", {}, 600), ("history_lines", {}, 600), ("history_query", {}, 1800)],
+    "history": [("history_cell", {}, 600), ("history_lines", {}, 600), ("history_paced", {}, 600),
+                ("history_query", {}, 1800)],
     # Not in the default run (make bench-scale): minutes, and about 6 GiB at 1,024 ranks.
     "W11": [("W11", {"MONARCH_KERNEL_FANOUT": "8"}, 1500), ("W11flat", {"MONARCH_KERNEL_FANOUT": "1024"}, 1500)],
     # Not in the default run either: --minutes (10 by default) of faults; its env and timeout

@@ -38,6 +38,7 @@ JOBS = {
     "gpu": ("gpu", "gpu"),
     "history_cell": ("history", "cell_cost"),
     "history_lines": ("history", "lines_cost"),
+    "history_paced": ("history", "paced_cost"),
     "history_query": ("history", "query"),
 }
 

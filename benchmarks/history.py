@@ -6,6 +6,9 @@
 - ``history_lines``: 4 ranks printing as fast as they can through the real output path into
   this controller; lines/s and the controller's CPU per line with the history recording and
   without (its hook removed), runs alternating; % slower.
+- ``history_paced``: the issue's target: 4 ranks computing and printing about 100,000 lines/s
+  between them (calibrated with the history off); how much longer their work takes with the
+  history on, runs alternating; % slower.
 - ``history_query``: RANKS ranks print LINES lines each and METRICS metric points each
   (``monarch_kernel.metric``) through the ranks' print path into a fresh history, then grouped
   queries over it, timed from opening the history (DuckDB over the Parquet files) to the
@@ -47,6 +50,26 @@ class Printer(Actor):
             m += 1
         sys.stdout.flush()
         return n
+
+    @endpoint
+    def paced(self, n: int, spin: int) -> float:
+        """``n`` steps of ``spin`` loop turns of pure-Python work, each printing a line; the
+        seconds they took (the work is what the history's CPU would slow)."""
+        r = current_rank_number()
+        t = time.perf_counter()
+        for i in range(n):
+            x = 0
+            for j in range(spin):
+                x += j
+            print(f"rank {r} step {i} loss {1.0 / (i + 1):.5f} acc {x % 97}")
+        sys.stdout.flush()
+        return time.perf_counter() - t
+
+
+def current_rank_number() -> int:
+    import monarch_kernel as mk
+
+    return mk.current_rank().rank
 
 
 def _cell(kc, code: str, timeout: float = 120) -> float:
@@ -147,6 +170,52 @@ def lines_cost() -> dict:
                                 "controller_cpu_us_per_line_off": round(off_cpu, 2),
                                 "controller_cpu_us_per_line_on": round(on_cpu, 2)}}
     log(f"history lines: {result}")
+    return result
+
+
+def paced_cost() -> dict:
+    """4 ranks computing on this host's cores, printing at about 100,000 lines a second between
+    them (the issue's rate, calibrated with the history off): how much longer their work takes
+    with the history recording, runs alternating.  A run with the history on ends once its
+    lines are written (``history.flush()``), so the writer's work is counted and no run pays
+    for another's."""
+    from monarch_kernel import history, this_host
+    from monarch_kernel.runtime import Runtime
+
+    os.environ.setdefault("MONARCH_KERNEL_HISTORY_DIR", tempfile.mkdtemp(prefix="mk-bench-history-"))
+    n_ranks, rate, seconds = 4, 100_000, 3.0
+    rt = Runtime.current()
+    rt.hooks.output.install(lambda *a: None)
+    procs = this_host().spawn_procs(per_host={"ranks": n_ranks}, name="bench-paced")
+    recorder = history.record_history(rt)
+    assert recorder is not None, "the history is off (MONARCH_KERNEL_HISTORY=0): nothing to compare"
+    printers = procs.spawn("p", Printer)
+    hook = recorder.record
+    for h in recorder.handles:
+        h.remove()
+    spin, per_rank = 500, int(rate * seconds / n_ranks)
+    for _ in range(3):  # calibrate, history off: the spin that gives the rate
+        took = max(printers.paced.call(per_rank // 4, spin).get(timeout=300).values())
+        spin = max(1, int(spin * (per_rank // 4) / rate * n_ranks / took))
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(8):
+        state = ("on", "off")[i % 2]
+        handle = rt.hooks.record.install(hook) if state == "on" else None
+        t = time.perf_counter()
+        printers.paced.call(per_rank, spin).get(timeout=300)
+        if handle is not None:
+            handle.remove()
+            history.flush()  # counted: until every line of the run is written
+        times[state].append(time.perf_counter() - t)
+    procs.stop().get(timeout=60)
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    result = {"history_paced": {"ranks": n_ranks, "lines_per_run": n_ranks * per_rank, "spin": spin,
+                                "off_lines_per_s": round(n_ranks * per_rank / off),
+                                "on_lines_per_s": round(n_ranks * per_rank / on),
+                                "off_s": [round(t, 3) for t in times["off"]],
+                                "on_s": [round(t, 3) for t in times["on"]],
+                                "slower_pct": round(100 * (on - off) / off, 1)}}
+    log(f"history paced: {result}")
     return result
 
 

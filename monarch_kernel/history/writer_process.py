@@ -35,6 +35,7 @@ _HEAD = struct.Struct("<Q?")  # a frame's length, and whether its writing is to 
 ACK = b"k"
 ACK_TIMEOUT = 300.0  # a flush() waits this long for its batch to be written
 IDLE_S = config.seconds("history_writer_idle")  # a writer process given no batch this long is let go
+NICE = 10  # the writer's CPU priority: about a tenth of a busy rank's share (``_background``)
 LOG = "writer.log"  # in the history's root: what a writer process says (a file could not be written)
 
 
@@ -152,13 +153,12 @@ class WriterProcess:
 
 
 def _background(pid: int) -> None:
-    """The writer runs at the lowest CPU priority (nice 19), from before it loads pyarrow: its
-    work can wait, and the ranks and the controller beside it on a busy machine come first.  A
-    rank's print path never waits on it (rows gather in the controller's memory until the
-    controller's history thread hands them over); a query's ``flush()`` does, on a saturated
-    machine, for its turn."""
+    """The writer runs at a lower CPU priority (nice ``NICE``) from before it loads pyarrow: on a
+    busy machine the ranks and the controller beside it come first.  Not the lowest (19): with
+    every core busy, that gets it under 1% of the machine, less than 100,000 lines a second
+    need, and what it cannot write would gather in memory without end."""
     try:
-        os.setpriority(os.PRIO_PROCESS, pid, 19)
+        os.setpriority(os.PRIO_PROCESS, pid, NICE)
     except (OSError, AttributeError):  # gone already, or a platform without it: it runs as it is
         pass
 
