@@ -197,26 +197,55 @@ def paced_cost() -> dict:
     for _ in range(3):  # calibrate, history off: the spin that gives the rate
         took = max(printers.paced.call(per_rank // 4, spin).get(timeout=300).values())
         spin = max(1, int(spin * (per_rank // 4) / rate * n_ranks / took))
+    ranks = [s["pid"] for s in procs.rank_states()]
     times: dict[str, list[float]] = {"off": [], "on": []}
-    for i in range(8):
+    cpu: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}  # (the ranks', the history's)
+    for i in range(12):
         state = ("on", "off")[i % 2]
         handle = rt.hooks.record.install(hook) if state == "on" else None
+        writer = recorder.writer.sink.pid if state == "on" else None  # type: ignore[attr-defined]
+        before = (sum(_cpu(p) for p in ranks), time.process_time(), _cpu(writer))
         t = time.perf_counter()
         printers.paced.call(per_rank, spin).get(timeout=300)
         if handle is not None:
             handle.remove()
             history.flush()  # counted: until every line of the run is written
         times[state].append(time.perf_counter() - t)
+        writer = writer if writer == recorder.writer.sink.pid else None  # type: ignore[attr-defined]
+        cpu[state].append((sum(_cpu(p) for p in ranks) - before[0], time.process_time() - before[1],
+                           _cpu(writer) - before[2] if writer else 0.0))
     procs.stop().get(timeout=60)
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    ranks_cpu = statistics.median(c[0] for c in cpu["off"])
+    ctrl_off, ctrl_on = (statistics.median(c[1] for c in cpu[s]) for s in ("off", "on"))
+    writer_cpu = statistics.median(c[2] for c in cpu["on"])
+    lines = n_ranks * per_rank
     result = {"history_paced": {"ranks": n_ranks, "lines_per_run": n_ranks * per_rank, "spin": spin,
                                 "off_lines_per_s": round(n_ranks * per_rank / off),
                                 "on_lines_per_s": round(n_ranks * per_rank / on),
                                 "off_s": [round(t, 3) for t in times["off"]],
                                 "on_s": [round(t, 3) for t in times["on"]],
-                                "slower_pct": round(100 * (on - off) / off, 1)}}
+                                "slower_pct": round(100 * (on - off) / off, 1),
+                                # the CPU the history takes (the controller's more, and the writer's) beside
+                                # the CPU of the work it slows: the slowdown once every core is busy
+                                "controller_cpu_us_per_line_more": round((ctrl_on - ctrl_off) / lines * 1e6, 2),
+                                "writer_cpu_us_per_line": round(writer_cpu / lines * 1e6, 2),
+                                "history_cpu_pct_of_work": round(100 * (ctrl_on - ctrl_off + writer_cpu)
+                                                                 / (ranks_cpu + ctrl_off), 1)}}
     log(f"history paced: {result}")
     return result
+
+
+def _cpu(pid: int | None) -> float:
+    """CPU seconds (user and system) of process ``pid`` so far; 0 for None or one gone."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def query() -> dict:

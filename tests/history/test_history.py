@@ -43,6 +43,14 @@ class Printer(Actor):
             print(f"{i} {os.urandom(48).hex()}")
 
     @endpoint
+    def raw(self) -> None:
+        """Lines as some programs write them: a Windows line end, a progress bar redrawn with
+        ``\\r``, and bytes that are not UTF-8."""
+        import os
+
+        os.write(1, b"crlf line\r\nbar 10%\rbar 100%\r\nlatin \xe9t\xe9\nplain\n")
+
+    @endpoint
     def leave(self, code: int) -> None:
         import os
 
@@ -130,6 +138,19 @@ def test_a_host_over_its_cap_drops_its_oldest_files_and_records_it(tmp_path):
                         "max(CAST(split_part(line, ' ', 1) AS INT)) AS hi, count(*) AS n FROM lines")
             assert got["hi"][0] == 7999  # the newest kept, the oldest gone
             assert got["n"][0] < 6 * 8000
+        finally:
+            procs.stop().get(timeout=30)
+
+
+def test_line_ends_are_taken_off_and_bytes_that_are_not_utf8_are_replaced(tmp_path):
+    with configured(history_dir=str(tmp_path / "hist"), history_flush=0.05):
+        procs = this_host().spawn_procs(per_host={"gpus": 1}, name="h-raw")
+        try:
+            procs.spawn("p", Printer).raw.call().get(timeout=60)
+            h = monarch_kernel.history("h-raw")
+            got = until("four lines", lambda: (df := h.sql("SELECT line FROM lines")) is not None
+                        and len(df) >= 4 and df)
+            assert sorted(got["line"]) == sorted(["crlf line", "bar 10%\rbar 100%", "latin \ufffdt\ufffd", "plain"])
         finally:
             procs.stop().get(timeout=30)
 
