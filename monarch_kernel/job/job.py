@@ -23,7 +23,16 @@ _applied = itertools.count()
 
 def running_jobs() -> list[JobTrait]:
     """This process's jobs from ``apply()`` to ``kill()``, oldest first, however they were made
-    (a kernel lists and ends the ones a cell made with the API, beside its ``%mesh`` jobs)."""
+    (a kernel lists and ends the ones a cell made with the API, beside its ``%mesh`` jobs).
+
+    Example::
+
+        job = SSHJob(python_exe="python3").add_mesh("workers", ["h1", "h2"])
+        procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+        assert running_jobs() == [job]
+        job.kill()
+        assert running_jobs() == []
+    """
     return [job for _n, job in sorted(_running.items()) if job.active]
 
 

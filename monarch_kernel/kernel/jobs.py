@@ -98,9 +98,10 @@ class KernelJobs:
         return job
 
     def adopt(self) -> list[str]:
-        """The running jobs a cell made with the API, named here (``ssh1``) so that ``%mesh jobs``,
-        ``%mesh kill-job`` and ``monarch-kernel ls``/``kill-job`` reach them too; their names.  One
-        the API killed since is dropped (as ``%mesh kill-job`` drops its own)."""
+        """The running jobs a cell made with the API, named here (``cell-ssh0``: never a name
+        ``%mesh spawn --job`` gives its own) so that ``%mesh jobs``, ``%mesh kill-job`` and
+        ``monarch-kernel ls``/``kill-job`` reach them too; their names.  One the API killed since
+        is dropped (as ``%mesh kill-job`` drops its own)."""
         for name in [n for n in self._adopted if not self.jobs[n].active]:
             del self.jobs[name]
             self._adopted.discard(name)
@@ -108,7 +109,7 @@ class KernelJobs:
         named = []
         for job in running_jobs():
             if id(job) not in held:
-                name = self._name(job.kind or "job")
+                name = self._name(f"cell-{job.kind or 'job'}")
                 self.jobs[name] = job
                 self._adopted.add(name)
                 named.append(name)

@@ -227,6 +227,7 @@ def test_a_job_made_with_the_api_in_a_cell_is_the_kernels_too(kc, tmp_path):
         jobs = [r for r in rows if r["kind"] == "attach job"]
         mesh = next(r for r in rows if r["name"] == "api_procs")
         assert len(jobs) == 1 and jobs[0]["meshes"] == ["api_procs"] and mesh["job"] == jobs[0]["name"], rows
+        assert jobs[0]["name"] == "cell-attach0", jobs  # never a name %mesh spawn --job gives its own jobs
         assert mesh["run"], mesh  # the run its history is recorded under
         assert f"{jobs[0]['name']} (attach): running" in text(run(kc, "%mesh jobs").outputs)
         code, out, err = cli("kill-job", jobs[0]["name"])
