@@ -16,9 +16,10 @@ from . import places
 @dataclass
 class HistoryRecord:
     """One run's history: ``name``, ``run`` (its id: its UTC start, then a random; ``legacy``
-    for a folder written before runs), ``kind`` ("mesh" or "job"), ``hosts``, ``first``/``last``
-    (epoch seconds of its first and last write), ``state`` ("running", "ended", "failed",
-    "gone": its writer died before it ended), ``ranks`` and its ``folder``."""
+    for a folder written before runs), ``kind`` ("mesh" or "job"), ``hosts``, ``first`` (epoch
+    seconds: when it began; a ``legacy`` folder's first write) and ``last`` (its last write),
+    ``state`` ("running", "ended", "failed", "gone": its writer died before it ended), ``ranks``
+    and its ``folder``."""
 
     name: str
     run: str
@@ -95,7 +96,9 @@ def _record(mesh: pathlib.Path, run: str, host_folders: list[pathlib.Path]) -> H
         return HistoryRecord(
             name=str(metas[0].get("name", mesh.name)), run=run,
             kind="job" if any(m.get("kind") == "job" for m in metas) else "mesh",
-            hosts=hosts, first=min(float(m.get("first", 0.0)) for m in metas),
+            # when it began: its id says (a mesh's first rows may be written after a later run's)
+            hosts=hosts, first=min([float(m.get("first", 0.0)) for m in metas]
+                                   + [t for t in [places.run_started(run)] if t is not None]),
             last=max(float(m.get("last", 0.0)) for m in metas), state=str(state),
             ranks=max((int(m.get("ranks") or 0) for m in metas), default=None) or None,
             folder=mesh if run == places.LEGACY else mesh / run)

@@ -6,6 +6,7 @@ its own folder, so a shared file system needs no locking.  The layout before run
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import pathlib
@@ -59,6 +60,20 @@ def new_run(now: float | None = None) -> str:
     now = time.time() if now is None else now
     ms = int(now * 1000) % 1000
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now))}.{ms:03d}Z-{secrets.token_hex(3)}"
+
+
+def run_started(run: str) -> float | None:
+    """When run ``run`` began (epoch seconds, from its id); None for one not named by ``new_run``.
+
+    >>> run_started(new_run(1.5))
+    1.5
+    """
+    stamp, _sep, _random = run.partition("Z-")
+    try:
+        whole, _dot, ms = stamp.partition(".")
+        return calendar.timegm(time.strptime(whole, "%Y%m%dT%H%M%S")) + int(ms) / 1000
+    except ValueError:
+        return None
 
 
 def is_run(name: str) -> bool:

@@ -91,6 +91,20 @@ def test_a_mesh_spawned_again_under_its_name_is_a_run_of_its_own(tmp_path):
             second.stop().get(timeout=30)
 
 
+def test_runs_list_by_when_they_began_not_when_their_rows_were_first_written(tmp_path):
+    """Two spawns in quick succession: the older run's rows may land in the same batch as the
+    newer's, or after them (fresh19); the listing still puts the newer run first, by its id."""
+    from monarch_kernel.history import places
+
+    older, newer = places.new_run(1_000_000.0), places.new_run(1_000_000.3)
+    for run, written in ((older, 1_000_002.0), (newer, 1_000_001.0)):  # the older one's rows written last
+        places.write_meta(places.host_dir(tmp_path, "quick", run, "h"),
+                          {"name": "quick", "run": run, "first": written, "last": written, "state": "ended"})
+    got = [r for r in monarch_kernel.history.list_histories(tmp_path) if r.name == "quick"]
+    assert [r.run for r in got] == [newer, older]
+    assert [r.first for r in got] == [1_000_000.3, 1_000_000.0]  # when each began
+
+
 def _write_old_layout(root, name: str, host: str) -> None:
     """A history as the code before runs wrote it: root/<mesh>/<host>/, its meta.json and files."""
     import pyarrow as pa
