@@ -238,14 +238,10 @@ def paced_cost() -> dict:
 
 def _cpu(pid: int | None) -> float:
     """CPU seconds (user and system) of process ``pid`` so far; 0 for None or one gone."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from monarch_kernel.runtime import proc_stats
+
+    got = proc_stats.usage(pid)
+    return got[0] / os.sysconf("SC_CLK_TCK") if got is not None else 0.0
 
 
 def query() -> dict:
