@@ -1,0 +1,82 @@
+"""Warm replacements on other hosts (issue 44 point 2): each host's agent keeps a standby
+template holding the heavy modules its ranks imported (read from their ``/proc``), and a rank
+its mesh's restart policy replaces there forks from it: the replacement has torch before its
+actor runs.  Real ranks on the network-namespace hosts (``support/cluster.py``); the figures
+(SIGKILL to the replacement's first answer, warm and cold) are printed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+from support.actors import wait_until
+from support.cluster import checkout_python
+
+from monarch_kernel import Actor, endpoint
+from monarch_kernel.job import SSHJob
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class TorchUser(Actor):
+    """Imports torch when first called, as a training cell would; says whether its rank had
+    torch before the actor was built (forked warm)."""
+
+    def __init__(self):
+        self.warm = "torch" in sys.modules  # before this actor imported anything
+
+    @endpoint
+    def total(self) -> float:
+        import torch
+
+        return float(torch.ones(4).sum())
+
+    @endpoint
+    def started(self) -> tuple:
+        return self.warm, os.getpid()
+
+
+@pytest.fixture
+def job(ssh_hosts, tmp_path):
+    job = SSHJob(python_exe=checkout_python(str(tmp_path)), ssh_args=ssh_hosts.ssh_args)
+    job.add_mesh("workers", ssh_hosts.hosts)
+    yield job
+    job.kill()
+
+
+def _replace(procs, users, after: int) -> tuple[float, bool, int]:
+    """SIGKILL rank 1 (on host 1); seconds from then to its replacement's first answer (a
+    torch op), whether it had torch before its actor ran, and its pid."""
+    one = users.slice(hosts=1)
+    _warm, pid = one.started.call_one().get(timeout=60)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    event = procs.wait_restart(after=after, timeout=90)
+    assert (event.kind, event.ranks) == ("restart", (1,)), event
+    assert one.total.call_one().get(timeout=90) == 4.0
+    seconds = time.monotonic() - t0
+    warm, new = one.started.call_one().get(timeout=60)
+    assert new != pid
+    return seconds, warm, new
+
+
+def test_a_rank_replaced_on_another_host_forks_from_its_agents_warm_standby(job, ssh_hosts):
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure", max_restarts=-1)
+    users = procs.spawn("users", TorchUser)
+    assert list(users.total.call().get(timeout=120).values()) == [4.0, 4.0]  # the ranks import torch
+    assert [w for w, _pid in users.started.call().get(timeout=60).values()] == [False, False]
+    # Cold first: killed at once, before any standby could have imported torch (over a second).
+    cold, was_warm, _ = _replace(procs, users, 0)
+    print(f"\nremote replacement, SIGKILL to first answer: cold {cold:.3f} s (forked warm: {was_warm})")
+    wait_until(lambda: "torch" in procs.warm_standby(), 120, "both hosts' standby templates to import torch")
+    warm, was_warm, pid = _replace(procs, users, 1)
+    assert was_warm, "the replacement imported torch itself: it did not fork from the agent's standby"
+    assert pid in ssh_hosts.pids(ssh_hosts.hosts[1])  # on the same host, in its namespace
+    print(f"remote replacement, SIGKILL to first answer: warm {warm:.3f} s")
+    # The standby is kept: a second death is replaced warm too, and the other rank was never touched.
+    _again, was_warm, _ = _replace(procs, users, 2)
+    assert was_warm
+    assert [w for w, _pid in users.started.call().get(timeout=60).values()] == [False, True]
