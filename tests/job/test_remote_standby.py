@@ -6,8 +6,11 @@ actor runs.  Real ranks on the network-namespace hosts (``support/cluster.py``);
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -17,6 +20,7 @@ from support.cluster import checkout_python
 
 from monarch_kernel import Actor, endpoint
 from monarch_kernel.job import SSHJob
+from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -80,3 +84,59 @@ def test_a_rank_replaced_on_another_host_forks_from_its_agents_warm_standby(job,
     _again, was_warm, _ = _replace(procs, users, 2)
     assert was_warm
     assert [w for w, _pid in users.started.call().get(timeout=60).values()] == [False, True]
+
+
+# The commit before agents kept a warm standby: an agent of it does not know ``Warm``.
+BEFORE_STANDBYS = "afce62e"
+
+
+@pytest.fixture
+def mixed_job(ssh_hosts, tmp_path):
+    """A job whose host 0 runs an agent (and ranks) of ``BEFORE_STANDBYS``, host 1 this checkout's."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    old = tmp_path / "old"
+    old.mkdir()
+    got = subprocess.run(f"git -C {root} archive {BEFORE_STANDBYS} monarch_kernel | tar -x -C {old}", shell=True,
+                         capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"this clone lacks commit {BEFORE_STANDBYS} (a shallow clone?): {got.stderr.strip()}")
+    for built in glob.glob(os.path.join(root, "monarch_kernel", "**", "*.so"), recursive=True):  # the native wire
+        shutil.copy(built, old / os.path.relpath(built, root))
+    python = tmp_path / "python"  # sshd's SSH_CONNECTION names the address the host was reached on
+    python.write_text(f'#!/bin/sh\nset -- $SSH_CONNECTION "$@"\nif [ "$3" = {ssh_hosts.hosts[0]} ]; then '
+                      f'export PYTHONPATH={old}; else export PYTHONPATH={root}; fi\nshift 4\n'
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    job = SSHJob(python_exe=str(python), ssh_args=ssh_hosts.ssh_args)
+    job.add_mesh("workers", ssh_hosts.hosts)
+    yield job
+    job.kill()
+
+
+def test_an_agent_that_does_not_know_warm_leaves_the_controller_working_and_its_ranks_cold(mixed_job):
+    """The old agent drops ``Warm`` (an unknown op) and never answers: the controller never
+    waits for it, never sends it a ``Fork`` it cannot read, and its ranks are still replaced,
+    cold; the new agent's are warm beside it."""
+    procs = mixed_job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure", max_restarts=-1)
+    users = procs.spawn("users", TorchUser)
+    assert list(users.total.call().get(timeout=120).values()) == [4.0, 4.0]
+    links = Runtime.current().launcher.links
+    old, new = (next(lk for lk in links.values() if lk.host == h) for h in procs.ref.hosts)
+
+    def new_one_warm() -> bool:
+        t = time.monotonic()
+        held = procs.warm_standby()
+        assert time.monotonic() - t < 5, "warm_standby waited on an agent"
+        assert held == [], held  # what every host holds: the old one holds nothing
+        return "torch" in (new.standby or [])
+
+    wait_until(new_one_warm, 120, "the new agent's standby template to import torch")
+    assert old.standby is None  # it never answered
+    for host, after in ((1, 0), (0, 1)):
+        one = users.slice(hosts=host)
+        pid = one.started.call_one().get(timeout=60)[1]
+        os.kill(pid, signal.SIGKILL)
+        event = procs.wait_restart(after=after, timeout=90)
+        assert (event.kind, event.ranks) == ("restart", (host,)), event
+        assert one.total.call_one().get(timeout=90) == 4.0
+        assert one.started.call_one().get(timeout=60)[0] is (host == 1)  # warm from the new agent only
