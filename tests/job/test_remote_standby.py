@@ -81,9 +81,16 @@ def test_a_rank_replaced_on_another_host_forks_from_its_agents_warm_standby(job,
     assert pid in ssh_hosts.pids(ssh_hosts.hosts[1])  # on the same host, in its namespace
     print(f"remote replacement, SIGKILL to first answer: warm {warm:.3f} s")
     # The standby is kept: a second death is replaced warm too, and the other rank was never touched.
-    _again, was_warm, _ = _replace(procs, users, 2)
+    _again, was_warm, pid = _replace(procs, users, 2)
     assert was_warm
     assert [w for w, _pid in users.started.call().get(timeout=60).values()] == [False, True]
+    # A rank forked by the standby is the standby's to dump and to kill (the agent asks its parent).
+    report = procs.stacks(method="py-spy")
+    assert [s.method for s in report.stacks] == ["py-spy", "py-spy"], report.summary()
+    assert procs.replace_hung([1], timeout=30) == [1]  # SIGKILLed through the agent
+    assert procs.wait_restart(after=3, timeout=90).ranks == (1,)
+    warm, new = users.slice(hosts=1).started.call_one().get(timeout=60)
+    assert warm and new != pid
 
 
 # The commit before agents kept a warm standby: an agent of it does not know ``Warm``.
@@ -120,8 +127,8 @@ def test_an_agent_that_does_not_know_warm_leaves_the_controller_working_and_its_
     procs = mixed_job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure", max_restarts=-1)
     users = procs.spawn("users", TorchUser)
     assert list(users.total.call().get(timeout=120).values()) == [4.0, 4.0]
-    links = Runtime.current().launcher.links
-    old, new = (next(lk for lk in links.values() if lk.host == h) for h in procs.ref.hosts)
+    links = list(Runtime.current().launcher.links.values())  # this job's are the newest (earlier jobs' too)
+    old, new = (next(lk for lk in reversed(links) if lk.host == h and lk.alive) for h in procs.ref.hosts)
 
     def new_one_warm() -> bool:
         t = time.monotonic()
