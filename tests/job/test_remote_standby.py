@@ -67,12 +67,23 @@ def _replace(procs, users, after: int) -> tuple[float, bool, int]:
     return seconds, warm, new
 
 
+def _links(procs) -> list:
+    """The controller's links to the agents of ``procs``' hosts, in rank order (the newest
+    live one of each host: earlier tests' jobs had links to the same hosts)."""
+    links = list(Runtime.current().launcher.links.values())
+    return [next(lk for lk in reversed(links) if lk.host == h and lk.alive) for h in procs.ref.hosts]
+
+
 def test_a_rank_replaced_on_another_host_forks_from_its_agents_warm_standby(job, ssh_hosts):
     procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure", max_restarts=-1)
     users = procs.spawn("users", TorchUser)
     assert list(users.total.call().get(timeout=120).values()) == [4.0, 4.0]  # the ranks import torch
     assert [w for w, _pid in users.started.call().get(timeout=60).values()] == [False, False]
-    # Cold first: killed at once, before any standby could have imported torch (over a second).
+    # Cold first: each agent is asked for a standby and answers at once, while it imports torch
+    # (over a second); the rank killed meanwhile asks for it, and is forked from the agent's
+    # ordinary template instead.
+    procs.warm_standby()
+    wait_until(lambda: all(link.standby is not None for link in _links(procs)), 60, "both agents to answer a Warm")
     cold, was_warm, _ = _replace(procs, users, 0)
     print(f"\nremote replacement, SIGKILL to first answer: cold {cold:.3f} s (forked warm: {was_warm})")
     wait_until(lambda: "torch" in procs.warm_standby(), 120, "both hosts' standby templates to import torch")
@@ -127,8 +138,7 @@ def test_an_agent_that_does_not_know_warm_leaves_the_controller_working_and_its_
     procs = mixed_job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure", max_restarts=-1)
     users = procs.spawn("users", TorchUser)
     assert list(users.total.call().get(timeout=120).values()) == [4.0, 4.0]
-    links = list(Runtime.current().launcher.links.values())  # this job's are the newest (earlier jobs' too)
-    old, new = (next(lk for lk in reversed(links) if lk.host == h and lk.alive) for h in procs.ref.hosts)
+    old, new = _links(procs)
 
     def new_one_warm() -> bool:
         t = time.monotonic()
