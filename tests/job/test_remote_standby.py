@@ -6,11 +6,8 @@ actor runs.  Real ranks on the network-namespace hosts (``support/cluster.py``);
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -104,25 +101,21 @@ def test_a_rank_replaced_on_another_host_forks_from_its_agents_warm_standby(job,
     assert warm and new != pid
 
 
-# The commit before agents kept a warm standby: an agent of it does not know ``Warm``.
-BEFORE_STANDBYS = "afce62e"
+# What makes host 0's agent one of before ``Warm``: the op is unknown to its decoder, so the
+# message is dropped as any unknown one is (``agent_channel.decode``), and never answered.
+UNAWARE = "import monarch_kernel.runtime.spawn.host_messages as m\nm.OPS.pop('warm', None)\n"
 
 
 @pytest.fixture
 def mixed_job(ssh_hosts, tmp_path):
-    """A job whose host 0 runs an agent (and ranks) of ``BEFORE_STANDBYS``, host 1 this checkout's."""
+    """A job whose host 0 runs an agent that does not know ``Warm``, host 1 this checkout's."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    old = tmp_path / "old"
-    old.mkdir()
-    got = subprocess.run(f"git -C {root} archive {BEFORE_STANDBYS} monarch_kernel | tar -x -C {old}", shell=True,
-                         capture_output=True, text=True)
-    if got.returncode != 0:
-        pytest.skip(f"this clone lacks commit {BEFORE_STANDBYS} (a shallow clone?): {got.stderr.strip()}")
-    for built in glob.glob(os.path.join(root, "monarch_kernel", "**", "*.so"), recursive=True):  # the native wire
-        shutil.copy(built, old / os.path.relpath(built, root))
+    unaware = tmp_path / "unaware"
+    unaware.mkdir()
+    (unaware / "sitecustomize.py").write_text(UNAWARE)
     python = tmp_path / "python"  # sshd's SSH_CONNECTION names the address the host was reached on
-    python.write_text(f'#!/bin/sh\nset -- $SSH_CONNECTION "$@"\nif [ "$3" = {ssh_hosts.hosts[0]} ]; then '
-                      f'export PYTHONPATH={old}; else export PYTHONPATH={root}; fi\nshift 4\n'
+    python.write_text(f'#!/bin/sh\nset -- $SSH_CONNECTION "$@"\nexport PYTHONPATH={root}\n'
+                      f'if [ "$3" = {ssh_hosts.hosts[0]} ]; then export PYTHONPATH={unaware}:{root}; fi\nshift 4\n'
                       f'exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     job = SSHJob(python_exe=str(python), ssh_args=ssh_hosts.ssh_args)
@@ -132,7 +125,7 @@ def mixed_job(ssh_hosts, tmp_path):
 
 
 def test_an_agent_that_does_not_know_warm_leaves_the_controller_working_and_its_ranks_cold(mixed_job):
-    """The old agent drops ``Warm`` (an unknown op) and never answers: the controller never
+    """An older agent drops ``Warm`` (an unknown op) and never answers: the controller never
     waits for it, never sends it a ``Fork`` it cannot read, and its ranks are still replaced,
     cold; the new agent's are warm beside it."""
     procs = mixed_job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure", max_restarts=-1)
