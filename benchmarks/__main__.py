@@ -4,8 +4,8 @@ IDs: floors W1 W2 W3 W4 (W4a, W4b) W5 W6 W7 W8 W9 (across hosts, directly and th
 out_of_cluster=True: needs root; W9jump the latter alone) panel (W12: the Mesh panel)
 W1slurm (W1 over Slurm: needs root and Slurm's daemons) W10 (distributed training, torchrun beside
 the mesh; W10hang alone: a rank stopped in a collective to HangError in the cell; W10restart alone: a
-rank SIGKILLed to its replacement answering, under the restart policy; W10elastic alone: a rank SIGKILLed
-under elastic_run to the next step, replaced, then shrink and grow)
+rank SIGKILLed to its replacement answering, under the restart policy, here and on another host (root);
+W10elastic alone: a rank SIGKILLed under elastic_run to the next step, replaced, then shrink and grow)
 W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temporaries)
 W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
 ranks; the collectives recorder's and the profiler's cost on W10's step) history (the run's history:
@@ -45,9 +45,10 @@ WORKLOADS = {
     "W9jump": [("W9jump", {}, 240)],
     "W1slurm": [("W1slurm", {}, 180)],
     "panel": [("panel", {}, 120)],
-    "W10": [("W10", {}, 900), ("W10hang", {}, 240), ("W10restart", {}, 240), ("W10elastic", {}, 300)],
+    "W10": [("W10", {}, 900), ("W10hang", {}, 240), ("W10restart", {}, 240), ("W10restart_hosts", {}, 300),
+            ("W10elastic", {}, 300)],
     "W10hang": [("W10hang", {}, 240)],
-    "W10restart": [("W10restart", {}, 240)],
+    "W10restart": [("W10restart", {}, 240), ("W10restart_hosts", {}, 300)],
     "W10elastic": [("W10elastic", {}, 300)],
     "W13": [("W13", {}, 900)],
     "W14": [("W14stacks", {}, 600), ("W14recorder", {}, 600)],

@@ -28,6 +28,7 @@ JOBS = {
     "W10": ("training", "w10"),
     "W10hang": ("hang", "w10_hang"),
     "W10restart": ("restart", "w10_restart"),
+    "W10restart_hosts": ("restart", "w10_restart_hosts"),
     "W10elastic": ("elastic", "w10_elastic"),
     "W13": ("tensors", "w13"),
     "W14stacks": ("stacks", "w14_stacks"),

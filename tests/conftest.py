@@ -202,7 +202,7 @@ def ipython_kc():
 # a mark's group to a test's id, so its own loadgroup would send every test on its own.)
 
 CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slurm", "test_debug_tunnel",
-                   "test_sync_env", "test_slurm_login"}
+                   "test_sync_env", "test_slurm_login", "test_remote_standby"}
 # Seconds each of the slowest modules took; a module not named here counts as short.
 # Only the order of the units depends on them.
 SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores); test_notebooks: its own

@@ -88,7 +88,8 @@ class Healing:
         """Have the template replaced ranks fork from import the heavy modules this mesh's
         ranks imported (torch, numpy...: the packages whose compiled files they mapped), so
         a replacement does not import them again; returns them.  The healer calls it every
-        few seconds while the policy is "on-failure"; local ranks only."""
+        few seconds while the policy is "on-failure".  Ranks on other hosts: each host's agent
+        keeps its own standby, and this returns what every one of them holds."""
         if self._owned is None:
             return []
         return Runtime.current().warm_standby(self._owned)

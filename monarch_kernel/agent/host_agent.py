@@ -3,7 +3,8 @@
 Everything it says goes to the controller as ``host_messages`` over the runtime's own
 signed, Curve-encrypted link; it holds no state the controller cannot rebuild by starting a
 new agent.  Its ranks run in a local template it starts, as ranks on the controller's own
-host do, and get this host's interpreter, ``sys.path`` and bind address in their launch config.
+host do, and get this host's interpreter, ``sys.path`` and bind address in their launch config;
+restarted ones fork from its warm standby (``warm_standby.py``) once the controller asked for one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from ..history.host_side import HostHistory
 from ..runtime.hosting import (
@@ -33,6 +35,7 @@ from ..runtime.hosting import agent_channel as wire
 from ..runtime.hosting import config as settings
 from ..runtime.hosting import host_messages as hw
 from . import host_paths
+from .warm_standby import WarmStandby
 
 
 def route_address(controller: str) -> str:
@@ -53,6 +56,7 @@ class HostAgent:
         self.rundir = rundir
         self.warm = warm
         self.template: TemplateClient | None = None
+        self.standby: WarmStandby | None = None  # started with the template
         self.last_heard = time.monotonic()
         self.heard = False  # anything from the controller yet: if not, it is out of reach
         self.pids: set[int] = set()  # ranks forked and not yet exited
@@ -61,18 +65,19 @@ class HostAgent:
         self._skipped: dict[str, str] = {}  # the controller's folders not used here, and why (said once)
         self._flushing = False
         self.history = HostHistory()  # its ranks' lines, written into this host's history
-        self._handlers = {hw.Fork: lambda m: self._fork(m.tag, m.config),
-                          hw.Reserve: lambda m: self._say(self._reserve(m)),
-                          hw.Kill: self._kill, hw.Stacks: self._stacks,
-                          hw.Usage: lambda m: self._say(hw.Usages(m.tag, proc_stats.usages(
-                              [p for p in m.pids if p in self.pids]).items)),
-                          hw.HistoryAsk: lambda m: self.history.ask(m, self._say_soon),
-                          hw.Bye: lambda m: self.shutdown("the controller ended the job")}
+        self._handlers: dict[type, Callable] = {
+            hw.Fork: lambda m: self._fork(m.tag, m.config, m.standby), hw.Warm: self._warm,
+            hw.Reserve: lambda m: self._say(self._reserve(m)), hw.Kill: self._kill, hw.Stacks: self._stacks,
+            hw.Usage: lambda m: self._say(hw.Usages(m.tag, proc_stats.usages(
+                [p for p in m.pids if p in self.pids]).items)),
+            hw.HistoryAsk: lambda m: self.history.ask(m, self._say_soon),
+            hw.Bye: lambda m: self.shutdown("the controller ended the job")}
 
     # ------------------------------------------------------------ on the IO thread
 
     def start(self) -> None:
         self.template = TemplateClient(self.rt.io.loop, self, self.warm)
+        self.standby = WarmStandby(self.rt.io.loop, self, self.warm)
         self._say(hw.Up(socket.gethostname(), os.getpid(), self.ip, sys.executable, _version()))
         self.rt.io.loop.call_later(wire.BEAT_S, self._beat)
 
@@ -100,9 +105,21 @@ class HostAgent:
         if handler is not None:
             handler(msg)
 
+    def _template_of(self, pid: int) -> TemplateClient | None:
+        """The template that forked rank ``pid``: a standby, or the agent's own."""
+        return (self.standby.template_of(pid) if self.standby is not None else None) or self.template
+
     def _kill(self, msg: hw.Kill) -> None:
-        if self.template is not None and msg.pid in self.pids:
-            self.template.kill(msg.pid, msg.signal)
+        template = self._template_of(msg.pid)
+        if template is not None and msg.pid in self.pids:
+            template.kill(msg.pid, msg.signal)
+
+    def _warm(self, msg: hw.Warm) -> None:
+        """The standby is to hold what a live rank of ``msg.pids`` (one mesh's) imported; the
+        answer says what it holds now (the controller asks again while it imports)."""
+        pid = next((p for p in msg.pids if p in self.pids), None)
+        if self.standby is not None:
+            self._say(hw.Warmed(self.standby.held() if pid is None else self.standby.refresh(pid)))
 
     def _stacks(self, msg: hw.Stacks) -> None:
         """py-spy on ranks of this host, run by their template (their parent); each dump goes
@@ -111,9 +128,12 @@ class HostAgent:
         for pid in msg.pids:
             if pid not in self.pids:
                 self._say(hw.StackDump(msg.tag, pid, -1, b"", b"not a live rank of this host"))
-        if ours and self.template is not None:
-            self.template.stacks(ours, msg.native, lambda d: self._say(hw.StackDump(msg.tag, d.pid, d.status,
-                                                                                     d.out, d.err)))
+        by_template: dict[int, tuple[TemplateClient, list[int]]] = {}  # py-spy runs in each rank's parent
+        for pid in ours:
+            if (template := self._template_of(pid)) is not None:
+                by_template.setdefault(id(template), (template, []))[1].append(pid)
+        for template, pids in by_template.values():
+            template.stacks(pids, msg.native, lambda d: self._say(hw.StackDump(msg.tag, d.pid, d.status, d.out, d.err)))
 
     def _reserve(self, msg: hw.Reserve) -> hw.Ports:
         """Free ports on the bind address; held open together so they differ, then let go
@@ -139,7 +159,7 @@ class HostAgent:
             for s in socks:
                 s.close()
 
-    def _fork(self, tag: int, config: dict) -> None:
+    def _fork(self, tag: int, config: dict, standby: bool = False) -> None:
         # This host's own interpreter paths first, then the controller's that exist here too (a
         # shared filesystem: the user's project) and are the user's (host_paths); this host's
         # run directory and bind address.
@@ -168,7 +188,8 @@ class HostAgent:
         def failed(why: str) -> None:
             self._say(hw.ForkFailed(tag, why))
 
-        self.template.fork(launch, forked, failed)
+        if not (standby and self.standby is not None and self.standby.fork(launch, forked, failed)):
+            self.template.fork(launch, forked, failed)
 
     @staticmethod
     def _ours(path: str, skipped: dict[str, str]) -> bool:
@@ -224,6 +245,8 @@ class HostAgent:
             pass
         try:
             self.history.flush()  # os._exit below runs no atexit
+            if self.standby is not None:
+                self.standby.close()
             if self.template is not None:
                 self.template.close()
         finally:

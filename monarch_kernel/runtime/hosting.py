@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from .spawn.capacity import template_files_shortfall as template_files_shortfall
     from .spawn.launch_config import LaunchConfig as LaunchConfig
     from .spawn.template_client import TemplateClient as TemplateClient
+    from .spawn.template_client import TemplateEvents as TemplateEvents
+    # a warm standby: the heavy modules a live rank imported (restarted ranks fork from them)
+    from .spawn.standby import warm_candidates as warm_candidates
 
     # a controller's link to the agent on each host: the link, its framing and messages (each
     # a module: the module is the format), the agent's address on its host, its Curve gate

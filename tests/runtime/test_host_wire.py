@@ -18,12 +18,15 @@ pytestmark = pytest.mark.timeout(60)
 
 EXAMPLES = [
     host_messages.Fork(7, {"rank": 3, "env": {"A": "1"}, "sys_path": ["/src"], "key": b"k" * 32}),
+    host_messages.Fork(8, {"rank": 3}, True),
     host_messages.Kill(1234, 9),
     host_messages.Reserve(2, 16),
     host_messages.Stacks(3, [4321, 4322], True),
     host_messages.Drain(5),
     host_messages.Usage(4, [4321]),
     host_messages.Bye(),
+    host_messages.Warm([4321, 4322]),
+    host_messages.Warmed(["numpy", "torch"]),
     host_messages.Ready(1048576),
     host_messages.Ready(None),
     host_messages.Up("node1", 99, "10.0.0.2", "/usr/bin/python3", "0.1.0"),
@@ -111,6 +114,16 @@ def test_malformed_input_is_refused_with_the_reason(data, why):
 def test_a_message_of_another_kind_is_refused_by_the_class_that_expects_one():
     with pytest.raises(MalformedMessage, match="expected a 'rank_hello' message, got 'exit'"):
         host_messages.RankHello.decode(host_messages.Exit(1, 0).encode())
+
+
+def test_trailing_fields_at_their_defaults_are_not_sent_so_an_older_peer_reads_the_message():
+    """A field added with a default (``Fork.standby``) costs nothing on the wire while it is
+    left at it: an agent of before the field decodes the message as it always did."""
+    assert msgpack.unpackb(host_messages.Fork(7, {"rank": 0}).encode()) == ["fork", 7, {"rank": 0}]
+    assert msgpack.unpackb(host_messages.Fork(7, {}, True).encode()) == ["fork", 7, {}, True]
+    assert msgpack.unpackb(host_messages.Reserve(2, 16).encode()) == ["reserve", 2, 16]
+    assert msgpack.unpackb(host_messages.Reserve(2, 16, False, 5).encode()) == ["reserve", 2, 16, False, 5]
+    assert msgpack.unpackb(host_messages.RankHello("m", 1, 2).encode()) == ["rank_hello", "m", 1, 2]
 
 
 def test_a_malformed_host_message_decodes_to_none():

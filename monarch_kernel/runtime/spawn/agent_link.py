@@ -67,10 +67,14 @@ class AgentLink:
             hw.Beats: lambda m: self.events.beats(m.pids), hw.Ports: self._ports, hw.Forked: self._forked,
             hw.ForkFailed: self._fork_failed, hw.Exit: lambda m: self.events.exited(m.pid, m.status),
             hw.Beat: lambda m: None, hw.StackDump: lambda m: self._dumps.arrived(m),
-            hw.Usages: lambda m: (self._usage.pop(m.tag, lambda _m: None))(m), hw.HistoryFile: self._history_file}
+            hw.Usages: lambda m: (self._usage.pop(m.tag, lambda _m: None))(m), hw.HistoryFile: self._history_file,
+            hw.Warmed: self._warmed}
         self._usage: dict[int, Callable] = {}  # tag -> who hears the Usages, IO thread
         self._history: dict[int, Callable] = {}  # tag -> who hears the HistoryFiles, IO thread
         self._dumps = PendingDumps()  # IO thread
+        # What the agent's warm standby holds, as it last said (``warm``); None: it never
+        # answered a ``Warm`` (not asked yet, or an older agent, which is then never sent ``standby``).
+        self.standby: list[str] | None = None
 
     @property
     def ip(self) -> str:
@@ -109,13 +113,25 @@ class AgentLink:
         self.io.call_soon(ask)
         return got
 
-    def fork(self, config: LaunchConfig, on_forked, on_failed=None) -> None:
-        """On the IO thread: fork one rank there (its template forwards its output)."""
+    def fork(self, config: LaunchConfig, on_forked, on_failed=None, standby: bool = False) -> None:
+        """On the IO thread: fork one rank there (its template forwards its output); a
+        ``standby`` one (a restarted rank) from the agent's warm standby once it has one."""
         if not self.alive:
             raise OSError(errno.EPIPE, f"the agent on {self.host} is gone")
         tag = self._tag()
         self._waiting[tag] = (on_forked, on_failed)
-        self._send(hw.Fork(tag, config.to_wire()))
+        self._send(hw.Fork(tag, config.to_wire(), standby and self.standby is not None))
+
+    def warm(self, pids: list[int]) -> list[str]:
+        """On the IO thread: have the agent's standby hold the heavy modules rank ``pids[0]``
+        (live ranks of one mesh there) imported.  Returns what it held when it last answered
+        ([] before); never waits (an older agent never answers)."""
+        self._send(hw.Warm(list(pids)))
+        return list(self.standby or [])
+
+    def restarts(self) -> StandbyForker:
+        """What forks a restarted rank on this host: the agent's warm standby, when ready."""
+        return StandbyForker(self)
 
     def stacks(self, pids: list[int], native: bool, on_dump: Callable[[hw.StackDump], None]) -> None:
         """On the IO thread: py-spy each rank of ``pids`` there (the host's template runs it)."""
@@ -196,6 +212,9 @@ class AgentLink:
         elif got is not None:
             got.set_result(msg.ports)
 
+    def _warmed(self, msg: hw.Warmed) -> None:
+        self.standby = list(msg.modules)
+
     def _forked(self, msg: hw.Forked) -> None:
         cbs = self._waiting.pop(msg.tag, None)
         if cbs is not None:
@@ -222,3 +241,13 @@ class AgentLink:
         for tag, on_file in asked.items():
             on_file(hw.HistoryFile(tag, self.host, "", b"", True, f"the agent on {self.host} is gone: {why}"))
         self.events.exited(None, None, why)
+
+
+class StandbyForker:
+    """A link's fork for a restarted rank (``Launcher._forker``): from the agent's standby."""
+
+    def __init__(self, link: AgentLink):
+        self.link = link
+
+    def fork(self, config: LaunchConfig, on_forked, on_failed=None) -> None:
+        self.link.fork(config, on_forked, on_failed, standby=True)

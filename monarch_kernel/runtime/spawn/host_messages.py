@@ -43,15 +43,28 @@ def _fits(value, tp) -> bool:
     return isinstance(value, tp)
 
 
+def _at_default(f: dataclasses.Field, value) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return type(value) is type(f.default) and value == f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return value == f.default_factory()
+    return False
+
+
 @dataclass(frozen=True)
 class Message:
-    """One message; on the wire ``[op, field, ...]`` in the order of the fields."""
+    """One message; on the wire ``[op, field, ...]`` in the order of the fields.  Trailing
+    fields left at their defaults are not sent, so a field added with a default later is
+    read by an older peer as long as the sender leaves it at that default."""
 
     OP: ClassVar[str] = ""
 
     def encode(self) -> bytes:
-        return msgpack.packb([self.OP, *(getattr(self, f.name) for f in dataclasses.fields(self))],
-                             use_bin_type=True)
+        fields = dataclasses.fields(self)
+        values = [getattr(self, f.name) for f in fields]
+        while values and _at_default(fields[len(values) - 1], values[-1]):
+            values.pop()
+        return msgpack.packb([self.OP, *values], use_bin_type=True)
 
     @classmethod
     def from_values(cls: type[M], values: list) -> M:
@@ -82,11 +95,14 @@ class Message:
 @dataclass(frozen=True)
 class Fork(Message):
     """Fork one rank; answered by ``Forked`` or ``ForkFailed`` with the same tag.  ``config``
-    is ``LaunchConfig.to_wire()``, decoded by the forked child (a bad one costs that rank)."""
+    is ``LaunchConfig.to_wire()``, decoded by the forked child (a bad one costs that rank).
+    ``standby`` (agents; a restarted rank): from the agent's warm standby (``Warm``) if it
+    has one ready, else from its template.  Sent only to an agent that answered a ``Warm``."""
 
     OP = "fork"
     tag: int
     config: dict
+    standby: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,16 @@ class HistoryAsk(Message):
     tag: int
     mesh: str
     have: list[str]
+
+
+@dataclass(frozen=True)
+class Warm(Message):
+    """(agents) Keep a standby template that holds the heavy modules the first of ``pids``
+    (live ranks of one mesh there) has imported; restarted ranks fork from it.  Answered by
+    ``Warmed``.  An agent that does not know it drops it, and never answers."""
+
+    OP = "warm"
+    pids: list[int]
 
 
 @dataclass(frozen=True)
@@ -269,6 +295,15 @@ class HistoryFile(Message):
 
 
 @dataclass(frozen=True)
+class Warmed(Message):
+    """The modules the agent's standby template holds, imported and ready to fork from
+    (none while it is still importing them, or when it could not)."""
+
+    OP = "warmed"
+    modules: list[str]
+
+
+@dataclass(frozen=True)
 class Drained(Message):
     """Every byte the ranks had written when ``Drain`` arrived was sent before this."""
 
@@ -310,7 +345,7 @@ class RankHello(Message):
 
 OPS: dict[str, type[Message]] = {cls.OP: cls for cls in (
     Fork, Kill, Reserve, Stacks, Drain, Usage, Bye, Ready, Up, Ports, Forked, ForkFailed, Output, Hello, Beats,
-    StackDump, Usages, Drained, Exit, Beat, RankHello, HistoryAsk, HistoryFile)}
+    StackDump, Usages, Drained, Exit, Beat, RankHello, HistoryAsk, HistoryFile, Warm, Warmed)}
 
 
 def decode(data: bytes) -> Message:

@@ -26,7 +26,7 @@ from ..completion import Completion
 from ..context import MeshRef, current_actor
 from ..limits import raise_nofile_limit
 from ..wire.envelope import Header, Kind
-from .agent_link import AgentLink
+from .agent_link import AgentLink, StandbyForker
 from .launch_config import LaunchConfig
 from .owned_mesh import OwnedMesh
 from .rank_events import RankEvents, source_of
@@ -150,13 +150,16 @@ class Launcher:
         """What forked ``rank``: a local template or a host's agent (its id)."""
         return source_of(om, rank)
 
-    def _forker(self, om: OwnedMesh, rank: int, restart: bool = False) -> tuple[str, TemplateClient | AgentLink]:
+    def _forker(self, om: OwnedMesh, rank: int,
+                restart: bool = False) -> tuple[str, TemplateClient | AgentLink | StandbyForker]:
         """Who forks ``rank``, and its source id: the host's agent, or a local template of the
         mesh's interpreter with room (one holds 3 pipes per rank: past its open-files limit
         the next template takes over, so a limit of 1,024 still fits thousands of ranks).  A
-        ``restart`` forks from the warm standby, once it has imported its modules."""
+        ``restart`` forks from the warm standby (here, or the agent's), once it has imported
+        its modules."""
         if om.links is not None:
-            return om.links[rank].id, om.links[rank]
+            link = om.links[rank]
+            return link.id, link.restarts() if restart else link
         python = om.python
         standby = self.templates.get(self.standbys.get(python, ("", frozenset()))[0])
         if restart and standby is not None and standby.alive and standby.nofile is not None \
@@ -235,15 +238,17 @@ class Launcher:
         return done
 
     def warm_standby(self, om: OwnedMesh) -> list[str]:
-        """Have a standby template hold the heavy modules ``om``'s live local ranks imported
+        """Have a standby template hold the heavy modules ``om``'s live ranks imported
         (``standby.py``), started anew when they imported more; replaced ranks fork from it.
-        Returns the modules it holds, [] while it is still importing them (or for ranks on
-        other hosts)."""
+        Ranks on other hosts: each host's agent keeps its own, read from its ranks.  Returns
+        the modules it holds (every host's), [] while it is still importing them."""
         return self.io.run(self._warm_standby, om)
 
     def _warm_standby(self, om: OwnedMesh) -> list[str]:
-        if om.links is not None or om.stopping:
+        if om.stopping:
             return []
+        if om.links is not None:
+            return self._warm_hosts(om)
         source, held = self.standbys.get(om.python, ("", frozenset()))
         pid = next((om.pids[r] for r in sorted(om.alive & om.up) if om.pids[r]), None)
         current = self.templates.get(source)
@@ -260,6 +265,18 @@ class Launcher:
                                                 (*self.inherited.warm_modules, *sorted(modules)), python=om.python)
         self.standbys[om.python] = (source, frozenset(modules))
         return []
+
+    def _warm_hosts(self, om: OwnedMesh) -> list[str]:
+        """Ask each live host of ``om`` to warm its standby from its live ranks of ``om``; the
+        modules every one of them said it holds (they answer later: asked again, they say more)."""
+        links: dict[str, tuple[AgentLink, list[int]]] = {}
+        for r, link in enumerate(cast("list[AgentLink]", om.links)):
+            if link.alive:
+                pids = links.setdefault(link.id, (link, []))[1]
+                if r in om.alive and r in om.up and (pid := om.pids[r]):
+                    pids.append(pid)
+        held = [set(link.warm(pids) if pids else link.standby or ()) for link, pids in links.values()]
+        return sorted(set.intersection(*held)) if held else []
 
     def kill(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """SIGKILL ``ranks`` (ones that stopped responding); their pending calls then fail

@@ -5,7 +5,8 @@ them before forking (torch, numpy, ...), so it does not pay their import again. 
 the packages whose compiled libraries a live rank has mapped (``/proc/PID/maps``): the ones
 whose import is slow.  Pure-Python modules (most of the user's) are left to the rank.  A
 package that starts threads or a GPU context at import is never one a template may hold:
-those named in ``UNSAFE`` are left out.  Local ranks only (``/proc`` of this host).
+those named in ``UNSAFE`` are left out.  Read where the rank runs (``/proc`` of its host): by
+the controller for its own ranks, by a host's agent for that host's (``agent/warm_standby.py``).
 """
 
 from __future__ import annotations
