@@ -7,6 +7,7 @@ nothing is left on any host (the fixture checks every namespace after each test)
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -17,10 +18,12 @@ import zlib
 import psutil
 import pytest
 import zmq
+from support.actors import wait_until
 from support.config import configured
 
 from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
 from monarch_kernel.job import SSHJob, job_load
+from monarch_kernel.runtime.context import current_actor
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.spmd import setup_torch_distributed
 
@@ -47,6 +50,25 @@ class Where(Actor):
     def ask(self, other, x):
         """Call another actor mesh (on another host) from this rank."""
         return list(other.echo.call(x).get(timeout=30).values())
+
+    @endpoint
+    def keep(self, other) -> None:
+        """Hold a reference to another actor mesh, to call later (``ask_kept``)."""
+        self.kept = other
+
+    @endpoint
+    def ask_kept(self, x):
+        return list(self.kept.echo.call(x).get(timeout=30).values())
+
+    @endpoint
+    def own_ref(self) -> tuple:
+        """What this rank's own ``ActorContext.mesh`` says of its mesh."""
+        ref = current_actor.get().mesh
+        return ref.addresses, ref.hosts
+
+    @endpoint
+    def say(self, line: str) -> None:
+        print(line, flush=True)
 
 
 class Buffers(Actor):
@@ -366,3 +388,72 @@ def test_torch_distributed_spans_two_hosts(job, ssh_hosts):
     assert [g[:3] for g in got] == [(0, 4, 0), (1, 4, 1), (2, 4, 0), (3, 4, 1)]  # LOCAL_RANK counts per host
     assert {g[3] for g in got} == {ssh_hosts.hosts[0]}  # rank 0's address on its host, reachable from the other
     assert {g[4] for g in got} == {6.0}
+
+
+def _restarted(procs, ranks: set, kind: str = "restart") -> list:
+    """The restart events of ``procs`` until they cover ``ranks`` (a host's ranks may be
+    replaced in one batch or several)."""
+    events: list = []
+    while not set().union(*(e.ranks for e in events)) >= ranks:
+        events.append(procs.wait_restart(after=len(events), timeout=60))
+        assert events[-1].kind == kind, events[-1]
+    return events
+
+
+def test_ranks_whose_host_is_gone_restart_on_another_host_and_every_reference_reaches_them(job, ssh_hosts):
+    """The restart policy on: host 0's agent SIGKILLed, its two ranks come back on host 1 (its
+    network namespace, its address), say so in their restart events, answer the mesh's calls,
+    print through host 1's agent, and a rank that was handed a reference to them before the
+    move reaches them through it, as does a reference pickled in the controller before."""
+    a, b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2}, restart="on-failure")
+    m = procs.spawn("where", Where)
+    ns_b = m.slice(hosts=1, gpus=0).where.call_one().get(timeout=30)[2]
+    asker = m.slice(hosts=1, gpus=0)
+    asker.keep.call_one(m.slice(hosts=0)).get(timeout=30)
+    assert asker.ask_kept.call_one("before").get(timeout=30) == ["before", "before"]  # it knows their actors now
+    pickled = pickle.dumps(m.slice(hosts=0))
+    old = procs.ref
+    lines: list = []
+    sink = Runtime.current().hooks.output.install(lambda mesh, rank, stream, line: lines.append((rank, line)))
+    try:
+        os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
+        events = _restarted(procs, {0, 1})
+        for e in events:
+            assert set(e.hosts) == {b} and set(e.moved_from) == {a}, e
+            assert f"moved from {a} (gone) to {b}" in e.line(), e.line()
+        got = m.where.call().get(timeout=30)
+        assert {v[2] for v in got.values()} == {ns_b}  # every rank in host 1's network namespace
+        assert {v[1] for v in got.values()} == {b}
+        assert [v[0] for v in got.values()][:2] != [v[0] for v in got.values()][2:]
+        assert procs.ref.hosts == (b,) * 4 and [row["host"] for row in procs.rank_states()] == [b] * 4
+        assert all(x.startswith(f"tcp://{b}:") for x in procs.ref.addresses)
+        assert procs.ref.addresses[2:] == old.addresses[2:] and procs.ref.addresses[:2] != old.addresses[:2]
+        # A moved rank's own mesh reference names where it is now.
+        addresses, hosts = m.slice(hosts=0, gpus=1).own_ref.call_one().get(timeout=30)
+        assert tuple(addresses) == procs.ref.addresses and tuple(hosts) == (b,) * 4
+        # References made before the move reach the moved ranks: one held by a rank, one pickled here.
+        assert asker.ask_kept.call_one("after").get(timeout=30) == ["after", "after"]
+        assert list(pickle.loads(pickled).echo.call("again").get(timeout=30).values()) == ["again"] * 2
+        # A moved rank's output comes through its new host's agent.
+        m.slice(hosts=0, gpus=0).say.call_one("hello from the moved rank").get(timeout=30)
+        wait_until(lambda: (0, "hello from the moved rank") in lines, 30, "the moved rank's line")
+    finally:
+        sink.remove()
+
+
+def test_ranks_whose_host_is_gone_stay_dead_when_no_other_host_has_room(job, ssh_hosts):
+    """The restart policy on, but no other host has room (each rank said to cost 1 PiB): host
+    0's rank is not restarted, and the failed restart event says why; host 1's still answers."""
+    a, b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
+    m = procs.spawn("where", Where)
+    m.echo.call(0).get(timeout=30)
+    with configured(rank_memory=1 << 50):
+        os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
+        (event,) = _restarted(procs, {0}, kind="failed")
+    assert f"ranks [0] of mesh '{procs.name}' cannot be restarted: their host {a} is gone" in event.error, event.error
+    assert f"and no other host of the mesh has room for them: {b}: an idle rank takes about 1,024 TiB" \
+        in event.error, event.error
+    assert procs.ref.hosts == (a, b) and [row["state"] for row in procs.rank_states()][0] == "dead"
+    assert m.slice(hosts=1).echo.call_one(1).get(timeout=30) == 1

@@ -74,6 +74,19 @@ class Outbox:
             for key in [k for k in self.direct if k[0] == ref.id and k[1] == rank]:
                 transport.forget(self.direct.pop(key))
 
+    def rank_moved(self, mesh_id: str, rank: int, old: str, new: str) -> None:
+        """``rank`` of ``mesh_id`` was restarted on another host, at ``new``: what any thread
+        sends to ``old`` (every reference made before the move names it) goes there, and its
+        actors' own inboxes are learnt again from their answers."""
+        transport = self.transport
+        transport.forward(old, new)
+        for key in [k for k in self.direct if k[0] == mesh_id and k[1] == rank]:
+            transport.forget(self.direct.pop(key))
+
+    def forwards(self) -> dict[str, str]:
+        """Every move this process knows of, old address -> new: a rank it forks inherits them."""
+        return self.transport.forwards()
+
     def origin(self, inbox: Inbox, mesh: MeshRef) -> str:
         """The address of ``inbox`` that ``mesh``'s ranks can answer."""
         return self.network.answerable(inbox, mesh.addresses[0]) if mesh.addresses else inbox.address

@@ -26,7 +26,9 @@ from ..completion import Completion
 from ..context import MeshRef, current_actor
 from ..limits import raise_nofile_limit
 from ..wire.envelope import Header, Kind
+from ..wire.payloads import MovedNotice
 from .agent_link import AgentLink
+from .capacity import NoRoom
 from .launch_config import LaunchConfig
 from .owned_mesh import OwnedMesh
 from .rank_events import RankEvents, source_of
@@ -72,11 +74,15 @@ class Sender(Protocol):
 
     def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool: ...
 
+    def forwards(self) -> dict[str, str]: ...
+
 
 class RevivePolicy(Protocol):
     """What a restart tells: the supervision policy (``calls/supervision.py``)."""
 
     def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None: ...
+
+    def on_moved(self, notices: list[MovedNotice]) -> None: ...
 
 
 class Launcher:
@@ -192,6 +198,7 @@ class Launcher:
                 job_ports=self.network.job_ports_for(me.job_ports, me.address, ref.owner),
                 address=ref.addresses[r] if remote else None,
                 python=om.python if om.python != sys.executable and not remote else None,
+                forwards=self.outbox.forwards(),
             )
             source, forker = self._forker(om, r, restart)  # an interpreter that will not start raises here
             om.sources[r] = source
@@ -204,25 +211,34 @@ class Launcher:
     # ------------------------------------------------------------ restarting and killing
 
     def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
-        """Start dead ``ranks`` again in place: same rank numbers and addresses, fresh
-        processes.  Returns one completion per rank, done when it has connected."""
-        return self.io.run(self._restart, om, list(ranks))
+        """Start dead ``ranks`` again: same rank numbers, fresh processes, at the same
+        addresses, except ranks whose host is gone: those start on another live host of the
+        mesh that has room (``_new_homes``), and every process that may send to them is told
+        their new address.  Returns one completion per rank, done when it has connected."""
+        homes = self._new_homes(om, list(ranks))  # here: it waits for hosts' answers, which the IO thread reads
+        return self.io.run(self._restart, om, list(ranks), homes)
 
-    def _restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
+    def _restart(self, om: OwnedMesh, ranks: list[int], homes: dict | None = None) -> list[Completion]:
         """On the IO thread, so that it runs wholly after the handling of the death it
         replaces (its handling, ``_died`` and the policy's ``on_death``, fails the calls first,
         which wakes the caller that asks for this restart, and only then fails what waits in
-        ``restarting``)."""
+        ``restarting``).  ``homes``: rank -> (the live host's link, a port reserved there) for
+        ranks whose host is gone."""
         if om.stopping:
             raise RuntimeError(f"mesh '{om.ref.name}' was stopped; spawn a new one")
         alive = [r for r in ranks if r in om.alive]
         if alive:
             raise ValueError(f"ranks {alive} of mesh '{om.ref.name}' are alive; only dead ranks can be restarted")
-        gone = [r for r in ranks if om.links is not None and not om.links[r].alive]
-        if gone:  # its address is on that host: it is not restarted elsewhere
+        homes = homes or {}
+        gone = [r for r in ranks if om.links is not None and not om.links[r].alive and r not in homes]
+        if gone:  # its address is on that host, and no other host was found for it
             link = om.links[gone[0]]  # type: ignore[index]
             raise ConnectionError(f"ranks {gone} of mesh '{om.ref.name}' cannot be restarted: their host {link.host} "
                                   f"is gone ({link.why_gone or 'its agent ended'})")
+        lost = sorted({link.host for link, _port in homes.values() if not link.alive})
+        if lost:
+            raise ConnectionError(f"ranks {sorted(homes)} of mesh '{om.ref.name}' cannot be restarted: their host "
+                                  f"is gone, and so is the host they were to move to ({', '.join(lost)})")
         done = []
         for r in ranks:
             om.restarting[r] = c = Completion()
@@ -230,9 +246,68 @@ class Launcher:
         for r in ranks:
             om.alive.add(r)
             om.up.discard(r)
+        if homes:
+            self._move(om, homes)
         self.supervision.on_revive(om, ranks)
         self._launch(om, om.env, ranks, restart=True)
         return done
+
+    def _new_homes(self, om: OwnedMesh, ranks: list[int]) -> dict[int, tuple[AgentLink, int]]:
+        """Where the dead ``ranks`` whose host is gone start again: a port each on the mesh's
+        other live hosts, the one with the fewest of its ranks asked first, each for as many
+        as its room check lets it hold (``capacity.py``).  {} when no rank's host is gone;
+        ``ConnectionError``, saying why, when they do not all fit (then none moves: the
+        restart fails as it did before relocation, and an elastic job goes on without them)."""
+        links = om.links
+        if links is None or om.stopping:
+            return {}
+        gone = [r for r in ranks if 0 <= r < len(links) and not links[r].alive and r not in om.alive]
+        if not gone:
+            return {}
+        load: dict[str, list] = {}  # live link id -> [link, ranks of this mesh on it]
+        for link in links:
+            if link.alive:
+                load.setdefault(link.id, [link, 0])[1] += 1
+        homes: dict[int, tuple[AgentLink, int]] = {}
+        refused: list[str] = []
+        left = list(gone)
+        for link, _n in sorted(load.values(), key=lambda x: x[1]):
+            want = len(left)
+            while want:
+                try:
+                    ports = self.hosts.reserve([link], want, config.check_limits())[link.id]
+                except NoRoom as e:
+                    if min(e.shortfall.fits, want - 1) <= 0:
+                        refused.append(str(e))
+                        break
+                    want = min(e.shortfall.fits, want - 1)
+                    continue
+                except ConnectionError as e:
+                    refused.append(str(e))
+                    break
+                for port in ports:
+                    homes[left.pop(0)] = (link, port)
+                break
+        if left:
+            first = links[left[0]]
+            why = "; ".join(refused) if refused else "the mesh has no other live host"
+            raise ConnectionError(
+                f"ranks {left} of mesh '{om.ref.name}' cannot be restarted: their host {first.host} is gone "
+                f"({first.why_gone or 'its agent ended'}), and no other host of the mesh has room for them: {why}")
+        return homes
+
+    def _move(self, om: OwnedMesh, homes: dict[int, tuple[AgentLink, int]]) -> None:
+        """On the IO thread: ranks of ``om`` live on other hosts from now on (``homes``); the
+        mesh's reference names them there (ranks forked from now on get it), and every
+        process that may send to them is told (``SupervisionPolicy.on_moved``)."""
+        assert om.links is not None
+        notices = []
+        for r, (link, port) in sorted(homes.items()):
+            old, new = om.ref.addresses[r], f"tcp://{link.ip}:{port}"
+            om.ref = om.ref.moved(r, new, link.host)
+            om.links[r] = link
+            notices.append(MovedNotice(om.ref.id, r, old, new, link.host))
+        self.supervision.on_moved(notices)
 
     def warm_standby(self, om: OwnedMesh) -> list[str]:
         """Have a standby template hold the heavy modules ``om``'s live local ranks imported
