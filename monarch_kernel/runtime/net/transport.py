@@ -117,6 +117,8 @@ class Transport:
         """The connection that carries messages to ``addr`` (say, the ssh connection of an
         out-of-cluster host), or None when ``addr`` is dialed directly.  A call to many ranks
         sends each carrier one message, fanned out beyond it (``Caller.call``)."""
+        if self.moved:  # a moved rank is carried by what carries its new address
+            addr = self.moved.get(addr, addr)
         known = self._carried_by
         if addr in known:
             return known[addr]
