@@ -21,7 +21,7 @@ import zmq
 from support.actors import wait_until
 from support.config import configured
 
-from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
+from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint, this_host
 from monarch_kernel.job import SSHJob, job_load
 from monarch_kernel.runtime.context import current_actor
 from monarch_kernel.runtime.process import Runtime
@@ -435,6 +435,9 @@ def test_ranks_whose_host_is_gone_restart_on_another_host_and_every_reference_re
         # References made before the move reach the moved ranks: one held by a rank, one pickled here.
         assert asker.ask_kept.call_one("after").get(timeout=30) == ["after", "after"]
         assert list(pickle.loads(pickled).echo.call("again").get(timeout=30).values()) == ["again"] * 2
+        # A rank forked after the move, handed a reference made before it, reaches them too.
+        with this_host().spawn_procs(per_host={"r": 1}) as local:
+            assert local.spawn("w", Where).ask.call_one(pickle.loads(pickled), "new").get(timeout=30) == ["new"] * 2
         # A moved rank's output comes through its new host's agent.
         m.slice(hosts=0, gpus=0).say.call_one("hello from the moved rank").get(timeout=30)
         wait_until(lambda: (0, "hello from the moved rank") in lines, 30, "the moved rank's line")
