@@ -6,12 +6,14 @@ nothing is left on any host (the fixture checks every namespace after each test)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zlib
 
@@ -460,3 +462,61 @@ def test_ranks_whose_host_is_gone_stay_dead_when_no_other_host_has_room(job, ssh
         in event.error, event.error
     assert procs.ref.hosts == (a, b) and [row["state"] for row in procs.rank_states()][0] == "dead"
     assert m.slice(hosts=1).echo.call_one(1).get(timeout=30) == 1
+
+
+def _train(steps: int, progress: str) -> dict:
+    """A few DDP steps (gloo) under ``elastic_steps``; rank 0 writes ``step world`` to ``progress``."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from monarch_kernel.spmd import elastic_steps
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ddp, done = DDP(model), []
+    for step in elastic_steps(steps, model, opt, name="moved"):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step * world + rank))
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        done.append(step + 1)
+        if rank == 0:
+            with open(progress + ".tmp", "w") as f:
+                f.write(str(step + 1))
+            os.replace(progress + ".tmp", progress)
+        time.sleep(0.05)
+    return {"steps": done, "world": world, "params": [p.detach().tolist() for p in model.parameters()]}
+
+
+@pytest.mark.timeout(240)
+def test_elastic_run_goes_on_when_a_host_is_lost_its_rank_restarted_on_the_other(job, ssh_hosts, tmp_path):
+    """Training with nobody watching (issue 44 point 3) through the loss of a whole host: host
+    0's agent SIGKILLed mid-loop, its rank (the group's rank 0, whose store the group met at)
+    is restarted on host 1, and the loop goes on at two ranks, to the last step."""
+    from monarch_kernel.spmd import elastic_run
+
+    a, b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
+    progress = str(tmp_path / "step")
+
+    def kill_at(step: int) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError), open(progress) as f:
+                if int(f.read()) >= step:
+                    os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_at, args=(10,), daemon=True)
+    killer.start()
+    run = elastic_run(procs, _train, 40, progress)
+    killer.join(5)
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("replaced", (0,), 2)], run.changes
+    assert run.members == (0, 1) and procs.ref.hosts == (b, b)
+    assert [v["steps"][-1] for v in run.values.values()] == [40, 40] and run.values[0]["steps"][0] > 1
+    assert run.values[0]["params"] == run.values[1]["params"]
