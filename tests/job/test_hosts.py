@@ -1,8 +1,9 @@
 """Ranks on other hosts: SSHJob over simulated hosts (network namespaces, each with its own
 sshd; see cluster.py).  Calls, the multicast tree and RDMABuffer reads cross hosts; a host
 that dies (its agent killed, its link cut) fails its ranks' calls with ProcessDied naming it,
-within seconds; start failures say what to fix; a wrong Curve key is refused and counted;
-nothing is left on any host (the fixture checks every namespace after each test)."""
+within seconds; under a restart policy its ranks restart on the other host, where every
+reference reaches them; start failures say what to fix; a wrong Curve key is refused and
+counted; nothing is left on any host (the fixture checks every namespace after each test)."""
 
 from __future__ import annotations
 
