@@ -259,7 +259,7 @@ class Launcher:
         ``ConnectionError``, saying why, when they do not all fit (then none moves: the
         restart fails as it did before relocation, and an elastic job goes on without them)."""
         links = om.links
-        if links is None or om.stopping:
+        if links is None or om.stopping or self.io.is_current():  # (on the IO thread no host's answer could be read)
             return {}
         gone = [r for r in ranks if 0 <= r < len(links) and not links[r].alive and r not in om.alive]
         if not gone:
@@ -290,10 +290,10 @@ class Launcher:
                 break
         if left:
             first = links[left[0]]
-            why = "; ".join(refused) if refused else "the mesh has no other live host"
-            raise ConnectionError(
-                f"ranks {left} of mesh '{om.ref.name}' cannot be restarted: their host {first.host} is gone "
-                f"({first.why_gone or 'its agent ended'}), and no other host of the mesh has room for them: {why}")
+            why = (f"no other host of the mesh has room for them: {'; '.join(refused)}" if refused
+                   else "the mesh has no other live host")
+            raise ConnectionError(f"ranks {left} of mesh '{om.ref.name}' cannot be restarted: their host {first.host} "
+                                  f"is gone ({first.why_gone or 'its agent ended'}), and {why}")
         return homes
 
     def _move(self, om: OwnedMesh, homes: dict[int, tuple[AgentLink, int]]) -> None:
