@@ -140,7 +140,7 @@ class Outbox:
         self.send_or_report(mesh.addresses[rank], h, [], f"an interrupt for rank {rank} of mesh '{mesh.name}'")
 
     def send_tree(self, mesh: MeshRef, ranks, kind: int, body: list | None = None, payload=None) -> None:
-        """A control message (STOP, DEATH, REVIVE) to ``ranks`` of ``mesh`` (live ones: the
+        """A control message (STOP, DEATH, REVIVE, MOVED) to ``ranks`` of ``mesh`` (live ones: the
         launcher's ``up & alive``) down the multicast tree: each rank passes it on to its
         subtree before acting on it, so this process connects to at most ``fanout`` of them
         however many there are."""

@@ -2,9 +2,10 @@
 
 A death is handled once the launcher has recorded it: the calls waiting on the rank fail at
 once (``ProcessDied``), every mesh that might call it is told (``Kind.DEATH``; ``Kind.REVIVE``
-once it is restarted), the mesh's spawn or restart in progress fails; a death nobody was
-waiting for becomes a supervision event for the spawning actor's ``__supervise__``, or goes up
-the chain of owners to the controller's unhandled-fault hook.  It decides; it never starts or ends a process.
+once it is restarted, after ``Kind.MOVED`` when it restarts on another host), the mesh's
+spawn or restart in progress fails; a death nobody was waiting for becomes a supervision
+event for the spawning actor's ``__supervise__``, or goes up the chain of owners to the
+controller's unhandled-fault hook.  It decides; it never starts or ends a process.
 
 It is given what it uses, not the runtime: the IO thread, the outbox (to tell meshes and
 owners), the caller (to fail the calls waiting on a dead rank, and to forget deaths), the
