@@ -26,14 +26,13 @@ from ..completion import Completion
 from ..context import MeshRef, current_actor
 from ..limits import raise_nofile_limit
 from ..wire.envelope import Header, Kind
-from ..wire.payloads import MovedNotice
 from .agent_link import AgentLink
-from .capacity import NoRoom
 from .launch_config import LaunchConfig
 from .owned_mesh import OwnedMesh
 from .rank_events import RankEvents, source_of
 from .rank_output import LineReader, Sink
 from .rank_remains import kill_rank
+from .relocation import Home, move, new_homes
 from .standby import warm_candidates
 from .template_client import TemplateClient
 
@@ -82,7 +81,7 @@ class RevivePolicy(Protocol):
 
     def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None: ...
 
-    def on_moved(self, notices: list[MovedNotice]) -> None: ...
+    def on_moved(self, notices: list) -> None: ...
 
 
 class Launcher:
@@ -213,12 +212,13 @@ class Launcher:
     def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
         """Start dead ``ranks`` again: same rank numbers, fresh processes, at the same
         addresses, except ranks whose host is gone: those start on another live host of the
-        mesh that has room (``_new_homes``), and every process that may send to them is told
+        mesh that has room (``relocation.py``), and every process that may send to them is told
         their new address.  Returns one completion per rank, done when it has connected."""
-        homes = self._new_homes(om, list(ranks))  # here: it waits for hosts' answers, which the IO thread reads
+        # Here: it waits for hosts' answers, which the IO thread reads (so never there).
+        homes = {} if self.io.is_current() else new_homes(self.hosts, om, list(ranks), config.check_limits())
         return self.io.run(self._restart, om, list(ranks), homes)
 
-    def _restart(self, om: OwnedMesh, ranks: list[int], homes: dict | None = None) -> list[Completion]:
+    def _restart(self, om: OwnedMesh, ranks: list[int], homes: dict[int, Home] | None = None) -> list[Completion]:
         """On the IO thread, so that it runs wholly after the handling of the death it
         replaces (its handling, ``_died`` and the policy's ``on_death``, fails the calls first,
         which wakes the caller that asks for this restart, and only then fails what waits in
@@ -247,67 +247,10 @@ class Launcher:
             om.alive.add(r)
             om.up.discard(r)
         if homes:
-            self._move(om, homes)
+            self.supervision.on_moved(move(om, homes))
         self.supervision.on_revive(om, ranks)
         self._launch(om, om.env, ranks, restart=True)
         return done
-
-    def _new_homes(self, om: OwnedMesh, ranks: list[int]) -> dict[int, tuple[AgentLink, int]]:
-        """Where the dead ``ranks`` whose host is gone start again: a port each on the mesh's
-        other live hosts, the one with the fewest of its ranks asked first, each for as many
-        as its room check lets it hold (``capacity.py``).  {} when no rank's host is gone;
-        ``ConnectionError``, saying why, when they do not all fit (then none moves: the
-        restart fails as it did before relocation, and an elastic job goes on without them)."""
-        links = om.links
-        if links is None or om.stopping or self.io.is_current():  # (on the IO thread no host's answer could be read)
-            return {}
-        gone = [r for r in ranks if 0 <= r < len(links) and not links[r].alive and r not in om.alive]
-        if not gone:
-            return {}
-        load: dict[str, list] = {}  # live link id -> [link, ranks of this mesh on it]
-        for link in links:
-            if link.alive:
-                load.setdefault(link.id, [link, 0])[1] += 1
-        homes: dict[int, tuple[AgentLink, int]] = {}
-        refused: list[str] = []
-        left = list(gone)
-        for link, _n in sorted(load.values(), key=lambda x: x[1]):
-            want = len(left)
-            while want:
-                try:
-                    ports = self.hosts.reserve([link], want, config.check_limits())[link.id]
-                except NoRoom as e:
-                    if min(e.shortfall.fits, want - 1) <= 0:
-                        refused.append(str(e))
-                        break
-                    want = min(e.shortfall.fits, want - 1)
-                    continue
-                except ConnectionError as e:
-                    refused.append(str(e))
-                    break
-                for port in ports:
-                    homes[left.pop(0)] = (link, port)
-                break
-        if left:
-            first = links[left[0]]
-            why = (f"no other host of the mesh has room for them: {'; '.join(refused)}" if refused
-                   else "the mesh has no other live host")
-            raise ConnectionError(f"ranks {left} of mesh '{om.ref.name}' cannot be restarted: their host {first.host} "
-                                  f"is gone ({first.why_gone or 'its agent ended'}), and {why}")
-        return homes
-
-    def _move(self, om: OwnedMesh, homes: dict[int, tuple[AgentLink, int]]) -> None:
-        """On the IO thread: ranks of ``om`` live on other hosts from now on (``homes``); the
-        mesh's reference names them there (ranks forked from now on get it), and every
-        process that may send to them is told (``SupervisionPolicy.on_moved``)."""
-        assert om.links is not None
-        notices = []
-        for r, (link, port) in sorted(homes.items()):
-            old, new = om.ref.addresses[r], f"tcp://{link.ip}:{port}"
-            om.ref = om.ref.moved(r, new, link.host)
-            om.links[r] = link
-            notices.append(MovedNotice(om.ref.id, r, old, new, link.host))
-        self.supervision.on_moved(notices)
 
     def warm_standby(self, om: OwnedMesh) -> list[str]:
         """Have a standby template hold the heavy modules ``om``'s live local ranks imported
