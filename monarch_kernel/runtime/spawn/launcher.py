@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ..hooks import Hooks
     from ..net.io_thread import IOThread
     from ..net.network import Network
+    from ..wire.payloads import MovedNotice
     from ..wire.segments import Segments
     from .host_links import HostLinks
 
@@ -81,7 +82,7 @@ class RevivePolicy(Protocol):
 
     def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None: ...
 
-    def on_moved(self, notices: list) -> None: ...
+    def on_moved(self, notices: list[MovedNotice]) -> None: ...
 
 
 class Launcher:
