@@ -54,7 +54,7 @@ class ActorMesh(Shaped, Generic[T]):
 
     def __init__(self, proc_ref: MeshRef, actor_id: str, name: str, class_name: str,
                  endpoints: tuple[str, ...], shape: Shape, proc_mesh=None, *, initialized=None, owner=None):
-        self._proc_ref = proc_ref
+        self._given_ref = proc_ref
         self._actor_id = actor_id
         self._name = name
         self._class_name = class_name
@@ -68,6 +68,13 @@ class ActorMesh(Shaped, Generic[T]):
         self._class_module = ""  # the class's module, where known: failure reports name it as Monarch's do
         self._retries: dict[str, int] = {}  # endpoint -> its retries= (where the class is known)
         self._actors_stopped = False  # stop() was called on this handle
+
+    @property
+    def _proc_ref(self) -> MeshRef:
+        """Its proc mesh's reference as of now (where the owner's ``ProcMesh`` is at hand:
+        a rank restarted on another host has its new address there)."""
+        pm = self._proc_mesh
+        return self._given_ref if pm is None else pm.ref
 
     def __getattr__(self, name: str) -> Endpoint:
         if name.startswith("_"):

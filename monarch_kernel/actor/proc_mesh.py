@@ -50,12 +50,19 @@ class ProcMesh(Healing, Shaped):
     """
 
     def __init__(self, ref, shape: Shape, owned=None):
-        self._ref = ref
+        self._given_ref = ref
         self._shape = shape
         self._owned = owned  # OwnedMesh when this process spawned it
         self._stopped = False
         self._stop_future: Future | None = None
         self._repair = RankRepair(ref, owned)  # kill and restart
+
+    @property
+    def _ref(self):
+        """The mesh's reference as of now: in the process that spawned it, the launcher's
+        (a rank restarted on another host has its new address and host there)."""
+        om = self._owned
+        return self._given_ref if om is None else om.ref
 
     @property
     def name(self) -> str:

@@ -20,7 +20,9 @@ class RestartEvent:
     as ``(time, rank, cause)``) or "failed" (the replacement could not be made: its host is
     gone, or it did not come up; ``error`` says why).  ``reason``: "died", or "hung" when the
     watchdog killed it.  ``seconds``: from the death to every replacement answering its
-    ``__init__``.
+    ``__init__``.  ``moved_from``: per rank of ``ranks``, the host it left, for one restarted on
+    another host because its own was gone ("" for one restarted where it was); ``hosts`` says
+    where each is now.
 
     Example::
 
@@ -45,6 +47,11 @@ class RestartEvent:
     index: int = 0
     deaths: tuple[tuple[float, int, str], ...] = field(default=())
     error: str = ""
+    moved_from: tuple[str, ...] = ()
+
+    def moves(self) -> list[tuple[int, str, str]]:
+        """``(rank, old host, new host)`` of each rank restarted on another host."""
+        return [(r, old, new) for r, old, new in zip(self.ranks, self.moved_from, self.hosts, strict=False) if old]
 
     @property
     def seconds(self) -> float:
@@ -61,8 +68,9 @@ class RestartEvent:
                     f"window (a crash loop); the mesh failed")
         stuck = "hung and was killed by the watchdog" if self.reason == "hung" else f"was {why}"
         pids = ", ".join(str(p) for p in self.pids if p is not None)
+        moved = "".join(f", rank {r} moved from {old} (gone) to {new}" for r, old, new in self.moves())
         return (f"[{self.mesh}] {ranks} {stuck}: restarted in {self.seconds:.2f} s"
-                f"{f' (pid {pids})' if pids else ''}, restart {self.restarts} in the window")
+                f"{f' (pid {pids})' if pids else ''}{moved}, restart {self.restarts} in the window")
 
     def when(self) -> str:
         return time.strftime("%H:%M:%S", time.localtime(self.at or self.died_at))

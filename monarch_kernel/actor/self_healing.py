@@ -235,6 +235,7 @@ class Healer:
         ranks = sorted({d.rank for d in todo})
         with self._cond:
             actors = list(self.actors)
+        was = self.procs.ref  # a rank whose host is gone moves: its address changes
         try:
             self.procs.restart(ranks, [(m, c, a, k) for m, c, a, k in actors if not m.actors_stopped()],
                                RESTART_TIMEOUT_S, kill_unresponsive=False)
@@ -255,7 +256,8 @@ class Healer:
             causes=tuple(next(d.info.how() for d in todo if d.rank == r) for r in ranks),
             reason="hung" if any(d.reason == "hung" for d in todo) else "died",
             hosts=tuple(rows[r]["host"] for r in ranks), pids=tuple(rows[r]["pid"] for r in ranks),
-            died_at=min(d.at for d in todo), at=time.time(), restarts=len(budget.in_window()))
+            died_at=min(d.at for d in todo), at=time.time(), restarts=len(budget.in_window()),
+            moved_from=tuple(was.hosts[r] if was.addresses[r] != self.procs.ref.addresses[r] else "" for r in ranks))
         self._record(event)
         self._tell_actors(event, actors)
         self._settle(set(ranks), True)

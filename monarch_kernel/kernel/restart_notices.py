@@ -28,8 +28,9 @@ class RestartNotices:
             return  # another mesh of this process (spawned in code, not by %mesh): procs.events() has it
         line = event.line()
         kind = "restart" if event.kind == "restart" else "restart-gave-up"
-        for r in event.ranks:
-            history.record_event(event.mesh, kind, rank=r, detail=line)
+        for i, r in enumerate(event.ranks):  # where each is now: a rank whose host was gone moved
+            history.record_event(event.mesh, kind, rank=r, detail=line,
+                                 host=event.hosts[i] if i < len(event.hosts) else None)
         self.session.panel.event(event.mesh, event.ranks[0], line)
         self.session.run_in_cell(lambda: print(line, file=sys.stdout if event.kind == "restart" else sys.stderr,
                                                flush=True))

@@ -7,7 +7,7 @@ them.  Nothing here imports the rest of the runtime.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,19 @@ class MeshRef:
     @property
     def size(self) -> int:
         return len(self.addresses)
+
+    def moved(self, rank: int, address: str, host: str) -> MeshRef:
+        """This reference with ``rank`` at ``address`` on ``host`` (restarted on another host).
+
+        >>> ref = MeshRef("m1", "g", (("g", 2),), ("tcp://a:1", "tcp://a:2"), "tcp://c:3", ("a", "a"))
+        >>> ref.moved(1, "tcp://b:4", "b").addresses, ref.moved(1, "tcp://b:4", "b").hosts
+        (('tcp://a:1', 'tcp://b:4'), ('a', 'b'))
+        """
+        addresses, hosts = list(self.addresses), list(self.hosts)
+        addresses[rank] = address
+        if rank < len(hosts):
+            hosts[rank] = host
+        return replace(self, addresses=tuple(addresses), hosts=tuple(hosts))
 
     def to_wire(self) -> list:
         """This reference as plain lists and strings, for msgpack or JSON.

@@ -124,6 +124,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
                  main_thread=main_thread, python=cfg.python, fanout=cfg.fanout, job_ports=cfg.job_ports)
         cls._current = rt
         process_mesh[0], process_mesh[1] = ref, rank
+        for old, new in cfg.forwards.items():  # ranks moved to other hosts before this one started
+            rt.transport.forward(old, new)
         return rt
 
     @classmethod
@@ -248,6 +250,11 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         self.outbox.pass_down(h, body)
         if h.payload is not None:
             self.caller.revived(h.payload.mesh, h.payload.rank)
+
+    def _on_moved(self, h: Header, body: list) -> None:
+        self.outbox.pass_down(h, body)
+        if h.payload is not None:
+            self.supervision.on_moved([h.payload])
 
     def _on_stop(self, h: Header, body: list) -> None:
         self.outbox.pass_down(h, body)
@@ -396,6 +403,7 @@ def _serving_kinds(rt: Runtime) -> dict[int, Callable[[Header, list], None]]:
         Kind.STACKS: lambda h, body: stack_dump.on_stacks(rt, h, body),
         Kind.DEATH: rt._on_death,
         Kind.REVIVE: rt._on_revive,
+        Kind.MOVED: rt._on_moved,
         Kind.STOP: rt._on_stop,
         Kind.FAILURE: rt._on_failure,
     }

@@ -1,26 +1,32 @@
 """Ranks on other hosts: SSHJob over simulated hosts (network namespaces, each with its own
 sshd; see cluster.py).  Calls, the multicast tree and RDMABuffer reads cross hosts; a host
 that dies (its agent killed, its link cut) fails its ranks' calls with ProcessDied naming it,
-within seconds; start failures say what to fix; a wrong Curve key is refused and counted;
-nothing is left on any host (the fixture checks every namespace after each test)."""
+within seconds; under a restart policy its ranks restart on the other host, where every
+reference reaches them; start failures say what to fix; a wrong Curve key is refused and
+counted; nothing is left on any host (the fixture checks every namespace after each test)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zlib
 
 import psutil
 import pytest
 import zmq
+from support.actors import wait_until
 from support.config import configured
 
-from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint
+from monarch_kernel import Actor, ProcessDied, RDMABuffer, endpoint, this_host
 from monarch_kernel.job import SSHJob, job_load
+from monarch_kernel.runtime.context import current_actor
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.spmd import setup_torch_distributed
 
@@ -47,6 +53,25 @@ class Where(Actor):
     def ask(self, other, x):
         """Call another actor mesh (on another host) from this rank."""
         return list(other.echo.call(x).get(timeout=30).values())
+
+    @endpoint
+    def keep(self, other) -> None:
+        """Hold a reference to another actor mesh, to call later (``ask_kept``)."""
+        self.kept = other
+
+    @endpoint
+    def ask_kept(self, x):
+        return list(self.kept.echo.call(x).get(timeout=30).values())
+
+    @endpoint
+    def own_ref(self) -> tuple:
+        """What this rank's own ``ActorContext.mesh`` says of its mesh."""
+        ref = current_actor.get().mesh
+        return ref.addresses, ref.hosts
+
+    @endpoint
+    def say(self, line: str) -> None:
+        print(line, flush=True)
 
 
 class Buffers(Actor):
@@ -366,3 +391,133 @@ def test_torch_distributed_spans_two_hosts(job, ssh_hosts):
     assert [g[:3] for g in got] == [(0, 4, 0), (1, 4, 1), (2, 4, 0), (3, 4, 1)]  # LOCAL_RANK counts per host
     assert {g[3] for g in got} == {ssh_hosts.hosts[0]}  # rank 0's address on its host, reachable from the other
     assert {g[4] for g in got} == {6.0}
+
+
+def _restarted(procs, ranks: set, kind: str = "restart") -> list:
+    """The restart events of ``procs`` until they cover ``ranks`` (a host's ranks may be
+    replaced in one batch or several)."""
+    events: list = []
+    while not set().union(*(e.ranks for e in events)) >= ranks:
+        events.append(procs.wait_restart(after=len(events), timeout=60))
+        assert events[-1].kind == kind, events[-1]
+    return events
+
+
+def test_ranks_whose_host_is_gone_restart_on_another_host_and_every_reference_reaches_them(job, ssh_hosts):
+    """The restart policy on: host 0's agent SIGKILLed, its two ranks come back on host 1 (its
+    network namespace, its address), say so in their restart events, answer the mesh's calls,
+    print through host 1's agent, and a rank that was handed a reference to them before the
+    move reaches them through it, as does a reference pickled in the controller before."""
+    a, b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2}, restart="on-failure")
+    m = procs.spawn("where", Where)
+    ns_b = m.slice(hosts=1, gpus=0).where.call_one().get(timeout=30)[2]
+    asker = m.slice(hosts=1, gpus=0)
+    asker.keep.call_one(m.slice(hosts=0)).get(timeout=30)
+    assert asker.ask_kept.call_one("before").get(timeout=30) == ["before", "before"]  # it knows their actors now
+    pickled = pickle.dumps(m.slice(hosts=0))
+    old = procs.ref
+    lines: list = []
+    sink = Runtime.current().hooks.output.install(lambda mesh, rank, stream, line: lines.append((rank, line)))
+    try:
+        os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
+        events = _restarted(procs, {0, 1})
+        for e in events:
+            assert set(e.hosts) == {b} and set(e.moved_from) == {a}, e
+            assert f"moved from {a} (gone) to {b}" in e.line(), e.line()
+        got = m.where.call().get(timeout=30)
+        assert {v[2] for v in got.values()} == {ns_b}  # every rank in host 1's network namespace
+        assert {v[1] for v in got.values()} == {b}
+        assert [v[0] for v in got.values()][:2] != [v[0] for v in got.values()][2:]
+        assert procs.ref.hosts == (b,) * 4 and [row["host"] for row in procs.rank_states()] == [b] * 4
+        assert all(x.startswith(f"tcp://{b}:") for x in procs.ref.addresses)
+        assert procs.ref.addresses[2:] == old.addresses[2:] and procs.ref.addresses[:2] != old.addresses[:2]
+        # Every rank's own mesh reference names where the moved ones are now, theirs and the survivors'.
+        refs = m.own_ref.call().get(timeout=30).values()
+        assert all((tuple(x), tuple(h)) == (procs.ref.addresses, (b,) * 4) for x, h in refs), refs
+        # References made before the move reach the moved ranks: one held by a rank, one pickled here.
+        assert asker.ask_kept.call_one("after").get(timeout=30) == ["after", "after"]
+        assert list(pickle.loads(pickled).echo.call("again").get(timeout=30).values()) == ["again"] * 2
+        # A rank forked after the move, handed a reference made before it, reaches them too.
+        with this_host().spawn_procs(per_host={"r": 1}) as local:
+            assert local.spawn("w", Where).ask.call_one(pickle.loads(pickled), "new").get(timeout=30) == ["new"] * 2
+        # A moved rank's output comes through its new host's agent.
+        m.slice(hosts=0, gpus=0).say.call_one("hello from the moved rank").get(timeout=30)
+        wait_until(lambda: (0, "hello from the moved rank") in lines, 30, "the moved rank's line")
+    finally:
+        sink.remove()
+
+
+def test_ranks_whose_host_is_gone_stay_dead_when_no_other_host_has_room(job, ssh_hosts):
+    """The restart policy on, but no other host has room (each rank said to cost 1 PiB): host
+    0's rank is not restarted, and the failed restart event says why; host 1's still answers."""
+    a, b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
+    m = procs.spawn("where", Where)
+    m.echo.call(0).get(timeout=30)
+    with configured(rank_memory=1 << 50):
+        os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
+        (event,) = _restarted(procs, {0}, kind="failed")
+    assert f"ranks [0] of mesh '{procs.name}' cannot be restarted: their host {a} is gone" in event.error, event.error
+    assert f"and no other host of the mesh has room for them: {b}: an idle rank takes about 1,024 TiB" \
+        in event.error, event.error
+    assert procs.ref.hosts == (a, b) and [row["state"] for row in procs.rank_states()][0] == "dead"
+    assert m.slice(hosts=1).echo.call_one(1).get(timeout=30) == 1
+
+
+def _train(steps: int, progress: str) -> dict:
+    """A few DDP steps (gloo) under ``elastic_steps``; rank 0 writes ``step world`` to ``progress``."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from monarch_kernel.spmd import elastic_steps
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ddp, done = DDP(model), []
+    for step in elastic_steps(steps, model, opt, name="moved"):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step * world + rank))
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        done.append(step + 1)
+        if rank == 0:
+            with open(progress + ".tmp", "w") as f:
+                f.write(str(step + 1))
+            os.replace(progress + ".tmp", progress)
+        time.sleep(0.05)
+    return {"steps": done, "world": world, "params": [p.detach().tolist() for p in model.parameters()]}
+
+
+@pytest.mark.timeout(240)
+def test_elastic_run_goes_on_when_a_host_is_lost_its_rank_restarted_on_the_other(job, ssh_hosts, tmp_path):
+    """Training with nobody watching (issue 44 point 3) through the loss of a whole host: host
+    0's agent SIGKILLed mid-loop, its rank (the group's rank 0, whose store the group met at)
+    is restarted on host 1, and the loop goes on at two ranks, to the last step."""
+    from monarch_kernel.spmd import elastic_run
+
+    a, b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
+    progress = str(tmp_path / "step")
+
+    def kill_at(step: int) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError), open(progress) as f:
+                if int(f.read()) >= step:
+                    os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_at, args=(10,), daemon=True)
+    killer.start()
+    run = elastic_run(procs, _train, 40, progress)
+    killer.join(5)
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("replaced", (0,), 2)], run.changes
+    assert run.members == (0, 1) and procs.ref.hosts == (b, b)
+    assert [v["steps"][-1] for v in run.values.values()] == [40, 40] and run.values[0]["steps"][0] > 1
+    assert run.values[0]["params"] == run.values[1]["params"]

@@ -90,6 +90,31 @@ def wire(tmp_path):
     w.close()
 
 
+def test_what_is_sent_to_a_moved_peers_old_address_reaches_it_where_it_is_now(wire):
+    """``Transport.forward``: a rank restarted on another host is reached at its new address
+    by whoever sends to the old one (references made before the move name it); a peer that
+    moves again, or back, is followed; the table stays empty (nothing looked up) until then."""
+    a, b, c = wire.inbox("a"), wire.inbox("b"), wire.inbox("c")
+    t = wire.transport
+    assert t.forwards() == {}
+    wire.send(a.address, 1)
+    assert wire.received(a, 1) == [(1, b"")]
+    t.forward(a.address, b.address)
+    wire.send(a.address, 2)
+    assert wire.received(b, 1) == [(2, b"")]
+    t.forward(b.address, c.address)  # it moved again: both earlier addresses reach it
+    assert t.forwards() == {a.address: c.address, b.address: c.address}
+    wire.send(a.address, 3)
+    wire.send(b.address, 4)
+    assert wire.received(c, 2) == [(3, b""), (4, b"")]
+    t.forward(c.address, a.address)  # and back where it began
+    assert t.forwards() == {b.address: a.address, c.address: a.address}
+    wire.send(a.address, 5)
+    wire.send(c.address, 6)
+    assert wire.received(a, 2) == [(5, b""), (6, b"")]
+    assert wire.received(b, 1, 0.3) == [] and wire.received(c, 1, 0.3) == []
+
+
 def test_an_ipc_inbox_takes_datagrams_and_a_message_goes_in_one(wire):
     inbox = wire.inbox()
     assert inbox.dg is not None and os.path.exists(path_of(inbox.address))

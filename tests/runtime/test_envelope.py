@@ -18,6 +18,7 @@ from monarch_kernel.runtime.wire.payloads import (
     CallInfo,
     DeathNotice,
     InterruptAck,
+    MovedNotice,
     PruneInfo,
     ReplyInfo,
     ReviveNotice,
@@ -37,6 +38,7 @@ PAYLOAD_EXAMPLES = {
     Kind.PRUNE: PruneInfo(3),
     Kind.DEATH: DeathNotice("m2"),
     Kind.REVIVE: ReviveNotice("m2", 1),
+    Kind.MOVED: MovedNotice("m2", 1, "tcp://10.0.0.2:5555", "tcp://10.0.0.3:6666", "node3"),
     Kind.INTERRUPT: InterruptAck("ipc:///a", 9),
     Kind.STACKS: StacksAsk("ipc:///a", 10),
 }
@@ -88,6 +90,7 @@ def test_every_payload_type_is_in_the_table_and_every_kind_has_a_handler():
     (Kind.CALL, [[["gpus", "4"]], [0], False]), (Kind.CALL, [[], [0, "1"], False]), (Kind.CALL, [[], [0]]),
     (Kind.SPAWN, [1]), (Kind.REPLY, ["a", "ipc:///not-tcp"]), (Kind.PRUNE, ["3"]),
     (Kind.DEATH, [3]), (Kind.REVIVE, ["m", "1"]), (Kind.INTERRUPT, ["a"]), (Kind.STOP, [1]),
+    (Kind.MOVED, ["m", 1, "tcp://a:1", "tcp://b:2"]), (Kind.MOVED, ["m", 1, "ipc:///a", "tcp://b:2", "h"]),
 ])
 def test_a_payload_of_the_wrong_shape_makes_the_header_malformed(kind, raw):
     h = Header(kind, 1, "ipc:///a", "ipc:///a", "m")

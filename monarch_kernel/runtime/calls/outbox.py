@@ -74,6 +74,19 @@ class Outbox:
             for key in [k for k in self.direct if k[0] == ref.id and k[1] == rank]:
                 transport.forget(self.direct.pop(key))
 
+    def rank_moved(self, mesh_id: str, rank: int, old: str, new: str) -> None:
+        """``rank`` of ``mesh_id`` was restarted on another host, at ``new``: what any thread
+        sends to ``old`` (every reference made before the move names it) goes there, and its
+        actors' own inboxes are learnt again from their answers."""
+        transport = self.transport
+        transport.forward(old, new)
+        for key in [k for k in self.direct if k[0] == mesh_id and k[1] == rank]:
+            transport.forget(self.direct.pop(key))
+
+    def forwards(self) -> dict[str, str]:
+        """Every move this process knows of, old address -> new: a rank it forks inherits them."""
+        return self.transport.forwards()
+
     def origin(self, inbox: Inbox, mesh: MeshRef) -> str:
         """The address of ``inbox`` that ``mesh``'s ranks can answer."""
         return self.network.answerable(inbox, mesh.addresses[0]) if mesh.addresses else inbox.address
@@ -127,7 +140,7 @@ class Outbox:
         self.send_or_report(mesh.addresses[rank], h, [], f"an interrupt for rank {rank} of mesh '{mesh.name}'")
 
     def send_tree(self, mesh: MeshRef, ranks, kind: int, body: list | None = None, payload=None) -> None:
-        """A control message (STOP, DEATH, REVIVE) to ``ranks`` of ``mesh`` (live ones: the
+        """A control message (STOP, DEATH, REVIVE, MOVED) to ``ranks`` of ``mesh`` (live ones: the
         launcher's ``up & alive``) down the multicast tree: each rank passes it on to its
         subtree before acting on it, so this process connects to at most ``fanout`` of them
         however many there are."""

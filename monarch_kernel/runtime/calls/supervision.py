@@ -2,9 +2,10 @@
 
 A death is handled once the launcher has recorded it: the calls waiting on the rank fail at
 once (``ProcessDied``), every mesh that might call it is told (``Kind.DEATH``; ``Kind.REVIVE``
-once it is restarted), the mesh's spawn or restart in progress fails; a death nobody was
-waiting for becomes a supervision event for the spawning actor's ``__supervise__``, or goes up
-the chain of owners to the controller's unhandled-fault hook.  It decides; it never starts or ends a process.
+once it is restarted, after ``Kind.MOVED`` when it restarts on another host), the mesh's
+spawn or restart in progress fails; a death nobody was waiting for becomes a supervision
+event for the spawning actor's ``__supervise__``, or goes up the chain of owners to the
+controller's unhandled-fault hook.  It decides; it never starts or ends a process.
 
 It is given what it uses, not the runtime: the IO thread, the outbox (to tell meshes and
 owners), the caller (to fail the calls waiting on a dead rank, and to forget deaths), the
@@ -25,7 +26,7 @@ from ..errors import ProcessDied
 from ..failure import DeathInfo, MeshFailure
 from ..spawn.owned_mesh import OwnedMesh
 from ..wire.envelope import Kind
-from ..wire.payloads import DeathNotice, ReviveNotice
+from ..wire.payloads import DeathNotice, MovedNotice, ReviveNotice
 from ..wire.serialize import dumps
 
 if TYPE_CHECKING:
@@ -131,6 +132,28 @@ class SupervisionPolicy:
             for r in ranks:
                 self.outbox.send_tree(other.ref, sorted(other.up & other.alive), Kind.REVIVE,
                                     payload=ReviveNotice(om.ref.id, r))
+
+    def on_moved(self, notices: list[MovedNotice]) -> None:
+        """Dead ranks are being started again on other hosts (their own was gone), at new
+        addresses: this process sends there from now on (its own copy of their mesh, if it is
+        a member, names them there), and so does every live rank of every mesh it spawned,
+        since any of them may hold a reference to theirs (``Kind.MOVED``; each passes it on
+        to the meshes it spawned in turn).  Sent before the ``REVIVE`` that clears their
+        deaths, down the same trees, so no rank calls them at the old address."""
+        for n in notices:
+            self.outbox.rank_moved(n.mesh, n.rank, n.old, n.new)
+            member = self.memberships.get(n.mesh)
+            if member is not None:
+                ref = member[0].moved(n.rank, n.new, n.host)
+                self.memberships[n.mesh] = (ref, member[1])
+                if process_mesh[0] is not None and process_mesh[0].id == n.mesh:
+                    process_mesh[0] = ref
+        for other in list(self.meshes.values()):
+            if other.stopping:
+                continue
+            live = sorted(other.up & other.alive)
+            for n in notices:
+                self.outbox.send_tree(other.ref, live, Kind.MOVED, payload=n)
 
     def forget_deaths(self, mesh_id: str, ranks) -> None:
         """This process forgets that ``ranks`` of mesh ``mesh_id`` died: they were started

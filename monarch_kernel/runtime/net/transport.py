@@ -80,6 +80,9 @@ class Transport:
         self._dialers: list[Callable[[str], str | None]] = []
         self._carriers: list[Callable[[str], str | None]] = []
         self._carried_by: dict[str, str | None] = {}  # addr -> its carrier, as the carriers said
+        # A moved peer's old address -> its new one (``forward``); replaced whole, never
+        # changed in place, so that a sending thread reads it without a lock.
+        self.moved: dict[str, str] = {}
         if via := config.get("controller_via"):  # a host whose controller is reached through ssh
             self.add_dialer(loopback_for(via))
 
@@ -114,6 +117,8 @@ class Transport:
         """The connection that carries messages to ``addr`` (say, the ssh connection of an
         out-of-cluster host), or None when ``addr`` is dialed directly.  A call to many ranks
         sends each carrier one message, fanned out beyond it (``Caller.call``)."""
+        if self.moved:  # a moved rank is carried by what carries its new address
+            addr = self.moved.get(addr, addr)
         known = self._carried_by
         if addr in known:
             return known[addr]
@@ -203,6 +208,8 @@ class Transport:
         When the peer's queue is full, waits up to ``MONARCH_KERNEL_SEND_BLOCK`` seconds for
         room (``block=False``, for the IO thread: not at all), then raises ``SendFailed``.
         """
+        if self.moved:  # empty unless a rank moved to another host: nothing to look up
+            addr = self.moved.get(addr, addr)
         frames = self.signer.seal(header, body)
         links = self.links
         if links is not None and addr[:4] == "ipc:":
@@ -271,6 +278,20 @@ class Transport:
                 raise zmq.Again()
             if zmq_poll([(sock, _POLLOUT)], max(1, int(min(left, 0.1) * 1000))):
                 return
+
+    def forward(self, old: str, new: str) -> None:
+        """The peer that was at ``old`` is at ``new`` from now on (a rank restarted on another
+        host): what is sent to ``old``, by any thread, goes to ``new``; so does what was
+        forwarded to ``old`` (a peer that moved twice)."""
+        with self._lock:
+            moved = {k: (new if v == old else v) for k, v in self.moved.items() if k != new}
+            if old != new:
+                moved[old] = new
+            self.moved = moved
+
+    def forwards(self) -> dict[str, str]:
+        """Every move this process knows of, old address -> new (``forward``)."""
+        return dict(self.moved)
 
     def forget(self, prefix: str) -> None:
         """Every thread closes its sockets to ``prefix`` and to the inboxes under it

@@ -25,7 +25,8 @@ class LaunchConfig:
     ...                    job_ports={"controllers": ("ipc:///r/c", 3)})
     >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
     True
-    >>> cfg = LaunchConfig(b"k" * 32, "/r", "ipc:///r/c", 0, ref, (), "/", {}, 8, python="/venv/bin/python")
+    >>> cfg = LaunchConfig(b"k" * 32, "/r", "ipc:///r/c", 0, ref, (), "/", {}, 8, python="/venv/bin/python",
+    ...                    forwards={"tcp://10.0.0.3:6000": "tcp://10.0.0.4:7000"})
     >>> LaunchConfig.from_wire(cfg.to_wire()) == cfg
     True
     >>> cfg = LaunchConfig(b"k" * 32, "/r", "tcp://10.0.0.2:5000", 0, ref, (), "/", {}, 8,
@@ -49,6 +50,7 @@ class LaunchConfig:
     curve: CurveKeys | None = None  # the job's Curve keys: for TCP links (ranks on other hosts)
     address: str | None = None  # where the rank's inbox listens, when not ipc under rundir (TCP)
     python: str | None = None  # the interpreter the spawner asked for; the rank's own procs start with it
+    forwards: dict = field(default_factory=dict)  # old address -> new, of ranks moved to other hosts
 
     def to_wire(self) -> dict:
         """A msgpack-friendly dict (``key`` stays bytes: msgpack carries it, JSON would not)."""
@@ -59,7 +61,7 @@ class LaunchConfig:
             "cleanup_dirs": list(self.cleanup_dirs), "bootstrap": self.bootstrap,
             "job_ports": {k: list(v) for k, v in self.job_ports.items()},
             "curve": self.curve.to_wire() if self.curve is not None else None, "address": self.address,
-            "python": self.python,
+            "python": self.python, "forwards": dict(self.forwards),
         }
 
     @classmethod
@@ -71,5 +73,5 @@ class LaunchConfig:
             cleanup_dirs=tuple(d.get("cleanup_dirs") or ()), bootstrap=d.get("bootstrap"),
             job_ports={k: tuple(v) for k, v in (d.get("job_ports") or {}).items()},
             curve=CurveKeys.from_wire(d["curve"]) if d.get("curve") else None, address=d.get("address"),
-            python=d.get("python"),
+            python=d.get("python"), forwards=dict(d.get("forwards") or {}),
         )

@@ -32,6 +32,7 @@ from .owned_mesh import OwnedMesh
 from .rank_events import RankEvents, source_of
 from .rank_output import LineReader, Sink
 from .rank_remains import kill_rank
+from .relocation import Home, move, new_homes
 from .standby import warm_candidates
 from .template_client import TemplateClient
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from ..hooks import Hooks
     from ..net.io_thread import IOThread
     from ..net.network import Network
+    from ..wire.payloads import MovedNotice
     from ..wire.segments import Segments
     from .host_links import HostLinks
 
@@ -72,11 +74,15 @@ class Sender(Protocol):
 
     def send_or_report(self, address: str, h: Header, body: list, what: str) -> bool: ...
 
+    def forwards(self) -> dict[str, str]: ...
+
 
 class RevivePolicy(Protocol):
     """What a restart tells: the supervision policy (``calls/supervision.py``)."""
 
     def on_revive(self, om: OwnedMesh, ranks: list[int]) -> None: ...
+
+    def on_moved(self, notices: list[MovedNotice]) -> None: ...
 
 
 class Launcher:
@@ -195,6 +201,7 @@ class Launcher:
                 job_ports=self.network.job_ports_for(me.job_ports, me.address, ref.owner),
                 address=ref.addresses[r] if remote else None,
                 python=om.python if om.python != sys.executable and not remote else None,
+                forwards=self.outbox.forwards(),
             )
             source, forker = self._forker(om, r, restart)  # an interpreter that will not start raises here
             om.sources[r] = source
@@ -207,25 +214,35 @@ class Launcher:
     # ------------------------------------------------------------ restarting and killing
 
     def restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
-        """Start dead ``ranks`` again in place: same rank numbers and addresses, fresh
-        processes.  Returns one completion per rank, done when it has connected."""
-        return self.io.run(self._restart, om, list(ranks))
+        """Start dead ``ranks`` again: same rank numbers, fresh processes, at the same
+        addresses, except ranks whose host is gone: those start on another live host of the
+        mesh that has room (``relocation.py``), and every process that may send to them is told
+        their new address.  Returns one completion per rank, done when it has connected."""
+        # Here: it waits for hosts' answers, which the IO thread reads (so never there).
+        homes = {} if self.io.is_current() else new_homes(self.hosts, om, list(ranks), config.check_limits())
+        return self.io.run(self._restart, om, list(ranks), homes)
 
-    def _restart(self, om: OwnedMesh, ranks: list[int]) -> list[Completion]:
+    def _restart(self, om: OwnedMesh, ranks: list[int], homes: dict[int, Home] | None = None) -> list[Completion]:
         """On the IO thread, so that it runs wholly after the handling of the death it
         replaces (its handling, ``_died`` and the policy's ``on_death``, fails the calls first,
         which wakes the caller that asks for this restart, and only then fails what waits in
-        ``restarting``)."""
+        ``restarting``).  ``homes``: rank -> (the live host's link, a port reserved there) for
+        ranks whose host is gone."""
         if om.stopping:
             raise RuntimeError(f"mesh '{om.ref.name}' was stopped; spawn a new one")
         alive = [r for r in ranks if r in om.alive]
         if alive:
             raise ValueError(f"ranks {alive} of mesh '{om.ref.name}' are alive; only dead ranks can be restarted")
-        gone = [r for r in ranks if om.links is not None and not om.links[r].alive]
-        if gone:  # its address is on that host: it is not restarted elsewhere
+        homes = homes or {}
+        gone = [r for r in ranks if om.links is not None and not om.links[r].alive and r not in homes]
+        if gone:  # its address is on that host, and no other host was found for it
             link = om.links[gone[0]]  # type: ignore[index]
             raise ConnectionError(f"ranks {gone} of mesh '{om.ref.name}' cannot be restarted: their host {link.host} "
                                   f"is gone ({link.why_gone or 'its agent ended'})")
+        lost = sorted({link.host for link, _port in homes.values() if not link.alive})
+        if lost:
+            raise ConnectionError(f"ranks {sorted(homes)} of mesh '{om.ref.name}' cannot be restarted: their host "
+                                  f"is gone, and so is the host they were to move to ({', '.join(lost)})")
         done = []
         for r in ranks:
             om.restarting[r] = c = Completion()
@@ -233,6 +250,8 @@ class Launcher:
         for r in ranks:
             om.alive.add(r)
             om.up.discard(r)
+        if homes:
+            self.supervision.on_moved(move(om, homes))
         self.supervision.on_revive(om, ranks)
         self._launch(om, om.env, ranks, restart=True)
         return done

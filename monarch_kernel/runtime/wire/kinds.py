@@ -22,6 +22,7 @@ class Kind(enum.IntEnum):
     REVIVE = 14  # owner -> ranks: a dead rank was restarted in place
     STACKS = 15  # caller -> rank: dump your threads' stacks yourself (when py-spy cannot)
     HOST = 16  # controller <-> the agent of one of its hosts: one agent_channel message (msgpack)
+    MOVED = 17  # owner -> ranks: a dead rank was restarted on another host, at a new address
 
 
 class Mode(enum.IntEnum):

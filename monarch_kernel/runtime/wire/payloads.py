@@ -107,6 +107,24 @@ class ReviveNotice(NamedTuple):
         return cls(*_flat(v, (str, int), "a REVIVE notice"))
 
 
+class MovedNotice(NamedTuple):
+    """MOVED: ``rank`` of mesh ``mesh``, once at ``old``, was restarted on ``host`` at ``new``
+    (its own host was gone); what is sent to ``old`` goes to ``new`` from now on."""
+
+    mesh: str
+    rank: int
+    old: str
+    new: str
+    host: str
+
+    @classmethod
+    def decode(cls, v) -> MovedNotice:
+        notice = cls(*_flat(v, (str, int, str, str, str), "a MOVED notice"))
+        if not (notice.old.startswith("tcp://") and notice.new.startswith("tcp://")):
+            raise ValueError("a MOVED notice's addresses are not TCP addresses")
+        return notice
+
+
 class InterruptAck(NamedTuple):
     """INTERRUPT: the port (at ``address``) to tell once it has landed."""
 
@@ -136,6 +154,7 @@ PAYLOADS: dict[int, Any] = {
     Kind.PRUNE: PruneInfo,
     Kind.DEATH: DeathNotice,
     Kind.REVIVE: ReviveNotice,
+    Kind.MOVED: MovedNotice,
     Kind.INTERRUPT: InterruptAck,
     Kind.STACKS: StacksAsk,
 }
