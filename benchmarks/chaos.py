@@ -15,8 +15,9 @@ here, no file in any run directory or /dev/shm.  The run "passes" (``ok``) with 
 
 With ``--restart-policy`` both meshes are spawned with ``restart="on-failure"``: the run never
 restarts a rank itself, it waits for the runtime to replace it (``by_policy`` counts those
-recoveries); only a host whose agent is gone, which the policy cannot replace a rank on,
-still takes a new job.
+recoveries), on the other host when its own host's agent is gone (``relocated``).  Once the
+moved mesh has answered and run a DDP step, the run starts a new job over both hosts again
+(the lost host is back), so that the next faults find two hosts.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Run:
         self.fault_counts = {k: 0 for k in KINDS}
         self.fault_log: list[str] = []
         self.recovery = {"hosts_restarted": 0, "hosts_rebuilt": 0, "answered_after": 0, "failed_after": 0,
-                         "ddp_after": 0, "ddp_failed_after": 0, "by_policy": 0}
+                         "ddp_after": 0, "ddp_failed_after": 0, "by_policy": 0, "relocated": 0}
         self.seen_pids: set[int] = {os.getpid()}
         self.kernel_tree: set[int] = set()
         self.tmp = tempfile.mkdtemp(prefix=f"mk-chaos-{seed}-")
@@ -117,7 +118,8 @@ class Run:
 
     def heal_hosts(self, net, kind: str) -> None:
         """After a fault: the hosts' mesh answers as it is, or its dead ranks are restarted
-        (a new job when a host's agent is gone); then a DDP step after setting up again."""
+        (moved to the other host by the policy, or a new job without one, when a host's agent is
+        gone); then a DDP step after setting up again."""
         from monarch_kernel.spmd import setup_torch_distributed
 
         from ._chaos_actors import ChaosDDP, ChaosWorker
@@ -136,15 +138,17 @@ class Run:
         with h.lock:
             h.ddp_ready = False
         agents = all(any(_is_agent(p) for p in net.pids(host)) for host in net.hosts)
-        t0, rebuilt = time.monotonic(), False
+        t0, rebuilt, moved = time.monotonic(), False, False
         try:
-            if not agents:
+            if not agents and not self.policy:
                 raise RuntimeError("a host's agent is gone")
-            if self.policy:
-                if dead or answered is None:
+            if self.policy:  # a lost host's ranks are moved by the policy to the other one
+                if dead or answered is None or not agents:
                     self._replaced_by_policy(h)
                 self._policy_restarts(h)
                 self.recovery["by_policy"] += 1
+                moved = len({row["host"] for row in h.procs.rank_states()}) < len(net.hosts)
+                self.recovery["relocated"] += moved
             else:
                 h.procs.restart(None, [(h.workers, ChaosWorker, (), {}), (h.ddp, ChaosDDP, (), {})], timeout=120)
             self.recovery["hosts_restarted"] += 1
@@ -168,9 +172,13 @@ class Run:
                 log(f"chaos: setup_torch_distributed after the restart: {type(e).__name__}: {e}")
         t2 = time.monotonic()
         step = self.ledger.run("ddp_after_restart", DDP_BOUND, lambda: h.ddp.ddp_step.call(), ddp_agrees)
-        log(f"chaos: {'new job' if rebuilt else 'restart'} {t1 - t0:.1f} s, setup_torch_distributed "
-            f"{t2 - t1:.1f} s, first DDP step {time.monotonic() - t2:.1f} s")
+        what = "new job" if rebuilt else "moved to the other host" if moved else "restart"
+        log(f"chaos: {what} {t1 - t0:.1f} s, setup_torch_distributed {t2 - t1:.1f} s, "
+            f"first DDP step {time.monotonic() - t2:.1f} s")
         self.recovery["ddp_after" if step is not None else "ddp_failed_after"] += 1
+        if moved:  # the lost host is back: a job over both again, for the next faults
+            self.build_hosts(net)
+            self.recovery["hosts_rebuilt"] += 1
         with h.lock:
             h.ddp_ready = True
 
