@@ -503,21 +503,48 @@ def test_elastic_run_goes_on_when_a_host_is_lost_its_rank_restarted_on_the_other
     a, b = ssh_hosts.hosts
     procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
     progress = str(tmp_path / "step")
-
-    def kill_at(step: int) -> None:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError), open(progress) as f:
-                if int(f.read()) >= step:
-                    os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
-                    return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_at, args=(10,), daemon=True)
-    killer.start()
+    killer = _kill_agent_at(ssh_hosts, a, progress, 10)
     run = elastic_run(procs, _train, 40, progress)
     killer.join(5)
     assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("replaced", (0,), 2)], run.changes
     assert run.members == (0, 1) and procs.ref.hosts == (b, b)
     assert [v["steps"][-1] for v in run.values.values()] == [40, 40] and run.values[0]["steps"][0] > 1
     assert run.values[0]["params"] == run.values[1]["params"]
+
+
+@pytest.mark.timeout(240)
+def test_elastic_run_goes_on_at_once_without_a_lost_hosts_rank_that_has_nowhere_to_go(job, ssh_hosts, tmp_path):
+    """Shrink (issue 44 point 4): host 0's agent SIGKILLed mid-loop and no other host with room
+    (each rank said to cost 1 PiB), so its rank cannot be replaced.  The policy's failed restart
+    tells ``elastic_run``, which goes on with host 1's rank alone at once, not after its
+    ``replace_timeout`` (60 s) of waiting for a replacement that cannot come."""
+    from monarch_kernel.spmd import elastic_run
+
+    a, _b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
+    progress = str(tmp_path / "step")
+    with configured(rank_memory=1 << 50):
+        killer = _kill_agent_at(ssh_hosts, a, progress, 10)
+        run = elastic_run(procs, _train, 40, progress)
+        killer.join(5)
+    assert [(c.kind, c.ranks, c.world_size) for c in run.changes] == [("shrunk", (0,), 1)], run.changes
+    assert run.changes[0].seconds < 30, run.changes  # the failed restart, not the 60 s timeout
+    assert run.members == (1,) and run.values[1]["steps"][-1] == 40 and run.values[1]["world"] == 1
+    assert procs.events()[-1].kind == "failed"
+
+
+def _kill_agent_at(ssh_hosts, host: str, progress: str, step: int) -> threading.Thread:
+    """A thread that SIGKILLs ``host``'s agent once rank 0 wrote ``step`` to ``progress``."""
+
+    def kill_at() -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError), open(progress) as f:
+                if int(f.read()) >= step:
+                    os.kill(_agent_pid(ssh_hosts, host), signal.SIGKILL)
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_at, daemon=True)
+    killer.start()
+    return killer

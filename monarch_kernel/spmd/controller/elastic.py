@@ -113,6 +113,7 @@ class _ElasticJob:
         self.min_ranks = min_ranks
         self.backend = backend
         self.replace_timeout = replace_timeout
+        self._formed_at = 0.0  # when the current group began to be made (a death after it is this group's)
         self.group_timeout = group_timeout
         self.on_rebuild = on_rebuild
         self.ms = Membership(procs)
@@ -199,7 +200,7 @@ class _ElasticJob:
             self.on_rebuild("lost", gen, members)
         if _replaces(self.procs):
             deadline = time.monotonic() + self.replace_timeout
-            while time.monotonic() < deadline and not _gave_up(self.procs):
+            while time.monotonic() < deadline and not _gave_up(self.procs, dead, self._formed_at):
                 back = self.ms.ready(min(POLL_S * 10, max(0.0, deadline - time.monotonic())), ranks=dead)
                 if set(dead) <= set(back):
                     break
@@ -212,6 +213,7 @@ class _ElasticJob:
 
     def _form(self, members: tuple) -> None:
         """Place every member, serve the store on the first, and make the group over them."""
+        self._formed_at = time.time()
         for r in members:
             self.ms.slot(r)
         gen = self.ms.begin(members)  # from here a death of one of them aborts this generation
@@ -300,12 +302,17 @@ def _replaces(procs) -> bool:
     return getattr(policy, "restart", "never") == "on-failure"
 
 
-def _gave_up(procs) -> bool:
+def _gave_up(procs, dead, since: float) -> bool:
+    """Whether the policy will not bring ``dead`` back now: it gave up on the mesh (a crash
+    loop), or a restart of one of them, for a death after ``since``, failed (its host is gone
+    and no other has room).  The job then goes on without them, and grows back if one returns."""
     events = getattr(procs, "events", None)
     if events is None:
         return False
     got = events()
-    return bool(got) and got[-1].kind == "gave-up"
+    if got and got[-1].kind == "gave-up":
+        return True
+    return any(e.kind == "failed" and set(e.ranks) & set(dead) and e.died_at >= since for e in got)
 
 
 def _describe(mesh: str, c: Resized) -> str:
