@@ -83,7 +83,7 @@ def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None
 
     A rank dies: the others' group is aborted at once; under a restart policy
     (``procs.set_restart_policy("on-failure")``) the job waits for the replacement, else (or
-    when the policy gives up, or no replacement comes within ``replace_timeout``) it goes on
+    when the policy gives up or cannot replace it, or none comes within ``replace_timeout``) it goes on
     with the ranks left, down to ``min_ranks``.  A rank of ``procs`` that is alive but out of
     the job (restarted by hand, or its host back) joins at the next step boundary once it
     answers; one back before the group without it was made joins that group.  Each time,
