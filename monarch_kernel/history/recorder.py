@@ -28,8 +28,8 @@ _lock = threading.Lock()
 def process_writer(create: bool = True, host: str | None = None, own_process: bool = True
                    ) -> HistoryWriter | None:
     """This process's history writer (made on first use if ``create``, for ``host``: by
-    default this host's name), or None.  ``own_process``: its batches are written by a
-    writer process (a controller's: it never loads pyarrow); else on its thread (an agent's)."""
+    default this host's name), or None.  ``own_process``: its batches are spooled, and
+    converted by a writer process (it never loads pyarrow to record); else written on its thread."""
     with _lock:
         if not _writer and create:
             _writer.append(new_writer(host=host, own_process=own_process))
@@ -247,7 +247,8 @@ def set_cell(label: str | None) -> None:
 
 
 def flush() -> None:
-    """Write what this process has gathered (before a query in this process)."""
+    """Spool what this process has gathered (before a query in this process, which converts
+    the spool to Parquet first): on disk when this returns, whatever befalls this process."""
     writer = process_writer(create=False)
     if writer is not None:
         writer.flush()
