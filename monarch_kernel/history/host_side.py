@@ -13,7 +13,7 @@ from collections.abc import Callable
 from ..runtime.hosting import LineReader, config, host_messages
 from . import places
 from .convert import convert
-from .recorder import process_writer, record_lines
+from .recorder import process_writer, record_hook
 from .writer import HistoryWriter
 
 HISTORY_SETTINGS = ("record_history", "history_dir", "history_max_bytes", "history_flush")
@@ -47,10 +47,7 @@ class HostHistory:
         run = env.get(config.env_name("history_run"))
         if run and writer.run_of(mesh) != places.safe(run):  # a spawn's first rank here: its run
             writer.begin_run(mesh, run)
-
-        def record(mesh: str, rank: int, stream: str, lines: bytes) -> None:
-            record_lines(writer, mesh, rank, stream, lines)
-
+        record = record_hook(writer)
         self.readers[pid] = [LineReader(mesh, rank, stream, lambda: _shown_nowhere, lambda: [record])
                              for stream in ("stdout", "stderr")]
 

@@ -55,6 +55,20 @@ def record_lines(writer: HistoryWriter, mesh: str, rank: int, stream: str, lines
                 log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
 
 
+def record_hook(writer: HistoryWriter):
+    """``record_lines`` into ``writer`` as the runtime's ``record`` hook, printed lines one
+    call from the writer (it runs for every chunk the IO thread reads)."""
+    lines = writer.lines
+
+    def record(mesh: str, rank: int, stream: str, data: bytes) -> None:
+        if stream != "control":
+            lines(mesh, rank, stream, data)
+        else:
+            record_lines(writer, mesh, rank, stream, data)
+
+    return record
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -69,12 +83,10 @@ class Recorder:
         self.failed: set[str] = set()
         self.runs: dict[str, str] = {}  # mesh id -> its run (``current_run`` of a ProcMesh)
         self.last_ticks: dict[tuple[str, int], tuple[int, float, int]] = {}
+        self.record = record_hook(writer)
         self.handles = [rt.hooks.record.install(self.record), rt.hooks.spawned.install(self.spawned),
                         rt.hooks.death.install(self.death)]
         threading.Thread(target=self._sample_loop, name="monarch-history-samples", daemon=True).start()
-
-    def record(self, mesh: str, rank: int, stream: str, lines: bytes) -> None:
-        record_lines(self.writer, mesh, rank, stream, lines)
 
     def spawned(self, proc_mesh) -> None:
         ref = proc_mesh.ref

@@ -180,9 +180,13 @@ class WriterProcess:
 
 def _background(pid: int, nice: int) -> None:
     """The writer runs at CPU priority ``nice`` from before it loads pyarrow: on a busy
-    machine the ranks and the controller beside it come first."""
+    machine the ranks and the controller beside it come first.  At ``NICE`` it is also
+    Linux's SCHED_IDLE: nice 19 alone still takes a few % of a core from busy ranks, this
+    only what they leave."""
     try:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
+        if nice == NICE and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError):  # gone already, or a platform without it: it runs as it is
         pass
 
