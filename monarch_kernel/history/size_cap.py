@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import places, spool_files
 
@@ -25,6 +25,7 @@ class Dropped:
     run: str | None
     folder: pathlib.Path | None
     names: list[str]
+    meta: dict = field(default_factory=dict)  # what the listing said of it in the batches dropped
 
     def detail(self, max_bytes: int) -> str:
         return (f"{len(self.names)} oldest file(s) dropped to keep this host's history under {max_bytes:,} bytes "
@@ -44,9 +45,11 @@ def host_files(root: pathlib.Path, host: str) -> list[tuple[int, pathlib.Path, i
     return out + spool_files.sizes(root, host)
 
 
-def trim(root: pathlib.Path, host: str, max_bytes: int) -> tuple[int, list[Dropped]]:
+def trim(root: pathlib.Path, host: str, max_bytes: int, spared: pathlib.Path | None = None
+         ) -> tuple[int, list[Dropped]]:
     """Drop ``host``'s oldest files until its history holds ``KEEP`` of ``max_bytes``, if
-    it holds more than that; (the bytes it holds then, what each run lost)."""
+    it holds more than that, but ``spared`` (the batch just spooled: its converter cuts it
+    in pieces, of which it keeps the newest); (the bytes it holds then, what each run lost)."""
     files = sorted(host_files(root, host))
     total = sum(size for _t, _p, size in files)
     if total <= max_bytes:
@@ -56,10 +59,14 @@ def trim(root: pathlib.Path, host: str, max_bytes: int) -> tuple[int, list[Dropp
     for _t, path, size in files:
         if total <= goal:
             break
+        if path == spared:
+            continue
         if path.name.endswith(spool_files.SUFFIX):
-            lost = spool_files.drop(path)
+            lost, metas = spool_files.drop(path)
             for mesh, run in lost:
-                dropped.setdefault(("run", mesh, run), Dropped(mesh, run, None, [])).names.append(path.name)
+                d = dropped.setdefault(("run", mesh, run), Dropped(mesh, run, None, []))
+                d.names.append(path.name)
+                d.meta.update(metas.get((mesh, run), {}))
         else:
             try:
                 os.unlink(path)

@@ -5,9 +5,9 @@ lowest CPU priority, when the CPU is idle, and by whoever reads first.  A batch 
 until its Parquet files are in place, so a process killed at any moment (the recorder,
 its writer, both) loses nothing that was spooled; the spool counts toward the size cap.
 
-A file holds two pickles: the places (mesh, run) the batch has rows of (what a drop
-names, read without the rows), then the batch.  Its name, ``<ns>-<pid>-<seq>.batch``,
-sorts by when it was spooled.
+A file holds two pickles: the places (mesh, run) the batch has rows of and what the
+listing is to say of them (what a drop names, read without the rows), then the batch.
+Its name, ``<ns>-<pid>-<seq>.batch``, sorts by when it was spooled.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def put(batch) -> pathlib.Path:
     for f in (root, folder.parent, folder):
         private_files.private_dir(str(f), parents=False)
     name = f"{time.time_ns()}-{os.getpid()}-{next(_seq)}{SUFFIX}"
-    head = pickle.dumps(sorted(_places(batch), key=repr), protocol=pickle.HIGHEST_PROTOCOL)
+    head = pickle.dumps((sorted(_places(batch), key=repr), batch.metas), protocol=pickle.HIGHEST_PROTOCOL)
     body = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
     tmp = folder / f".{name}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -117,18 +117,19 @@ def committing(f) -> Iterator[bool]:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def drop(path: pathlib.Path) -> list[tuple[str, str | None]]:
-    """Remove a spooled batch unconverted (the size cap); the places it had rows of."""
+def drop(path: pathlib.Path) -> tuple[list[tuple[str, str | None]], dict]:
+    """Remove a spooled batch unconverted (the size cap); the places it had rows of, and
+    what the listing was to say of them."""
     with opened(path) as f:
         if f is None:
-            return []
+            return [], {}
         with committing(f) as there:
             if not there:
-                return []
+                return [], {}
             f.seek(0)  # type: ignore[attr-defined]
             try:
-                lost = pickle.load(f)  # type: ignore[arg-type]
-            except (pickle.UnpicklingError, EOFError, ValueError):
-                lost = []
+                lost, metas = pickle.load(f)  # type: ignore[arg-type]
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
+                lost, metas = [], {}
             os.unlink(path)
-            return list(lost)
+            return list(lost), dict(metas)

@@ -76,9 +76,9 @@ class WriterProcess:
                     self._let_go()
                 return
             self._last = time.monotonic()
-            spool_files.put(batch)
+            path = spool_files.put(batch)
             spooled = sum(size for _t, _p, size in spool_files.sizes(batch.root, batch.host))
-            self._keep_cap(batch, spooled)
+            self._keep_cap(batch, spooled, path)
             bound = spool_bound(batch.max_bytes)
             nice = NICE_BEHIND if spooled > bound else NICE if spooled < bound // 2 else self._nice
             if nice != self._nice:
@@ -86,7 +86,7 @@ class WriterProcess:
                 self._nice = nice
             self._tell(self._started(), (batch.root, batch.host))
 
-    def _keep_cap(self, batch: Batch, spooled: int) -> None:
+    def _keep_cap(self, batch: Batch, spooled: int, spared) -> None:
         """The host's history (the spool too) under its cap, even while nothing converts (the
         Parquet files counted again every ``CAP_EVERY_S``); what went is said in a batch of its own."""
         import pathlib
@@ -98,14 +98,18 @@ class WriterProcess:
             self._parquet = (now, sum(size for _t, p, size in files if not p.name.endswith(spool_files.SUFFIX)))
         if self._parquet[1] + spooled <= batch.max_bytes:
             return
-        _left, dropped = size_cap.trim(root, batch.host, batch.max_bytes)
+        _left, dropped = size_cap.trim(root, batch.host, batch.max_bytes, spared)
         self._parquet = None
         if dropped:
             at = time.time_ns() // 1000
-            rows = {("events", d.mesh, d.folder.parent.name if d.folder is not None and places.is_run(
-                d.folder.parent.name) else d.run): [(at, batch.host, None, "history_dropped", None, None,
-                                                     d.detail(batch.max_bytes))] for d in dropped}
-            spool_files.put(Batch(batch.root, batch.host, batch.max_bytes, batch.pid, rows=rows))
+            said = Batch(batch.root, batch.host, batch.max_bytes, batch.pid)
+            for d in dropped:
+                run = d.folder.parent.name if d.folder is not None and places.is_run(d.folder.parent.name) else d.run
+                said.rows[("events", d.mesh, run)] = [(at, batch.host, None, "history_dropped", None, None,
+                                                       d.detail(batch.max_bytes))]
+                if d.meta:  # the run listed still, though the batches that said so went
+                    said.metas[(d.mesh, run)] = d.meta
+            spool_files.put(said)
 
     def start(self) -> None:
         """Start the writer process now, if none runs (a spawn begins: it loads pyarrow while
