@@ -22,9 +22,10 @@ BAD = ".bad"  # a spooled batch that cannot be read is renamed so, and said once
 class Converter:
     """Converts spooled batches; keeps, per root and host, the files it wrote (to merge them)."""
 
-    def __init__(self):
+    def __init__(self, committing: threading.Lock | None = None):
         self._files: dict[tuple[str, str], ParquetFiles] = {}
         self._lock = threading.Lock()
+        self._committing = committing or threading.Lock()  # held while files are put in place
 
     def convert(self, root, host: str | None = None) -> int:
         """Every batch spooled under ``root`` (by ``host``; None: by any) so far; how many."""
@@ -47,10 +48,12 @@ class Converter:
                 return False
             batch.root = str(path.parents[2])  # where it is now (a shared folder may be mounted elsewhere)
             files = self._files.setdefault((batch.root, batch.host), ParquetFiles())
+            files.staging = path.parent  # a converter ended while it builds leaves nothing in the runs' folders
+            files.guard = self._committing
             staged = files.stage(batch)
             there = False
             try:
-                with spool_files.committing(f) as there:
+                with self._committing, spool_files.committing(f) as there:
                     if there:
                         files.commit(staged)
                         os.unlink(path)

@@ -66,6 +66,8 @@ class ParquetFiles:
         self._seq = 0
         self._small: dict[tuple[str, pathlib.Path], list[pathlib.Path]] = collections.defaultdict(list)
         self._newest: dict[str, str] = {}  # mesh -> the run its rows of no run go to (``_folder``)
+        self.staging: pathlib.Path | None = None  # where files are built (default: their folder)
+        self.guard: contextlib.AbstractContextManager = contextlib.nullcontext()  # held while files are placed
 
     def write(self, batch: Batch) -> None:
         """``batch``'s files built and put in place at once (none other converts it)."""
@@ -140,7 +142,8 @@ class ParquetFiles:
     def _write(self, view: str, mesh: str, folder: pathlib.Path, cols: list) -> None:
         """One file of ``view``'s rows, in place at once."""
         _view, _folder, tmp, name = self._stage(view, mesh, folder, cols)
-        os.replace(tmp, folder / name)
+        with self.guard:
+            os.replace(tmp, folder / name)
         self._placed(view, folder, folder / name)
 
     def _tmp_file(self, folder: pathlib.Path, view: str, table, name: str | None = None
@@ -149,7 +152,7 @@ class ParquetFiles:
 
         self._seq += 1
         name = name or f"{view}-{time.time_ns()}-{os.getpid()}-{self._seq}.parquet"
-        tmp = folder / f".{name}.tmp"
+        tmp = (self.staging or folder) / f".{os.getpid()}-{name}.tmp"  # a dead pid's are swept (spool_files)
         pq.write_table(table, tmp, compression="zstd")
         os.chmod(tmp, 0o600)
         return tmp, name
@@ -177,10 +180,11 @@ class ParquetFiles:
         first = there[0].name.split("-")[1]
         tmp, name = self._tmp_file(folder, view, pa.concat_tables(tables),
                                    f"{view}-{first}-{os.getpid()}-m{self._seq + 1}.parquet")
-        os.replace(tmp, folder / name)
-        for p in there:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+        with self.guard:  # the merged file and the files it replaces never both there after an exit
+            os.replace(tmp, folder / name)
+            for p in there:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
 
     def _write_meta(self, place: Place, info: dict, pid: int) -> None:
         folder = self._folder(place)

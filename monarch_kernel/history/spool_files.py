@@ -12,6 +12,7 @@ Its name, ``<ns>-<pid>-<seq>.batch``, sorts by when it was spooled.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
@@ -42,9 +43,9 @@ def put(batch) -> pathlib.Path:
     for f in (root, folder.parent, folder):
         private_files.private_dir(str(f), parents=False)
     name = f"{time.time_ns()}-{os.getpid()}-{next(_seq)}{SUFFIX}"
+    tmp = folder / f".{os.getpid()}-{name}.tmp"
     head = pickle.dumps((sorted(_places(batch), key=repr), batch.metas), protocol=pickle.HIGHEST_PROTOCOL)
     body = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-    tmp = folder / f".{name}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         for part in (memoryview(head), memoryview(body)):
@@ -70,10 +71,27 @@ def pending(root, host: str | None = None) -> list[pathlib.Path]:
     out = []
     for folder in folders:
         try:
-            out += [(int(n.split("-")[0]), folder / n) for n in os.listdir(folder) if n.endswith(SUFFIX)]
+            names = os.listdir(folder)
+            out += [(int(n.split("-")[0]), folder / n) for n in names if n.endswith(SUFFIX)]
         except (OSError, ValueError):
             continue
+        if folder.name == places.safe(places.host_name()):  # pids of this host only
+            _sweep(folder, [n for n in names if n.endswith(".tmp")])
     return [p for _t, p in sorted(out)]
+
+
+def _sweep(folder: pathlib.Path, tmps: list[str]) -> None:
+    """Remove the half-written files (``.<pid>-....tmp``) of processes of this host that are
+    gone: a recorder killed while it spooled, a converter let go while it built files."""
+    for name in tmps:
+        try:
+            pid = int(name[1:].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(folder / name)
+        except (ValueError, OSError):
+            continue
 
 
 def sizes(root, host: str) -> list[tuple[int, pathlib.Path, int]]:

@@ -40,6 +40,7 @@ NICE = 19  # the writer's CPU priority while it keeps up: it converts when the C
 NICE_BEHIND = 10  # ... once the spool is past its bound: about a tenth of a busy rank's share
 SPOOL_MOST = 256 << 20  # the spool's bound: at most this (a minute of 100,000 lines/s) ...
 CAP_EVERY_S = 10.0  # the recording side counts the host's Parquet files again after this long
+DRAIN = "--drain"  # a writer at NICE_BEHIND: when its pipe closes, it converts what it was told of, then ends
 LOG = "writer.log"  # in the history's root: what a writer process says (a file could not be written)
 
 
@@ -58,6 +59,7 @@ class WriterProcess:
         self._going: list[subprocess.Popen] = []  # those let go, maybe still converting
         self._last = 0.0  # when the last batch was given
         self._parquet: tuple[float, int] | None = None  # (when counted, bytes of this host's Parquet files)
+        self._told: tuple[str, str] | None = None  # the spool the last batch went to
         self._lock = threading.Lock()
 
     @property
@@ -84,7 +86,8 @@ class WriterProcess:
             if nice != self._nice:
                 self._let_go()
                 self._nice = nice
-            self._tell(self._started(), (batch.root, batch.host))
+            self._told = (batch.root, batch.host)
+            self._tell(self._started(), self._told)
 
     def _keep_cap(self, batch: Batch, spooled: int, spared) -> None:
         """The host's history (the spool too) under its cap, even while nothing converts (the
@@ -119,9 +122,15 @@ class WriterProcess:
             self._started()
 
     def close(self) -> None:
-        """No more batches: it converts what is spooled and exits by itself (not waited for)."""
+        """No more batches (the recorder exits): the writer at idle ends, and what is still
+        spooled is converted by one at ``NICE_BEHIND`` that ends once it has (not waited for)."""
         with self._lock:
+            told = self._told
             self._let_go()
+            if told is not None and spool_files.pending(*told):
+                self._nice = NICE_BEHIND
+                self._tell(self._started(), told)
+                self._let_go()
 
     def _tell(self, proc: subprocess.Popen, what: object) -> None:
         frame = pickle.dumps(what, protocol=pickle.HIGHEST_PROTOCOL)
@@ -161,7 +170,8 @@ class WriterProcess:
             # not wait for the writer too
             log_fd = _log_file()
             try:
-                self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                mode = [] if self._nice == NICE else [DRAIN]
+                self._proc = subprocess.Popen([sys.executable, "-m", __name__, *mode], stdin=subprocess.PIPE,
                                               stdout=subprocess.DEVNULL, stderr=log_fd, env=env, close_fds=True,
                                               start_new_session=True)
             finally:
@@ -218,9 +228,11 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(parts)
 
 
-def _read(fd: int, got: queue.SimpleQueue) -> None:
+def _read(fd: int, got: queue.SimpleQueue, committing: threading.Lock | None) -> None:
     """(root, host) of each batch spooled, as the controller says them, then None: the pipe
-    closed, or its controller is gone."""
+    closed, or its controller is gone.  Then a writer at idle (``committing``: held while it
+    puts a batch's files in place) ends at once: starved, it could take minutes to finish a
+    batch, which is on disk and whoever comes next converts; what it was building is swept."""
     controller = os.getppid()
     while True:
         ready, _w, _x = select.select([fd], [], [], 1.0)
@@ -235,6 +247,9 @@ def _read(fd: int, got: queue.SimpleQueue) -> None:
         if frame is None:
             break
         got.put(pickle.loads(frame))
+    if committing is not None:
+        committing.acquire()
+        os._exit(0)
     got.put(None)
 
 
@@ -251,15 +266,17 @@ class _NotNeeded:
 
 def main() -> None:
     """The writer process: converts the spool it is told of until its stdin closes, or its
-    controller is gone, then what is left there."""
+    controller is gone; with ``DRAIN``, then what is left there."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a kernel's interrupt reaches its process group
     sys.meta_path.insert(0, _NotNeeded())
     logging.basicConfig(format="%(message)s")
     got: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_read, args=(sys.stdin.fileno(), got), name="monarch-history-read", daemon=True).start()
+    committing = None if DRAIN in sys.argv[1:] else threading.Lock()
+    threading.Thread(target=_read, args=(sys.stdin.fileno(), got, committing), name="monarch-history-read",
+                     daemon=True).start()
     from .convert import Converter
 
-    converter = Converter()
+    converter = Converter(committing)
     told: set[tuple[str, str]] = set()
     item = got.get()
     if item is None:  # its controller was gone before it said anything: nothing to wait for
