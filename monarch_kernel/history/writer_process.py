@@ -39,7 +39,7 @@ IDLE_S = config.seconds("history_writer_idle")  # a writer process given no batc
 NICE = 19  # the writer's CPU priority while it keeps up: it converts when the CPU is idle
 NICE_BEHIND = 10  # ... once the spool is past its bound: about a tenth of a busy rank's share
 SPOOL_MOST = 256 << 20  # the spool's bound: at most this (a minute of 100,000 lines/s) ...
-CAP_EVERY_S = 10.0  # the recording side counts the host's Parquet files again after this long
+CAP_EVERY_S = config.seconds("history_cap_every")  # the recording side counts the host's Parquet files again
 DRAIN = "--drain"  # a writer at NICE_BEHIND: when its pipe closes, it converts what it was told of, then ends
 LOG = "writer.log"  # in the history's root: what a writer process says (a file could not be written)
 
