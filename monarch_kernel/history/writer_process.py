@@ -133,11 +133,14 @@ class WriterProcess:
                 self._let_go()
 
     def _tell(self, proc: subprocess.Popen, what: object) -> None:
+        """One short frame (under PIPE_BUF: written whole or not at all), never waiting: a
+        writer starved so long that its pipe is full has been told of this spool already."""
         frame = pickle.dumps(what, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(_HEAD.pack(len(frame)) + frame)
-            proc.stdin.flush()
+            os.write(proc.stdin.fileno(), _HEAD.pack(len(frame)) + frame)
+        except BlockingIOError:
+            pass
         except OSError as e:  # it died (writer.log says why): the batch is spooled; the next starts another
             self._proc = None
             self._end(proc)
@@ -178,6 +181,8 @@ class WriterProcess:
                 if log_fd != subprocess.DEVNULL:
                     os.close(log_fd)
             _background(self._proc.pid, self._nice)
+            assert self._proc.stdin is not None
+            os.set_blocking(self._proc.stdin.fileno(), False)
         return self._proc
 
     @staticmethod
