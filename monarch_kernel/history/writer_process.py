@@ -9,15 +9,18 @@ The process is started at a spawn, or at the first batch (``python -m
 monarch_kernel.history.writer_process``, a fresh interpreter, not a fork of the
 controller); it is told of each spooled batch through its stdin, a pipe only the controller
 holds, and exits by itself when that pipe closes (its controller exited, or was killed, or
-let it go after ``IDLE_S`` without a batch), after converting what is spooled.  Past
-``spool_bound()`` of spooled bytes (the CPU is never idle) the controller lets it go and
-starts one at ``NICE_BEHIND``, back to ``NICE`` once the spool is under half of it.
+let it go after ``IDLE_S`` without a batch): at once, as what it was told of is on disk.
+Past ``spool_bound()`` of spooled bytes (the CPU is never idle) the controller lets it go
+and starts one at ``NICE_BEHIND``, back to ``NICE`` once the spool is under half of it; at
+the controller's exit, what is still spooled gets one at ``NICE_BEHIND`` too.  Those
+(``DRAIN``) convert what they were told of before they exit.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pathlib
 import pickle
 import queue
 import select
@@ -89,11 +92,9 @@ class WriterProcess:
             self._told = (batch.root, batch.host)
             self._tell(self._started(), self._told)
 
-    def _keep_cap(self, batch: Batch, spooled: int, spared) -> None:
+    def _keep_cap(self, batch: Batch, spooled: int, spared: pathlib.Path) -> None:
         """The host's history (the spool too) under its cap, even while nothing converts (the
         Parquet files counted again every ``CAP_EVERY_S``); what went is said in a batch of its own."""
-        import pathlib
-
         root = pathlib.Path(batch.root)
         now = time.monotonic()
         if self._parquet is None or now - self._parquet[0] > CAP_EVERY_S:
