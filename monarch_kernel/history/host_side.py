@@ -2,7 +2,8 @@
 under the run the controller gave the spawn (the controller records only the ranks it forks
 itself), and those files sent back to the controller when it asks (``HistoryAsk``), over the
 agent's own authenticated link.  Runs in the agent, on its IO thread but for reading files,
-which a thread of its own does."""
+which a thread of its own does; its batches are spooled, and converted by a writer process
+of its own at the lowest priority, as a controller's are (``writer_process``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import Callable
 
 from ..runtime.hosting import LineReader, config, host_messages
 from . import places
-from .recorder import process_writer, record_lines
+from .convert import convert
+from .recorder import process_writer, record_hook
 from .writer import HistoryWriter
 
 HISTORY_SETTINGS = ("record_history", "history_dir", "history_max_bytes", "history_flush")
@@ -39,16 +41,13 @@ class HostHistory:
         if not config.get("record_history"):
             return
         if self.writer is None:
-            self.writer = process_writer(host=host, own_process=False)  # the agent is a process of its own
+            self.writer = process_writer(host=host)  # spooled, converted by a writer process at idle
         writer = self.writer
         assert writer is not None
         run = env.get(config.env_name("history_run"))
         if run and writer.run_of(mesh) != places.safe(run):  # a spawn's first rank here: its run
             writer.begin_run(mesh, run)
-
-        def record(mesh: str, rank: int, stream: str, lines: bytes) -> None:
-            record_lines(writer, mesh, rank, stream, lines)
-
+        record = record_hook(writer)
         self.readers[pid] = [LineReader(mesh, rank, stream, lambda: _shown_nowhere, lambda: [record])
                              for stream in ("stdout", "stderr")]
 
@@ -62,8 +61,10 @@ class HostHistory:
             reader.close()
 
     def flush(self) -> None:
+        """Every row gathered so far in this host's Parquet files (before they are sent)."""
         if self.writer is not None:
             self.writer.flush()
+            convert(self.writer.root, self.writer.host)
 
     def ask(self, msg: host_messages.HistoryAsk, say: Callable[[host_messages.Message], None]) -> None:
         """Send the files asked for; ``say`` must be callable from any thread."""

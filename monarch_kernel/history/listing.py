@@ -1,7 +1,8 @@
 """The histories on disk: one record per run (one spawn) of a mesh or job, from its hosts'
-``meta.json`` files; a folder of the layout before runs is one run, ``legacy``.  Reads only,
-and nothing but those small files (no Parquet), so listing is quick; a folder it cannot read
-is left out, never a failure of the listing."""
+``meta.json`` files; a folder of the layout before runs is one run, ``legacy``.  It reads
+nothing but those small files (no Parquet), so listing is quick, once what is spooled is
+converted (nothing, but where a recorder was killed or its writer is behind); a folder it
+cannot read is left out, never a failure of the listing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pathlib
 from dataclasses import dataclass, field
 
 from . import places
+from .convert import convert
 
 
 @dataclass
@@ -66,6 +68,7 @@ def list_histories(root=None) -> list[HistoryRecord]:
         [(r.name, r.run, r.state) for r in monarch_kernel.history.list_histories()]
     """
     root = pathlib.Path(root) if root is not None else places.history_root()
+    convert(root)  # what is spooled (a run whose rows are all there yet is listed too)
     out: list[HistoryRecord] = []
     try:
         meshes = [m for m in root.iterdir() if m.is_dir() and not m.name.startswith(".")]

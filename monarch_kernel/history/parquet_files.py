@@ -11,13 +11,14 @@ there, never in a controller.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pathlib
 import time
 from dataclasses import dataclass, field
 
 from ..runtime.hosting import SYNC_PATTERN
-from . import places
+from . import places, size_cap
 from .columns import row_columns, schema
 
 Place = tuple[str, str | None]  # (mesh, run); run None: the mesh's newest run on disk (``places.latest_run``)
@@ -42,6 +43,19 @@ class Batch:
         return not self.metas and not self.chunks and not any(self.rows.values())
 
 
+@dataclass
+class Staged:
+    """A batch's files, built but not in place yet: (view, folder, temporary path, name)."""
+
+    batch: Batch
+    files: list[tuple[str, pathlib.Path, pathlib.Path, str]] = field(default_factory=list)
+
+    def discard(self) -> None:
+        for _view, _folder, tmp, _name in self.files:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
 class ParquetFiles:
     """Batches in, Parquet files out, under ``root/<mesh>/<run>/<host>/``."""
 
@@ -51,25 +65,46 @@ class ParquetFiles:
         self.max_bytes = 0
         self._seq = 0
         self._small: dict[tuple[str, pathlib.Path], list[pathlib.Path]] = collections.defaultdict(list)
-        self._bytes: int | None = None  # this host's history, all meshes (counted on the first write)
         self._newest: dict[str, str] = {}  # mesh -> the run its rows of no run go to (``_folder``)
+        self.staging: pathlib.Path | None = None  # where files are built (default: their folder)
+        self.guard: contextlib.AbstractContextManager = contextlib.nullcontext()  # held while files are placed
 
     def write(self, batch: Batch) -> None:
+        """``batch``'s files built and put in place at once (none other converts it)."""
+        self.commit(self.stage(batch))
+        self.settle()
+
+    def stage(self, batch: Batch) -> Staged:
+        """``batch``'s files built, under temporary names (the costly part: a converter does it
+        without holding the batch's lock)."""
         root = pathlib.Path(batch.root)
-        if root != self.root or batch.host != self.host:  # the settings moved it: count afresh
-            self.root, self.host, self._bytes = root, batch.host, None
+        if root != self.root or batch.host != self.host:  # the settings moved it
+            self.root, self.host = root, batch.host
             self._small.clear()
             self._newest.clear()
         self.max_bytes = batch.max_bytes
+        staged = Staged(batch)
         for place, got in batch.chunks.items():
             for piece in _pieces(got, max(64 << 10, self.max_bytes // 16)):
-                self._write("lines", place[0], self._folder(place), _columns(piece))
+                staged.files.append(self._stage("lines", place[0], self._folder(place), _columns(piece)))
         for (view, mesh, run), rows in batch.rows.items():
             if rows:
-                self._write(view, mesh, self._folder((mesh, run)), list(zip(*rows, strict=True)))
-        # the listing's state last: a reader that sees a run "ended" finds every line written with it
-        for place, info in batch.metas.items():
-            self._write_meta(place, info, batch.pid)
+                staged.files.append(self._stage(view, mesh, self._folder((mesh, run)), list(zip(*rows, strict=True))))
+        return staged
+
+    def commit(self, staged: Staged) -> None:
+        """Its files in place, then the listing's state: a reader that sees a run "ended"
+        finds every line written with it."""
+        for view, folder, tmp, name in staged.files:
+            os.replace(tmp, folder / name)  # readers glob *.parquet: never half a file
+            self._placed(view, folder, folder / name)
+        for place, info in staged.batch.metas.items():
+            self._write_meta(place, info, staged.batch.pid)
+
+    def settle(self) -> None:
+        """Small files merged, and the size cap kept (after a commit, with no lock held)."""
+        for key in [k for k, small in self._small.items() if len(small) >= MERGE_AT]:
+            self._merge(*key)
         self._cap()
 
     def _folder(self, place: Place) -> pathlib.Path:
@@ -83,12 +118,11 @@ class ParquetFiles:
             self._newest[mesh] = run
         return places.host_dir(self.root, mesh, run, self.host)
 
-    def _write(self, view: str, mesh: str, folder: pathlib.Path, cols: list) -> None:
-        """One file of ``view``'s rows for ``mesh`` in ``folder``, given as columns (``row_columns`` order)."""
+    def _stage(self, view: str, mesh: str, folder: pathlib.Path, cols: list) -> tuple:
+        """One file of ``view``'s rows for ``mesh`` in ``folder``, given as columns
+        (``row_columns`` order), under a temporary name."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        assert self.root is not None
         sch = schema(view)
         arrays = {}
         for name, values in zip(row_columns(view), cols, strict=True):
@@ -103,44 +137,54 @@ class ParquetFiles:
         if "host" not in arrays:
             arrays["host"] = pa.repeat(self.host, n)
         table = pa.table([arrays[name] for name in sch.names], schema=sch)
-        path = self._write_file(folder, view, table, pq)
-        if path.stat().st_size >= min(SMALL_BYTES, self.max_bytes // 64):
-            return  # merged with others it could outgrow the cap, which would drop the newest rows with it
-        self._small[(view, folder)].append(path)
-        if len(self._small[(view, folder)]) >= MERGE_AT:
-            self._merge(view, folder, pq)
+        return (view, folder, *self._tmp_file(folder, view, table))
 
-    def _write_file(self, folder: pathlib.Path, view: str, table, pq) -> pathlib.Path:
+    def _write(self, view: str, mesh: str, folder: pathlib.Path, cols: list) -> None:
+        """One file of ``view``'s rows, in place at once."""
+        _view, _folder, tmp, name = self._stage(view, mesh, folder, cols)
+        with self.guard:
+            os.replace(tmp, folder / name)
+        self._placed(view, folder, folder / name)
+
+    def _tmp_file(self, folder: pathlib.Path, view: str, table, name: str | None = None
+                  ) -> tuple[pathlib.Path, str]:
+        import pyarrow.parquet as pq
+
         self._seq += 1
-        name = f"{view}-{time.time_ns()}-{os.getpid()}-{self._seq}.parquet"
-        tmp = folder / f".{name}.tmp"
+        name = name or f"{view}-{time.time_ns()}-{os.getpid()}-{self._seq}.parquet"
+        tmp = (self.staging or folder) / f".{os.getpid()}-{name}.tmp"  # a dead pid's are swept (spool_files)
         pq.write_table(table, tmp, compression="zstd")
         os.chmod(tmp, 0o600)
-        os.replace(tmp, folder / name)  # readers glob *.parquet: never half a file
-        size = (folder / name).stat().st_size
-        if self._bytes is not None:
-            self._bytes += size
-        return folder / name
+        return tmp, name
 
-    def _merge(self, view: str, folder: pathlib.Path, pq) -> None:
+    def _placed(self, view: str, folder: pathlib.Path, path: pathlib.Path) -> None:
+        if path.stat().st_size < min(SMALL_BYTES, self.max_bytes // 64):  # merged with others it could outgrow
+            self._small[(view, folder)].append(path)  # the cap, which would drop the newest rows with it
+
+    def _merge(self, view: str, folder: pathlib.Path) -> None:
         """Small files of one view become one (queries open fewer files); the new file takes
         the first one's place in time, so the oldest still go first."""
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
         small, self._small[(view, folder)] = self._small[(view, folder)], []
-        there = [p for p in small if p.exists()]
+        tables, there = [], []
+        for p in small:
+            try:
+                tables.append(pq.read_table(p))
+                there.append(p)
+            except FileNotFoundError:  # dropped by the size cap meanwhile
+                continue
         if not there:
             return
-        table = pa.concat_tables([pq.read_table(p) for p in there])
-        merged = self._write_file(folder, view, table, pq)
         first = there[0].name.split("-")[1]
-        final = folder / f"{view}-{first}-{os.getpid()}-m{self._seq}.parquet"
-        os.replace(merged, final)
-        for p in there:
-            size = p.stat().st_size
-            p.unlink()
-            if self._bytes is not None:
-                self._bytes -= size
+        tmp, name = self._tmp_file(folder, view, pa.concat_tables(tables),
+                                   f"{view}-{first}-{os.getpid()}-m{self._seq + 1}.parquet")
+        with self.guard:  # the merged file and the files it replaces never both there after an exit
+            os.replace(tmp, folder / name)
+            for p in there:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
 
     def _write_meta(self, place: Place, info: dict, pid: int) -> None:
         folder = self._folder(place)
@@ -153,52 +197,17 @@ class ParquetFiles:
         meta.update(info, last=now, host=self.host, pid=pid)
         places.write_meta(folder, meta)
 
-    # ------------------------------------------------------------ the size cap
-
-    def _host_files(self) -> list[tuple[int, pathlib.Path, int]]:
-        """(time written, path, bytes) of every history file of this host, all meshes and runs."""
-        out: list[tuple[int, pathlib.Path, int]] = []
-        if self.root is None:
-            return out
-        for _mesh, folder in places.host_folders(self.root, self.host):
-            for p in folder.glob("*.parquet"):
-                try:
-                    out.append((int(p.name.split("-")[1]), p, p.stat().st_size))
-                except (ValueError, IndexError, OSError):
-                    continue
-        return out
-
     def _cap(self) -> None:
-        if self._bytes is None:
-            self._bytes = sum(size for _t, _p, size in self._host_files())
-        if self._bytes <= self.max_bytes:
-            return
-        files = sorted(self._host_files())
-        total = sum(size for _t, _p, size in files)
-        goal = int(self.max_bytes * 0.9)
-        dropped: dict[pathlib.Path, list[str]] = collections.defaultdict(list)
-        freed = 0
-        for _t, path, size in files:
-            if total - freed <= goal:
-                break
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            freed += size
-            dropped[path.parent].append(path.name)
-            for small in self._small.values():
-                if path in small:
-                    small.remove(path)
-        self._bytes = total - freed
+        """This host's files (its spool too) under the cap; what went said at once, in the
+        run that lost them, in a file of its own."""
+        assert self.root is not None
+        _left, dropped = size_cap.trim(self.root, self.host, self.max_bytes)
         now = time.time_ns() // 1000
-        for folder, names in dropped.items():  # said at once, in the run that lost them, in a file of its own
-            detail = (f"{len(names)} oldest file(s) dropped to keep this host's history under "
-                      f"{self.max_bytes:,} bytes (history_max_bytes): {', '.join(names[:20])}")
-            mesh = places.read_meta(folder).get("name") or (folder.parent.parent if places.is_run(
-                folder.parent.name) else folder.parent).name
-            self._write("events", mesh, folder, [[now], [self.host], [None], ["history_dropped"], [None], [None],
-                                                 [detail]])
+        for d in dropped:
+            for small in self._small.values():
+                small[:] = [p for p in small if p.name not in d.names]
+            self._write("events", d.mesh, d.folder or self._folder((d.mesh, d.run)),
+                        [[now], [self.host], [None], ["history_dropped"], [None], [None], [d.detail(self.max_bytes)]])
 
 
 def _pieces(chunks: list, most: int) -> list[list]:
@@ -242,8 +251,9 @@ def _columns(chunks: list) -> list:
     for i, typ in enumerate((pa.int64(), pa.int32(), pa.string(), pa.string())):
         values = pa.array([c[i] for c in chunks], typ)
         out.append(pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(ends, values)))
-    marked = pc.match_substring_regex(lines, SYNC_PATTERN)
-    if pc.any(marked).as_py():  # a cell's end marker is the console's, not a line the rank printed
+    # a cell's end marker is the console's, not a line the rank printed (the regex only if one may be there)
+    marked = pc.match_substring_regex(lines, SYNC_PATTERN) if SYNC_PATTERN[:13].encode() in data else None
+    if marked is not None and pc.any(marked).as_py():
         lines = pc.replace_substring_regex(lines, SYNC_PATTERN, "")
         keep = pc.invert(pc.and_(marked, pc.equal(pc.utf8_length(lines), 0)))
         out = [pc.filter(column, keep) for column in out]

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from . import pending, places
+from . import places
 from .columns import VIEWS, empty_select
+from .convert import convert
 from .gather import gather
 from .listing import HistoryRecord, list_histories
 from .recorder import current_run, flush
@@ -65,8 +66,8 @@ class History:
         and go as hosts write and rotate)."""
         import duckdb
 
-        flush()  # rows this process gathered and has not written yet
-        pending.wait_written(self.record.mesh_folder.parent)  # ... and those of a controller that just exited
+        flush()  # rows this process gathered and has not spooled yet
+        convert(self.record.mesh_folder.parent)  # ... and every process's spooled rows, a killed one's too
         con = duckdb.connect(":memory:")
         con.execute("SET TimeZone = 'UTC'")
         for view in VIEWS:
@@ -130,7 +131,6 @@ def open_history(name_or_mesh=None, *, root=None, run: str | None = None) -> His
     name = name_or_mesh if name_or_mesh is None or isinstance(name_or_mesh, str) else name_or_mesh.name
     mine = current_run(name_or_mesh) if name_or_mesh is not None and run is None else None
     flush()
-    pending.wait_written(root)
     if name is not None:
         gather(name, root)  # a mesh of this process's on other hosts: their files first
     records = list_histories(root)

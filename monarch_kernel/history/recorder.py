@@ -28,8 +28,8 @@ _lock = threading.Lock()
 def process_writer(create: bool = True, host: str | None = None, own_process: bool = True
                    ) -> HistoryWriter | None:
     """This process's history writer (made on first use if ``create``, for ``host``: by
-    default this host's name), or None.  ``own_process``: its batches are written by a
-    writer process (a controller's: it never loads pyarrow); else on its thread (an agent's)."""
+    default this host's name), or None.  ``own_process``: its batches are spooled, and
+    converted by a writer process (it never loads pyarrow to record); else written on its thread."""
     with _lock:
         if not _writer and create:
             _writer.append(new_writer(host=host, own_process=own_process))
@@ -55,6 +55,20 @@ def record_lines(writer: HistoryWriter, mesh: str, rank: int, stream: str, lines
                 log.warning("monarch_kernel: a malformed metric from rank %s of %s: %r", rank, mesh, body[:200])
 
 
+def record_hook(writer: HistoryWriter):
+    """``record_lines`` into ``writer`` as the runtime's ``record`` hook, printed lines one
+    call from the writer (it runs for every chunk the IO thread reads)."""
+    lines = writer.lines
+
+    def record(mesh: str, rank: int, stream: str, data: bytes) -> None:
+        if stream != "control":
+            lines(mesh, rank, stream, data)
+        else:
+            record_lines(writer, mesh, rank, stream, data)
+
+    return record
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -69,12 +83,10 @@ class Recorder:
         self.failed: set[str] = set()
         self.runs: dict[str, str] = {}  # mesh id -> its run (``current_run`` of a ProcMesh)
         self.last_ticks: dict[tuple[str, int], tuple[int, float, int]] = {}
+        self.record = record_hook(writer)
         self.handles = [rt.hooks.record.install(self.record), rt.hooks.spawned.install(self.spawned),
                         rt.hooks.death.install(self.death)]
         threading.Thread(target=self._sample_loop, name="monarch-history-samples", daemon=True).start()
-
-    def record(self, mesh: str, rank: int, stream: str, lines: bytes) -> None:
-        record_lines(self.writer, mesh, rank, stream, lines)
 
     def spawned(self, proc_mesh) -> None:
         ref = proc_mesh.ref
@@ -247,7 +259,8 @@ def set_cell(label: str | None) -> None:
 
 
 def flush() -> None:
-    """Write what this process has gathered (before a query in this process)."""
+    """Spool what this process has gathered (before a query in this process, which converts
+    the spool to Parquet first): on disk when this returns, whatever befalls this process."""
     writer = process_writer(create=False)
     if writer is not None:
         writer.flush()

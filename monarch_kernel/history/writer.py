@@ -2,9 +2,10 @@
 reading ranks' output, hooks), handed as a ``Batch`` by its own thread to where the disk work
 is done, so a rank's print path only appends to a list.  It never blocks a recorder on disk.
 
-Where the batches go is its sink: in a controller (the kernel, a user's script) a writer
-process of its own (``writer_process``), so that the controller never loads pyarrow; in a
-host agent, which is a process of its own already, ``ParquetFiles`` on the writer's thread.
+Where the batches go is its sink: in a controller (the kernel, a user's script) and a host
+agent, the spool on disk, converted to Parquet by a writer process of its own at the lowest
+priority (``writer_process``), so that the recorder never loads pyarrow and the ranks beside
+it pay next to nothing; elsewhere (``InProcess``), ``ParquetFiles`` on the writer's thread.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ HOLD_S = config.seconds("history_hold")  # samples alone wait this long to be wr
 
 class Sink(Protocol):
     """Where a writer's batches go: ``write(batch, wait)`` (``batch`` None: nothing new; ``wait``:
-    return once every batch given so far is on disk), ``close()`` (no wait)."""
+    return once every batch given so far is on disk, spooled or converted), ``close()`` (no wait)."""
 
     def write(self, batch: Batch | None, wait: bool) -> None: ...
 
@@ -125,10 +126,11 @@ class HistoryWriter:
     # ------------------------------------------------------------ writing
 
     def flush(self, wait: bool = True, *, hold_samples: bool = False) -> None:
-        """Hand over what is gathered now; with ``wait``, return once it is written (a query in
-        this process sees every row recorded before it).  ``hold_samples`` (the periodic
-        flush): what is gathered is only the periodic samples, younger than ``history_hold``
-        seconds: they wait, so that an idle mesh starts no writer process every few seconds."""
+        """Hand over what is gathered now; with ``wait``, return once it is on disk (a query in
+        this process, which converts the spool first, sees every row recorded before it).
+        ``hold_samples`` (the periodic flush): what is gathered is only the periodic samples,
+        younger than ``history_hold`` seconds: they wait, so that an idle mesh starts no writer
+        process every few seconds."""
         with self._write_lock:
             self._follow_settings()
             with self._lock:

@@ -231,8 +231,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("history_hold", 120.0, "history/writer.py", "a controller's periodic samples alone (an idle mesh: no "
        "lines, events or metrics) wait this long before they are written, so that they start no writer process "
        "every few seconds; a query, a line or an event writes them at once"),
-    _s("history_pending_wait", 10.0, "history/pending.py", "a query waits this long at most for the writer "
-       "process of a controller on this host that has just exited to write its last rows"),
+    _s("history_cap_every", 10.0, "history/writer_process.py", "a recorder counts its host's history files again "
+       "this often, to keep them and its spool under history_max_bytes while nothing converts the spool"),
     _s("history_writer_idle", 4.0, "history/writer_process.py", "a controller's history writer process given no "
        "batch for this long is let go (the next batch starts another)"),
     _s("elastic_poll", 0.02, "spmd/controller/elastic_members.py", "how often `elastic_run` looks at its ranks' "
