@@ -42,7 +42,9 @@ name, mode, rounds, per_round = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(
 if mode == "cap":  # the writer never catches up, and no other starts: the recorder alone keeps the cap
     writer_process.spool_bound = lambda max_bytes: 1 << 40
 seen = []
-Runtime.current().hooks.record.install(lambda mesh, rank, stream, lines: seen.append(lines.count(b" says ")))
+Runtime.current().hooks.record.install(  # lines and metrics (control lines) come on streams of their own
+    lambda mesh, rank, stream, lines: seen.append(lines.count(b"metric ") if stream == "control"
+                                                  else lines.count(b" says ")))
 procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name)
 writer = recorder.process_writer(create=False)
 say("WRITER", writer.sink.pid)  # started by the spawn
@@ -51,7 +53,7 @@ talker = procs.spawn("talker", Talker)
 for i in range(rounds):
     talker.talk.call(per_round).get(timeout=60)
     deadline = time.monotonic() + 60
-    while sum(seen) < 2 * per_round * (i + 1) and time.monotonic() < deadline:
+    while sum(seen) < 4 * per_round * (i + 1) and time.monotonic() < deadline:
         time.sleep(0.02)
     monarch_kernel.history.flush()  # on disk: spooled, not converted
 say("SPOOLED", spooled())

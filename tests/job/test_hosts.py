@@ -548,3 +548,31 @@ def _kill_agent_at(ssh_hosts, host: str, progress: str, step: int) -> threading.
     killer = threading.Thread(target=kill_at, daemon=True)
     killer.start()
     return killer
+
+
+class Torchrun(Actor):
+    @endpoint
+    def env(self) -> tuple:
+        """torchrun's local variables here, and a sum over the default group."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]), int(t.item())
+
+
+@pytest.mark.timeout(180)
+def test_a_group_set_up_again_after_a_rank_moved_counts_the_hosts_ranks_anew(job, ssh_hosts):
+    """A rank moved to the other host (its own gone) shares that host with the rank there:
+    setting the group up again gives them LOCAL_RANK 0 and 1 of LOCAL_WORLD_SIZE 2 (a GPU
+    each), not what they had on hosts of their own, and the group works."""
+    a, _b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
+    t = procs.spawn("torchrun", Torchrun)
+    setup_torch_distributed(procs, "gloo")
+    assert sorted(t.env.call().get(timeout=60).values()) == [(0, 1, 2), (0, 1, 2)]
+    os.kill(_agent_pid(ssh_hosts, a), signal.SIGKILL)
+    _restarted(procs, {0})
+    setup_torch_distributed(procs, "gloo")
+    assert sorted(t.env.call().get(timeout=60).values()) == [(0, 2, 2), (1, 2, 2)]

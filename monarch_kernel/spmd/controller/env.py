@@ -53,17 +53,19 @@ def existing_env(procs) -> tuple[tuple, object] | None:
 
 
 def record(procs) -> MeshRecord:
-    """The mesh's record, its ``ElasticEnvActor`` spawned (again, if a rank was replaced)."""
+    """The mesh's record, its ``ElasticEnvActor`` spawned (again, if a rank was replaced, or
+    moved to another host: its ``LOCAL_RANK`` and the hosts' counts are then another's)."""
     ref = procs.ref
     ranks = tuple(procs.shape.ranks)
     key = (ref.id, ranks)
-    hosts = [ref.hosts[r] if ref.hosts else "" for r in ranks]
+    layout = elastic_layout(ranks, [ref.hosts[r] if ref.hosts else "" for r in ranks])
     with _records_lock:
         rec = _records.get(key)
         if rec is None:
-            rec = _records[key] = MeshRecord(ranks, elastic_layout(ranks, hosts))
+            rec = _records[key] = MeshRecord(ranks, layout)
     pids = _pids(procs)
-    if rec.env is None or not pids or pids != rec.pids:
+    if rec.env is None or not pids or pids != rec.pids or layout != rec.layout:
+        rec.layout = layout
         rec.env = procs.spawn("spmd_env", ElasticEnvActor, rec.layout)
         rec.env.initialized().get(timeout=SETUP_TIMEOUT_S)
         rec.pids = pids
