@@ -176,6 +176,11 @@ class Run:
         log(f"chaos: {what} {t1 - t0:.1f} s, setup_torch_distributed {t2 - t1:.1f} s, "
             f"first DDP step {time.monotonic() - t2:.1f} s")
         self.recovery["ddp_after" if step is not None else "ddp_failed_after"] += 1
+        if step is None:  # what each rank is doing, for the log: a hang is explained, not only counted
+            try:
+                log(f"chaos: the hosts' ranks after the failed DDP step:\n{h.procs.stacks(timeout=60)}")
+            except Exception as e:  # noqa: BLE001
+                log(f"chaos: no stacks of the hosts' ranks: {type(e).__name__}: {e}")
         if moved:  # the lost host is back: a job over both again, for the next faults
             self.build_hosts(net)
             self.recovery["hosts_rebuilt"] += 1
