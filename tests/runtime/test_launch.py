@@ -73,7 +73,7 @@ def test_launch_config_round_trips_through_msgpack(cfg):
 def test_launch_config_wire_keys():
     assert sorted(_config().to_wire()) == sorted(
         ["key", "rundir", "owner", "rank", "mesh", "sys_path", "cwd", "env", "fanout", "cleanup_dirs",
-         "bootstrap", "job_ports", "curve", "address", "python"])
+         "bootstrap", "job_ports", "curve", "address", "python", "forwards"])
 
 
 def test_launch_config_passes_the_template_wire_with_its_fds():

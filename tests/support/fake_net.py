@@ -221,9 +221,11 @@ class FakeTransport:
         self.down: set[str] = set()
         self.forgotten: list[str] = []
         self.carried = False  # no out-of-cluster host's connection carries several ranks
+        self.moved: dict[str, str] = {}  # old address -> new (a rank restarted on another host)
         self._lock = threading.Lock()
 
     def send(self, address: str, h: Header, body: list) -> None:
+        address = self.moved.get(address, address)
         if address in self.down:
             raise SendFailed(f"{address} is down (a test said so)")
         header, got = self.signer.open(self.signer.seal(h, list(body)))
@@ -235,6 +237,15 @@ class FakeTransport:
 
     def forget(self, address: str) -> None:
         self.forgotten.append(address)
+
+    def forward(self, old: str, new: str) -> None:
+        """As the real transport's: what is sent to ``old`` goes to ``new``, and so does what went to ``old``."""
+        self.moved = {k: (new if v == old else v) for k, v in self.moved.items() if k != new}
+        if old != new:
+            self.moved[old] = new
+
+    def forwards(self) -> dict[str, str]:
+        return dict(self.moved)
 
     def take_to(self, address: str) -> list[Sent]:
         """What was sent to ``address`` since it was last taken (the rest stays)."""
