@@ -14,7 +14,7 @@ import sys
 
 import psutil
 import pytest
-from support.scripts import write_script
+from support.scripts import said, write_script
 
 import monarch_kernel
 
@@ -82,14 +82,6 @@ def controller(tmp_path, name: str, mode: str, rounds: int, per_round: int, **en
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             proc.wait(timeout=30)
-
-
-def said(proc: subprocess.Popen, word: str) -> str:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(word + " "):
-            return line.split(" ", 1)[1].strip()
-    raise AssertionError(f"the controller exited ({proc.wait()}) without saying {word}")
 
 
 def freeze_writer(proc: subprocess.Popen, writers: list[int]) -> int:

@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from support.scripts import write_script
+from support.scripts import said, write_script
 
 import monarch_kernel
 
@@ -104,14 +104,6 @@ def controller(tmp_path, name: str, mode: str, flush_s: float):
         finally:
             if proc.poll() is None:
                 proc.kill()
-
-
-def said(proc: subprocess.Popen, word: str) -> str:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(word + " "):
-            return line.split(" ", 1)[1].strip()
-    raise AssertionError(f"the controller exited ({proc.wait()}) without saying {word}")
 
 
 def count(tmp_path, name: str, where: str) -> int:

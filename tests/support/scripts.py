@@ -21,3 +21,12 @@ def write_script(tmp_path, name: str, body: str) -> str:
 def run_script(path: str, *args, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, path, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+def said(proc, word: str) -> str:
+    """What a script printed as ``WORD value`` on its stdout (the first such line)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(word + " "):
+            return line.split(" ", 1)[1].strip()
+    raise AssertionError(f"the controller exited ({proc.wait()}) without saying {word}")
