@@ -89,6 +89,43 @@ def test_a_rank_computing_on_a_crowded_core_is_progress():
         assert max(share.values()) < 0.10, f"the ranks were not crowded out (shares of a core: {share})"
 
 
+class Deep(Actor):
+    """A rank whose own stack dump is dear: many threads, each deep in calls."""
+
+    @endpoint
+    def crowd(self, threads: int, depth: int) -> int:
+        import threading
+
+        def down(n: int) -> None:
+            if n:
+                down(n - 1)
+            else:
+                threading.Event().wait()
+
+        for _ in range(threads):
+            threading.Thread(target=down, args=(depth,), daemon=True).start()
+        return threads
+
+    @endpoint
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return current_rank().rank
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="this kernel keeps no schedstat")
+@pytest.mark.timeout(120)
+def test_one_stall_is_reported_once_though_dumping_its_stacks_costs_cpu():
+    """The CPU a rank spends on the watchdog's own stack dump (here 48 threads 400 calls
+    deep: tens of ms, as a small dump costs on a crowded machine) is not its progress."""
+    reports = []
+    with this_host().spawn_procs(per_host={"gpus": 1}, name="deep") as procs:
+        deep = procs.spawn("deep", Deep)
+        deep.crowd.call(48, 400).get(timeout=30)
+        with watchdog(procs, T, then="dump", on_report=reports.append):
+            deep.nap.call(3 * T + 1).get(timeout=60)
+        assert len(reports) == 1, [r.headline() for r in reports]
+
+
 def test_restart_needs_a_restart_policy():
     with pytest.raises(ValueError, match="needs a restart policy"):
         watchdog(None, 5, then="restart")

@@ -282,6 +282,9 @@ class HangWatch:
             stacks = procs.stacks(timeout=3.0).name_frames(self.frame_namer)
         except Exception as e:  # noqa: BLE001 - the report goes on without them
             log.warning("monarch_kernel: the hang watchdog could not read the stacks of %s: %s", procs.name, e)
+        # The ranks' CPU for dumping their stacks is the watchdog's doing, not progress: sample
+        # anew from here (counted, it ended the stall, and the same hang was reported again).
+        st.cpu, st.ticks = None, {}
         coll = None
         if env is not None:
             now = time.monotonic()
