@@ -230,12 +230,61 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
+class Loading:
+    """What went wrong while a page loaded, recorded from before it is asked for: requests
+    that failed (their URL and why), answers with an HTTP error (their URL and status), and
+    the browser console's errors (a stylesheet refused for its MIME type says so there only)."""
+
+    def __init__(self, page):
+        self.page, self.failed = page, []
+        page.on("requestfailed", self._failed)
+        page.on("response", self._answered)
+        page.on("console", self._said)
+
+    def _failed(self, request) -> None:
+        self.failed.append(f"{request.method} {request.url}: {request.failure}")
+
+    def _answered(self, response) -> None:
+        if response.status >= 400:
+            self.failed.append(f"{response.request.method} {response.url}: HTTP {response.status}")
+
+    def _said(self, message) -> None:
+        if message.type == "error":
+            self.failed.append(f"console: {message.text}")
+
+    def stop(self) -> None:
+        self.page.remove_listener("requestfailed", self._failed)
+        self.page.remove_listener("response", self._answered)
+        self.page.remove_listener("console", self._said)
+
+
+def load_notebook(nb: Notebook, url: str, timeout: float = 120) -> None:
+    """Load JupyterLab at ``url`` and wait, ``timeout`` s at most for each step, until its
+    theme is applied (JupyterLab sets ``body[data-jp-theme-name]`` once the theme's CSS has
+    loaded; until then its splash covers the page) and the notebook's kernel is idle.  On a
+    crowded machine this takes far longer than Playwright's 30 s default, and is waited for;
+    a dialog instead ("Error Loading Theme": the theme's CSS did not load) fails here with
+    the requests that failed, their URL and status or error."""
+    page, ms = nb.page, timeout * 1000
+    loading = Loading(page)
+    try:
+        page.goto(url, wait_until="commit", timeout=ms)
+        page.wait_for_selector("body[data-jp-theme-name], .jp-Dialog", state="attached", timeout=ms)
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():
+            raise AssertionError(f"JupyterLab showed a dialog while loading {url}: "
+                                 f"{' '.join(dialog.first.inner_text().split())!r}; what failed: "
+                                 f"{'; '.join(loading.failed) or 'no request, nothing in the console'}")
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=ms)
+        page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=ms)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=ms)
+    finally:
+        loading.stop()
+
+
 def open_notebook(nb: Notebook, lab: Lab, name: str, widen: bool = True) -> None:
     page = nb.page
-    page.goto(lab.url(name) + "&reset")  # this notebook only (the workspace forgets earlier ones)
-    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-    page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=60_000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    load_notebook(nb, lab.url(name) + "&reset")  # this notebook only (the workspace forgets earlier ones)
     tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='monarch-kernel-meshes']")
     if tab.get_attribute("aria-selected") != "true":
         tab.click()

@@ -13,7 +13,16 @@ import re
 import time
 
 import pytest
-from support.browser import CHROMIUM, DEBUG_BUTTON, Lab, Notebook, needs_chromium, sync_api, write_notebook
+from support.browser import (
+    CHROMIUM,
+    DEBUG_BUTTON,
+    Lab,
+    Notebook,
+    load_notebook,
+    needs_chromium,
+    sync_api,
+    write_notebook,
+)
 
 pytestmark = [pytest.mark.timeout(240), needs_chromium]
 BREAKPOINT_LINE = 5  # ``y = x * 2`` in CELLS[3], counting the magic line as 1
@@ -61,10 +70,7 @@ def nb(lab, page, tmp_path_factory):
     write_notebook(lab.root / "mesh.ipynb", CELLS)
     notebook = Notebook(page, tmp_path_factory.mktemp("screenshots"), lab)
     with notebook.step("open the notebook on the monarch kernel and spawn two ranks"):
-        page.goto(lab.url("mesh.ipynb"))
-        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-        page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+        load_notebook(notebook, lab.url("mesh.ipynb"))
         notebook.run_cell(0)
     return notebook
 
@@ -172,3 +178,20 @@ def test_a_notebook_runs_on_ranks_and_the_debugger_panel_stops_rank_1(nb):
         page.locator(DEBUG_BUTTON).click()
         page.wait_for_selector(DEBUG_BUTTON + "[aria-pressed='false']", timeout=30_000)
         assert "stopped" in nb.run_cell(8), nb.output(8)
+
+
+def test_a_theme_whose_css_does_not_load_fails_the_load_naming_the_request(lab, page, tmp_path):
+    """The theme's CSS answered 503 (as a server might under load): JupyterLab's "Error Loading
+    Theme" dialog is not waited past; the failure names the request, its URL and status."""
+    write_notebook(lab.root / "theme.ipynb", [""])
+    other = page.context.browser.new_page()
+    try:
+        other.route("**/lab/api/themes/**/index.css", lambda route: route.fulfill(status=503, body="busy"))
+        with pytest.raises(AssertionError) as info:
+            load_notebook(Notebook(other, tmp_path, lab), lab.url("theme.ipynb"))
+    finally:
+        other.close()
+    said = str(info.value)
+    assert "'Error Loading Theme Stylesheet failed to load: " in said, said
+    assert re.search(r"GET http://127\.0\.0\.1:\d+/lab/api/themes/@jupyterlab/theme-light-extension/index\.css: "
+                     r"HTTP 503", said), said
