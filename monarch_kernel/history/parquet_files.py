@@ -32,10 +32,10 @@ SMALL_BYTES = 4 << 20  # a file under this (and under a 64th of the cap) is smal
 
 @dataclass
 class LineChunks:
-    """One place's chunks of lines as columns, one entry per chunk (``HistoryWriter.lines``):
-    a few buffers to pickle and spool, read by arrow as they are, where a list of tuples
-    costs an object per chunk to pickle, unpickle and walk.  Each chunk's bytes are whole
-    lines, each ended by a newline; ``ends[i]``: where chunk ``i`` ends in ``data``."""
+    """One place's chunks of lines as columns, one entry per chunk, for arrow to read as
+    they are (the converter's; a batch holds the chunks as recorded, which the controller
+    pickles quicker than it could make these).  Each chunk's bytes are whole lines, each
+    ended by a newline; ``ends[i]``: where chunk ``i`` ends in ``data``."""
 
     times: array  # 'q': microseconds since the epoch, when the chunk arrived
     ranks: array  # 'q'
@@ -45,22 +45,12 @@ class LineChunks:
     data: bytes
 
     @classmethod
-    def by_place(cls, chunks: list, places: set[Place]) -> dict[Place, LineChunks]:
-        """From ``(time, mesh, run, rank, stream, cell, bytes)`` tuples as they were recorded,
-        of ``places``: each place's, in order (transposed in C: no loop here for one place)."""
-        if len(places) == 1:
-            return {next(iter(places)): cls.of(chunks)}
-        got: dict[Place, list] = {}
-        for chunk in chunks:
-            got.setdefault((chunk[1], chunk[2]), []).append(chunk)
-        return {place: cls.of(some) for place, some in got.items()}
-
-    @classmethod
     def of(cls, chunks: list) -> LineChunks:
-        """From ``(time, [mesh, run,] rank, stream, cell, bytes)`` tuples (a batch spooled
-        before ``LineChunks`` holds them without mesh and run)."""
+        """From the chunks of one place as they were recorded, ``(time, (mesh, run), rank,
+        stream, cell, bytes)`` tuples (``(time, rank, stream, cell, bytes)`` in a batch spooled
+        by an older recorder): transposed in C, no loop here."""
         cols = list(zip(*chunks, strict=True)) if chunks else [()] * 5
-        times, ranks, streams, cells, blobs = cols if len(cols) == 5 else [cols[0], *cols[3:]]
+        times, ranks, streams, cells, blobs = cols if len(cols) == 5 else [cols[0], *cols[2:]]
         return cls(array("q", times), array("q", ranks), streams, cells,
                    array("q", itertools.accumulate(map(len, blobs))), b"".join(blobs))
 
@@ -78,7 +68,7 @@ class Batch:
     max_bytes: int
     pid: int  # the recording process's (the listing tells a live history by it)
     metas: dict[Place, dict] = field(default_factory=dict)  # what the listing says of each run
-    chunks: dict[Place, LineChunks] = field(default_factory=dict)  # chunks of lines (``lines``)
+    chunks: dict[Place, list] = field(default_factory=dict)  # chunks of lines, as ``HistoryWriter.lines`` recorded them
     rows: dict[tuple[str, str, str | None], list] = field(default_factory=dict)  # (view, mesh, run) -> rows
 
     def empty(self) -> bool:
@@ -127,11 +117,9 @@ class ParquetFiles:
         self.max_bytes = batch.max_bytes
         staged = Staged(batch)
         for place, got in batch.chunks.items():
-            if isinstance(got, list):  # spooled by a recorder before ``LineChunks``
-                got = LineChunks.of(got)
-            if not len(got):
+            if not got:
                 continue
-            for piece in _line_pieces(got, max(64 << 10, self.max_bytes // 16)):
+            for piece in _line_pieces(LineChunks.of(got), max(64 << 10, self.max_bytes // 16)):
                 staged.files.append(self._stage("lines", place[0], self._folder(place), piece))
         for (view, mesh, run), rows in batch.rows.items():
             if rows:

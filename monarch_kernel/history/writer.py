@@ -22,7 +22,7 @@ from typing import Protocol
 from ..runtime.hosting import config
 from . import places
 from .columns import VIEWS
-from .parquet_files import Batch, LineChunks, ParquetFiles, Place
+from .parquet_files import Batch, ParquetFiles, Place
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ BATCH_ROWS = 100_000  # a batch this long is written at once, without waiting fo
 BATCH_BYTES = 16 << 20  # ... and lines of this many bytes
 HOLD_S = config.seconds("history_hold")  # samples alone wait this long to be written
 _TAKEN = object()  # put behind the chunks a flush takes: what comes after waits for the next
-_PLACE = operator.itemgetter(1, 2)  # a recorded chunk's (mesh, run)
+_PLACE = operator.itemgetter(1)  # a recorded chunk's (mesh, run)
 
 
 class Sink(Protocol):
@@ -69,6 +69,7 @@ class HistoryWriter:
         # mesh name -> the run its rows go to (``begin_run``); a name not there: its newest run
         # on disk (an attached mesh's, spawned by another process); ``controller``: this process's
         self._runs: dict[str, str] = {"controller": places.new_run()}
+        self._places: dict[str, Place] = {}  # mesh -> (mesh, its run now): one tuple shared by its chunks
         self._dirty: set[Place] = set()  # meshes whose info changed since the last batch
         self._rows: dict[tuple[str, str, str | None], list] = {}  # (view, mesh, run) -> rows
         # chunks of lines (``lines``), appended without a lock: a deque's append and popleft
@@ -91,6 +92,7 @@ class HistoryWriter:
         run = places.safe(run) if run else places.new_run()
         with self._lock:
             self._runs[mesh] = run
+            self._places[mesh] = (mesh, run)
         return run
 
     def run_of(self, mesh: str) -> str | None:
@@ -112,10 +114,15 @@ class HistoryWriter:
         """A chunk of a rank's whole lines (each ended by a newline), stamped with this moment
         and the run it goes to: one append, however many lines, and no lock (it runs on the IO
         thread for every chunk); they are cut where the batch is written, in arrow's C++."""
-        self._lines.append((time.time_ns() // 1000, mesh, self._runs.get(mesh), rank, stream, self.cell, lines))
+        place = self._places.get(mesh) or self._place(mesh)
+        self._lines.append((time.time_ns() // 1000, place, rank, stream, self.cell, lines))
         self._pending += len(lines)
         if self._pending >= BATCH_BYTES:
             self._wake.set()
+
+    def _place(self, mesh: str) -> Place:
+        with self._lock:
+            return self._places.setdefault(mesh, (mesh, self._runs.get(mesh)))
 
     def mesh_info(self, mesh: str, **info) -> None:
         """What the listing says of ``mesh`` (kind, hosts, state), written with the next batch."""
@@ -145,9 +152,8 @@ class HistoryWriter:
                 self._pending = 0
                 self._lines.append(_TAKEN)
                 lines: list = list(iter(self._lines.popleft, _TAKEN))  # in C, while the IO thread appends behind
-                line_places = set(map(_PLACE, lines))
-                metas = {p: dict(self._meta.get(p, {})) for p in dirty | {(m, r) for _v, m, r in rows} | line_places}
-            chunks = LineChunks.by_place(lines, line_places)  # as columns: a few buffers to pickle
+                chunks = _by_place(lines)
+                metas = {p: dict(self._meta.get(p, {})) for p in dirty | {(m, r) for _v, m, r in rows} | set(chunks)}
             batch = Batch(str(self.root), self.host, self.max_bytes, os.getpid(), metas, chunks, rows)
             self.sink.write(None if batch.empty() else batch, wait)
 
@@ -184,6 +190,19 @@ class HistoryWriter:
                 self.flush(wait=False, hold_samples=True)
             except Exception as e:  # noqa: BLE001  (a full disk must not end the thread: say it, go on)
                 log.warning("monarch_kernel: the history could not be written under %s: %r", self.root, e)
+
+
+def _by_place(lines: list) -> dict[Place, list]:
+    """Recorded chunks ``(time, (mesh, run), rank, stream, cell, bytes)`` by their place, in
+    order, as they are (the converter drops the place): no loop here when they have one."""
+    if not lines:
+        return {}
+    got: dict[Place, list] = {}
+    if len(found := set(map(_PLACE, lines))) == 1:
+        return {found.pop(): lines}
+    for chunk in lines:
+        got.setdefault(_PLACE(chunk), []).append(chunk)
+    return got
 
 
 def new_writer(root: pathlib.Path | None = None, host: str | None = None, *, own_process: bool = False

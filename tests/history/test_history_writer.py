@@ -5,13 +5,14 @@ still convert."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
 
 import monarch_kernel
 from monarch_kernel.history import places
-from monarch_kernel.history.parquet_files import Batch, ParquetFiles
+from monarch_kernel.history.parquet_files import Batch, LineChunks, ParquetFiles
 from monarch_kernel.history.writer import HistoryWriter
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,9 +92,9 @@ class _Kept:
         pass
 
 
-def test_a_batch_holds_a_places_chunks_as_a_few_columns_not_an_object_per_chunk(tmp_path):
-    """What is pickled to the spool and read back by the converter: a few buffers per place
-    however many chunks (a tuple per chunk cost the controller a pickle of each)."""
+def test_a_batch_holds_each_places_chunks_in_order_as_the_converter_reads_them(tmp_path):
+    """What is pickled to the spool: a place's chunks as recorded, read by the converter as
+    a few columns (``LineChunks``), each chunk with its own time, rank, stream and cell."""
     kept = _Kept()
     writer = HistoryWriter(tmp_path, "h", flush_s=60.0, max_bytes=1 << 30, sink=kept)
     run = writer.begin_run("m")
@@ -105,10 +106,11 @@ def test_a_batch_holds_a_places_chunks_as_a_few_columns_not_an_object_per_chunk(
     finally:
         writer.close()
     [batch] = kept.batches
-    got = batch.chunks[("m", run)]
+    assert list(batch.chunks) == [("m", run)]
+    got = LineChunks.of(batch.chunks[("m", run)])
     assert len(got) == 1000
     assert bytes(got.data) == b"".join(f"{i}\n".encode() for i in range(1000))
-    assert list(got.ends) == [len(b"".join(f"{j}\n".encode() for j in range(i + 1))) for i in range(1000)]
+    assert list(got.ends) == list(itertools.accumulate(len(f"{i}\n") for i in range(1000)))
     assert list(got.ranks) == [i % 4 for i in range(1000)]
     assert list(got.streams) == ["stderr" if i % 2 else "stdout" for i in range(1000)]
     assert list(got.cells) == [f"cell {i // 500}" for i in range(1000)]
