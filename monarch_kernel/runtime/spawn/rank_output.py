@@ -117,11 +117,8 @@ class LineReader:
             whole = b"".join([*self._unended, data[:nl + 1]]) if self._unended else data[:nl + 1]
             rest = data[nl + 1:]
             self._unended, self._unended_size = ([rest], len(rest)) if rest else ([], 0)
-        for record in self._record:  # inline (not ``_call``): it runs for every chunk
-            try:
-                record(self.mesh, self.rank, self.stream, whole)
-            except Exception as e:  # a broken recorder must not stop the IO thread
-                log.error("monarch_kernel: output recorder failed: %r", e, extra=PROCESS_STDERR)
+        for record in self._record:
+            self._call(record, self.stream, whole)
 
     def _controls(self, data: bytes) -> bytes:
         """``data`` without its control lines, which go to the recorders; one not yet ended
