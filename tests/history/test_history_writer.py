@@ -115,3 +115,21 @@ def test_a_batch_holds_each_places_chunks_in_order_as_the_converter_reads_them(t
     assert list(got.streams) == ["stderr" if i % 2 else "stdout" for i in range(1000)]
     assert list(got.cells) == [f"cell {i // 500}" for i in range(1000)]
     assert list(got.times) == sorted(got.times)
+
+
+def test_a_files_lines_are_written_without_dictionary_or_statistics_its_other_columns_with(tmp_path):
+    """A line is rarely repeated and never looked up by its min or max: trying a dictionary on
+    it and keeping its statistics cost a quarter of a file's writing for nothing."""
+    import pyarrow.parquet as pq
+
+    run = places.new_run()
+    chunks = [(1_700_000_000_000_000 + i, i % 2, "stdout", "cell 1", f"line {i} {'x' * (i % 50)}\n".encode())
+              for i in range(2000)]
+    ParquetFiles().write(Batch(str(tmp_path), "h", 1 << 30, 1, {("m", run): {}}, {("m", run): chunks}, {}))
+    [path] = tmp_path.glob("m/*/h/lines-*.parquet")
+    meta = pq.ParquetFile(path).metadata
+    columns = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(meta.num_columns)}
+    assert columns["line"].statistics is None
+    assert not any("DICTIONARY" in e for e in columns["line"].encodings)
+    assert columns["rank"].statistics is not None and columns["rank"].statistics.max == 1
+    assert any("DICTIONARY" in e for e in columns["stream"].encodings)
