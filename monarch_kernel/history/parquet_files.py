@@ -10,11 +10,14 @@ there, never in a controller.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
+import itertools
 import os
 import pathlib
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from ..runtime.hosting import SYNC_PATTERN
@@ -22,8 +25,37 @@ from . import places, size_cap
 from .columns import row_columns, schema
 
 Place = tuple[str, str | None]  # (mesh, run); run None: the mesh's newest run on disk (``places.latest_run``)
+_FREE_TEXT = frozenset({"line", "stack", "detail"})  # columns of text written without dictionary or statistics
 MERGE_AT = 32  # this many small files of one view and mesh are merged into one
 SMALL_BYTES = 4 << 20  # a file under this (and under a 64th of the cap) is small: merged with others
+
+
+@dataclass
+class LineChunks:
+    """One place's chunks of lines as columns, one entry per chunk, for arrow to read as
+    they are (the converter's; a batch holds the chunks as recorded, which the controller
+    pickles quicker than it could make these).  Each chunk's bytes are whole lines, each
+    ended by a newline; ``ends[i]``: where chunk ``i`` ends in ``data``."""
+
+    times: array  # 'q': microseconds since the epoch, when the chunk arrived
+    ranks: array  # 'q'
+    streams: tuple  # "stdout" or "stderr"
+    cells: tuple  # the cell or call, or None
+    ends: array  # 'q'
+    data: bytes
+
+    @classmethod
+    def of(cls, chunks: list) -> LineChunks:
+        """From the chunks of one place as they were recorded, ``(time, (mesh, run), rank,
+        stream, cell, bytes)`` tuples (``(time, rank, stream, cell, bytes)`` in a batch spooled
+        by an older recorder): transposed in C, no loop here."""
+        cols = list(zip(*chunks, strict=True)) if chunks else [()] * 5
+        times, ranks, streams, cells, blobs = cols if len(cols) == 5 else [cols[0], *cols[2:]]
+        return cls(array("q", times), array("q", ranks), streams, cells,
+                   array("q", itertools.accumulate(map(len, blobs))), b"".join(blobs))
+
+    def __len__(self) -> int:
+        return len(self.ends)
 
 
 @dataclass
@@ -36,7 +68,7 @@ class Batch:
     max_bytes: int
     pid: int  # the recording process's (the listing tells a live history by it)
     metas: dict[Place, dict] = field(default_factory=dict)  # what the listing says of each run
-    chunks: dict[Place, list] = field(default_factory=dict)  # chunks of lines (``lines``)
+    chunks: dict[Place, list] = field(default_factory=dict)  # chunks of lines, as ``HistoryWriter.lines`` recorded them
     rows: dict[tuple[str, str, str | None], list] = field(default_factory=dict)  # (view, mesh, run) -> rows
 
     def empty(self) -> bool:
@@ -85,8 +117,10 @@ class ParquetFiles:
         self.max_bytes = batch.max_bytes
         staged = Staged(batch)
         for place, got in batch.chunks.items():
-            for piece in _pieces(got, max(64 << 10, self.max_bytes // 16)):
-                staged.files.append(self._stage("lines", place[0], self._folder(place), _columns(piece)))
+            if not got:
+                continue
+            for piece in _line_pieces(LineChunks.of(got), max(64 << 10, self.max_bytes // 16)):
+                staged.files.append(self._stage("lines", place[0], self._folder(place), piece))
         for (view, mesh, run), rows in batch.rows.items():
             if rows:
                 staged.files.append(self._stage(view, mesh, self._folder((mesh, run)), list(zip(*rows, strict=True))))
@@ -153,7 +187,10 @@ class ParquetFiles:
         self._seq += 1
         name = name or f"{view}-{time.time_ns()}-{os.getpid()}-{self._seq}.parquet"
         tmp = (self.staging or folder) / f".{os.getpid()}-{name}.tmp"  # a dead pid's are swept (spool_files)
-        pq.write_table(table, tmp, compression="zstd")
+        # a line is rarely repeated and never looked up by its min or max: no dictionary tried
+        # on it, no statistics (a quarter of the time a file of lines takes)
+        plain = [n for n in table.column_names if n not in _FREE_TEXT]
+        pq.write_table(table, tmp, compression="zstd", use_dictionary=plain, write_statistics=plain)
         os.chmod(tmp, 0o600)
         return tmp, name
 
@@ -210,53 +247,57 @@ class ParquetFiles:
                         [[now], [self.host], [None], ["history_dropped"], [None], [None], [d.detail(self.max_bytes)]])
 
 
-def _pieces(chunks: list, most: int) -> list[list]:
-    """Chunks of lines in pieces of about ``most`` bytes, a file each: the size cap drops a
-    long batch's oldest lines, never all of them with the newest."""
-    out: list[list] = [[]]
-    size = 0
-    for chunk in chunks:
-        if size >= most and out[-1]:
-            out.append([])
-            size = 0
-        out[-1].append(chunk)
-        size += len(chunk[4])
-    return out
-
-
-def _columns(chunks: list) -> list:
-    """The ``lines`` view's columns (time, rank, stream, cell, line) of chunks of whole lines,
-    as arrow arrays, cut and spread by arrow's kernels: nothing here costs per line."""
-    import itertools
-
+def _line_pieces(chunks: LineChunks, most: int) -> list[list]:
+    """The ``lines`` view's columns (time, rank, stream, cell, line) of ``chunks``, in pieces
+    of about ``most`` bytes, a file each (the size cap drops a long batch's oldest lines,
+    never all of them with the newest); cut and spread by arrow's kernels: nothing here costs
+    per line, nor per chunk."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    data = b"".join(c[4] for c in chunks)  # one buffer, its chunks marked by offsets: a sixth of pa.array's time
+    n, data = len(chunks), chunks.data
+    offsets = pa.Array.from_buffers(pa.int64(), n + 1, [None, pa.py_buffer(array("q", [0]) + chunks.ends)])
     if len(data) < 1 << 31:
-        offsets = pa.array(list(itertools.accumulate((len(c[4]) for c in chunks), initial=0)), pa.int32())
-        blobs = pa.Array.from_buffers(pa.binary(), len(chunks), [None, offsets.buffers()[1], pa.py_buffer(data)])
+        blobs = pa.Array.from_buffers(pa.binary(), n, [None, offsets.cast(pa.int32()).buffers()[1], pa.py_buffer(data)])
     else:
-        blobs = pa.array([c[4] for c in chunks], pa.large_binary())
+        blobs = pa.Array.from_buffers(pa.large_binary(), n, [None, offsets.buffers()[1], pa.py_buffer(data)])
     try:
-        text = blobs.cast(pa.string())
+        text = blobs.cast(pa.large_string() if blobs.type == pa.large_binary() else pa.string())
     except pa.ArrowInvalid:  # not UTF-8 somewhere: those chunks decoded as the notebook shows them
-        text = pa.array([c[4].decode("utf-8", "replace") for c in chunks], pa.string())
+        text = pa.array([data[a:b].decode("utf-8", "replace") for a, b in itertools.pairwise([0, *chunks.ends])],
+                        pa.large_string())
     parts = pc.split_pattern(pc.utf8_slice_codeunits(text, 0, -1), "\n")  # each chunk ends in a newline
     lines = pc.list_flatten(parts)
+    if lines.type != pa.string():
+        lines = lines.cast(pa.string())
     if b"\r" in data:  # a Windows line end's \r is not the line's
         lines = pc.utf8_rtrim(lines, characters="\r")
-    ends = pa.array(list(itertools.accumulate(pc.list_value_length(parts).to_pylist())), pa.int32())
-    out = []
-    for i, typ in enumerate((pa.int64(), pa.int32(), pa.string(), pa.string())):
-        values = pa.array([c[i] for c in chunks], typ)
-        out.append(pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(ends, values)))
+    ends = parts.offsets[1:]  # where each chunk's lines end: a chunk has one at least
+    cols = []
+    for values in (pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(chunks.times)]),
+                   pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(chunks.ranks)]).cast(pa.int32()),
+                   pa.array(chunks.streams, pa.string()), pa.array(chunks.cells, pa.string())):
+        cols.append(pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(ends, values)))
+    cols.append(lines)
     # a cell's end marker is the console's, not a line the rank printed (the regex only if one may be there)
-    marked = pc.match_substring_regex(lines, SYNC_PATTERN) if SYNC_PATTERN[:13].encode() in data else None
-    if marked is not None and pc.any(marked).as_py():
-        lines = pc.replace_substring_regex(lines, SYNC_PATTERN, "")
-        keep = pc.invert(pc.and_(marked, pc.equal(pc.utf8_length(lines), 0)))
-        out = [pc.filter(column, keep) for column in out]
-        lines = pc.filter(lines, keep)
-    out.append(lines)
+    keep = None
+    if SYNC_PATTERN[:13].encode() in data:
+        marked = pc.match_substring_regex(lines, SYNC_PATTERN)
+        if pc.any(marked).as_py():
+            lines = pc.replace_substring_regex(lines, SYNC_PATTERN, "")
+            cols[-1] = lines
+            keep = pc.invert(pc.and_(marked, pc.equal(pc.utf8_length(lines), 0)))
+    out = []
+    first = 0
+    while first < n:  # chunks [first, last) make a piece of about ``most`` bytes
+        start = chunks.ends[first - 1] if first else 0
+        last = min(bisect.bisect_left(chunks.ends, start + most, lo=first) + 1, n)
+        a = ends[first - 1].as_py() if first else 0
+        b = ends[last - 1].as_py()
+        piece = [c.slice(a, b - a) for c in cols]
+        if keep is not None:
+            k = keep.slice(a, b - a)
+            piece = [pc.filter(c, k) for c in piece]
+        out.append(piece)
+        first = last
     return out

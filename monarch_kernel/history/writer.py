@@ -10,7 +10,9 @@ it pay next to nothing; elsewhere (``InProcess``), ``ParquetFiles`` on the write
 
 from __future__ import annotations
 
+import collections
 import logging
+import operator
 import os
 import pathlib
 import threading
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 BATCH_ROWS = 100_000  # a batch this long is written at once, without waiting for the interval
 BATCH_BYTES = 16 << 20  # ... and lines of this many bytes
 HOLD_S = config.seconds("history_hold")  # samples alone wait this long to be written
+_TAKEN = object()  # put behind the chunks a flush takes: what comes after waits for the next
+_PLACE = operator.itemgetter(1)  # a recorded chunk's (mesh, run)
 
 
 class Sink(Protocol):
@@ -65,10 +69,13 @@ class HistoryWriter:
         # mesh name -> the run its rows go to (``begin_run``); a name not there: its newest run
         # on disk (an attached mesh's, spawned by another process); ``controller``: this process's
         self._runs: dict[str, str] = {"controller": places.new_run()}
+        self._places: dict[str, Place] = {}  # mesh -> (mesh, its run now): one tuple shared by its chunks
         self._dirty: set[Place] = set()  # meshes whose info changed since the last batch
         self._rows: dict[tuple[str, str, str | None], list] = {}  # (view, mesh, run) -> rows
-        self._chunks: dict[Place, list] = {}  # chunks of lines (``lines``)
-        self._pending = 0  # bytes of lines in _chunks
+        # chunks of lines (``lines``), appended without a lock: a deque's append and popleft
+        # are each atomic, and only ``flush`` (under _write_lock) takes them out
+        self._lines: collections.deque[object] = collections.deque()
+        self._pending = 0  # bytes of lines in _lines (about: counted without a lock)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._write_lock = threading.Lock()  # one batch at a time (the thread, flush())
@@ -85,6 +92,7 @@ class HistoryWriter:
         run = places.safe(run) if run else places.new_run()
         with self._lock:
             self._runs[mesh] = run
+            self._places[mesh] = (mesh, run)
         return run
 
     def run_of(self, mesh: str) -> str | None:
@@ -103,18 +111,18 @@ class HistoryWriter:
             self._wake.set()
 
     def lines(self, mesh: str, rank: int, stream: str, lines: bytes) -> None:
-        """A chunk of a rank's whole lines (each ended by a newline), stamped with this moment:
-        one append, however many lines; they are cut where the batch is written, in arrow's C++."""
-        chunk = (time.time_ns() // 1000, rank, stream, self.cell, lines)
-        with self._lock:
-            place = (mesh, self._runs.get(mesh))
-            chunks = self._chunks.get(place)
-            if chunks is None:
-                chunks = self._chunks[place] = []
-            chunks.append(chunk)
-            self._pending += len(lines)
+        """A chunk of a rank's whole lines (each ended by a newline), stamped with this moment
+        and the run it goes to: one append, however many lines, and no lock (it runs on the IO
+        thread for every chunk); they are cut where the batch is written, in arrow's C++."""
+        place = self._places.get(mesh) or self._place(mesh)
+        self._lines.append((time.time_ns() // 1000, place, rank, stream, self.cell, lines))
+        self._pending += len(lines)
         if self._pending >= BATCH_BYTES:
             self._wake.set()
+
+    def _place(self, mesh: str) -> Place:
+        with self._lock:
+            return self._places.setdefault(mesh, (mesh, self._runs.get(mesh)))
 
     def mesh_info(self, mesh: str, **info) -> None:
         """What the listing says of ``mesh`` (kind, hosts, state), written with the next batch."""
@@ -139,15 +147,19 @@ class HistoryWriter:
                     return
                 self._held_since = None
                 rows, self._rows = self._rows, {}
-                chunks, self._chunks, self._pending = self._chunks, {}, 0
                 dirty, self._dirty = self._dirty, set()
+                # every chunk recorded before a mesh_info now in ``dirty`` (a run "ended") goes with it
+                self._pending = 0
+                self._lines.append(_TAKEN)
+                lines: list = list(iter(self._lines.popleft, _TAKEN))  # in C, while the IO thread appends behind
+                chunks = _by_place(lines)
                 metas = {p: dict(self._meta.get(p, {})) for p in dirty | {(m, r) for _v, m, r in rows} | set(chunks)}
             batch = Batch(str(self.root), self.host, self.max_bytes, os.getpid(), metas, chunks, rows)
             self.sink.write(None if batch.empty() else batch, wait)
 
     def _samples_only(self) -> bool:
         """Whether only samples are gathered, the oldest younger than ``HOLD_S`` (under the lock)."""
-        if not self._rows or self._chunks or self._dirty or any(key[0] != "samples" for key in self._rows):
+        if not self._rows or self._lines or self._dirty or any(key[0] != "samples" for key in self._rows):
             return False
         if self._held_since is None:
             self._held_since = time.monotonic()
@@ -178,6 +190,19 @@ class HistoryWriter:
                 self.flush(wait=False, hold_samples=True)
             except Exception as e:  # noqa: BLE001  (a full disk must not end the thread: say it, go on)
                 log.warning("monarch_kernel: the history could not be written under %s: %r", self.root, e)
+
+
+def _by_place(lines: list) -> dict[Place, list]:
+    """Recorded chunks ``(time, (mesh, run), rank, stream, cell, bytes)`` by their place, in
+    order, as they are (the converter drops the place): no loop here when they have one."""
+    if not lines:
+        return {}
+    got: dict[Place, list] = {}
+    if len(found := set(map(_PLACE, lines))) == 1:
+        return {found.pop(): lines}
+    for chunk in lines:
+        got.setdefault(_PLACE(chunk), []).append(chunk)
+    return got
 
 
 def new_writer(root: pathlib.Path | None = None, host: str | None = None, *, own_process: bool = False
