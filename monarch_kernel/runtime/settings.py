@@ -241,6 +241,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "makes is asked to wait for it, between looks for deaths"),
     _s("elastic_death_grace", 3.0, "spmd/controller/elastic.py", "how long a member's failure in `elastic_run` "
        "waits for a death that explains it"),
+    _s("elastic_rendezvous", 60.0, "spmd/controller/elastic.py", "how long `elastic_run` waits for its members "
+       "to make a group (torch imported) before it aborts that rendezvous and raises, with where each member is"),
     _s("elastic_join_wait", 10.0, "spmd/controller/elastic.py", "after a death, how long `elastic_run`'s next group "
        "waits for a rank back that is still starting"),
     _s("elastic_store_connect", 15.0, "spmd/rank/elastic.py", "a rank connects to its group's store this long at "

@@ -178,6 +178,55 @@ def test_a_replacement_forks_from_a_template_holding_what_the_ranks_imported():
         procs.stop().get(timeout=30)
 
 
+class Heavier(Heavy):
+    @endpoint
+    def load_more(self) -> int:
+        from PIL import Image
+
+        return Image.new("L", (2, 2)).size[0]
+
+
+def _standbys_holding(module: str) -> list[int]:
+    """This process's templates (``python -c SERVE fd ppid modules...``) that import ``module``."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and len(argv) > 4 and argv[1] == b"-c" and module.encode() in argv[5:]:
+            found.append(int(name))
+    return found
+
+
+def test_a_replacement_forks_from_the_ready_standby_while_a_new_one_imports_more():
+    """The ranks imported more (PIL) and a new standby is importing it (held stopped here):
+    a rank that dies meanwhile forks from the standby that is ready (numpy), not from a cold
+    template.  (A rank restarted by hand in the DDP notebook joined its elastic job late so.)"""
+    procs = this_host().spawn_procs({"r": 2}, restart="on-failure")
+    stopped: list[int] = []
+    try:
+        heavy = procs.spawn("heavy", Heavier)
+        assert list(heavy.load.call().get(timeout=60).values()) == [3, 3]
+        wait_until(lambda: "numpy" in procs.warm_standby(), 60, "the standby template to import numpy")
+        assert list(heavy.load_more.call().get(timeout=60).values()) == [2, 2]
+        assert procs.warm_standby() == []  # a new standby, importing PIL too
+        wait_until(lambda: _standbys_holding("PIL"), 30, "the new standby to start")
+        stopped = _standbys_holding("PIL")
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        _kill(procs.rank_states()[1]["pid"])
+        procs.wait_restart(timeout=60)
+        assert list(heavy.was_warm.call().get(timeout=30).values()) == [False, True]
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        procs.stop().get(timeout=30)
+
+
 def _refuse_if_marked() -> None:
     """A bootstrap that fails once the test has written its mark: the replacement cannot come up."""
     if os.path.exists(os.environ["RESTART_TEST_MARK"]):

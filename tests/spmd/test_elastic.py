@@ -23,9 +23,10 @@ STEPS = 60
 GROW_STEPS = 400  # the survivors train on while a rank brought back starts (and imports torch)
 
 
-def train(steps: int, progress: str, name: str) -> dict:
+def train(steps: int, progress: str, name: str, fail: tuple = ()) -> dict:
     """DDP on a small MLP, each rank its own minibatches (seeded by step and rank); rank 0
-    writes ``step world`` to ``progress`` after each step."""
+    writes ``step world`` to ``progress`` after each step.  ``fail``: ``(rank, step)`` where
+    that rank raises (without dying)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -42,6 +43,8 @@ def train(steps: int, progress: str, name: str) -> dict:
     teacher = torch.randn(8, 2, generator=torch.Generator().manual_seed(5))
     done, loss, first_at = [], None, None
     for step in elastic_steps(steps, model, opt, name=name):
+        if fail == (rank, step):
+            raise ValueError(f"a bad batch at step {step}")
         x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step * world + rank))
         loss = F.cross_entropy(ddp(x), (x @ teacher).argmax(1))
         opt.zero_grad()
@@ -352,3 +355,45 @@ def test_a_rank_back_before_the_shrunk_group_exists_is_replaced_instead(procs, t
         assert run.values[r]["loss"] == calm.values[r]["loss"], (r, first)
         for a, b in zip(run.values[r]["params"], calm.values[r]["params"], strict=True):
             assert a.equal(b)
+
+
+@pytest.mark.timeout(150)
+def test_a_member_that_fails_without_dying_has_the_others_group_aborted_at_once(procs, tmp_path):
+    """Rank 1's function raises at step 10 (it does not die): ranks 0 and 2, in their next
+    all-reduce, are freed at once and elastic_run raises rank 1's error, instead of waiting
+    in gloo for group_timeout (300 s; the cell's 240 s timeout fired first in the DDP
+    notebook).  The mesh stays usable: the next run trains."""
+    progress = str(tmp_path / "step")
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="a bad batch at step 10") as info:
+        elastic_run(procs, train, STEPS, progress, "fails", (1, 10))
+    assert time.monotonic() - t0 < 60, time.monotonic() - t0
+    assert type(info.value).__name__ == "ActorError", info.value
+    run = elastic_run(procs, train, 5, progress + "2", "after")
+    assert run.changes == [] and all(v["steps"][-1] == 5 for v in run.values.values())
+
+
+@pytest.mark.timeout(150)
+def test_a_wedged_rendezvous_fails_within_rendezvous_timeout_saying_where(procs, tmp_path):
+    """A member that never joins the rendezvous (stopped, not dead): elastic_run aborts it on
+    every member and raises within rendezvous_timeout, naming the rank and where each
+    member's threads are, instead of sitting for group_timeout (300 s)."""
+    progress = str(tmp_path / "step")
+    stopped = []
+
+    def on_rebuild(stage: str, generation: int, members: tuple) -> None:
+        if stage == "making" and not stopped:
+            pid = procs.rank_states()[1]["pid"]
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"not made within 5 s \(elastic_run's rendezvous_timeout\): "
+                                               r"ranks \[1\] did not answer") as info:
+            elastic_run(procs, train, STEPS, progress, "wedged", rendezvous_timeout=5, on_rebuild=on_rebuild)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    assert stopped and time.monotonic() - t0 < 60, time.monotonic() - t0
+    assert "where their threads were:" in str(info.value), info.value

@@ -162,8 +162,10 @@ def test_notebook_runs(path, lab, executed_notebooks):
 def check_ddp(text: str) -> None:
     """The DDP notebook: a live plot; a rank SIGKILLed mid-training, replaced by the restart
     policy and the loop going on by itself (``elastic_run``), its state pulled from a
-    survivor's memory, steps continuous from the last one every rank completed."""
-    assert "DDP training loss, per rank at step 250" in text  # the live plot's last update
+    survivor's memory, steps continuous from the last one every rank completed; then, with
+    restarts off, a rank killed and the job going on at three ranks, and the rank brought back
+    joining at four (shrink and grow, issue 44 point 4)."""
+    assert "DDP training loss, per rank at step 500" in text  # the live plot's last update
     assert "process group aborted: rank 2 (killed by signal 9 (SIGKILL)) died" in text
     assert re.search(r"elastic_run on 'procs': rank 2 replaced \(rank 2 killed by signal 9 \(SIGKILL\)\); "
                      r"4 ranks from here", text), text
@@ -171,7 +173,8 @@ def check_ddp(text: str) -> None:
     assert resumed and int(resumed.group(2)) != 2, text
     start = int(resumed.group(1))  # the last step every rank completed (the kill waits for the plot's step 150)
     assert 100 <= start <= 250 and f"[ranks 0-1,3] resumed after step {start} from this rank's memory" in text
-    losses = {int(s): float(v) for s, v in re.findall(r"\[ranks 0-3\] step (\d+): loss ([0-9.]+)", text)}
+    losses = {int(s): float(v) for s, v in re.findall(r"\[ranks 0-3\] step (\d+): loss ([0-9.]+)", text)
+              if int(s) <= 250}
     # The report of the step the kill landed in: gloo's all-reduce can end on the survivors while
     # rank 2, killed inside it, never returns; they print it, and resume after it.
     survivors = re.findall(r"\[ranks 0-1,3\] step (\d+): loss ([0-9.]+)", text)
@@ -180,6 +183,15 @@ def check_ddp(text: str) -> None:
     assert sorted(losses) == [50, 100, 150, 200, 250], losses  # continuous, from where it stopped
     assert losses[250] < losses[100] < losses[50], losses
     assert "held-out accuracy after recovery:" in text
+    # Shrink, then grow: the same survivors at three ranks, then rank 3 back from their memory.
+    assert "[('shrunk', (3,), 3), ('grown', (3,), 4)]" in text, text
+    assert re.search(r"elastic_run on 'procs': went on without rank 3 \(rank 3 killed by signal 9 \(SIGKILL\)\); "
+                     r"3 ranks from here", text), text
+    assert "elastic_run on 'procs': rank 3 joined; 4 ranks from here" in text, text
+    shrunk = re.search(r"\[ranks 0-2\] resumed after step (\d+) from this rank's memory \(3 ranks\)", text)
+    grown = re.search(r"\[rank 3\] resumed after step (\d+) from rank [0-2]'s memory \(4 ranks\)", text)
+    assert shrunk and grown and 250 < int(shrunk.group(1)) < int(grown.group(1)) < 500, text
+    assert re.search(r"\[ranks 0-3\] step 500: loss", text), text  # and at four to the end
 
 
 def served(runtime: pathlib.Path, server: subprocess.Popen, timeout: float = 90) -> dict:

@@ -103,6 +103,7 @@ class Launcher:
         self.templates: dict[str, TemplateClient] = {}  # source id (python#n) -> its template
         # python -> (source id, modules): the template replaced ranks fork from (warm_standby)
         self.standbys: dict[str, tuple[str, frozenset]] = {}
+        self.last_standby: dict[str, str] = {}  # python -> the ready standby a new one replaces
         self._count = 0  # templates started
         self.python = python
         # Ranks one template may hold: 3 pipes each, within the open-files limit it will have.
@@ -167,10 +168,13 @@ class Launcher:
             link = om.links[rank]
             return link.id, link.restarts() if restart else link
         python = om.python
-        standby = self.templates.get(self.standbys.get(python, ("", frozenset()))[0])
-        if restart and standby is not None and standby.alive and standby.nofile is not None \
-                and standby.ranks < self.per_template:
-            return self.standbys[python][0], standby
+        # The standby, else the one it is replacing while it imports more (a cold fork would
+        # pay the import of torch again: a rank restarted by hand then joins an elastic job late).
+        for source in (self.standbys.get(python, ("", frozenset()))[0], self.last_standby.get(python, "")):
+            standby = self.templates.get(source)
+            if restart and standby is not None and standby.alive and standby.nofile is not None \
+                    and standby.ranks < self.per_template:
+                return source, standby
         for source, template in self.templates.items():
             if template.python == python and template.alive and template.ranks < self.per_template:
                 return source, template
@@ -278,6 +282,8 @@ class Launcher:
         if not new:  # a standby that died importing them is not started again for the same ones
             return ready
         modules = held | new
+        if current is not None and current.alive and current.nofile is not None:
+            self.last_standby[om.python] = source  # forks restarts until the new one has imported
         self._count += 1
         source = f"{om.python}#{self._count}"
         self.templates[source] = TemplateClient(self.io.loop, self.events.of(source),

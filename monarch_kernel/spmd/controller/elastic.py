@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from ...actor.errors import ActorError, MeshStopped, ProcessDied
 from ...runtime import Runtime, config, counted, gpus
@@ -25,6 +25,7 @@ from .env import SETUP_TIMEOUT_S, peer_ip
 GROUP_POLL_S = config.seconds("elastic_group_poll")  # each member waits this long for its group, between looks
 DEATH_GRACE_S = config.seconds("elastic_death_grace")  # a member's failure waits for a death that explains it
 JOIN_WAIT_S = config.seconds("elastic_join_wait")  # the next group waits for a rank back still starting
+RENDEZVOUS_S = config.seconds("elastic_rendezvous")  # a group not made by then is aborted, and the run fails
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class ElasticRun:
 
 
 def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None,
-                replace_timeout: float = 60.0, group_timeout: float = 300.0,
+                replace_timeout: float = 60.0, group_timeout: float = 300.0, rendezvous_timeout: float | None = None,
                 on_rebuild: Callable[[str, int, tuple], None] | None = None, **kwargs) -> ElasticRun:
     """Run ``fn(*args, **kwargs)`` on every live rank of ``procs`` over a fresh process
     group, and keep it running through deaths::
@@ -92,6 +93,13 @@ def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None
     every rank completed.  A member that dies while a group is being made aborts that
     rendezvous on the others at once, and the group is made again without it.
 
+    Nothing waits on a member that failed without dying: when ``fn`` raises on one member,
+    the group is aborted on the others at once (their collectives fail now, not at
+    ``group_timeout``, torch's timeout for each collective) and its error is raised; a group
+    whose members have not all made it within ``rendezvous_timeout`` s (default: the
+    ``elastic_rendezvous`` setting, 60 s) is aborted and a ``TimeoutError`` raised, saying where
+    each member's threads are.
+
     ``on_rebuild(stage, generation, members)``, if given, is called in this thread as the
     job changes: ``"lost"`` when members of the group of ``generation`` died (before the
     next members are chosen), ``"placed"`` when a group's members are placed and its store
@@ -99,7 +107,8 @@ def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None
     way).  It holds the rebuild while it runs (tests make a rank come back, or die, there)."""
     if min_ranks < 1:
         raise ValueError(f"min_ranks={min_ranks}: at least one rank must train")
-    job = _ElasticJob(procs, min_ranks, backend, replace_timeout, group_timeout, on_rebuild)
+    job = _ElasticJob(procs, min_ranks, backend, replace_timeout, group_timeout, on_rebuild,
+                      RENDEZVOUS_S if rendezvous_timeout is None else rendezvous_timeout)
     try:
         return job.run(fn, args, kwargs)
     finally:
@@ -108,13 +117,14 @@ def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None
 
 class _ElasticJob:
     def __init__(self, procs, min_ranks: int, backend: str | None, replace_timeout: float, group_timeout: float,
-                 on_rebuild):
+                 on_rebuild, rendezvous_timeout: float):
         self.procs = procs
         self.min_ranks = min_ranks
         self.backend = backend
         self.replace_timeout = replace_timeout
         self._formed_at = 0.0  # when the current group began to be made (a death after it is this group's)
         self.group_timeout = group_timeout
+        self.rendezvous_timeout = rendezvous_timeout
         self.on_rebuild = on_rebuild
         self.ms = Membership(procs)
         self.hook = Runtime.current().hooks.death.install(self._on_death) if procs.owned else None
@@ -134,7 +144,7 @@ class _ElasticJob:
                 self._form(members)
             except (ActorError, MeshStopped, TimeoutError, _MemberDied) as e:
                 dead = self.ms.wait_for_death(DEATH_GRACE_S)
-                if not dead and isinstance(e, TimeoutError):
+                if not dead and isinstance(e, TimeoutError) and not isinstance(e, _Wedged):
                     raise TimeoutError(f"{e}; elastic_run was making the group of {members}, where the ranks' "
                                        f"threads are:\n{_where(self.procs, members)}") from e
                 if not dead:
@@ -161,15 +171,20 @@ class _ElasticJob:
         left = threading.Semaphore(0)
         for f in futures.values():
             f.then(lambda _f: left.release())  # the IO thread reads the answers: this thread polls
-        asked = False
+        asked = broken = False
+        self._failed_first: int | None = None
         for _ in futures:
             while not left.acquire(timeout=POLL_S):
-                if asked or self.ms.dead_members():
+                if not broken:
+                    broken = self._abort_if_failed(futures, gen, fn)
+                if asked or broken or self.ms.dead_members():
                     continue
                 if self.ms.ready():  # a rank back, its actors answering: all leave at the next step boundary
                     asked = True
                     for r in members:  # not waited for: the ranks agree among themselves
                         self.ms.slots[r].control.resize.call_one(gen)
+            if not broken:
+                broken = self._abort_if_failed(futures, gen, fn)
         values, errors = {}, []
         for r, f in futures.items():
             try:
@@ -181,11 +196,31 @@ class _ElasticJob:
             dead = self.ms.wait_for_death(DEATH_GRACE_S)
         if dead:
             return "died", dead
-        if errors:
-            raise errors[0][1]
+        if errors:  # the member that failed first (the others' errors may be the abort's)
+            raise dict(errors).get(self._failed_first, errors[0][1])
         if any(kind == "resize" for kind, _ in values.values()):
             return "grow", self.ms.ready()
         return "done", {r: v for r, (_, v) in values.items()}
+
+    def _abort_if_failed(self, futures: dict, gen: int, fn) -> bool:
+        """A member's call failed: unless a death explains it (its hook aborts the group), the
+        group is aborted on every member: those still running would otherwise wait for it in
+        their collectives until torch's timeout (``group_timeout``).  True once aborted, or a
+        death seen."""
+        failed = [r for r, f in futures.items() if f.done() and f.exception(timeout=0) is not None]
+        if not failed:
+            return False
+        if self.ms.wait_for_death(DEATH_GRACE_S):
+            return True
+        r = failed[0]
+        error = futures[r].exception(timeout=0)
+        failure = getattr(error, "failure", None)  # an ActorError: what the rank raised
+        what = f"{failure.type_name}: {failure.message}" if failure is not None else f"{type(error).__name__}"
+        reason = f"rank {r}'s {getattr(fn, '__name__', 'function')} raised {what.splitlines()[0][:200]}"
+        self._failed_first = r
+        controls = [self.ms.slots[m].control for m in futures]
+        threading.Thread(target=_abort, args=(controls, reason, gen), name="elastic-abort", daemon=True).start()
+        return True
 
     def _after_death(self, dead: list[int]) -> tuple:
         """The next members after ``dead`` left the group: the survivors' group is aborted
@@ -212,7 +247,8 @@ class _ElasticJob:
     # ------------------------------------------------------------ the group
 
     def _form(self, members: tuple) -> None:
-        """Place every member, serve the store on the first, and make the group over them."""
+        """Place every member, serve the store on the first, and make the group over them,
+        within ``rendezvous_timeout`` once torch is imported on every member."""
         self._formed_at = time.time()
         for r in members:
             self.ms.slot(r)
@@ -221,6 +257,8 @@ class _ElasticJob:
         hosts = [self.procs.ref.hosts[r] if self.procs.ref.hosts else "" for r in members]
         layout = elastic_layout(members, hosts)
         _all([slots[r].control.place.call_one(layout[r], gen) for r in members])
+        # torch.distributed imported first (a cold rank may take long): the rendezvous is timed without it.
+        _all([slots[r].control.ready.call_one() for r in members], SETUP_TIMEOUT_S + self.group_timeout)
         spans = len(set(hosts)) > 1
         first = slots[members[0]].control
         addr, port = first.rendezvous.call_one(spans, peer_ip(self.procs, members)).get(timeout=SETUP_TIMEOUT_S)
@@ -233,17 +271,40 @@ class _ElasticJob:
         _all([slots[r].control.make_group.call_one(backend, self.group_timeout, gen) for r in members])
         if self.on_rebuild is not None:
             self.on_rebuild("making", gen, members)
-        deadline = time.monotonic() + SETUP_TIMEOUT_S + self.group_timeout
+        deadline = time.monotonic() + self.rendezvous_timeout
         waiting = list(members)
         while waiting:  # asked again and again, so that a member's death is seen within a poll
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the process group of {counted(len(members), 'rank')} was not made within "
-                                   f"{SETUP_TIMEOUT_S + self.group_timeout:g} s (ranks {waiting} did not finish)")
             if self.ms.dead_members():
                 raise _MemberDied(f"a member died while the group of generation {gen} was made")
-            made = _all([slots[r].control.group_made.call_one(gen, GROUP_POLL_S) for r in waiting],
-                        SETUP_TIMEOUT_S + GROUP_POLL_S)
-            waiting = [r for r, backend_made in zip(waiting, made, strict=True) if backend_made is None]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._wedged(gen, members, f"ranks {waiting} did not finish")
+            polls = {r: slots[r].control.group_made.call_one(gen, min(GROUP_POLL_S, left)) for r in waiting}
+            silent, still = [], []
+            for r, f in polls.items():
+                try:
+                    if f.get(timeout=max(0.0, deadline - time.monotonic()) + GROUP_POLL_S) is None:
+                        still.append(r)
+                except TimeoutError:
+                    silent.append(r)  # its actor does not answer (a stopped process, or one stuck holding the GIL)
+            if silent:
+                if self.ms.dead_members():
+                    raise _MemberDied(f"a member died while the group of generation {gen} was made")
+                self._wedged(gen, members, f"ranks {silent} did not answer (a stopped process, or one stuck "
+                             "holding the GIL)" + (f", ranks {still} were still making it" if still else ""))
+            waiting = still
+
+    def _wedged(self, gen: int, members: tuple, who: str) -> NoReturn:
+        """The group was not made within ``rendezvous_timeout``: where every member is, then
+        the rendezvous aborted on all (their makers end, the store closes; not waited for, a
+        silent member never answers), and ``_Wedged`` raised."""
+        where = _where(self.procs, members)  # before the abort moves them on
+        reason = f"the group of generation {gen} was not made within {self.rendezvous_timeout:g} s"
+        threading.Thread(target=_abort, args=([self.ms.slots[r].control for r in members], reason, gen),
+                         name="elastic-abort", daemon=True).start()
+        raise _Wedged(f"the process group of {counted(len(members), 'rank')} was not made within "
+                      f"{self.rendezvous_timeout:g} s (elastic_run's rendezvous_timeout): {who}; it was aborted "
+                      f"on every member; where their threads were:\n{where}")
 
     def _backend(self, members: tuple) -> str:
         devices = _all([self.ms.slots[r].control.device.call_one() for r in members])
@@ -271,6 +332,10 @@ class _ElasticJob:
 
 class _MemberDied(Exception):
     """A member died while its group was made (the loop makes it again without it)."""
+
+
+class _Wedged(TimeoutError):
+    """The members did not make their group within ``rendezvous_timeout`` (it was aborted)."""
 
 
 def _abort(controls, reason: str, generation: int) -> None:
