@@ -10,6 +10,7 @@ import time
 
 import pytest
 from support.actors import wait_until
+from support.templates import templates_of_this_process
 
 from monarch_kernel import Actor, current_rank, endpoint, this_host
 from monarch_kernel.runtime.errors import ProcessDied
@@ -187,19 +188,8 @@ class Heavier(Heavy):
 
 
 def _standbys_holding(module: str) -> list[int]:
-    """This process's templates (``python -c SERVE fd ppid modules...``) that import ``module``."""
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == os.getpid() and len(argv) > 4 and argv[1] == b"-c" and module.encode() in argv[5:]:
-            found.append(int(name))
-    return found
+    """This process's templates that import ``module``."""
+    return [pid for pid, argv in templates_of_this_process() if module.encode() in argv[5:]]
 
 
 def test_a_replacement_forks_from_the_ready_standby_while_a_new_one_imports_more():

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from support.templates import templates_of_this_process
 
 from monarch_kernel import Actor, this_host
 from monarch_kernel.spmd import Resize, elastic_run, elastic_steps
@@ -219,22 +220,9 @@ def test_a_hung_rank_is_killed_by_the_watchdog_replaced_and_the_loop_goes_on(tmp
 
 
 def _templates() -> list[int]:
-    """The pids of this process's templates (``python -c SERVE fd ppid modules...``): the
-    ones that fork ranks, and a replacement (from the warm standby, if one was started)."""
-    me, found = os.getpid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == me and len(argv) > 4 and argv[1] == b"-c" and argv[4] == str(me).encode():
-            found.append(int(name))
-    return found
+    """The pids of this process's templates: the ones that fork ranks, and a replacement
+    (from the warm standby, if one was started)."""
+    return [pid for pid, _argv in templates_of_this_process()]
 
 
 def test_a_rank_restarted_by_hand_joins_once_its_new_process_answers(procs, tmp_path):
