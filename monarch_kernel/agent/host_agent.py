@@ -9,6 +9,7 @@ restarted ones fork from its warm standby (``warm_standby.py``) once the control
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -297,6 +298,8 @@ def main() -> int:
     rt.hooks.host.install(agent.on_message)
     signal.signal(signal.SIGTERM, lambda *_: agent.shutdown("SIGTERM"))
     io.run(agent.start)
+    with contextlib.suppress(OSError):  # a launcher that reads it times reach_timeout from here
+        print(wire.DIALING, flush=True)
     while True:  # the launcher's stream: EOF means the controller (or its ssh/srun) is gone
         try:
             if not os.read(0, 4096):

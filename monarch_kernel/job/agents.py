@@ -68,11 +68,12 @@ class AgentProcess:
         self.stderr: collections.deque[str] = collections.deque(maxlen=40)
         self.remote_kill = remote_kill
         self.remote_pid: int | None = None
+        self.dialed: float | None = None  # when it said it dials the controller (stdout read only)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE if remote_kill else subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True, env=env)
         if remote_kill is not None:
-            threading.Thread(target=self._read_pid, name=f"monarch-agent-pid-{host}", daemon=True).start()
+            threading.Thread(target=self._read_stdout, name=f"monarch-agent-stdout-{host}", daemon=True).start()
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(self.link.credentials(controller))
@@ -82,13 +83,16 @@ class AgentProcess:
         self.exited = threading.Event()
         threading.Thread(target=self._watch, name=f"monarch-agent-{host}", daemon=True).start()
 
-    def _read_pid(self) -> None:
+    def _read_stdout(self) -> None:
+        """The remote shell's pid (to end it), and when the agent began dialing."""
         assert self.proc.stdout is not None
         with self.proc.stdout:
             for raw in self.proc.stdout:
                 word, _, pid = raw.decode(errors="replace").strip().partition(" ")
                 if word == "mk-agent-pid" and pid.isdigit():
                     self.remote_pid = int(pid)
+                elif word == wire.DIALING and self.dialed is None:
+                    self.dialed = time.monotonic()
 
     def _watch(self) -> None:
         assert self.proc.stderr is not None
@@ -102,11 +106,16 @@ class AgentProcess:
             why += f": {self.stderr[-1]}"
         self.rt.io.call_soon(self.link.gone, why)
 
-    def reached(self, deadline: float) -> bool:
-        """Wait until the agent connects, exits or ``deadline`` passes: False when it runs still
-        unconnected, or exited saying its host has no route to this controller."""
+    def reached(self, reach: float, deadline: float) -> bool:
+        """Wait until the agent connects, exits, has dialed for ``reach`` seconds, or
+        ``deadline`` passes: False when it runs still unconnected, or exited saying its host has
+        no route to this controller.  A launcher whose stdout is not read (no ``remote_kill``)
+        times ``reach`` from now: its agent's start cannot be seen."""
+        started = time.monotonic()
         while not self.link.up.wait(0.05):
-            if self.exited.is_set() or time.monotonic() > deadline:
+            now = time.monotonic()
+            since = self.dialed if self.remote_kill is not None else started
+            if self.exited.is_set() or now > deadline or (since is not None and now > since + reach):
                 break
         if self.exited.is_set():
             return not any(line.startswith(wire.UNREACHED) for line in self.stderr)

@@ -176,10 +176,9 @@ class SSHJob(JobTrait):
 
     def _tunnel_unreached(self, rt: Runtime, started: dict[str, AgentProcess], controller: str,
                           deadline: float) -> None:
-        """Hosts whose agents have not connected within ``reach_timeout``: end those agents and
+        """Hosts whose agents have not connected within ``reach_timeout`` of dialing: end those agents and
         forget their links, then start them again through their ssh connections."""
-        soon = min(deadline, time.monotonic() + config.reach_timeout())
-        far = [h for h, agent in started.items() if not agent.reached(soon)]
+        far = [h for h, agent in started.items() if not agent.reached(config.reach_timeout(), deadline)]
         if not far or time.monotonic() >= deadline:  # no time left for another start: wait_up says why
             return
         ended = [started.pop(h) for h in far]

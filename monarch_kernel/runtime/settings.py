@@ -104,8 +104,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
                "agent sets it for the ranks it forks"),
     _env("MONARCH_KERNEL_REACH_TIMEOUT", "reach_timeout", float, 5.0, unit="s", kernel=True, minimum=0.1,
          help_="`SSHJob(out_of_cluster=None)`, the default: seconds a host's agent has to connect to the "
-               "controller before the job ends it and starts it again with its connections through its ssh "
-               "connection (`out_of_cluster=True`)"),
+               "controller once it dials (its start does not count) before the job ends it and starts it "
+               "again with its connections through its ssh connection (`out_of_cluster=True`)"),
     _env("MONARCH_KERNEL_CONTROLLER_VIA", "controller_via", str, None, shown="unset",
          help_="on a host out of the controller's reach (`SSHJob(out_of_cluster=True)` sets it for the agent it "
                "starts): the controller's IP, whose ports this host's ssh connection forwards to its loopback; "

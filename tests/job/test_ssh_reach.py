@@ -19,6 +19,7 @@ from support import cluster
 from monarch_kernel import Actor, ProcessDied, endpoint
 from monarch_kernel.job import SSHJob, UnreachableControllerWarning
 from monarch_kernel.job.ssh_config import route_host, ssh_target
+from monarch_kernel.runtime import config
 from monarch_kernel.runtime.process import Runtime
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,6 +55,28 @@ def test_host_aliases_from_an_ssh_config_file(ssh_hosts, checkout_python, tmp_pa
         got = procs.spawn("here", Here).here.call().get(timeout=30)
         assert sorted(got.values()) == sorted(zip(ssh_hosts.names, ssh_hosts.hosts, strict=True))
     finally:
+        job.kill()
+
+
+def test_an_agent_slow_to_start_is_not_taken_for_one_out_of_reach(ssh_hosts, checkout_python, tmp_path):
+    """reach_timeout counts from when the agent dials, not from the ssh command: a host whose
+    python takes longer than that to start (a busy or cold host) is reached directly, with no
+    warning and no second start through ssh."""
+    slow = tmp_path / "python"
+    slow.write_text(f'#!/bin/sh\nsleep 2\nexec {checkout_python} "$@"\n')
+    slow.chmod(0o755)
+    config.set("reach_timeout", 0.5)
+    job = SSHJob(python_exe=str(slow), ssh_args=ssh_hosts.ssh_args)
+    job.add_mesh("workers", ssh_hosts.hosts[:1])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UnreachableControllerWarning)
+            procs = job.state().workers.spawn_procs(per_host={"gpus": 1})
+        assert job.state().workers is not None
+        got = procs.spawn("here", Here).here.call().get(timeout=30)
+        assert list(got.values()) == [(ssh_hosts.names[0], ssh_hosts.hosts[0])]
+    finally:
+        config.set("reach_timeout", None)
         job.kill()
 
 
@@ -95,6 +118,7 @@ import os, subprocess, sys
 sys.path[:0] = {tests!r}
 from monarch_kernel import this_host
 from monarch_kernel.job import SSHJob
+from monarch_kernel.runtime import config
 from monarch_kernel.runtime.process import Runtime
 from test_ssh_reach import Here
 
@@ -245,8 +269,9 @@ def test_a_mesh_beyond_a_login_node_runs_through_the_agents_ssh(walled, checkout
     login, c1, c2 = walled.hosts
     cfg = ssh_config(walled, tmp_path, f"Host login\n  HostName {login}\nHost gpu*\n  ProxyJump login\n"
                                        f"Host gpu1\n  HostName {c1}\nHost gpu2\n  HostName {c2}\n")
-    # out_of_cluster=False: the agent has no route back, so the start fails, saying what to pass.
-    direct = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg), start_timeout=4, out_of_cluster=False)
+    # out_of_cluster=False: the agent has no route back, so the start fails as soon as it says so
+    # (a generous deadline: ssh through the login node and python may be slow on a loaded machine).
+    direct = SSHJob(python_exe=checkout_python, ssh_args=("-F", cfg), start_timeout=60, out_of_cluster=False)
     direct.add_mesh("workers", ["gpu1"])
     with pytest.raises(ConnectionError, match=r"^gpu1 has no route to this controller's address tcp://[0-9.:]+: set "
                                               r"MONARCH_KERNEL_BIND to one it can reach, or pass out_of_cluster=True "

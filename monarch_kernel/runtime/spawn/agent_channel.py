@@ -26,6 +26,10 @@ NO_ROUTE = "monarch_kernel.agent: this host has no route to the controller at"
 # address of another network, a port nothing forwards).
 NEVER_HEARD = "monarch_kernel.agent: nothing came back from the controller at"
 UNREACHED = (NO_ROUTE, NEVER_HEARD)
+# What an agent prints on its stdout once it starts up and dials the controller: a launcher
+# that reads it (ssh) times ``reach_timeout`` from there, not from a start that a busy or
+# cold host may take seconds over (python, imports).
+DIALING = "mk-agent-dialing"
 
 
 def encode(host_id: str, origin: str, msg: Message) -> tuple[Header, list]:
