@@ -256,7 +256,9 @@ class _ElasticJob:
         slots = self.ms.slots
         hosts = [self.procs.ref.hosts[r] if self.procs.ref.hosts else "" for r in members]
         layout = elastic_layout(members, hosts)
-        _all([slots[r].control.place.call_one(layout[r], gen) for r in members])
+        # A member may first wait for its last group's maker to give up (within rendezvous_timeout).
+        _all([slots[r].control.place.call_one(layout[r], gen) for r in members],
+             SETUP_TIMEOUT_S + self.rendezvous_timeout)
         # torch.distributed imported first (a cold rank may take long): the rendezvous is timed without it.
         _all([slots[r].control.ready.call_one() for r in members], SETUP_TIMEOUT_S + self.group_timeout)
         spans = len(set(hosts)) > 1
@@ -268,7 +270,8 @@ class _ElasticJob:
         backend = self.backend or self._backend(members)
         if self.ms.dead_members():  # none starts a rendezvous that a dead member would never join
             raise _MemberDied(f"a member died before the group of generation {gen} was made")
-        _all([slots[r].control.make_group.call_one(backend, self.group_timeout, gen) for r in members])
+        _all([slots[r].control.make_group.call_one(backend, self.group_timeout, gen, self.rendezvous_timeout)
+              for r in members])
         if self.on_rebuild is not None:
             self.on_rebuild("making", gen, members)
         deadline = time.monotonic() + self.rendezvous_timeout

@@ -130,13 +130,15 @@ class ElasticControl(ElasticEnvActor):
         _resize.clear()
 
     @endpoint
-    def make_group(self, backend: str, timeout_s: float, generation: int) -> None:
-        """Start making the group of ``generation`` (``group_made`` says when it is up)."""
+    def make_group(self, backend: str, timeout_s: float, generation: int, rendezvous_s: float | None = None) -> None:
+        """Start making the group of ``generation`` (``group_made`` says when it is up): its
+        rendezvous given ``rendezvous_s`` (default ``timeout_s``), its collectives ``timeout_s``."""
         with self.lock:
             if generation != self.generation:
                 raise RuntimeError(f"asked to make the group of generation {generation}, but this rank was "
                                    f"placed in generation {self.generation}")
-            old, maker = self.maker, _GroupMaker(self._env(), backend, timeout_s, generation)
+            old, maker = self.maker, _GroupMaker(self._env(), backend, timeout_s, generation,
+                                                 timeout_s if rendezvous_s is None else rendezvous_s)
             self.maker = maker
         if old is not None:
             old.abandon()
@@ -171,14 +173,20 @@ class ElasticControl(ElasticEnvActor):
 
 
 class _GroupMaker:
-    """One generation's ``init_process_group`` on a thread of its own."""
+    """One generation's ``init_process_group`` on a thread of its own.
 
-    def __init__(self, env: RankEnv, backend: str, timeout_s: float, generation: int):
+    The group is made with ``rendezvous_s`` as torch's timeout, then given ``timeout_s`` for
+    its collectives: a member that dies after publishing its address leaves the others'
+    gloo retrying a connection to it, which closing the store does not stop; it gives up
+    within ``rendezvous_s``, not the group's timeout."""
+
+    def __init__(self, env: RankEnv, backend: str, timeout_s: float, generation: int, rendezvous_s: float):
         self.generation = generation
         self.aborted = False
         self.done = threading.Event()
         self.backend: str | None = None
         self.error: BaseException | None = None
+        self.rendezvous_s = rendezvous_s
         self.thread = threading.Thread(target=self._make, args=(env, backend, timeout_s), daemon=True,
                                        name=f"elastic-group-{generation}")
 
@@ -190,7 +198,8 @@ class _GroupMaker:
             self._check()
             store = _store_client(timeout_s)
             self._check()  # aborted while it connected: the store may be closed already
-            got = group.init_group(backend, env, timeout_s, store=store)
+            got = group.init_group(backend, env, self.rendezvous_s, store=store)
+            group.set_timeout(timeout_s)
             if self.aborted:  # it came up after its abort: the others may be gone from it already
                 group.abort_group(f"the group of generation {self.generation} was aborted while it was made")
                 raise RuntimeError(f"the group of generation {self.generation} was aborted while it was made")
@@ -224,9 +233,10 @@ class _GroupMaker:
         if self.done.is_set():
             return
         self.abort()
-        if not self.done.wait(SETUP_TIMEOUT_S):
+        wait_s = self.rendezvous_s + SETUP_TIMEOUT_S
+        if not self.done.wait(wait_s):
             raise RuntimeError(f"the group of generation {self.generation} is still being made after "
-                               f"{SETUP_TIMEOUT_S:g} s (stuck in torch's rendezvous); see procs.stacks()")
+                               f"{wait_s:g} s (stuck in torch's rendezvous); see procs.stacks()")
 
 
 def _store_client(timeout_s: float):

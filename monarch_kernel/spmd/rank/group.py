@@ -74,6 +74,15 @@ def init_group(backend: str, env: RankEnv, timeout_s: float | None, store: Any =
         return dist.get_backend()
 
 
+def set_timeout(timeout_s: float) -> None:
+    """Give the default group's collectives ``timeout_s`` (it may have been made with another)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s))  # noqa: SLF001  (torch's own setter)
+
+
 def build_device_mesh(device_type: str, shape: tuple, names: tuple) -> tuple:
     """``init_device_mesh`` over the default group; the mesh becomes ``current_device_mesh()``.
     Returns this rank's coordinate in it."""
