@@ -22,7 +22,7 @@ def test_nvidia_smis_answers_become_each_ranks_gpu_use():
 
 
 def test_a_process_off_the_gpu_reads_as_none():
-    assert proc_stats.measure([999_999_999]) == [(999_999_999, -1, -1, -1, -1, -1)]
+    assert proc_stats.measure([999_999_999]) == [(999_999_999, -1, -1, -1, -1, -1, -1)]
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no NVIDIA GPU on this machine (no nvidia-smi)")

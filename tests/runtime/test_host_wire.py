@@ -37,7 +37,7 @@ EXAMPLES = [
     host_messages.Hello(4321, host_messages.RankHello("m1", 3, 4321).encode()),
     host_messages.Beats([4321, 4322]),
     host_messages.StackDump(3, 4321, 0, b'[{"thread_name": "MainThread", "frames": []}]', b""),
-    host_messages.Usages(4, [[4321, 1200, 88 << 20, 35, 2048, 12_000_000], [4322, -1, -1, -1, -1, -1]]),
+    host_messages.Usages(4, [[4321, 1200, 88 << 20, 35, 2048, 12_000_000, 1], [4322, -1, -1, -1, -1, -1, -1]]),
     host_messages.Drained(5),
     host_messages.Exit(4321, 7 << 8),
     host_messages.Beat(),

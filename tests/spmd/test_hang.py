@@ -55,12 +55,15 @@ HOG = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
 class Starved(Actor):
     @endpoint
     def compute(self, seconds: float) -> float:
-        """Pure Python for ``seconds`` on CPU 0, at nice 19 (this thread only) beside two
+        """Pure Python for ``seconds`` on CPU 0, at nice 19 and SCHED_IDLE (this thread only) beside two
         processes spinning there at nice 0 (in this rank's session, so the scheduler weighs them
         against it): the share of a core it got."""
         hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
         try:
             os.setpriority(os.PRIO_PROCESS, 0, 19)  # after the hogs start: they would inherit it
+            # SCHED_IDLE (this thread only): so starved that it may not run at all between two of
+            # the watchdog's samples, where the kernel has not yet counted its wait (a loaded CI).
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             os.sched_setaffinity(0, {0})
             start, cpu, n = time.monotonic(), time.thread_time(), 0
             while time.monotonic() - start < seconds:

@@ -272,12 +272,12 @@ class StackDump(Message):
 
 @dataclass(frozen=True)
 class Usages(Message):
-    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns]`` each (-1: the
-    process is gone, it uses no GPU, or its host keeps no ``schedstat``)."""
+    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns, threads runnable]``
+    each (-1: the process is gone, it uses no GPU, or its host keeps no ``schedstat``)."""
 
     OP = "usages"
     tag: int
-    items: list[tuple[int, int, int, int, int, int]]
+    items: list[tuple[int, int, int, int, int, int, int]]
 
 
 @dataclass(frozen=True)

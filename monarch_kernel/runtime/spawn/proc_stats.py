@@ -30,25 +30,31 @@ def usage(pid: int | None) -> tuple[int, int] | None:
         return None
 
 
-def wanted(pid: int | None) -> int:
-    """Nanoseconds the threads of a process on this host have run or waited to run (their
-    ``schedstat``), or -1 where the kernel does not keep it: what it asked of the CPU, so a rank
-    computing on a crowded machine is seen computing even when it gets little of a core."""
+def wanted(pid: int | None) -> tuple[int, int]:
+    """``(ns, runnable)``: nanoseconds the threads of a process on this host have run or
+    waited to run (their ``schedstat``), and how many of them are runnable now (state R);
+    ``(-1, -1)`` where the kernel does not keep it.  What it asks of the CPU, so a rank
+    computing on a crowded machine is seen computing even when it gets little of a core; the
+    kernel adds a wait to ``schedstat`` only once the thread runs, so one starved for a whole
+    sample shows only as runnable."""
     if not pid:
-        return -1
-    total, seen = 0, False
+        return -1, -1
+    total, runnable, seen = 0, 0, False
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return -1
+        return -1, -1
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
                 run, wait = f.read().split()[:2]
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split(None, 1)[0]
             total, seen = total + int(run) + int(wait), True
-        except (OSError, ValueError):
+            runnable += state == b"R"
+        except (OSError, ValueError, IndexError):
             continue  # that thread ended
-    return total if seen else -1
+    return (total, runnable) if seen else (-1, -1)
 
 
 def gpu_usage(pids: list[int]) -> dict[int, tuple[int, int]]:
@@ -84,11 +90,11 @@ def parse_gpu_usage(apps: str, gpus: str, pids: set[int]) -> dict[int, tuple[int
     return out
 
 
-def measure(pids: list[int], want: bool = True) -> list[tuple[int, int, int, int, int, int]]:
-    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns]`` each (-1: gone, no
-    GPU, no ``schedstat``, or not ``want``: it reads a file per thread)."""
+def measure(pids: list[int], want: bool = True) -> list[tuple[int, int, int, int, int, int, int]]:
+    """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns, threads runnable]``
+    each (-1: gone, no GPU, no ``schedstat``, or not ``want``: it reads two files per thread)."""
     gpu = gpu_usage(pids)
-    return [(p, *(usage(p) or (-1, -1)), *gpu.get(p, (-1, -1)), wanted(p) if want else -1) for p in pids]
+    return [(p, *(usage(p) or (-1, -1)), *gpu.get(p, (-1, -1)), *(wanted(p) if want else (-1, -1))) for p in pids]
 
 
 def usages(pids: list[int]) -> hw.Usages:
@@ -96,7 +102,8 @@ def usages(pids: list[int]) -> hw.Usages:
 
 
 def sample(rt, om, ranks: list[int], want: bool = False) -> Completion:
-    """From any thread: ``{rank: (ticks, rss bytes, GPU %, GPU MiB, CPU wanted ns) or None}``
+    """From any thread: ``{rank: (ticks, rss bytes, GPU %, GPU MiB, CPU wanted ns, threads
+    runnable) or None}``
     of ranks of a mesh this process spawned (-1: no GPU, no ``schedstat``; the CPU wanted is
     read here only if ``want``: the hang watchdog's); ranks on other hosts through their agents."""
     got = Completion()
@@ -134,7 +141,6 @@ def sample(rt, om, ranks: list[int], want: bool = False) -> Completion:
     return got
 
 
-def _usage(ticks: int, rest: list) -> tuple[int, int, int, int, int]:
-    """One rank's sample; an agent of an older kernel says nothing of the CPU wanted (-1)."""
-    rss, gpu, gpu_mib, *more = rest
-    return ticks, rss, gpu, gpu_mib, (more[0] if more else -1)
+def _usage(ticks: int, rest: list) -> tuple[int, int, int, int, int, int]:
+    rss, gpu, gpu_mib, wanted_ns, runnable = rest
+    return ticks, rss, gpu, gpu_mib, wanted_ns, runnable

@@ -77,7 +77,7 @@ class _Mesh:
     snaps: dict = field(default_factory=dict)  # env index -> its last flight.snapshot
     cpu: Any = None  # the pending proc_stats sample
     cpu_at: float = 0.0
-    ticks: dict = field(default_factory=dict)  # rank -> (CPU ticks, CPU wanted ns) at the last sample
+    ticks: dict = field(default_factory=dict)  # rank -> (CPU ticks, CPU wanted ns, runnable) at the last sample
     inside: set = field(default_factory=set)  # ranks inside a collective they have not finished
 
 
@@ -255,8 +255,9 @@ class HangWatch:
 
     def _computing(self, rt, procs, st: _Mesh, busy: list[int], in_collective: set[int], now: float) -> bool:
         """Whether a busy rank outside a collective asked for CPU since the last sample: the
-        time its threads ran or waited to run (``schedstat``), so a rank computing on a crowded
-        machine counts though it gets little of a core; where that is not kept, the CPU it used."""
+        time its threads ran or waited to run (``schedstat``), or a thread runnable at two samples
+        in a row, so a rank computing on a crowded machine counts though it gets little or none
+        of a core; where that is not kept, the CPU it used."""
         om = rt.owned_mesh(procs.ref.id)
         if om is None:
             return False
@@ -267,8 +268,10 @@ class HangWatch:
             for r in busy:
                 u, before = got.get(r), st.ticks.get(r)
                 if u is not None and before is not None and r not in in_collective:
-                    used = used or _cpu_share(u, before, dt) >= CPU_BUSY
-            st.ticks = {r: (u[0], u[4]) for r, u in got.items() if u is not None}
+                    # Runnable at two samples in a row: starved of the CPU all along, its wait
+                    # not yet counted (a blocked rank's threads wake too briefly to be seen twice).
+                    used = used or _cpu_share(u, before, dt) >= CPU_BUSY or min(u[5], before[2]) > 0
+            st.ticks = {r: (u[0], u[4], u[5]) for r, u in got.items() if u is not None}
             st.cpu = None
         if st.cpu is None:
             st.cpu, st.cpu_at = proc_stats.sample(rt, om, busy, want=True), now
