@@ -301,6 +301,18 @@ def open_notebook(nb: Notebook, lab: Lab, name: str, widen: bool = True) -> None
     page.mouse.up()
 
 
+def box_of(locator, timeout_s: float = 10.0) -> dict | None:
+    """``locator``'s bounding box, measured again while it has none: the panel redraws its
+    rows and sparklines as metrics come (every second), and an element measured just as it is
+    replaced has no box.  None if it has had none for ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        box = locator.bounding_box(timeout=timeout_s * 1000)
+        if box is not None or time.monotonic() > deadline:
+            return box
+        locator.page.wait_for_timeout(50)
+
+
 def inside(box: dict | None, outer: dict) -> bool:
     return box is not None and box["width"] > 0 and box["height"] > 0 and (
         outer["x"] <= box["x"] and box["x"] + box["width"] <= outer["x"] + outer["width"]

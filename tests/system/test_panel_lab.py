@@ -23,6 +23,7 @@ from support.browser import (
     MESH,
     RANK,
     Notebook,
+    box_of,
     inside,
     needs_chromium,
     open_notebook,
@@ -262,7 +263,7 @@ def test_the_panel_at_the_default_width_fits_and_leaves_the_busy_state_alone(lab
             row = page.locator(RANK.format("procs", r))
             for part in (".mk-Rank-state", ".mk-Rank-spark .mk-Spark", ".mk-Rank-last", "[data-action='interrupt']",
                          "[data-action='debug']", "[data-action='rank-stacks']", "[data-action='show-log']"):
-                box = row.locator(part).bounding_box()
+                box = box_of(row.locator(part))
                 assert inside(box, panel), f"rank {r}'s {part} at {box}, outside the panel at {panel}"
         widths = page.evaluate("() => { const p = document.querySelector('.mk-Panel');"
                                " return [p.scrollWidth, p.clientWidth]; }")

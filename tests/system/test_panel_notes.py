@@ -17,6 +17,7 @@ from support.browser import (
     MESH,
     RANK,
     Notebook,
+    box_of,
     inside,
     needs_chromium,
     open_notebook,
@@ -71,7 +72,7 @@ def test_a_dead_ranks_state_and_last_line_show_whole_at_the_default_width(lab, p
         assert panel is not None and panel["width"] < 400, f"not JupyterLab's default sidebar width: {panel}"
         shot(page, "narrow-dead-rank")
         for part in (".mk-Rank-state", ".mk-Rank-last", "[data-action='restart']"):
-            box = page.locator(dead + " " + part).bounding_box()
+            box = box_of(page.locator(dead + " " + part))
             assert inside(box, panel), f"rank 2's {part} at {box}, outside the panel at {panel}"
             shown = page.locator(dead + " " + part).inner_text()
             assert fits(page, dead + " " + part), f"rank 2's {part} is cut: {shown!r}"
@@ -89,7 +90,7 @@ def test_a_dead_ranks_state_and_last_line_show_whole_at_the_default_width(lab, p
         panel = page.locator(".mk-Panel").bounding_box()
         shot(page, "wide-dead-rank")
         for part in (".mk-Rank-state", ".mk-Rank-last"):
-            box = page.locator(dead + " " + part).bounding_box()
+            box = box_of(page.locator(dead + " " + part))
             assert inside(box, panel), f"rank 2's {part} at {box}, outside the panel at {panel}"
             shown = page.locator(dead + " " + part).inner_text()
             assert fits(page, dead + " " + part), f"rank 2's {part} is cut: {shown!r}"
