@@ -128,6 +128,11 @@ class CallDoor:
         thread (the IO thread may be held by a debugger); False if it runs none."""
         return self.actor_lives.interrupt(actor_id)
 
+    def actors_serving(self) -> bool:
+        """Whether an actor hosted in this process runs a sync endpoint now: ranks that called it
+        wait on this process, not on each other (the hang watchdog counts it as progress)."""
+        return self.actor_lives.serving()
+
     def actor_instance(self, actor_id: str):
         """The object behind an actor hosted in this process (None if there is none)."""
         return self.actor_lives.instance(actor_id)

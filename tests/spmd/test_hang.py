@@ -15,7 +15,7 @@ import time
 import pytest
 from support.actors import Sleepy
 
-from monarch_kernel import Actor, HangError, current_rank, endpoint, this_host
+from monarch_kernel import Actor, HangError, current_rank, endpoint, this_host, this_proc
 from monarch_kernel.spmd import watchdog
 
 T = 2
@@ -90,6 +90,35 @@ def test_a_rank_computing_on_a_crowded_core_is_progress():
             share = starved.compute.call(3 * T).get(timeout=60)
         assert reports == []
         assert max(share.values()) < 0.10, f"the ranks were not crowded out (shares of a core: {share})"
+
+
+class Slow(Actor):
+    """Hosted by the controller (as the loss plot is): one endpoint that takes long."""
+
+    @endpoint
+    def work(self, seconds: float) -> bool:
+        time.sleep(seconds)
+        return True
+
+
+class Asker(Actor):
+    @endpoint
+    def ask(self, slow, seconds: float) -> bool:
+        return slow.work.call_one(seconds).get(timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_waiting_on_an_actor_the_controller_hosts_while_it_works_are_not_stuck():
+    """The DDP notebook's ranks wait in ``plot.flush()`` while the kernel draws the plot: the
+    controller is busy for them, which is progress, not a hang."""
+    reports = []
+    slow = this_proc().spawn("slow", Slow)
+    with this_host().spawn_procs(per_host={"gpus": 2}, name="asking") as procs:
+        askers = procs.spawn("askers", Asker)
+        askers.ask.call(slow, 0).get(timeout=30)
+        with watchdog(procs, T, then="abort", on_report=reports.append):
+            assert list(askers.ask.call(slow, 3 * T).get(timeout=60).values()) == [True, True]
+        assert reports == []
 
 
 class Deep(Actor):

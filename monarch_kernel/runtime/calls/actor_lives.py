@@ -219,6 +219,11 @@ class ActorLives:
         slot = self.actors.get(actor_id)
         return slot.instance if slot is not None else None
 
+    def serving(self) -> bool:
+        """Whether an actor hosted here runs a sync endpoint's code now (an async endpoint may
+        wait forever by design: a server's loop)."""
+        return any(slot.busy() for slot in list(self.actors.values()))
+
     def interrupt(self, actor_id: str) -> bool:
         """KeyboardInterrupt in ``actor_id``'s running sync endpoint (any thread may ask;
         used when the IO thread itself may be held by a debugger)."""

@@ -217,7 +217,9 @@ class HangWatch:
                    for g in s.get("groups", {}).values())
         sent = calls_sent(procs.ref.id, self.waiter.ident) if self.waiter is not None and self.waiter.ident else 0
         token = (tuple(sorted(waiting.items())), sent, lines, done)
-        if token != st.token or self._computing(rt, procs, st, busy, in_collective, now):
+        # An actor hosted here serving (the loss plot drawing for a rank's flush): the ranks
+        # wait on this process, which is busy, not stuck.
+        if token != st.token or rt.actors_serving() or self._computing(rt, procs, st, busy, in_collective, now):
             st.token, st.since, st.reported = token, now, False
             return
         if not st.reported and now - st.since >= self.seconds:
