@@ -80,6 +80,8 @@ class Run:
         self.recovery = {"hosts_restarted": 0, "hosts_rebuilt": 0, "answered_after": 0, "failed_after": 0,
                          "ddp_after": 0, "ddp_failed_after": 0, "by_policy": 0, "relocated": 0}
         self.seen_pids: set[int] = {os.getpid()}
+        self.ledger.on_hang = self._hang_stacks
+        self._stacks_at = 0.0  # when the hosts' ranks' stacks were last logged for a hang
         self.kernel_tree: set[int] = set()
         self.tmp = tempfile.mkdtemp(prefix=f"mk-chaos-{seed}-")
         self.run_tmp = os.path.join(self.tmp, "tmp")  # TMPDIR of every process of the run
@@ -115,6 +117,26 @@ class Run:
             self.hosts.job, self.hosts.procs, self.hosts.workers, self.hosts.pids = job, procs, workers, pids
             self.hosts.ddp, self.hosts.ddp_ready, self.hosts.events_seen = ddp, True, 0
         self.seen_pids.update(pids)
+
+    def _hang_stacks(self, text: str) -> None:
+        """A call hung: log the hosts' ranks' states and stacks (at most once a minute, on a
+        thread of its own), so that a hang is explained, not only counted."""
+        now = time.monotonic()
+        if now - self._stacks_at < 60:
+            return
+        self._stacks_at = now
+        procs = self.hosts.procs
+
+        def dump() -> None:
+            try:
+                states = [(s["rank"], s.get("host"), s.get("pid"), s.get("state"), s.get("silent_s"))
+                          for s in procs.rank_states()]
+                log(f"chaos: after {text}: the hosts' ranks {states}; their stacks:\n{procs.stacks(timeout=60)}")
+            except Exception as e:  # noqa: BLE001
+                log(f"chaos: after {text}: no stacks of the hosts' ranks: {type(e).__name__}: {e}")
+
+        if procs is not None:
+            threading.Thread(target=dump, name="chaos-hang-stacks", daemon=True).start()
 
     def heal_hosts(self, net, kind: str) -> None:
         """After a fault: the hosts' mesh answers as it is, or its dead ranks are restarted

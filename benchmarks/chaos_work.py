@@ -42,6 +42,7 @@ class Ledger:
         self.wrong = collections.Counter()  # resolved with a value that is not the right one
         self.hangs: list[str] = []
         self.hung: set[int] = set()
+        self.on_hang = None  # called with each hang's text (outside the lock): the run logs where the ranks are
 
     def run(self, what: str, bound: float, make, check=None):
         """``make()`` returns a Future; wait for it up to ``bound`` s.  Returns the value, or
@@ -84,6 +85,8 @@ class Ledger:
                 self.hung.add(cid)
                 self.hangs.append(text)
         log(f"chaos: HANG {text}")
+        if self.on_hang is not None:
+            self.on_hang(text)
 
     def overdue(self, slack: float = 30.0) -> None:
         """Record as hangs the calls whose ``make()`` itself has not returned past bound + slack."""
