@@ -78,7 +78,8 @@ class Run:
         self.fault_counts = {k: 0 for k in KINDS}
         self.fault_log: list[str] = []
         self.recovery = {"hosts_restarted": 0, "hosts_rebuilt": 0, "answered_after": 0, "failed_after": 0,
-                         "ddp_after": 0, "ddp_failed_after": 0, "by_policy": 0, "relocated": 0}
+                         "ddp_after": 0, "ddp_failed_after": 0, "by_policy": 0, "relocated": 0,
+                         "rebuild_failed": 0}
         self.seen_pids: set[int] = {os.getpid()}
         self.ledger.on_hang = self._hang_stacks
         self._stacks_at = 0.0  # when the hosts' ranks' stacks were last logged for a hang
@@ -204,10 +205,22 @@ class Run:
             except Exception as e:  # noqa: BLE001
                 log(f"chaos: no stacks of the hosts' ranks: {type(e).__name__}: {e}")
         if moved:  # the lost host is back: a job over both again, for the next faults
-            self.build_hosts(net)
-            self.recovery["hosts_rebuilt"] += 1
+            self._rebuild(net)
         with h.lock:
             h.ddp_ready = True
+
+    def _rebuild(self, net, tries: int = 3) -> None:
+        """``build_hosts``, again if it fails (counted and logged: a job whose host was lost
+        while it was set up, with no fault in force, is a finding, not the end of the run)."""
+        for i in range(tries):
+            try:
+                self.build_hosts(net)
+                self.recovery["hosts_rebuilt"] += 1
+                return
+            except Exception as e:  # noqa: BLE001
+                self.recovery["rebuild_failed"] += 1
+                log(f"chaos: building the hosts' job again failed (try {i + 1} of {tries}): {type(e).__name__}: {e}")
+        raise RuntimeError(f"the hosts' job could not be built again in {tries} tries (see the log)")
 
     def _replaced_by_policy(self, h) -> None:
         """Wait (no restart asked) until the policy has replaced every dead rank and the mesh answers."""
@@ -295,6 +308,7 @@ class Run:
         result["ok"] = (result["hangs"] == 0 and result["kernel_deaths"] == 0 and result["lines_lost"] == 0
                         and result["orphans"]["processes"] == 0 and result["orphans"]["files"] == 0
                         and result["recovery"]["failed_after"] == 0 and result["recovery"]["ddp_failed_after"] == 0
+                        and result["recovery"]["rebuild_failed"] == 0
                         and result["kernel_restarts_answered"] == result["kernel_restarts"])
         shutil.rmtree(self.tmp, ignore_errors=True)
         return result
