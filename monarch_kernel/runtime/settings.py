@@ -315,8 +315,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("relay_accept_wait", 5.0, "debug/rank/relay.py",
        "how long a new debugger session waits for debugpy's adapter to finish accepting it"),
     _s("relay_end_wait", 3.0, "debug/rank/relay.py", "how long a new debugger session waits for the old ones to end"),
-    _s("env_probe_timeout", 30.0, "job/env_sync.py", "how long sync_env waits for a host to say what its Python and "
-       "cache hold, before anything is sent"),
+    _s("env_probe_timeout", 120.0, "job/env_sync.py", "how long sync_env waits for a host to say what its Python "
+       "and cache hold, before anything is sent (a busy host, through a login node, took over 30 s)"),
     _s("rendezvous_answer_grace", 30.0, "tensors/rendezvous_actor.py", "a rank waits this long past a rendezvous "
        "wait's own timeout for the controller's answer (the trip, a busy controller) before it stops listening"),
     # Data plane, distributed training, jobs, the server extension.
