@@ -87,7 +87,7 @@ class WarmStandby:
         """An older standby ends once no rank it forked is left."""
         if standby in self.older and not standby.ranks:
             self.older.remove(standby)
-            standby.template.close()
+            standby.template.end_soon()  # on the IO thread: never wait for it here
 
     def gone(self, standby: _Standby) -> None:
         """A standby itself is gone (killed, or an import failed): its ranks died with it."""

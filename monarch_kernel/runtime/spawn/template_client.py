@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -42,6 +43,9 @@ from .template_channel import recv_msg, send_msg
 
 # conftest.py recognises a template process by "template.server import serve" in its command line.
 SERVE = "from monarch_kernel.runtime.template.server import serve; serve()"
+# How long a template told to end (its stdin closed) has before it is killed.  One still
+# importing its warm modules reads the EOF only once the import is done.
+END_GRACE_S = 2.0
 
 
 class TemplateEvents(Protocol):
@@ -196,15 +200,39 @@ class TemplateClient:
         self.nofile = msg.nofile
 
     def close(self) -> None:
-        """End the template and, with it, every rank it forked."""
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None  # stdin=PIPE: closing it tells the template to end
+        """End the template and, with it, every rank it forked; waits for it (at exit)."""
+        if self._tell_to_end():
             try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=2)
+                self.proc.wait(timeout=END_GRACE_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def end_soon(self) -> None:
+        """``close`` without waiting, for the IO thread: a standby replaced while it still
+        imports torch takes seconds to read its EOF, and a loop held that long stops the
+        agent's beats (its controller would declare the host gone).  It is killed after
+        ``END_GRACE_S`` if it has not ended, and reaped from the loop."""
+        if not self._tell_to_end():
+            return
+        deadline = time.monotonic() + END_GRACE_S
+
+        def reap() -> None:
+            if self.proc.poll() is not None:
+                return
+            if time.monotonic() >= deadline:
+                self.proc.kill()
+            self._loop.call_later(0.1, reap)
+
+        self._loop.call_later(0.1, reap)
+
+    def _tell_to_end(self) -> bool:
+        """Close the template's stdin (its signal to end); False if it already exited."""
+        if self.proc.poll() is not None:
+            return False
+        assert self.proc.stdin is not None  # stdin=PIPE: closing it tells the template to end
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        return True
