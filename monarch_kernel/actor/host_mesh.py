@@ -125,14 +125,16 @@ class HostMesh:
             name = _fresh_name(running)
         elif name in running:
             _replace(rt, running[name])
-        pickled = _pickle_bootstrap(bootstrap)
+        pickled = _pickle_bootstrap(bootstrap)  # a bootstrap that cannot travel is refused before a start
+        rt.warm(RANK_MODULES)
+        if self._agents is None:
+            rt.start_templates(n, self._python)  # their interpreters start while the rest is set up
         route_unhandled(rt)
         from ..history import begin_run, hosts_env, record_history  # loaded by the first spawn: import stays quick
 
         record_history(rt)
         run = begin_run(name)  # this spawn is a run of its own: its history goes to a folder of its own
         publish_registry(rt)
-        rt.warm(RANK_MODULES)
         if self._agents is not None:
             dims = (("hosts", len(self._agents)),) + dims
             env = {**hosts_env(run), **env}  # the hosts' agents write their history where this process does

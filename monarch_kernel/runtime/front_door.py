@@ -42,6 +42,11 @@ class MeshDoor:
         """Launch a mesh's ranks (``Launcher.spawn`` says how)."""
         return self.launcher.spawn(name, dims, env, bootstrap=bootstrap, python=python, hosts=hosts, check=check)
 
+    def start_templates(self, n: int, python: str | None = None) -> None:
+        """Start, without waiting, the local templates ``n`` more ranks of ``python`` will
+        fork from (``Launcher.start_templates``): a spawn's setup then overlaps their start."""
+        self.launcher.start_templates(n, python)
+
     @property
     def per_template(self) -> int:
         """How many ranks one template forks: the room check counts in these."""

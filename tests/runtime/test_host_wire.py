@@ -130,3 +130,24 @@ def test_a_malformed_host_message_decodes_to_none():
     h, body = agent_channel.encode("h0", "tcp://10.0.0.1:5555", host_messages.Beat())
     body[-1] = msgpack.packb(["beat", 1, 2])
     assert agent_channel.decode(h, body) is None
+
+
+def test_messages_are_frozen_records_compared_by_kind_and_values():
+    """What a dataclass would give them (they are built without one: it is cheaper to import)."""
+    kill = host_messages.Kill(pid=12, signal=9)
+    assert kill == host_messages.Kill(12, 9) and hash(kill) == hash(host_messages.Kill(12, 9))
+    assert kill != host_messages.Forked(12, 9)  # same values, another kind
+    assert repr(kill) == "Kill(pid=12, signal=9)"
+    with pytest.raises(AttributeError, match="frozen"):
+        kill.pid = 13
+    assert host_messages.Reserve(1, 2).check is False  # a default
+    a, b = host_messages.RankHello("m", 0, 1), host_messages.RankHello("m", 0, 2)
+    assert a.failed_frames == [] and a.failed_frames is not b.failed_frames  # a factory's, made each time
+    with pytest.raises(TypeError, match="needs field 'signal'"):
+        host_messages.Kill(12)
+    with pytest.raises(TypeError, match="no field 'sig'"):
+        host_messages.Kill(12, sig=9)
+    with pytest.raises(TypeError, match="twice"):
+        host_messages.Kill(12, 9, pid=3)
+    with pytest.raises(TypeError, match="takes 2 fields"):
+        host_messages.Kill(1, 2, 3)

@@ -237,3 +237,29 @@ def test_ranks_import_neither_torch_nor_main(tmp_path):
     with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
         vm = procs.spawn("echo", Echo).modules.call().get(timeout=30)
         assert [v["torch"] for v in vm.values()] == [False, False]
+
+
+TEMPLATES_SCRIPT = """
+import psutil
+from monarch_kernel import this_host
+from monarch_kernel.runtime.process import Runtime
+
+def templates():
+    return [p.pid for p in psutil.Process().children() if "template.server import serve" in " ".join(p.cmdline())]
+
+rt = Runtime.current()
+rt.start_templates(4)
+rt.start_templates(4)  # asked again (a cell run again): the one started has room
+with this_host().spawn_procs(per_host={"gpus": 4}) as procs:  # it starts them too, and forks from that one
+    print("TEMPLATES", len(templates()), flush=True)
+    procs.stop().get(timeout=30)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_templates_started_ahead_of_a_spawn_are_the_ones_it_forks_from(tmp_path):
+    """A spawn starts its templates before it sets up the rest (their start overlaps it):
+    asking again, or the spawn itself, starts no second one while the first has room."""
+    out = run_script(write_script(tmp_path, "templates.py", TEMPLATES_SCRIPT), timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert "TEMPLATES 1" in out.stdout.splitlines(), out.stdout + out.stderr

@@ -1,28 +1,63 @@
 """The messages between a controller and what forks its ranks (its local template, or the
-agent on one of its hosts): one small dataclass per kind, each with one msgpack encoding.
+agent on one of its hosts): one small frozen record class per kind, each with one msgpack
+encoding.
 
 Decoding checks every field's type and raises ``MalformedMessage`` on anything else; nothing
 here ever unpickles.  The framing is each transport's own (``template_channel``: datagrams with
 file descriptors; ``agent_channel``: signed ``Kind.HOST`` messages).  Both sides import this
 module, so it holds message shapes only, never either side's state.
+
+The classes are not dataclasses: every process that forks or talks to ranks (the controller,
+each template, each agent) imports them at start-up, and 25 frozen dataclasses cost over 30 ms
+there (each generates its methods through ``exec``).  ``Message`` reads a subclass's
+annotations once, and its methods serve them all.
 """
 
 # No ``from __future__ import annotations``: the field types below are read at run time
-# (``dataclasses.fields(cls)[i].type``) to check what arrives.
+# (``cls.FIELDS[i].type``) to check what arrives.
 
-import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 import msgpack
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:
+    def dataclass_transform(**_):  # it tells type checkers only: nothing to do at run time
+        return lambda cls: cls
 
 M = TypeVar("M", bound="Message")
 
 
 class MalformedMessage(ValueError):
     """Bytes that are not a message of this wire (a bug, or another program's data)."""
+
+
+_MISSING: Any = object()
+
+
+class Field(NamedTuple):
+    """One field of a message class: its name, its type, and its default (or a factory)."""
+
+    name: str
+    type: Any
+    default: Any = _MISSING
+    default_factory: Callable[[], Any] | None = None
+
+    def required(self) -> bool:
+        return self.default is _MISSING and self.default_factory is None
+
+
+class _Factory(NamedTuple):
+    default_factory: Callable[[], Any]
+
+
+def field(*, default_factory: Callable[[], Any]) -> Any:
+    """A field whose default is made anew for each message (``field(default_factory=list)``)."""
+    return _Factory(default_factory)
 
 
 def _fits(value, tp) -> bool:
@@ -43,34 +78,96 @@ def _fits(value, tp) -> bool:
     return isinstance(value, tp)
 
 
-def _at_default(f: dataclasses.Field, value) -> bool:
-    if f.default is not dataclasses.MISSING:
+def _at_default(f: Field, value) -> bool:
+    if f.default is not _MISSING:
         return type(value) is type(f.default) and value == f.default
-    if f.default_factory is not dataclasses.MISSING:
+    if f.default_factory is not None:
         return value == f.default_factory()
     return False
 
 
-@dataclass(frozen=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
 class Message:
     """One message; on the wire ``[op, field, ...]`` in the order of the fields.  Trailing
     fields left at their defaults are not sent, so a field added with a default later is
-    read by an older peer as long as the sender leaves it at that default."""
+    read by an older peer as long as the sender leaves it at that default.
+
+    A subclass declares its fields as annotations (a default after ``=``), as a dataclass
+    would; its instances are frozen, compared and hashed by type and values."""
 
     OP: ClassVar[str] = ""
+    FIELDS: ClassVar[tuple[Field, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        fields = list(cls.FIELDS)
+        for name, tp in cls.__dict__.get("__annotations__", {}).items():
+            if typing.get_origin(tp) is ClassVar:
+                continue
+            given = cls.__dict__.get(name, _MISSING)
+            if isinstance(given, _Factory):
+                fields.append(Field(name, tp, default_factory=given.default_factory))
+                delattr(cls, name)
+            else:
+                fields.append(Field(name, tp, given))
+            if fields[-1].required() and any(not f.required() for f in fields[:-1]):
+                raise TypeError(f"{cls.__name__}.{name}: a field without a default follows one with a default")
+        cls.FIELDS = tuple(fields)
+
+    def __init__(self, *args, **kwargs) -> None:
+        fields = self.FIELDS
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__} takes {len(fields)} fields, got {len(args)}")
+        if unknown := set(kwargs).difference(f.name for f in fields):
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(map(repr, sorted(unknown)))}")
+        set_field = object.__setattr__
+        for f, v in zip(fields, args, strict=False):
+            if f.name in kwargs:
+                raise TypeError(f"{type(self).__name__} got field {f.name!r} twice")
+            set_field(self, f.name, v)
+        for f in fields[len(args):]:
+            if f.name in kwargs:
+                v = kwargs.pop(f.name)
+            elif f.default is not _MISSING:
+                v = f.default
+            elif f.default_factory is not None:
+                v = f.default_factory()
+            else:
+                raise TypeError(f"{type(self).__name__} needs field {f.name!r}")
+            set_field(self, f.name, v)
+
+    def values(self) -> tuple:
+        """The fields' values, in order."""
+        return tuple(getattr(self, f.name) for f in self.FIELDS)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"a {type(self).__name__} message is frozen: make a new one")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a {type(self).__name__} message is frozen: make a new one")
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.values() == other.values()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.values()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in self.FIELDS)})"
 
     def encode(self) -> bytes:
-        fields = dataclasses.fields(self)
-        values = [getattr(self, f.name) for f in fields]
+        fields = self.FIELDS
+        values = list(self.values())
         while values and _at_default(fields[len(values) - 1], values[-1]):
             values.pop()
         return msgpack.packb([self.OP, *values], use_bin_type=True)
 
     @classmethod
     def from_values(cls: type[M], values: list) -> M:
-        fields = dataclasses.fields(cls)
-        required = sum(1 for f in fields if f.default is dataclasses.MISSING
-                       and f.default_factory is dataclasses.MISSING)
+        fields = cls.FIELDS
+        required = sum(1 for f in fields if f.required())
         if not required <= len(values) <= len(fields):
             raise MalformedMessage(f"{cls.OP!r} takes {len(fields)} fields "
                                    f"({', '.join(f.name for f in fields) or 'none'}); got {len(values)}")
@@ -92,7 +189,6 @@ class Message:
 # ---------------------------------------------------------------- controller -> template or agent
 
 
-@dataclass(frozen=True)
 class Fork(Message):
     """Fork one rank; answered by ``Forked`` or ``ForkFailed`` with the same tag.  ``config``
     is ``LaunchConfig.to_wire()``, decoded by the forked child (a bad one costs that rank).
@@ -105,14 +201,12 @@ class Fork(Message):
     standby: bool = False
 
 
-@dataclass(frozen=True)
 class Kill(Message):
     OP = "kill"
     pid: int
     signal: int
 
 
-@dataclass(frozen=True)
 class Reserve(Message):
     """(agents) Reserve ``n`` TCP ports for ranks' inboxes; answered by ``Ports``.  With
     ``check``, first see that the host holds ``n`` more ranks of ``rank_memory`` bytes each."""
@@ -124,7 +218,6 @@ class Reserve(Message):
     rank_memory: int = 0
 
 
-@dataclass(frozen=True)
 class Stacks(Message):
     """``py-spy dump`` each of ``pids`` (ranks forked there); answered by one ``StackDump`` per pid."""
 
@@ -134,7 +227,6 @@ class Stacks(Message):
     native: bool
 
 
-@dataclass(frozen=True)
 class Drain(Message):
     """(templates) Send what the ranks have written so far, then answer ``Drained``: at the
     controller's exit, so that a rank's last lines are shown before it is killed."""
@@ -143,7 +235,6 @@ class Drain(Message):
     tag: int
 
 
-@dataclass(frozen=True)
 class Usage(Message):
     """(agents) CPU ticks and resident memory of each of ``pids``; answered by ``Usages``."""
 
@@ -152,7 +243,6 @@ class Usage(Message):
     pids: list[int]
 
 
-@dataclass(frozen=True)
 class HistoryAsk(Message):
     """(agents) Send this host's history files of mesh ``mesh`` whose names are not in
     ``have``; answered by ``HistoryFile`` messages, the last with ``last`` set."""
@@ -163,7 +253,6 @@ class HistoryAsk(Message):
     have: list[str]
 
 
-@dataclass(frozen=True)
 class Warm(Message):
     """(agents) Keep a standby template that holds the heavy modules the first of ``pids``
     (live ranks of one mesh there) has imported; restarted ranks fork from it.  Answered by
@@ -173,7 +262,6 @@ class Warm(Message):
     pids: list[int]
 
 
-@dataclass(frozen=True)
 class Bye(Message):
     """(agents) End every rank and exit (``job.kill()``)."""
 
@@ -183,7 +271,6 @@ class Bye(Message):
 # ---------------------------------------------------------------- template or agent -> controller
 
 
-@dataclass(frozen=True)
 class Ready(Message):
     """(templates, first) The template serves; ``nofile``: its open-files limit."""
 
@@ -191,7 +278,6 @@ class Ready(Message):
     nofile: int | None
 
 
-@dataclass(frozen=True)
 class Up(Message):
     """(agents, first) The agent serves, and says what it runs."""
 
@@ -203,7 +289,6 @@ class Up(Message):
     version: str
 
 
-@dataclass(frozen=True)
 class Ports(Message):
     """The ports asked for; or none, and why the host has no room for the ranks (``refused``,
     ``limit``: what runs out, ``fits``: how many more ranks it holds)."""
@@ -216,14 +301,12 @@ class Ports(Message):
     fits: int = 0
 
 
-@dataclass(frozen=True)
 class Forked(Message):
     OP = "forked"
     tag: int
     pid: int
 
 
-@dataclass(frozen=True)
 class ForkFailed(Message):
     """The rank could not be made (a limit was reached); ``error`` says which and how to raise it."""
 
@@ -232,7 +315,6 @@ class ForkFailed(Message):
     error: str
 
 
-@dataclass(frozen=True)
 class Output(Message):
     """What ranks wrote, in the order it was read: ``[pid, fd (1 or 2), data]`` each."""
 
@@ -240,7 +322,6 @@ class Output(Message):
     items: list[tuple[int, int, bytes]]
 
 
-@dataclass(frozen=True)
 class Hello(Message):
     """A rank is up; ``hello`` is its ``RankHello``, encoded, passed on as it came."""
 
@@ -249,7 +330,6 @@ class Hello(Message):
     hello: bytes
 
 
-@dataclass(frozen=True)
 class Beats(Message):
     """The ranks that beat since the last ``Beats``."""
 
@@ -257,7 +337,6 @@ class Beats(Message):
     pids: list[int]
 
 
-@dataclass(frozen=True)
 class StackDump(Message):
     """What py-spy said of one rank: its exit ``status`` (-1: it could not run), its JSON
     ``out`` and the tail of its ``err``."""
@@ -270,7 +349,6 @@ class StackDump(Message):
     err: bytes
 
 
-@dataclass(frozen=True)
 class Usages(Message):
     """``[pid, CPU ticks, resident bytes, GPU %, GPU MiB, CPU wanted ns, threads runnable]``
     each (-1: the process is gone, it uses no GPU, or its host keeps no ``schedstat``)."""
@@ -280,7 +358,6 @@ class Usages(Message):
     items: list[tuple[int, int, int, int, int, int, int]]
 
 
-@dataclass(frozen=True)
 class HistoryFile(Message):
     """One history file of the host's folder ``host`` (``name``, its bytes); the last message
     of an answer has ``last`` set and no file, and ``error`` when the files could not be read."""
@@ -294,7 +371,6 @@ class HistoryFile(Message):
     error: str = ""
 
 
-@dataclass(frozen=True)
 class Warmed(Message):
     """The modules the agent's standby template holds, imported and ready to fork from
     (none while it is still importing them, or when it could not)."""
@@ -303,7 +379,6 @@ class Warmed(Message):
     modules: list[str]
 
 
-@dataclass(frozen=True)
 class Drained(Message):
     """Every byte the ranks had written when ``Drain`` arrived was sent before this."""
 
@@ -311,7 +386,6 @@ class Drained(Message):
     tag: int
 
 
-@dataclass(frozen=True)
 class Exit(Message):
     """A rank was reaped; ``status`` as ``os.waitpid`` gives it."""
 
@@ -323,14 +397,12 @@ class Exit(Message):
 # ---------------------------------------------------------------- both ways, and rank -> template
 
 
-@dataclass(frozen=True)
 class Beat(Message):
     """(agents, both ways, every ``agent_channel.BEAT_S``) Still here."""
 
     OP = "beat"
 
 
-@dataclass(frozen=True)
 class RankHello(Message):
     """What a rank says on its control pipe once its bootstrap ran: its mesh and rank, and,
     when the bootstrap raised, that part (``failed_status``, ``failed_frames``)."""

@@ -153,6 +153,22 @@ class Launcher:
             raise
         return om
 
+    def start_templates(self, n: int, python: str | None = None) -> None:
+        """Have templates of ``python`` with room for ``n`` more ranks start now (on the IO
+        thread, not waited for): the interpreter's start and imports, the longest part of a
+        local spawn, then overlap what the spawn sets up before it forks.  ``spawn`` forks from
+        them, or starts what is still missing (the warm modules named by then are imported)."""
+        python = python or self.python or sys.executable
+
+        def start() -> None:
+            room = sum(self.per_template - t.ranks for t in self.templates.values()
+                       if t.python == python and t.alive and t.ranks < self.per_template)
+            while room < n:
+                self._new_template(python)
+                room += self.per_template
+
+        self.io.call_soon(start)
+
     def source(self, om: OwnedMesh, rank: int) -> str:
         """What forked ``rank``: a local template or a host's agent (its id)."""
         return source_of(om, rank)
@@ -178,6 +194,10 @@ class Launcher:
         for source, template in self.templates.items():
             if template.python == python and template.alive and template.ranks < self.per_template:
                 return source, template
+        return self._new_template(python)
+
+    def _new_template(self, python: str) -> tuple[str, TemplateClient]:
+        """(IO thread) A template of ``python`` holding the warm modules named so far."""
         self._count += 1
         source = f"{python}#{self._count}"
         self.templates[source] = TemplateClient(self.io.loop, self.events.of(source),
