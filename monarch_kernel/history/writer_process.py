@@ -202,12 +202,19 @@ def _background(pid: int, nice: int) -> None:
     """The writer runs at CPU priority ``nice`` from before it loads pyarrow: on a busy
     machine the ranks and the controller beside it come first.  At ``NICE`` it is also
     Linux's SCHED_IDLE: nice 19 alone still takes a few % of a core from busy ranks, this
-    only what they leave."""
+    only what they leave.  Where Linux groups each session for the scheduler (autogroup, on
+    by default), the writer's session of its own would otherwise take a session's fair share
+    beside the ranks' whatever its nice: that group is given ``nice`` too."""
     try:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
         if nice == NICE and hasattr(os, "SCHED_IDLE"):
             os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, AttributeError):  # gone already, or a platform without it: it runs as it is
+        pass
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:  # its own: it leads a session of its own
+            f.write(str(nice))
+    except OSError:  # no autogroup here (or it is gone): the nice above is all there is
         pass
 
 

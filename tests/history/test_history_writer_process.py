@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from support.config import configured
 from support.scripts import said, write_script
 
 import monarch_kernel
@@ -168,3 +169,27 @@ def test_a_writer_whose_controller_is_gone_before_its_first_word_ends_at_once(tm
         finally:
             if writer.poll() is None:
                 writer.kill()
+
+
+def test_the_writer_process_and_its_session_run_at_idle_priority(tmp_path):
+    """It converts only with the CPU the ranks leave.  Its session is its own (a signal to the
+    controller's group must not end it), and where Linux schedules each session as a group
+    (autogroup), a nice process alone in one still took a third of a 2-core machine beside
+    a controller and its ranks: the group is niced too."""
+    from monarch_kernel.history.writer_process import NICE, WriterProcess
+
+    with configured(history_dir=str(tmp_path / "hist")):
+        writer = WriterProcess()
+        writer.start()
+        pid = writer.pid
+        assert pid is not None
+        try:
+            assert os.getpriority(os.PRIO_PROCESS, pid) == NICE
+            assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+            if os.path.exists(f"/proc/{pid}/autogroup"):
+                with open(f"/proc/{pid}/autogroup") as f:
+                    assert f.read().split()[-1] == str(NICE), "its session's group is not niced"
+        finally:
+            writer.close()
+        until("the writer process to end once let go", lambda: gone(pid))
+        writer.write(None, wait=False)  # which reaps it
