@@ -35,14 +35,32 @@ class Dropped:
 def host_files(root: pathlib.Path, host: str) -> list[tuple[int, pathlib.Path, int]]:
     """(time written, path, bytes) of every history file of ``host``: its Parquet files, all
     meshes and runs, and its spooled batches."""
-    out: list[tuple[int, pathlib.Path, int]] = []
+    out = [(int(name.split("-")[1]), pathlib.Path(path), size) for name, path, size in _parquet_files(root, host)]
+    return out + spool_files.sizes(root, host)
+
+
+def parquet_bytes(root: pathlib.Path, host: str) -> int:
+    """The bytes of ``host``'s Parquet files (``host_files`` without its spool, summed: what
+    the recording side counts every ``CAP_EVERY_S``, cheaply)."""
+    return sum(size for _name, _path, size in _parquet_files(root, host))
+
+
+def _parquet_files(root: pathlib.Path, host: str) -> list[tuple[str, str, int]]:
+    """(name, path, bytes) of ``host``'s Parquet files whose names carry their time."""
+    out = []
     for _mesh, folder in places.host_folders(root, host):
-        for p in folder.glob("*.parquet"):
+        try:
+            with os.scandir(folder) as entries:
+                files = [e for e in entries if e.name.endswith(".parquet") and not e.name.startswith(".")]
+        except OSError:
+            continue
+        for e in files:
             try:
-                out.append((int(p.name.split("-")[1]), p, p.stat().st_size))
+                int(e.name.split("-")[1])
+                out.append((e.name, e.path, e.stat(follow_symlinks=False).st_size))
             except (ValueError, IndexError, OSError):
                 continue
-    return out + spool_files.sizes(root, host)
+    return out
 
 
 def trim(root: pathlib.Path, host: str, max_bytes: int, spared: pathlib.Path | None = None

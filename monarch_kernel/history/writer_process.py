@@ -98,8 +98,7 @@ class WriterProcess:
         root = pathlib.Path(batch.root)
         now = time.monotonic()
         if self._parquet is None or now - self._parquet[0] > CAP_EVERY_S:
-            files = size_cap.host_files(root, batch.host)
-            self._parquet = (now, sum(size for _t, p, size in files if not p.name.endswith(spool_files.SUFFIX)))
+            self._parquet = (now, size_cap.parquet_bytes(root, batch.host))
         if self._parquet[1] + spooled <= batch.max_bytes:
             return
         _left, dropped = size_cap.trim(root, batch.host, batch.max_bytes, spared)
