@@ -253,13 +253,20 @@ rt.start_templates(4)  # asked again (a cell run again): the one started has roo
 with this_host().spawn_procs(per_host={"gpus": 4}) as procs:  # it starts them too, and forks from that one
     print("TEMPLATES", len(templates()), flush=True)
     procs.stop().get(timeout=30)
+try:  # an interpreter that cannot run: the spawn says so, and nothing else does
+    this_host().with_python_executable("/nonexistent/python").spawn_procs(per_host={"gpus": 1})
+except FileNotFoundError as e:
+    print("REFUSED", e.filename, flush=True)
 """
 
 
 @pytest.mark.timeout(60)
 def test_templates_started_ahead_of_a_spawn_are_the_ones_it_forks_from(tmp_path):
     """A spawn starts its templates before it sets up the rest (their start overlaps it):
-    asking again, or the spawn itself, starts no second one while the first has room."""
+    asking again, or the spawn itself, starts no second one while the first has room; an
+    interpreter that cannot run is refused by the spawn, once."""
     out = run_script(write_script(tmp_path, "templates.py", TEMPLATES_SCRIPT), timeout=50)
     assert out.returncode == 0, out.stderr
     assert "TEMPLATES 1" in out.stdout.splitlines(), out.stdout + out.stderr
+    assert "REFUSED /nonexistent/python" in out.stdout.splitlines(), out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr  # the early start's failure is the spawn's to say

@@ -163,9 +163,12 @@ class Launcher:
         def start() -> None:
             room = sum(self.per_template - t.ranks for t in self.templates.values()
                        if t.python == python and t.alive and t.ranks < self.per_template)
-            while room < n:
-                self._new_template(python)
-                room += self.per_template
+            try:
+                while room < n:
+                    self._new_template(python)
+                    room += self.per_template
+            except OSError:  # ``python`` cannot be run: the spawn's own start raises it, saying so
+                pass
 
         self.io.call_soon(start)
 
