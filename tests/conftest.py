@@ -18,6 +18,8 @@ import uuid
 import psutil
 import pytest
 from support.cluster import (  # noqa: F401  (fixtures)
+    WRITER_GRACE_S,
+    is_history_writer,
     other_host,
     slurm_cluster,
     slurm_cluster_session,
@@ -105,13 +107,6 @@ def _wait_gone(procs, timeout: float) -> list:
     return alive
 
 
-def _is_history_writer(p: psutil.Process) -> bool:
-    try:
-        return "monarch_kernel.history.writer_process" in " ".join(p.cmdline())
-    except psutil.Error:
-        return False
-
-
 @pytest.fixture(autouse=True)
 def no_leftover_ranks():
     """Rank processes (and controllers) a test started must end with the test.  A controller's
@@ -121,9 +116,9 @@ def no_leftover_ranks():
     yield
     new = [p for p in _marked_processes() if p.pid not in before and not _is_template(p)]
     left = _wait_gone(new, 10.0)
-    writers = [p for p in left if _is_history_writer(p)]
+    writers = [p for p in left if is_history_writer(p)]
     if writers:
-        left = [p for p in left if p not in writers] + _wait_gone(writers, 60.0)
+        left = [p for p in left if p not in writers] + _wait_gone(writers, WRITER_GRACE_S)
     if left:
         _kill(left)
         pytest.fail("processes started by this test outlived it:\n" + _describe(left))

@@ -211,6 +211,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("exit_drain", 1.0, "runtime/spawn/launcher.py", "at a controller's exit, how long it waits for its local ranks' "
        "last output (what they wrote before it) before it kills them"),
     _s("stop_grace", 2.0, "runtime/spawn/launcher.py", "how long stopped ranks have to exit before they are killed"),
+    _s("template_end_grace", 2.0, "runtime/spawn/template_client.py", "how long a template told to end has before it "
+       "is killed (one still importing its warm modules reads the word only once they are imported)"),
     _s("cleanup_budget", 1.0, "runtime/calls/finalize.py", "for every actor's `__cleanup__` together, on a stopping "
        "rank (within `stop_grace`)"),
     _s("stop_init_grace", 2.0, "runtime/calls/actor_lives.py", "how long `ActorMesh.stop()` waits for a running "

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from .. import config
 from .host_messages import (
     Beats,
     Drain,
@@ -43,9 +44,7 @@ from .template_channel import recv_msg, send_msg
 
 # conftest.py recognises a template process by "template.server import serve" in its command line.
 SERVE = "from monarch_kernel.runtime.template.server import serve; serve()"
-# How long a template told to end (its stdin closed) has before it is killed.  One still
-# importing its warm modules reads the EOF only once the import is done.
-END_GRACE_S = 2.0
+END_GRACE_S = config.seconds("template_end_grace")  # a template told to end has this long, then is killed
 
 
 class TemplateEvents(Protocol):
