@@ -33,6 +33,7 @@ class WarmStandby:
         self.current: _Standby | None = None  # the newest standby: restarted ranks fork from it
         self.modules: frozenset[str] = frozenset()  # what it imports (held once it is ready)
         self.older: list[_Standby] = []  # standbys replaced by a newer one, ended once their ranks are
+        self.ending: list[TemplateClient] = []  # those told to end, until they have (killed at the agent's exit)
 
     def held(self) -> list[str]:
         """The modules the standby has imported and forks with: [] while it imports them."""
@@ -73,10 +74,12 @@ class WarmStandby:
         return None
 
     def close(self) -> None:
-        """End every standby, and their ranks with them (the agent is ending)."""
-        for standby in self._all():
-            standby.template.close()
-        self.older, self.current = [], None
+        """End every standby, and their ranks with them (the agent is ending); those already
+        told to end as well, which may still be importing (they would outlive the agent until
+        their import is done: their parent's death is heard only after it)."""
+        for template in [*self.ending, *(standby.template for standby in self._all())]:
+            template.close()
+        self.older, self.current, self.ending = [], None, []
 
     def _all(self) -> list[_Standby]:
         return [*self.older, *([self.current] if self.current is not None else [])]
@@ -88,6 +91,7 @@ class WarmStandby:
         if standby in self.older and not standby.ranks:
             self.older.remove(standby)
             standby.template.end_soon()  # on the IO thread: never wait for it here
+            self.ending = [t for t in self.ending if t.proc.poll() is None] + [standby.template]
 
     def gone(self, standby: _Standby) -> None:
         """A standby itself is gone (killed, or an import failed): its ranks died with it."""

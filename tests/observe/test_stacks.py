@@ -206,7 +206,10 @@ def test_stacks_name_a_notebook_cell_as_tracebacks_do(kc):
     t = text(out)
     assert f"[rank 0] cell [{reply['execution_count']}], line 3: time.sleep(8)" in t, t
     # The rank's own `python -c` is no frame of anyone's: the stacks end in the cell.
-    assert "<string>" not in t and t.count(f"cell [{reply['execution_count']}], line 3") == 2, t
+    # Each watchdog report names the line twice (summary, then stacks); a loaded machine may make
+    # it report more than once in the 8 s.
+    cited = t.count(f"cell [{reply['execution_count']}], line 3")
+    assert "<string>" not in t and cited >= 2 and cited % 2 == 0, t
     out, reply = run(kc, "%mesh stacks 0")
     html = next(o.data["text/html"] for o in out if o.kind == "execute_result")
     assert "1 rank in 1 group <small>" in html, html  # not "1 ranks in 1 groups"
