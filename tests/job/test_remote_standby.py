@@ -6,20 +6,14 @@ actor runs.  Real ranks on the network-namespace hosts (``support/cluster.py``);
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
 import os
-import shutil
 import signal
 import sys
 import time
 
-import psutil
 import pytest
 from support.actors import wait_until
 from support.cluster import checkout_python
-from support.waiting import until
 
 from monarch_kernel import Actor, endpoint
 from monarch_kernel.job import SSHJob
@@ -157,71 +151,3 @@ def test_an_agent_that_does_not_know_warm_leaves_the_controller_working_and_its_
         assert one.total.call_one().get(timeout=90) == 4.0
         assert one.started.call_one().get(timeout=60)[0] is (host == 1)  # warm from the new agent only
 
-
-class Importer(Actor):
-    @endpoint
-    def load(self, name: str) -> bool:
-        importlib.import_module(name)
-        return True
-
-
-# A package whose import takes SLOW_S (a standby template holding it is busy that long before it
-# reads anything), and a quick one; each maps a compiled module, which makes it one a standby holds.
-SLOW_S = 6
-
-
-def _packages(site) -> None:
-    spec = importlib.util.find_spec("_heapq")
-    if spec is None or not (spec.origin or "").endswith(".so"):
-        pytest.skip("this python has _heapq built in: no compiled module to give the test packages")
-    for name, body in (("slowpkg", f"import time\ntime.sleep({SLOW_S})\n"), ("quickpkg", "")):
-        (site / name).mkdir(parents=True)
-        (site / name / "__init__.py").write_text(body + "from . import _heapq\n")
-        shutil.copy(spec.origin, site / name / os.path.basename(spec.origin))
-
-
-def test_a_standby_ended_while_it_imports_never_holds_up_its_agent(ssh_hosts, tmp_path):
-    """A standby template replaced by a newer one (its ranks imported more) while it still
-    imports its modules reads its end only once the import is done.  Its agent must not wait
-    for it: an agent's loop held that long stops its beats, and its controller declares the host
-    gone (this killed a training rank in CI).  It is killed after its grace instead, and reaped."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    site = tmp_path / "site-packages"
-    _packages(site)
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nexport PYTHONPATH={site}:{root}\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    job = SSHJob(python_exe=str(python), ssh_args=ssh_hosts.ssh_args)
-    job.add_mesh("workers", ssh_hosts.hosts)
-    try:
-        procs = job.state().workers.spawn_procs(per_host={"gpus": 1}, restart="on-failure")
-        m = procs.spawn("importer", Importer)
-        assert list(m.load.call("slowpkg").get(timeout=120).values()) == [True, True]
-        procs.warm_standby()  # each agent starts a standby holding slowpkg: busy for SLOW_S
-        links = _links(procs)
-        wait_until(lambda: all(link.standby is not None for link in links), 60, "both agents to answer a Warm")
-        slow = until("both standbys holding slowpkg", lambda: len(s := {
-            p for h in ssh_hosts.hosts for p, cmd in _standbys(ssh_hosts, h) if "quickpkg" not in cmd}) == 2 and s, 5)
-        assert list(m.load.call("quickpkg").get(timeout=60).values()) == [True, True]
-        procs.warm_standby()  # a newer standby holding both: the first one, still importing, is ended
-        t0, worst = time.monotonic(), 0.0
-        while time.monotonic() - t0 < 4:
-            worst = max(worst, *(time.monotonic() - link.last_heard for link in links))
-            time.sleep(0.02)
-        assert worst < 1.5, f"an agent was silent {worst:.1f} s while its old standby ended"
-        assert all(link.alive for link in links)
-        wait_until(lambda: not slow & {p for h in ssh_hosts.hosts for p, _ in _standbys(ssh_hosts, h)}, 30,
-                   "the ended standbys to be killed and reaped")
-    finally:
-        job.kill()
-
-
-def _standbys(ssh_hosts, host: str) -> list[tuple[int, str]]:
-    """The (pid, command line) of each template on ``host`` that holds slowpkg (not reaped yet)."""
-    out = []
-    for pid in ssh_hosts.pids(host):
-        with contextlib.suppress(psutil.Error):
-            cmd = " ".join(psutil.Process(pid).cmdline())
-            if "template.server import serve" in cmd and "slowpkg" in cmd:
-                out.append((pid, cmd))
-    return out
