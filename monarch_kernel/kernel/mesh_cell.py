@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 INTERRUPT_GRACE_S = config.seconds("interrupt_grace")
 PROGRESS_AFTER_S = config.seconds("progress_after")
+OUTPUT_QUIET_S = config.seconds("output_quiet")
 
 
 def ranks_arg(spec: str, n: int, flag: str) -> list[int]:
@@ -86,7 +87,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     mesh_name = procs.name
     dead = set(procs.dead_ranks())
     expected = {(mesh_name, r, s) for r in ranks for s in ("stdout", "stderr") if r not in dead}
-    session.sink.wait_synced(token, expected, 5.0, by_rank)
+    session.sink.wait_synced(token, expected, OUTPUT_QUIET_S, by_rank)
     session.sink.hold = False
     errors = {}
     if results is not None:

@@ -191,6 +191,7 @@ class CollapsingSink:
         self._tokens: set[str] = set()  # the running cells' markers
         self._recent: collections.deque[str] = collections.deque(maxlen=64)  # late markers of ended cells
         self._texts: dict[tuple[str, int, str], RankText] = {}
+        self._fed: dict[tuple[str, int, str], float] = {}  # when each stream last wrote (monotonic)
         self._max = config.max_line()
         self._last = CellTail()  # the cell's last line: written by the writer, under _emit_lock
         self._tail_due: float | None = None
@@ -233,6 +234,7 @@ class CollapsingSink:
             rt = self._texts.get(key)
             if rt is None:
                 rt = self._texts[key] = RankText(self._honoured, self._max)
+            self._fed[key] = time.monotonic()
             lines = self._record(key, rt.feed(text))
             if self._last.set_open(key, rt.open()):
                 self._redraw()
@@ -380,11 +382,25 @@ class CollapsingSink:
         with self._cv:
             return sum(1 for _m, _r, stream in self._synced.get(token, ()) if stream == "stdout")
 
-    def wait_synced(self, token: str, expected: set, timeout: float, by_rank: bool = False) -> bool:
+    def wait_synced(self, token: str, expected: set, quiet: float, by_rank: bool = False,
+                    most: float = 120.0) -> bool:
         """Block until every (mesh, rank, stream) in ``expected`` sent ``token``'s marker,
-        then show what the cell printed and end its tail."""
+        then show what the cell printed and end its tail.  A stream still writing is still
+        bringing the cell's output (10 MB through a loaded host takes seconds after the
+        rank's call returned), so it gives up only once those not yet marked were silent
+        ``quiet`` seconds, or after ``most``."""
         with self._cv:
-            ok = self._cv.wait_for(lambda: expected <= self._synced.get(token, set()), timeout)
+            start = time.monotonic()
+            while True:
+                pending = expected - self._synced.get(token, set())
+                ok = not pending
+                if ok:
+                    break
+                last = max([start, *(self._fed.get(k, 0.0) for k in pending)])
+                left = min(last + quiet, start + most) - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(min(left, quiet))
             self._synced.pop(token, None)
             self._tokens.discard(token)
             self._recent.append(token)

@@ -414,6 +414,38 @@ def test_sync_markers_count_stdout_only_and_a_missing_one_times_out(monkeypatch)
         sink.close()
 
 
+def test_a_stream_still_writing_keeps_the_cell_open_past_its_quiet_time(monkeypatch):
+    """The cell waits for output that is still arriving (a 10 MB line through a loaded host
+    comes seconds after the rank's call returned): it gives up only on a stream silent for
+    ``quiet``, so nothing the cell printed lands after it."""
+    from monarch_kernel.console.console import SYNC
+
+    out = CellStream(contextvars.ContextVar("cell"), delay=0)
+    monkeypatch.setattr("sys.stdout", out)
+    sink = CollapsingSink(None, window=0.01)
+    tok = "2" * 32
+    done = threading.Event()
+
+    def rank() -> None:
+        for i in range(8):  # 0.8 s of output, four times the quiet time
+            sink.write("m", 0, "stdout", f"piece {i}\n")
+            time.sleep(0.1)
+        sink.write("m", 0, "stdout", SYNC + tok + "\n")
+        done.set()
+
+    try:
+        sink.expect(tok)
+        writer = threading.Thread(target=rank)
+        writer.start()
+        assert sink.wait_synced(tok, {("m", 0, "stdout")}, 0.2)
+        assert done.is_set()
+        shown = "".join(s for _c, s in out.writes)
+        assert shown == "".join(f"[rank 0] piece {i}\n" for i in range(8)), shown
+        writer.join(timeout=10)
+    finally:
+        sink.close()
+
+
 def test_a_ranks_last_line_skips_warnings_and_profiler_chatter():
     """What %mesh status and the panel show as a rank's last line: the last line that says
     something; a warning (and the source line under it) or kineto's chatter only while the

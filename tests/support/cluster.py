@@ -359,8 +359,10 @@ class Network:
         while left and time.monotonic() < deadline:
             time.sleep(0.1)
             left = alive()
-        deadline = time.monotonic() + WRITER_GRACE_S  # writers only: they end once they have converted
-        while left and all(is_history_writer(pid) for pids in left.values() for pid in pids) \
+        # Writers (they end once they have converted) and processes already in their exit
+        # (a loaded machine takes a while to tear down a large one) are given longer.
+        deadline = time.monotonic() + WRITER_GRACE_S
+        while left and all(is_history_writer(pid) or is_exiting(pid) for pids in left.values() for pid in pids) \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
             left = alive()
@@ -413,6 +415,17 @@ def is_history_writer(p: psutil.Process | int) -> bool:
     try:
         p = psutil.Process(p) if isinstance(p, int) else p
         return "monarch_kernel.history.writer_process" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
+def is_exiting(pid: int) -> bool:
+    """Whether ``pid`` is past the point of no return in its exit: its memory is gone (an
+    empty command line, which only kernel threads have otherwise, and none live in a test's
+    namespace), so it runs no more code of its own."""
+    try:
+        p = psutil.Process(pid)
+        return not p.cmdline() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
