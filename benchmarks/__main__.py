@@ -10,9 +10,9 @@ W13 (distributed tensors: chained ops, an op plus inspect, rank memory over temp
 W13c (their reductions and to_mesh, at 4 and 16 ranks) W14 (observability: stacks of 8, 64 and 256
 ranks; the collectives recorder's and the profiler's cost on W10's step) history (the run's history:
 its cost on W7's cell and on ranks printing flat out, and a grouped query over 4M lines,
-``HISTORY_BENCH_SCALE=0.1`` for a tenth) chaos (faults at random
-across hosts during a mixed workload: ``chaos --seed N --minutes M [--restart-policy]``; needs root; not in the
-default run) gpu (the CUDA tests and GPU benchmarks, ``make gpu-check``: under 5 minutes; without
+``HISTORY_BENCH_SCALE=0.1`` for a tenth) chaos (faults at random across hosts during a mixed
+workload: ``chaos --seed N --minutes M [--restart-policy] [--watchdog T]``; needs root; not in
+the default run) gpu (the CUDA tests and GPU benchmarks, ``make gpu-check``: under 5 minutes; without
 a GPU it says so, runs its shm part and exits 0; exit 1 when a CUDA test failed; not in the
 default run).  Progress and ranks' output go to stderr.
 """
@@ -147,6 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--restart-policy", action="store_true",
                     help="chaos: both meshes spawned with restart='on-failure': the runtime replaces dead ranks, "
                          "the run never calls restart itself")
+    ap.add_argument("--watchdog", type=float, default=0.0, metavar="T",
+                    help="chaos: a hang watchdog (T s, then dump) on both meshes; a report with no hang is a "
+                         "false alarm (default: off)")
     args = ap.parse_args(argv)
     ids = []
     for raw in args.ids or DEFAULT:
@@ -161,7 +164,8 @@ def main(argv=None) -> int:
         for job, env, timeout in WORKLOADS[wid]:
             if job == "chaos":
                 env = {"MK_CHAOS_SEED": str(args.seed), "MK_CHAOS_SECONDS": str(args.minutes * 60),
-                       "MK_CHAOS_POLICY": "1" if args.restart_policy else ""}
+                       "MK_CHAOS_POLICY": "1" if args.restart_policy else "",
+                       "MK_CHAOS_WATCHDOG": str(args.watchdog or "")}
                 timeout = int(args.minutes * 60) + 900  # setup, the last recovery, the checks at the end
             _merge(results, _run_job(job, env, timeout))
     _ratios(results)

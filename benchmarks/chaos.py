@@ -13,6 +13,11 @@ gone) and checks that the meshes answer again and a DDP step runs after
 here, no file in any run directory or /dev/shm.  The run "passes" (``ok``) with 0 hangs,
 0 kernel or controller deaths, 0 lost lines, 0 orphans and every recovery answered.
 
+With ``--watchdog T`` a hang watchdog (``then="dump"``) watches both: the kernel's ``%mesh
+watchdog T`` and ``spmd.HangWatch`` on the hosts' mesh; each report is counted
+(``watchdog_reports``), and one with no hang of the run (a call past its bound) is a false
+alarm that fails ``ok``.  T should exceed the longest fault held (4 s) and a recovery.
+
 With ``--restart-policy`` both meshes are spawned with ``restart="on-failure"``: the run never
 restarts a rank itself, it waits for the runtime to replace it (``by_policy`` counts those
 recoveries), on the other host when its own host's agent is gone (``relocated``).  Once the
@@ -70,8 +75,9 @@ def _skip_reason() -> str | None:
 
 
 class Run:
-    def __init__(self, seed: int, seconds: float, policy: bool = False):
-        self.seed, self.seconds, self.policy = seed, seconds, policy
+    def __init__(self, seed: int, seconds: float, policy: bool = False, watchdog: float = 0.0):
+        self.seed, self.seconds, self.policy, self.watchdog = seed, seconds, policy, watchdog
+        self.alarms: list[str] = []  # the hosts' watchdog's reports, as their first line
         self.ledger = Ledger()
         self.hosts = Hosts()
         self.stop = threading.Event()
@@ -290,6 +296,10 @@ class Run:
                 got = cells.execute(f"procs = %mesh spawn -n {KERNEL_RANKS}{policy}", 180)
                 if got is None or got[0] != "ok" or not cells.read_pids():
                     raise RuntimeError(f"the kernel's mesh did not start: {got}")
+                if self.watchdog:
+                    got = cells.execute(f"%mesh watchdog {self.watchdog:g}", 60)
+                    if got is None or got[0] != "ok":
+                        raise RuntimeError(f"%mesh watchdog {self.watchdog:g} failed: {got}")
                 result = self._chaos(net, km, kc, cells, started)
             finally:
                 self.stop.set()
@@ -309,7 +319,8 @@ class Run:
                         and result["orphans"]["processes"] == 0 and result["orphans"]["files"] == 0
                         and result["recovery"]["failed_after"] == 0 and result["recovery"]["ddp_failed_after"] == 0
                         and result["recovery"]["rebuild_failed"] == 0
-                        and result["kernel_restarts_answered"] == result["kernel_restarts"])
+                        and result["kernel_restarts_answered"] == result["kernel_restarts"]
+                        and (result["hangs"] > 0 or not any(result["watchdog_reports"].values())))
         shutil.rmtree(self.tmp, ignore_errors=True)
         return result
 
@@ -324,6 +335,12 @@ class Run:
                     threading.Thread(target=self.watch, args=(km,), name="chaos-watch", daemon=True)]
         for t in threads:
             t.start()
+        watch = None
+        if self.watchdog:
+            from monarch_kernel.spmd import HangWatch
+
+            watch = HangWatch(self.watchdog, "dump", on_report=self._alarm,
+                              meshes=lambda: [p for p in (self.hosts.procs,) if p is not None]).start()
         faults = Faults(net, lambda: self.rank_pids(cells), lambda: self.local_pids(km), random.Random(self.seed + 1))
         active: list = []
         started = time.monotonic()  # the faults' clock starts once everything is up
@@ -353,6 +370,8 @@ class Run:
         finally:
             undo_all(faults, active)
             self.stop.set()
+            if watch is not None:
+                watch.stop()
             for t in threads:
                 t.join(timeout=DDP_BOUND + 30)
         fig = self.ledger.figures()
@@ -365,7 +384,16 @@ class Run:
                 "lines_printed": b.lines_expected, "lines_seen": b.lines_seen, "lines_lost": b.lines_lost,
                 "lines_duplicated": b.lines_duplicated, "lines_out_of_order": b.lines_out_of_order,
                 "kernel_restarts": b.restarts, "kernel_restarts_answered": b.restarts_answered,
-                "recovery": dict(self.recovery), "fault_log": self.fault_log[:200]}
+                "recovery": dict(self.recovery), "watchdog_s": self.watchdog,
+                "watchdog_reports": {"hosts": len(self.alarms), "kernel": b.watchdog_reports},
+                "watchdog_alarms": self.alarms[:20], "fault_log": self.fault_log[:200]}
+
+    def _alarm(self, report) -> None:
+        """The hosts' watchdog found calls without progress for its T: logged and counted
+        (with the fault in force, if any, in the log just above it)."""
+        lines = report.lines()
+        log("chaos: the hosts' watchdog reported:\n" + "\n".join(lines[:40]))
+        self.alarms.append(lines[0] if lines else repr(report))
 
     # ---------------------------------------------------------------- what is left
 
@@ -453,6 +481,7 @@ def chaos() -> dict:
         return {"chaos_skipped": reason}
     seed = int(os.environ.get("MK_CHAOS_SEED", "1"))
     seconds = float(os.environ.get("MK_CHAOS_SECONDS", "600"))
-    result = Run(seed, seconds, policy=bool(os.environ.get("MK_CHAOS_POLICY"))).main()
+    result = Run(seed, seconds, policy=bool(os.environ.get("MK_CHAOS_POLICY")),
+                 watchdog=float(os.environ.get("MK_CHAOS_WATCHDOG") or 0)).main()
     log(f"chaos: {result}")
     return {"chaos": result}

@@ -186,6 +186,10 @@ def ddp_agrees(v) -> bool:
 # ------------------------------------------------------------------------- the kernel
 
 
+# What the kernel's %mesh watchdog prints in a cell when it finds no progress.
+WATCHDOG_SAID = "%mesh watchdog: the cell has waited"
+
+
 @dataclass
 class CellBooks:
     cells: int = 0
@@ -199,6 +203,7 @@ class CellBooks:
     restarts: int = 0
     restarts_answered: int = 0
     kernel_deaths: int = 0
+    watchdog_reports: int = 0  # reports of the kernel's %mesh watchdog shown in the cells
 
 
 class Cells:
@@ -242,6 +247,9 @@ class Cells:
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 (out if content["name"] == "stdout" else err).append(content["text"])
+                if WATCHDOG_SAID in content["text"]:
+                    self.books.watchdog_reports += content["text"].count(WATCHDOG_SAID)
+                    log(f"chaos: the kernel's watchdog reported: {content['text'][:400]!r}")
             elif kind == "error":
                 err.append("\n".join(content["traceback"]))
             elif kind == "status" and content["execution_state"] == "idle":

@@ -225,14 +225,8 @@ class ParquetFiles:
 
     def _write_meta(self, place: Place, info: dict, pid: int) -> None:
         folder = self._folder(place)
-        meta = places.read_meta(folder)
-        now = time.time()
-        meta.setdefault("name", place[0])
-        meta.setdefault("run", folder.parent.name)
-        meta.setdefault("kind", "mesh")
-        meta.setdefault("first", now)
-        meta.update(info, last=now, host=self.host, pid=pid)
-        places.write_meta(folder, meta)
+        places.write_meta(folder, places.meta_of(place[0], folder.parent.name, places.read_meta(folder), info,
+                                                 self.host, pid))
 
     def _cap(self) -> None:
         """This host's files (its spool too) under the cap; what went said at once, in the

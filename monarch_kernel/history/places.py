@@ -157,6 +157,35 @@ def read_meta(folder: pathlib.Path) -> dict:
         return {}
 
 
+def meta_of(mesh: str, run: str, old: dict, info: dict, host: str, pid: int) -> dict:
+    """A host folder's meta.json: ``old`` updated with ``info`` (what the listing says of the
+    run), and who wrote it when."""
+    now = time.time()
+    meta = dict(old)
+    meta.setdefault("name", mesh)
+    meta.setdefault("run", run)
+    meta.setdefault("kind", "mesh")
+    meta.setdefault("first", now)
+    meta.update(info, last=now, host=host, pid=pid)
+    return meta
+
+
+def write_first_meta(folder: pathlib.Path, meta: dict) -> bool:
+    """Give ``folder`` its meta.json if it has none yet (one a converter wrote meanwhile, newer,
+    is never replaced); whether this one is it."""
+    tmp = folder / f".{META}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f)
+    try:
+        os.link(tmp, folder / META)  # at once, and only where there is none
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
 def write_meta(folder: pathlib.Path, meta: dict) -> None:
     """Replace ``folder``'s meta.json at once (a reader never sees half of it)."""
     tmp = folder / f".{META}.{os.getpid()}"

@@ -112,6 +112,9 @@ class WriterProcess:
                                                        d.detail(batch.max_bytes))]
                 if d.meta:  # the run listed still, though the batches that said so went
                     said.metas[(d.mesh, run)] = d.meta
+                    if run is not None:  # and at once: a converter behind the cap may never list it
+                        places.write_first_meta(places.host_dir(root, d.mesh, run, batch.host),
+                                                places.meta_of(d.mesh, run, {}, d.meta, batch.host, batch.pid))
             spool_files.put(said)
 
     def start(self) -> None:

@@ -17,6 +17,7 @@ import pytest
 from support.scripts import said, write_script
 
 import monarch_kernel
+from monarch_kernel.history import places
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -140,6 +141,10 @@ def test_the_spool_counts_toward_the_size_cap_while_nothing_converts_it(tmp_path
                                                                                                      ".parquet")))
         assert on_disk <= cap, f"{on_disk:,} bytes spooled past the cap of {cap:,}"
         assert not list(root.glob("sp-cap/*/*/*.parquet"))  # nothing converted: the spool alone was trimmed
+        # Listed all the same, from the batches dropped (a converter behind the cap may list it only
+        # once the ranks fall silent: a query meanwhile found "no history named ...").
+        metas = [places.read_meta(f.parent) for f in root.glob("sp-cap/*/*/meta.json")]
+        assert [(m["name"], m["state"], m["ranks"]) for m in metas] == [("sp-cap", "running", 2)], metas
     h = monarch_kernel.history("sp-cap", root=root)
     dropped = h.sql("SELECT detail FROM events WHERE kind = 'history_dropped'")
     assert len(dropped) >= 1 and "history_max_bytes" in dropped["detail"][0]
