@@ -174,7 +174,7 @@ def write_first_meta(folder: pathlib.Path, meta: dict) -> bool:
     """Give ``folder`` its meta.json if it has none yet (one a converter wrote meanwhile, newer,
     is never replaced); whether this one is it."""
     tmp = folder / f".{META}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(meta, f)
     try:
@@ -189,7 +189,7 @@ def write_first_meta(folder: pathlib.Path, meta: dict) -> bool:
 def write_meta(folder: pathlib.Path, meta: dict) -> None:
     """Replace ``folder``'s meta.json at once (a reader never sees half of it)."""
     tmp = folder / f".{META}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(meta, f)
     os.replace(tmp, folder / META)
