@@ -158,6 +158,45 @@ def test_one_stall_is_reported_once_though_dumping_its_stacks_costs_cpu():
         assert len(reports) == 1, [r.headline() for r in reports]
 
 
+class SlowDump(Actor):
+    """A rank whose own stack dump takes seconds of CPU, as a deep one does on a crowded
+    machine: longer than ``procs.stacks`` waits for it before reading the rank with py-spy."""
+
+    @endpoint
+    def slow_dumps(self, seconds: float) -> None:
+        from monarch_kernel.runtime.spawn import stack_dump
+
+        plain = stack_dump.threads_now
+
+        def dear() -> list:
+            out = plain()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                pass
+            return out
+
+        stack_dump.threads_now = dear
+
+    @endpoint
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return current_rank().rank
+
+
+@pytest.mark.timeout(120)
+def test_a_dump_still_running_after_the_report_is_not_progress():
+    """The CPU of a dump the report asked for counts as progress only once the rank was seen
+    idle: a 2.5 s dump (py-spy read the rank meanwhile) does not end the stall, so the same
+    stall is not reported a second time."""
+    reports = []
+    with this_host().spawn_procs(per_host={"gpus": 1}, name="slowdump") as procs:
+        rank = procs.spawn("rank", SlowDump)
+        rank.slow_dumps.call(2.5).get(timeout=30)
+        with watchdog(procs, T, then="dump", on_report=reports.append):
+            rank.nap.call(5 * T).get(timeout=60)
+        assert len(reports) == 1, [r.headline() for r in reports]
+
+
 def test_restart_needs_a_restart_policy():
     with pytest.raises(ValueError, match="needs a restart policy"):
         watchdog(None, 5, then="restart")

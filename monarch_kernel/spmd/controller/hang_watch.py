@@ -79,6 +79,7 @@ class _Mesh:
     cpu_at: float = 0.0
     ticks: dict = field(default_factory=dict)  # rank -> (CPU ticks, CPU wanted ns, runnable) at the last sample
     inside: set = field(default_factory=set)  # ranks inside a collective they have not finished
+    settling: set = field(default_factory=set)  # ranks asked for their stacks, their CPU not progress until idle
 
 
 def watchdog(procs, seconds: float, then: str = "dump", *,
@@ -219,6 +220,8 @@ class HangWatch:
         token = (tuple(sorted(waiting.items())), sent, lines, done)
         # An actor hosted here serving (the loss plot drawing for a rank's flush): the ranks
         # wait on this process, which is busy, not stuck.
+        if token != st.token:  # an answer, a line, a collective: progress, whatever the CPU says
+            st.settling.clear()
         if token != st.token or rt.actors_serving() or self._computing(rt, procs, st, busy, in_collective, now):
             st.token, st.since, st.reported = token, now, False
             return
@@ -272,7 +275,12 @@ class HangWatch:
                 if u is not None and before is not None and r not in in_collective:
                     # Runnable at two samples in a row: starved of the CPU all along, its wait
                     # not yet counted (a blocked rank's threads wake too briefly to be seen twice).
-                    used = used or _cpu_share(u, before, dt) >= CPU_BUSY or min(u[5], before[2]) > 0
+                    active = _cpu_share(u, before, dt) >= CPU_BUSY or min(u[5], before[2]) > 0
+                    if r in st.settling:  # still dumping the stacks the report asked for (slow, crowded)
+                        if not active:
+                            st.settling.discard(r)
+                        continue
+                    used = used or active
             st.ticks = {r: (u[0], u[4], u[5]) for r, u in got.items() if u is not None}
             st.cpu = None
         if st.cpu is None:
@@ -287,9 +295,11 @@ class HangWatch:
             stacks = procs.stacks(timeout=3.0).name_frames(self.frame_namer)
         except Exception as e:  # noqa: BLE001 - the report goes on without them
             log.warning("monarch_kernel: the hang watchdog could not read the stacks of %s: %s", procs.name, e)
-        # The ranks' CPU for dumping their stacks is the watchdog's doing, not progress: sample
-        # anew from here (counted, it ended the stall, and the same hang was reported again).
-        st.cpu, st.ticks = None, {}
+        # The ranks' CPU for dumping their stacks is the watchdog's doing, not progress (counted,
+        # it ended the stall, and the same hang was reported again): sample anew from here, and
+        # a rank's CPU counts again once a sample shows it idle (a dump on a crowded machine
+        # can outlast procs.stacks, which then reads it with py-spy).
+        st.cpu, st.ticks, st.settling = None, {}, set(busy)
         coll = None
         if env is not None:
             now = time.monotonic()
