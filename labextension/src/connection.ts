@@ -24,6 +24,11 @@ import {
 
 const IMPLEMENTATION = 'monarch_kernel';
 const REPLY_TIMEOUT_MS = 180_000;
+// The kernel answers the comm's opening with its state at once; without one by then, the
+// comm is opened anew (the answer was lost: a restarted kernel's messages can reach the
+// server before its connection to them is made), each wait twice the last.
+const HELLO_WAIT_MS = 5_000;
+const HELLO_WAIT_MOST_MS = 60_000;
 
 export class MeshConnection {
   constructor(kernel: Kernel.IKernelConnection) {
@@ -94,6 +99,7 @@ export class MeshConnection {
       return;
     }
     this._disposed = true;
+    window.clearTimeout(this._helloTimer);
     this.kernel.statusChanged.disconnect(this._onStatus, this);
     const comm = this._comm;
     this._comm = null;
@@ -130,11 +136,30 @@ export class MeshConnection {
       };
       this._comm = comm;
       this._sent(comm.open({ type: 'request', action: 'hello' } as any));
+      window.clearTimeout(this._helloTimer);
+      this._helloTimer = window.setTimeout(() => this._noState(comm), this._helloWait);
     } catch (e) {
       console.warn('monarch-kernel panel: could not open its comm', e);
     } finally {
       this._opening = false;
     }
+  }
+
+  /** No state came for `comm`'s opening: close it and open another, waiting longer. */
+  private _noState(comm: Kernel.IComm): void {
+    if (this._disposed || this._comm !== comm || this._state !== null) {
+      return;
+    }
+    this._comm = null;
+    this._helloWait = Math.min(2 * this._helloWait, HELLO_WAIT_MOST_MS);
+    if (!comm.isDisposed && !this.kernel.isDisposed) {
+      try {
+        this._sent(comm.close());
+      } catch {
+        // the kernel is gone: the next status opens a comm to its successor
+      }
+    }
+    void this._open();
   }
 
   private _send(data: Record<string, unknown>): void {
@@ -150,6 +175,7 @@ export class MeshConnection {
 
   private _onMessage(msg: PanelMessage): void {
     if (msg.type === 'state') {
+      this._helloWait = HELLO_WAIT_MS;
       this._state = msg;
       this._stateChanged.emit(msg);
     } else if (msg.type === 'log') {
@@ -164,11 +190,17 @@ export class MeshConnection {
   }
 
   private _onStatus(_: Kernel.IKernelConnection, status: Kernel.Status): void {
-    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead' || status === 'starting') {
+      // 'starting' alone says a restart the server made (a REST call, another client): the new
+      // process has none of the old one's comms, and the old one's close may never be handled
+      // (JupyterLab drops a message of the old session handled after the new one's first)
       this._comm = null;
       this._state = null;
       this._stateChanged.emit(null);
-    } else if (status === 'idle' && !this._comm) {
+      if (status === 'starting') {
+        void this._open(); // its comm target is registered before it says 'starting'
+      }
+    } else if ((status === 'idle' || status === 'busy') && !this._comm) {
       void this._open(); // after a restart: the new kernel process has no comm yet
     }
   }
@@ -176,6 +208,8 @@ export class MeshConnection {
   private _comm: Kernel.IComm | null = null;
   private _state: IPanelState | null = null;
   private _opening = false;
+  private _helloTimer = 0;
+  private _helloWait = HELLO_WAIT_MS;
   private _disposed = false;
   private _nextId = 0;
   private _pending = new Map<number, (reply: IReply) => void>();
