@@ -153,9 +153,9 @@ def test_one_stall_is_reported_once_though_dumping_its_stacks_costs_cpu():
     with this_host().spawn_procs(per_host={"gpus": 1}, name="deep") as procs:
         deep = procs.spawn("deep", Deep)
         deep.crowd.call(48, 400).get(timeout=30)
-        with watchdog(procs, T, then="dump", on_report=reports.append):
+        with watchdog(procs, T, then="dump", on_report=reports.append) as watch:
             deep.nap.call(3 * T + 1).get(timeout=60)
-        assert len(reports) == 1, [r.headline() for r in reports]
+        assert len(reports) == 1, ([r.headline() for r in reports], list(watch.rearmed))
 
 
 class SlowDump(Actor):
@@ -192,9 +192,9 @@ def test_a_dump_still_running_after_the_report_is_not_progress():
     with this_host().spawn_procs(per_host={"gpus": 1}, name="slowdump") as procs:
         rank = procs.spawn("rank", SlowDump)
         rank.slow_dumps.call(2.5).get(timeout=30)
-        with watchdog(procs, T, then="dump", on_report=reports.append):
+        with watchdog(procs, T, then="dump", on_report=reports.append) as watch:
             rank.nap.call(5 * T).get(timeout=60)
-        assert len(reports) == 1, [r.headline() for r in reports]
+        assert len(reports) == 1, ([r.headline() for r in reports], list(watch.rearmed))
 
 
 def test_restart_needs_a_restart_policy():

@@ -21,6 +21,7 @@ runtime's wait hook (``hooks.wait``), never by raising into it from outside.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -40,17 +41,28 @@ THEN = ("dump", "abort", "restart")
 RESTART_NEEDS_POLICY = ("then='restart' needs a restart policy on the mesh (replacing a rank by itself): "
                         "procs.set_restart_policy('on-failure') first (or spawn_procs(restart='on-failure')); "
                         "or use then='abort' (HangError, the mesh kept) or 'dump'")
-CPU_BUSY = 0.10  # a busy rank using this share of a core is computing: progress
+CPU_BUSY = 0.10  # a busy rank using this share of a core is computing: progress ...
+CPU_WANTED = 0.5  # ... or asking for it this share of the time (running, or waiting to run)
 TAKE_S = config.seconds("hang_take")  # how long the tear-down waits for the waiting thread to take its HangError
 SILENT_S = config.seconds("hang_silent")  # a poll unanswered this long: the rank is silent
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _cpu_share(now: tuple, before: tuple[int, int], dt: float) -> float:
-    """The share of a core a rank asked for over ``dt`` seconds, from two samples."""
-    if now[4] >= 0 and before[1] >= 0:
-        return (now[4] - before[1]) / 1e9 / dt
-    return (now[0] - before[0]) / _CLK_TCK / dt
+def _activity(now: tuple, before: tuple[int, int, int], dt: float) -> str:
+    """How a rank computed over the ``dt`` seconds between two samples, or "" if it did not:
+    it used a tenth of a core; or its threads ran or waited to run half the time (computing on a
+    crowded machine: little of a core, but always wanting it; an idle rank's one wake-up a
+    second, late on a crowded machine, is far from that); or a thread was runnable at both
+    samples (starved of the CPU all along, its wait not yet counted: a blocked rank's threads
+    wake too briefly to be seen twice)."""
+    used = (now[0] - before[0]) / _CLK_TCK / dt
+    if used >= CPU_BUSY:
+        return f"used {used:.0%} of a core"
+    if now[4] >= 0 and before[1] >= 0 and (wanted := (now[4] - before[1]) / 1e9 / dt) >= CPU_WANTED:
+        return f"ran or waited to run {wanted:.0%} of the time"
+    if min(now[5], before[2]) > 0:
+        return "a thread runnable at two samples in a row"
+    return ""
 
 
 def check_then(then: str) -> str:
@@ -80,6 +92,7 @@ class _Mesh:
     ticks: dict = field(default_factory=dict)  # rank -> (CPU ticks, CPU wanted ns, runnable) at the last sample
     inside: set = field(default_factory=set)  # ranks inside a collective they have not finished
     settling: set = field(default_factory=set)  # ranks asked for their stacks, their CPU not progress until idle
+    why: str = ""  # what the last progress was
 
 
 def watchdog(procs, seconds: float, then: str = "dump", *,
@@ -127,6 +140,7 @@ class HangWatch:
         self.interruptible = interruptible
         self.tick = max(0.2, min(1.0, self.seconds / 5))
         self.reports: list[HangReport] = []
+        self.rearmed: collections.deque[str] = collections.deque(maxlen=32)  # progress seen after a report
         self._state: dict[str, _Mesh] = {}
         self._error: Exception | None = None
         self._taken = threading.Event()  # the waiter took the HangError
@@ -222,7 +236,12 @@ class HangWatch:
         # wait on this process, which is busy, not stuck.
         if token != st.token:  # an answer, a line, a collective: progress, whatever the CPU says
             st.settling.clear()
+            st.why = _what_changed(st.token, token)
+        elif rt.actors_serving():
+            st.why = "an actor this process hosts is serving a call"
         if token != st.token or rt.actors_serving() or self._computing(rt, procs, st, busy, in_collective, now):
+            if st.reported:  # after a report: said, for whoever asks why it did not hold
+                self.rearmed.append(f"mesh '{procs.name}': {st.why}")
             st.token, st.since, st.reported = token, now, False
             return
         if not st.reported and now - st.since >= self.seconds:
@@ -273,14 +292,13 @@ class HangWatch:
             for r in busy:
                 u, before = got.get(r), st.ticks.get(r)
                 if u is not None and before is not None and r not in in_collective:
-                    # Runnable at two samples in a row: starved of the CPU all along, its wait
-                    # not yet counted (a blocked rank's threads wake too briefly to be seen twice).
-                    active = _cpu_share(u, before, dt) >= CPU_BUSY or min(u[5], before[2]) > 0
+                    active = _activity(u, before, dt)
                     if r in st.settling:  # still dumping the stacks the report asked for (slow, crowded)
                         if not active:
                             st.settling.discard(r)
                         continue
-                    used = used or active
+                    if active and not used:
+                        used, st.why = True, f"rank {r} {active}"
             st.ticks = {r: (u[0], u[4], u[5]) for r, u in got.items() if u is not None}
             st.cpu = None
         if st.cpu is None:
@@ -356,6 +374,14 @@ class HangWatch:
             procs.interrupt(actors, ranks=running)  # first: the abort below must not be what it interrupts
         if env is not None:
             env[1].abort.broadcast("the hang watchdog found no progress")  # nobody waits on a stuck rank's answer
+
+
+def _what_changed(before: tuple, now: tuple) -> str:
+    """Which part of a mesh's progress token moved (``HangWatch._watch`` builds it)."""
+    if not before:
+        return "calls began"
+    parts = ("the calls waited on changed", "a new call was sent", "a rank wrote a line", "a collective finished")
+    return "; ".join(p for p, a, b in zip(parts, before, now, strict=True) if a != b)
 
 
 def _abort_words(procs, env, running: list[int]) -> list[str]:
