@@ -196,9 +196,6 @@ def record_history(rt: Runtime) -> Recorder | None:
         got = Recorder(rt, writer)
         with _lock:
             _recorders[id(rt)] = got
-    start = getattr(got.writer.sink, "start", None)
-    if start is not None:
-        start()
     return got
 
 

@@ -5,11 +5,14 @@ when the CPU is idle, so that the ranks' work beside it pays next to nothing whi
 The controller never loads pyarrow, numpy or pandas to record, and its exit never waits for
 the files to be written: a query converts whatever is still spooled first.
 
-The process is started at a spawn, or at the first batch (``python -m
-monarch_kernel.history.writer_process``, a fresh interpreter, not a fork of the
-controller); it is told of each spooled batch through its stdin, a pipe only the controller
-holds, and exits by itself when that pipe closes (its controller exited, or was killed, or
-let it go after ``IDLE_S`` without a batch): at once, as what it was told of is on disk.
+The process (``python -m monarch_kernel.history.writer_process``, a fresh interpreter, not
+a fork of the controller) is started by the first batch with ranks' lines, or once what is
+spooled is past ``HOLD_BYTES`` or has waited ``HOLD_S``: a quiet mesh's spawn, events and
+samples wait on disk (a query, a listing and the controller's exit convert them), so that
+it starts no process loading pyarrow beside the ranks' first calls.  It is told of each
+spooled batch through its stdin, a pipe only the controller holds, and exits by itself when
+that pipe closes (its controller exited, or was killed, or let it go after ``IDLE_S``
+without a batch): at once, as what it was told of is on disk.
 Past ``spool_bound()`` of spooled bytes (the CPU is never idle) the controller lets it go
 and starts one at ``NICE_BEHIND``, back to ``NICE`` once the spool is under half of it; at
 the controller's exit, what is still spooled gets one at ``NICE_BEHIND`` too.  Those
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("<Q")  # a frame's length
 IDLE_S = config.seconds("history_writer_idle")  # a writer process given no batch this long is let go
+HOLD_S = config.seconds("history_hold")  # batches without lines wait this long on disk to be converted ...
+HOLD_BYTES = 1 << 20  # ... while the spool holds less than this
 NICE = 19  # the writer's CPU priority while it keeps up: it converts when the CPU is idle
 NICE_BEHIND = 10  # ... once the spool is past its bound: about a tenth of a busy rank's share
 SPOOL_MOST = 256 << 20  # the spool's bound: at most this (a minute of 100,000 lines/s) ...
@@ -63,6 +68,7 @@ class WriterProcess:
         self._last = 0.0  # when the last batch was given
         self._parquet: tuple[float, int] | None = None  # (when counted, bytes of this host's Parquet files)
         self._told: tuple[str, str] | None = None  # the spool the last batch went to
+        self._held: float | None = None  # since when batches spooled there wait, no converter told
         self._lock = threading.Lock()
 
     @property
@@ -76,20 +82,29 @@ class WriterProcess:
         with self._lock:
             for proc in [p for p in self._going if p.poll() is not None]:  # reaped: no zombie left
                 self._gone(proc)
+            now = time.monotonic()
             if batch is None:
-                if self._proc is not None and time.monotonic() - self._last > IDLE_S:
+                if self._held is not None and self._told is not None and now - self._held >= HOLD_S:
+                    self._held = None
+                    self._tell(self._started(), self._told)
+                elif self._proc is not None and now - self._last > IDLE_S:
                     self._let_go()
                 return
-            self._last = time.monotonic()
+            self._last = now
             path = spool_files.put(batch)
             spooled = sum(size for _t, _p, size in spool_files.sizes(batch.root, batch.host))
             self._keep_cap(batch, spooled, path)
+            self._told = (batch.root, batch.host)
+            if not batch.chunks and spooled < HOLD_BYTES and (self._held is None or now - self._held < HOLD_S):
+                if self._held is None:
+                    self._held = now
+                return  # no lines: it waits on disk (a query or a listing converts it first)
+            self._held = None
             bound = spool_bound(batch.max_bytes)
             nice = NICE_BEHIND if spooled > bound else NICE if spooled < bound // 2 else self._nice
             if nice != self._nice:
                 self._let_go()
                 self._nice = nice
-            self._told = (batch.root, batch.host)
             self._tell(self._started(), self._told)
 
     def _keep_cap(self, batch: Batch, spooled: int, spared: pathlib.Path) -> None:
@@ -118,8 +133,7 @@ class WriterProcess:
             spool_files.put(said)
 
     def start(self) -> None:
-        """Start the writer process now, if none runs (a spawn begins: it loads pyarrow while
-        the CPU is still idle, not while the ranks' first calls run)."""
+        """Start the writer process now, if none runs (it converts what it is told of next)."""
         with self._lock:
             self._last = time.monotonic()
             self._started()

@@ -231,8 +231,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("logs_follow_lag", 60.0, "cli/history_commands.py", "how late a host's batch of lines may land and still be "
        "printed by `monarch-kernel logs --follow`"),
     _s("history_hold", 120.0, "history/writer.py", "a controller's periodic samples alone (an idle mesh: no "
-       "lines, events or metrics) wait this long before they are written, so that they start no writer process "
-       "every few seconds; a query, a line or an event writes them at once"),
+       "lines, events or metrics) wait this long before they are spooled, and spooled batches without lines "
+       "this long before a writer process converts them, so that a quiet mesh starts none beside its ranks' "
+       "calls; a query, a listing or the controller's exit writes them at once"),
     _s("history_cap_every", 10.0, "history/writer_process.py", "a recorder counts its host's history files again "
        "this often, to keep them and its spool under history_max_bytes while nothing converts the spool"),
     _s("history_writer_idle", 4.0, "history/writer_process.py", "a controller's history writer process given no "

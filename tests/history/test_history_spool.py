@@ -48,7 +48,8 @@ Runtime.current().hooks.record.install(  # lines and metrics (control lines) com
                                                   else lines.count(b" says ")))
 procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name)
 writer = recorder.process_writer(create=False)
-say("WRITER", writer.sink.pid)  # started by the spawn
+writer.sink.start()  # now, for the test to freeze it (a spawn alone starts none: nothing to convert yet)
+say("WRITER", writer.sink.pid)
 sys.stdin.readline()  # the test has frozen it
 talker = procs.spawn("talker", Talker)
 for i in range(rounds):

@@ -54,6 +54,19 @@ def say(word, value):  # one write: the ranks' lines, printed by other threads, 
 name, mode = sys.argv[1], sys.argv[2]
 procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name)
 talker = procs.spawn("talker", Talker)
+if mode == "quiet":  # calls that print nothing: what is recorded waits on disk, converted by no process
+    talker.talk.call("says", 0).get(timeout=60)
+    writer = recorder.process_writer(create=False)
+    monarch_kernel.history.flush()  # the spawn's event and the run's info: spooled when this returns
+    say("WRITER", writer.sink.pid)
+    got = monarch_kernel.history(name).sql("SELECT kind FROM events")  # converted by the query itself
+    say("EVENTS", json.dumps(sorted(got["kind"])))
+    talker.talk.call("says", 5).get(timeout=60)
+    deadline = time.monotonic() + 60
+    while writer.sink.pid is None and time.monotonic() < deadline:  # the first lines start it
+        time.sleep(0.05)
+    say("WRITER", writer.sink.pid)
+    sys.exit(0)
 talker.talk.call("says", 50).get(timeout=60)
 if mode == "flush":
     monarch_kernel.history.flush()  # every row so far written: waits for the writer process
@@ -127,6 +140,19 @@ def test_a_controller_records_without_loading_arrow_and_a_query_there_sees_every
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path} is {mode:o}"
     until("the metrics", lambda: monarch_kernel.history("wp-flush", root=root).sql(
         "SELECT count(*) AS n FROM metrics")["n"][0] == 100)
+
+
+def test_a_mesh_that_prints_nothing_starts_no_writer_process_and_is_still_queried(tmp_path):
+    """A quiet mesh's spawn and events wait on disk (no process loading pyarrow beside its
+    ranks' first calls); a query converts them itself, and the first lines start the writer."""
+    with controller(tmp_path, "wp-quiet", "quiet", 0.1) as proc:
+        assert said(proc, "WRITER") == "None"
+        assert said(proc, "EVENTS") == '["spawn"]'
+        writer = said(proc, "WRITER")
+        assert writer != "None", "the first lines started no writer process"
+        assert proc.wait(timeout=60) == 0
+    until("the writer process to end with its controller", lambda: gone(int(writer)))
+    assert count(tmp_path, "wp-quiet", "line LIKE 'rank % says %'") == 10
 
 
 def test_a_controller_exits_without_waiting_and_its_writer_writes_the_rest_then_ends(tmp_path):
