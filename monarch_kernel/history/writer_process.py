@@ -110,6 +110,10 @@ class WriterProcess:
     def _keep_cap(self, batch: Batch, spooled: int, spared: pathlib.Path) -> None:
         """The host's history (the spool too) under its cap, even while nothing converts (the
         Parquet files counted again every ``CAP_EVERY_S``); what went is said in a batch of its own."""
+        if spooled < min(HOLD_BYTES, batch.max_bytes // 4):
+            # too little to matter, and whoever converts it caps the host then (``ParquetFiles``):
+            # no count of the host's files (tens of ms of the GIL for thousands, beside calls)
+            return
         root = pathlib.Path(batch.root)
         now = time.monotonic()
         if self._parquet is None or now - self._parquet[0] > CAP_EVERY_S:
