@@ -234,12 +234,13 @@ class HangWatch:
         token = (tuple(sorted(waiting.items())), sent, lines, done)
         # An actor hosted here serving (the loss plot drawing for a rank's flush): the ranks
         # wait on this process, which is busy, not stuck.
-        if token != st.token:  # an answer, a line, a collective: progress, whatever the CPU says
+        moved, serving = token != st.token, False
+        if moved:  # an answer, a line, a collective: progress, whatever the CPU says
             st.settling.clear()
             st.why = _what_changed(st.token, token)
-        elif rt.actors_serving():
+        elif serving := rt.actors_serving():
             st.why = "an actor this process hosts is serving a call"
-        if token != st.token or rt.actors_serving() or self._computing(rt, procs, st, busy, in_collective, now):
+        if moved or serving or self._computing(rt, procs, st, busy, in_collective, now):
             if st.reported:  # after a report: said, for whoever asks why it did not hold
                 self.rearmed.append(f"mesh '{procs.name}': {st.why}")
             st.token, st.since, st.reported = token, now, False
