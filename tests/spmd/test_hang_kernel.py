@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -94,7 +96,11 @@ def test_a_rank_stopped_in_a_gloo_collective_raises_hang_error_and_the_mesh_stay
     # The mesh stays usable.  The watchdog is off for this check: rank 1, let go of its SIGSTOP on a
     # loaded machine, may take longer than T to leave its aborted collective before the next cell runs.
     run(mkc, "%mesh watchdog off")
-    out, reply = run(mkc, "%%mesh\nimport torch.distributed as dist\nprint('after the hang', flush=True)", timeout=120)
+    try:
+        out, reply = run(mkc, "%%mesh\nimport torch.distributed as dist\nprint('after the hang', flush=True)",
+                         timeout=120)
+    except AssertionError as e:  # where rank 1 is, for whoever reads the failure (CI's log)
+        raise AssertionError(f"{e}\nrank 1 (pid {pids[1]}) now:\n{_py_spy(pids[1])}") from e
     assert reply["status"] == "ok", text(out)
     assert "[ranks 0-2] after the hang" in text(out), text(out)
     out, reply = run(mkc, "setup_torch_distributed(procs)", timeout=120)
@@ -102,6 +108,17 @@ def test_a_rank_stopped_in_a_gloo_collective_raises_hang_error_and_the_mesh_stay
     out, reply = run(mkc, "%%mesh\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', int(t.item()), flush=True)",
                      timeout=120)
     assert reply["status"] == "ok" and "[ranks 0-2] sum 3" in text(out), text(out)
+
+
+def _py_spy(pid: int) -> str:
+    """Every thread's stack of ``pid``, native frames too, read from outside."""
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    try:
+        done = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(py-spy could not read it: {e})"
+    return done.stdout + done.stderr
 
 
 # The DDP and FSDP notebooks under the watchdog (no false alarm): tests/system/test_notebooks.py
