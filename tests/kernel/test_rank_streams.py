@@ -69,12 +69,16 @@ def test_output_that_does_not_end_a_line_never_shows_the_marker_nor_stalls(mesh_
     assert took < 3, f"the cell took {took:.1f} s: it waited for its marker"
 
 
-def test_the_marker_is_found_after_a_partial_line_on_stderr_too(mesh_kc):
-    out, reply, took = timed(mesh_kc, "%%mesh\nimport sys\n_ = sys.stderr.write('no newline'); sys.stderr.flush()")
+@pytest.mark.parametrize("after", [0, 2.5], ids=["at-once", "past-the-progress-line"])
+def test_the_marker_is_found_after_a_partial_line_on_stderr_too(mesh_kc, after):
+    """A cell that runs past 2 s (on purpose, or on a loaded machine) shows its open line as
+    the cell's last line, then ends it in place: more outputs, the same text, all on stderr."""
+    code = f"%%mesh\nimport sys, time\n_ = sys.stderr.write('no newline'); sys.stderr.flush(); time.sleep({after})"
+    out, reply, took = timed(mesh_kc, code)
     assert reply["status"] == "ok", text(out)
-    assert [o.name for o in out if o.kind == "stream" and o.text.strip()] == ["stderr"]
+    assert {o.name for o in out if o.kind == "stream" and o.text.strip()} == {"stderr"}, out
     assert shown_lines(out) == ["[ranks 0-1] no newline"] and MARKER not in text(out)
-    assert took < 3, f"the cell took {took:.1f} s"
+    assert took < after + 3, f"the cell took {took:.1f} s"
 
 
 def test_a_carriage_return_rewrites_the_ranks_own_labelled_line(mesh_kc):
