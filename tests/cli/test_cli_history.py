@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,21 +19,23 @@ import pytest
 pytestmark = pytest.mark.timeout(180)
 
 TRAIN = '''
-import sys, time
+import os, sys, time
 from monarch_kernel import Actor, endpoint, this_host, metric
 
 class Trainer(Actor):
     @endpoint
-    def go(self, n, pause):
+    def go(self, n, pause, until=None):
         for i in range(n):
             print(f"step {i}", flush=True)
             metric("loss", 1.0 / (i + 1), step=i)
             time.sleep(pause)
+            if until and os.path.exists(until):
+                break
         print("done", file=sys.stderr, flush=True)
 
 procs = this_host().spawn_procs(per_host={"gpus": 2}, name=sys.argv[1])
 print("up", flush=True)
-procs.spawn("t", Trainer).go.call(int(sys.argv[2]), float(sys.argv[3])).get(timeout=120)
+procs.spawn("t", Trainer).go.call(int(sys.argv[2]), float(sys.argv[3]), *sys.argv[4:]).get(timeout=150)
 procs.stop().get(timeout=30)
 '''
 
@@ -48,10 +52,12 @@ def cli(*args: str, env: dict, timeout: float = 120):
     return r.returncode, r.stdout, r.stderr
 
 
-def train(tmp_path, env: dict, name: str, steps: int, pause: float) -> subprocess.Popen:
+def train(tmp_path, env: dict, name: str, steps: int, pause: float, *until: str) -> subprocess.Popen:
+    """The script, its ranks printing ``steps`` steps ``pause`` s apart (or until the file
+    ``until`` exists)."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    return subprocess.Popen([sys.executable, str(script), name, str(steps), str(pause)], env=env,
+    return subprocess.Popen([sys.executable, str(script), name, str(steps), str(pause), *until], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
@@ -93,7 +99,8 @@ def test_a_finished_runs_lines_and_metrics_are_read_after_it_ended(tmp_path, env
 
 def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, env):
     env = {**env, "MONARCH_KERNEL_HISTORY_FLUSH": "0.2"}  # the history's batches: lines reach the files sooner
-    run = train(tmp_path, env, "slow", 12, 0.4)
+    stop = tmp_path / "stop"  # the run goes on until the test has seen a line followed (a loaded machine is slow)
+    run = train(tmp_path, env, "slow", 300, 0.4, str(stop))
     try:
         assert run.stdout.readline().strip() == "up"
         # the run's history exists once its first batch is written (its writer process may still be starting)
@@ -103,21 +110,30 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, 
             time.sleep(0.1)
         follow = subprocess.Popen([sys.executable, "-m", "monarch_kernel", "logs", "slow", "--rank", "0", "--follow"],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout], daemon=True)
+        reader.start()
         try:
-            first = follow.stdout.readline()
+            first = lines.get(timeout=60)  # while the run goes on: it ends only once told to below
             assert first.strip().startswith("[rank 0] step"), first
-            assert run.poll() is None, "the first line came only after the run ended"
-            rest = follow.stdout.read()  # (not communicate(): readline's buffer holds lines already read)
+            assert run.poll() is None, "the run ended by itself"
+            stop.touch()
             assert follow.wait(60) == 0, follow.stderr.read()  # it returns by itself once the mesh has ended
-            got = [first.strip(), *rest.splitlines()]
-            assert got == [f"[rank 0] step {i}" for i in range(12)] + ["[rank 0] (stderr) done"], got
+            reader.join(30)
+            got = [first.strip()]
+            while not lines.empty():
+                got.append(lines.get_nowait().strip())
         finally:
             if follow.poll() is None:
                 follow.kill()
                 follow.wait(10)
+            reader.join(30)
             follow.stdout.close()
             follow.stderr.close()
+        steps = len(got) - 1
+        assert steps >= 1 and got == [f"[rank 0] step {i}" for i in range(steps)] + ["[rank 0] (stderr) done"], got
     finally:
+        stop.touch()
         assert run.wait(120) == 0
         run.stdout.close()
 
