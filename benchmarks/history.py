@@ -22,7 +22,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -68,6 +70,21 @@ class Printer(Actor):
         return time.perf_counter() - t
 
 
+def _scratch() -> str:
+    """A history folder of this job's own, removed when the job's process exits (each job
+    runs in a process of its own: ``python -m benchmarks._run``)."""
+    root = tempfile.mkdtemp(prefix="mk-bench-history-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def _history_dir() -> str:
+    """``MONARCH_KERNEL_HISTORY_DIR`` if set (kept), else a scratch folder."""
+    if not os.environ.get("MONARCH_KERNEL_HISTORY_DIR"):
+        os.environ["MONARCH_KERNEL_HISTORY_DIR"] = _scratch()
+    return os.environ["MONARCH_KERNEL_HISTORY_DIR"]
+
+
 def current_rank_number() -> int:
     import monarch_kernel as mk
 
@@ -97,7 +114,7 @@ def cell_cost() -> dict:
         KernelSpecManager().get_kernel_spec(KERNEL_NAME)
     except NoSuchKernel:
         install(prefix=sys.prefix)
-    root = tempfile.mkdtemp(prefix="mk-bench-history-")
+    root = _scratch()
     kernels = {}
     try:
         for state in ("off", "on"):
@@ -129,7 +146,7 @@ def lines_cost() -> dict:
     from monarch_kernel import history, this_host
     from monarch_kernel.runtime import Runtime
 
-    os.environ.setdefault("MONARCH_KERNEL_HISTORY_DIR", tempfile.mkdtemp(prefix="mk-bench-history-"))
+    _history_dir()
     n_ranks, per_rank = 4, int(os.environ.get("HISTORY_BENCH_LINES_PER_RANK", "100000"))
     seen = [0]
 
@@ -190,7 +207,7 @@ def paced_cost() -> dict:
     from monarch_kernel import history, this_host
     from monarch_kernel.runtime import Runtime
 
-    os.environ.setdefault("MONARCH_KERNEL_HISTORY_DIR", tempfile.mkdtemp(prefix="mk-bench-history-"))
+    _history_dir()
     n_ranks, rate, seconds = 4, 100_000, 3.0
     rt = Runtime.current()
     rt.hooks.output.install(lambda *a: None)
@@ -281,7 +298,7 @@ def query() -> dict:
     ranks = int(os.environ.get("HISTORY_BENCH_RANKS", "100"))
     lines = int(40_000 * 100 / ranks * scale)
     metrics = int(3_600 * 100 / ranks * scale)
-    root = tempfile.mkdtemp(prefix="mk-bench-history-")
+    root = _scratch()
     config.set("history_dir", root)
     Runtime.current().hooks.output.install(lambda *a: None)  # the lines are the history's, not the terminal's
     t0 = time.perf_counter()

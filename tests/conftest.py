@@ -18,6 +18,7 @@ import uuid
 import psutil
 import pytest
 from support.cluster import (  # noqa: F401  (fixtures)
+    LATE_S,
     WRITER_GRACE_S,
     is_exiting,
     is_history_writer,
@@ -88,9 +89,19 @@ def _describe(procs) -> str:
             with p.oneshot():
                 out.append(f"pid {p.pid} ({p.name()}, {p.status()}, parent {p.ppid()}): "
                            f"{' '.join(p.cmdline())[:160] or '(no command line: in its exit)'}")
+        except psutil.ZombieProcess:
+            out.append(f"pid {p.pid} (ended, not yet reaped by its parent {_parent(p)})")
         except psutil.Error as e:
             out.append(f"pid {p.pid} ({type(e).__name__})")
     return "\n".join(out)
+
+
+def _parent(p: psutil.Process) -> str:
+    try:
+        parent = psutil.Process(p.ppid())
+        return f"{parent.pid}: {' '.join(parent.cmdline())[:120]}"
+    except psutil.Error:
+        return "(gone)"
 
 
 def _kill(procs) -> None:
@@ -133,9 +144,13 @@ def no_leftover_ranks():
     if writers:
         left = [p for p in left if p not in writers] + _wait_gone(writers, WRITER_GRACE_S)
     if left:
-        said = _describe(left)
+        # Described while they are alive, then one more look: one that ends of itself now was
+        # slow to go on a loaded machine (fresh14: it ended as it was described), not left.
+        said = {p.pid: _describe([p]) for p in left}
+        left = _wait_gone(left, LATE_S)
+    if left:
         _kill(left)
-        pytest.fail("processes started by this test outlived it:\n" + said)
+        pytest.fail("processes started by this test outlived it:\n" + "\n".join(said[p.pid] for p in left))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,9 +1,9 @@
-"""The ``monarch-kernel`` command line, run as a user runs it: ``python -m monarch_kernel`` in a
-subprocess (the console script ``monarch-kernel`` is the same click group; pyproject.toml
-declares it), with no kernel running.  A real detached mesh is listed, its stacks and load
-read, and stopped from the command line; a running kernel's mesh is listed and stopped through
-that kernel; ``attach`` opens ``jupyter console`` on a detached mesh; exit codes are 0 ok,
-1 failed, 2 bad usage, 3 not found, and ``--json`` is one JSON document."""
+"""The ``monarch-kernel`` command line, run as a user runs it: the installed console script
+in a subprocess (``python -m monarch_kernel`` is the same click group), with no kernel running.
+A real detached mesh is listed, its stacks and load read, and stopped from the command line; a
+running kernel's mesh is listed and stopped through that kernel; ``attach`` opens ``jupyter
+console`` on a detached mesh; exit codes are 0 ok, 1 failed, 2 bad usage, 3 not found, and
+``--json`` is one JSON document."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import tomllib
+from support.cli import cli, command
 from support.detached import end, start_detached_host
 from support.kernels import assert_gone, run, text
 
@@ -27,13 +28,6 @@ from monarch_kernel.kernel import magic_args
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def cli(*args: str, env: dict | None = None, stdin: str | None = None, timeout: float = 120):
-    """``python -m monarch_kernel ARGS`` to its end: (exit code, stdout, stderr)."""
-    r = subprocess.run([sys.executable, "-m", "monarch_kernel", *args], capture_output=True, text=True,
-                       env=env, input=stdin, timeout=timeout, stdin=None if stdin is not None else subprocess.DEVNULL)
-    return r.returncode, r.stdout, r.stderr
 
 
 @pytest.fixture
@@ -50,6 +44,13 @@ def test_pyproject_declares_the_console_script():
     from monarch_kernel.cli import main
 
     assert set(main.commands) >= {"ls", "stop", "kill-job", "stacks", "top", "attach", "install", "settings", "key"}
+    # the installed script and python -m are the same group, each naming itself in its help
+    script = cli("--help")
+    module = subprocess.run([sys.executable, "-m", "monarch_kernel", "--help"], capture_output=True, text=True,
+                            timeout=120, stdin=subprocess.DEVNULL)
+    assert script[0] == module.returncode == 0, (script, module.stderr)
+    assert script[1].startswith("Usage: monarch-kernel [OPTIONS] COMMAND"), script[1]
+    assert module.stdout == script[1].replace("monarch-kernel [OPTIONS]", "python -m monarch_kernel [OPTIONS]", 1)
 
 
 def test_a_detached_mesh_is_listed_read_and_stopped_with_no_kernel(env, tmp_path):
@@ -104,7 +105,7 @@ def test_stopping_on_a_terminal_draws_a_progress_bar(env, tmp_path):
     host = start_detached_host("dm", env, tmp_path / "host.log", ranks=4)
     main, side = pty.openpty()  # stderr is a terminal; stdout stays a pipe
     try:
-        r = subprocess.run([sys.executable, "-m", "monarch_kernel", "stop", "dm"], stdout=subprocess.PIPE,
+        r = subprocess.run(command("stop", "dm"), stdout=subprocess.PIPE,
                            stderr=side, stdin=subprocess.DEVNULL, text=True, env=env, timeout=120)
         os.close(side)
         side = -1

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from support.cli import cli, command
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -44,12 +45,6 @@ procs.stop().get(timeout=30)
 def env(tmp_path) -> dict:
     return {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
             "MONARCH_KERNEL_HISTORY_DIR": str(tmp_path / "history")}
-
-
-def cli(*args: str, env: dict, timeout: float = 120):
-    r = subprocess.run([sys.executable, "-m", "monarch_kernel", *args], capture_output=True, text=True, env=env,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
-    return r.returncode, r.stdout, r.stderr
 
 
 def train(tmp_path, env: dict, name: str, steps: int, pause: float, *until: str) -> subprocess.Popen:
@@ -108,7 +103,7 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, 
         while "slow" not in {r["name"] for r in json.loads(cli("ls", "--json", env=env)[1] or "[]")}:
             assert time.monotonic() < deadline, "the run's history was not listed within 60 s"
             time.sleep(0.1)
-        follow = subprocess.Popen([sys.executable, "-m", "monarch_kernel", "logs", "slow", "--rank", "0", "--follow"],
+        follow = subprocess.Popen(command("logs", "slow", "--rank", "0", "--follow"),
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines: queue.Queue[str] = queue.Queue()
         reader = threading.Thread(target=lambda: [lines.put(line) for line in follow.stdout], daemon=True)

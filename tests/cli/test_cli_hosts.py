@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 import time
 
 import pytest
+from support.cli import cli
 from support.kernels import kernel, run, text
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def cli(*args: str, timeout: float = 120):
-    r = subprocess.run([sys.executable, "-m", "monarch_kernel", *args], capture_output=True, text=True,
-                       timeout=timeout, stdin=subprocess.DEVNULL)
-    return r.returncode, r.stdout, r.stderr
 
 
 def test_a_detached_mesh_on_ssh_hosts_is_read_and_its_job_killed_with_no_kernel(ssh_hosts, kernelspec):

@@ -56,6 +56,7 @@ GRACE_S = 5.0  # how long processes left in a host's namespace get to exit after
 # ... and a history writer more: it outlives its controller (or agent) by design until it has
 # converted what it was given, at a low CPU priority, which a loaded machine makes slow.
 WRITER_GRACE_S = 60.0
+LATE_S = 5.0  # past its grace, a process that is described and then ends within this was slow, not left
 SSHD = "/usr/sbin/sshd"
 SLURM_DAEMONS = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged")
 SLURM_CLIENTS = ("sbatch", "srun", "squeue", "scancel", "sinfo")
@@ -366,9 +367,15 @@ class Network:
                 and time.monotonic() < deadline:
             time.sleep(0.1)
             left = alive()
-        described = {ns: describe(pids) for ns, pids in left.items()}  # before they are killed
+        # Described while they are alive (afterwards there is nothing to read), then one more
+        # look: a process that ends of itself now was slow to go on a loaded machine, not left.
+        said = {pid: describe([pid]) for pids in left.values() for pid in pids}
+        deadline = time.monotonic() + LATE_S
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = alive()
         self._kill([pid for pids in left.values() for pid in pids])
-        return described
+        return {ns: "\n".join(said.get(pid, describe([pid])) for pid in pids) for ns, pids in left.items()}
 
     @staticmethod
     def _kill(pids: Sequence[int]) -> None:
