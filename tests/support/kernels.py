@@ -73,7 +73,8 @@ class Output:
 
 def text(outputs: Iterable[Output]) -> str:
     """The outputs' text as a notebook shows it: consecutive stream outputs of one name merged,
-    and their ``\\r`` and ``\\b`` applied (``as_shown``)."""
+    and their ``\\r`` and ``\\b`` applied (``as_shown``); each output that follows starts on a
+    line of its own, as in a notebook (stdout's last line, not ended, is not continued by stderr)."""
     parts: list[str] = []
     run: list[str] = []
     name = None
@@ -88,7 +89,8 @@ def text(outputs: Iterable[Output]) -> str:
             parts.append(o.text)
     if run:
         parts.append(as_shown("".join(run)))
-    return "".join(parts)
+    parts = [p for p in parts if p]
+    return "".join(p if p.endswith("\n") or i == len(parts) - 1 else p + "\n" for i, p in enumerate(parts))
 
 
 def said_by(shown: str, line: str) -> list[int]:
