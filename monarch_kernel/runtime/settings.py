@@ -256,10 +256,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("inbox_lease_recheck", 0.05, "runtime/net/receiver.py", "how often a thread waiting on an inbox that "
        "another thread reads checks whether it may read it"),
     # The kernel.
-    _s("collapse_window", 0.15, "kernel/output.py", "how long a line waits for the same line from other ranks"),
-    _s("collapse_join_window", 0.5, "kernel/output.py", "a line other ranks are joining waits this long again "
+    _s("collapse_window", 0.15, "kernel/collapse.py", "how long a line waits for the same line from other ranks"),
+    _s("collapse_join_window", 0.5, "kernel/collapse.py", "a line other ranks are joining waits this long again "
        "after each join (the ranks of a large mesh reach it over a second or so)"),
-    _s("collapse_hold", 2.0, "kernel/output.py", "... up to this long in all"),
+    _s("collapse_hold", 2.0, "kernel/collapse.py", "... up to this long in all"),
     _s("output_batch_gap", 0.02, "kernel/output.py", "under a flood of output, at most one write per this interval"),
     _s("output_tail_gap", 0.1, "kernel/output.py", "the cell's last line (a rank's progress bar, the progress "
        "line) is redrawn at most this often"),

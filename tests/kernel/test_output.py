@@ -12,7 +12,8 @@ import time
 import pytest
 from support.config import configured
 
-from monarch_kernel.kernel.output import HOLD_S, Collapser, CollapsingSink
+from monarch_kernel.kernel.collapse import HOLD_S, Collapser
+from monarch_kernel.kernel.output import CollapsingSink
 from monarch_kernel.runtime.spawn.rank_output import LineReader
 from monarch_kernel.runtime.template.server import READ_SIZE
 
@@ -318,7 +319,8 @@ class Recorder:
 
 
 def test_entries_are_written_one_write_per_run_of_a_stream(monkeypatch):
-    from monarch_kernel.kernel.output import Entry, write_entries
+    from monarch_kernel.kernel.collapse import Entry
+    from monarch_kernel.kernel.output import write_entries
 
     out, err = Recorder(), Recorder()
     monkeypatch.setattr("sys.stdout", out)
@@ -344,7 +346,8 @@ def test_a_big_run_is_cut_into_writes_of_about_write_chars(monkeypatch):
 
 
 def test_a_closed_stream_does_not_fail_the_writer(monkeypatch):
-    from monarch_kernel.kernel.output import Entry, write_entries
+    from monarch_kernel.kernel.collapse import Entry
+    from monarch_kernel.kernel.output import write_entries
 
     class Closed:
         def write(self, s):
