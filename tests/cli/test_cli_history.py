@@ -114,17 +114,16 @@ def test_logs_follow_prints_lines_as_they_come_and_ends_with_the_mesh(tmp_path, 
             assert run.poll() is None, "the run ended by itself"
             stop.touch()
             assert follow.wait(60) == 0, follow.stderr.read()  # it returns by itself once the mesh has ended
-            reader.join(30)
-            got = [first.strip()]
-            while not lines.empty():
-                got.append(lines.get_nowait().strip())
         finally:
             if follow.poll() is None:
                 follow.kill()
                 follow.wait(10)
-            reader.join(30)
+            reader.join(30)  # every line it printed is in the queue
             follow.stdout.close()
             follow.stderr.close()
+        got = [first.strip()]
+        while not lines.empty():
+            got.append(lines.get_nowait().strip())
         steps = len(got) - 1
         assert steps >= 1 and got == [f"[rank 0] step {i}" for i in range(steps)] + ["[rank 0] (stderr) done"], got
     finally:
