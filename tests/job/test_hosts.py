@@ -448,6 +448,36 @@ def test_ranks_whose_host_is_gone_restart_on_another_host_and_every_reference_re
         sink.remove()
 
 
+@pytest.mark.timeout(240)
+def test_late_answers_of_moved_ranks_former_processes_do_not_misdirect_their_calls(job, ssh_hosts):
+    """The restart policy on: host 0's link is cut while its ranks nap, and they move to host 1.
+    Their former processes answered into the cut; when the link comes back those answers arrive
+    late, naming the actors' old inboxes on host 0.  They must not be learnt: every later call
+    reaches the moved ranks (it once went to the old inbox and waited for ever)."""
+    a, b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2}, restart="on-failure")
+    m = procs.spawn("where", Where)
+    assert list(m.echo.call(0).get(timeout=30).values()) == [0] * 4  # every actor's own inbox learnt
+    napping = m.slice(hosts=0).nap.call(2.0)
+    time.sleep(0.3)
+    ssh_hosts.cut(a)
+    with pytest.raises(ProcessDied):
+        napping.get(timeout=30)
+    _restarted(procs, {0, 1})
+    ssh_hosts.restore(a)
+    # The late answers go to this thread's inbox, read while it waits for host 1's answers (which
+    # teach nothing of host 0's actors); its next call to a moved rank follows what it learnt.
+    stayed, moved = m.slice(hosts=1), m.slice(hosts=0, gpus=0)
+    until = time.monotonic() + 10
+    i = 0
+    while time.monotonic() < until:
+        i += 1
+        assert list(stayed.echo.call(i).get(timeout=30).values()) == [i] * 2
+        assert moved.echo.call_one(i).get(timeout=20) == i
+        time.sleep(0.2)
+    assert {v[1] for v in m.where.call().get(timeout=30).values()} == {b}
+
+
 def test_ranks_whose_host_is_gone_stay_dead_when_no_other_host_has_room(job, ssh_hosts):
     """The restart policy on, but no other host has room (each rank said to cost 1 PiB): host
     0's rank is not restarted, and the failed restart event says why; host 1's still answers."""

@@ -46,6 +46,10 @@ class Outbox:
         # of ours around it (the hot path of every call).
         self.send = transport.send
         self.direct: dict[tuple[str, int, str], str] = {}  # (mesh, rank, actor) -> that actor's own TCP inbox
+        # What a late answer of a rank's former process must not teach again (``learn_direct``):
+        # the actor inboxes forgotten at a death or a move, and where each moved rank lives now.
+        self._stale: set[str] = set()
+        self._homes: dict[tuple[str, int], str] = {}  # (mesh, rank) -> the host part of its address now
         self._unsent_reported: set[str] = set()
 
     # ------------------------------------------------------------ addressing
@@ -62,9 +66,19 @@ class Outbox:
         return actor_address(base, actor)
 
     def learn_direct(self, h: Header) -> None:
-        """A REPLY may name the answering actor's own TCP inbox: its calls go there from now on."""
-        if h.payload is not None and h.ranks:
-            self.direct[(h.mesh, h.ranks[0], h.payload.actor)] = h.payload.address
+        """A REPLY may name the answering actor's own TCP inbox: its calls go there from now on.
+        Not when it came late from the rank's former process (sent before its death, or from
+        the host it moved from, whose link came back): that inbox is gone or going, and a call
+        sent there would wait for ever, unanswered and never failed."""
+        if h.payload is None or not h.ranks:
+            return
+        address = h.payload.address
+        if address in self._stale:
+            return
+        home = self._homes.get((h.mesh, h.ranks[0])) if self._homes else None
+        if home is not None and _host_part(address) != home:
+            return
+        self.direct[(h.mesh, h.ranks[0], h.payload.actor)] = address
 
     def forget_rank(self, ref: MeshRef, rank: int) -> None:
         """``rank`` of ``ref`` died: every thread drops its sockets to it and to its actors."""
@@ -72,7 +86,8 @@ class Outbox:
             transport = self.transport
             transport.forget(ref.addresses[rank])
             for key in [k for k in self.direct if k[0] == ref.id and k[1] == rank]:
-                transport.forget(self.direct.pop(key))
+                self._stale.add(gone := self.direct.pop(key))
+                transport.forget(gone)
 
     def rank_moved(self, mesh_id: str, rank: int, old: str, new: str) -> None:
         """``rank`` of ``mesh_id`` was restarted on another host, at ``new``: what any thread
@@ -80,8 +95,10 @@ class Outbox:
         actors' own inboxes are learnt again from their answers."""
         transport = self.transport
         transport.forward(old, new)
+        self._homes[(mesh_id, rank)] = _host_part(new)
         for key in [k for k in self.direct if k[0] == mesh_id and k[1] == rank]:
-            transport.forget(self.direct.pop(key))
+            self._stale.add(gone := self.direct.pop(key))
+            transport.forget(gone)
 
     def forwards(self) -> dict[str, str]:
         """Every move this process knows of, old address -> new: a rank it forks inherits them."""
@@ -219,3 +236,8 @@ class Outbox:
         me = self.network.answerable(self.inbox, address)
         h = Header.port(port_id, me, address, mesh_id or process_mesh[0].id)
         self.transport.send(address, h, join_parts(h, [part]))
+
+
+def _host_part(address: str) -> str:
+    """``tcp://10.0.0.2:5555`` -> ``10.0.0.2``: the host a TCP address is on."""
+    return address[6:].rpartition(":")[0] if address[:6] == "tcp://" else address
