@@ -149,10 +149,6 @@ class Run:
         """After a fault: the hosts' mesh answers as it is, or its dead ranks are restarted
         (moved to the other host by the policy, or a new job without one, when a host's agent is
         gone); then a DDP step after setting up again."""
-        from monarch_kernel.spmd import setup_torch_distributed
-
-        from ._chaos_actors import ChaosDDP, ChaosWorker
-
         h = self.hosts
         if kind in ("kill_agent", "link_down"):
             time.sleep(3.5)  # a host's death is declared within 3 s; a short cut may be survived
@@ -166,6 +162,16 @@ class Run:
             return
         with h.lock:
             h.ddp_ready = False
+        with h.ddp_turn:  # a DDP step sent before the fault ends first (Hosts.ddp_turn)
+            self._recover(net, h, dead, answered)
+
+    def _recover(self, net, h, dead, answered) -> None:
+        """``heal_hosts`` once the mesh is known hurt: its ranks replaced (or a new job), the
+        group set up again, a DDP step; no other DDP step runs meanwhile."""
+        from monarch_kernel.spmd import setup_torch_distributed
+
+        from ._chaos_actors import ChaosDDP, ChaosWorker
+
         agents = all(any(_is_agent(p) for p in net.pids(host)) for host in net.hosts)
         t0, rebuilt, moved = time.monotonic(), False, False
         try:

@@ -123,6 +123,11 @@ class Hosts:
     pids: list[int] = field(default_factory=list)
     ddp_ready: bool = False
     events_seen: int = 0  # the restart policy's events of procs counted so far (--restart-policy)
+    # Held by a DDP step in flight, and by a recovery from its "not ready" until the group is
+    # set up again: a step sent just before a fault must end before the group is rebuilt, or
+    # some ranks run it in the new group and the others do not (collectives from two threads
+    # of the controller have no order between them, on any system).
+    ddp_turn: threading.Lock = field(default_factory=threading.Lock)
 
     def current(self):
         with self.lock:
@@ -173,9 +178,10 @@ def rdma_loop(ledger: Ledger, hosts: Hosts, rng: random.Random, stop: threading.
 def ddp_loop(ledger: Ledger, hosts: Hosts, rng: random.Random, stop: threading.Event) -> None:
     """A DDP step on the hosts' mesh every few seconds, while its group is set up."""
     while not stop.wait(2 + rng.random() * 4):
-        ddp = hosts.current_ddp()
-        if ddp is not None:
-            ledger.run("ddp_step", DDP_BOUND, lambda d=ddp: d.ddp_step.call(), ddp_agrees)
+        with hosts.ddp_turn:
+            ddp = hosts.current_ddp()
+            if ddp is not None:
+                ledger.run("ddp_step", DDP_BOUND, lambda d=ddp: d.ddp_step.call(), ddp_agrees)
 
 
 def ddp_agrees(v) -> bool:

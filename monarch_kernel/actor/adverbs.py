@@ -100,16 +100,17 @@ class Endpoint:
 
     def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None, callbacks=False):
         m = self._mesh
-        key = (m._proc_ref.id, threading.get_ident())
+        ref = m._proc_ref  # as of now (a moved rank's new address): once per call
+        key = (ref.id, threading.get_ident())
         _calls_sent[key] = _calls_sent.get(key, 0) + 1
         rt = m._check_running()
         body = dumps_plain((args, kwargs))
         if body is not None:  # scalars: nothing to put in shared memory
-            return rt.call(m._proc_ref, m._actor_id, self._name, ranks, body, mode=mode,
+            return rt.call(ref, m._actor_id, self._name, ranks, body, mode=mode,
                            on_part=on_part, slice_info=slice_info, callbacks=callbacks)
         what = f"{m._class_name}.{self._name}"
-        hosts = m._proc_ref.hosts
-        with tensor_shim.pinned_for(m._proc_ref.id) as handles:  # the distributed tensors pickled, if any
+        hosts = ref.hosts
+        with tensor_shim.pinned_for(ref.id) as handles:  # the distributed tensors pickled, if any
             if rt.shares_memory() and all(hosts[r] == rt.host for r in ranks):
                 # Same host: large arrays and tensors go through shared memory.
                 with rt.tracking_segments() as created:
@@ -117,7 +118,7 @@ class Endpoint:
             else:
                 body, created = encode_args(what, args, kwargs), None
         try:
-            pending = rt.call(m._proc_ref, m._actor_id, self._name, list(ranks), body, mode=mode,
+            pending = rt.call(ref, m._actor_id, self._name, list(ranks), body, mode=mode,
                               on_part=on_part, slice_info=slice_info, callbacks=callbacks, segments=created)
         except BaseException:
             if created:
@@ -140,8 +141,8 @@ class Endpoint:
 
     def _answers(self, args, kwargs, ranks) -> tuple:
         """Send the call: ``(completion, inbox)`` for its Future; re-sent to replaced ranks (``retries``)."""
-        retries, info, mesh_id = self._mesh._retries.get(self._name, 0), self._slice_info(), self._mesh._proc_ref.id
-        healer = self_healing.existing(mesh_id) if retries else None
+        retries, info = self._mesh._retries.get(self._name, 0), self._slice_info()
+        healer = self_healing.existing(mesh_id := self._mesh._proc_ref.id) if retries else None
         if healer is None or not healer.policy.on_failure:
             pending = self._send(args, kwargs, ranks, slice_info=info)
             return pending.completion, pending.inbox
