@@ -183,6 +183,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("rank_beat", 1.0, "runtime/rank.py", "how often a rank checks that its template lives and beats to it"),
     _s("template_beats", 0.25, "runtime/template/server.py", "how often a template passes its ranks' beats "
        "on, together (a beat reaches the owner at most 1.25 s old)"),
+    _s("output_gather", 0.002, "runtime/template/server.py", "after a template reads a rank's output, how long the "
+       "ranks' pipes rest before its next read (its requests are still served at once): a rank printing flat out is "
+       "forwarded in chunks of many lines, each costing the controller and the history the same; a line alone goes "
+       "at once"),
     _s("agent_beat", 0.5, "runtime/spawn/agent_channel.py", "how often a host agent and its controller beat to "
        "each other"),
     _s("agent_silent", 2.5, "runtime/spawn/agent_channel.py", "silence after which an agent or its controller declares "

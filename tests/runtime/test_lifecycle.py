@@ -5,11 +5,14 @@ test_supervision.py.)"""
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 from support.actors import Echo, wait_for
 from support.scripts import run_script, write_script
 
-from monarch_kernel import ProcessDied, this_host
+from monarch_kernel import Actor, ProcessDied, endpoint, this_host
 from monarch_kernel.runtime.process import Runtime
 
 
@@ -92,3 +95,35 @@ def test_rank_output_is_forwarded_with_its_rank():
             assert rank0 == ["T1 print from rank 0", "T1 os.write from rank 0", "T1 child process of rank 0"]
     finally:
         sink.remove()
+
+
+class Steady(Actor):
+    @endpoint
+    def steady(self, n: int, every_us: float) -> int:
+        """``n`` lines, one every ``every_us`` microseconds (a training loop's log, flat out)."""
+        t = time.perf_counter()
+        for i in range(n):
+            print(f"steady {i}")
+            while (time.perf_counter() - t) * 1e6 < (i + 1) * every_us:
+                pass
+        sys.stdout.flush()
+        return n
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_printing_steadily_is_forwarded_in_chunks_of_many_lines():
+    """A line every 50 us: the template lets the rank's pipe gather between its reads
+    (``GATHER_S``), so each chunk the controller reads, and the history records, holds many
+    lines, not one or two; and every line arrives, once, in order."""
+    rt = Runtime.current()
+    chunks: list[bytes] = []
+    handle = rt.hooks.record.install(lambda mesh, rank, stream, data: chunks.append(data) if mesh == "steady" else None)
+    try:
+        with this_host().spawn_procs(per_host={"r": 1}, name="steady") as procs:
+            assert procs.spawn("s", Steady).steady.call_one(10000, 50).get(timeout=30) == 10000
+            wait_for(lambda: sum(c.count(b"\n") for c in chunks) >= 10000, 20)
+    finally:
+        handle.remove()
+    got = b"".join(chunks).decode().splitlines()
+    assert got == [f"steady {i}" for i in range(10000)]
+    assert len(got) / len(chunks) >= 5, f"{len(chunks)} chunks for {len(got)} lines"

@@ -44,6 +44,11 @@ SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sw
 READ_SIZE = 1 << 16
 BATCH_BYTES = 48 << 10  # output is forwarded in messages of about this size (the socket takes ~200 KiB)
 BEATS_S = config.seconds("template_beats")
+# After a turn that read output, the ranks' pipes rest this long while the controller's requests
+# are still served at once: a rank printing flat out is then forwarded in chunks of many lines,
+# not one or two, and every chunk costs the controller (its reader, the history) the same work.
+# A line printed alone still goes at once; the next waits at most this long.
+GATHER_S = config.seconds("output_gather")
 
 
 # ---------------------------------------------------------------- the template process
@@ -117,6 +122,11 @@ class _Template:
         self.batch_bytes = 0
         self.next_beats = time.monotonic() + BEATS_S
         self.reading = True  # False while the outbox is full (backpressure on the ranks' output)
+        self.read_output = False  # whether this turn read a rank's output (then the pipes rest: GATHER_S)
+        # What is watched while the pipes rest: the controller's requests, its end, SIGCHLD
+        self.requests = selectors.DefaultSelector()
+        for f in (sock.fileno(), self.wake_r, self.stdin):
+            self.requests.register(f, selectors.EVENT_READ)
 
     # ------------------------------------------------------------ the loop
 
@@ -133,6 +143,24 @@ class _Template:
             self._send_beats()
             self.out.flush()
             self._set_reading(not self.out.full)
+            if self.read_output:
+                self.read_output = False
+                self._rest_pipes(GATHER_S)
+
+    def _rest_pipes(self, seconds: float) -> None:
+        """Serve only the controller's requests (a drain reads every pipe dry at once), its
+        end and SIGCHLD for ``seconds``, while the ranks' output gathers in their pipes."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            try:
+                events = self.requests.select(left)
+            except InterruptedError:
+                continue
+            for key, _mask in events:
+                self._readable(key.fd)
+            if events:
+                self._flush_output()
+                self.out.flush()
 
     def _timeout(self) -> float:
         """Seconds until the next thing due: the heartbeats, an orphan sweep (ending any that
@@ -263,7 +291,7 @@ class _Template:
         except OSError:
             data = b""
         if not data:
-            self.sel.unregister(f)
+            self._unwatch(f)
             os.close(f)
             del rank.fds[f]
             self.by_fd.pop(f, None)
@@ -272,6 +300,7 @@ class _Template:
         if kind == 0:
             self._on_control(rank, data)
         else:
+            self.read_output = True
             self.batch.append([rank.pid, kind, data])
             self.batch_bytes += len(data)
             if self.batch_bytes >= BATCH_BYTES:
@@ -290,6 +319,13 @@ class _Template:
         if self.batch:
             self.out.send(Output(self.batch))
             self.batch, self.batch_bytes = [], 0
+
+    def _unwatch(self, f: int) -> None:
+        """Stop watching a pipe that ends (not watched while the outbox is full: ``_set_reading``)."""
+        try:
+            self.sel.unregister(f)
+        except KeyError:
+            pass
 
     def _set_reading(self, on: bool) -> None:
         """Stop (or start again) reading the ranks' output while the outbox is full."""
@@ -332,7 +368,7 @@ class _Template:
             while f in rank.fds and self._read_pipe(rank, f):
                 pass
             if f in rank.fds:
-                self.sel.unregister(f)
+                self._unwatch(f)
                 os.close(f)
                 self.by_fd.pop(f, None)
         rank.fds.clear()
