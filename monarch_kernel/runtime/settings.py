@@ -187,6 +187,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "ranks' pipes rest before its next read (its requests are still served at once): a rank printing flat out is "
        "forwarded in chunks of many lines, each costing the controller and the history the same; a line alone goes "
        "at once"),
+    _s("answer_resend", 30.0, "runtime/calls/outbox.py", "how long a rank tries again to send an answer that "
+       "could not be sent (out of file descriptors for a moment, the caller's queue full), with backoff, before it "
+       "reports it lost: the caller waits for that answer"),
+    _s("answer_resend_first", 0.05, "runtime/calls/outbox.py", "the first wait before such an answer is tried "
+       "again; each later wait doubles, up to a second"),
     _s("agent_beat", 0.5, "runtime/spawn/agent_channel.py", "how often a host agent and its controller beat to "
        "each other"),
     _s("agent_silent", 2.5, "runtime/spawn/agent_channel.py", "silence after which an agent or its controller declares "

@@ -5,8 +5,12 @@ test_supervision.py.)"""
 
 from __future__ import annotations
 
+import os
+import resource
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from support.actors import Echo, wait_for
@@ -127,3 +131,30 @@ def test_a_rank_printing_steadily_is_forwarded_in_chunks_of_many_lines():
     got = b"".join(chunks).decode().splitlines()
     assert got == [f"steady {i}" for i in range(10000)]
     assert len(got) / len(chunks) >= 5, f"{len(chunks)} chunks for {len(got)} lines"
+
+
+class Starved(Actor):
+    @endpoint
+    def answer_starved(self, seconds: float) -> int:
+        """Answer with no file descriptor left to open (the soft limit at the lowest free one),
+        the limit given back ``seconds`` later."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        free = os.open(os.devnull, os.O_RDONLY)
+        os.close(free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (free, hard))
+        threading.Timer(seconds, resource.setrlimit, (resource.RLIMIT_NOFILE, (soft, hard))).start()
+        return os.getpid()
+
+
+@pytest.mark.timeout(90)
+def test_an_answer_that_cannot_be_sent_for_a_moment_is_sent_once_it_can():
+    """A rank out of file descriptors for 1.5 s as it answers a caller it has never answered
+    (a thread of its own: a connection to open): the answer is sent again once it can be,
+    not dropped while the caller waits for ever."""
+    with this_host().spawn_procs(per_host={"r": 1}, name="starved") as procs:
+        m = procs.spawn("s", Starved)
+        with ThreadPoolExecutor(1) as pool:  # a caller the rank has no connection to yet
+            t = time.monotonic()
+            pid = pool.submit(lambda: m.answer_starved.call_one(1.5).get(timeout=30)).result()
+        assert time.monotonic() - t >= 1.0  # it came once the limit was back
+        assert pid == procs.rank_states()[0]["pid"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from .. import config
 from ..context import MeshRef, process_mesh
 from ..errors import SendFailed
 from ..net.inbox import Inbox, actor_address
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ..net.transport import Transport
 
 log = logging.getLogger("monarch_kernel.runtime")
+RESEND_S = config.seconds("answer_resend")  # an answer not sent is tried again this long
+RESEND_FIRST_S = config.seconds("answer_resend_first")  # the first wait; doubled each time, up to a second
 
 
 class Outbox:
@@ -221,7 +224,24 @@ class Outbox:
         try:
             self.transport.send(reply_to, h, body)
         except SendFailed as e:
-            self._not_sent(reply_to, f"the answer to call {call_id} from rank {me}", e)
+            self._send_later(reply_to, h, body, f"the answer to call {call_id} from rank {me}", e)
+
+    def _send_later(self, address: str, h: Header, body: list, what: str, e: SendFailed,
+                    wait: float = RESEND_FIRST_S, waited: float = 0.0) -> None:
+        """An answer its caller waits for is not dropped on a failure that may pass (this
+        process out of file descriptors for a moment, the caller's queue full): it is sent
+        again from the IO thread, waiting longer each time, for ``RESEND_S``; then reported."""
+        if waited >= RESEND_S:
+            self._not_sent(address, f"{what} (tried for {waited:.0f} s)", e)
+            return
+
+        def again() -> None:
+            try:
+                self.transport.send(address, h, body, block=False)
+            except SendFailed as e2:
+                self._send_later(address, h, body, what, e2, min(1.0, wait * 2), waited + wait)
+
+        self.io.call_soon(self.io.loop.call_later, wait, again)
 
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``:
