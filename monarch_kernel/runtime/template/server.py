@@ -35,6 +35,7 @@ from ..spawn.host_messages import (
     StackDump,
     Stacks,
 )
+from ..spawn.rank_output import SYNC_MARK
 from ..spawn.template_channel import ControlReader, Outbox, recv_msg
 from .fork import become_rank, leave_template, rank_pipes, warm_up
 from .process_tree import become_subreaper, children_of_self, die_with_parent, end_tree
@@ -44,11 +45,13 @@ SWEEP_AFTER_S = (config.seconds("orphan_sweep_first"), config.seconds("orphan_sw
 READ_SIZE = 1 << 16
 BATCH_BYTES = 48 << 10  # output is forwarded in messages of about this size (the socket takes ~200 KiB)
 BEATS_S = config.seconds("template_beats")
-# After a turn that read output, the ranks' pipes rest this long while the controller's requests
-# are still served at once: a rank printing flat out is then forwarded in chunks of many lines,
-# not one or two, and every chunk costs the controller (its reader, the history) the same work.
-# A line printed alone still goes at once; the next waits at most this long.
+# Once ranks' output has flowed for a while (turn after turn, for ten of these), the pipes rest
+# this long after each turn that read some, while the controller's requests are still served at
+# once: a rank printing flat out is then forwarded in chunks of many lines, not one or two, and
+# every chunk costs the controller (its reader, the history) the same work.  A burst (a cell's
+# few lines) goes at once, and so does the end-of-cell mark the kernel waits for.
 GATHER_S = config.seconds("output_gather")
+_SYNC = SYNC_MARK.encode()
 
 
 # ---------------------------------------------------------------- the template process
@@ -122,7 +125,9 @@ class _Template:
         self.batch_bytes = 0
         self.next_beats = time.monotonic() + BEATS_S
         self.reading = True  # False while the outbox is full (backpressure on the ranks' output)
-        self.read_output = False  # whether this turn read a rank's output (then the pipes rest: GATHER_S)
+        self.read_output = False  # whether this turn read a rank's output
+        self.synced = False  # ... and an end-of-cell mark in it (then no rest)
+        self.flowing_since = self.last_output = 0.0  # output read turn after turn since; last read at
         # What is watched while the pipes rest: the controller's requests, its end, SIGCHLD
         self.requests = selectors.DefaultSelector()
         for f in (sock.fileno(), self.wake_r, self.stdin):
@@ -144,8 +149,18 @@ class _Template:
             self.out.flush()
             self._set_reading(not self.out.full)
             if self.read_output:
-                self.read_output = False
-                self._rest_pipes(GATHER_S)
+                self._after_output()
+
+    def _after_output(self) -> None:
+        """A turn read output: if it has flowed for ``10 * GATHER_S`` (no gap of over five),
+        and no end-of-cell mark came, the pipes rest (``GATHER_S``)."""
+        now = time.monotonic()
+        if now - self.last_output > 5 * GATHER_S:
+            self.flowing_since = now
+        self.last_output = now
+        synced, self.synced, self.read_output = self.synced, False, False
+        if not synced and now - self.flowing_since >= 10 * GATHER_S:
+            self._rest_pipes(GATHER_S)
 
     def _rest_pipes(self, seconds: float) -> None:
         """Serve only the controller's requests (a drain reads every pipe dry at once), its
@@ -301,6 +316,8 @@ class _Template:
             self._on_control(rank, data)
         else:
             self.read_output = True
+            if _SYNC in data:
+                self.synced = True
             self.batch.append([rank.pid, kind, data])
             self.batch_bytes += len(data)
             if self.batch_bytes >= BATCH_BYTES:
