@@ -279,7 +279,8 @@ class _Template:
             self.out.send(ForkFailed(msg.tag, limit_error(e, "a new process")))
             return
         if pid == 0:
-            leave_template(self.sel, self.sock, [self.wake_r, self.wake_w, out_r, err_r, ctl_r, *self.by_fd])
+            leave_template(self.sel, self.sock, [self.wake_r, self.wake_w, self.requests.fileno(), out_r, err_r, ctl_r,
+                                                 *self.by_fd])
             become_rank(msg.config, [out_w, err_w, ctl_w], os.getppid())
         for f in (out_w, err_w, ctl_w):
             os.close(f)
