@@ -4,9 +4,11 @@ but blocked inside an older one; and HangError's words, pickled as it travels.""
 
 from __future__ import annotations
 
+import os
 import pickle
 
 from monarch_kernel import HangError
+from monarch_kernel.observe.stack_report import StackReport, from_json
 from monarch_kernel.spmd.controller.collectives import build_report
 from monarch_kernel.spmd.controller.hang_report import HangReport, stuck_ranks
 
@@ -23,6 +25,28 @@ def test_the_silent_rank_and_the_one_outside_every_collective_are_blamed():
     report = build_report("procs", snaps, [1], 0)
     assert report.holding_up() == [1, 3, 4]
     assert stuck_ranks([0, 1, 2, 3, 4], None, report) == ([1, 3], "the flight recorder")
+
+
+def test_a_rank_caught_between_two_collectives_on_its_way_into_the_next_is_not_blamed():
+    # 3 ranks in a ring: rank 1 stopped (silent) inside #7; rank 0 got its part and went on into #8;
+    # rank 2 finished #7 too, and the snapshot caught it calling #8 (its stack in torch.distributed)
+    # before the recorder saw it enter: it waits on rank 1 as rank 0 does.  A rank behind and
+    # elsewhere (rank 3, loading data) is still blamed.
+    snaps = {0: _snap(8, 7), 2: _snap(7, 7), 3: _snap(7, 7)}
+    report = build_report("procs", snaps, [1], 0)
+    torch_dist = "/site-packages/torch/distributed/distributed_c10d.py".replace("/", os.sep)
+    user = "/home/u/train.py".replace("/", os.sep)
+
+    def stack(rank: int, *frames: tuple[str, str]) -> object:
+        return from_json(rank, "h", "in-process", [{"thread_name": "MainThread", "frames": [
+            {"name": name, "filename": filename, "line": 1} for name, filename in frames]}])
+
+    stacks = StackReport("procs", [stack(0, ("all_reduce", torch_dist), ("step", user)),
+                                   stack(2, ("all_reduce", torch_dist), ("step", user)),
+                                   stack(3, ("next_batch", user), ("step", user))])
+    assert report.holding_up() == [1, 2, 3]
+    assert stuck_ranks([0, 1, 2, 3], stacks, report) == ([1, 3], "the flight recorder")
+    assert stuck_ranks([0, 1, 2, 3], None, report) == ([1, 2, 3], "the flight recorder")  # no stacks: as before
 
 
 def test_without_a_group_the_rank_whose_stack_differs_is_blamed_else_every_busy_one():

@@ -111,8 +111,11 @@ def stuck_ranks(busy: list[int], stacks, collectives) -> tuple[list[int], str]:
     if held:
         # A rank behind in one collective but itself blocked inside an older one waits too:
         # the one to blame is silent (stopped, or holding the GIL) or outside every collective.
+        # A rank the snapshot caught between two collectives, its stack already in torch.distributed,
+        # is on its way into the next one (it answered, so it runs): it waits too.
         inside = {r for g in collectives.groups for r, e in g.entered.items() if e > g.finished.get(r, -1)}
-        blamed = [r for r in held if r in collectives.silent or r not in inside]
+        blamed = [r for r in held
+                  if r in collectives.silent or (r not in inside and not _calls_torch_distributed(stacks, r))]
         return blamed or held, "the flight recorder"
     if stacks is not None:
         silent = sorted(s.rank for s in stacks.stacks if s.rank in busy and s.method != "in-process")
@@ -122,6 +125,15 @@ def stuck_ranks(busy: list[int], stacks, collectives) -> tuple[list[int], str]:
         if odd:
             return odd, "its stack differs from the rest" if len(odd) == 1 else "their stacks differ from the rest"
     return sorted(busy), "every rank still running the call"
+
+
+def _calls_torch_distributed(stacks, rank: int) -> bool:
+    """Whether ``rank``'s user thread is inside ``torch.distributed`` (its innermost frame there)."""
+    for s in stacks.stacks if stacks is not None else ():
+        if s.rank == rank and not s.error:
+            return any(t.frames and f"{os.sep}torch{os.sep}distributed{os.sep}" in t.frames[0].filename
+                       for t in s.selected(False))
+    return False
 
 
 def where_stuck(stacks, rank: int, namer) -> str:
