@@ -71,7 +71,7 @@ class HostAgent:
             hw.Reserve: lambda m: self._say(self._reserve(m)), hw.Kill: self._kill, hw.Stacks: self._stacks,
             hw.Usage: lambda m: self._say(hw.Usages(m.tag, proc_stats.usages(
                 [p for p in m.pids if p in self.pids]).items)),
-            hw.HistoryAsk: lambda m: self.history.ask(m, self._say_soon),
+            hw.HistoryAsk: lambda m: self.history.ask(m, self._say_soon), hw.Drain: self._drain,
             hw.Bye: lambda m: self.shutdown("the controller ended the job")}
 
     # ------------------------------------------------------------ on the IO thread
@@ -114,6 +114,24 @@ class HostAgent:
         template = self._template_of(msg.pid)
         if template is not None and msg.pid in self.pids:
             template.kill(msg.pid, msg.signal)
+
+    def _drain(self, msg: hw.Drain) -> None:
+        """Every template sends what its ranks wrote so far; then it goes on, and ``Drained``
+        after it (the controller's cell ends once its ranks' output is in)."""
+        templates = [t for t in [self.template, *(self.standby.templates() if self.standby else [])]
+                     if t is not None and t.alive]
+        left = [len(templates)]
+
+        def one_done() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self._flush()
+                self._say(hw.Drained(msg.tag))
+
+        if not templates:
+            self._say(hw.Drained(msg.tag))
+        for template in templates:
+            template.drain(lambda: self.rt.io.call_soon(one_done))
 
     def _warm(self, msg: hw.Warm) -> None:
         """The standby is to hold what a live rank of ``msg.pids`` (one mesh's) imported; the

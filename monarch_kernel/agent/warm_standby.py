@@ -73,6 +73,10 @@ class WarmStandby:
                 return standby.template
         return None
 
+    def templates(self) -> list[TemplateClient]:
+        """The standbys' templates, which fork restarted ranks."""
+        return [standby.template for standby in self._all()]
+
     def close(self) -> None:
         """End every standby, and their ranks with them (the agent is ending); those already
         told to end as well, which may still be importing (they would outlive the agent until

@@ -221,6 +221,19 @@ class CollapsingSink:
             if due:
                 time.sleep(BATCH_GAP_S)  # let a flood gather into the next write
 
+    def write_waiting(self) -> None:
+        """Write now the lines waiting for the same line from other ranks, the tail kept as it
+        is: a plain cell ends, and every rank's output up to its answers is in
+        (``Runtime.drain_output``), so they wait for nothing more; written later, they would
+        show in the next cell.  Under ``--no-stream`` a ``%%mesh`` cell's own end writes them."""
+        with self._emit_lock:
+            with self._cv:
+                if self.hold or not self._lines:
+                    return
+                due = self._lines.take_all()
+                wanted = self._last.wanted(self.hold)
+            self._emit(due, wanted)
+
     def flush(self, by_rank: bool = False, end: bool = False) -> None:
         """Print everything pending or held now (any thread) and take the tail away (until the
         next ``progress``); ``by_rank`` groups the lines by rank (``one_per_rank``) instead of by

@@ -15,7 +15,7 @@ from ..console.console import Console
 from ..debug.controller import proxy
 from ..debug.controller.pdb_controller import PdbHub
 from ..observe.metrics import RankMetrics
-from ..runtime import Runtime, counted
+from ..runtime import Runtime, config, counted
 from . import detached
 from .cell_errors import cell_label
 from .cell_names import CellNames
@@ -27,6 +27,8 @@ from .panel.feed import PanelFeed
 from .respawn import Respawn
 from .restart_notices import RestartNotices
 from .watchdog import Watchdog
+
+OUTPUT_DRAIN_S = config.seconds("output_drain")  # a cell's end waits at most this long for its ranks' output
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,8 @@ class MeshSession:
         self.watchdog = Watchdog(self)  # %mesh watchdog: stacks of ranks a cell has waited on too long
         self.record = LiveRecord()  # what monarch-kernel ls reads of this kernel, with no connection to it
         self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell),
-                        ("pre_run_cell", self.watchdog.cell_starts), ("post_run_cell", self.watchdog.cell_ends),
+                        ("pre_run_cell", self.watchdog.cell_starts), ("post_run_cell", self._output_in),
+                        ("post_run_cell", self.watchdog.cell_ends),
                         ("post_run_cell", self.note)]
         for event, fn in self._events:
             shell.events.register(event, fn)
@@ -74,6 +77,12 @@ class MeshSession:
         self.panel = PanelFeed(self)  # JupyterLab's Mesh panel: silent until a panel opens its comm
         self.panel.install()
         self.restarts = RestartNotices(self)  # each restart by a mesh's policy: a line in the cell, the panel
+
+    def _output_in(self, _result=None) -> None:
+        """A cell ends once what its ranks printed before answering its calls is in it: an
+        answer travels apart from the output it follows, and overtakes it."""
+        Runtime.current().drain_output(OUTPUT_DRAIN_S)
+        self.sink.write_waiting()
 
     def close(self) -> None:
         """Take out everything this session installed (the kernel is shutting down, or the

@@ -70,6 +70,11 @@ class MeshDoor:
         """End every rank of ``om``; the completion is done once they have all exited."""
         return self.launcher.stop(om)
 
+    def drain_output(self, timeout: float) -> bool:
+        """Wait until what this process's ranks have written so far has reached the output
+        hooks (``Launcher.drain_output``); False if that took more than ``timeout`` s."""
+        return self.launcher.drain_output(timeout)
+
     def add_host(self, host: str) -> AgentLink:
         """A link for the agent a job is about to start on ``host`` (``HostLinks.add_host``)."""
         return self.host_links.add_host(host)

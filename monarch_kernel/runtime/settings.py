@@ -273,6 +273,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("output_tail_gap", 0.1, "kernel/output.py", "the cell's last line (a rank's progress bar, the progress "
        "line) is redrawn at most this often"),
     _s("interrupt_grace", 10.0, "kernel/mesh_cell.py", "how long an interrupted cell waits for the ranks to stop"),
+    _s("output_drain", 2.0, "kernel/session.py", "at a cell's end, how long it waits for what its ranks printed "
+       "before answering its calls (every host sends what its ranks wrote; a host that does not answer in time is "
+       "not waited for)"),
     _s("output_quiet", 5.0, "kernel/mesh_cell.py", "after a `%%mesh` cell's ranks return, how long a rank's output "
        "may be silent before the cell ends without the rest of it (output still arriving keeps it open)"),
     _s("progress_after", 2.0, "kernel/mesh_cell.py", "a `%%mesh` cell running this long shows a progress line"),

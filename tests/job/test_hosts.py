@@ -73,6 +73,13 @@ class Where(Actor):
     def say(self, line: str) -> None:
         print(line, flush=True)
 
+    @endpoint
+    def talk(self, n: int, tag: str) -> int:
+        for i in range(n):
+            print(f"{tag} {i}")
+        print(f"{tag} done", flush=True)
+        return n
+
 
 class Buffers(Actor):
     def __init__(self):
@@ -138,6 +145,34 @@ def test_two_hosts_answer_and_the_tree_crosses_them(job, ssh_hosts):
     host0 = m.slice(hosts=0)
     assert m.slice(hosts=1, gpus=0).ask.call_one(host0, "x").get(timeout=30) == ["x", "x"]
     assert rt.stats()["dropped"]["curve"] == 0
+
+
+def test_what_ranks_on_other_hosts_printed_before_answering_is_in_once_drained(job):
+    """An answer overtakes the output its rank wrote before it (they travel apart): once
+    ``drain_output`` returns, every host's agent has had its template read its ranks' pipes
+    dry and sent it, so all of it has reached the output hooks (a notebook cell waits so at
+    its end).  Host 1's template is stopped while its ranks print and answer, and goes on
+    only after the drain was asked."""
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+    m = procs.spawn("where", Where)
+    template = psutil.Process(m.slice(hosts=1, gpus=0).where.call_one().get(timeout=30)[0]).parent()
+    lines: list = []
+    sink = Runtime.current().hooks.output.install(lambda mesh, rank, stream, line: lines.append((rank, line)))
+    try:
+        for tag in ("a", "b"):
+            template.suspend()
+            try:
+                assert list(m.talk.call(100, tag).get(timeout=60).values()) == [100] * 4
+                assert not any(line == f"{tag} done" for r, line in lines if r >= 2)  # held in host 1's pipes
+            finally:
+                threading.Timer(0.5, template.resume).start()
+            assert Runtime.current().drain_output(30)
+            seen = [(r, line) for r, line in lines if line.startswith(tag + " ")]
+            assert {(r, f"{tag} done") for r in range(4)} <= set(seen), (tag, len(seen), seen[-4:])
+            assert len(seen) == 4 * 101
+    finally:
+        template.resume()
+        sink.remove()
 
 
 def test_rdma_buffer_read_between_hosts(job):

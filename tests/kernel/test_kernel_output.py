@@ -78,3 +78,26 @@ def test_a_ranks_log_records_show_as_a_plain_kernels_would(mesh_kc):
     out, reply = run(mesh_kc, "%mesh status")
     rows = [line for line in text(out).splitlines() if line.startswith("  rank ")]
     assert len(rows) == 2 and all(row.endswith("| working") for row in rows), text(out)
+
+
+def test_what_ranks_print_before_answering_a_plain_cells_calls_shows_in_that_cell(mesh_kc):
+    """An actor's answer travels apart from its output and overtakes it: the cell waits for
+    the output its calls' ranks wrote before answering, so none of it shows in the next cell
+    (nor is lost, as a client that stopped reading the ended cell would lose it)."""
+    out, reply = run(mesh_kc, "from monarch_kernel import Actor, endpoint\n"
+                              "class Talker(Actor):\n"
+                              "    @endpoint\n"
+                              "    def talk(self, n, tag):\n"
+                              "        for i in range(n):\n"
+                              "            print(f'{tag} line {i}')\n"
+                              "        print(f'{tag} last words', flush=True)\n"
+                              "        return n\n"
+                              "talkers = procs.spawn('talkers', Talker)")
+    assert reply["status"] == "ok", text(out)
+    for tag in ("a", "b", "c"):
+        out, reply = run(mesh_kc, f"talkers.talk.call(3000, {tag!r}).get(timeout=60); None", timeout=120)
+        assert reply["status"] == "ok", text(out)[-2000:]
+        got = rank_lines(out, "[ranks 0-1]")
+        assert got[-1:] == [f"{tag} last words"] and len(got) == 3001, (tag, len(got), got[-3:], text(out)[-500:])
+    out, reply = run(mesh_kc, "1 + 1")
+    assert "line" not in text(out) and "last words" not in text(out), text(out)[:500]

@@ -68,7 +68,8 @@ class AgentLink:
             hw.ForkFailed: self._fork_failed, hw.Exit: lambda m: self.events.exited(m.pid, m.status),
             hw.Beat: lambda m: None, hw.StackDump: lambda m: self._dumps.arrived(m),
             hw.Usages: lambda m: (self._usage.pop(m.tag, lambda _m: None))(m), hw.HistoryFile: self._history_file,
-            hw.Warmed: self._warmed}
+            hw.Warmed: self._warmed, hw.Drained: lambda m: self._drains.pop(m.tag, lambda: None)()}
+        self._drains: dict[int, Callable[[], None]] = {}  # tag -> who hears the Drained, IO thread
         self._usage: dict[int, Callable] = {}  # tag -> who hears the Usages, IO thread
         self._history: dict[int, Callable] = {}  # tag -> who hears the HistoryFiles, IO thread
         self._dumps = PendingDumps()  # IO thread
@@ -161,6 +162,14 @@ class AgentLink:
             del self._history[tag]
             on_file(hw.HistoryFile(tag, self.host, "", b"", True, f"the agent on {self.host} is gone"))
 
+    def drain(self, then: Callable[[], None]) -> None:
+        """(IO thread) Ask the agent to send what its ranks have written so far; ``then`` is
+        called once all of it has been handed to the events (``output``), or the agent is gone."""
+        tag = self._tag()
+        self._drains[tag] = then
+        if not self._send(hw.Drain(tag)):
+            self._drains.pop(tag)()
+
     def _history_file(self, msg: hw.HistoryFile) -> None:
         on_file = self._history.pop(msg.tag, None) if msg.last else self._history.get(msg.tag)
         if on_file is not None:
@@ -240,6 +249,9 @@ class AgentLink:
         asked, self._history = self._history, {}
         for tag, on_file in asked.items():
             on_file(hw.HistoryFile(tag, self.host, "", b"", True, f"the agent on {self.host} is gone: {why}"))
+        drains, self._drains = self._drains, {}
+        for then in drains.values():
+            then()
         self.events.exited(None, None, why)
 
 

@@ -228,8 +228,9 @@ class Stacks(Message):
 
 
 class Drain(Message):
-    """(templates) Send what the ranks have written so far, then answer ``Drained``: at the
-    controller's exit, so that a rank's last lines are shown before it is killed."""
+    """(templates, agents) Send what the ranks have written so far, then answer ``Drained``:
+    at the end of a notebook cell, so that what a rank printed before answering the cell's
+    calls shows in that cell, and at the controller's exit, before the ranks are killed."""
 
     OP = "drain"
     tag: int

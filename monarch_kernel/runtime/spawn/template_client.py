@@ -100,7 +100,7 @@ class TemplateClient:
                                                 StackDump: lambda m: self._dumps.arrived(m),
                                                 Drained: self._drained}
         self._dumps = PendingDumps()
-        self._draining: dict[int, threading.Event] = {}
+        self._draining: dict[int, tuple[threading.Event, Callable[[], None] | None]] = {}
         loop.add_reader(here.fileno(), self._readable)
 
     def fork(self, config: LaunchConfig, on_forked, on_failed: Callable[[str], None] | None = None) -> None:
@@ -122,25 +122,31 @@ class TemplateClient:
         self._dumps.add(tag, len(pids), on_dump)
         send_msg(self._sock, Stacks(tag, list(pids), bool(native)))
 
-    def drain(self) -> threading.Event:
+    def drain(self, then: Callable[[], None] | None = None) -> threading.Event:
         """Ask the template to send what its ranks have written so far; the event is set
-        on the IO thread once all of it has been handed to the events (``output``)."""
+        (and ``then`` called) on the IO thread once all of it has been handed to the events
+        (``output``), or once the template is gone."""
         done = threading.Event()
         with self._lock:
             self._tags += 1
             tag = self._tags
-            self._draining[tag] = done
+            self._draining[tag] = (done, then)
         try:
             send_msg(self._sock, Drain(tag))
         except OSError:
-            done.set()  # the template is gone: nothing more will come
+            self._end_drain(tag)  # the template is gone: nothing more will come
         return done
 
     def _drained(self, msg: Drained) -> None:
+        self._end_drain(msg.tag)
+
+    def _end_drain(self, tag: int) -> None:
         with self._lock:
-            done = self._draining.pop(msg.tag, None)
+            done, then = self._draining.pop(tag, (None, None))
         if done is not None:
             done.set()
+        if then is not None:
+            then()
 
     def kill(self, pid: int, sig: int = signal.SIGKILL) -> None:
         try:
@@ -164,6 +170,8 @@ class TemplateClient:
                 self._loop.remove_reader(self._sock.fileno())
                 self._sock.close()
                 self.alive = False
+                for tag in list(self._draining):
+                    self._end_drain(tag)
                 self.events.exited(None, None)
                 return
             self._handle(msg)
