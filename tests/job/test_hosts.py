@@ -479,8 +479,41 @@ def test_ranks_whose_host_is_gone_restart_on_another_host_and_every_reference_re
         # A moved rank's output comes through its new host's agent.
         m.slice(hosts=0, gpus=0).say.call_one("hello from the moved rank").get(timeout=30)
         wait_until(lambda: (0, "hello from the moved rank") in lines, 30, "the moved rank's line")
+        # Once the mesh ends its forwards go: host 0 will reuse those ports for other processes.
+        rt = Runtime.current()
+        assert set(old.addresses[:2]) <= set(rt.outbox.forwards())
+        procs.stop().get(timeout=30)
+        wait_until(lambda: not set(old.addresses[:2]) & set(rt.outbox.forwards()), 30, "the ended mesh's forwards gone")
     finally:
         sink.remove()
+
+
+def test_a_port_a_moved_rank_left_taken_by_a_live_actor_gets_that_actors_calls(job, ssh_hosts):
+    """Ports are reused: a rank that moved away from port P of a host (its mesh ended since)
+    left a forward P -> its new home, and an actor of a later mesh listening on P there must
+    still get its calls, not have them forwarded to a process long gone (the chaos run's
+    last hangs: a rebuilt job's actor answered nothing, idle, while its calls waited for
+    ever).  Both orders: the move heard after the actor answered from P, and before."""
+    a, _b = ssh_hosts.hosts
+    procs = job.state().workers.spawn_procs(per_host={"gpus": 2})
+    m = procs.spawn("where", Where)
+    assert list(m.echo.call(1).get(timeout=30).values()) == [1] * 4
+    rt = Runtime.current()
+    route = next(k for k in rt.outbox.direct if k[0] == procs.ref.id and k[1] == 2)  # host 1's first rank's actor
+    port = rt.outbox.direct[route]
+    gone = f"tcp://{a}:9"  # where the ended mesh's rank moved: nothing listens there now
+    target = m.slice(hosts=1, gpus=0)
+    # The move is heard after the actor answered from that port: no forward is made.
+    rt.outbox.rank_moved("m-ended-1", 0, port, gone)
+    assert port not in rt.outbox.forwards()
+    assert target.echo.call_one(2).get(timeout=15) == 2
+    # The move was heard before the actor's first answer (its route not learnt yet): the answer
+    # names the port, and the forward from it goes.
+    del rt.outbox.direct[route]
+    rt.transport.forward(port, gone, "m-ended-2")
+    assert target.echo.call_one(3).get(timeout=15) == 3  # through the rank's main inbox; its answer names the port
+    assert port not in rt.outbox.forwards() and rt.outbox.direct.get(route) == port
+    assert target.echo.call_one(4).get(timeout=15) == 4  # straight to the port, as before
 
 
 @pytest.mark.timeout(240)

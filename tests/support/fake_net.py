@@ -222,6 +222,7 @@ class FakeTransport:
         self.forgotten: list[str] = []
         self.carried = False  # no out-of-cluster host's connection carries several ranks
         self.moved: dict[str, str] = {}  # old address -> new (a rank restarted on another host)
+        self.owners: dict[str, str] = {}  # old address -> the moved rank's mesh
         self._lock = threading.Lock()
 
     def send(self, address: str, h: Header, body: list) -> None:
@@ -238,11 +239,17 @@ class FakeTransport:
     def forget(self, address: str) -> None:
         self.forgotten.append(address)
 
-    def forward(self, old: str, new: str) -> None:
+    def forward(self, old: str, new: str, owner: str = "") -> None:
         """As the real transport's: what is sent to ``old`` goes to ``new``, and so does what went to ``old``."""
         self.moved = {k: (new if v == old else v) for k, v in self.moved.items() if k != new}
         if old != new:
             self.moved[old] = new
+            self.owners[old] = owner
+
+    def unforward(self, addresses=(), owner: str = "") -> None:
+        """As the real transport's: forwards from ``addresses``, and of mesh ``owner``, go."""
+        drop = {a for a in addresses if a in self.moved} | {a for a, o in self.owners.items() if owner and o == owner}
+        self.moved = {k: v for k, v in self.moved.items() if k not in drop}
 
     def forwards(self) -> dict[str, str]:
         return dict(self.moved)

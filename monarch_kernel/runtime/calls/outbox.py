@@ -76,6 +76,8 @@ class Outbox:
         if h.payload is None or not h.ranks:
             return
         address = h.payload.address
+        if address in self.transport.moved:  # a live actor answers from a port a moved rank once had
+            self.transport.unforward([address])
         if address in self._stale:
             return
         home = self._homes.get((h.mesh, h.ranks[0])) if self._homes else None
@@ -97,7 +99,10 @@ class Outbox:
         sends to ``old`` (every reference made before the move names it) goes there, and its
         actors' own inboxes are learnt again from their answers."""
         transport = self.transport
-        transport.forward(old, new)
+        if old in self.direct.values():  # a live actor answers from that port now (the host reused it)
+            transport.unforward([old])
+        else:
+            transport.forward(old, new, mesh_id)
         self._homes[(mesh_id, rank)] = _host_part(new)
         for key in [k for k in self.direct if k[0] == mesh_id and k[1] == rank]:
             self._stale.add(gone := self.direct.pop(key))
@@ -106,6 +111,19 @@ class Outbox:
     def forwards(self) -> dict[str, str]:
         """Every move this process knows of, old address -> new: a rank it forks inherits them."""
         return self.transport.forwards()
+
+    def claim(self, addresses) -> None:
+        """New ranks will listen at ``addresses`` (ports their hosts just reserved): a forward
+        left there by a rank that moved away from the same port earlier no longer applies."""
+        if self.transport.moved:
+            self.transport.unforward(addresses)
+
+    def forget_mesh(self, mesh_id: str) -> None:
+        """Mesh ``mesh_id`` ended: its moved ranks' forwards and homes go (their ports will
+        be reused by other processes)."""
+        self.transport.unforward(owner=mesh_id)
+        for key in [k for k in self._homes if k[0] == mesh_id]:
+            del self._homes[key]
 
     def origin(self, inbox: Inbox, mesh: MeshRef) -> str:
         """The address of ``inbox`` that ``mesh``'s ranks can answer."""

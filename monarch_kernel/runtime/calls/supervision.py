@@ -68,8 +68,9 @@ class SupervisionPolicy:
         self._hosted.setdefault(mesh_id, []).append((spawner, class_name, actor_id, frozenset(ranks)))
 
     def forget_hosted(self, mesh_id: str) -> None:
-        """Mesh ``mesh_id`` is gone: its actors with it."""
+        """Mesh ``mesh_id`` is gone: its actors with it, and its moved ranks' forwards."""
         self._hosted.pop(mesh_id, None)
+        self.outbox.forget_mesh(mesh_id)
 
     def death_failure(self, om: OwnedMesh, rank: int, info: DeathInfo) -> MeshFailure:
         """The supervision event of a death nobody saw.  As in Monarch it names a failed

@@ -83,6 +83,7 @@ class Transport:
         # A moved peer's old address -> its new one (``forward``); replaced whole, never
         # changed in place, so that a sending thread reads it without a lock.
         self.moved: dict[str, str] = {}
+        self._owners: dict[str, str] = {}  # a forward's old address -> the moved rank's mesh (under the lock)
         if via := config.get("controller_via"):  # a host whose controller is reached through ssh
             self.add_dialer(loopback_for(via))
 
@@ -279,15 +280,34 @@ class Transport:
             if zmq_poll([(sock, _POLLOUT)], max(1, int(min(left, 0.1) * 1000))):
                 return
 
-    def forward(self, old: str, new: str) -> None:
+    def forward(self, old: str, new: str, owner: str = "") -> None:
         """The peer that was at ``old`` is at ``new`` from now on (a rank restarted on another
         host): what is sent to ``old``, by any thread, goes to ``new``; so does what was
-        forwarded to ``old`` (a peer that moved twice)."""
+        forwarded to ``old`` (a peer that moved twice).  ``owner``: the moved rank's mesh,
+        whose end drops the forward (``unforward``)."""
         with self._lock:
             moved = {k: (new if v == old else v) for k, v in self.moved.items() if k != new}
             if old != new:
                 moved[old] = new
+                if owner:
+                    self._owners[old] = owner
+            self._owners.pop(new, None)
             self.moved = moved
+
+    def unforward(self, addresses=(), owner: str = "") -> None:
+        """Drop the forwards from ``addresses`` (a live process is there now: a later bind of
+        the same port on that host) and those of mesh ``owner`` (it ended: nobody calls its
+        ranks again).  Ports are reused, so a forward kept past either would send a new
+        process's messages to where an old one moved, and they would wait there for ever."""
+        with self._lock:
+            drop = {a for a in addresses if a in self.moved}
+            if owner:
+                drop |= {old for old, mesh in self._owners.items() if mesh == owner}
+            if not drop:
+                return
+            self.moved = {k: v for k, v in self.moved.items() if k not in drop}
+            for old in drop:
+                self._owners.pop(old, None)
 
     def forwards(self) -> dict[str, str]:
         """Every move this process knows of, old address -> new (``forward``)."""

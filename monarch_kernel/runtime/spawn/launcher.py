@@ -77,6 +77,8 @@ class Sender(Protocol):
 
     def forwards(self) -> dict[str, str]: ...
 
+    def claim(self, addresses) -> None: ...
+
 
 class RevivePolicy(Protocol):
     """What a restart tells: the supervision policy (``calls/supervision.py``)."""
@@ -135,6 +137,7 @@ class Launcher:
             ports = self.hosts.reserve(hosts, per, check)  # first: a host without room refuses before lists of n
             links = [hosts[r // per] for r in range(n)]
             addresses = tuple(f"tcp://{links[r].ip}:{ports[links[r].id][r % per]}" for r in range(n))
+            self.outbox.claim(addresses)  # before the forks: they inherit this process's forwards
             owner = cast(str, self.network.net_address)  # it listens for hosts before their agents start
             ref = MeshRef(mesh_id, name, dims, addresses, owner, tuple(link.host for link in links))
         else:
