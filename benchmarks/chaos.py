@@ -16,7 +16,10 @@ here, no file in any run directory or /dev/shm.  The run "passes" (``ok``) with 
 With ``--watchdog T`` a hang watchdog (``then="dump"``) watches both: the kernel's ``%mesh
 watchdog T`` and ``spmd.HangWatch`` on the hosts' mesh; each report is counted
 (``watchdog_reports``), and one with no hang of the run (a call past its bound) is a false
-alarm that fails ``ok``.  T should exceed the longest fault held (4 s) and a recovery.
+alarm that fails ``ok``.  With the restart policy too, the hosts' watchdog acts
+(``then="restart"``: the rank a hung call waits for is replaced, and the call fails): each of
+its reports must then match a call that failed after stalling T s (``stalled_then_failed``).
+T should exceed the longest fault held (4 s) and a recovery.
 
 With ``--restart-policy`` both meshes are spawned with ``restart="on-failure"``: the run never
 restarts a rank itself, it waits for the runtime to replace it (``by_policy`` counts those
@@ -85,7 +88,7 @@ class Run:
         self.fault_log: list[str] = []
         self.recovery = {"hosts_restarted": 0, "hosts_rebuilt": 0, "answered_after": 0, "failed_after": 0,
                          "ddp_after": 0, "ddp_failed_after": 0, "by_policy": 0, "relocated": 0,
-                         "rebuild_failed": 0}
+                         "rebuild_failed": 0, "ddp_retried": 0}
         self.seen_pids: set[int] = {os.getpid()}
         self.ledger.on_hang = self._hang_stacks
         self._stacks_at = 0.0  # when the hosts' ranks' stacks were last logged for a hang
@@ -207,6 +210,19 @@ class Run:
                 log(f"chaos: setup_torch_distributed after the restart: {type(e).__name__}: {e}")
         t2 = time.monotonic()
         step = self.ledger.run("ddp_after_restart", DDP_BOUND, lambda: h.ddp.ddp_step.call(), ddp_agrees)
+        if step is None and self.policy and not rebuilt:  # the watchdog replaced a broken rank: again, once
+            self.recovery["ddp_retried"] += 1
+            try:
+                self._replaced_by_policy(h)
+                self._policy_restarts(h)
+                pids = list(h.workers.pid.call().get(timeout=CALL_BOUND).values())
+                with h.lock:
+                    h.pids = pids
+                self.seen_pids.update(pids)
+                setup_torch_distributed(h.procs, "gloo")
+            except Exception as e:  # noqa: BLE001
+                log(f"chaos: setting the group up again for the retried step: {type(e).__name__}: {e}")
+            step = self.ledger.run("ddp_after_restart", DDP_BOUND, lambda: h.ddp.ddp_step.call(), ddp_agrees)
         what = "new job" if rebuilt else "moved to the other host" if moved else "restart"
         log(f"chaos: {what} {t1 - t0:.1f} s, setup_torch_distributed {t2 - t1:.1f} s, "
             f"first DDP step {time.monotonic() - t2:.1f} s")
@@ -326,7 +342,9 @@ class Run:
                         and result["recovery"]["failed_after"] == 0 and result["recovery"]["ddp_failed_after"] == 0
                         and result["recovery"]["rebuild_failed"] == 0
                         and result["kernel_restarts_answered"] == result["kernel_restarts"]
-                        and (result["hangs"] > 0 or not any(result["watchdog_reports"].values())))
+                        and (result["hangs"] > 0 or not any(result["watchdog_reports"].values())
+                             or (self.policy and result["stalled_then_failed"] >= result["watchdog_reports"]["hosts"]
+                                 and not result["watchdog_reports"]["kernel"])))
         shutil.rmtree(self.tmp, ignore_errors=True)
         return result
 
@@ -345,7 +363,11 @@ class Run:
         if self.watchdog:
             from monarch_kernel.spmd import HangWatch
 
-            watch = HangWatch(self.watchdog, "dump", on_report=self._alarm,
+            # Under the restart policy nobody watches: a hang is ended by replacing the rank it
+            # waits for (its interpreter may be what is broken: an import cut by EMFILE leaves a
+            # package half-imported for good), and the recovery below sets the group up again.
+            self.ledger.stall_s = self.watchdog
+            watch = HangWatch(self.watchdog, "restart" if self.policy else "dump", on_report=self._alarm,
                               meshes=lambda: [p for p in (self.hosts.procs,) if p is not None]).start()
         faults = Faults(net, lambda: self.rank_pids(cells), lambda: self.local_pids(km), random.Random(self.seed + 1))
         active: list = []

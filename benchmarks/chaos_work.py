@@ -42,6 +42,8 @@ class Ledger:
         self.wrong = collections.Counter()  # resolved with a value that is not the right one
         self.hangs: list[str] = []
         self.hung: set[int] = set()
+        self.stall_s = 0.0  # the hang watchdog's T (0: none): a call failed after this long had stalled
+        self.stalled = 0  # calls that failed after stalling past it (a watchdog that ends hangs ended them)
         self.on_hang = None  # called with each hang's text (outside the lock): the run logs where the ranks are
 
     def run(self, what: str, bound: float, make, check=None):
@@ -73,7 +75,9 @@ class Ledger:
 
     def _error(self, cid: int, what: str, e: BaseException) -> None:
         with self.lock:
-            self.pending.pop(cid, None)
+            made = self.pending.pop(cid, None)
+            if made is not None and self.stall_s and time.monotonic() - made[1] >= self.stall_s:
+                self.stalled += 1
             key = f"{what}: {type(e).__name__}"
             self.errors[key] += 1
             self.first.setdefault(key, str(e)[:300])
@@ -107,7 +111,7 @@ class Ledger:
                     "calls_by_kind": dict(self.made), "values_by_kind": dict(self.values),
                     "exceptions": dict(self.errors), "first_exceptions": dict(self.first),
                     "wrong_values": sum(self.wrong.values()),
-                    "hangs": len(self.hangs), "hang_list": self.hangs[:20]}
+                    "hangs": len(self.hangs), "hang_list": self.hangs[:20], "stalled_then_failed": self.stalled}
 
 
 @dataclass

@@ -119,6 +119,11 @@ class CallDoor:
         (``busy_ranks`` says only which)."""
         return self.caller.busy_ranks(mesh_id)
 
+    def calls_pending_on(self, mesh_id: str) -> list[tuple[int, str, str, frozenset[int]]]:
+        """This process's calls that ranks of ``mesh_id`` still owe answers to, oldest first:
+        (call id, actor, method, the ranks still waited on) (``Caller.pending_on``)."""
+        return self.caller.pending_on(mesh_id)
+
     def send_port(self, address: str, port_id: int, part: Part, mesh_id: str | None = None) -> None:
         """Deliver one value to a port opened by the process at ``address``; ``mesh_id``: a mesh
         that process belongs to, whose key signs the message (default: our own)."""

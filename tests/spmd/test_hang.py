@@ -49,6 +49,59 @@ def test_a_stuck_rank_raises_hang_error_and_the_next_call_answers():
             assert list(sleepy.nap.call(-1, 0).get(timeout=30).values()) == [0, 1]
 
 
+class Stepper(Actor):
+    @endpoint
+    def step(self, failing: int) -> int:
+        """A collective every rank enters but ``failing``, which raises first (as a rank whose
+        interpreter a fault broke does)."""
+        import torch
+        import torch.distributed as dist
+
+        me = current_rank().rank
+        if me == failing:
+            raise RuntimeError("this rank cannot take the step")
+        dist.all_reduce(torch.ones(1))
+        return me
+
+
+@pytest.mark.timeout(180)
+def test_a_call_stuck_in_a_collective_is_a_hang_though_other_calls_to_its_mesh_come_and_go():
+    """Rank 1 raises before a collective the others wait in; meanwhile another thread's calls
+    to an actor of the same mesh keep being answered.  They are no progress of the stuck call:
+    the flight recorder names rank 1 (behind, in no collective), and the hung all_reduce is
+    torn down."""
+    import threading
+
+    from monarch_kernel.spmd import setup_torch_distributed
+
+    with this_host().spawn_procs(per_host={"gpus": 3}, name="stuckstep") as procs:
+        setup_torch_distributed(procs, "gloo")
+        stepper, sleepy = procs.spawn("stepper", Stepper), procs.spawn("sleepy", Sleepy)
+        stop, answered = threading.Event(), []
+
+        def other_calls() -> None:  # one in flight nearly always, to one rank then the next
+            while not stop.is_set():
+                r = len(answered) % 3
+                answered.append(sleepy.slice(gpus=r).nap.call_one(r, 0.05).get(timeout=30))
+
+        caller = threading.Thread(target=other_calls, daemon=True)
+        caller.start()
+        try:
+            with watchdog(procs, T, then="abort") as watch:
+                fut = stepper.step.call(1)
+                with pytest.raises(HangError) as info:
+                    fut.get(timeout=60)
+            n = len(answered)
+        finally:
+            stop.set()
+            caller.join(timeout=30)
+        assert n >= T / 0.1, n  # the other calls went on all along
+        err = info.value
+        assert err.ranks == [1] and "the flight recorder" in str(err), err
+        assert len(watch.reports) == 1
+        assert list(sleepy.nap.call(-1, 0).get(timeout=30).values()) == [0, 1, 2]
+
+
 HOG = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
 
 

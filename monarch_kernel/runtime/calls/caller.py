@@ -147,6 +147,18 @@ class Caller:
                     busy[r] = busy.get(r, 0) + 1
         return busy
 
+    def pending_on(self, mesh_id: str) -> list[tuple[int, str, str, frozenset[int]]]:
+        """Calls made from this process that ranks of ``mesh_id`` still owe answers to, oldest
+        first: (call id, actor, method, the ranks still waited on)."""
+        out = []
+        for cid, call in list(self.calls.items()):
+            if call.mesh.id == mesh_id:
+                remaining = frozenset(call.remaining.copy())
+                if remaining:
+                    out.append((cid, call.header.actor, call.header.method, remaining))
+        out.sort(key=lambda c: c[0])
+        return out
+
     def uses(self, inbox: Inbox) -> bool:
         """Whether a call in flight waits for answers at ``inbox``."""
         return any(c.inbox is inbox for c in list(self.calls.values()))

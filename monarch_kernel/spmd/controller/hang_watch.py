@@ -7,13 +7,15 @@ interrupted) and the thread waiting on the mesh raises ``HangError``.  Off unles
     with watchdog(procs, 60, then="abort"):
         trainers.step.call(batch).get()     # HangError if the ranks hang for 60 s
 
-Progress, per mesh while this process waits on its ranks: a new call to it, or an answer
-(the calls still waited on change), a line a rank wrote (where the kernel counts them), a
-collective finished on any rank (the flight recorder), or CPU asked for by a busy rank that is
-not waiting inside a collective (a rank computing without a word, however crowded the
-machine).  ``then="restart"`` reports the hang, then SIGKILLs the stuck ranks and has the
-mesh's restart policy ("on-failure") replace them: the waiting call ends as a death ends it
-(``ProcessDied``, or the result of an ``@endpoint(retries=N)`` re-sent to the replacement).
+Progress, per mesh while this process waits on its ranks: an answer to the oldest call it
+waits on (calls that come and go meanwhile, a loop calling another actor there, are no
+progress of the ranks that call waits for), a new call from the waiting thread, a line a
+rank wrote (where the kernel counts them), a collective finished on any rank (the flight
+recorder), or CPU asked for by a rank that call waits for, not waiting inside a collective
+(a rank computing without a word, however crowded the machine).  ``then="restart"`` reports
+the hang, then SIGKILLs the stuck ranks and has the mesh's restart policy ("on-failure")
+replace them: the waiting call ends as a death ends it (``ProcessDied``, or the result of an
+``@endpoint(retries=N)`` re-sent to the replacement).
 
 Runs in the controller, on a thread of its own; reaches the waiting thread through the
 runtime's wait hook (``hooks.wait``), never by raising into it from outside.
@@ -220,18 +222,21 @@ class HangWatch:
             self._state.pop(procs.ref.id, None)
             return
         env = existing_env(procs)
-        mine = {env[0][i]: 1 for i in st.polls} if env else {}
-        waiting = {r: n - mine.get(r, 0) for r, n in rt.calls_waiting_on(procs.ref.id).items()}
-        busy = sorted(r for r, n in waiting.items() if n > 0)
-        if not busy:  # nothing waits on the mesh: nothing to watch (and nothing asked of its ranks)
+        polls = getattr(env[1], "actor_id", None) if env else None  # the watchdog's own questions are no call to watch
+        calls = [c for c in rt.calls_pending_on(procs.ref.id) if not (c[1] == polls and c[2] == "collectives")]
+        if not calls:  # nothing waits on the mesh: nothing to watch (and nothing asked of its ranks)
             st.since, st.reported, st.token = now, False, ()
             return
+        # The oldest call is the one watched: other calls to the mesh that come and go (a loop
+        # calling another actor there) are no progress of its ranks.
+        oldest = calls[0]
+        busy = sorted(oldest[3])
         in_collective = st.inside = self._poll(st, env, now)
         lines = self.activity(procs.name) if self.activity is not None else 0
         done = sum(max(int(g.get("last_completed", -1)), 0) for s in st.snaps.values()
                    for g in s.get("groups", {}).values())
         sent = calls_sent(procs.ref.id, self.waiter.ident) if self.waiter is not None and self.waiter.ident else 0
-        token = (tuple(sorted(waiting.items())), sent, lines, done)
+        token = ((oldest[0], tuple(busy)), sent, lines, done)
         # An actor hosted here serving (the loss plot drawing for a rank's flush): the ranks
         # wait on this process, which is busy, not stuck.
         moved, serving = token != st.token, False
@@ -381,7 +386,8 @@ def _what_changed(before: tuple, now: tuple) -> str:
     """Which part of a mesh's progress token moved (``HangWatch._watch`` builds it)."""
     if not before:
         return "calls began"
-    parts = ("the calls waited on changed", "a new call was sent", "a rank wrote a line", "a collective finished")
+    parts = ("the oldest call waited on was answered", "a new call was sent", "a rank wrote a line",
+             "a collective finished")
     return "; ".join(p for p, a, b in zip(parts, before, now, strict=True) if a != b)
 
 
