@@ -98,6 +98,7 @@ class Healer:
         self.procs = procs  # the whole ProcMesh
         self.actors: list[tuple] = []  # (ActorMesh, cls, args, kwargs), in spawn order
         self.events: list[RestartEvent] = []
+        self._told = 0  # the last event whose listeners have been told (``wait_restart`` returns no later one)
         self._cond = threading.Condition()
         self._queue: list[_Death] = []
         self._thread: threading.Thread | None = None
@@ -168,7 +169,7 @@ class Healer:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                later = [e for e in self.events if e.index > after]
+                later = [e for e in self.events if after < e.index <= self._told]
                 if later:
                     return later[0]
                 left = deadline - time.monotonic()
@@ -271,17 +272,19 @@ class Healer:
         self._settle(None, False)
 
     def _record(self, event: RestartEvent) -> None:
-        """Tell the listeners (the kernel's line in the cell), then whoever waits for it: a
-        cell that waits for the restart shows its line before it ends."""
+        """Listed in ``events`` first (whoever saw its line and asks finds it there), then the
+        listeners told (the kernel's line in the cell), then whoever waits for it: a cell that
+        waits for the restart shows its line before it ends."""
         with self._cond:
             event = replace(event, index=len(self.events) + 1)
+            self.events.append(event)
         for fn in list(_listeners):
             try:
                 fn(event)
             except Exception as e:  # noqa: BLE001  (a listener is the kernel's or the user's)
                 log.error("monarch_kernel: a restart listener raised %r", e)
         with self._cond:
-            self.events.append(event)
+            self._told = event.index
             self._cond.notify_all()
 
     def _settle(self, ranks: set[int] | None, ok: bool) -> None:

@@ -7,12 +7,13 @@ interrupted) and the thread waiting on the mesh raises ``HangError``.  Off unles
     with watchdog(procs, 60, then="abort"):
         trainers.step.call(batch).get()     # HangError if the ranks hang for 60 s
 
-Progress, per mesh while this process waits on its ranks: an answer to the oldest call it
-waits on (calls that come and go meanwhile, a loop calling another actor there, are no
-progress of the ranks that call waits for), a new call from the waiting thread, a line a
-rank wrote (where the kernel counts them), a collective finished on any rank (the flight
-recorder), or CPU asked for by a rank that call waits for, not waiting inside a collective
-(a rank computing without a word, however crowded the machine).  ``then="restart"`` reports
+Progress, per mesh while this process waits on its ranks: an answer to a call waited on
+since the last look at least (calls that come and go between two looks, a loop calling
+another actor on the same ranks, are no progress of the ranks the others wait on), a new
+call from the waiting thread, a line a rank wrote (where the kernel counts them), a
+collective finished on any rank (the flight recorder), or CPU asked for by a rank those
+calls wait on, not waiting inside a collective (a rank computing without a word, however
+crowded the machine).  ``then="restart"`` reports
 the hang, then SIGKILLs the stuck ranks and has the mesh's restart policy ("on-failure")
 replace them: the waiting call ends as a death ends it (``ProcessDied``, or the result of an
 ``@endpoint(retries=N)`` re-sent to the replacement).
@@ -95,6 +96,7 @@ class _Mesh:
     inside: set = field(default_factory=set)  # ranks inside a collective they have not finished
     settling: set = field(default_factory=set)  # ranks asked for their stacks, their CPU not progress until idle
     why: str = ""  # what the last progress was
+    seen: dict = field(default_factory=dict)  # call id -> the ranks it waited on, at the last tick
 
 
 def watchdog(procs, seconds: float, then: str = "dump", *,
@@ -225,18 +227,19 @@ class HangWatch:
         polls = getattr(env[1], "actor_id", None) if env else None  # the watchdog's own questions are no call to watch
         calls = [c for c in rt.calls_pending_on(procs.ref.id) if not (c[1] == polls and c[2] == "collectives")]
         if not calls:  # nothing waits on the mesh: nothing to watch (and nothing asked of its ranks)
-            st.since, st.reported, st.token = now, False, ()
+            st.since, st.reported, st.token, st.seen = now, False, (), {}
             return
-        # The oldest call is the one watched: other calls to the mesh that come and go (a loop
-        # calling another actor there) are no progress of its ranks.
-        oldest = calls[0]
-        busy = sorted(oldest[3])
+        # The calls watched are those waited on since the last tick at least: calls that come and
+        # go between ticks (a loop calling another actor on the same ranks) are no progress of theirs.
+        before, st.seen = st.seen, {c[0]: c[3] for c in calls}
+        standing = [c for c in calls if c[0] in before]
+        busy = sorted(set().union(*(c[3] for c in standing or calls)))
         in_collective = st.inside = self._poll(st, env, now)
         lines = self.activity(procs.name) if self.activity is not None else 0
         done = sum(max(int(g.get("last_completed", -1)), 0) for s in st.snaps.values()
                    for g in s.get("groups", {}).values())
         sent = calls_sent(procs.ref.id, self.waiter.ident) if self.waiter is not None and self.waiter.ident else 0
-        token = ((oldest[0], tuple(busy)), sent, lines, done)
+        token = (frozenset((c[0], c[3]) for c in standing), sent, lines, done)
         # An actor hosted here serving (the loss plot drawing for a rank's flush): the ranks
         # wait on this process, which is busy, not stuck.
         moved, serving = token != st.token, False
@@ -386,7 +389,7 @@ def _what_changed(before: tuple, now: tuple) -> str:
     """Which part of a mesh's progress token moved (``HangWatch._watch`` builds it)."""
     if not before:
         return "calls began"
-    parts = ("the oldest call waited on was answered", "a new call was sent", "a rank wrote a line",
+    parts = ("the calls waited on changed", "a new call was sent", "a rank wrote a line",
              "a collective finished")
     return "; ".join(p for p, a, b in zip(parts, before, now, strict=True) if a != b)
 
