@@ -398,10 +398,10 @@ class Run:
         finally:
             undo_all(faults, active)
             self.stop.set()
+            for t in threads:  # the watchdog watches on: a call hung as the faults end is theirs too
+                t.join(timeout=DDP_BOUND + 30)
             if watch is not None:
                 watch.stop()
-            for t in threads:
-                t.join(timeout=DDP_BOUND + 30)
         fig = self.ledger.figures()
         b = cells.books
         return {"seed": self.seed, "seconds": self.seconds, "restart_policy": self.policy,
