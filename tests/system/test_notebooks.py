@@ -180,7 +180,7 @@ def check_ddp(text: str) -> None:
     survivors = re.findall(r"\[ranks 0-1,3\] step (\d+): loss ([0-9.]+)", text)
     assert all(int(s) == start for s, _ in survivors), (start, survivors)
     losses.update({int(s): float(v) for s, v in survivors})
-    assert sorted(losses) == [50, 100, 150, 200, 250], losses  # continuous, from where it stopped
+    assert sorted(losses) == [50, 100, 150, 200, 250], (losses, text)  # continuous, from where it stopped
     assert losses[250] < losses[100] < losses[50], losses
     assert "held-out accuracy after recovery:" in text
     # Shrink, then grow: the same survivors at three ranks, then rank 3 back from their memory.
