@@ -17,7 +17,6 @@ import functools
 import os
 import secrets
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
@@ -27,6 +26,7 @@ from ..completion import Completion
 from ..context import MeshRef, current_actor
 from ..limits import raise_nofile_limit
 from ..wire.envelope import Header, Kind
+from . import output_drain
 from .agent_link import AgentLink, StandbyForker
 from .launch_config import LaunchConfig
 from .owned_mesh import OwnedMesh
@@ -367,34 +367,13 @@ class Launcher:
 
     def drain_output(self, timeout: float) -> bool:
         """(Not the IO thread) Wait until every byte this process's ranks had written when it was
-        called has reached the output hooks: every template, and every host's agent, reads its
-        ranks' pipes dry and sends it.  A rank's answer overtakes its output (they travel
-        apart), so a cell whose calls returned ends with their output only after this.  False
-        if some did not answer within ``timeout`` s; nothing is asked when no rank is alive."""
+        called has reached the output hooks (``output_drain``).  False if some template or
+        agent did not answer within ``timeout`` s; nothing is asked when no rank is alive."""
         if not self.events.pid_index or self.io.is_current():
             return True
-        done = threading.Event()
-        left = [0]
-        lock = threading.Lock()
-
-        def one_done() -> None:
-            with lock:
-                left[0] -= 1
-                if left[0] == 0:
-                    done.set()
-
-        def ask() -> None:
-            templates = [t for t in self.templates.values() if t.alive and t.ranks > 0]
-            links = [link for link in self.links.values() if link.alive and link.address is not None]
-            left[0] = len(templates) + len(links) + 1
-            for template in templates:
-                template.drain(one_done)
-            for link in links:
-                link.drain(one_done)
-            one_done()
-
-        self.io.call_soon(ask)
-        return done.wait(timeout)
+        return output_drain.drain(self.io, lambda: [
+            *(t for t in self.templates.values() if t.alive and t.ranks > 0),
+            *(link for link in self.links.values() if link.alive and link.address is not None)], timeout)
 
     def close(self) -> None:
         """At exit: every rank we spawned is killed, then the templates and the hosts' agents.
