@@ -259,6 +259,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
        "waits for a rank back that is still starting"),
     _s("elastic_store_connect", 15.0, "spmd/rank/elastic.py", "a rank connects to its group's store this long at "
        "most (one closed meanwhile is retried that long)"),
+    _s("aborted_group_op", 1.0, "spmd/rank/group.py", "a collective posted on a gloo group after its abort (by "
+       "a thread that held the group before it) gives up after this long if its shut connections did not fail it"),
     _s("datagram_retry", 0.0002, "runtime/net/datagram.py", "a same-host link to an inbox that is not there yet "
        "(an actor its rank has not made yet) tries again after this, then twice as long each time"),
     _s("datagram_retry_max", 0.005, "runtime/net/datagram.py", "the longest wait between those tries"),

@@ -72,6 +72,34 @@ class Probe(Actor):
     def pid(self) -> int:
         return os.getpid()
 
+    @endpoint
+    def abort_then_reduce(self, absent: int) -> tuple:
+        """A group made as a cell makes one (``init_process_group`` from torchrun's variables,
+        its connections unknown to the abort), aborted as the watchdog does; then what a main
+        thread let go of a SIGSTOP does: it posts the collective it was about to post, on the
+        group it held, which rank ``absent`` never joins.  How that collective ended."""
+        from datetime import timedelta
+
+        import torch
+        import torch.distributed as dist
+
+        from monarch_kernel.spmd.rank import group
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group("gloo")
+        me, held = dist.get_rank(), dist.distributed_c10d._get_default_group()  # noqa: SLF001
+        group.abort_group("the test aborts it")
+        if me == absent:
+            self.kept = held  # its connections stay up (a stopped rank's would)
+            return "absent", dist.is_initialized()
+        try:
+            held.allreduce([torch.ones(1)]).wait(timedelta(seconds=30))
+            ended = "it reduced"
+        except RuntimeError as e:
+            ended = str(e)
+        return ended, dist.is_initialized()
+
 
 @pytest.fixture(scope="module")
 def procs():
@@ -249,6 +277,23 @@ def test_a_slice_gets_its_own_ranks(procs, probe):
     assert addr == "127.0.0.1"
     envs = [e for e in probe.slice(dp=1).env.call().get(timeout=60).values()]
     assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"]) for e in envs] == [("0", "2", "0"), ("1", "2", "1")]
+
+
+def test_a_collective_posted_on_an_aborted_gloo_group_ends_in_seconds_and_a_group_is_made_again(procs, probe):
+    # The hang watchdog's abort shuts the connections of the groups it knows (those made by
+    # setup_torch_distributed, device_mesh, a script), which ends what waits on them.  A
+    # collective posted after the abort (a main thread let go of a SIGSTOP races the abort, and
+    # may also post just as the shut lands and miss it: fresh29) waited out the group's timeout
+    # (30 minutes), the mesh with it; now it gets one second.  Here rank 3 keeps the group's
+    # connections up (as a stopped rank does), and the group is made as a cell makes one, so
+    # the abort knows none of its connections: only the short timeout can end it.
+    setup_torch_elastic_env(procs)
+    for point, (ended, has_group) in probe.abort_then_reduce.call(3).get(timeout=60).items():
+        assert not has_group, point
+        if point.rank != 3:  # ended by the short timeout, or by rank 3's abort; not by the wait's (30 s)
+            assert "Operation timed out" not in ended and ended != "it reduced", (point, ended)
+    assert setup_torch_distributed(procs, "gloo") == "gloo"
+    assert sorted(probe.all_reduce.call().get(timeout=60).values()) == [(r, 4, 6.0) for r in range(4)]
 
 
 def test_spmd_actor_runs_an_unmodified_torchrun_script(procs, probe, tmp_path):
