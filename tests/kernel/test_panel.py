@@ -283,13 +283,18 @@ def test_dead_rank_restart_interrupt_and_spawn_from_the_panel(kc, panel):
     assert "[ranks 0-2] 1" in text(run(kc, "%%mesh\n1").outputs)
 
     # The interrupt button while a cell runs: its request goes over the panel's subshell.
-    msg_id = kc.execute("%%mesh\nimport time\ntime.sleep(4)\nprint('slept')")
+    msg_id = kc.execute("%%mesh\nimport time\nprint('sleeping', flush=True)\ntime.sleep(4)\nprint('slept')")
     panel.wait_state("rank 1 busy", lambda s: ranks(s).get(1, state0).state == "busy", timeout=5)
+    # The button is pressed once rank 1 is seen in its cell (as a user sees it): busy comes as the
+    # call arrives, and an interrupt that lands before the cell's code runs is dropped (fresh33).
+    panel.io.wait("rank 1 in its sleep", lambda: 1 in said_by(
+        "\n".join(line.rstrip() for line in text(panel.io.outputs(msg_id)).splitlines()), "sleeping"), 30,
+        detail=panel.io.so_far(msg_id))
     reply = panel.request("interrupt", mesh="procs", rank=1, timeout=10)
     assert reply.ok and reply.message == "interrupted rank 1 of procs", reply
     outputs = panel.io.wait_idle(msg_id, 30)
     got = text(outputs)
-    assert "[rank 1] KeyboardInterrupt: interrupted at cell line 3: time.sleep(4)" in got.splitlines(), got
+    assert "[rank 1] KeyboardInterrupt: interrupted at cell line 4: time.sleep(4)" in got.splitlines(), got
     shown = "\n".join(line.rstrip() for line in got.splitlines())  # (the blanked progress line's spaces)
     assert said_by(shown, "slept") == [0, 2] and "Traceback" not in got, got  # collapsed, or not on a loaded machine
 
