@@ -130,7 +130,8 @@ def _fail_late_operations(dist) -> None:
     another thread just as the connections are shut (a main thread let go of a SIGSTOP races
     the watchdog's abort) misses their end-of-file one time in twenty, and would otherwise
     wait out the group's timeout (30 minutes); torch's abort of a gloo group does not end it.
-    Operations already waiting keep their timeout: the shut ends them."""
+    Operations already running keep their timeout: the shut ends most of them, but a send a
+    stopped rank had under way can wait on in gloo until that timeout (the self-healing guide)."""
     import datetime
 
     c10d = dist.distributed_c10d
