@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
 _calls_sent: dict[tuple[str, int], int] = {}  # (proc mesh id, thread) -> calls sent (a new call is progress)
+_sent_total = 0  # calls and broadcasts sent by this process, to any mesh, from any thread
 
 
 def calls_sent(mesh_id: str, thread: int) -> int:
@@ -45,6 +46,13 @@ def calls_sent(mesh_id: str, thread: int) -> int:
     sent to the ranks of proc mesh ``mesh_id``: the hang watchdog counts a new call from the
     thread it watches as progress."""
     return _calls_sent.get((mesh_id, thread), 0)
+
+
+def sends_total() -> int:
+    """How many calls and broadcasts this process has sent, to any mesh from any thread: a
+    cell whose only send was its ``%%mesh`` run, its output already in by the ranks' end
+    markers, need not drain the ranks' pipes at its end."""
+    return _sent_total
 
 
 def part_value(part: Part, actor: str, method: str) -> Any:
@@ -99,10 +107,12 @@ class Endpoint:
         return f"<endpoint {self._mesh._class_name}.{self._name} on {self._mesh.extent!r}>"
 
     def _send(self, args, kwargs, ranks, *, mode=Mode.GATHER, on_part=None, slice_info=None, callbacks=False):
+        global _sent_total
         m = self._mesh
         ref = m._proc_ref  # as of now (a moved rank's new address): once per call
         key = (ref.id, threading.get_ident())
         _calls_sent[key] = _calls_sent.get(key, 0) + 1
+        _sent_total += 1
         rt = m._check_running()
         body = dumps_plain((args, kwargs))
         if body is not None:  # scalars: nothing to put in shared memory

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from IPython.core.error import UsageError
 
 from .. import history
+from ..actor.adverbs import sends_total
 from ..actor.errors import ActorError, HangError
 from ..debug.controller import proxy
 from ..runtime import RankSpecError, config, counted, parse_ranks, rank_label
@@ -50,6 +51,7 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     opts = {"cell": whole, "line_offset": offset, **session.pdb.cell_options()}
     session.sink.expect(token)
     history.set_cell(cell_label(filename) or filename)  # what the ranks print now belongs to this cell
+    sent_before = sends_total()
     fut = target.run.call(cell, filename, token, opts)
     interrupted = False
     session.pdb.cell_running = True
@@ -87,7 +89,8 @@ def run_on_mesh(session: MeshSession, cell: str, ranks_spec: str | None, timeout
     mesh_name = procs.name
     dead = set(procs.dead_ranks())
     expected = {(mesh_name, r, s) for r in ranks for s in ("stdout", "stderr") if r not in dead}
-    session.sink.wait_synced(token, expected, OUTPUT_QUIET_S, by_rank)
+    if session.sink.wait_synced(token, expected, OUTPUT_QUIET_S, by_rank) and not dead & set(ranks):
+        session.output_synced(sent_before)
     session.sink.hold = False
     errors = {}
     if results is not None:

@@ -10,6 +10,7 @@ import logging
 from IPython.core.error import UsageError
 
 from .. import history
+from ..actor.adverbs import sends_total
 from ..actor.errors import ActorError
 from ..console.console import Console
 from ..debug.controller import proxy
@@ -65,6 +66,7 @@ class MeshSession:
         self.metrics = RankMetrics()  # CPU and memory per rank, sampled while %mesh top or a panel watches
         self.watchdog = Watchdog(self)  # %mesh watchdog: stacks of ranks a cell has waited on too long
         self.record = LiveRecord()  # what monarch-kernel ls reads of this kernel, with no connection to it
+        self._sends_at_cell = self._synced_at = -1  # sends_total() as the cell began; once its output was in
         self._events = [("pre_run_cell", self.sink.follow_cell), ("pre_run_cell", self._remember_cell),
                         ("pre_run_cell", self.watchdog.cell_starts), ("post_run_cell", self._output_in),
                         ("post_run_cell", self.watchdog.cell_ends),
@@ -78,10 +80,20 @@ class MeshSession:
         self.panel.install()
         self.restarts = RestartNotices(self)  # each restart by a mesh's policy: a line in the cell, the panel
 
+    def output_synced(self, sent_before: int) -> None:
+        """(``%%mesh``) The cell's output is in: every rank it ran on sent its end marker after
+        its output.  Unless the cell sent something before (``sent_before``, counted by
+        ``sends_total``), its end needs no drain."""
+        if sent_before == self._sends_at_cell:
+            self._synced_at = sends_total()
+
     def _output_in(self, _result=None) -> None:
         """A cell ends once what its ranks printed before answering its calls is in it: an
-        answer travels apart from the output it follows, and overtakes it."""
-        Runtime.current().drain_output(OUTPUT_DRAIN_S)
+        answer travels apart from the output it follows, and overtakes it.  A ``%%mesh``
+        cell that sent nothing else has it already (``output_synced``); the drain, a round
+        trip to every template and agent, is skipped."""
+        if sends_total() != self._synced_at:
+            Runtime.current().drain_output(OUTPUT_DRAIN_S)
         self.sink.write_waiting()
 
     def close(self) -> None:
@@ -174,6 +186,7 @@ class MeshSession:
 
     def _remember_cell(self, info=None) -> None:
         self.raw_cell = getattr(info, "raw_cell", "") or ""
+        self._sends_at_cell, self._synced_at = sends_total(), -1
 
     def cell_file(self, line: str, body: str) -> tuple[str, str, int]:
         """(the whole cell, the file name it compiles under, lines before ``body``).

@@ -101,3 +101,36 @@ def test_what_ranks_print_before_answering_a_plain_cells_calls_shows_in_that_cel
         assert got[-1:] == [f"{tag} last words"] and len(got) == 3001, (tag, len(got), got[-3:], text(out)[-500:])
     out, reply = run(mesh_kc, "1 + 1")
     assert "line" not in text(out) and "last words" not in text(out), text(out)[:500]
+
+
+def test_a_mesh_cell_ends_without_a_drain_unless_it_sent_something_else(mesh_kc):
+    """A ``%%mesh`` cell's ranks send their end markers after their output, so the cell has
+    it all once they are in: its end skips the drain (a round trip to every template and
+    agent on each cell).  A cell that sent a call as well still drains: that call's output
+    may trail its answer.  The drains are counted by a wrapper around the kernel's runtime."""
+    spy = ("from monarch_kernel import Actor, endpoint\n"
+           "from monarch_kernel.runtime import Runtime\n"
+           "_rt = Runtime.current(); _drains = []; _real_drain = _rt.drain_output\n"
+           "def _counting(timeout):\n    _drains.append(timeout)\n    return _real_drain(timeout)\n"
+           "_rt.drain_output = _counting\n"
+           "class Echo(Actor):\n    @endpoint\n    def echo(self, x):\n        return x\n"
+           "echoes = procs.spawn('echoes', Echo)")
+    out, reply = run(mesh_kc, spy)
+    assert reply["status"] == "ok", text(out)
+    try:
+        def drains_at_the_end_of(cell: str) -> int:
+            run(mesh_kc, "_n = len(_drains)")  # this cell's own end drains once
+            out, reply = run(mesh_kc, cell)
+            assert reply["status"] == "ok", text(out)
+            out, _ = run(mesh_kc, "print(len(_drains) - _n - 1)")
+            return int(text(out).strip())
+
+        assert drains_at_the_end_of("%%mesh\nprint('from the ranks')") == 0
+        assert drains_at_the_end_of("get_ipython().run_cell_magic('mesh', '', 'print(1)')") == 0
+        assert drains_at_the_end_of("echoes.echo.call(1).get(timeout=30)") == 1
+        assert drains_at_the_end_of("echoes.echo.call(1).get(timeout=30)\n"
+                                    "get_ipython().run_cell_magic('mesh', '', 'print(1)')") == 1
+        assert drains_at_the_end_of("get_ipython().run_cell_magic('mesh', '', 'print(1)')\n"
+                                    "echoes.echo.broadcast(1)") == 1
+    finally:
+        run(mesh_kc, "del _rt.drain_output")
