@@ -177,6 +177,15 @@ def check_ddp(text: str) -> None:
     # Each step's report, whoever printed it, however collapsing grouped them (a rank slow to print
     # its copy on a loaded machine stands alone): one mean loss per step, from every rank.
     reports = step_reports(text)
+    # The kill can land in the step report's all-reduce after some survivors left it (they print
+    # the report and keep that step) and before the others did (they keep only the step before).
+    # The job then resumes from that step before, every rank repeats the reported step, and its
+    # report is printed again by all four ranks: the mean over the one step since the resume.
+    cut_short = reports.get(start + 1, {})
+    if len(cut_short) == 2:
+        (_first, early), (again, everyone) = cut_short.items()  # in the order printed
+        assert set(early) < {0, 1, 3} and sorted(everyone) == [0, 1, 2, 3], (cut_short, text)
+        reports[start + 1] = {again: everyone}
     assert all(len(values) == 1 for values in reports.values()), (reports, text)
     ranks = {step: sorted(r for rs in values.values() for r in rs) for step, values in reports.items()}
     losses = {step: next(iter(values)) for step, values in reports.items() if step <= 250}
