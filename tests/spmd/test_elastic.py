@@ -135,6 +135,17 @@ def procs():
     procs.stop().get(timeout=30)
 
 
+def test_an_abort_sent_after_the_mesh_was_stopped_ends_quietly(procs):
+    # The abort of a broken group runs on its own thread; the user (or a test's teardown)
+    # may stop the mesh before it sends: it must end without an exception (CI on d23ce36).
+    from monarch_kernel.spmd.controller.elastic import _abort
+    from monarch_kernel.spmd.rank.elastic import ElasticControl
+
+    control = procs.slice(gpus=0).spawn("elastic_control", ElasticControl)
+    procs.stop().get(timeout=30)
+    _abort([control], "a test", 1)  # raised MeshStopped from the send
+
+
 def test_resize_is_a_signal_not_an_error():
     assert Resize(4).step == 4 and "step 4" in str(Resize(4))
 

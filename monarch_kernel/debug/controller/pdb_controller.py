@@ -370,9 +370,11 @@ class PdbHub:
         """Where the mesh's ranks report pdb stops (this kernel), and the post-mortem setting.
         Waits until the ranks have it: the next cell's first call, to another actor with a
         worker of its own, may stop at once (a rank that died meanwhile is supervision's)."""
-        told = self.mesh(mesh)[1].debug_setup.call(self.port, self.post_mortem)
+        entry = self.mesh(mesh)  # (on a thread of its own: the mesh may be stopped meanwhile)
+        if entry is None:
+            return
         try:
-            told.get(timeout=TELL_TIMEOUT_S)
+            entry[1].debug_setup.call(self.port, self.post_mortem).get(timeout=TELL_TIMEOUT_S)
         except (ActorError, MeshStopped, SendFailed, TimeoutError):
             pass  # the ranks that could take it have; the others cannot stop in pdb anyway
 

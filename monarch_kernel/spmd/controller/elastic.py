@@ -342,7 +342,15 @@ class _Wedged(TimeoutError):
 
 
 def _abort(controls, reason: str, generation: int) -> None:
-    futures = [c.abort.call_one(reason, generation) for c in controls]
+    """Abort the group on every member still there.  The mesh may be stopped meanwhile (the
+    user's ``stop``, or a test's teardown): then sending fails as the answer would, and is
+    ignored the same way."""
+    futures = []
+    for c in controls:
+        try:
+            futures.append(c.abort.call_one(reason, generation))
+        except (MeshStopped, ConnectionError):
+            pass  # stopped, or that rank is gone: nothing is left to abort there
     for f in futures:
         try:
             f.get(timeout=10)
