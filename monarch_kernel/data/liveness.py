@@ -7,6 +7,7 @@ but the buffer's own id sends the reader to the owner (``CHECK``), which says ex
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import socket
@@ -72,6 +73,16 @@ class Watch:
 
 _watches: dict[bytes, Watch] = {}  # owner instance -> its watch
 _lock = threading.Lock()
+_close_at_exit = [False]  # whether close_all() is registered (at the first watch kept)
+
+
+def close_all() -> None:
+    """Close every watch (at exit: a socket left to the GC warns)."""
+    with _lock:
+        watches = list(_watches.values())
+        _watches.clear()
+    for w in watches:
+        w.close()
 
 
 def watch(instance: bytes) -> Watch | None:
@@ -86,6 +97,9 @@ def keep(instance: bytes, fd: int, sock: socket.socket) -> Watch:
         old = _watches.get(instance)
         if old is None:
             _watches[instance] = w
+            if not _close_at_exit[0]:
+                _close_at_exit[0] = True
+                atexit.register(close_all)
             return w
     w.close()  # another thread got there first
     return old

@@ -573,6 +573,39 @@ def test_requests_blobs_and_replies_round_trip_over_a_socket():
         assert wire.recv_reply(a) == wire.Reply(wire.Status.OK, b"")
 
 
+def test_a_reader_that_exits_leaves_no_socket_to_the_gc(tmp_path):
+    """The reader's watch on an owner (an idle connection, liveness.py) is closed at exit,
+    like its pooled connections: none is left for the GC to warn about."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "reader.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from monarch_kernel import Actor, RDMABuffer, endpoint, this_host
+
+        class Owner(Actor):
+            @endpoint
+            def make(self, n):
+                self.t = torch.arange(n, dtype=torch.uint8)
+                return RDMABuffer(self.t, name="b")
+
+        with this_host().spawn_procs(per_host={"ranks": 1}) as procs:
+            buf = procs.spawn("owner", Owner).make.call_one(4096).get(timeout=60)
+            dst = torch.empty(4096, dtype=torch.uint8)
+            for _ in range(3):  # the second read on asks the owner's words (the watch)
+                buf.read_into(dst).get(timeout=60)
+            print(buf.transport(), int(dst.sum()))
+    """))
+    env = {**os.environ, "MONARCH_KERNEL_DATA_TRANSPORT": "shm"}
+    out = subprocess.run([sys.executable, "-W", "always::ResourceWarning", str(script)], capture_output=True,
+                         text=True, timeout=90, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["shm", str(sum(range(256)) * 16)]
+    assert "ResourceWarning" not in out.stderr, out.stderr
+
+
 def test_importing_the_data_plane_installs_nothing():
     """Every module of monarch_kernel.data, imported after the layers it sits on, leaves the
     environment, exit and fork handlers, hooks, signals and threads as they were."""
