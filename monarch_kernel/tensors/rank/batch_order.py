@@ -57,8 +57,8 @@ class BatchOrder:
     def _dispatched(self, seq: int) -> None:
         """Batch ``seq`` ran on the main stream and went to the others: once they have run
         their part, requests that follow it are answered."""
-        n = self.streams.mark(self._marked, seq) if self.streams.workers else 0
-        with self._cond:
+        with self._cond:  # before a stream's thread marks it (it waits for the lock): fresh46
+            n = self.streams.mark(self._marked, seq) if self.streams.workers else 0
             self._main = seq
             if n:
                 self._pending[seq] = n
