@@ -173,7 +173,8 @@ class Runtime(MeshDoor, CallDoor, NetDoor, LocalDoor):
         self.main_thread = main_thread  # a rank's (it lends it to one actor); None in the controller
         # Moving messages.
         self.transport = Transport(self.ctx, self.signer, io=io, curve=curve)
-        self.network = Network(self.ctx, io, self.drops, curve, on_keys=self.transport.use_keys)
+        self.network = Network(self.ctx, io, self.drops, curve, vouched=self.signer.vouched,
+                               on_keys=self.transport.use_keys)
         self.inbox = self.network.main_inbox(address or f"ipc://{rundir}/{name}")
         self.address = self.inbox.address
         self.receiver = Receiver(io=io, signer=self.signer, drops=self.drops, hooks=self.hooks,

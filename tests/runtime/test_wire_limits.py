@@ -24,7 +24,7 @@ from monarch_kernel.runtime.net.io_thread import IOThread
 from monarch_kernel.runtime.net.network import Network
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.runtime.wire import framing
-from monarch_kernel.runtime.wire.auth import DropCounts
+from monarch_kernel.runtime.wire.auth import DropCounts, Signer
 
 GIB = 1 << 30
 
@@ -145,7 +145,7 @@ def test_a_refused_tcp_connection_is_logged_under_the_tcp_address(tmp_path, capl
     one: a connection refused on the TCP one is logged under that address, not the ipc one."""
     ctx = zmq.Context()
     io = IOThread(name="test-network")
-    net = Network(ctx, io, DropCounts(), None)
+    net = Network(ctx, io, DropCounts(), None, vouched=Signer(os.urandom(32)).vouched)
     ipc = f"ipc://{tmp_path}/main"
     try:
         net.main_inbox(ipc)

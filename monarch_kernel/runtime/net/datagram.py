@@ -8,7 +8,9 @@ An inbox that listens on ``ipc://PATH`` also binds a datagram socket at ``PATH``
 
 - a message with several frames, or too large for one datagram, goes packed, in pieces if
   need be, which the listener joins again (pieces carry their link's id, and the first one the
-  message's length; ``unfinished.py`` bounds what a listener holds of unfinished messages);
+  message's length and a MAC of its head with the job key, ``Signer.vouch``: a process without
+  the key begins no message a listener would hold; ``unfinished.py`` bounds what a listener
+  holds of unfinished messages);
 - when the peer's queue is full, what follows waits in the link's own queue (up to
   ``send_queue`` datagrams, as ZeroMQ's would), and the IO thread sends it as the peer reads;
 - until the inbox is there (an actor's, say, which its rank makes once it reads the spawn),
@@ -30,11 +32,13 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from .. import config
 from ..errors import SendFailed
 from ..limits import check_room
 from ..wire import rejects
+from ..wire.auth import VOUCH_LEN
 from .unfinished import WIRE, Joiner
 
 log = logging.getLogger("monarch_kernel.runtime")
@@ -43,18 +47,19 @@ DGRAM_MAX = 200_000  # bytes in one datagram (the kernel's default socket buffer
 _BUF = 4 << 20  # each socket's buffer (capped by net.core.[rw]mem_max)
 _PATH_MAX = 107  # sun_path, less its terminating NUL
 
-# A datagram's first byte.  A message in pieces: FIRST (link id, the message's length, data),
-# PIECE (link id, data)..., LAST (link id, data).
+# A datagram's first byte.  A message in pieces: FIRST (link id, the message's length, the
+# vouch of those three, data), PIECE (link id, data)..., LAST (link id, data).
 WHOLE, PACKED, PIECE, LAST, FIRST = 0, 1, 2, 3, 4
 _TAG = [bytes([t]) for t in range(5)]
 _ID = struct.Struct("<Q")
 _COUNT = struct.Struct("<I")
 _LEN = struct.Struct("<Q")
 _STEP = DGRAM_MAX - _ID.size  # data in each piece after the first
-_FIRST_STEP = _STEP - _LEN.size  # data in the first (it also carries the length)
+_FIRST_STEP = _STEP - _LEN.size - VOUCH_LEN  # data in the first (it also carries the length, vouched)
 _LONGEST = DGRAM_MAX + 1  # the longest datagram this wire sends (a piece): anything longer is not of it
 _AT_DATA = 1 + _ID.size  # where a piece's data starts
-_AT_FIRST_DATA = _AT_DATA + _LEN.size
+_AT_VOUCH = _AT_DATA + _LEN.size  # a first piece's head (tag, link id, length) ends here
+_AT_FIRST_DATA = _AT_VOUCH + VOUCH_LEN
 # The most a message in pieces may be: the largest frame a process accepts, and its header.
 _ENVELOPE = 1 << 20
 RETRY_FIRST_S = config.seconds("datagram_retry")
@@ -96,11 +101,14 @@ def _unpack(data) -> list:
 
 
 class Listener:
-    """The datagram side of one inbox; read by whoever holds the inbox's lease."""
+    """The datagram side of one inbox; read by whoever holds the inbox's lease.
+    ``vouched(head, mac)``: whether a first piece's head was vouched for with a key of the
+    job (``Signer.vouched``)."""
 
-    def __init__(self, path: str, max_message: int):
+    def __init__(self, path: str, max_message: int, vouched: Callable[[bytes, bytes], bool]):
         self.path = path
         self.max_message = max_message
+        self.vouched = vouched
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUF)
@@ -149,6 +157,10 @@ class Listener:
                     self._look()
                 return _unpack(data[1:])
             if tag == FIRST and n > _AT_FIRST_DATA:
+                if not self.vouched(data[:_AT_VOUCH], data[_AT_VOUCH:_AT_FIRST_DATA]):
+                    # Not begun by a process of the job: held nowhere, and its pieces are orphans.
+                    rejects.count(WIRE, "forged", "a message's first piece without the job key's MAC")
+                    continue
                 (total,) = _LEN.unpack_from(data, _AT_DATA)
                 self._joiner.first(data[1:_AT_DATA], total, memoryview(data)[_AT_FIRST_DATA:], n)
                 continue
@@ -171,14 +183,16 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
+        self._joiner.close()
         try:
             os.unlink(self.path)
         except OSError:
             pass
 
 
-def _datagrams(frames: list, link_id: bytes) -> list:
-    """The datagrams (each a list of buffers for ``sendmsg``) that carry one message."""
+def _datagrams(frames: list, link_id: bytes, vouch: Callable[[bytes], bytes]) -> list:
+    """The datagrams (each a list of buffers for ``sendmsg``) that carry one message;
+    ``vouch(head)``: the MAC of a first piece's head (``Signer.vouch``)."""
     if len(frames) == 1:
         f = frames[0]
         if (f.nbytes if type(f) is memoryview else len(f)) < DGRAM_MAX:
@@ -188,7 +202,8 @@ def _datagrams(frames: list, link_id: bytes) -> list:
     if n < DGRAM_MAX:
         return [[_TAG[PACKED], packed]]
     view = memoryview(packed)
-    out = [[_TAG[FIRST], link_id, _LEN.pack(n), view[:_FIRST_STEP]]]
+    head = _TAG[FIRST] + link_id + _LEN.pack(n)
+    out = [[head, vouch(head), view[:_FIRST_STEP]]]
     out += [[_TAG[PIECE], link_id, view[i:i + _STEP]] for i in range(_FIRST_STEP, n, _STEP)]
     out[-1][0] = _TAG[LAST]
     return out
@@ -265,9 +280,10 @@ class Links:
             links = self._local.links = {}
         return links
 
-    def send(self, address: str, frames: list, block: bool) -> bool:
-        """Send one message to the inbox at ``address``; False when this thread's messages
-        there go through ZeroMQ (then the caller sends it so)."""
+    def send(self, address: str, frames: list, block: bool, vouch: Callable[[bytes], bytes]) -> bool:
+        """Send one message to the inbox at ``address`` (``vouch``: the ``Signer.vouch`` of the
+        key it was signed with); False when this thread's messages there go through ZeroMQ
+        (then the caller sends it so)."""
         links = self._links()
         link = links.get(address)
         if link is None:
@@ -277,7 +293,7 @@ class Links:
                 self.io.call_soon(self._retry, link, RETRY_FIRST_S)
         if link.zmq:
             return False
-        grams = _datagrams(frames, link.id)
+        grams = _datagrams(frames, link.id, vouch)
         with link.lock:
             if link.zmq:
                 return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
+from collections.abc import Callable
 
 import zmq
 from zmq.backend import zmq_poll
@@ -37,12 +38,15 @@ class Inbox:
     """``address`` is where it listens (``tcp://ip:*`` picks a port; TCP binds serve Curve with
     ``curve``); ``net_address``, once ``listen_tcp`` ran, is a second, TCP, address of the
     same socket for peers on other hosts (``net_ip`` its IP; ``former``: the TCP addresses it
-    listened on before, still bound, when the process moved to another IP)."""
+    listened on before, still bound, when the process moved to another IP).  ``vouched``:
+    whether a same-host message's first piece was begun with a key of the job
+    (``Signer.vouched``; see ``datagram.Listener``)."""
 
     __slots__ = ("sock", "address", "net_address", "net_ip", "former", "lease", "missed", "watched", "_timeout_ms",
                  "_ptr", "_recv", "dg", "items", "__weakref__")
 
-    def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None):
+    def __init__(self, ctx: zmq.Context, address: str, curve: CurveKeys | None = None, *,
+                 vouched: Callable[[bytes, bytes], bool]):
         self.sock = ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
@@ -54,7 +58,7 @@ class Inbox:
             curve.serve(self.sock)
         # Datagrams first: a sender finds them whenever it finds the ZeroMQ socket (datagram.py).
         path = path_of(address) if config.get("datagrams") else None
-        self.dg: Listener | None = Listener(path, config.max_frame()) if path is not None else None
+        self.dg: Listener | None = Listener(path, config.max_frame(), vouched) if path is not None else None
         try:
             self.sock.bind(address)
         except BaseException:

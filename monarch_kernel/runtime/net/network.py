@@ -24,12 +24,14 @@ from .io_thread import IOThread
 
 class Network:
     def __init__(self, ctx: zmq.Context, io: IOThread, drops: DropCounts, curve: CurveKeys | None, *,
-                 on_keys: Callable[[CurveKeys], None] | None = None):
-        """``on_keys(curve)``: told when the keys change (the transport's client keys)."""
+                 vouched: Callable[[bytes, bytes], bool], on_keys: Callable[[CurveKeys], None] | None = None):
+        """``vouched``: the signer's check of a same-host message's first piece (every inbox
+        takes it); ``on_keys(curve)``: told when the keys change (the transport's client keys)."""
         self.ctx = ctx
         self.io = io
         self.drops = drops
         self.curve = curve
+        self.vouched = vouched
         self.gatekeeper: Gatekeeper | None = None
         self.bind_ip: str | None = None  # set once this process has TCP inboxes
         self.main: Inbox | None = None  # the process's main inbox (set by the runtime)
@@ -72,7 +74,7 @@ class Network:
         tcp = address.startswith("tcp://")
         if tcp:
             self.guard()
-        self.main = Inbox(self.ctx, address, self.curve)
+        self.main = Inbox(self.ctx, address, self.curve, vouched=self.vouched)
         if tcp:
             self.bind_ip = self.main.net_ip
         self.io.call_soon(self._watch_refusals, self.main)
@@ -111,8 +113,8 @@ class Network:
     def thread_inbox(self, base: str, n: int) -> Inbox:
         """The ``n``-th thread's reply inbox of the process whose main inbox is ``base``."""
         if base.startswith("tcp://"):  # a process on another host: TCP only
-            return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve)
-        inbox = Inbox(self.ctx, f"{base}.t{n}")
+            return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve, vouched=self.vouched)
+        inbox = Inbox(self.ctx, f"{base}.t{n}", vouched=self.vouched)
         if self.bind_ip is not None:  # it listens for other hosts too
             self._listened(inbox.listen_tcp(self.bind_ip, self.curve))
         return inbox
@@ -120,8 +122,8 @@ class Network:
     def actor_inbox(self, address: str) -> Inbox:
         """An actor's own inbox: at ``address`` (local), or on a port of its own (TCP)."""
         if address.startswith("tcp://"):
-            return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve)
-        return Inbox(self.ctx, address)
+            return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve, vouched=self.vouched)
+        return Inbox(self.ctx, address, vouched=self.vouched)
 
     @property
     def net_address(self) -> str | None:

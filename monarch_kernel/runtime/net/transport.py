@@ -217,7 +217,7 @@ class Transport:
             if gone := self._links_gone():
                 links.forget(gone)
             try:
-                if links.send(addr, frames, block):
+                if links.send(addr, frames, block, self.signer.for_mesh(header.mesh).vouch):
                     self.sent += 1
                     return
             except SendFailed:

@@ -1,7 +1,10 @@
 """Unfinished messages: the pieces of a same-host message too large for one datagram
-(``datagram.py``), held until its last piece comes.  They are the only bytes a process keeps
-from another before a signature can be checked, so they are bounded, as ZeroMQ's frames are
-(``MONARCH_KERNEL_MAX_WIRE_FRAME``); what goes past a bound is dropped, counted on the
+(``datagram.py``), held until its last piece comes.  A message is begun only by a first piece
+whose head carries a MAC with a key of the job (the listener checks it: a process of the same
+user without the key holds nothing here, ``forged``), but the message's own signature can be
+checked only once it is whole, so what is held is bounded, as ZeroMQ's frames are
+(``MONARCH_KERNEL_MAX_WIRE_FRAME``), against the job's own senders (many large messages at
+once, a sender that stops mid-message); what goes past a bound is dropped, counted on the
 ``datagram`` wire of ``rejects`` (``Runtime.stats()["rejected"]``) and logged there.
 
 - one message: the length its first piece declares, at most ``max_message`` (refused at that
@@ -157,6 +160,13 @@ class Joiner:
                                                 f"MONARCH_KERNEL_UNFINISHED_TIMEOUT, {self.stale_s:g} s)")
             self._mark = now if self.open else None
         _count(drops)
+
+    def close(self) -> None:
+        """Its listener closed: what it held is let go (it counts against every listener's room)."""
+        with HELD.lock:
+            for msg in list(self.open.values()):
+                self._forget(msg)
+            self._refused.clear()
 
     # -------------------------------------------------- (all below: holding HELD.lock)
 

@@ -25,6 +25,8 @@ from .payloads import decode_payload
 BULK = 1 << 20
 SMALL = 1 << 16  # below this, join and hash once
 MAC_LEN = 32
+VOUCH_LEN = 16  # a same-host message's first piece carries this much of a MAC (``vouch``)
+_VOUCH = b"monarch-kernel/datagram first piece\0"  # (no message's MAC covers bytes that begin so)
 
 
 @functools.lru_cache(maxsize=64)
@@ -137,6 +139,33 @@ class Signer:
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()
+
+    def vouch(self, head: bytes) -> bytes:
+        """A short MAC, with this signer's key, of the head of a same-host message's first
+        piece (``net/datagram.py``): a listener holds no piece of a message begun by a process
+        without a key of the job, so such a process cannot evict a real one for room."""
+        inner = self._inner.copy()
+        inner.update(_VOUCH + head)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:VOUCH_LEN]
+
+    def vouched(self, head: bytes, mac: bytes) -> bool:
+        """Whether ``mac`` is ``vouch(head)`` with this job's key or a key of the keyring
+        (a mesh of another job, whose ranks sign with their own)."""
+        if hmac.compare_digest(self.vouch(head), mac):
+            return True
+        seen = {id(self)}
+        for other in list(self.keyring.values()):
+            if id(other) not in seen:
+                seen.add(id(other))
+                if hmac.compare_digest(other.vouch(head), mac):
+                    return True
+        return False
+
+    def for_mesh(self, mesh: str) -> Signer:
+        """The signer of messages about ``mesh``: its job's, from the keyring, or this one."""
+        return self.keyring.get(mesh, self) if self.keyring else self
 
     def add_key(self, mesh_ids, key: bytes) -> None:
         """Speak to (and accept messages about) these meshes with their own job's key."""
