@@ -97,11 +97,12 @@ def said_by(shown: str, line: str) -> list[int]:
     """The ranks that printed ``line``, each as often as it did, read from the prefixed lines of
     ``shown`` (``[rank 2] line`` and ``[ranks 0-1,3] line``).  Collapsing across ranks waits a
     window for the others' copy, so a rank slow to print it (a loaded machine) stands alone:
-    this counts who said it however the lines were grouped."""
+    this counts who said it however the lines were grouped.  (A line that overwrote the cell's
+    progress line ends in the spaces that blanked it.)"""
     from monarch_kernel.runtime import parse_ranks
 
     ranks: list[int] = []
-    for m in re.finditer(r"^\[ranks? ([\d,-]+)\] " + re.escape(line) + "$", shown, re.M):
+    for m in re.finditer(r"^\[ranks? ([\d,-]+)\] " + re.escape(line) + " *$", shown, re.M):
         ranks.extend(parse_ranks(m.group(1), 1 << 16))
     return sorted(ranks)
 
