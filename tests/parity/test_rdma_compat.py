@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from support.freeze import freeze
+from support.freeze import freeze, thaw
 
 import monarch_kernel.rdma
 from monarch_kernel import Actor, endpoint, this_host
@@ -128,15 +128,21 @@ class Peer(Actor):
         return "ok"
 
     @endpoint
-    async def drop_awaited(self, buf: RDMABuffer) -> tuple:
-        fut = buf.drop()
-        pending = not fut.done()  # sent without blocking this loop
+    async def drop_started(self, buf: RDMABuffer) -> bool:
+        """Begin a drop in this loop and keep its Future; whether it returned still pending."""
+        self.dropping = (buf, buf.drop())
+        return not self.dropping[1].done()
+
+    @endpoint
+    async def drop_awaited(self) -> str:
+        """Await the drop begun, then try to read the buffer."""
+        buf, fut = self.dropping
         await fut
         try:
             await buf.read_into(torch.empty(buf.size, dtype=torch.uint8))
         except Exception as e:  # noqa: BLE001 - the test inspects it
-            return pending, type(e).__name__
-        return pending, "ok"
+            return type(e).__name__
+        return "ok"
 
     @endpoint
     async def drop_unawaited(self, buf: RDMABuffer) -> None:
@@ -351,8 +357,17 @@ def test_write_from_larger_memory_is_refused_before_anything_moves(ranks):
 def test_drop_is_awaitable_and_happens_without_await(ranks):
     _transport, owner, peer, _probe = ranks
     bufs, _ = _make(owner, "drop", 4, KiB, seed=5)
-    # Awaited inside an async endpoint: sent without blocking its loop, refused afterwards.
-    assert peer.drop_awaited.call_one(bufs[0]).get(timeout=30) == (True, "BufferDropped")
+    # Inside an async endpoint: drop() returns at once with the owner's answer still to come
+    # (the owner is frozen, so it surely is); awaited, it ends with that answer once the owner
+    # goes on, and the buffer is refused afterwards.
+    pid = owner.pid.call_one().get(timeout=10)
+    freeze(pid)
+    try:
+        assert peer.drop_started.call_one(bufs[0]).get(timeout=30) is True
+        awaited = peer.drop_awaited.call_one()
+    finally:
+        thaw(pid)
+    assert awaited.get(timeout=30) == "BufferDropped"
     # Never awaited, in an async endpoint: the owner still drops it.
     peer.drop_unawaited.call_one(bufs[1]).get(timeout=30)
     _wait("the unawaited drop to reach the owner",
