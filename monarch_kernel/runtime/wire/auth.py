@@ -136,6 +136,10 @@ class Signer:
         else:
             for c in covered:
                 inner.update(c)
+        return self._outer_digest(inner)
+
+    def _outer_digest(self, inner) -> bytes:
+        """HMAC's outer hash over the finished ``inner`` one."""
         outer = self._outer.copy()
         outer.update(inner.digest())
         return outer.digest()
@@ -146,9 +150,7 @@ class Signer:
         without a key of the job, so such a process cannot evict a real one for room."""
         inner = self._inner.copy()
         inner.update(_VOUCH + head)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.digest()[:VOUCH_LEN]
+        return self._outer_digest(inner)[:VOUCH_LEN]
 
     def vouched(self, head: bytes, mac: bytes) -> bool:
         """Whether ``mac`` is ``vouch(head)`` with this job's key or a key of the keyring
@@ -184,7 +186,7 @@ class Signer:
         first frame (``framing.py``)."""
         if self._wire is None:
             return self._pack(self.sign(header, body))
-        signer = self.keyring.get(header.mesh, self) if self.keyring else self
+        signer = self.for_mesh(header.mesh)
         return self._wire.seal(signer._keys, header, body)
 
     def open(self, frames: list) -> tuple[Header, list]:
@@ -199,7 +201,7 @@ class Signer:
 
     def sign(self, header: Header, body: list) -> list:
         hb = header.encode()
-        signer = self.keyring.get(header.mesh, self) if self.keyring else self
+        signer = self.for_mesh(header.mesh)
         return [signer._mac(hb, header, body), hb, *body]
 
     def verify(self, frames: list) -> tuple[Header, list]:
@@ -221,7 +223,7 @@ class Signer:
         if header.frame_count() != len(body):
             # Either forged layout or a message cut short; the MAC cannot be checked.
             raise Dropped("truncated")
-        signer = self.keyring.get(header.mesh, self) if self.keyring else self
+        signer = self.for_mesh(header.mesh)
         if not hmac.compare_digest(signer._mac(hb, header, body), mac):
             raise Dropped("forged")
         return header, frames[2:]
