@@ -5,7 +5,8 @@ The connection is an ssh ControlMaster (its control socket in the controller's 0
 directory) that every ``sbatch``, ``squeue``, ``srun`` and ``scancel`` reuses.  Its own command
 is the relay (``login_relay.py``) when the nodes cannot reach the controller (``out_of_cluster``):
 each controller port is forwarded (``-R``) to a unix socket in the relay's 0700 folder on the
-login node, and the relay listens at the same port on the login node's cluster-facing address;
+login node, and the relay listens at the same port on the login node's cluster-facing address
+(one another program holds there is ``PortTaken``: the controller moves to another port);
 the agents and ranks reach the controller there (``MONARCH_KERNEL_CONTROLLER_VIA=IP@RELAY``).
 The controller reaches each node's addresses through the same connection (``-L`` to unix
 sockets in its run directory; the login node connects onward).  The controller listens on
@@ -23,7 +24,7 @@ import subprocess
 import threading
 import time
 
-from ..runtime.hosting import Runtime, config
+from ..runtime.hosting import PortTaken, Runtime, config
 from .tunnels import Tunnels, _ip, _port
 
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "login_relay.py")
@@ -205,8 +206,10 @@ class LoginNode:
         (their ``links``' ips) from the controller, for ``job``; ``target``: a node's address, as
         the login node knows it.  Returns MONARCH_KERNEL_CONTROLLER_VIA's value for the agents.
         A second job of this controller through the same login node uses the same relay."""
-        controller = rt.listen("127.0.0.1")  # no network port, unless one is open
         self._target = self._target or target
+        if not self._unhook:  # first: a port rt.listen opens now is relayed (or moved) before it returns
+            self._unhook = [rt.on_listen(self.relay), rt.add_dialer(self._dial)]
+        controller = rt.listen("127.0.0.1")  # no network port, unless one is open
         for address in rt.tcp_addresses():
             self.relay(address)
         made = []
@@ -215,22 +218,16 @@ class LoginNode:
                                 ctl=self.ctl))
             self._made += 1
         self._tunnels[id(job)] = made
-        if not self._unhook:
-            self._unhook = [rt.on_listen(self.relay), rt.add_dialer(self._dial)]
         return f"{_ip(controller)}@{self.relay_ip}"
 
     def relay(self, address: str) -> None:
-        """The controller's port of ``address``, forwarded to the login node and listened for there."""
+        """The controller's port of ``address``, listened for on the login node and forwarded
+        there.  The relay listens first: a port another program holds there is ``PortTaken``
+        before anything is forwarded, and the controller listens at another port instead."""
         port = _port(address)
         with self._lock:
             if port in self._ports or not self._target:
                 return
-            r = subprocess.run(["ssh", "-S", self.ctl, "-O", "forward", "-R",
-                                f"{self.folder}/{port}:{_ip(address)}:{port}", self.login],
-                               capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
-            if r.returncode != 0:
-                raise ConnectionError(f"cannot forward this controller's port {port} to the login node {self.login}: "
-                                      f"{r.stderr.strip() or r.returncode}")
             assert self.proc is not None and self.proc.stdin is not None
             try:
                 self.proc.stdin.write(f"listen {self._target} {port}\n")
@@ -242,10 +239,18 @@ class LoginNode:
             if got is None or not got.startswith("listening "):
                 why = got.split(" ", 2)[-1] if got else self._why()
                 if "in use" in why:
-                    why += (" (another job of this controller that reaches the cluster through this login node "
-                            "holds it: use that job, or kill it first; or another program there listens on it)")
+                    raise PortTaken(f"the relay on the login node {self.login} cannot listen at port {port} for the "
+                                    f"nodes: {why} (another job of this controller that reaches the cluster through "
+                                    "this login node holds it: use that job, or kill it first; or another program "
+                                    "there listens on it)")
                 raise ConnectionError(f"the relay on the login node {self.login} cannot listen at port {port} for "
                                       f"the nodes: {why}")
+            r = subprocess.run(["ssh", "-S", self.ctl, "-O", "forward", "-R",
+                                f"{self.folder}/{port}:{_ip(address)}:{port}", self.login],
+                               capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
+            if r.returncode != 0:
+                raise ConnectionError(f"cannot forward this controller's port {port} to the login node {self.login}: "
+                                      f"{r.stderr.strip() or r.returncode}")
             self.relay_ip = got.split()[1]
             self._ports.add(port)
 

@@ -3,7 +3,8 @@
 The agent's ssh process is an ssh ControlMaster (its control socket in the controller's 0700
 run directory).  Each TCP port the controller listens on is forwarded (``-R``) to the same
 port of the host's loopback, where the agent and its ranks reach it (``controller_via``, set
-for them); each address a process on the host listens on is forwarded (``-L``) to a unix
+for them; a port another program holds there is ``PortTaken``, and the controller moves);
+each address a process on the host listens on is forwarded (``-L``) to a unix
 socket in the run directory, which the controller's transport dials instead.  Curve and the
 HMAC still authenticate end to end; the controller opens no port on any network interface.
 """
@@ -18,6 +19,8 @@ import subprocess
 import threading
 from collections.abc import Callable
 from types import SimpleNamespace
+
+from ..runtime.hosting import PortTaken
 
 log = logging.getLogger("monarch_kernel.job")
 
@@ -83,7 +86,7 @@ class Tunnels:
         r = subprocess.run(["ssh", "-S", self.ctl, "-O", "forward", *spec, self.host], capture_output=True,
                            text=True, timeout=15, stdin=subprocess.DEVNULL)
         if r.returncode != 0 and spec[0] == "-R" and "forwarding failed" in r.stderr.lower():
-            raise ConnectionError(port_taken(self.host, _port("tcp://" + spec[1])))
+            raise PortTaken(port_taken(self.host, _port("tcp://" + spec[1])))
         if r.returncode != 0:
             raise ConnectionError(f"cannot forward {' '.join(spec)} through the ssh connection to {self.host}: "
                                   f"{r.stderr.strip() or r.returncode}")
@@ -96,7 +99,12 @@ class Tunnels:
             if port in self._remote or not self._ready:  # not yet: ``ready`` forwards it
                 return
             self._remote.add(port)
-        self._forward(["-R", f"127.0.0.1:{port}:{_ip(address)}:{port}"])
+        try:
+            self._forward(["-R", f"127.0.0.1:{port}:{_ip(address)}:{port}"])
+        except ConnectionError:
+            with self._lock:
+                self._remote.discard(port)  # the controller may listen at this port again later
+            raise
 
     def carries(self, address: str) -> bool:
         """Whether ``address`` is on this host (so this ssh connection carries what goes there)."""

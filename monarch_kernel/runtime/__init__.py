@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     # records and errors: what a failure or a death says, the runtime's exceptions, rank lists
     # as text, and whether a host has room for more ranks
     from .errors import (
-        ActorError as ActorError, MeshStopped as MeshStopped, ProcessDied as ProcessDied, SendFailed as SendFailed,
+        ActorError as ActorError, MeshStopped as MeshStopped, PortTaken as PortTaken, ProcessDied as ProcessDied,
+        SendFailed as SendFailed,
     )
     from .failure import DeathInfo as DeathInfo, MeshFailure as MeshFailure, RemoteFailure as RemoteFailure
     from .rank_sets import (

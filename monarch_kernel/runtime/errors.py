@@ -78,6 +78,13 @@ class SendFailed(ConnectionError):
     out of descriptors); the call that needed it fails at once with this."""
 
 
+class PortTaken(ConnectionError):
+    """A listen hook could not have this process's new port at the far end of its forward
+    (an ssh forward, or a login node's relay, to the same port of another host, where another
+    program holds it).  Raised by the hook; the runtime then listens at another port and tells
+    every hook that one instead (``Network``), so it reaches the user only when no port serves."""
+
+
 class MeshStopped(Exception):
     """The mesh was stopped; spawn a new one to keep working.
 

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     # the main door's names that agents and jobs use too
     from . import (
         CurveKeys as CurveKeys, Runtime as Runtime, config as config, counted as counted, diagnostics as diagnostics,
-        host_shortfall as host_shortfall, hosts as hosts, private_files as private_files, proc_stats as proc_stats,
-        rejects as rejects, process_mesh as process_mesh,
+        host_shortfall as host_shortfall, hosts as hosts, PortTaken as PortTaken, private_files as private_files,
+        proc_stats as proc_stats, rejects as rejects, process_mesh as process_mesh,
     )
 
     # forking ranks on a host: the template and its client, what each rank is told, how many

@@ -7,6 +7,7 @@ is reachable, ``gpu1``/``gpu2`` are reached through it and have no route back.""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -267,6 +268,24 @@ def test_a_notebook_beyond_a_login_node(walled, python, cfg, job, kc):
     out = s.cell("%%mesh\nimport os\nprint(os.uname().nodename)")
     assert f"[rank 0] {walled.names[1]}" in out and f"[rank 1] {walled.names[2]}" in out, out
     assert "killed" in s.cell("%mesh kill-job ssh0")
+
+
+def test_a_port_another_program_holds_on_a_host_is_not_the_controllers(walled, python, cfg, job, kc):
+    """Each controller port is forwarded to the same port of the host's loopback, where any
+    program may hold it: the controller then listens at another port before any rank is given
+    the address (``port_thief_cell``)."""
+    job.kill()
+    job_code = (f"from monarch_kernel.job import SSHJob\n"
+                f"mine = SSHJob(python_exe={python!r}, ssh_args=('-F', {cfg!r}), out_of_cluster=True)\n"
+                "mine.add_mesh('workers', ['gpu1'])")
+    out = Session(kc).cell(cluster.port_thief_cell(walled.netns(walled.hosts[1]), job_code, "mine.state().workers"),
+                           timeout=90)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out
+    got = json.loads(lines[-1][len("RESULT "):])
+    assert len(got["held"]) == 1 and got["held"][0][1] == "held", got
+    assert got["host"] == walled.names[1], got
+    assert got["held"][0][0] not in got["ports"], got  # the controller let that port go
 
 
 def test_a_detached_mesh_beyond_a_login_node_survives_its_kernel(walled, python, cfg, job, kernelspec):

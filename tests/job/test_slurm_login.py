@@ -23,7 +23,7 @@ import time
 
 import psutil
 import pytest
-from support.cluster import checkout_python, slurm_login
+from support.cluster import checkout_python, port_thief_cell, slurm_login
 
 from monarch_kernel.job import SlurmJob, job_load
 
@@ -207,6 +207,20 @@ said(error=error, jobs=jobs, hosts=hosts, first=first.job_id, again=m.host.call_
     assert got["again"] in slurm.nodes
     assert [j["job_id"] for j in slurm.jobs()] == [got["first"]]
     laptop.cell("first.kill()")
+    assert slurm.jobs() == []
+    _wait_login_empty(login)
+
+
+def test_a_port_another_program_holds_on_the_login_node_is_not_the_controllers(slurm, login, python, laptop):
+    """The relay listens at the controller's own port numbers on the login node, where any
+    program (an srun, another user's) may hold one: the controller then listens at another
+    port, before any rank is given the address (``port_thief_cell``)."""
+    out = laptop.cell(port_thief_cell(login.hosts.netns(login.hosts.hosts[0]), f"mine = {_job(login, python, 1)}",
+                                      "mine.state().m"))
+    got = _result(out)
+    assert len(got["held"]) == 1 and got["held"][0][1] == "held", got
+    assert got["host"] in slurm.nodes, got
+    assert got["held"][0][0] not in got["ports"], got  # the controller let that port go
     assert slurm.jobs() == []
     _wait_login_empty(login)
 

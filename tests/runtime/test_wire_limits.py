@@ -20,11 +20,8 @@ from support.actors import Echo, wait_for
 from monarch_kernel import Actor, ActorError, RDMABuffer, endpoint, this_host
 from monarch_kernel.data import wire
 from monarch_kernel.runtime import config
-from monarch_kernel.runtime.net.io_thread import IOThread
-from monarch_kernel.runtime.net.network import Network
 from monarch_kernel.runtime.process import Runtime
 from monarch_kernel.runtime.wire import framing
-from monarch_kernel.runtime.wire.auth import DropCounts, Signer
 
 GIB = 1 << 30
 
@@ -140,44 +137,32 @@ def test_garbage_on_a_ranks_data_server_is_refused_and_counted(mesh):
 
 
 @pytest.mark.timeout(60)
-def test_a_refused_tcp_connection_is_logged_under_the_tcp_address(tmp_path, caplog):
+def test_a_refused_tcp_connection_is_logged_under_the_tcp_address(network, caplog):
     """A process's main inbox listens at its ipc address and, once it has hosts, at a TCP
     one: a connection refused on the TCP one is logged under that address, not the ipc one."""
-    ctx = zmq.Context()
-    io = IOThread(name="test-network")
-    net = Network(ctx, io, DropCounts(), None, vouched=Signer(os.urandom(32)).vouched)
-    ipc = f"ipc://{tmp_path}/main"
-    try:
-        net.main_inbox(ipc)
-        tcp = net.listen("127.0.0.1")
-        host, port = tcp[len("tcp://"):].rsplit(":", 1)
-        caplog.set_level(logging.DEBUG, logger="monarch_kernel.rejects")
+    ipc = network.main.address
+    tcp = network.listen("127.0.0.1")
+    host, port = tcp[len("tcp://"):].rsplit(":", 1)
+    caplog.set_level(logging.DEBUG, logger="monarch_kernel.rejects")
 
-        def named(address: str) -> list[str]:
-            return [r.getMessage() for r in caplog.records if f"a connection to {address} " in r.getMessage()]
+    def named(address: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if f"a connection to {address} " in r.getMessage()]
 
-        def refused_and_logged() -> list[str]:
-            # Not ZMTP, and no Curve key: the inbox ends the connection.  The log says a
-            # reason's 1st, 2nd, 4th... time, so knock until one of ours is said.
-            with socket.create_connection((host, int(port)), timeout=5) as s:
-                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-                try:
-                    while s.recv(4096):
-                        pass
-                except ConnectionResetError:
+    def refused_and_logged() -> list[str]:
+        # Not ZMTP, and no Curve key: the inbox ends the connection.  The log says a
+        # reason's 1st, 2nd, 4th... time, so knock until one of ours is said.
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                while s.recv(4096):
                     pass
-            return named(tcp)
+            except ConnectionResetError:
+                pass
+        return named(tcp)
 
-        assert wait_for(refused_and_logged, timeout=30, interval=0.01), (
-            f"no refusal was logged under {tcp}; under {ipc}: {named(ipc)[:3]}")
-        assert named(ipc) == []
-    finally:
-        io.loop.call_soon_threadsafe(io.loop.stop)
-        io.thread.join(10)
-        io.loop.close()
-        if net.main is not None:
-            net.main.close()
-        ctx.destroy(linger=0)
+    assert wait_for(refused_and_logged, timeout=30, interval=0.01), (
+        f"no refusal was logged under {tcp}; under {ipc}: {named(ipc)[:3]}")
+    assert named(ipc) == []
 
 
 def huge_failure() -> None:

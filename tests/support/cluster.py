@@ -987,3 +987,54 @@ def slurm_login(cluster: SlurmCluster) -> Iterator[SlurmLogin]:
             run(["ip", "link", "delete", veth], check=False)
 
 
+_HOLD = ("import socket, sys\ns = socket.socket()\ns.bind(('0.0.0.0', int(sys.argv[1])))\ns.listen()\n"
+         "print('held', flush=True)\nsys.stdin.read()")
+
+
+def port_thief_cell(ns: str, job: str, hosts: str) -> str:
+    """A notebook cell for a controller whose ports are forwarded to the same ports of another
+    host (the namespace ``ns``), where another program takes the next one: ``job`` (statements
+    that make the job ``mine``) starts with a listen hook of the cell's before the job's own,
+    which, once the job is up, takes each new port's number in ``ns`` (a listener on every
+    address) before the job's hook forwards it; then a new thread's call (a new reply inbox, a
+    new port) must still answer.  It prints ``RESULT`` and JSON: ``held`` [(port, 'held')],
+    ``host`` (that call's answer: the rank's hostname), ``ports`` (the controller's then)."""
+    return f"""
+import json, socket, subprocess, sys, threading
+from monarch_kernel import Actor, endpoint
+from monarch_kernel.runtime import Runtime
+
+class Where(Actor):
+    @endpoint
+    def host(self) -> str:
+        return socket.gethostname()
+
+held, armed, box = [], [], {{}}
+
+def occupy(address):
+    if armed and not held:  # the first port the controller opens once the job is up
+        port = int(address.rsplit(":", 1)[1])
+        p = subprocess.Popen(["ip", "netns", "exec", {ns!r}, sys.executable, "-c", {_HOLD!r}, str(port)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        held.append((port, p, p.stdout.readline().strip()))
+
+unhook = Runtime.current().on_listen(occupy)  # before the job's: it hears each port first
+{job}
+try:
+    m = {hosts}.spawn_procs(per_host={{"gpus": 1}}).spawn("where", Where)
+    m.host.call_one().get(timeout=30)
+    armed.append(1)
+    t = threading.Thread(target=lambda: box.update(host=m.host.call_one().get(timeout=30)))
+    t.start()
+    t.join(60)
+    ports = [int(a.rsplit(":", 1)[1]) for a in Runtime.current().tcp_addresses()]
+finally:
+    unhook()
+    for _port, p, _state in held:
+        p.stdin.close()
+        p.wait(10)
+    mine.kill()
+print("RESULT " + json.dumps(dict(held=[(port, state) for port, _p, state in held], host=box.get("host"),
+                                   ports=ports)))
+"""
+

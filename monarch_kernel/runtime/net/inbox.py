@@ -96,6 +96,18 @@ class Inbox:
             self.net_ip = ip
         return self.net_address
 
+    def relisten_tcp(self) -> str:
+        """Listen at another free port of ``net_ip`` instead of ``net_address``, which no one
+        was given yet (``Network``: a listen hook could not forward it); returns the new address."""
+        assert self.net_address is not None and self.net_ip is not None
+        taken = self.net_address
+        self.sock.bind(f"tcp://{self.net_ip}:*")  # first: the port just left is not picked again
+        self.sock.unbind(taken)
+        self.net_address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.address == taken:
+            self.address = self.net_address
+        return self.net_address
+
     def owns(self, address: str) -> bool:
         """Whether ``address`` is one this inbox listens on."""
         return address == self.address or address == self.net_address or address in self.former

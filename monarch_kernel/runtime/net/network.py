@@ -15,11 +15,15 @@ from collections.abc import Callable
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from ..errors import PortTaken
 from ..wire import rejects
 from ..wire.auth import DropCounts
 from ..wire.curve import CurveKeys, Gatekeeper
 from .inbox import Inbox
 from .io_thread import IOThread
+
+log = logging.getLogger("monarch_kernel.runtime")
+PORT_TRIES = 8  # ports a new inbox tries before a hook's PortTaken reaches its caller
 
 
 class Network:
@@ -50,12 +54,28 @@ class Network:
         """The TCP addresses this process listens on so far."""
         return list(self._tcp)
 
-    def _listened(self, address: str) -> str:
-        if address not in self._tcp:
+    def _listened(self, inbox: Inbox) -> str:
+        """``inbox``'s TCP address, told to the listen hooks first if it is new.  A hook that
+        cannot have its port at the far end of its forward (``PortTaken``: a program on that host
+        holds it) makes the inbox listen at another port, which every hook is told instead."""
+        for tries_left in range(PORT_TRIES - 1, -1, -1):
+            address = inbox.net_address
+            assert address is not None
+            if address in self._tcp:
+                return address
             self._tcp.append(address)
-            for hook in list(self._on_listen):
-                hook(address)
-        return address
+            try:
+                for hook in list(self._on_listen):
+                    hook(address)
+            except PortTaken as e:
+                self._tcp.remove(address)
+                if not tries_left:
+                    raise PortTaken(f"{e} ({PORT_TRIES} ports tried)") from e
+                log.info("listening at another port: %s", e)
+                inbox.relisten_tcp()
+                continue
+            return address
+        raise AssertionError("unreachable")
 
     def guard(self) -> None:
         """Start the ZAP handler before the first TCP bind, so no connection is let in unchecked."""
@@ -116,7 +136,12 @@ class Network:
             return Inbox(self.ctx, f"tcp://{self.bind_ip}:*", self.curve, vouched=self.vouched)
         inbox = Inbox(self.ctx, f"{base}.t{n}", vouched=self.vouched)
         if self.bind_ip is not None:  # it listens for other hosts too
-            self._listened(inbox.listen_tcp(self.bind_ip, self.curve))
+            try:
+                inbox.listen_tcp(self.bind_ip, self.curve)
+                self._listened(inbox)
+            except BaseException:
+                inbox.close()
+                raise
         return inbox
 
     def actor_inbox(self, address: str) -> Inbox:
@@ -153,7 +178,8 @@ class Network:
         self.guard()
         self.bind_ip = ip
         with self.main.lease:
-            return self._listened(self.main.listen_tcp(ip, self.curve))
+            self.main.listen_tcp(ip, self.curve)
+            return self._listened(self.main)
 
     def set_keys(self, curve: CurveKeys) -> None:
         self.curve = curve
@@ -173,7 +199,8 @@ class Network:
         """The address of ``inbox`` a peer at ``dest`` can answer: its TCP one for a TCP peer."""
         if dest[:4] == "tcp:" and inbox.net_ip != self.bind_ip and self.bind_ip is not None:
             with inbox.lease:
-                self._listened(inbox.listen_tcp(self.bind_ip, self.curve))
+                inbox.listen_tcp(self.bind_ip, self.curve)
+                self._listened(inbox)
         return inbox.net_address if dest[:4] == "tcp:" and inbox.net_address else inbox.address
 
     def port_address(self, address: str) -> str:
