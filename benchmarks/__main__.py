@@ -171,10 +171,13 @@ def main(argv=None) -> int:
     _ratios(results)
     import zmq
 
+    from monarch_kernel.runtime.wire import native
+
+    built, why = native.is_available()  # a tree without the built C wire measures the pure-Python one
     results["meta"] = {"workloads": ids, "elapsed_s": round(time.perf_counter() - t0, 1),
                        "cpus": os.cpu_count(), "python": platform.python_version(),
                        "torch": _version("torch"), "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
-                       "platform": platform.platform()}
+                       "wire": "C" if built else f"pure Python: {why}", "platform": platform.platform()}
     print(json.dumps(results, indent=1))
     failed = results.get("cuda_tests", {})
     return 1 if "gpu" in ids and (failed.get("failed") or failed.get("error") or "gpu_error" in results) else 0

@@ -191,7 +191,9 @@ class NetDoor:
 
     def on_listen(self, hook: Callable[[str], None]) -> Callable[[], None]:
         """``hook(address)`` hears each TCP address this process starts listening on, before
-        anyone is given it (an ssh forward is set up there).  Returns its remover."""
+        anyone is given it (an ssh forward is set up there).  A hook whose far end cannot have
+        that port raises ``PortTaken``: the process listens at another, and every hook hears it.
+        Returns its remover."""
         return self.network.add_listen_hook(hook)
 
     @property

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from support.gpus import devices_here
 
+from monarch_kernel.runtime.wire import native
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,3 +32,5 @@ def test_without_a_gpu_the_check_says_so_runs_its_shm_part_and_exits_0():
     shm = out["shm"]["64 MiB"]
     assert shm["transport"] == "shm" and shm["read_ms"] > 0 and shm["copy_ms"] > 0
     assert "cuda_tests" not in out and out["meta"]["workloads"] == ["gpu"]
+    built, why = native.is_available()  # which wire ran: a tree without the C one measures the pure-Python one
+    assert out["meta"]["wire"] == ("C" if built else f"pure Python: {why}")
