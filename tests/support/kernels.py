@@ -319,6 +319,35 @@ def finished(km, kc) -> None:
     sys.stderr.write(_said(km))
 
 
+def stacks_of_tree(pid: int) -> str:
+    """Every Python thread's stack in process ``pid`` and its descendants (a kernel, its
+    templates and ranks), by py-spy from outside: what a test prints when a cell hangs."""
+    import os
+    import shutil
+    import subprocess
+
+    import psutil
+
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error as e:
+        return f"(no stacks: {e})"
+    parts = []
+    for p in procs:
+        try:
+            head = f"==== pid {p.pid} ({p.status()}, {p.num_threads()} threads, cpu {sum(p.cpu_times()[:2]):.1f} s): " \
+                   f"{' '.join(p.cmdline())[:160]}"
+        except psutil.Error:
+            continue
+        try:
+            got = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=30)
+            parts.append(f"{head}\n{got.stdout}{got.stderr[-500:]}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            parts.append(f"{head}\n(py-spy: {e})")
+    return "\n".join(parts)
+
+
 @contextlib.contextmanager
 def kernel(name: str, **start):
     """A started kernel's client; the kernel is shut down (and waited for) on exit.

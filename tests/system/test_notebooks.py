@@ -25,7 +25,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from support.checkout_copy import lab_copy
-from support.kernels import Output, finished, said_by, started
+from support.kernels import Output, finished, said_by, stacks_of_tree, started
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 # A warning in a cell's stderr or the kernel's: a package the notebooks need is missing (torch's
@@ -97,6 +97,11 @@ def test_notebook_runs(path, lab, executed_notebooks):
     client = NotebookClient(nb, timeout=240, km=km, resources=resources)
     try:
         client.execute()
+    except Exception:  # what the notebook said so far, and, for a hang, where every process stands
+        print(f"{path.name} failed; its outputs so far:\n{outputs(nb)[-20000:]}")
+        if km.provisioner is not None and km.provisioner.process is not None:
+            print(f"the stacks of its kernel, templates and ranks:\n{stacks_of_tree(km.provisioner.process.pid)}")
+        raise
     finally:
         if client.kc is not None:  # nbclient leaves the client of a kernel it did not start
             client.kc.stop_channels()
