@@ -230,6 +230,35 @@ def test_a_hung_rank_is_killed_by_the_watchdog_replaced_and_the_loop_goes_on(tmp
         procs.stop().get(timeout=30)
 
 
+def test_a_hung_rank_under_then_abort_ends_the_run_with_hang_error_and_the_next_run_trains(procs, tmp_path):
+    """``then="abort"`` in an elastic job: the loop waits on its members' calls as any call is
+    waited on, so the watchdog's HangError lands in it (before, it polled, never took it, and
+    waited for ever on the stopped rank's call), and the job's group is aborted on every
+    member.  The mesh stays usable: once the rank runs again, the next run trains."""
+    from monarch_kernel import HangError
+    from monarch_kernel.spmd import watchdog
+
+    progress = str(tmp_path / "step")
+    victim = procs.rank_states()[1]["pid"]
+
+    def stop():
+        _wait_for(progress, lambda s, w, at: s >= 15)
+        os.kill(victim, signal.SIGSTOP)
+
+    stopper = threading.Thread(target=stop, daemon=True)
+    stopper.start()
+    try:
+        with watchdog(procs, 3, then="abort"), pytest.raises(HangError) as raised:
+            elastic_run(procs, train, GROW_STEPS, progress, "hung-abort")
+    finally:
+        stopper.join(5)
+        os.kill(victim, signal.SIGCONT)
+    assert raised.value.ranks == [1], raised.value
+    run = elastic_run(procs, train, STEPS, progress, "after-abort")
+    assert run.changes == [] and sorted(run.values) == [0, 1, 2], run
+    assert all(v["steps"][-1] == STEPS for v in run.values.values())
+
+
 def _templates() -> list[int]:
     """The pids of this process's templates: the ones that fork ranks, and a replacement
     (from the warm standby, if one was started)."""

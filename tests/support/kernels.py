@@ -341,7 +341,9 @@ def stacks_of_tree(pid: int) -> str:
         except psutil.Error:
             continue
         try:
-            got = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=30)
+            # --native: a thread stuck in C (a lock a fork carried, a futex) shows where, not just its Python caller
+            got = subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)], capture_output=True, text=True,
+                                 timeout=30)
             parts.append(f"{head}\n{got.stdout}{got.stderr[-500:]}")
         except (OSError, subprocess.TimeoutExpired) as e:
             parts.append(f"{head}\n(py-spy: {e})")

@@ -97,8 +97,10 @@ def test_notebook_runs(path, lab, executed_notebooks):
     client = NotebookClient(nb, timeout=240, km=km, resources=resources)
     try:
         client.execute()
-    except Exception:  # what the notebook said so far, and, for a hang, where every process stands
+    except Exception:  # what the notebook and the kernel said so far, and, for a hang, where every process stands
         print(f"{path.name} failed; its outputs so far:\n{outputs(nb)[-20000:]}")
+        log.seek(0)
+        print(f"the kernel's stderr so far:\n{log.read().decode(errors='replace')[-20000:]}")
         if km.provisioner is not None and km.provisioner.process is not None:
             print(f"the stacks of its kernel, templates and ranks:\n{stacks_of_tree(km.provisioner.process.pid)}")
         raise

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from ...actor.errors import ActorError, MeshStopped, ProcessDied
+from ...actor.errors import ActorError, HangError, MeshStopped, ProcessDied
 from ...runtime import Runtime, config, counted, gpus
 from ..layout import elastic_layout
 from .elastic_members import POLL_S, Membership
@@ -98,7 +98,8 @@ def elastic_run(procs, fn, *args, min_ranks: int = 1, backend: str | None = None
     ``group_timeout``, torch's timeout for each collective) and its error is raised; a group
     whose members have not all made it within ``rendezvous_timeout`` s (default: the
     ``elastic_rendezvous`` setting, 60 s) is aborted and a ``TimeoutError`` raised, saying where
-    each member's threads are.
+    each member's threads are.  Under the hang watchdog (``then="abort"``) it raises the
+    watchdog's ``HangError``, the group aborted on every member.
 
     ``on_rebuild(stage, generation, members)``, if given, is called in this thread as the
     job changes: ``"lost"`` when members of the group of ``generation`` died (before the
@@ -136,6 +137,13 @@ class _ElasticJob:
     # ------------------------------------------------------------ the loop
 
     def run(self, fn, args, kwargs) -> ElasticRun:
+        try:
+            return self._run(fn, args, kwargs)
+        except HangError as e:  # the watchdog's (then="abort"): the job's group goes too, the mesh stays
+            self._abort_group(f"the hang watchdog found no progress on ranks {e.ranks}")
+            raise
+
+    def _run(self, fn, args, kwargs) -> ElasticRun:
         members = self.ms.start()
         self._check_enough(members, "")
         changes: list[Resized] = []
@@ -168,23 +176,23 @@ class _ElasticJob:
         join)`` or ``("died", dead ranks)``."""
         gen, members = self.ms.generation, self.ms.members
         futures = {r: self.ms.slots[r].worker.run.call_one(fn, args, kwargs, gen) for r in members}
-        left = threading.Semaphore(0)
-        for f in futures.values():
-            f.then(lambda _f: left.release())  # the IO thread reads the answers: this thread polls
         asked = broken = False
         self._failed_first: int | None = None
-        for _ in futures:
-            while not left.acquire(timeout=POLL_S):
-                if not broken:
-                    broken = self._abort_if_failed(futures, gen, fn)
-                if asked or broken or self.ms.dead_members():
-                    continue
-                if self.ms.ready():  # a rank back, its actors answering: all leave at the next step boundary
-                    asked = True
-                    for r in members:  # not waited for: the ranks agree among themselves
-                        self.ms.slots[r].control.resize.call_one(gen)
+        while waiting := [f for f in futures.values() if not f.done()]:
+            try:  # waited for as any call is: the hang watchdog's HangError (then="abort") lands here
+                waiting[0].get(timeout=POLL_S)
+            except (TimeoutError, ActorError, MeshStopped):
+                pass  # still running, or its failure: read below
             if not broken:
                 broken = self._abort_if_failed(futures, gen, fn)
+            if asked or broken or self.ms.dead_members():
+                continue
+            if self.ms.ready():  # a rank back, its actors answering: all leave at the next step boundary
+                asked = True
+                for r in members:  # not waited for: the ranks agree among themselves
+                    self.ms.slots[r].control.resize.call_one(gen)
+        if not broken:
+            broken = self._abort_if_failed(futures, gen, fn)
         values, errors = {}, []
         for r, f in futures.items():
             try:
@@ -221,6 +229,13 @@ class _ElasticJob:
         controls = [self.ms.slots[m].control for m in futures]
         threading.Thread(target=_abort, args=(controls, reason, gen), name="elastic-abort", daemon=True).start()
         return True
+
+    def _abort_group(self, reason: str) -> None:
+        """Abort the group being made or up on every member (not waited for: a stuck member
+        never answers), so that no collective of this job waits on after it."""
+        controls = [self.ms.slots[r].control for r in self.ms.members if r in self.ms.slots]
+        threading.Thread(target=_abort, args=(controls, reason, self.ms.generation), name="elastic-abort",
+                         daemon=True).start()
 
     def _after_death(self, dead: list[int]) -> tuple:
         """The next members after ``dead`` left the group: the survivors' group is aborted
@@ -364,6 +379,8 @@ def _where(procs, members: tuple) -> str:
     try:
         return repr(procs.stacks([procs.shape.ranks.index(r) for r in members], all_threads=True,
                                  runtime_frames=True, timeout=10.0))
+    except HangError:  # the watchdog's, for this thread: it ends the job
+        raise
     except Exception as e:  # noqa: BLE001 - the timeout is still raised, without them
         return f"(not read: {e!r})"
 

@@ -199,5 +199,11 @@ class Membership:
             if r in staying or r in self.probes or (pids.get(r) is not None and pids[r] in self.refused):
                 continue
             slot = self.slot(r, pids.get(r))
-            self.probes[r] = (pids.get(r), slot.control.ready.call_one())
+            probe = slot.control.ready.call_one()
+            probe.then(_read_by_io)  # polled with done(), between sleeps: nobody blocks on its answer
+            self.probes[r] = (pids.get(r), probe)
             self.back.setdefault(r, time.monotonic())
+
+
+def _read_by_io(_answered) -> None:
+    """A probe's ``then``: its answer is read by the IO thread, as nobody waits on it."""
