@@ -233,7 +233,7 @@ CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slur
 SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores); test_notebooks: its own
     # `make setup` in a fresh copy (about 60 s unloaded, 240 s on a machine loaded 10-fold) and
     # removing it again, then the six notebooks (180 s unloaded)
-    "test_notebooks": 400, "test_kernel": 134, "test_panel_lab": 104, "test_chaos": 104, "test_data": 100,
+    "test_notebooks": 400, "test_kernel": 134, "test_panel_lab": 104, "test_chaos": 80, "test_data": 100,
     "test_debug": 73, "test_stacks": 63, "test_hostile": 62, "test_panel": 58, "test_scale": 54, "test_spmd": 52,
     "test_hosts": 51, "test_packaging": 46, "test_tensors": 41, "test_tensor_collectives": 40,
     "test_debug_tunnel": 37, "test_spmd_kernel": 36, "test_hosts_kernel": 31, "test_shm": 30,
@@ -300,3 +300,12 @@ def pytest_collection_modifyitems(config, items):
     first = {u: n for n, u in enumerate(dict.fromkeys(_unit(i.nodeid) for i in items))}
     # stable: a module keeps its order, and so do a unit's modules, but for the docs unit's
     items.sort(key=lambda i: (-weight[_unit(i.nodeid)], first[_unit(i.nodeid)], _docs_order(i)))
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """``MK_TEST_TIMELINE=FILE``: each worker adds a line ``worker end-time nodeid`` as each test
+    ends, to see how the units fell on the workers (and set ``SLOW_MODULES`` from a real run)."""
+    path = os.environ.get("MK_TEST_TIMELINE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {time.time():.1f} {nodeid}\n")

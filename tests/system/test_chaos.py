@@ -1,4 +1,4 @@
-"""The chaos run, short: ``python -m benchmarks chaos`` for one minute at a fixed seed (faults
+"""The chaos run, short: ``python -m benchmarks chaos`` for 45 seconds at a fixed seed (faults
 at random across two simulated hosts and a real kernel's mesh, during calls, cells, buffer
 reads and DDP steps; benchmarks/chaos.py).  It must end with no hang, no kernel or
 controller death, no lost line, no orphaned process or file, and every recovery answered.
@@ -6,8 +6,8 @@ It runs with the restart policy on (``--restart-policy``): the killed rank is re
 the runtime, with nobody asking.  The full ten-minute runs are a benchmark.  Seed 7 is the
 one that first failed: a rank's answer raced another thread's ``import torch`` and its
 failure report failed too, so the call hung (test_envelope and test_bad_input pin both
-fixes); it now injects every kind once.  The run takes about 3.5 minutes in all (setup,
-the last recovery and the checks included).
+fixes); on an idle 2-core machine it injects every kind once.  The run takes about a minute
+in all here (setup, the last recovery and the checks included).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def _chaos(seed: int, minutes: float, *more: str) -> dict:
     return out["chaos"]
 
 
-def test_a_minute_of_faults_leaves_every_call_answered_and_nothing_behind():  # skips unless root
+def test_45_seconds_of_faults_leave_every_call_answered_and_nothing_behind():  # skips unless root
     # with the restart policy on: a killed rank is replaced by the runtime, never by the run
-    got = _chaos(SEED, 1.0, "--restart-policy")
+    got = _chaos(SEED, 0.75, "--restart-policy")
     summary = {k: got[k] for k in ("faults", "calls_made", "calls_resolved", "hangs", "hang_list", "kernel_deaths",
                                    "lines_lost", "lines_duplicated", "lines_out_of_order", "orphans", "recovery",
                                    "kernel_restarts", "kernel_restarts_answered", "wrong_values")}
