@@ -230,23 +230,27 @@ CLUSTER_MODULES = {"test_cluster", "test_hosts", "test_hosts_kernel", "test_slur
                    "test_sync_env", "test_slurm_login", "test_remote_standby"}
 # Seconds each of the slowest modules took; a module not named here counts as short.
 # Only the order of the units depends on them.
-SLOW_MODULES = {  # from a fresh-clone run of `make test` (2 workers, 2 cores); test_notebooks: its own
-    # `make setup` in a fresh copy (about 60 s unloaded, 240 s on a machine loaded 10-fold) and
-    # removing it again, then the six notebooks (180 s unloaded)
-    "test_notebooks": 400, "test_kernel": 134, "test_panel_lab": 104, "test_chaos": 80, "test_data": 100,
-    "test_debug": 73, "test_stacks": 63, "test_hostile": 62, "test_panel": 58, "test_scale": 54, "test_spmd": 52,
-    "test_hosts": 51, "test_packaging": 46, "test_tensors": 41, "test_tensor_collectives": 40,
-    "test_debug_tunnel": 37, "test_spmd_kernel": 36, "test_hosts_kernel": 31, "test_shm": 30,
-    "test_caller": 16, "test_slurm": 30, "test_jupyterlab": 27, "test_rdma_compat": 25, "test_cluster": 24,
-    "test_fuzz_wires": 23, "test_config": 21, "test_monarch_examples": 21, "test_leaks": 19, "test_api": 14,
-    "test_sync_env": 90, "test_attach": 50, "test_debug_security": 45, "test_ipython_cells": 40,
-    "test_kernel_feedback": 40, "test_ssh_reach": 40, "test_out_of_cluster": 45, "test_slurm_login": 40,
-    "test_tensor_security": 30, "test_spawn_checks": 25, "test_cell_errors": 20, "test_server_api": 14,
-    "test_workspace": 14, "test_profile": 14, "test_monarch_names": 12,
-    "test_launcher": 14, "test_supervision": 8, "test_lifecycle": 5, "test_server": 4,
+SLOW_MODULES = {  # seconds each took in a fresh-clone run of `make test` (3 workers, 2 cores; MK_TEST_TIMELINE)
+    # test_notebooks: its own `make setup` in a fresh copy (about 60 s unloaded, 240 s on a machine
+    # loaded 10-fold) and removing it again, then the six notebooks (180 s unloaded)
+    "test_notebooks": 400,
     # the docs site: its build runs the guides' cells, and takes the notebooks test_notebooks ran
     # (98 s beside it on a loaded 2-core machine; 279 s alone, running the notebooks itself)
     "test_site": 120,
+    "test_elastic": 184, "test_kernel": 113, "test_hosts": 106, "test_panel": 89, "test_sync_env": 86,
+    "test_chaos": 84, "test_panel_notes": 77, "test_panel_lab": 75, "test_hang": 68, "test_debug": 56,
+    "test_stacks": 50, "test_data": 49, "test_slurm_login": 48, "test_history": 46, "test_debug_tunnel": 44,
+    "test_jupyterlab": 37, "test_hang_kernel": 35, "test_spmd": 35, "test_slurm": 34, "test_rank_streams": 34,
+    "test_cli": 31, "test_hostile": 30, "test_out_of_cluster": 29, "test_hosts_kernel": 29, "test_scale": 28,
+    "test_attach": 28, "test_ssh_reach": 28, "test_spmd_kernel": 28, "test_executed_notebooks": 28,
+    "test_cluster": 27, "test_packaging": 24, "test_tensors": 22, "test_debug_security": 21,
+    "test_kernel_feedback": 20, "test_ipython_cells": 18, "test_caller": 18, "test_history_runs": 17,
+    "test_restart_kernel": 16, "test_launcher": 15, "test_cli_history": 15, "test_datagram": 14,
+    "test_profile": 14, "test_actor_loop": 14, "test_monarch_examples": 13, "test_restart_policy": 12,
+    "test_history_kernel": 12, "test_remote_standby": 12, "test_leaks": 11, "test_actor_stop": 10, "test_shm": 10,
+    "test_fast_path": 10, "test_debug_forward": 10, "test_stop_on_error": 10, "test_layering": 10,
+    "test_tensor_rendezvous": 10, "test_rdma_compat": 9, "test_fuzz_wires": 9, "test_lifecycle": 9,
+    "test_tensor_security": 8, "test_bad_input": 8, "test_bench_jump": 8,
 }
 
 

@@ -120,8 +120,11 @@ def test_a_host_over_its_cap_drops_its_oldest_files_and_records_it(tmp_path):
         procs = this_host().spawn_procs(per_host={"gpus": 1}, name="h-cap")
         try:
             p = procs.spawn("p", Printer)
-            for _ in range(6):
-                p.spew.call(8000).get(timeout=60)
+            # 4.9 MB of lines, over the cap, in calls of 2,000: a loaded machine spools a call's
+            # lines as one batch, and one of 8,000 (0.8 MB) alone outgrew what the cap keeps
+            # (90% of 1 MiB), so it went whole once a newer batch came (fresh32, fresh65).
+            for _ in range(24):
+                p.spew.call(2000).get(timeout=60)
             h = monarch_kernel.history("h-cap")
             dropped = until("a history_dropped event", lambda: (df := h.sql(
                 "SELECT detail FROM events WHERE kind = 'history_dropped'")) is not None and len(df) and df)
@@ -138,12 +141,12 @@ def test_a_host_over_its_cap_drops_its_oldest_files_and_records_it(tmp_path):
             def with_the_last_line():
                 df = h.sql("SELECT max(TRY_CAST(split_part(line, ' ', 1) AS INT)) AS hi, count(*) AS n FROM lines")
                 try:  # no line in a file yet: hi is NA (fresh34), which int() refuses
-                    return df if df is not None and int(df["hi"][0]) == 7999 else None
+                    return df if df is not None and int(df["hi"][0]) == 1999 else None
                 except (TypeError, ValueError):
                     return None
 
             got = until("the last call's last line", with_the_last_line)
-            assert got["n"][0] < 6 * 8000
+            assert got["n"][0] < 24 * 2000
         finally:
             procs.stop().get(timeout=30)
 

@@ -415,7 +415,9 @@ def test_a_killed_rank_is_replaced_and_pulls_the_state_from_a_survivor(procs, tm
         done = trainer.train.call(80 + 40, progress).get(timeout=120)
         runs = list(done.values())
         start = runs[0]["start"]
-        assert start >= 40 and {r["start"] for r in runs} == {start}
+        # Rank 0 wrote step 40 once its step was done; a survivor whose step-40 all-reduce was
+        # cut by the death holds step 39, which every rank can reach: one step repeated at most.
+        assert start >= 39 and {r["start"] for r in runs} == {start}
         assert [r["from"] for r in runs[:2] + runs[3:]] == [None, None, None]  # survivors: their own memory
         assert runs[2]["from"] in (0, 1, 3)  # the new rank: a survivor's, through RDMABuffer
         steps = [s for s, _ in runs[2]["losses"]]
