@@ -162,8 +162,12 @@ def test_the_size_cap_drops_the_oldest_runs_files_first(tmp_path):
         old = this_host().spawn_procs(per_host={"gpus": 1}, name="h-cap-runs")
         try:
             s = old.spawn("s", Speaker)
-            for _ in range(2):  # about 0.7 of the cap: nothing dropped yet
-                s.spew.call(6000, "old").get(timeout=60)
+            for _ in range(3):  # about 0.7 of the cap once in Parquet: nothing dropped yet
+                s.spew.call(4000, "old").get(timeout=60)
+                # A query converts what is spooled first.  Without it, on a loaded machine the
+                # writer (nice 19) lagged, and the spool's raw bytes (twice the Parquet's) went
+                # over the cap: the disk really held that much, so the oldest batch went (fresh67).
+                monarch_kernel.history(old).sql("SELECT count(*) AS n FROM lines")
         finally:
             old.stop().get(timeout=30)
         until("the old run's 12,000 lines, none dropped", lambda: monarch_kernel.history(old).sql(
