@@ -266,15 +266,26 @@ def load_notebook(nb: Notebook, url: str, timeout: float = 120) -> None:
     a dialog instead ("Error Loading Theme": the theme's CSS did not load) fails here with
     the requests that failed, their URL and status or error."""
     page, ms = nb.page, timeout * 1000
-    loading = Loading(page)
-    try:
-        page.goto(url, wait_until="commit", timeout=ms)
-        page.wait_for_selector("body[data-jp-theme-name], .jp-Dialog", state="attached", timeout=ms)
-        dialog = page.locator(".jp-Dialog")
-        if dialog.count():
+    for attempt in range(3):
+        loading = Loading(page)
+        try:
+            page.goto(url, wait_until="commit", timeout=ms)
+            page.wait_for_selector("body[data-jp-theme-name], .jp-Dialog", state="attached", timeout=ms)
+            dialog = page.locator(".jp-Dialog")
+            if not dialog.count():
+                break
+            # Chromium fails the requests in flight when an interface comes or goes on the
+            # machine (ERR_NETWORK_CHANGED): another worker's test making its network
+            # namespaces (fresh68).  Nothing of JupyterLab's: load the page again.
+            if attempt < 2 and any("ERR_NETWORK_CHANGED" in f for f in loading.failed):
+                continue
             raise AssertionError(f"JupyterLab showed a dialog while loading {url}: "
                                  f"{' '.join(dialog.first.inner_text().split())!r}; what failed: "
                                  f"{'; '.join(loading.failed) or 'no request, nothing in the console'}")
+        finally:
+            loading.stop()
+    loading = Loading(page)
+    try:
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=ms)
         page.wait_for_selector(".jp-Toolbar-kernelName[aria-label*='monarch mesh']", timeout=ms)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=ms)
