@@ -140,7 +140,8 @@ class _ElasticJob:
         try:
             return self._run(fn, args, kwargs)
         except HangError as e:  # the watchdog's (then="abort"): the job's group goes too, the mesh stays
-            self._abort_group(f"the hang watchdog found no progress on ranks {e.ranks}")
+            self._abort_group(self.ms.members, self.ms.generation,
+                              f"the hang watchdog found no progress on ranks {e.ranks}")
             raise
 
     def _run(self, fn, args, kwargs) -> ElasticRun:
@@ -226,16 +227,14 @@ class _ElasticJob:
         what = f"{failure.type_name}: {failure.message}" if failure is not None else f"{type(error).__name__}"
         reason = f"rank {r}'s {getattr(fn, '__name__', 'function')} raised {what.splitlines()[0][:200]}"
         self._failed_first = r
-        controls = [self.ms.slots[m].control for m in futures]
-        threading.Thread(target=_abort, args=(controls, reason, gen), name="elastic-abort", daemon=True).start()
+        self._abort_group(tuple(futures), gen, reason)
         return True
 
-    def _abort_group(self, reason: str) -> None:
-        """Abort the group being made or up on every member (not waited for: a stuck member
-        never answers), so that no collective of this job waits on after it."""
-        controls = [self.ms.slots[r].control for r in self.ms.members if r in self.ms.slots]
-        threading.Thread(target=_abort, args=(controls, reason, self.ms.generation), name="elastic-abort",
-                         daemon=True).start()
+    def _abort_group(self, members: tuple, gen: int, reason: str) -> None:
+        """Abort the group of ``gen`` on every one of ``members`` (not waited for: a stuck
+        member never answers), so that no collective of this job waits on after it."""
+        controls = [self.ms.slots[r].control for r in members if r in self.ms.slots]
+        threading.Thread(target=_abort, args=(controls, reason, gen), name="elastic-abort", daemon=True).start()
 
     def _after_death(self, dead: list[int]) -> tuple:
         """The next members after ``dead`` left the group: the survivors' group is aborted
@@ -318,8 +317,7 @@ class _ElasticJob:
         silent member never answers), and ``_Wedged`` raised."""
         where = _where(self.procs, members)  # before the abort moves them on
         reason = f"the group of generation {gen} was not made within {self.rendezvous_timeout:g} s"
-        threading.Thread(target=_abort, args=([self.ms.slots[r].control for r in members], reason, gen),
-                         name="elastic-abort", daemon=True).start()
+        self._abort_group(members, gen, reason)
         raise _Wedged(f"the process group of {counted(len(members), 'rank')} was not made within "
                       f"{self.rendezvous_timeout:g} s (elastic_run's rendezvous_timeout): {who}; it was aborted "
                       f"on every member; where their threads were:\n{where}")
